@@ -1,0 +1,36 @@
+# serwatt: two commands that work on a fresh machine: `make demo` and `make test`.
+# Python 3.11 is preferred because the CPU PyTorch wheel on these machines is built for it.
+PYTHON ?= $(shell command -v python3.11 || pyenv which python3.11 2>/dev/null || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test lint bench system-deps clean
+
+$(BIN)/serwatt: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	# CPU PyTorch from the machine's local wheel: the torch codepath and the checkpoint
+	# benchmark need it; serwatt itself runs without it.
+	$(BIN)/pip install -q 'torch==2.13.0' || echo "torch not installed: torch tests will fail"
+	touch $@
+
+# Debian packages the tests use: a real Prometheus server (+ promtool) and systemd-analyze.
+system-deps:
+	@command -v prometheus >/dev/null && command -v promtool >/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null)
+	@command -v systemd-analyze >/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd >/dev/null)
+
+demo: $(BIN)/serwatt
+	$(BIN)/serwatt demo
+
+test: $(BIN)/serwatt system-deps
+	$(BIN)/python -m pytest -q
+
+lint: $(BIN)/serwatt
+	$(BIN)/ruff check profiler collectors tests bench
+	$(BIN)/mypy profiler collectors
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,67 @@
+"""`serwatt` command line: a thin dispatcher.
+
+Each subcommand lives in its own module exposing `configure(parser)` and
+`run(args) -> int`; modules are imported only when their subcommand runs, so
+`serwatt many verify` does not pay for py-spy or NVML imports.
+
+Exit codes (a contract): 0 ok, 1 runtime failure, 2 usage / bad input, 78 bad config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from profiler import __version__
+
+EXIT_OK = 0
+EXIT_RUNTIME = 1
+EXIT_USAGE = 2
+EXIT_CONFIG = 78
+
+# name -> (module, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "profile": ("profiler.cli_profile", "profile one process (and its Python children)"),
+    "demo": ("profiler.cli_demo", "profile a built-in mixed workload for ~20 s"),
+    "daemon": ("profiler.daemon", "run the per-node service"),
+    "check-config": ("profiler.config", "validate a daemon config file"),
+    "runs": ("profiler.cli_runs", "list and show recorded runs"),
+    "many": ("profiler.many.cli", "inspect and verify .many checkpoints"),
+}
+
+
+class UsageError(Exception):
+    """Bad input from the user: printed as `serwatt: error: …` with exit code 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="serwatt", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"serwatt {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    argv = sys.argv[1:]
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        sp = sub.add_parser(name, help=help_text)
+        sp.set_defaults(_module=module_name)
+        # Only the chosen subcommand's module is imported to add its options.
+        if name in argv[:1]:
+            importlib.import_module(module_name).configure(sp)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    if argv is not None:
+        sys.argv = [sys.argv[0], *argv]
+    parser = build_parser()
+    args = parser.parse_args(sys.argv[1:])
+    if not getattr(args, "_module", None):
+        parser.print_help()
+        return EXIT_USAGE
+    module = importlib.import_module(args._module)
+    try:
+        return int(module.run(args))
+    except UsageError as exc:
+        print(f"serwatt {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,44 @@
+"""The closed set of serialization codepaths serwatt attributes to.
+
+This set is a contract: it bounds the `codepath` Prometheus label and every
+codepath appears (zeros included) in the profile document.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+CODEPATHS: tuple[str, ...] = (
+    "pickle",
+    "torch",
+    "protobuf",
+    "json",
+    "msgpack",
+    "yaml",
+    "safetensors",
+    "numpy",
+    "many",
+    "other",
+)
+
+SERIALIZATION_CODEPATHS: tuple[str, ...] = tuple(c for c in CODEPATHS if c != "other")
+
+
+@dataclass(frozen=True)
+class Classification:
+    """Why a sample landed where it did.
+
+    `rule_id` names the rule that fired (None for `other`); `confidence` is "high"
+    or "low" (a call-site line that also runs other non-trivial calls is "low").
+    """
+
+    codepath: str
+    rule_id: str | None = None
+    confidence: str = "high"
+
+    @property
+    def low_confidence(self) -> bool:
+        return self.confidence != "high"
+
+
+OTHER = Classification("other")

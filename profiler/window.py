@@ -1,0 +1,59 @@
+"""What one sampling window of one target yields, after classification and CPU weighting.
+
+This is the hand-off between sampling (collectors/pyspy + collectors/procstat +
+profiler/classify + profiler/weighting) and everything downstream: energy and
+GPU-wait attribution (profiler/attribution), the ledger and exporter, the
+recorder, and the `serwatt profile` table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from collectors.samples import SamplerErrors
+
+
+@dataclass(frozen=True)
+class CodepathWindow:
+    """One codepath's share of one window of one target.
+
+    samples: classified samples (all threads, --idle included).
+    cpu_s: measured per-thread CPU deltas distributed over that thread's samples.
+    wall_s: samples x (window wall time / sampling ticks): time some thread spent here.
+    low_confidence_samples: samples whose rule fired with low confidence.
+    """
+
+    samples: int = 0
+    cpu_s: float = 0.0
+    wall_s: float = 0.0
+    low_confidence_samples: int = 0
+
+
+@dataclass(frozen=True)
+class TimedLabel:
+    """A classified sample reduced to what GPU-wait attribution needs."""
+
+    t: float  # epoch seconds
+    tid: int | None
+    thread_id: int
+    codepath: str
+    active: bool | None = None
+
+
+@dataclass(frozen=True)
+class WindowReport:
+    pid: int
+    started_at: float  # epoch seconds
+    ended_at: float  # epoch seconds
+    rate_hz: float
+    cpu_s: float  # the target's measured CPU time in the window (all threads)
+    codepaths: Mapping[str, CodepathWindow]  # every codepath in CODEPATHS present
+    timeline: tuple[TimedLabel, ...] = ()
+    errors: SamplerErrors = field(default_factory=SamplerErrors)
+    python: str | None = None  # e.g. "3.11.7"
+    exited: bool = False  # the target exited during this window
+
+    @property
+    def wall_s(self) -> float:
+        return max(0.0, self.ended_at - self.started_at)
