@@ -1,0 +1,1 @@
+"""Workloads serwatt ships: the demo mix and the checkpointing training loop."""
