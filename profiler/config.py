@@ -1,0 +1,624 @@
+"""The daemon's configuration: load, validate, and the `serwatt check-config FILE` subcommand.
+
+A config is validated completely before anything starts: every problem (unknown key,
+wrong type, bad regex, bad listen address, out-of-range number, unknown `run`
+placeholder) is collected with its key path and the line it sits on, and all of them
+are reported at once. The line numbers come from YAML's node marks, so the file is
+composed into a node tree first and values are read from the nodes.
+
+The documented shape, with every default, is `configs/serwatt.example.yaml`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import re
+import string
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import yaml
+
+EXIT_CONFIG = 78  # same value as profiler.cli.EXIT_CONFIG (EX_CONFIG from sysexits.h)
+
+# Placeholders a target's `run` template may use (rendered by profiler.discovery).
+RUN_PLACEHOLDERS: tuple[str, ...] = ("unit", "start_time", "target", "pid", "host")
+DEFAULT_RUN_TEMPLATE = "{target}-{start_time}-{pid}"
+LOG_LEVELS: tuple[str, ...] = ("debug", "info", "warning", "error")
+# Target names become the `target` Prometheus label and part of run ids.
+TARGET_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
+_HOSTNAME_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,62})(\.[A-Za-z0-9-]{1,63})*$")
+_UNIT_SUFFIXES = (".service", ".scope", ".slice", ".socket", ".mount", ".target", ".timer")
+
+
+@dataclass(frozen=True)
+class ConfigProblem:
+    key_path: str  # e.g. "targets[0].match.cmdline"
+    line: int | None  # 1-based line in the file, None when the problem has no place
+    message: str
+
+    def __str__(self) -> str:
+        where = f"line {self.line}: " if self.line is not None else ""
+        return f"{where}{self.key_path or '<document>'}: {self.message}"
+
+
+class ConfigError(Exception):
+    """A config that must not be used. `problems` lists every problem found, in file order."""
+
+    def __init__(self, path: Path | str, problems: list[ConfigProblem]) -> None:
+        self.path = Path(path)
+        self.problems = problems
+        lines = [f"{self.path}: {len(problems)} problem(s):"]
+        lines += [
+            f"  {self.path}:{p.line if p.line is not None else '-'}: "
+            f"{p.key_path or '<document>'}: {p.message}"
+            for p in problems
+        ]
+        super().__init__("\n".join(lines))
+
+
+@dataclass(frozen=True)
+class TargetMatch:
+    """What a process must look like to be this target; every given criterion must hold."""
+
+    cmdline: re.Pattern[str] | None = None  # searched in the space-joined command line
+    exe: re.Pattern[str] | None = None  # searched in the resolved /proc/<pid>/exe path
+    systemd_unit: str | None = None  # exact unit name, ".service" added when no suffix
+    cgroup: re.Pattern[str] | None = None  # searched in each /proc/<pid>/cgroup path
+    environ: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    pid_file: Path | None = None  # the pid written in this file
+
+    def criteria(self) -> tuple[str, ...]:
+        names = ("cmdline", "exe", "systemd_unit", "cgroup", "pid_file")
+        given = [n for n in names if getattr(self, n) is not None]
+        if self.environ:
+            given.append("environ")
+        return tuple(given)
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    name: str
+    match: TargetMatch
+    run: str = DEFAULT_RUN_TEMPLATE
+
+
+@dataclass(frozen=True)
+class Config:
+    listen: str = "127.0.0.1:9977"
+    sample_rate_hz: float = 50.0
+    window_s: float = 10.0
+    rescan_s: float = 5.0
+    max_concurrent_samplers: int = 8
+    targets: tuple[TargetSpec, ...] = ()
+    rapl: str = "auto"  # 'auto' | 'required' | 'off'
+    nvml: str = "auto"  # 'auto' | 'required' | 'off'
+    cpu_tdp_w: float | None = None
+    record_dir: Path = Path("/var/lib/serwatt/runs")
+    retention_days: float = 30.0
+    rules_files: tuple[Path, ...] = ()
+    path_sysfs: Path = Path("/sys")
+    path_procfs: Path = Path("/proc")
+    log_level: str = "info"
+    source_path: Path = Path("<defaults>")
+    raw: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+    @property
+    def listen_host(self) -> str:
+        return split_listen(self.listen)[0]
+
+    @property
+    def listen_port(self) -> int:
+        return split_listen(self.listen)[1]
+
+
+def split_listen(listen: str) -> tuple[str, int]:
+    """'127.0.0.1:9977' -> ('127.0.0.1', 9977); '[::1]:9977' -> ('::1', 9977). Raises ValueError."""
+    if not isinstance(listen, str):
+        raise ValueError("must be a string HOST:PORT")
+    if listen.startswith("["):
+        host, sep, port_s = listen[1:].partition("]:")
+        if not sep:
+            raise ValueError("an IPv6 address is written [ADDR]:PORT, e.g. '[::1]:9977'")
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(f"{host!r} is not an IPv6 address") from None
+    else:
+        host, sep, port_s = listen.rpartition(":")
+        if not sep:
+            raise ValueError("must be HOST:PORT, e.g. '127.0.0.1:9977' or '0.0.0.0:9977'")
+        if ":" in host:
+            raise ValueError("an IPv6 address is written [ADDR]:PORT, e.g. '[::1]:9977'")
+        if not host:
+            raise ValueError("the host is empty: use '0.0.0.0:PORT' for all interfaces")
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            if not _HOSTNAME_RE.match(host) or host.replace(".", "").isdigit():
+                raise ValueError(f"{host!r} is neither an IPv4 address nor a host name") from None
+    if not port_s.isdigit():
+        raise ValueError(f"port {port_s!r} is not a number")
+    port = int(port_s)
+    if not 1 <= port <= 65535:
+        raise ValueError(f"port {port} is outside 1..65535")
+    return host, port
+
+
+# --------------------------------------------------------------------------- validation
+
+
+class _Checker:
+    """Walks the composed YAML node tree, converting values and collecting problems."""
+
+    def __init__(self, loader: yaml.SafeLoader, base_dir: Path) -> None:
+        self.loader = loader
+        self.base_dir = base_dir
+        self.problems: list[ConfigProblem] = []
+
+    def problem(self, path: str, node: yaml.Node | None, message: str) -> None:
+        line = node.start_mark.line + 1 if node is not None else None
+        self.problems.append(ConfigProblem(path, line, message))
+
+    def value(self, node: yaml.Node) -> Any:
+        return self.loader.construct_object(node, deep=True)
+
+    def mapping(
+        self, path: str, node: yaml.Node, allowed: tuple[str, ...]
+    ) -> dict[str, yaml.Node] | None:
+        """Keys of a mapping node -> value nodes; reports unknown and duplicate keys."""
+        if isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null":
+            return {}
+        if not isinstance(node, yaml.MappingNode):
+            self.problem(path, node, f"must be a mapping, got {_kind(node, self)}")
+            return None
+        out: dict[str, yaml.Node] = {}
+        for key_node, value_node in node.value:
+            key = self.value(key_node) if isinstance(key_node, yaml.ScalarNode) else None
+            key_path = f"{path}.{key}" if path else str(key)
+            if not isinstance(key, str):
+                self.problem(key_path, key_node, "keys must be strings")
+                continue
+            if key in out:
+                self.problem(key_path, key_node, "duplicate key (YAML would keep only the last)")
+                continue
+            if key not in allowed:
+                hint = _closest(key, allowed)
+                self.problem(
+                    key_path,
+                    key_node,
+                    f"unknown key {key!r}"
+                    + (f" (did you mean {hint!r}?)" if hint else "")
+                    + f"; allowed here: {', '.join(allowed)}",
+                )
+                continue
+            out[key] = value_node
+        return out
+
+    def number(
+        self,
+        path: str,
+        node: yaml.Node,
+        *,
+        integer: bool = False,
+        minimum: float | None = None,
+        maximum: float | None = None,
+        exclusive_minimum: bool = False,
+        nullable: bool = False,
+    ) -> Any:
+        value = self.value(node) if isinstance(node, yaml.ScalarNode) else node
+        if value is None and nullable:
+            return None
+        ok_types: tuple[type, ...] = (int,) if integer else (int, float)
+        if isinstance(value, bool) or not isinstance(value, ok_types):
+            want = "an integer" if integer else "a number"
+            if nullable:
+                want += " or null"
+            self.problem(path, node, f"must be {want}, got {_kind(node, self)}")
+            return _INVALID
+        if value != value or value in (float("inf"), float("-inf")):
+            self.problem(path, node, "must be a finite number")
+            return _INVALID
+        if minimum is not None:
+            if exclusive_minimum and value <= minimum:
+                self.problem(path, node, f"must be greater than {minimum:g}, got {value}")
+                return _INVALID
+            if not exclusive_minimum and value < minimum:
+                self.problem(path, node, f"must be at least {minimum:g}, got {value}")
+                return _INVALID
+        if maximum is not None and value > maximum:
+            self.problem(path, node, f"must be at most {maximum:g}, got {value}")
+            return _INVALID
+        return value if integer else float(value)
+
+    def string(self, path: str, node: yaml.Node, *, nullable: bool = False) -> Any:
+        value = self.value(node) if isinstance(node, yaml.ScalarNode) else node
+        if value is None and nullable:
+            return None
+        if not isinstance(value, str) or not isinstance(node, yaml.ScalarNode):
+            self.problem(
+                path,
+                node,
+                f"must be a string{' or null' if nullable else ''}, got "
+                f"{_kind(node, self)} (quote it)",
+            )
+            return _INVALID
+        if not value:
+            self.problem(path, node, "must not be empty")
+            return _INVALID
+        return value
+
+    def regex(self, path: str, node: yaml.Node) -> Any:
+        pattern = self.string(path, node, nullable=True)
+        if pattern is None or pattern is _INVALID:
+            return pattern
+        try:
+            return re.compile(pattern)
+        except re.error as exc:
+            self.problem(
+                path,
+                node,
+                f"bad regular expression {pattern!r}: {exc} "
+                "(single-quote regexes in YAML so backslashes stay literal)",
+            )
+            return _INVALID
+
+    def path_value(self, path: str, node: yaml.Node, *, nullable: bool = False) -> Any:
+        value = self.string(path, node, nullable=nullable)
+        if value is None or value is _INVALID:
+            return value
+        p = Path(value).expanduser()
+        return p if p.is_absolute() else (self.base_dir / p)
+
+    def choice(self, path: str, node: yaml.Node, choices: Mapping[Any, str]) -> Any:
+        value = self.value(node) if isinstance(node, yaml.ScalarNode) else _INVALID
+        for key, result in choices.items():
+            if type(key) is type(value) and key == value:
+                return result
+        shown = ", ".join(
+            ("true" if k is True else "false" if k is False else str(k)) for k in choices
+        )
+        self.problem(path, node, f"must be one of {shown}, got {_kind(node, self)}")
+        return _INVALID
+
+
+_INVALID: Any = object()  # a value that failed validation (already reported)
+
+
+def _kind(node: yaml.Node, checker: _Checker) -> str:
+    if isinstance(node, yaml.MappingNode):
+        return "a mapping"
+    if isinstance(node, yaml.SequenceNode):
+        return "a list"
+    value = checker.value(node)
+    if value is None:
+        return "null"
+    return f"{type(value).__name__} {value!r}"
+
+
+def _closest(key: str, allowed: tuple[str, ...]) -> str | None:
+    import difflib
+
+    found = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
+def _check_run_template(c: _Checker, path: str, node: yaml.Node) -> Any:
+    template = c.string(path, node)
+    if template is _INVALID:
+        return template
+    try:
+        parts = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        c.problem(path, node, f"bad template {template!r}: {exc} (write a literal brace as {{{{)")
+        return _INVALID
+    fields = [f for _, f, _, _ in parts if f is not None]
+    bad = [f for f in fields if f not in RUN_PLACEHOLDERS]
+    if bad:
+        c.problem(
+            path,
+            node,
+            f"unknown placeholder(s) {', '.join('{' + b + '}' for b in bad)} in {template!r}; "
+            f"known: {', '.join('{' + p + '}' for p in RUN_PLACEHOLDERS)}",
+        )
+        return _INVALID
+    if any(spec or conv for _, f, spec, conv in parts if f is not None):
+        c.problem(path, node, "placeholders take no format spec or conversion, e.g. {pid}")
+        return _INVALID
+    if not fields:
+        c.problem(
+            path,
+            node,
+            f"{template!r} has no placeholder, so every run of this target would share "
+            "one id; add e.g. {start_time}",
+        )
+        return _INVALID
+    return template
+
+
+def _check_target(c: _Checker, path: str, node: yaml.Node) -> TargetSpec | None:
+    keys = c.mapping(path, node, ("name", "match", "run"))
+    if keys is None:
+        return None
+    name: Any = _INVALID
+    if "name" not in keys:
+        c.problem(f"{path}.name", node, "missing: every target needs a name (the `target` label)")
+    else:
+        name = c.string(f"{path}.name", keys["name"])
+        if name is not _INVALID and not TARGET_NAME_RE.match(name):
+            c.problem(
+                f"{path}.name",
+                keys["name"],
+                f"{name!r} is not a valid target name: use 1-64 letters, digits, '_', '.', '-'",
+            )
+            name = _INVALID
+    run = DEFAULT_RUN_TEMPLATE
+    if "run" in keys:
+        run = _check_run_template(c, f"{path}.run", keys["run"])
+    if "match" not in keys:
+        c.problem(
+            f"{path}.match",
+            node,
+            "missing: say which processes this target is, e.g. match: {cmdline: 'train\\.py'}",
+        )
+        return None
+    mpath = f"{path}.match"
+    mkeys = c.mapping(
+        mpath, keys["match"], ("cmdline", "exe", "systemd_unit", "cgroup", "environ", "pid_file")
+    )
+    if mkeys is None:
+        return None
+    values: dict[str, Any] = {}
+    for key in ("cmdline", "exe", "cgroup"):
+        if key in mkeys:
+            values[key] = c.regex(f"{mpath}.{key}", mkeys[key])
+    if "systemd_unit" in mkeys:
+        unit = c.string(f"{mpath}.systemd_unit", mkeys["systemd_unit"], nullable=True)
+        if isinstance(unit, str) and not unit.endswith(_UNIT_SUFFIXES):
+            unit += ".service"
+        values["systemd_unit"] = unit
+    if "pid_file" in mkeys:
+        values["pid_file"] = c.path_value(f"{mpath}.pid_file", mkeys["pid_file"], nullable=True)
+    if "environ" in mkeys:
+        ekeys = c.mapping(f"{mpath}.environ", mkeys["environ"], _AnyKey())
+        env: dict[str, str] = {}
+        for k, vnode in (ekeys or {}).items():
+            v = c.value(vnode) if isinstance(vnode, yaml.ScalarNode) else _INVALID
+            if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+                c.problem(
+                    f"{mpath}.environ.{k}",
+                    vnode,
+                    f"must be a string (the exact value), got {_kind(vnode, c)}",
+                )
+                continue
+            env[k] = str(v)
+        values["environ"] = MappingProxyType(env)
+    if not any(v is not None and v != {} for v in values.values()):
+        c.problem(
+            mpath,
+            keys["match"],
+            "needs at least one criterion (cmdline, exe, systemd_unit, cgroup, environ, "
+            "pid_file); an empty match would profile every Python process on the node",
+        )
+        return None
+    if any(v is _INVALID for v in values.values()) or name is _INVALID or run is _INVALID:
+        return None
+    return TargetSpec(name=name, match=TargetMatch(**values), run=run)
+
+
+class _AnyKey(tuple):  # type: ignore[type-arg]
+    """An `allowed` set that admits every key (environment variable names)."""
+
+    def __contains__(self, item: object) -> bool:
+        return True
+
+
+_TOP_KEYS = (
+    "listen",
+    "sample_rate_hz",
+    "window_s",
+    "rescan_s",
+    "max_concurrent_samplers",
+    "log_level",
+    "targets",
+    "collectors",
+    "record",
+    "classify",
+    "paths",
+)
+_ENABLED = {"auto": "auto", True: "required", False: "off"}
+
+
+def _check_document(c: _Checker, root: yaml.Node | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if root is None:
+        c.problem("", None, "the file is empty; start from configs/serwatt.example.yaml")
+        return out
+    keys = c.mapping("", root, _TOP_KEYS)
+    if keys is None:
+        return out
+    simple: dict[str, Callable[[str, yaml.Node], Any]] = {
+        "sample_rate_hz": lambda p, n: c.number(
+            p, n, minimum=0, exclusive_minimum=True, maximum=1000
+        ),
+        "window_s": lambda p, n: c.number(p, n, minimum=1, maximum=3600),
+        "rescan_s": lambda p, n: c.number(p, n, minimum=0.1, maximum=3600),
+        "max_concurrent_samplers": lambda p, n: c.number(
+            p, n, integer=True, minimum=1, maximum=1024
+        ),
+        "log_level": lambda p, n: c.choice(p, n, {lv: lv for lv in LOG_LEVELS}),
+    }
+    for key, check in simple.items():
+        if key in keys:
+            out[key] = check(key, keys[key])
+    if "listen" in keys:
+        listen = c.string("listen", keys["listen"])
+        if listen is not _INVALID:
+            try:
+                split_listen(listen)
+            except ValueError as exc:
+                c.problem("listen", keys["listen"], f"bad listen address {listen!r}: {exc}")
+                listen = _INVALID
+        out["listen"] = listen
+    if "targets" in keys:
+        tnode = keys["targets"]
+        targets: list[TargetSpec] = []
+        if not isinstance(tnode, yaml.SequenceNode):
+            c.problem("targets", tnode, f"must be a list of targets, got {_kind(tnode, c)}")
+        else:
+            seen: dict[str, int] = {}
+            for i, item in enumerate(tnode.value):
+                spec = _check_target(c, f"targets[{i}]", item)
+                if spec is None:
+                    continue
+                if spec.name in seen:
+                    c.problem(
+                        f"targets[{i}].name",
+                        item,
+                        f"target name {spec.name!r} is already used by targets[{seen[spec.name]}]",
+                    )
+                    continue
+                seen[spec.name] = i
+                targets.append(spec)
+        out["targets"] = tuple(targets)
+    if "collectors" in keys:
+        ckeys = c.mapping("collectors", keys["collectors"], ("rapl", "nvml", "cpu_model"))
+        for name in ("rapl", "nvml"):
+            if ckeys and name in ckeys:
+                sub = c.mapping(f"collectors.{name}", ckeys[name], ("enabled",))
+                if sub and "enabled" in sub:
+                    out[name] = c.choice(f"collectors.{name}.enabled", sub["enabled"], _ENABLED)
+        if ckeys and "cpu_model" in ckeys:
+            sub = c.mapping("collectors.cpu_model", ckeys["cpu_model"], ("tdp_w",))
+            if sub and "tdp_w" in sub:
+                out["cpu_tdp_w"] = c.number(
+                    "collectors.cpu_model.tdp_w",
+                    sub["tdp_w"],
+                    minimum=0,
+                    exclusive_minimum=True,
+                    maximum=5000,
+                    nullable=True,
+                )
+    if "record" in keys:
+        rkeys = c.mapping("record", keys["record"], ("dir", "retention_days"))
+        if rkeys and "dir" in rkeys:
+            out["record_dir"] = c.path_value("record.dir", rkeys["dir"])
+        if rkeys and "retention_days" in rkeys:
+            out["retention_days"] = c.number(
+                "record.retention_days", rkeys["retention_days"], minimum=0, exclusive_minimum=True
+            )
+    if "classify" in keys:
+        ckeys = c.mapping("classify", keys["classify"], ("rules_files",))
+        if ckeys and "rules_files" in ckeys:
+            node = ckeys["rules_files"]
+            files: list[Path] = []
+            if isinstance(node, yaml.SequenceNode):
+                for i, item in enumerate(node.value):
+                    p = c.path_value(f"classify.rules_files[{i}]", item)
+                    if p is not _INVALID:
+                        files.append(p)
+                out["rules_files"] = tuple(files)
+            elif not (isinstance(node, yaml.ScalarNode) and c.value(node) is None):
+                c.problem(
+                    "classify.rules_files", node, f"must be a list of paths, got {_kind(node, c)}"
+                )
+    if "paths" in keys:
+        pkeys = c.mapping("paths", keys["paths"], ("sysfs", "procfs"))
+        for name in ("sysfs", "procfs"):
+            if pkeys and name in pkeys:
+                out[f"path_{name}"] = c.path_value(f"paths.{name}", pkeys[name])
+    return out
+
+
+def parse_config(text: str, source_path: Path) -> Config:
+    """Validate YAML text; raises ConfigError listing every problem."""
+    loader = yaml.SafeLoader(text)
+    try:
+        try:
+            root = loader.get_single_node()
+        except yaml.MarkedYAMLError as exc:
+            mark = exc.problem_mark or exc.context_mark
+            line = mark.line + 1 if mark is not None else None
+            msg = " ".join(s for s in (exc.context, exc.problem) if s)
+            raise ConfigError(
+                source_path, [ConfigProblem("", line, f"not valid YAML: {msg}")]
+            ) from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(
+                source_path, [ConfigProblem("", None, f"not valid YAML: {exc}")]
+            ) from None
+        checker = _Checker(loader, source_path.parent)
+        try:
+            values = _check_document(checker, root)
+            raw = loader.construct_document(root) if root is not None else None
+        except yaml.constructor.ConstructorError as exc:
+            mark = exc.problem_mark
+            raise ConfigError(
+                source_path,
+                [
+                    ConfigProblem(
+                        "", mark.line + 1 if mark else None, f"bad YAML value: {exc.problem}"
+                    )
+                ],
+            ) from None
+    finally:
+        loader.dispose()
+    problems = sorted(checker.problems, key=lambda p: p.line or 0)
+    if problems:
+        raise ConfigError(source_path, problems)
+    if not values.get("targets"):
+        line = root.start_mark.line + 1 if root is not None else None
+        raise ConfigError(
+            source_path,
+            [ConfigProblem("targets", line, "no targets: add at least one under `targets:`")],
+        )
+    return Config(
+        **{k: v for k, v in values.items()},
+        source_path=source_path,
+        raw=MappingProxyType(dict(raw or {})),
+    )
+
+
+def load_config(path: Path) -> Config:
+    """Read and validate a config file; raises ConfigError (with every problem) if unusable."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(
+            path, [ConfigProblem("", None, "file not found; see configs/serwatt.example.yaml")]
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(path, [ConfigProblem("", None, f"cannot read the file: {exc}")]) from None
+    return parse_config(text, path.absolute())
+
+
+# --------------------------------------------------------------------------- subcommand
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", type=Path, help="the daemon config (YAML) to validate")
+    parser.add_argument(
+        "-q", "--quiet", action="store_true", help="print nothing when the config is valid"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.file)
+    except ConfigError as exc:
+        print(f"serwatt check-config: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    if not args.quiet:
+        names = ", ".join(t.name for t in config.targets)
+        print(
+            f"{config.source_path}: ok: {len(config.targets)} target(s) ({names}), "
+            f"listen {config.listen}, {config.sample_rate_hz:g} Hz, {config.window_s:g} s windows, "
+            f"rapl {config.rapl}, nvml {config.nvml}, records in {config.record_dir}"
+        )
+    return 0
