@@ -1,0 +1,606 @@
+"""Run records: every window of every target, in one crash-safe SQLite file.
+
+A *run* is what one run id names (a target's `run` template, rendered by
+profiler.discovery): usually one training process, or several ranks that render
+the same id. Each run holds the host fingerprint, the config it was recorded under,
+the energy/GPU sources, and one row per sampling window with per-codepath
+counters (samples, cpu_s, wall_s, low-confidence samples, energy_j and its source,
+gpu_wait_s) and the sampler's own errors.
+
+Durability: WAL journal, one transaction per window, committed before
+`append_window` returns. `synchronous=NORMAL`: in WAL mode a commit is written to
+the WAL file (the OS page cache) before it returns, so a crash or SIGKILL of the
+daemon at any moment keeps every committed window and never corrupts the file;
+only a power loss or kernel crash can drop the last commits since the last
+checkpoint (still no corruption). FULL would add an fsync per window, and on the
+ext4 data=ordered filesystems training nodes write checkpoints to, an fsync can
+force out unrelated dirty data (the job's checkpoint) and stall us behind it: the
+recorder would perturb the very serialization it measures.
+
+The format is versioned (`meta.schema_version`); a file from a newer serwatt is
+refused with a clear error rather than misread.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from profiler import __version__
+from profiler.codepaths import CODEPATHS
+from profiler.window import WindowReport
+
+SCHEMA_VERSION = 1
+RECORD_FILENAME = "runs.sqlite"  # the file inside a record dir (config `record.dir`)
+_APPLICATION = "serwatt.runs"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY,
+    target TEXT NOT NULL,
+    started_at REAL NOT NULL,       -- epoch s, when start_run was first called
+    ended_at REAL,                  -- epoch s, NULL while the run is open
+    last_seen_at REAL NOT NULL,     -- epoch s, last start_run or window end: the retention key
+    serwatt_version TEXT NOT NULL,
+    host_json TEXT NOT NULL,
+    config_json TEXT NOT NULL,
+    sources_json TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS windows (
+    window_id INTEGER PRIMARY KEY,
+    run_id TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
+    pid INTEGER NOT NULL,
+    started_at REAL NOT NULL,
+    ended_at REAL NOT NULL,
+    rate_hz REAL NOT NULL,
+    cpu_s REAL NOT NULL,
+    python TEXT,
+    exited INTEGER NOT NULL,
+    pyspy_samples INTEGER NOT NULL,
+    pyspy_errors INTEGER NOT NULL,
+    partial_stacks INTEGER NOT NULL,
+    behind_s REAL NOT NULL,
+    notes_json TEXT NOT NULL,
+    energy_source TEXT,             -- rapl | model | unavailable | NULL (not given)
+    energy_json TEXT,               -- the energy mapping as given, NULL when not given
+    gpu_json TEXT                   -- the GPU mapping as given, NULL when not given
+);
+CREATE INDEX IF NOT EXISTS windows_by_run ON windows(run_id, started_at);
+CREATE TABLE IF NOT EXISTS window_codepaths (
+    window_id INTEGER NOT NULL REFERENCES windows(window_id) ON DELETE CASCADE,
+    codepath TEXT NOT NULL,
+    samples INTEGER NOT NULL,
+    cpu_s REAL NOT NULL,
+    wall_s REAL NOT NULL,
+    low_confidence_samples INTEGER NOT NULL,
+    energy_j REAL,                  -- NULL: no energy for this window
+    energy_source TEXT,
+    gpu_wait_s REAL,                -- NULL: no GPU data for this window
+    gpu_wait_energy_j REAL,
+    PRIMARY KEY (window_id, codepath)
+);
+"""
+
+
+class RecordError(Exception):
+    """A record file that cannot be used; the message names the file and the fix."""
+
+
+@dataclass(frozen=True)
+class CodepathTotals:
+    samples: int = 0
+    cpu_s: float = 0.0
+    wall_s: float = 0.0
+    low_confidence_samples: int = 0
+    energy_j: float | None = None
+    gpu_wait_s: float | None = None
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    run_id: str
+    target: str
+    started_at: float
+    ended_at: float | None
+    last_seen_at: float
+    windows: int
+    pids: tuple[int, ...]
+    samples: int
+    cpu_s: float
+    energy_j: float | None  # sum over codepaths of windows that had energy, None if none did
+    energy_sources: tuple[str, ...]
+    serwatt_version: str
+
+
+@dataclass(frozen=True)
+class WindowRecord:
+    window_id: int
+    pid: int
+    started_at: float
+    ended_at: float
+    rate_hz: float
+    cpu_s: float
+    python: str | None
+    exited: bool
+    errors: Mapping[str, Any]
+    energy: Mapping[str, Any] | None
+    gpu: Mapping[str, Any] | None
+    codepaths: Mapping[str, Mapping[str, Any]]
+
+
+@dataclass(frozen=True)
+class RunDetail:
+    summary: RunSummary
+    host: Mapping[str, Any]
+    config: Mapping[str, Any]
+    sources: Mapping[str, Any]
+    codepaths: Mapping[str, CodepathTotals]  # every codepath in CODEPATHS
+    windows: tuple[WindowRecord, ...] = field(default=())
+
+    def to_json(self) -> dict[str, Any]:
+        s = self.summary
+        return {
+            "schema": "serwatt.run/1",
+            "run_id": s.run_id,
+            "target": s.target,
+            "started_at": s.started_at,
+            "ended_at": s.ended_at,
+            "last_seen_at": s.last_seen_at,
+            "serwatt_version": s.serwatt_version,
+            "pids": list(s.pids),
+            "windows": len(self.windows),
+            "samples": s.samples,
+            "cpu_s": s.cpu_s,
+            "energy_j": s.energy_j,
+            "energy_sources": list(s.energy_sources),
+            "host": dict(self.host),
+            "config": self.config,
+            "sources": dict(self.sources),
+            "codepaths": {cp: vars_of(t) for cp, t in self.codepaths.items()},
+            "window_list": [
+                {
+                    "window_id": w.window_id,
+                    "pid": w.pid,
+                    "started_at": w.started_at,
+                    "ended_at": w.ended_at,
+                    "rate_hz": w.rate_hz,
+                    "cpu_s": w.cpu_s,
+                    "python": w.python,
+                    "exited": w.exited,
+                    "errors": dict(w.errors),
+                    "energy": w.energy,
+                    "gpu": w.gpu,
+                    "codepaths": {k: dict(v) for k, v in w.codepaths.items()},
+                }
+                for w in self.windows
+            ],
+        }
+
+
+def vars_of(obj: Any) -> dict[str, Any]:
+    return {k: getattr(obj, k) for k in obj.__dataclass_fields__}
+
+
+def _json(value: Any) -> str:
+    """JSON for mappings from YAML/NVML: paths and other objects become strings, not errors."""
+    return json.dumps(value, sort_keys=True, default=str, allow_nan=False)
+
+
+def _finite(value: Any, what: str) -> float:
+    f = float(value)
+    if not math.isfinite(f):
+        raise ValueError(f"{what} is {f}: records hold finite numbers only")
+    return f
+
+
+def _codepath_values(mapping: Mapping | None, *keys: str) -> dict[str, float]:
+    """Per-codepath numbers from an energy/gpu mapping, under the first key present."""
+    if not mapping:
+        return {}
+    for key in keys:
+        values = mapping.get(key)
+        if isinstance(values, Mapping):
+            unknown = set(values) - set(CODEPATHS)
+            if unknown:
+                raise ValueError(f"{key} names unknown codepath(s) {sorted(unknown)}")
+            return {cp: _finite(v, f"{key}[{cp}]") for cp, v in values.items() if v is not None}
+    return {}
+
+
+class Recorder:
+    """One SQLite file (WAL) holding many runs; the daemon keeps one per record dir.
+
+    Thread-safe: one connection guarded by a lock (the daemon appends from its
+    sampling threads). Readers (`serwatt runs`) may open the same file at any time.
+    """
+
+    def __init__(self, path: Path, *, readonly: bool = False) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        if readonly and not self.path.exists():
+            raise RecordError(f"{self.path}: no such record file")
+        if not readonly:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._db = sqlite3.connect(
+                str(self.path), timeout=30.0, isolation_level=None, check_same_thread=False
+            )
+            self._db.execute("PRAGMA foreign_keys = ON")
+            self._db.execute("PRAGMA busy_timeout = 30000")
+            version = self._read_schema_version()
+            if version is None:
+                if readonly:
+                    raise RecordError(f"{self.path}: empty file, not a serwatt run record")
+                self._create()
+            elif version > SCHEMA_VERSION:
+                raise RecordError(
+                    f"{self.path}: record schema version {version} is newer than this serwatt "
+                    f"({__version__}) reads (up to {SCHEMA_VERSION}); upgrade serwatt to read it, "
+                    "or point record.dir at a new directory"
+                )
+            if not readonly:
+                self._db.execute("PRAGMA journal_mode = WAL")
+                self._db.execute("PRAGMA synchronous = NORMAL")
+        except sqlite3.DatabaseError as exc:
+            raise RecordError(
+                f"{self.path}: not a readable serwatt run record ({exc}); move it aside or "
+                "point record.dir at a new directory"
+            ) from None
+        except RecordError:
+            self._db.close()
+            raise
+
+    @classmethod
+    def for_dir(cls, record_dir: Path, **kwargs: Any) -> Recorder:
+        return cls(Path(record_dir) / RECORD_FILENAME, **kwargs)
+
+    # ----------------------------------------------------------------- setup
+
+    def _read_schema_version(self) -> int | None:
+        tables = {
+            r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type='table'")
+        }
+        if not tables:
+            return None
+        if "meta" not in tables:
+            raise RecordError(
+                f"{self.path}: an SQLite file but not a serwatt run record (no meta table); "
+                "point record.dir at a new directory"
+            )
+        rows = dict(self._db.execute("SELECT key, value FROM meta").fetchall())
+        if rows.get("application") != _APPLICATION or "schema_version" not in rows:
+            raise RecordError(f"{self.path}: an SQLite file but not a serwatt run record")
+        return int(rows["schema_version"])
+
+    def _create(self) -> None:
+        with self._tx() as db:
+            for stmt in _SCHEMA.split(";"):
+                if stmt.strip():
+                    db.execute(stmt)
+            db.executemany(
+                "INSERT OR IGNORE INTO meta(key, value) VALUES (?, ?)",
+                [
+                    ("application", _APPLICATION),
+                    ("schema_version", str(SCHEMA_VERSION)),
+                    ("created_at", repr(time.time())),
+                    ("created_by", f"serwatt {__version__}"),
+                ],
+            )
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> Recorder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------- writing
+
+    def start_run(
+        self,
+        run_id: str,
+        target: str,
+        *,
+        host: Mapping,
+        config: Mapping,
+        sources: Mapping,
+        started_at: float | None = None,
+    ) -> None:
+        """Open (or re-open, after a daemon restart) a run. Idempotent for the same target."""
+        if not run_id:
+            raise ValueError("run_id must not be empty")
+        now = time.time() if started_at is None else started_at
+        with self._tx() as db:
+            row = db.execute("SELECT target FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+            if row is None:
+                db.execute(
+                    "INSERT INTO runs(run_id, target, started_at, ended_at, last_seen_at,"
+                    " serwatt_version, host_json, config_json, sources_json)"
+                    " VALUES (?, ?, ?, NULL, ?, ?, ?, ?, ?)",
+                    (
+                        run_id,
+                        target,
+                        now,
+                        now,
+                        __version__,
+                        _json(host),
+                        _json(config),
+                        _json(sources),
+                    ),
+                )
+            elif row[0] != target:
+                raise ValueError(
+                    f"run id {run_id!r} is already recorded for target {row[0]!r}, not "
+                    f"{target!r}: give the targets different `run` templates"
+                )
+            else:
+                # Resumed: keep the first host/config, refresh the sources (they may differ
+                # after a restart, e.g. RAPL became readable) and reopen the run.
+                db.execute(
+                    "UPDATE runs SET ended_at = NULL, last_seen_at = max(last_seen_at, ?),"
+                    " sources_json = ? WHERE run_id = ?",
+                    (now, _json(sources), run_id),
+                )
+
+    def append_window(
+        self,
+        run_id: str,
+        window: WindowReport,
+        *,
+        energy: Mapping | None = None,
+        gpu: Mapping | None = None,
+    ) -> int:
+        """Record one window; durable (committed) on return. Returns the window id.
+
+        energy: {"source": "rapl"|"model"|"unavailable", "reason": str|None,
+                 "codepaths_j": {codepath: joules}, ...anything else, kept as given}
+        gpu:    {"codepaths_wait_s": {codepath: seconds},
+                 "codepaths_wait_j": {codepath: joules}, ...anything else, kept as given}
+        """
+        missing = [cp for cp in CODEPATHS if cp not in window.codepaths]
+        unknown = [cp for cp in window.codepaths if cp not in CODEPATHS]
+        if missing or unknown:
+            raise ValueError(
+                f"window codepaths must be exactly CODEPATHS: missing {missing}, unknown {unknown}"
+            )
+        energy_j = _codepath_values(energy, "codepaths_j")
+        energy_source = None if energy is None else str(energy.get("source") or "unavailable")
+        wait_s = _codepath_values(gpu, "codepaths_wait_s")
+        wait_j = _codepath_values(gpu, "codepaths_wait_j")
+        e = window.errors
+        with self._tx() as db:
+            if db.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone() is None:
+                raise KeyError(f"run {run_id!r} was not started: call start_run first")
+            cur = db.execute(
+                "INSERT INTO windows(run_id, pid, started_at, ended_at, rate_hz, cpu_s, python,"
+                " exited, pyspy_samples, pyspy_errors, partial_stacks, behind_s, notes_json,"
+                " energy_source, energy_json, gpu_json)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    run_id,
+                    window.pid,
+                    _finite(window.started_at, "started_at"),
+                    _finite(window.ended_at, "ended_at"),
+                    _finite(window.rate_hz, "rate_hz"),
+                    _finite(window.cpu_s, "cpu_s"),
+                    window.python,
+                    int(window.exited),
+                    e.pyspy_samples,
+                    e.pyspy_errors,
+                    e.partial_stacks,
+                    _finite(e.behind_s, "behind_s"),
+                    _json(list(e.notes)),
+                    energy_source,
+                    None if energy is None else _json(energy),
+                    None if gpu is None else _json(gpu),
+                ),
+            )
+            window_id = int(cur.lastrowid or 0)
+            db.executemany(
+                "INSERT INTO window_codepaths(window_id, codepath, samples, cpu_s, wall_s,"
+                " low_confidence_samples, energy_j, energy_source, gpu_wait_s, gpu_wait_energy_j)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (
+                        window_id,
+                        cp,
+                        cw.samples,
+                        _finite(cw.cpu_s, f"{cp}.cpu_s"),
+                        _finite(cw.wall_s, f"{cp}.wall_s"),
+                        cw.low_confidence_samples,
+                        energy_j.get(cp, 0.0 if energy_j else None) if energy else None,
+                        energy_source if energy else None,
+                        wait_s.get(cp, 0.0 if wait_s else None) if gpu else None,
+                        wait_j.get(cp, 0.0 if wait_j else None) if gpu else None,
+                    )
+                    for cp, cw in ((cp, window.codepaths[cp]) for cp in CODEPATHS)
+                ],
+            )
+            db.execute(
+                "UPDATE runs SET last_seen_at = max(last_seen_at, ?) WHERE run_id = ?",
+                (window.ended_at, run_id),
+            )
+        return window_id
+
+    def finish_run(self, run_id: str, ended_at: float) -> None:
+        with self._tx() as db:
+            cur = db.execute(
+                "UPDATE runs SET ended_at = ?, last_seen_at = max(last_seen_at, ?)"
+                " WHERE run_id = ?",
+                (ended_at, ended_at, run_id),
+            )
+            if cur.rowcount == 0:
+                raise KeyError(f"run {run_id!r} is not recorded")
+
+    def apply_retention(self, days: float, now: float | None = None) -> int:
+        """Delete runs last seen more than `days` ago; returns how many runs were deleted."""
+        if not days > 0:
+            raise ValueError(f"retention days must be > 0, got {days}")
+        cutoff = (time.time() if now is None else now) - days * 86400.0
+        with self._tx() as db:
+            cur = db.execute("DELETE FROM runs WHERE last_seen_at < ?", (cutoff,))
+            deleted = cur.rowcount
+        if deleted:
+            with self._lock:
+                # Hand the freed pages back to the WAL checkpoint so the file stops growing.
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        return deleted
+
+    # ----------------------------------------------------------------- reading
+
+    def runs(self) -> list[RunSummary]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT r.run_id, r.target, r.started_at, r.ended_at, r.last_seen_at,"
+                " r.serwatt_version,"
+                " (SELECT count(*) FROM windows w WHERE w.run_id = r.run_id),"
+                " (SELECT group_concat(DISTINCT w.pid) FROM windows w WHERE w.run_id = r.run_id),"
+                " (SELECT coalesce(sum(c.samples), 0) FROM windows w JOIN window_codepaths c"
+                "   USING (window_id) WHERE w.run_id = r.run_id),"
+                " (SELECT coalesce(sum(w.cpu_s), 0) FROM windows w WHERE w.run_id = r.run_id),"
+                " (SELECT sum(c.energy_j) FROM windows w JOIN window_codepaths c"
+                "   USING (window_id) WHERE w.run_id = r.run_id),"
+                " (SELECT group_concat(DISTINCT w.energy_source) FROM windows w"
+                "   WHERE w.run_id = r.run_id)"
+                " FROM runs r ORDER BY r.started_at, r.run_id"
+            ).fetchall()
+        return [_summary(row) for row in rows]
+
+    def run(self, run_id: str) -> RunDetail:
+        summaries = {s.run_id: s for s in self.runs()}
+        if run_id not in summaries:
+            known = ", ".join(sorted(summaries)[:10]) or "none"
+            raise KeyError(f"no run {run_id!r} in {self.path} (recorded: {known})")
+        with self._lock:
+            host_json, config_json, sources_json = self._db.execute(
+                "SELECT host_json, config_json, sources_json FROM runs WHERE run_id = ?",
+                (run_id,),
+            ).fetchone()
+            wrows = self._db.execute(
+                "SELECT window_id, pid, started_at, ended_at, rate_hz, cpu_s, python, exited,"
+                " pyspy_samples, pyspy_errors, partial_stacks, behind_s, notes_json,"
+                " energy_json, gpu_json FROM windows WHERE run_id = ?"
+                " ORDER BY started_at, window_id",
+                (run_id,),
+            ).fetchall()
+            crows = self._db.execute(
+                "SELECT c.window_id, c.codepath, c.samples, c.cpu_s, c.wall_s,"
+                " c.low_confidence_samples, c.energy_j, c.energy_source, c.gpu_wait_s,"
+                " c.gpu_wait_energy_j FROM window_codepaths c JOIN windows w USING (window_id)"
+                " WHERE w.run_id = ?",
+                (run_id,),
+            ).fetchall()
+        per_window: dict[int, dict[str, dict[str, Any]]] = {}
+        names = (
+            "samples",
+            "cpu_s",
+            "wall_s",
+            "low_confidence_samples",
+            "energy_j",
+            "energy_source",
+            "gpu_wait_s",
+            "gpu_wait_energy_j",
+        )
+        for wid, cp, *values in crows:
+            per_window.setdefault(wid, {})[cp] = dict(zip(names, values, strict=True))
+        windows = tuple(
+            WindowRecord(
+                window_id=r[0],
+                pid=r[1],
+                started_at=r[2],
+                ended_at=r[3],
+                rate_hz=r[4],
+                cpu_s=r[5],
+                python=r[6],
+                exited=bool(r[7]),
+                errors={
+                    "pyspy_samples": r[8],
+                    "pyspy_errors": r[9],
+                    "partial_stacks": r[10],
+                    "behind_s": r[11],
+                    "notes": json.loads(r[12]),
+                },
+                energy=None if r[13] is None else json.loads(r[13]),
+                gpu=None if r[14] is None else json.loads(r[14]),
+                codepaths={cp: per_window.get(r[0], {}).get(cp, {}) for cp in CODEPATHS},
+            )
+            for r in wrows
+        )
+        totals: dict[str, CodepathTotals] = {}
+        for cp in CODEPATHS:
+            rows = [w.codepaths[cp] for w in windows if w.codepaths[cp]]
+            energies = [r["energy_j"] for r in rows if r["energy_j"] is not None]
+            waits = [r["gpu_wait_s"] for r in rows if r["gpu_wait_s"] is not None]
+            totals[cp] = CodepathTotals(
+                samples=sum(r["samples"] for r in rows),
+                cpu_s=sum(r["cpu_s"] for r in rows),
+                wall_s=sum(r["wall_s"] for r in rows),
+                low_confidence_samples=sum(r["low_confidence_samples"] for r in rows),
+                energy_j=sum(energies) if energies else None,
+                gpu_wait_s=sum(waits) if waits else None,
+            )
+        return RunDetail(
+            summary=summaries[run_id],
+            host=json.loads(host_json),
+            config=json.loads(config_json),
+            sources=json.loads(sources_json),
+            codepaths=totals,
+            windows=windows,
+        )
+
+
+def _summary(row: tuple) -> RunSummary:
+    (
+        run_id,
+        target,
+        started_at,
+        ended_at,
+        last_seen_at,
+        version,
+        windows,
+        pids,
+        samples,
+        cpu_s,
+        energy_j,
+        sources,
+    ) = row
+    return RunSummary(
+        run_id=run_id,
+        target=target,
+        started_at=started_at,
+        ended_at=ended_at,
+        last_seen_at=last_seen_at,
+        windows=windows,
+        pids=tuple(sorted(int(p) for p in pids.split(","))) if pids else (),
+        samples=samples,
+        cpu_s=cpu_s,
+        energy_j=energy_j,
+        energy_sources=tuple(sorted(sources.split(","))) if sources else (),
+        serwatt_version=version,
+    )
