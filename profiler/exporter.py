@@ -1,0 +1,439 @@
+"""Prometheus export of the ledger's latest snapshot, and the daemon's HTTP endpoint.
+
+`SnapshotCollector` is a prometheus_client custom collector: on each scrape it
+turns the latest immutable `LedgerSnapshot` into fresh metric families. It reads,
+formats and returns; it never samples, reads sysfs or takes the ledger's lock, so
+a scrape costs the same whatever the daemon is doing. It is registered in its own
+`CollectorRegistry`, never the process-global one.
+
+`METRICS` is the metric contract (name, type, labels, HELP); the contract test,
+the dashboards test and the docs are checked against it.
+
+Example exposition lines:
+    serwatt_cpu_seconds_total{codepath="pickle",target="trainer"} 12.5
+    serwatt_energy_joules_total{codepath="pickle",source="model",target="trainer"} 301.2
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client.core import (
+    CollectorRegistry,
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+from prometheus_client.exposition import choose_encoder
+
+from profiler.codepaths import CODEPATHS
+from profiler.ledger import LedgerSnapshot
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str  # as exposed (counters include `_total`)
+    type: str  # "counter" | "gauge" | "info" (an info is a gauge of value 1 in text format 0.0.4)
+    labels: tuple[str, ...]
+    help: str
+
+
+METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec(
+        "serwatt_samples_total",
+        "counter",
+        ("target", "codepath"),
+        "Stack samples of the target's threads classified into the codepath.",
+    ),
+    MetricSpec(
+        "serwatt_cpu_seconds_total",
+        "counter",
+        ("target", "codepath"),
+        "Measured per-thread CPU seconds of the target attributed to the codepath "
+        "(each thread's CPU delta spread over its samples).",
+    ),
+    MetricSpec(
+        "serwatt_energy_joules_total",
+        "counter",
+        ("target", "codepath", "source"),
+        "CPU package energy attributed to the target's codepath, in joules; source is "
+        "rapl (measured) or model (estimated).",
+    ),
+    MetricSpec(
+        "serwatt_node_cpu_energy_joules_total",
+        "counter",
+        ("source",),
+        "CPU package energy of the whole node over the daemon's sampling slots, in joules.",
+    ),
+    MetricSpec(
+        "serwatt_unattributed_energy_joules_total",
+        "counter",
+        ("source",),
+        "Node CPU energy that no target codepath received (other processes, idle, "
+        "unsampled targets), in joules.",
+    ),
+    MetricSpec(
+        "serwatt_gpu_idle_seconds_total",
+        "counter",
+        ("gpu",),
+        "Seconds the GPU ran no kernel, from NVML utilization samples.",
+    ),
+    MetricSpec(
+        "serwatt_gpu_wait_seconds_total",
+        "counter",
+        ("target", "codepath", "gpu"),
+        "Seconds a GPU the target uses sat idle while the target's host threads were in "
+        "the codepath.",
+    ),
+    MetricSpec(
+        "serwatt_gpu_wait_energy_joules_total",
+        "counter",
+        ("target", "codepath", "gpu"),
+        "GPU energy spent idle while the target's host threads were in the codepath, in joules.",
+    ),
+    MetricSpec(
+        "serwatt_target_up",
+        "gauge",
+        ("target",),
+        "1 if at least one process of the configured target is being profiled, else 0.",
+    ),
+    MetricSpec(
+        "serwatt_target_info",
+        "info",
+        ("target", "pid", "python"),
+        "One series per profiled process of the target (value 1): its pid and Python version.",
+    ),
+    MetricSpec(
+        "serwatt_sampler_errors_total",
+        "counter",
+        ("target", "kind"),
+        "Sampling windows of the target that failed, by kind (target_gone, not_python, "
+        "ptrace_denied, unsupported_python, ...).",
+    ),
+    MetricSpec(
+        "serwatt_collector_up",
+        "gauge",
+        ("collector",),
+        "1 if the collector's last use succeeded, 0 if it failed or is unavailable.",
+    ),
+    MetricSpec(
+        "serwatt_collector_duration_seconds",
+        "gauge",
+        ("collector",),
+        "Seconds the collector's last use took.",
+    ),
+    MetricSpec(
+        "serwatt_build_info",
+        "info",
+        ("version",),
+        "serwatt build information (value 1).",
+    ),
+)
+
+METRIC_NAMES: frozenset[str] = frozenset(m.name for m in METRICS)
+_SPEC = {m.name: m for m in METRICS}
+
+
+def _family(name: str) -> CounterMetricFamily | GaugeMetricFamily:
+    spec = _SPEC[name]
+    if spec.type == "counter":
+        # prometheus_client appends `_total` to counter samples itself.
+        return CounterMetricFamily(name.removesuffix("_total"), spec.help, labels=spec.labels)
+    return GaugeMetricFamily(name, spec.help, labels=spec.labels)
+
+
+def _info_family(name: str) -> InfoMetricFamily:
+    spec = _SPEC[name]
+    # prometheus_client appends `_info`; the labels are passed per sample as the value.
+    return InfoMetricFamily(name.removesuffix("_info"), spec.help)
+
+
+def build_families(snap: LedgerSnapshot) -> Iterator[Metric]:
+    """The metric families for one snapshot. A family that fails to build is logged
+    and left out; the others are still exported."""
+    builders: tuple[tuple[str, Callable[[LedgerSnapshot], Metric]], ...] = (
+        ("serwatt_samples_total", _samples),
+        ("serwatt_cpu_seconds_total", _cpu),
+        ("serwatt_energy_joules_total", _energy),
+        ("serwatt_node_cpu_energy_joules_total", _node_energy),
+        ("serwatt_unattributed_energy_joules_total", _unattributed),
+        ("serwatt_gpu_idle_seconds_total", _gpu_idle),
+        ("serwatt_gpu_wait_seconds_total", _gpu_wait),
+        ("serwatt_gpu_wait_energy_joules_total", _gpu_wait_energy),
+        ("serwatt_target_up", _target_up),
+        ("serwatt_target_info", _target_info),
+        ("serwatt_sampler_errors_total", _sampler_errors),
+        ("serwatt_collector_up", _collector_up),
+        ("serwatt_collector_duration_seconds", _collector_duration),
+        ("serwatt_build_info", _build_info),
+    )
+    for name, build in builders:
+        try:
+            yield build(snap)
+        except Exception:
+            log.exception("building %s failed; left out of this scrape", name)
+
+
+def _sorted_items(mapping):
+    return sorted(mapping.items(), key=lambda kv: kv[0])
+
+
+def _samples(snap: LedgerSnapshot) -> Metric:
+    fam = _family("serwatt_samples_total")
+    for (target, cp), v in _sorted_items(snap.samples):
+        fam.add_metric([target, cp], v)
+    return fam
+
+
+def _cpu(snap: LedgerSnapshot) -> Metric:
+    fam = _family("serwatt_cpu_seconds_total")
+    for (target, cp), v in _sorted_items(snap.cpu_s):
+        fam.add_metric([target, cp], v)
+    return fam
+
+
+def _energy(snap: LedgerSnapshot) -> Metric:
+    fam = _family("serwatt_energy_joules_total")
+    for (target, cp, source), v in _sorted_items(snap.energy_j):
+        fam.add_metric([target, cp, source], v)
+    return fam
+
+
+def _node_energy(snap: LedgerSnapshot) -> Metric:
+    fam = _family("serwatt_node_cpu_energy_joules_total")
+    for source, v in _sorted_items(snap.node_cpu_energy_j):
+        fam.add_metric([source], v)
+    return fam
+
+
+def _unattributed(snap: LedgerSnapshot) -> Metric:
+    fam = _family("serwatt_unattributed_energy_joules_total")
+    for source, v in _sorted_items(snap.unattributed_energy_j):
+        fam.add_metric([source], v)
+    return fam
+
+
+def _gpu_idle(snap: LedgerSnapshot) -> Metric:
+    fam = _family("serwatt_gpu_idle_seconds_total")
+    for gpu, v in _sorted_items(snap.gpu_idle_s):
+        fam.add_metric([gpu], v)
+    return fam
+
+
+def _gpu_wait(snap: LedgerSnapshot) -> Metric:
+    fam = _family("serwatt_gpu_wait_seconds_total")
+    for (target, cp, gpu), v in _sorted_items(snap.gpu_wait_s):
+        fam.add_metric([target, cp, gpu], v)
+    return fam
+
+
+def _gpu_wait_energy(snap: LedgerSnapshot) -> Metric:
+    fam = _family("serwatt_gpu_wait_energy_joules_total")
+    for (target, cp, gpu), v in _sorted_items(snap.gpu_wait_energy_j):
+        fam.add_metric([target, cp, gpu], v)
+    return fam
+
+
+def _target_up(snap: LedgerSnapshot) -> Metric:
+    fam = _family("serwatt_target_up")
+    for t in snap.targets:
+        fam.add_metric([t.name], 1.0 if t.up else 0.0)
+    return fam
+
+
+def _target_info(snap: LedgerSnapshot) -> Metric:
+    fam = _info_family("serwatt_target_info")
+    for t in snap.targets:
+        for p in t.processes:
+            fam.add_metric([], {"target": t.name, "pid": str(p.pid), "python": p.python})
+    return fam
+
+
+def _sampler_errors(snap: LedgerSnapshot) -> Metric:
+    fam = _family("serwatt_sampler_errors_total")
+    for (target, kind), v in _sorted_items(snap.sampler_errors):
+        fam.add_metric([target, kind], v)
+    return fam
+
+
+def _collector_up(snap: LedgerSnapshot) -> Metric:
+    fam = _family("serwatt_collector_up")
+    for name, c in _sorted_items(snap.collectors):
+        fam.add_metric([name], 1.0 if c.up else 0.0)
+    return fam
+
+
+def _collector_duration(snap: LedgerSnapshot) -> Metric:
+    fam = _family("serwatt_collector_duration_seconds")
+    for name, c in _sorted_items(snap.collectors):
+        fam.add_metric([name], c.duration_s)
+    return fam
+
+
+def _build_info(snap: LedgerSnapshot) -> Metric:
+    fam = _info_family("serwatt_build_info")
+    fam.add_metric([], {"version": snap.version})
+    return fam
+
+
+class SnapshotCollector:
+    """prometheus_client custom collector over `get_snapshot()` (no computing on scrape)."""
+
+    def __init__(self, get_snapshot: Callable[[], LedgerSnapshot]) -> None:
+        self._get_snapshot = get_snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        yield from build_families(self._get_snapshot())
+
+
+def make_registry(get_snapshot: Callable[[], LedgerSnapshot]) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(get_snapshot))
+    return registry
+
+
+# -- landing page ----------------------------------------------------------------
+
+
+def render_landing_page(snap: LedgerSnapshot, *, listen: str = "") -> str:
+    """The HTML at `/`: a link to /metrics, the targets and the collectors' status."""
+    e = html.escape
+    age_s = max(0.0, time.time() - snap.taken_at)
+    rows = []
+    for t in snap.targets:
+        samples = sum(snap.samples.get((t.name, cp), 0) for cp in CODEPATHS)
+        cpu_s = sum(snap.cpu_s.get((t.name, cp), 0.0) for cp in CODEPATHS)
+        errors = sum(v for (name, _k), v in snap.sampler_errors.items() if name == t.name)
+        procs = (
+            ", ".join(f"pid {p.pid} (Python {e(p.python)})" for p in t.processes) or "none found"
+        )
+        state = "up" if t.up else ("down" if t.configured else "removed from config")
+        rows.append(
+            f"<tr><td>{e(t.name)}</td><td class='{'up' if t.up else 'down'}'>{state}</td>"
+            f"<td>{procs}</td><td>{samples}</td><td>{cpu_s:.2f}</td><td>{errors}</td></tr>"
+        )
+    crows = []
+    for name, c in sorted(snap.collectors.items()):
+        crows.append(
+            f"<tr><td>{e(name)}</td><td class='{'up' if c.up else 'down'}'>"
+            f"{'up' if c.up else 'down'}</td><td>{c.duration_s:.4f}</td>"
+            f"<td>{e(c.detail)}</td></tr>"
+        )
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>serwatt {e(snap.version)}</title>
+<style>body{{font-family:sans-serif;margin:2em}}td,th{{padding:.2em .8em;text-align:left}}
+.up{{color:#070}}.down{{color:#a00}}</style></head>
+<body><h1>serwatt {e(snap.version)}</h1>
+<p>Per-node serialization profiler. Metrics: <a href="/metrics">/metrics</a>.
+Listening on {e(listen)}. Snapshot taken {age_s:.1f} s ago, {snap.windows} windows recorded.</p>
+<h2>Targets</h2>
+<table><tr><th>target</th><th>state</th><th>processes</th><th>samples</th><th>CPU s</th>
+<th>sampler errors</th></tr>
+{"".join(rows) or "<tr><td colspan=6>no targets configured</td></tr>"}
+</table>
+<h2>Collectors</h2>
+<table><tr><th>collector</th><th>state</th><th>last duration s</th><th>detail</th></tr>
+{"".join(crows) or "<tr><td colspan=4>no collector has run yet</td></tr>"}
+</table>
+</body></html>
+"""
+
+
+# -- HTTP server -----------------------------------------------------------------
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """'127.0.0.1:9977' or '[::1]:9977' -> (host, port). Raises ValueError."""
+    host, sep, port_text = listen.rpartition(":")
+    if not sep or not port_text.isdigit():
+        raise ValueError(f"listen address {listen!r} must be HOST:PORT, e.g. 127.0.0.1:9977")
+    host = host.strip("[]")
+    port = int(port_text)
+    if not 0 <= port <= 65535:
+        raise ValueError(f"listen port {port} out of range 0..65535")
+    return host, port
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class MetricsServer:
+    """`/metrics` (Prometheus exposition) and `/` (landing page) on one address."""
+
+    def __init__(
+        self, listen: str, registry: CollectorRegistry, get_snapshot: Callable[[], LedgerSnapshot]
+    ) -> None:
+        host, port = parse_listen(listen)
+        self.registry = registry
+        self._get_snapshot = get_snapshot
+        handler = _make_handler(self)
+
+        server_cls = _Server
+        if ":" in host:
+
+            class _Server6(_Server):
+                address_family = socket.AF_INET6
+
+            server_cls = _Server6
+        self._httpd = server_cls((host, port), handler)  # binds now: OSError if it cannot
+        self._thread: threading.Thread | None = None
+
+    @property
+    def address(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        host = host.decode() if isinstance(host, bytes) else host
+        return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever,
+            kwargs={"poll_interval": 0.2},
+            name="serwatt-http",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._httpd.shutdown()
+            self._thread.join(timeout=5)
+        self._httpd.server_close()
+
+
+def _make_handler(server: MetricsServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server API)
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
+                body = encoder(server.registry)
+                self._send(200, content_type, body)
+            elif path == "/":
+                page = render_landing_page(server._get_snapshot(), listen=server.address)
+                self._send(200, "text/html; charset=utf-8", page.encode())
+            else:
+                self._send(404, "text/plain; charset=utf-8", b"not found: try / or /metrics\n")
+
+        def _send(self, code: int, content_type: str, body: bytes) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args) -> None:  # noqa: A002
+            log.debug("http %s: " + format, self.address_string(), *args)
+
+    return Handler

@@ -1,0 +1,317 @@
+"""The daemon's ledger: monotonic counters, published as immutable snapshots.
+
+The sampling side (profiler/daemon) is the only writer. It adds what each window
+measured and then publishes a snapshot; the Prometheus side (profiler/exporter)
+only ever reads the latest snapshot, so a scrape never computes, never blocks on
+sampling and never sees a half-applied window.
+
+Counters only go up (a negative increment is a bug and raises ValueError) and a
+series, once created, is never dropped while the daemon lives: a target that left
+the config keeps its totals and shows `up 0`, so `rate()` stays correct.
+
+Labels are bounded by construction: `target` must be a registered (configured)
+target name, `codepath` must belong to profiler.codepaths.CODEPATHS, `gpu` is an
+index, `source` and `kind` are short identifiers. A pid appears only in the
+per-target process list (the `serwatt_target_info` metric).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from profiler import __version__
+from profiler.codepaths import CODEPATHS
+
+# `kind` and `source` label values: short identifiers, never free text.
+_IDENT = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
+
+
+@dataclass(frozen=True)
+class TargetProcess:
+    pid: int
+    python: str  # "3.11.7", or "unknown" until a window reported it
+
+
+@dataclass(frozen=True)
+class TargetState:
+    name: str
+    configured: bool  # False once a reload removed it (its totals are kept)
+    processes: tuple[TargetProcess, ...]
+
+    @property
+    def up(self) -> bool:
+        return bool(self.processes)
+
+
+@dataclass(frozen=True)
+class CollectorState:
+    """What the daemon's last use of one signal source said."""
+
+    up: bool
+    duration_s: float
+    detail: str = ""  # e.g. "rapl: unavailable: permission", shown on the landing page
+
+
+def _frozen(d: Mapping) -> Mapping:
+    return MappingProxyType(dict(d))
+
+
+@dataclass(frozen=True)
+class LedgerSnapshot:
+    """Every exported value at one instant. Mappings are read-only copies."""
+
+    taken_at: float  # epoch seconds
+    version: str
+    targets: tuple[TargetState, ...]
+    samples: Mapping[tuple[str, str], int]  # (target, codepath)
+    cpu_s: Mapping[tuple[str, str], float]  # (target, codepath)
+    energy_j: Mapping[tuple[str, str, str], float]  # (target, codepath, source)
+    node_cpu_energy_j: Mapping[str, float]  # source
+    unattributed_energy_j: Mapping[str, float]  # source
+    gpu_idle_s: Mapping[str, float]  # gpu index
+    gpu_wait_s: Mapping[tuple[str, str, str], float]  # (target, codepath, gpu)
+    gpu_wait_energy_j: Mapping[tuple[str, str, str], float]  # (target, codepath, gpu)
+    sampler_errors: Mapping[tuple[str, str], int]  # (target, kind)
+    collectors: Mapping[str, CollectorState] = field(default_factory=dict)
+    windows: int = 0  # windows applied so far (all targets)
+
+
+class Ledger:
+    """Mutable counters behind a lock; `snapshot()` hands out immutable copies."""
+
+    def __init__(self, *, version: str = __version__, clock=time.time) -> None:
+        self._lock = threading.Lock()
+        self._version = version
+        self._clock = clock
+        self._configured: dict[str, bool] = {}
+        self._processes: dict[str, tuple[TargetProcess, ...]] = {}
+        self._samples: dict[tuple[str, str], int] = {}
+        self._cpu_s: dict[tuple[str, str], float] = {}
+        self._energy_j: dict[tuple[str, str, str], float] = {}
+        self._node_j: dict[str, float] = {}
+        self._unattributed_j: dict[str, float] = {}
+        self._gpu_idle_s: dict[str, float] = {}
+        self._gpu_wait_s: dict[tuple[str, str, str], float] = {}
+        self._gpu_wait_j: dict[tuple[str, str, str], float] = {}
+        self._errors: dict[tuple[str, str], int] = {}
+        self._collectors: dict[str, CollectorState] = {}
+        self._energy_sources: set[str] = set()
+        self._gpus: set[str] = set()
+        self._windows = 0
+        self._latest = self._build_snapshot()
+
+    # -- configuration -------------------------------------------------------------
+
+    def set_targets(self, names: Iterable[str]) -> None:
+        """Declare the configured targets: every codepath series starts at zero.
+
+        A name that disappears from the config keeps its series (counters must not
+        vanish); it is marked unconfigured and its process list is emptied.
+        """
+        names = list(names)
+        with self._lock:
+            for name in self._configured:
+                self._configured[name] = False
+            for name in names:
+                self._configured[name] = True
+                self._processes.setdefault(name, ())
+                for cp in CODEPATHS:
+                    self._samples.setdefault((name, cp), 0)
+                    self._cpu_s.setdefault((name, cp), 0.0)
+                    for source in self._energy_sources:
+                        self._energy_j.setdefault((name, cp, source), 0.0)
+                    for gpu in self._gpus:
+                        self._gpu_wait_s.setdefault((name, cp, gpu), 0.0)
+                        self._gpu_wait_j.setdefault((name, cp, gpu), 0.0)
+            for name, configured in self._configured.items():
+                if not configured:
+                    self._processes[name] = ()
+
+    def declare_energy_source(self, source: str) -> None:
+        """Zero-fill energy series for `source` ("rapl" or "model") for every target."""
+        _check_ident(source, "source")
+        with self._lock:
+            self._energy_sources.add(source)
+            self._node_j.setdefault(source, 0.0)
+            self._unattributed_j.setdefault(source, 0.0)
+            for name in self._configured:
+                for cp in CODEPATHS:
+                    self._energy_j.setdefault((name, cp, source), 0.0)
+
+    def declare_gpu(self, gpu: int | str) -> None:
+        """Zero-fill GPU series for GPU index `gpu` for every target."""
+        g = _gpu_label(gpu)
+        with self._lock:
+            self._gpus.add(g)
+            self._gpu_idle_s.setdefault(g, 0.0)
+            for name in self._configured:
+                for cp in CODEPATHS:
+                    self._gpu_wait_s.setdefault((name, cp, g), 0.0)
+                    self._gpu_wait_j.setdefault((name, cp, g), 0.0)
+
+    def set_target_processes(self, target: str, processes: Iterable[TargetProcess]) -> None:
+        with self._lock:
+            self._require_target(target)
+            self._processes[target] = tuple(sorted(processes, key=lambda p: p.pid))
+
+    def set_collector(
+        self, collector: str, *, up: bool, duration_s: float, detail: str = ""
+    ) -> None:
+        _check_ident(collector, "collector")
+        with self._lock:
+            self._collectors[collector] = CollectorState(bool(up), float(duration_s), detail)
+
+    # -- counters ------------------------------------------------------------------
+
+    def add_window(
+        self,
+        target: str,
+        *,
+        samples: Mapping[str, int],
+        cpu_s: Mapping[str, float],
+        energy_j: Mapping[str, float] | None = None,
+        energy_source: str | None = None,
+        gpu_wait_s: Mapping[tuple[str, int | str], float] | None = None,
+        gpu_wait_energy_j: Mapping[tuple[str, int | str], float] | None = None,
+    ) -> None:
+        """Add one window of one target. `gpu_wait_*` are keyed by (codepath, gpu).
+
+        Everything is validated before anything is added, so a bad window changes
+        nothing.
+        """
+        energy_j = energy_j or {}
+        gpu_wait_s = gpu_wait_s or {}
+        gpu_wait_energy_j = gpu_wait_energy_j or {}
+        for mapping in (samples, cpu_s, energy_j):
+            for cp, v in mapping.items():
+                _check_codepath(cp)
+                _check_increment(v, cp)
+        for gpu_mapping in (gpu_wait_s, gpu_wait_energy_j):
+            for (cp, gpu), v in gpu_mapping.items():
+                _check_codepath(cp)
+                _gpu_label(gpu)
+                _check_increment(v, cp)
+        if energy_j and energy_source is None:
+            raise ValueError("energy_j given without its source (rapl or model)")
+        if energy_source is not None:
+            _check_ident(energy_source, "source")
+        with self._lock:
+            self._require_target(target)
+            for cp, n in samples.items():
+                self._samples[(target, cp)] = self._samples.get((target, cp), 0) + int(n)
+            for cp, s in cpu_s.items():
+                self._cpu_s[(target, cp)] = self._cpu_s.get((target, cp), 0.0) + float(s)
+            if energy_source is not None:
+                if energy_source not in self._energy_sources:
+                    self._energy_sources.add(energy_source)
+                    self._node_j.setdefault(energy_source, 0.0)
+                    self._unattributed_j.setdefault(energy_source, 0.0)
+                for cp in CODEPATHS:
+                    key3 = (target, cp, energy_source)
+                    self._energy_j[key3] = self._energy_j.get(key3, 0.0) + float(
+                        energy_j.get(cp, 0.0)
+                    )
+            for src, dst in ((gpu_wait_s, self._gpu_wait_s), (gpu_wait_energy_j, self._gpu_wait_j)):
+                for (cp, gpu), v in src.items():
+                    key = (target, cp, _gpu_label(gpu))
+                    dst[key] = dst.get(key, 0.0) + float(v)
+            self._windows += 1
+
+    def add_node_energy(self, source: str, *, node_j: float, unattributed_j: float) -> None:
+        """Add one interval of node CPU energy and the part no codepath received."""
+        _check_ident(source, "source")
+        _check_increment(node_j, "node energy")
+        _check_increment(unattributed_j, "unattributed energy")
+        if unattributed_j > node_j * (1 + 1e-9) + 1e-12:
+            raise ValueError(
+                f"unattributed energy {unattributed_j} J exceeds node energy {node_j} J"
+            )
+        with self._lock:
+            self._energy_sources.add(source)
+            self._node_j[source] = self._node_j.get(source, 0.0) + float(node_j)
+            self._unattributed_j[source] = self._unattributed_j.get(source, 0.0) + float(
+                unattributed_j
+            )
+
+    def add_gpu_idle(self, gpu: int | str, idle_s: float) -> None:
+        _check_increment(idle_s, "gpu idle")
+        g = _gpu_label(gpu)
+        with self._lock:
+            self._gpus.add(g)
+            self._gpu_idle_s[g] = self._gpu_idle_s.get(g, 0.0) + float(idle_s)
+
+    def add_sampler_error(self, target: str, kind: str, count: int = 1) -> None:
+        _check_ident(kind, "kind")
+        _check_increment(count, "sampler errors")
+        with self._lock:
+            self._require_target(target)
+            self._errors[(target, kind)] = self._errors.get((target, kind), 0) + int(count)
+
+    # -- snapshots -----------------------------------------------------------------
+
+    def publish(self) -> LedgerSnapshot:
+        """Freeze the current counters into the snapshot readers get."""
+        with self._lock:
+            snap = self._build_snapshot()
+            self._latest = snap
+        return snap
+
+    def snapshot(self) -> LedgerSnapshot:
+        """The latest published snapshot (a reference read: never blocks on writers)."""
+        return self._latest
+
+    def _build_snapshot(self) -> LedgerSnapshot:
+        targets = tuple(
+            TargetState(name, configured, self._processes.get(name, ()))
+            for name, configured in sorted(self._configured.items())
+        )
+        return LedgerSnapshot(
+            taken_at=self._clock(),
+            version=self._version,
+            targets=targets,
+            samples=_frozen(self._samples),
+            cpu_s=_frozen(self._cpu_s),
+            energy_j=_frozen(self._energy_j),
+            node_cpu_energy_j=_frozen(self._node_j),
+            unattributed_energy_j=_frozen(self._unattributed_j),
+            gpu_idle_s=_frozen(self._gpu_idle_s),
+            gpu_wait_s=_frozen(self._gpu_wait_s),
+            gpu_wait_energy_j=_frozen(self._gpu_wait_j),
+            sampler_errors=_frozen(self._errors),
+            collectors=_frozen(self._collectors),
+            windows=self._windows,
+        )
+
+    def _require_target(self, target: str) -> None:
+        if target not in self._configured:
+            raise ValueError(
+                f"unknown target {target!r}: targets must be declared with set_targets() "
+                "(only configured names may become label values)"
+            )
+
+
+def _check_codepath(cp: str) -> None:
+    if cp not in CODEPATHS:
+        raise ValueError(f"codepath {cp!r} is not in the closed set {CODEPATHS}")
+
+
+def _check_increment(v: float, what: str) -> None:
+    if not (v >= 0):  # also rejects NaN
+        raise ValueError(f"counter increment for {what} must be >= 0, got {v!r}")
+
+
+def _check_ident(value: str, what: str) -> None:
+    if not _IDENT.match(value):
+        raise ValueError(f"{what} label value {value!r} must match {_IDENT.pattern}")
+
+
+def _gpu_label(gpu: int | str) -> str:
+    g = str(gpu)
+    if not g.isdigit():
+        raise ValueError(f"gpu label must be a device index, got {gpu!r}")
+    return g

@@ -1,0 +1,169 @@
+"""Ledger: monotonic counters, bounded labels, immutable snapshots."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from profiler.codepaths import CODEPATHS
+from profiler.ledger import Ledger, TargetProcess
+
+
+def _ledger(*targets: str) -> Ledger:
+    ledger = Ledger()
+    ledger.set_targets(targets or ("trainer",))
+    return ledger
+
+
+def test_every_codepath_starts_at_zero_for_every_target():
+    ledger = _ledger("trainer", "loader")
+    ledger.declare_energy_source("model")
+    ledger.declare_gpu(0)
+    snap = ledger.publish()
+    for target in ("trainer", "loader"):
+        for cp in CODEPATHS:
+            assert snap.samples[(target, cp)] == 0
+            assert snap.cpu_s[(target, cp)] == 0.0
+            assert snap.energy_j[(target, cp, "model")] == 0.0
+            assert snap.gpu_wait_s[(target, cp, "0")] == 0.0
+            assert snap.gpu_wait_energy_j[(target, cp, "0")] == 0.0
+    assert snap.node_cpu_energy_j == {"model": 0.0}
+    assert snap.gpu_idle_s == {"0": 0.0}
+
+
+def test_windows_accumulate_and_snapshots_do_not_change_afterwards():
+    ledger = _ledger()
+    ledger.add_window("trainer", samples={"pickle": 10, "other": 5}, cpu_s={"pickle": 0.2})
+    first = ledger.publish()
+    ledger.add_window(
+        "trainer",
+        samples={"pickle": 1},
+        cpu_s={"pickle": 0.05},
+        energy_j={"pickle": 3.0},
+        energy_source="rapl",
+        gpu_wait_s={("pickle", 1): 0.5},
+        gpu_wait_energy_j={("pickle", 1): 20.0},
+    )
+    # Not published yet: readers still see the first snapshot.
+    assert ledger.snapshot() is first
+    second = ledger.publish()
+    assert first.samples[("trainer", "pickle")] == 10
+    assert second.samples[("trainer", "pickle")] == 11
+    assert second.cpu_s[("trainer", "pickle")] == pytest.approx(0.25)
+    assert second.energy_j[("trainer", "pickle", "rapl")] == 3.0
+    # A new source is zero-filled for every codepath at once.
+    assert second.energy_j[("trainer", "json", "rapl")] == 0.0
+    assert second.gpu_wait_s[("trainer", "pickle", "1")] == 0.5
+    assert second.gpu_wait_energy_j[("trainer", "pickle", "1")] == 20.0
+    assert second.windows == 2
+    with pytest.raises(TypeError):
+        second.samples[("trainer", "pickle")] = 0  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"samples": {"pickles": 1}, "cpu_s": {}}, "closed set"),
+        ({"samples": {"pickle": -1}, "cpu_s": {}}, ">= 0"),
+        ({"samples": {}, "cpu_s": {"json": float("nan")}}, ">= 0"),
+        ({"samples": {}, "cpu_s": {}, "energy_j": {"json": 1.0}}, "source"),
+        ({"samples": {}, "cpu_s": {}, "energy_j": {}, "energy_source": "RAPL!"}, "source"),
+        ({"samples": {}, "cpu_s": {}, "gpu_wait_s": {("json", "gpu0"): 1.0}}, "index"),
+    ],
+)
+def test_bad_window_is_rejected_and_changes_nothing(kwargs, message):
+    ledger = _ledger()
+    before = ledger.publish()
+    with pytest.raises(ValueError, match=message):
+        ledger.add_window("trainer", **kwargs)
+    after = ledger.publish()
+    assert dict(after.samples) == dict(before.samples)
+    assert dict(after.cpu_s) == dict(before.cpu_s)
+    assert dict(after.gpu_wait_s) == dict(before.gpu_wait_s)
+    assert after.windows == 0
+
+
+def test_unknown_target_cannot_become_a_label():
+    ledger = _ledger()
+    with pytest.raises(ValueError, match="unknown target 'python3 train.py'"):
+        ledger.add_window("python3 train.py", samples={"other": 1}, cpu_s={})
+    with pytest.raises(ValueError, match="unknown target"):
+        ledger.add_sampler_error("12345", "target_gone")
+
+
+def test_removed_target_keeps_totals_and_goes_down():
+    ledger = _ledger("a", "b")
+    ledger.add_window("a", samples={"json": 4}, cpu_s={"json": 1.0})
+    ledger.set_target_processes("a", [TargetProcess(42, "3.12.1")])
+    ledger.set_targets(["b"])
+    snap = ledger.publish()
+    state = {t.name: t for t in snap.targets}
+    assert not state["a"].configured and not state["a"].up and state["a"].processes == ()
+    assert snap.samples[("a", "json")] == 4
+    assert state["b"].configured
+
+
+def test_node_energy_cannot_attribute_more_than_measured():
+    ledger = _ledger()
+    ledger.add_node_energy("rapl", node_j=10.0, unattributed_j=10.0)
+    with pytest.raises(ValueError, match="exceeds node energy"):
+        ledger.add_node_energy("rapl", node_j=1.0, unattributed_j=2.0)
+    snap = ledger.publish()
+    assert snap.node_cpu_energy_j["rapl"] == 10.0
+    assert snap.unattributed_energy_j["rapl"] == 10.0
+
+
+def test_sampler_errors_and_collectors():
+    ledger = _ledger()
+    ledger.add_sampler_error("trainer", "not_python")
+    ledger.add_sampler_error("trainer", "not_python")
+    with pytest.raises(ValueError, match="kind"):
+        ledger.add_sampler_error("trainer", "No such process: 123")
+    ledger.set_collector("rapl", up=False, duration_s=0.002, detail="unavailable: permission")
+    snap = ledger.publish()
+    assert snap.sampler_errors[("trainer", "not_python")] == 2
+    assert snap.collectors["rapl"].up is False
+    assert snap.collectors["rapl"].detail == "unavailable: permission"
+
+
+def test_snapshot_reads_never_wait_for_writers():
+    ledger = _ledger()
+    published = ledger.publish()
+    with ledger._lock:  # a writer holding the lock for as long as it likes
+        result: list = []
+        reader = threading.Thread(target=lambda: result.append(ledger.snapshot()))
+        reader.start()
+        reader.join(timeout=10)
+        assert result == [published]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(CODEPATHS),
+            st.integers(min_value=0, max_value=10_000),
+            st.floats(min_value=0, max_value=1e4, allow_nan=False),
+        ),
+        max_size=40,
+    )
+)
+def test_counters_never_decrease(windows):
+    ledger = _ledger()
+    previous = ledger.publish()
+    for cp, n, s in windows:
+        ledger.add_window(
+            "trainer", samples={cp: n}, cpu_s={cp: s}, energy_j={cp: s}, energy_source="model"
+        )
+        snap = ledger.publish()
+        for key, value in previous.samples.items():
+            assert snap.samples[key] >= value
+        for key, value in previous.cpu_s.items():
+            assert snap.cpu_s[key] >= value
+        for key, value in previous.energy_j.items():
+            assert snap.energy_j[key] >= value
+        previous = snap
+    assert sum(previous.samples.values()) == sum(n for _, n, _ in windows)
