@@ -30,11 +30,14 @@ class Classification:
 
     `rule_id` names the rule that fired (None for `other`); `confidence` is "high"
     or "low" (a call-site line that also runs other non-trivial calls is "low").
+    `ambiguous` marks such a mixed call-site line (always with "low"); an `other`
+    sample with `ambiguous=True` was a line calling two different serializers.
     """
 
     codepath: str
     rule_id: str | None = None
     confidence: str = "high"
+    ambiguous: bool = False
 
     @property
     def low_confidence(self) -> bool:

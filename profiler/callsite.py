@@ -1,0 +1,311 @@
+"""Call-site reading: which calls a target's source line makes, with imports resolved.
+
+A C serializer (`_pickle`, upb protobuf, orjson, msgpack's Cython unpacker) pushes no
+Python frame, so while it runs the innermost Python frame is its caller, at the line
+of the call. This module reads that caller's source file (through `/proc/<pid>/root`
+so container targets work), parses it once per (path, mtime, size) with `ast`, and
+answers: which calls span line L, resolved through import aliases and simple local
+bindings (`import pickle as pk`, `from pickle import loads as thaw`,
+`p = pickle.Pickler(f)`, `class P(pickle.Pickler)`), and whether the line does other
+work too (a comprehension, a generator).
+
+Names: a call's `name` is a dotted path with `()` marking a call result, e.g.
+`pickle.dumps`, `pickle.Pickler().dump`, `msg.SerializeToString`; `imported` says
+its root name is bound by an import (so `pickle.dumps` really is the module's).
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import os
+import time
+import tokenize
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+MAX_SOURCE_BYTES = 8 * 1024 * 1024
+
+_SCOPE_NODES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
+_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+
+
+@dataclass(frozen=True)
+class CallSite:
+    name: str  # resolved dotted name, "()" marks a call result
+    method: str | None  # attribute name for `x.m(...)`, else None
+    imported: bool  # the name's root is bound by an import
+    lineno: int
+    end_lineno: int
+
+
+@dataclass(frozen=True)
+class LineCalls:
+    """Every call whose source span includes one line, innermost scope's bindings applied."""
+
+    calls: tuple[CallSite, ...]
+    comprehension: bool  # a comprehension/generator also runs on this line
+
+
+_Binding = tuple[str, bool]  # (dotted name, imported)
+
+
+def _resolve(expr: ast.expr, env: dict[str, _Binding]) -> _Binding | None:
+    if isinstance(expr, ast.Name):
+        return env.get(expr.id, (expr.id, False))
+    if isinstance(expr, ast.Attribute):
+        base = _resolve(expr.value, env)
+        if base is None:
+            return ("?." + expr.attr, False)
+        return (f"{base[0]}.{expr.attr}", base[1])
+    if isinstance(expr, ast.Call):
+        base = _resolve(expr.func, env)
+        if base is None:
+            return None
+        return (base[0] + "()", base[1])
+    return None
+
+
+def _scope_body(node: ast.AST) -> list[ast.AST]:
+    """Nodes in `node`'s own scope, in source order, not descending into nested scopes."""
+    out: list[ast.AST] = []
+    stack = list(reversed(list(ast.iter_child_nodes(node))))
+    while stack:
+        child = stack.pop()
+        out.append(child)
+        if isinstance(child, _SCOPE_NODES):
+            continue
+        stack.extend(reversed(list(ast.iter_child_nodes(child))))
+    return out
+
+
+@dataclass
+class _Scope:
+    node: ast.AST
+    start: int
+    end: int
+    bindings: dict[str, _Binding]
+    parent: _Scope | None
+
+
+class SourceIndex:
+    """One parsed source file; `calls_at(line)` is memoized per line."""
+
+    def __init__(self, text: str, filename: str = "<source>") -> None:
+        self.tree = ast.parse(text, filename=filename)
+        self._calls: list[ast.Call] = []
+        self._comps: list[ast.expr] = []
+        self._scopes: list[_Scope] = []
+        self._memo: dict[int, LineCalls] = {}
+        module_scope = _Scope(self.tree, 0, 1 << 30, {}, None)
+        self._scopes.append(module_scope)
+        self._build(self.tree, module_scope)
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.Call):
+                self._calls.append(node)
+            elif isinstance(node, _COMPREHENSIONS):
+                self._comps.append(node)
+
+    def _env(self, scope: _Scope) -> dict[str, _Binding]:
+        chain = []
+        s: _Scope | None = scope
+        while s is not None:
+            # Class bodies do not enclose their methods' names (Python scoping).
+            if not isinstance(s.node, ast.ClassDef) or s is scope:
+                chain.append(s.bindings)
+            s = s.parent
+        env: dict[str, _Binding] = {}
+        for b in reversed(chain):
+            env.update(b)
+        return env
+
+    def _build(self, node: ast.AST, scope: _Scope) -> None:
+        nested: list[ast.AST] = []
+        body = _scope_body(node)
+        env = self._env(scope.parent) if scope.parent is not None else {}
+        # Imports bind first (anywhere in the scope), then assignments in source order.
+        for child in body:
+            if isinstance(child, ast.Import):
+                for alias in child.names:
+                    if alias.asname:
+                        scope.bindings[alias.asname] = (alias.name, True)
+                    else:
+                        root = alias.name.split(".", 1)[0]
+                        scope.bindings[root] = (root, True)
+            elif isinstance(child, ast.ImportFrom) and child.module and not child.level:
+                for alias in child.names:
+                    if alias.name == "*":
+                        continue
+                    scope.bindings[alias.asname or alias.name] = (
+                        f"{child.module}.{alias.name}",
+                        True,
+                    )
+        for child in body:
+            local_env = {**env, **scope.bindings}
+            if isinstance(child, ast.Assign) and len(child.targets) == 1:
+                target = child.targets[0]
+                if isinstance(target, ast.Name):
+                    value = _resolve(child.value, local_env)
+                    if value is not None and value[1]:
+                        scope.bindings[target.id] = value
+            elif isinstance(child, ast.AnnAssign) and child.value is not None:
+                if isinstance(child.target, ast.Name):
+                    value = _resolve(child.value, local_env)
+                    if value is not None and value[1]:
+                        scope.bindings[child.target.id] = value
+            elif isinstance(child, ast.withitem) and child.optional_vars is not None:
+                if isinstance(child.optional_vars, ast.Name):
+                    value = _resolve(child.context_expr, local_env)
+                    if value is not None and value[1]:
+                        scope.bindings[child.optional_vars.id] = value
+            elif isinstance(child, ast.ClassDef):
+                # `class P(pickle.Pickler)`: `P(f).dump(x)` is `pickle.Pickler().dump`.
+                for base in child.bases:
+                    value = _resolve(base, local_env)
+                    if value is not None and value[1]:
+                        scope.bindings[child.name] = value
+                        break
+            if isinstance(child, _SCOPE_NODES):
+                nested.append(child)
+        for child in nested:
+            start = getattr(child, "lineno", 0)
+            decorators = getattr(child, "decorator_list", [])
+            if decorators:
+                start = min(start, *(d.lineno for d in decorators))
+            end = getattr(child, "end_lineno", None) or start
+            sub = _Scope(child, start, end, {}, scope)
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                for arg in _arg_names(child.args):
+                    # A parameter shadows a module-level import of the same name.
+                    sub.bindings[arg] = (arg, False)
+            self._scopes.append(sub)
+            self._build(child, sub)
+
+    def _scope_at(self, line: int) -> _Scope:
+        best = self._scopes[0]
+        for s in self._scopes[1:]:
+            if s.start <= line <= s.end and (s.end - s.start) <= (best.end - best.start):
+                best = s
+        return best
+
+    def calls_at(self, line: int) -> LineCalls:
+        hit = self._memo.get(line)
+        if hit is not None:
+            return hit
+        scope = self._scope_at(line)
+        env = self._env(scope)
+        calls = []
+        for node in self._calls:
+            end = node.end_lineno or node.lineno
+            if node.lineno <= line <= end:
+                resolved = _resolve(node.func, env)
+                name, imported = resolved if resolved is not None else ("?", False)
+                method = node.func.attr if isinstance(node.func, ast.Attribute) else None
+                calls.append(CallSite(name, method, imported, node.lineno, end))
+        comp = any(c.lineno <= line <= (c.end_lineno or c.lineno) for c in self._comps)
+        result = LineCalls(tuple(calls), comp)
+        self._memo[line] = result
+        return result
+
+
+def _arg_names(args: ast.arguments) -> list[str]:
+    names = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)]
+    if args.vararg:
+        names.append(args.vararg.arg)
+    if args.kwarg:
+        names.append(args.kwarg.arg)
+    return names
+
+
+def read_source(path: Path) -> str:
+    """A Python source file's text, honouring its coding cookie; raises OSError/ValueError."""
+    with open(path, "rb") as fh:
+        data = fh.read(MAX_SOURCE_BYTES + 1)
+    if len(data) > MAX_SOURCE_BYTES:
+        raise ValueError(f"larger than {MAX_SOURCE_BYTES} bytes")
+    encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    return data.decode(encoding)
+
+
+@dataclass
+class _Entry:
+    key: tuple[int, int] | None  # (mtime_ns, size); None when the file could not be stat'ed
+    index: SourceIndex | None
+    error: str | None
+    checked_at: float
+
+
+class SourceCache:
+    """Parsed sources keyed by path, revalidated by (mtime, size) at most every `stat_ttl_s`.
+
+    `generation` increases whenever a cached file changes, so callers that memoize
+    results derived from sources know to drop them.
+    """
+
+    def __init__(self, *, max_files: int = 2048, stat_ttl_s: float = 2.0) -> None:
+        self.max_files = max_files
+        self.stat_ttl_s = stat_ttl_s
+        self.generation = 0
+        self.parses = 0
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        self._last_sweep = time.monotonic()
+
+    @staticmethod
+    def _stat_key(path: str) -> tuple[int, int] | None:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_size)
+
+    def revalidate(self, now: float | None = None) -> bool:
+        """Re-stat every cached file if the TTL passed; True when something changed."""
+        now = time.monotonic() if now is None else now
+        if now - self._last_sweep < self.stat_ttl_s:
+            return False
+        self._last_sweep = now
+        changed = False
+        for path in list(self._entries):
+            entry = self._entries[path]
+            if self._stat_key(path) != entry.key:
+                del self._entries[path]
+                changed = True
+            else:
+                entry.checked_at = now
+        if changed:
+            self.generation += 1
+        return changed
+
+    def get(self, path: str) -> tuple[SourceIndex | None, str | None, int | None]:
+        """(index, error, mtime_ns) for one path; the error says why there is no index."""
+        entry = self._entries.get(path)
+        if entry is not None:
+            self._entries.move_to_end(path)
+            return entry.index, entry.error, entry.key[0] if entry.key else None
+        key = self._stat_key(path)
+        index: SourceIndex | None = None
+        error: str | None = None
+        if key is None:
+            error = "source not readable"
+        else:
+            try:
+                index = SourceIndex(read_source(Path(path)), path)
+                self.parses += 1
+            except (OSError, ValueError, SyntaxError, RecursionError, MemoryError) as exc:
+                error = f"source not parsed: {type(exc).__name__}: {exc}"
+        self._entries[path] = _Entry(key, index, error, time.monotonic())
+        if len(self._entries) > self.max_files:
+            self._entries.popitem(last=False)
+        return index, error, key[0] if key else None
+
+
+def source_path(filename: str, proc_root: Path | None) -> str | None:
+    """Where to read a frame's file: through the target's root, or None if not a file."""
+    if not filename or filename.startswith("<") or not filename.endswith((".py", ".pyw")):
+        return None
+    if proc_root is None:
+        return filename
+    if not filename.startswith("/"):
+        return None  # relative to the target's cwd, which we do not know
+    return str(proc_root) + filename

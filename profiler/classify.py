@@ -1,0 +1,275 @@
+"""Codepath classification: which serializer, if any, a stack sample is inside.
+
+Rules (profiler/rules.py, built-ins in configs/codepaths.yaml) come in three layers:
+
+- python: a Python frame by file path suffix + function name, on any frame;
+- native: a native frame by shared-object basename + symbol (py-spy --native);
+- callsite: a Python frame's source line calls a serializer (profiler/callsite.py).
+  It applies to the innermost Python frame (a C serializer has no frame of its own:
+  its caller at the call line is the leaf), and to a caller whose callee is a
+  serializer *callback* (`persistent_id`, `__reduce_ex__`, ...): the C serializer
+  on the caller's line runs that callback, so the callback's time is serialization.
+
+The sample goes to its OUTERMOST serializer scope, walking from the stack root:
+`torch.save` -> torch even though pickling runs under it. A leaf call-site line that
+also runs other non-trivial calls is `low` confidence (`ambiguous=True`). Nothing
+matched, or two different serializers called on one ambiguous line: `other`.
+Unknown stays `other`; nothing is guessed.
+
+Classification runs on every sample, so results are cached per frame tuple, per
+(file, function) for the python/native layers and per (file, line) for call sites.
+A source change (mtime/size, checked at most every `stat_ttl_s`) drops the
+source-derived caches.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from collectors.samples import Frame, Sample
+from profiler.callsite import SourceCache, source_path
+from profiler.codepaths import OTHER, Classification
+from profiler.rules import Rule, RuleSet, builtin_rules_path, load_rules
+
+
+@dataclass(frozen=True)
+class CallsiteMatch:
+    codepath: str | None  # None: two serializers of different codepaths on the line
+    rule: Rule | None
+    others: int  # non-trivial non-serializer calls (and comprehensions) on the line
+
+
+@dataclass
+class ClassifierStats:
+    samples: int = 0
+    stack_cache_hits: int = 0
+    source_parses: int = 0
+    callsite_lookups: int = 0
+    sources_unavailable: int = 0
+
+
+class Classifier:
+    """Classifies samples with a RuleSet. Not thread-safe: one per sampling thread."""
+
+    def __init__(
+        self,
+        rules: RuleSet,
+        *,
+        stack_cache_size: int = 65536,
+        stat_ttl_s: float = 2.0,
+        proc_fs: Path = Path("/proc"),
+    ) -> None:
+        self.rules = rules
+        self._python_rules = rules.layer("python")
+        self._native_rules = rules.layer("native")
+        self._callsite_rules = rules.layer("callsite")
+        self._stack_cache_size = stack_cache_size
+        self._sources = SourceCache(stat_ttl_s=stat_ttl_s)
+        self._generation = self._sources.generation
+        self._stacks: dict[tuple[str | None, tuple[Frame, ...]], Classification] = {}
+        self._python_memo: dict[tuple[str, str], Rule | None] = {}
+        self._native_memo: dict[tuple[str, str], Rule | None] = {}
+        self._callback_memo: dict[str, bool] = {}
+        self._callsite_memo: dict[tuple[str, int], CallsiteMatch | None] = {}
+        self._start_times: dict[str, float | None] = {}
+        self._proc_fs = proc_fs
+        self.stats = ClassifierStats()
+
+    # -- construction --------------------------------------------------------------
+
+    @classmethod
+    def default(cls, **kwargs: object) -> Classifier:
+        """The built-in rules packaged with serwatt."""
+        return cls(load_rules([builtin_rules_path()]), **kwargs)  # type: ignore[arg-type]
+
+    @classmethod
+    def from_files(cls, paths: Iterable[Path], **kwargs: object) -> Classifier:
+        """Built-in rules plus user rule files; user rules are tried first on a frame.
+
+        Raises profiler.rules.RuleError naming file, line and reason for a bad file.
+        """
+        return cls(load_rules([*map(Path, paths), builtin_rules_path()]), **kwargs)  # type: ignore[arg-type]
+
+    # -- public --------------------------------------------------------------------
+
+    def classify(self, sample: Sample, *, proc_root: Path | None = None) -> Classification:
+        return self.classify_frames(sample.frames, proc_root=proc_root)
+
+    def classify_frames(
+        self, frames: Sequence[Frame], *, proc_root: Path | None = None
+    ) -> Classification:
+        """Classify one stack given leaf first (the order of collectors.samples.Sample)."""
+        self.stats.samples += 1
+        if self._sources.revalidate() or self._sources.generation != self._generation:
+            self._generation = self._sources.generation
+            self._stacks.clear()
+            self._callsite_memo.clear()
+        frames = tuple(frames)
+        key = (str(proc_root) if proc_root is not None else None, frames)
+        hit = self._stacks.get(key)
+        if hit is not None:
+            self.stats.stack_cache_hits += 1
+            return hit
+        result = self._walk(frames, proc_root)
+        if len(self._stacks) >= self._stack_cache_size:
+            self._stacks.clear()  # a full reset is cheaper than LRU bookkeeping per sample
+        self._stacks[key] = result
+        return result
+
+    # -- layers --------------------------------------------------------------------
+
+    def _python_rule(self, frame: Frame) -> Rule | None:
+        key = (frame.filename, frame.name)
+        if key in self._python_memo:
+            return self._python_memo[key]
+        found = None
+        for rule in self._python_rules:
+            assert rule.files is not None and rule.functions is not None
+            if rule.files.match(frame.filename) and rule.functions.match(frame.name):
+                found = rule
+                break
+        self._python_memo[key] = found
+        return found
+
+    def _native_rule(self, frame: Frame) -> Rule | None:
+        module = os.path.basename(frame.module or "")
+        key = (module, frame.name)
+        if key in self._native_memo:
+            return self._native_memo[key]
+        found = None
+        for rule in self._native_rules:
+            assert rule.modules is not None and rule.symbols is not None
+            if rule.modules.match(module) and rule.symbols.match(frame.name):
+                found = rule
+                break
+        self._native_memo[key] = found
+        return found
+
+    def _is_callback(self, name: str) -> bool:
+        hit = self._callback_memo.get(name)
+        if hit is None:
+            hit = self._callback_memo[name] = self.rules.callbacks.match(name)
+        return hit
+
+    def _callsite(self, frame: Frame, proc_root: Path | None) -> CallsiteMatch | None:
+        path = source_path(frame.filename, proc_root)
+        if path is None or frame.line <= 0:
+            return None
+        key = (path, frame.line)
+        if key in self._callsite_memo:
+            return self._callsite_memo[key]
+        self.stats.callsite_lookups += 1
+        parses = self._sources.parses
+        index, _error, _mtime = self._sources.get(path)
+        self.stats.source_parses += self._sources.parses - parses
+        result: CallsiteMatch | None = None
+        if index is None:
+            self.stats.sources_unavailable += 1
+        else:
+            result = self._match_line(index.calls_at(frame.line))
+        self._callsite_memo[key] = result
+        return result
+
+    def _match_line(self, line_calls) -> CallsiteMatch | None:  # type: ignore[no-untyped-def]
+        matched: list[Rule] = []
+        others = 1 if line_calls.comprehension else 0
+        for call in line_calls.calls:
+            rule = None
+            for r in self._callsite_rules:
+                assert r.calls is not None and r.methods is not None
+                if call.imported and r.calls.match(call.name):
+                    rule = r
+                    break
+                if call.method is not None and r.methods.match(call.method):
+                    rule = r
+                    break
+            if rule is not None:
+                matched.append(rule)
+            elif not self.rules.trivial_calls.match(call.name):
+                others += 1
+        if not matched:
+            return None
+        codepaths = {r.codepath for r in matched}
+        if len(codepaths) > 1:
+            return CallsiteMatch(None, None, others)
+        return CallsiteMatch(matched[0].codepath, matched[0], others)
+
+    def _process_start_epoch(self, proc_root: Path) -> float | None:
+        """When the target started (epoch s), from <proc_root>/../stat; None if unknown."""
+        key = str(proc_root)
+        if key in self._start_times:
+            return self._start_times[key]
+        start: float | None = None
+        try:
+            stat = (proc_root.parent / "stat").read_text()
+            ticks = int(stat.rsplit(")", 1)[1].split()[19])
+            btime = None
+            for line in (self._proc_fs / "stat").read_text().splitlines():
+                if line.startswith("btime "):
+                    btime = int(line.split()[1])
+            if btime is not None:
+                start = btime + ticks / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            start = None
+        self._start_times[key] = start
+        return start
+
+    def _stale(self, frame: Frame, proc_root: Path | None) -> bool:
+        """The source changed after the target started: its lines may not be what runs."""
+        if proc_root is None:
+            return False
+        path = source_path(frame.filename, proc_root)
+        if path is None:
+            return False
+        _index, _err, mtime_ns = self._sources.get(path)
+        start = self._process_start_epoch(proc_root)
+        return mtime_ns is not None and start is not None and mtime_ns / 1e9 > start + 1.0
+
+    def _walk(self, frames: tuple[Frame, ...], proc_root: Path | None) -> Classification:
+        python_idx = [i for i, f in enumerate(frames) if not f.is_native]
+        innermost_python = python_idx[0] if python_idx else None
+        deeper_python: dict[int, int] = {}
+        for k in range(1, len(python_idx)):
+            deeper_python[python_idx[k]] = python_idx[k - 1]
+        for i in range(len(frames) - 1, -1, -1):
+            frame = frames[i]
+            if frame.is_native:
+                rule = self._native_rule(frame)
+                if rule is not None:
+                    return Classification(rule.codepath, rule.id, rule.confidence)
+                continue
+            rule = self._python_rule(frame)
+            if rule is not None:
+                return Classification(rule.codepath, rule.id, rule.confidence)
+            if i == innermost_python:
+                return self._leaf(frames, i, proc_root)
+            callee = deeper_python.get(i)
+            if callee is not None and self._is_callback(frames[callee].name):
+                match = self._callsite(frame, proc_root)
+                if match is not None and match.codepath is not None and match.rule is not None:
+                    # The serializer on this line is running the callback: certain scope.
+                    confidence = "low" if self._stale(frame, proc_root) else match.rule.confidence
+                    return Classification(match.codepath, match.rule.id, confidence)
+        return OTHER
+
+    def _leaf(self, frames: tuple[Frame, ...], i: int, proc_root: Path | None) -> Classification:
+        # Native frames below the innermost Python frame say where the CPU is; they
+        # beat a call-site guess about the same instant.
+        for j in range(i - 1, -1, -1):
+            if frames[j].is_native:
+                rule = self._native_rule(frames[j])
+                if rule is not None:
+                    return Classification(rule.codepath, rule.id, rule.confidence)
+        match = self._callsite(frames[i], proc_root)
+        if match is None:
+            return OTHER
+        if match.codepath is None or match.rule is None:
+            return Classification("other", None, "low", ambiguous=True)
+        ambiguous = match.others > 0
+        low = ambiguous or match.rule.confidence == "low" or self._stale(frames[i], proc_root)
+        return Classification(
+            match.codepath, match.rule.id, "low" if low else "high", ambiguous=ambiguous
+        )

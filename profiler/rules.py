@@ -1,0 +1,390 @@
+"""Codepath rule files: schema, loading and validation.
+
+A rule file is YAML (schema `serwatt.codepaths/1`, see configs/codepaths.yaml) with:
+
+- `rules`: a list of rules. Each rule has an `id` (unique across every loaded file),
+  a `codepath` from the closed set in profiler.codepaths (never `other`: that is what
+  unmatched samples get), an optional `confidence` (`high` default, or `low`), and
+  exactly one `layer`:
+  - `python`: a Python frame matches by `file` (path-suffix patterns) and `function`
+    (patterns; default any). A function pattern without a dot matches the last
+    component of the frame name, so `iterencode` matches both the bare pre-3.11 name
+    `iterencode` and the 3.11+ qualname `JSONEncoder.iterencode`. A dotted pattern
+    (`Packer.pack`) matches the qualname, and on pre-3.11 bare names its last component.
+  - `native`: a native frame matches by `module` (patterns on the shared-object
+    basename; default any) and `symbol` (patterns; default any). At least one is given.
+  - `callsite`: a Python frame's source line matches when it calls one of `calls`
+    (patterns on the import-resolved dotted name, e.g. `pickle.dumps`,
+    `pickle.Pickler().dump`) or a method in `methods` (patterns on the method name,
+    for receivers the source does not resolve, e.g. `SerializeToString`).
+- `callbacks`: function names (patterns, last component) that a C serializer calls
+  back into (`persistent_id`, `__reduce_ex__`, ...): such a frame counts toward the
+  serializer called on its caller's line.
+- `trivial_calls`: call patterns that do not make a call-site line ambiguous (`len`).
+
+A pattern is a shell glob (`fnmatch`, case-sensitive) or, prefixed with `re:`, a
+Python regular expression that must match the whole text. Every error names the
+file, the line and the reason (RuleError).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+import yaml
+
+from profiler.codepaths import CODEPATHS
+
+SCHEMA = "serwatt.codepaths/1"
+LAYERS = ("python", "native", "callsite")
+CONFIDENCES = ("high", "low")
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")
+
+_TOP_KEYS = {"schema", "description", "rules", "callbacks", "trivial_calls"}
+_COMMON_KEYS = {"id", "codepath", "layer", "confidence", "description"}
+_LAYER_KEYS = {
+    "python": {"file", "function"},
+    "native": {"module", "symbol"},
+    "callsite": {"calls", "methods"},
+}
+
+
+class RuleError(ValueError):
+    """A rule file that cannot be used: `file:line: reason`."""
+
+    def __init__(self, path: Path | str, line: int | None, reason: str) -> None:
+        self.path = str(path)
+        self.line = line
+        self.reason = reason
+        where = f"{self.path}:{line}" if line is not None else self.path
+        super().__init__(f"{where}: {reason}")
+
+
+class PatternSet:
+    """Compiled globs / `re:` regexes; `match(text)` is True when any matches all of text."""
+
+    def __init__(self, patterns: Sequence[str]) -> None:
+        self.patterns = tuple(patterns)
+        parts = []
+        for p in self.patterns:
+            parts.append(p[3:] if p.startswith("re:") else fnmatch.translate(p).removesuffix(r"\Z"))
+        self._re = (
+            re.compile("(?:" + "|".join(f"(?:{x})" for x in parts) + r")\Z") if parts else None
+        )
+
+    def match(self, text: str) -> bool:
+        return self._re is not None and self._re.match(text) is not None
+
+    def __bool__(self) -> bool:
+        return bool(self.patterns)
+
+    def __repr__(self) -> str:
+        return f"PatternSet({list(self.patterns)!r})"
+
+
+class FunctionPatterns:
+    """Function-name patterns tolerant of pre-3.11 bare names and 3.11+ qualnames."""
+
+    def __init__(self, patterns: Sequence[str]) -> None:
+        self.patterns = tuple(patterns)
+        last = [p for p in patterns if p.startswith("re:") or "." not in p]
+        dotted = [p for p in patterns if not p.startswith("re:") and "." in p]
+        self._last = PatternSet(last)
+        self._qual = PatternSet(dotted)
+        self._dotted_tail = PatternSet([p.rsplit(".", 1)[1] for p in dotted])
+
+    def match(self, name: str) -> bool:
+        last = name.rsplit(".", 1)[-1]
+        if self._last.match(last) or self._last.match(name):
+            return True
+        if self._qual.match(name):
+            return True
+        # A pre-3.11 frame carries only co_name: let `Class.method` match bare `method`.
+        return "." not in name and self._dotted_tail.match(name)
+
+
+def _suffix_patterns(patterns: Sequence[str]) -> PatternSet:
+    # File patterns are path suffixes: "json/encoder.py" matches ".../json/encoder.py".
+    out = []
+    for p in patterns:
+        if p.startswith("re:"):
+            out.append(p)
+        else:
+            out.append(p)
+            if not p.startswith(("/", "*")):
+                out.append("*/" + p)
+    return PatternSet(out)
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    codepath: str
+    layer: str
+    confidence: str
+    origin: str  # "file:line", for messages and docs
+    files: PatternSet | None = None
+    functions: FunctionPatterns | None = None
+    modules: PatternSet | None = None
+    symbols: PatternSet | None = None
+    calls: PatternSet | None = None
+    methods: PatternSet | None = None
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    rules: tuple[Rule, ...]
+    callbacks: FunctionPatterns
+    trivial_calls: PatternSet
+    sources: tuple[str, ...] = field(default_factory=tuple)
+
+    def layer(self, name: str) -> tuple[Rule, ...]:
+        return tuple(r for r in self.rules if r.layer == name)
+
+
+# --- YAML with line numbers -------------------------------------------------------
+
+
+def _line(node: yaml.Node) -> int:
+    return node.start_mark.line + 1
+
+
+def _scalar(path: Path, node: yaml.Node, what: str) -> str:
+    if not isinstance(node, yaml.ScalarNode):
+        raise RuleError(path, _line(node), f"{what} must be a string")
+    value = str(node.value)
+    if node.tag != "tag:yaml.org,2002:str" and node.style is None:
+        # Unquoted `yes`, `1.0`, `null`: keep the text, but an empty value is an error.
+        if value in ("", "~", "null"):
+            raise RuleError(path, _line(node), f"{what} is empty")
+    if value == "":
+        raise RuleError(path, _line(node), f"{what} is empty")
+    return value
+
+
+def _mapping(path: Path, node: yaml.Node, what: str) -> dict[str, tuple[yaml.Node, yaml.Node]]:
+    if not isinstance(node, yaml.MappingNode):
+        raise RuleError(path, _line(node), f"{what} must be a mapping")
+    out: dict[str, tuple[yaml.Node, yaml.Node]] = {}
+    for key_node, value_node in node.value:
+        key = _scalar(path, key_node, "a key")
+        if key in out:
+            raise RuleError(path, _line(key_node), f"duplicate key {key!r} in {what}")
+        out[key] = (key_node, value_node)
+    return out
+
+
+def _patterns(path: Path, node: yaml.Node, what: str) -> list[str]:
+    items = node.value if isinstance(node, yaml.SequenceNode) else [node]
+    if isinstance(node, yaml.SequenceNode) and not items:
+        raise RuleError(path, _line(node), f"{what} is an empty list")
+    out = []
+    for item in items:
+        text = _scalar(path, item, what)
+        if text.startswith("re:"):
+            try:
+                re.compile(text[3:])
+            except re.error as exc:
+                raise RuleError(
+                    path, _line(item), f"bad regex in {what}: {text[3:]!r}: {exc}"
+                ) from None
+        out.append(text)
+    return out
+
+
+def _rule(path: Path, node: yaml.Node, seen: dict[str, str]) -> Rule:
+    fields = _mapping(path, node, "a rule")
+    line = _line(node)
+    if "id" not in fields:
+        raise RuleError(path, line, "rule has no `id` (every rule needs a unique id)")
+    rule_id = _scalar(path, fields["id"][1], "id")
+    if not _ID_RE.match(rule_id):
+        raise RuleError(
+            path,
+            _line(fields["id"][1]),
+            f"bad id {rule_id!r}: use letters, digits and . _ : - (starting with a letter or digit)",
+        )
+    if rule_id in seen:
+        raise RuleError(
+            path, _line(fields["id"][1]), f"duplicate id {rule_id!r} (first at {seen[rule_id]})"
+        )
+    if "layer" not in fields:
+        raise RuleError(path, line, f"rule {rule_id!r} has no `layer` (one of {', '.join(LAYERS)})")
+    layer = _scalar(path, fields["layer"][1], "layer")
+    if layer not in LAYERS:
+        raise RuleError(
+            path,
+            _line(fields["layer"][1]),
+            f"unknown layer {layer!r} in rule {rule_id!r} (one of {', '.join(LAYERS)})",
+        )
+    allowed = _COMMON_KEYS | _LAYER_KEYS[layer]
+    for key, (key_node, _) in fields.items():
+        if key not in allowed:
+            raise RuleError(
+                path,
+                _line(key_node),
+                f"unknown key {key!r} in {layer} rule {rule_id!r} "
+                f"(allowed: {', '.join(sorted(allowed))})",
+            )
+    if "codepath" not in fields:
+        raise RuleError(path, line, f"rule {rule_id!r} has no `codepath`")
+    codepath = _scalar(path, fields["codepath"][1], "codepath")
+    if codepath not in CODEPATHS or codepath == "other":
+        allowed_cp = ", ".join(c for c in CODEPATHS if c != "other")
+        why = "`other` is what unmatched samples get" if codepath == "other" else "unknown"
+        raise RuleError(
+            path,
+            _line(fields["codepath"][1]),
+            f"{why} codepath {codepath!r} in rule {rule_id!r} (one of {allowed_cp})",
+        )
+    confidence = "high"
+    if "confidence" in fields:
+        confidence = _scalar(path, fields["confidence"][1], "confidence")
+        if confidence not in CONFIDENCES:
+            raise RuleError(
+                path,
+                _line(fields["confidence"][1]),
+                f"confidence must be high or low, not {confidence!r}",
+            )
+
+    def pats(key: str) -> list[str] | None:
+        return _patterns(path, fields[key][1], key) if key in fields else None
+
+    origin = f"{path}:{line}"
+    if layer == "python":
+        files = pats("file")
+        if files is None:
+            raise RuleError(path, line, f"python rule {rule_id!r} needs `file`")
+        functions = pats("function") or ["*"]
+        return Rule(
+            rule_id,
+            codepath,
+            layer,
+            confidence,
+            origin,
+            files=_suffix_patterns(files),
+            functions=FunctionPatterns(functions),
+        )
+    if layer == "native":
+        modules, symbols = pats("module"), pats("symbol")
+        if modules is None and symbols is None:
+            raise RuleError(path, line, f"native rule {rule_id!r} needs `module` or `symbol`")
+        return Rule(
+            rule_id,
+            codepath,
+            layer,
+            confidence,
+            origin,
+            modules=PatternSet(modules or ["*"]),
+            symbols=PatternSet(symbols or ["*"]),
+        )
+    calls, methods = pats("calls"), pats("methods")
+    if calls is None and methods is None:
+        raise RuleError(path, line, f"callsite rule {rule_id!r} needs `calls` or `methods`")
+    return Rule(
+        rule_id,
+        codepath,
+        layer,
+        confidence,
+        origin,
+        calls=PatternSet(calls or []),
+        methods=PatternSet(methods or []),
+    )
+
+
+@dataclass(frozen=True)
+class _Parsed:
+    rules: list[Rule]
+    callbacks: list[str]
+    trivial_calls: list[str]
+
+
+def _parse(path: Path, text: str, seen: dict[str, str]) -> _Parsed:
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else None
+        raise RuleError(path, line, f"YAML syntax error: {exc.problem or exc}") from None
+    except yaml.YAMLError as exc:
+        raise RuleError(path, None, f"YAML error: {exc}") from None
+    if root is None:
+        raise RuleError(path, 1, f"empty rule file (start it with `schema: {SCHEMA}`)")
+    top = _mapping(path, root, "the rule file")
+    for key, (key_node, _) in top.items():
+        if key not in _TOP_KEYS:
+            raise RuleError(
+                path,
+                _line(key_node),
+                f"unknown top-level key {key!r} (allowed: {', '.join(sorted(_TOP_KEYS))})",
+            )
+    if "schema" not in top:
+        raise RuleError(path, _line(root), f"missing `schema: {SCHEMA}`")
+    schema = _scalar(path, top["schema"][1], "schema")
+    if schema != SCHEMA:
+        raise RuleError(
+            path,
+            _line(top["schema"][1]),
+            f"unsupported schema {schema!r}: this serwatt reads {SCHEMA!r}",
+        )
+    rules: list[Rule] = []
+    if "rules" in top:
+        rules_node = top["rules"][1]
+        if not isinstance(rules_node, yaml.SequenceNode):
+            raise RuleError(path, _line(rules_node), "`rules` must be a list of rules")
+        for item in rules_node.value:
+            rule = _rule(path, item, seen)
+            seen[rule.id] = rule.origin
+            rules.append(rule)
+    callbacks = _patterns(path, top["callbacks"][1], "callbacks") if "callbacks" in top else []
+    trivial = (
+        _patterns(path, top["trivial_calls"][1], "trivial_calls") if "trivial_calls" in top else []
+    )
+    return _Parsed(rules, callbacks, trivial)
+
+
+def load_rules(paths: Iterable[Path]) -> RuleSet:
+    """Load rule files in order; earlier files' rules are tried first on the same frame."""
+    seen: dict[str, str] = {}
+    rules: list[Rule] = []
+    callbacks: list[str] = []
+    trivial: list[str] = []
+    sources: list[str] = []
+    for path in paths:
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise RuleError(path, None, "no such rule file") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise RuleError(path, None, f"cannot read rule file: {exc}") from None
+        parsed = _parse(path, text, seen)
+        rules.extend(parsed.rules)
+        callbacks.extend(parsed.callbacks)
+        trivial.extend(parsed.trivial_calls)
+        sources.append(str(path))
+    return RuleSet(
+        rules=tuple(rules),
+        callbacks=FunctionPatterns(callbacks),
+        trivial_calls=PatternSet(trivial),
+        sources=tuple(sources),
+    )
+
+
+def parse_rules_text(text: str, name: str = "<rules>") -> RuleSet:
+    """Parse one rule document from a string (for tests and `check` tooling)."""
+    parsed = _parse(Path(name), text, {})
+    return RuleSet(
+        rules=tuple(parsed.rules),
+        callbacks=FunctionPatterns(parsed.callbacks),
+        trivial_calls=PatternSet(parsed.trivial_calls),
+        sources=(name,),
+    )
+
+
+def builtin_rules_path() -> Path:
+    """The packaged rule file (profiler/codepaths.yaml, a link to configs/codepaths.yaml)."""
+    return Path(__file__).with_name("codepaths.yaml")
