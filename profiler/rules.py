@@ -34,6 +34,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
 import yaml
 
 from profiler.codepaths import CODEPATHS
@@ -205,7 +206,7 @@ def _rule(path: Path, node: yaml.Node, seen: dict[str, str]) -> Rule:
         raise RuleError(
             path,
             _line(fields["id"][1]),
-            f"bad id {rule_id!r}: use letters, digits and . _ : - (starting with a letter or digit)",
+            f"bad id {rule_id!r}: use letters, digits and . _ : - (start with a letter or digit)",
         )
     if rule_id in seen:
         raise RuleError(
