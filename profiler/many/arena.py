@@ -1,0 +1,236 @@
+"""`Arena`: a live `.many` file mapped shared, updated in place slot by slot.
+
+An update writes one slot's bytes where they already are, rehashes that slot, bumps its
+generation and rewrites its 64-byte descriptor: Python-side work and memory are O(1) per
+slot, independent of the arena's total size. `commit()` makes a new receipt durable.
+A `Handle` remembers the generation it was taken at; updating through an older handle is
+refused, so two writers cannot silently overwrite each other's newer data.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import blake3
+import numpy as np
+
+from profiler.many.format import (
+    DTYPES,
+    HEADER_DIRTY,
+    HEADER_SIZE,
+    PAGE_SIZE,
+    RIGHT_READ,
+    RIGHT_WRITE,
+    SLOT_HASHED,
+    ManyError,
+)
+from profiler.many.reader import RightsError, SlotInfo, open_mapped
+from profiler.many.receipt import Receipt
+from profiler.many.writer import layout_sources, slot_source, write_file
+
+_FLAGS_AT = 28  # byte offset of the header `flags` field (FORMAT.md)
+_THREADED_MIN_BYTES = 4 << 20
+
+
+class StaleHandleError(ManyError):
+    """The handle was taken at an older generation than the slot now holds."""
+
+
+@dataclass(frozen=True)
+class Handle:
+    """A capability to one slot at one generation (from `Arena.handle` or `Arena.update`)."""
+
+    name: str
+    index: int
+    generation: int
+
+
+class Arena:
+    """A writable `.many` file. Open an existing one with `Arena(path)`, or lay out a new
+    zero-filled one with `Arena.create(path, specs)`.
+
+    In-place updates are detectable, not atomic: between `update` and `commit` the header
+    carries the DIRTY flag and the old receipt, which `verify` reports. For an atomic
+    snapshot use `save`.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        self._mm, self._parsed = open_mapped(self.path, writable=True)
+        self._index = {name: i for i, name in enumerate(self._parsed.table.names)}
+        self._dirty_slots: set[int] = set()
+        self._closed = False
+
+    @classmethod
+    def create(
+        cls,
+        path: str | os.PathLike[str],
+        specs: Mapping[str, Any] | Iterable[tuple[str, Any]],
+        *,
+        prev: Receipt | str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        rights: Mapping[str, str | int] | None = None,
+    ) -> Arena:
+        """Lay out a zero-filled arena (a sparse file) and open it.
+
+        `specs` maps names to `(shape, dtype)` pairs or to example arrays/tensors whose
+        shape and dtype are used (their values are not written).
+        """
+        items = specs.items() if isinstance(specs, Mapping) else specs
+        write_file(path, layout_sources(items), prev=prev, metadata=metadata, rights=rights)
+        return cls(path)
+
+    # -- reading ----------------------------------------------------------
+    @property
+    def receipt(self) -> Receipt:
+        return Receipt(self._parsed.header.receipt)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return self._parsed.table.names
+
+    def info(self, name: str) -> SlotInfo:
+        return self._parsed.slot(self._slot(name))
+
+    def handle(self, name: str) -> Handle:
+        i = self._slot(name)
+        return Handle(name, i, int(self._parsed.desc[i]["generation"]))
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        """A read-only view of the slot's current bytes."""
+        i = self._slot(name)
+        self._require(i, RIGHT_READ, "read")
+        view = self._view(i)
+        view.flags.writeable = False
+        return view
+
+    def _slot(self, name: str) -> int:
+        self._check_open()
+        try:
+            return self._index[name]
+        except KeyError:
+            raise KeyError(f"{name!r} is not a slot of {self.path}") from None
+
+    def _require(self, i: int, right: int, what: str) -> None:
+        if not int(self._parsed.desc[i]["rights"]) & right:
+            raise RightsError(
+                f"slot {self._parsed.table.names[i]!r} of {self.path} does not grant the {what} "
+                "right (rights are set at save time: save(..., rights={name: 'rw'}))"
+            )
+
+    def _view(self, i: int) -> np.ndarray:
+        d = self._parsed.desc[i]
+        shape = self._parsed.table.shapes[i]
+        dtype = DTYPES[int(d["dtype"])][1]
+        if int(d["length"]) == 0:
+            return np.empty(shape, dtype=dtype)
+        start = self._parsed.header.state_offset + int(d["offset"])
+        return np.ndarray(shape, dtype=dtype, buffer=self._mm, offset=start)
+
+    # -- writing ----------------------------------------------------------
+    def update(self, target: str | Handle, value: Any) -> Handle:
+        """Overwrite one slot in place with `value` (same shape and dtype). Returns the new handle.
+
+        Refused with `StaleHandleError` when `target` is a handle older than the slot, and with
+        `RightsError` when the slot lacks the write right.
+        """
+        if isinstance(target, Handle):
+            i = self._slot(target.name)
+            current = int(self._parsed.desc[i]["generation"])
+            if target.generation != current:
+                raise StaleHandleError(
+                    f"handle for {target.name!r} is at generation {target.generation} but the "
+                    f"slot is at generation {current}: someone updated it since; re-read it "
+                    f"and take a fresh handle with arena.handle({target.name!r})"
+                )
+            name = target.name
+        else:
+            name = target
+            i = self._slot(name)
+        self._require(i, RIGHT_WRITE, "write")
+        src = slot_source(name, value)
+        d = self._parsed.desc[i]
+        if src.code != int(d["dtype"]) or src.shape != self._parsed.table.shapes[i]:
+            raise ValueError(
+                f"slot {name!r} holds {DTYPES[int(d['dtype'])][0]} {list(self._parsed.table.shapes[i])}; "
+                f"cannot update it in place with {DTYPES[src.code][0]} {list(src.shape)} "
+                "(in-place updates keep the layout; use save() for a new layout)"
+            )
+        self._mark_dirty()
+        length = src.length
+        digest = blake3.blake3().digest() if length == 0 else None
+        if length:
+            start = self._parsed.header.state_offset + int(d["offset"])
+            dst = np.ndarray((length,), dtype=np.uint8, buffer=self._mm, offset=start)
+            np.copyto(dst, src.data)
+            threads = blake3.blake3.AUTO if length >= _THREADED_MIN_BYTES else 1
+            digest = blake3.blake3(dst, max_threads=threads).digest()
+            del dst
+        # The descriptor array is a view of the mapped file: these stores are the
+        # in-place rewrite of the slot's 64-byte descriptor line.
+        d["hash"] = digest
+        d["flags"] = int(d["flags"]) | SLOT_HASHED
+        d["generation"] = int(d["generation"]) + 1
+        self._dirty_slots.add(i)
+        return Handle(name, i, int(d["generation"]))
+
+    def _mark_dirty(self) -> None:
+        if not self._dirty_slots and not self._parsed.header.flags & HEADER_DIRTY:
+            flags = self._parsed.header.flags | HEADER_DIRTY
+            self._mm[_FLAGS_AT : _FLAGS_AT + 4] = struct.pack("<I", flags)
+            self._parsed.header = replace(self._parsed.header, flags=flags)
+
+    def commit(self) -> Receipt:
+        """Make the updates durable and seal them with a new receipt chained to the old one."""
+        self._check_open()
+        header = self._parsed.header
+        # Data and descriptors reach the disk before the header that vouches for them.
+        for i in sorted(self._dirty_slots):
+            d = self._parsed.desc[i]
+            start = header.state_offset + int(d["offset"])
+            if int(d["length"]):
+                self._mm.flush(start, int(d["length"]))
+        n = header.slot_count
+        desc_end = HEADER_SIZE + 64 * n
+        self._mm.flush(0, desc_end)
+        new = replace(
+            header,
+            flags=header.flags & ~HEADER_DIRTY,
+            commit_seq=header.commit_seq + 1,
+            prev_receipt=header.receipt,
+        ).with_receipt(self._mm[HEADER_SIZE:desc_end])
+        self._mm[0:HEADER_SIZE] = new.pack()
+        self._mm.flush(0, PAGE_SIZE)
+        self._parsed.header = new
+        self._dirty_slots.clear()
+        return Receipt(new.receipt)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError(f"arena {self.path} is closed")
+
+    def close(self) -> None:
+        """Unmap. Uncommitted updates stay in the file, flagged DIRTY, until a commit."""
+        if self._closed:
+            return
+        self._closed = True
+        self._parsed.desc = None  # type: ignore[assignment]
+        self._mm.flush()
+        try:
+            self._mm.close()
+        except BufferError:
+            pass  # a read view is still alive; the mapping goes with it
+
+    def __enter__(self) -> Arena:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Arena {self.path} slots={len(self._index)} {self.receipt}>"

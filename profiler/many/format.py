@@ -1,0 +1,378 @@
+"""Byte layout of the `.many` arena (see FORMAT.md): header, descriptors, name table, receipts.
+
+Pure parsing and packing: nothing here opens files. Every check on untrusted bytes raises
+`ManyFormatError` naming the field, and never allocates more than O(slot count) memory,
+where the slot count is itself bounded by the file size.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import blake3
+import numpy as np
+
+MAGIC = b"\x89MANY\r\n\x1a"
+VERSION_MAJOR = 1
+VERSION_MINOR = 0
+HEADER_SIZE = 256
+HASHED_HEADER_SIZE = 192  # header bytes covered by the receipt (everything before `receipt`)
+DESCRIPTOR_SIZE = 64
+PAGE_SIZE = 4096
+MAX_NDIM = 32
+RECEIPT_DOMAIN = b"serwatt.many.receipt.v1\0"
+ZERO_DIGEST = bytes(32)
+
+# header flags
+HEADER_DIRTY = 1
+# descriptor rights
+RIGHT_READ = 1
+RIGHT_WRITE = 2
+ALL_RIGHTS = RIGHT_READ | RIGHT_WRITE
+# descriptor flags
+SLOT_HASHED = 1
+
+_HEADER = struct.Struct("<8sHHIIIIIQQQQQQQ32s32s40s32s32s")
+assert _HEADER.size == HEADER_SIZE
+
+DESCRIPTOR_DTYPE = np.dtype(
+    [
+        ("offset", "<u8"),
+        ("length", "<u8"),
+        ("rights", "<u4"),
+        ("dtype", "<u2"),
+        ("flags", "<u2"),
+        ("generation", "<u8"),
+        ("hash", "V32"),
+    ]
+)
+assert DESCRIPTOR_DTYPE.itemsize == DESCRIPTOR_SIZE
+
+# code -> (name, numpy dtype used for views). bfloat16 has no numpy dtype: raw uint16 bits.
+DTYPES: dict[int, tuple[str, np.dtype]] = {
+    1: ("bool", np.dtype("bool")),
+    2: ("uint8", np.dtype("<u1")),
+    3: ("int8", np.dtype("<i1")),
+    4: ("uint16", np.dtype("<u2")),
+    5: ("int16", np.dtype("<i2")),
+    6: ("uint32", np.dtype("<u4")),
+    7: ("int32", np.dtype("<i4")),
+    8: ("uint64", np.dtype("<u8")),
+    9: ("int64", np.dtype("<i8")),
+    10: ("float16", np.dtype("<f2")),
+    11: ("float32", np.dtype("<f4")),
+    12: ("float64", np.dtype("<f8")),
+    13: ("bfloat16", np.dtype("<u2")),
+    14: ("complex64", np.dtype("<c8")),
+    15: ("complex128", np.dtype("<c16")),
+}
+DTYPE_CODE_BY_NAME: dict[str, int] = {name: code for code, (name, _) in DTYPES.items()}
+BFLOAT16 = 13
+
+
+class ManyError(Exception):
+    """Base class of every error the `.many` package raises on purpose."""
+
+
+class ManyFormatError(ManyError, ValueError):
+    """A file is not a sound `.many` checkpoint. `problems` lists every defect found."""
+
+    def __init__(self, problems: str | Sequence[str], path: str | None = None) -> None:
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        self.path = path
+        where = f"{path}: " if path else ""
+        super().__init__(where + "; ".join(self.problems))
+
+
+def round_up(n: int, to: int = PAGE_SIZE) -> int:
+    return (n + to - 1) // to * to
+
+
+@dataclass(frozen=True)
+class Header:
+    """The 256-byte file header, decoded. Field meanings: FORMAT.md."""
+
+    slot_count: int
+    table_offset: int
+    table_length: int
+    state_offset: int
+    state_length: int
+    file_length: int
+    table_hash: bytes
+    prev_receipt: bytes = ZERO_DIGEST
+    commit_seq: int = 0
+    flags: int = 0
+    receipt: bytes = ZERO_DIGEST
+    version_minor: int = VERSION_MINOR
+
+    def pack(self) -> bytes:
+        return _HEADER.pack(
+            MAGIC,
+            VERSION_MAJOR,
+            self.version_minor,
+            HEADER_SIZE,
+            DESCRIPTOR_SIZE,
+            self.slot_count,
+            PAGE_SIZE,
+            self.flags,
+            HEADER_SIZE,
+            self.table_offset,
+            self.table_length,
+            self.state_offset,
+            self.state_length,
+            self.file_length,
+            self.commit_seq,
+            self.table_hash,
+            self.prev_receipt,
+            bytes(40),
+            self.receipt,
+            bytes(32),
+        )
+
+    def with_receipt(self, descriptor_bytes: bytes | memoryview) -> Header:
+        """This header with `receipt` computed over itself and the descriptor arena."""
+        return replace(self, receipt=receipt_digest(self.pack(), descriptor_bytes))
+
+
+def receipt_digest(header_bytes: bytes | memoryview, descriptor_bytes: bytes | memoryview) -> bytes:
+    """BLAKE3(domain || prev_receipt || header[0:192] || descriptors); see FORMAT.md."""
+    prev = bytes(header_bytes[120:152])
+    h = blake3.blake3(RECEIPT_DOMAIN)
+    h.update(prev)
+    h.update(header_bytes[:HASHED_HEADER_SIZE])
+    h.update(descriptor_bytes)
+    return h.digest()
+
+
+def parse_header(raw: bytes, file_size: int) -> Header:
+    """Decode and check the header against the real file size. Raises ManyFormatError."""
+    if file_size < HEADER_SIZE or len(raw) < HEADER_SIZE:
+        raise ManyFormatError(
+            f"truncated: file is {file_size} bytes, smaller than the {HEADER_SIZE}-byte header"
+        )
+    (
+        magic,
+        major,
+        minor,
+        header_size,
+        descriptor_size,
+        slot_count,
+        page_size,
+        flags,
+        descriptors_offset,
+        table_offset,
+        table_length,
+        state_offset,
+        state_length,
+        file_length,
+        commit_seq,
+        table_hash,
+        prev_receipt,
+        reserved1,
+        receipt,
+        reserved2,
+    ) = _HEADER.unpack_from(raw)
+    if magic != MAGIC:
+        raise ManyFormatError(f"bad magic {magic!r}: not a .many file (expected {MAGIC!r})")
+    if major != VERSION_MAJOR:
+        raise ManyFormatError(
+            f"unsupported format version {major}.{minor}: this reader reads {VERSION_MAJOR}.x"
+        )
+    problems: list[str] = []
+    for name, got, want in (
+        ("header_size", header_size, HEADER_SIZE),
+        ("descriptor_size", descriptor_size, DESCRIPTOR_SIZE),
+        ("page_size", page_size, PAGE_SIZE),
+        ("descriptors_offset", descriptors_offset, HEADER_SIZE),
+    ):
+        if got != want:
+            problems.append(f"header {name} is {got}, must be {want}")
+    if flags & ~HEADER_DIRTY:
+        problems.append(f"header flags 0x{flags:x} has unknown bits")
+    if any(reserved1) or any(reserved2):
+        problems.append("header reserved bytes are not zero")
+    if file_length != file_size:
+        what = "truncated" if file_size < file_length else "trailing bytes"
+        problems.append(
+            f"{what}: header file_length is {file_length} but the file is {file_size} bytes"
+        )
+    desc_end = HEADER_SIZE + DESCRIPTOR_SIZE * slot_count
+    if desc_end > file_size:
+        problems.append(
+            f"slot_count {slot_count} needs {desc_end} bytes of descriptors, "
+            f"past the end of the {file_size}-byte file"
+        )
+    if table_offset != desc_end:
+        problems.append(f"table_offset {table_offset} must follow the descriptors at {desc_end}")
+    if state_offset % PAGE_SIZE or state_length % PAGE_SIZE:
+        problems.append(
+            f"state region (offset {state_offset}, length {state_length}) is not page-aligned"
+        )
+    if table_offset + table_length > state_offset:
+        problems.append(
+            f"name table [{table_offset}, {table_offset + table_length}) runs into the state "
+            f"region at {state_offset}"
+        )
+    if state_offset + state_length != file_length:
+        problems.append(
+            f"state region ends at {state_offset + state_length}, not at file_length {file_length}"
+        )
+    if problems:
+        raise ManyFormatError(problems)
+    return Header(
+        slot_count=slot_count,
+        table_offset=table_offset,
+        table_length=table_length,
+        state_offset=state_offset,
+        state_length=state_length,
+        file_length=file_length,
+        table_hash=table_hash,
+        prev_receipt=prev_receipt,
+        commit_seq=commit_seq,
+        flags=flags,
+        receipt=receipt,
+        version_minor=minor,
+    )
+
+
+@dataclass(frozen=True)
+class Table:
+    """The decoded name table: slot names and shapes in descriptor order, plus user metadata."""
+
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    metadata: dict[str, Any]
+
+
+def encode_table(
+    names: Sequence[str], shapes: Sequence[tuple[int, ...]], metadata: dict[str, Any]
+) -> bytes:
+    doc = {
+        "slots": [{"name": n, "shape": list(s)} for n, s in zip(names, shapes, strict=True)],
+        "metadata": metadata,
+    }
+    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+
+
+def parse_table(raw: bytes, header: Header) -> Table:
+    if blake3.blake3(raw).digest() != header.table_hash:
+        raise ManyFormatError("name table hash does not match header table_hash (table corrupt)")
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ManyFormatError(f"name table is not valid UTF-8 JSON: {exc}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("slots"), list):
+        raise ManyFormatError("name table must be a JSON object with a 'slots' list")
+    metadata = doc.get("metadata", {})
+    if not isinstance(metadata, dict):
+        raise ManyFormatError("name table 'metadata' must be a JSON object")
+    slots = doc["slots"]
+    if len(slots) != header.slot_count:
+        raise ManyFormatError(
+            f"name table lists {len(slots)} slots but the header says {header.slot_count}"
+        )
+    names: list[str] = []
+    shapes: list[tuple[int, ...]] = []
+    for i, entry in enumerate(slots):
+        if not isinstance(entry, dict):
+            raise ManyFormatError(f"name table slot {i} is not an object")
+        name, shape = entry.get("name"), entry.get("shape")
+        if not isinstance(name, str) or not name:
+            raise ManyFormatError(f"name table slot {i} has no name")
+        if (
+            not isinstance(shape, list)
+            or len(shape) > MAX_NDIM
+            or not all(type(d) is int and 0 <= d < 2**63 for d in shape)
+        ):
+            raise ManyFormatError(
+                f"slot {i} {name!r}: shape {str(shape)[:80]} is not a list of at most "
+                f"{MAX_NDIM} non-negative integers"
+            )
+        names.append(name)
+        shapes.append(tuple(shape))
+    if len(set(names)) != len(names):
+        seen: set[str] = set()
+        for n in names:
+            if n in seen:
+                raise ManyFormatError(f"name table has duplicate slot name {n!r}")
+            seen.add(n)
+    return Table(tuple(names), tuple(shapes), metadata)
+
+
+def check_descriptors(desc: np.ndarray, header: Header, table: Table) -> None:
+    """Every bounds, alignment, dtype, rights and overlap rule of FORMAT.md, vectorized."""
+    problems: list[str] = []
+    names = table.names
+
+    def slot(i: int) -> str:
+        return f"slot {i} {names[i]!r}"
+
+    offsets = desc["offset"]
+    lengths = desc["length"]
+    known = np.isin(desc["dtype"], np.fromiter(DTYPES, dtype=np.uint16))
+    for i in np.flatnonzero(~known)[:10]:
+        problems.append(f"{slot(i)}: unknown dtype code {int(desc['dtype'][i])}")
+    for i in np.flatnonzero(desc["rights"] & ~np.uint32(ALL_RIGHTS))[:10]:
+        problems.append(f"{slot(i)}: unknown rights bits 0x{int(desc['rights'][i]):x}")
+    for i in np.flatnonzero(desc["flags"] & ~np.uint16(SLOT_HASHED))[:10]:
+        problems.append(f"{slot(i)}: unknown flag bits 0x{int(desc['flags'][i]):x}")
+    for i in np.flatnonzero(offsets % PAGE_SIZE)[:10]:
+        problems.append(f"{slot(i)}: offset {int(offsets[i])} is not page-aligned")
+    # Written as two comparisons so a huge offset cannot wrap the uint64 sum.
+    state_len = np.uint64(header.state_length)
+    out = (offsets > state_len) | (lengths > state_len - np.minimum(offsets, state_len))
+    for i in np.flatnonzero(out)[:10]:
+        problems.append(
+            f"{slot(i)}: bytes [{int(offsets[i])}, +{int(lengths[i])}) lie past the end of the "
+            f"{header.state_length}-byte state region"
+        )
+    if problems:
+        raise ManyFormatError(problems)
+    for i, shape in enumerate(table.shapes):
+        code = int(desc["dtype"][i])
+        count = 1
+        for d in shape:
+            count *= d
+        want = count * DTYPES[code][1].itemsize
+        if want != int(lengths[i]):
+            problems.append(
+                f"{slot(i)}: shape {list(shape)} of {DTYPES[code][0]} needs {want} bytes, "
+                f"descriptor says {int(lengths[i])}"
+            )
+            if len(problems) >= 10:
+                break
+    # Empty slots own no bytes, so they cannot overlap anything; leave them out of the sweep.
+    nonempty = np.flatnonzero(lengths)
+    order = nonempty[np.argsort(offsets[nonempty], kind="stable")]
+    ends = offsets[order] + lengths[order]
+    overlapping = np.flatnonzero(ends[:-1] > offsets[order][1:])
+    for k in overlapping[:10]:
+        a, b = int(order[k]), int(order[k + 1])
+        problems.append(f"{slot(a)} and {slot(b)} overlap in the state region")
+    if problems:
+        raise ManyFormatError(problems)
+
+
+def rights_from(value: str | int) -> int:
+    """'r', 'w', 'rw' (or the bit mask) -> rights bits."""
+    if isinstance(value, int):
+        if value & ~ALL_RIGHTS:
+            raise ValueError(f"rights 0x{value:x} has unknown bits; use RIGHT_READ|RIGHT_WRITE")
+        return value
+    bits = 0
+    for ch in value:
+        if ch == "r":
+            bits |= RIGHT_READ
+        elif ch == "w":
+            bits |= RIGHT_WRITE
+        else:
+            raise ValueError(f"rights {value!r}: use a string of 'r' (read) and 'w' (write)")
+    return bits
+
+
+def rights_text(bits: int) -> str:
+    return ("r" if bits & RIGHT_READ else "-") + ("w" if bits & RIGHT_WRITE else "-")
