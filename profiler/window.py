@@ -39,6 +39,8 @@ class TimedLabel:
     thread_id: int
     codepath: str
     active: bool | None = None
+    cpu_s: float = 0.0  # this sample's share of its thread's measured CPU (profiler/weighting)
+    low_confidence: bool = False
 
 
 @dataclass(frozen=True)

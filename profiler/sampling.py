@@ -1,0 +1,184 @@
+"""One sampling window of one target: py-spy + per-thread CPU + classification + weighting.
+
+`sample_window` is the unit the profile session and the daemon both run:
+
+1. CPU snapshot of every thread of the target (collectors.procstat), and a poller
+   that keeps snapshotting every `poll_s` during the window (a per-thread CPU
+   time series: it lets weighting give CPU to busy moments, not to sleeps);
+2. one py-spy window (collectors.pyspy), samples timed on the host clock;
+3. CPU snapshot after; a thread's CPU delta is measured from the first to the last
+   snapshot;
+4. each sample classified; each thread's CPU delta spread over its samples
+   (profiler.weighting); every codepath of CODEPATHS filled, plus the timeline.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Protocol
+
+from collectors import procstat
+from collectors.pyspy import PySpy, TargetGone, WindowSamples
+from collectors.samples import Sample
+from profiler.codepaths import Classification
+from profiler.weighting import CpuSeries, codepath_windows, distribute_cpu
+from profiler.window import TimedLabel, WindowReport
+
+
+class ClassifierLike(Protocol):
+    def classify(self, sample: Sample, *, proc_root: Path | None = None) -> Classification: ...
+
+
+class _CpuPoller:
+    """Snapshots the target's threads every `poll_s` on a background thread."""
+
+    def __init__(self, pid: int, procfs: Path, poll_s: float) -> None:
+        self.pid = pid
+        self.procfs = procfs
+        self.poll_s = poll_s
+        self.snapshots: list[procstat.CpuSnapshot] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="serwatt-cpu-poll", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            try:
+                self.snapshots.append(procstat.snapshot(self.pid, self.procfs))
+            except procstat.ProcessGone:
+                return
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def _series(snaps: list[procstat.CpuSnapshot], use_sched: bool) -> dict[int, CpuSeries]:
+    per: dict[int, tuple[list[float], list[float]]] = {}
+    for snap in snaps:
+        for tid, th in snap.threads.items():
+            if use_sched:
+                v = (th.sched_ns or 0) / 1e9
+            else:
+                v = th.stat_ticks / procstat.CLOCK_TICKS_PER_S
+            ts, cs = per.setdefault(tid, ([], []))
+            ts.append(snap.t)
+            cs.append(v)
+    return {tid: CpuSeries(tuple(ts), tuple(cs)) for tid, (ts, cs) in per.items()}
+
+
+def sample_window(
+    pid: int,
+    *,
+    duration_s: float,
+    rate_hz: float,
+    classifier: ClassifierLike,
+    pyspy: PySpy | None = None,
+    procfs: Path = Path("/proc"),
+    stop_event: threading.Event | None = None,
+    poll_s: float = 0.1,
+    on_samples: Callable[[WindowSamples], None] | None = None,
+) -> WindowReport:
+    """Sample one window of `pid` (blocking). Raises collectors.pyspy.SamplingError
+    subclasses (TargetGone, NotPython, UnsupportedPython, PtraceDenied).
+
+    A target that exits mid-window yields the samples taken so far (`exited=True`).
+    """
+    spy = pyspy if pyspy is not None else PySpy()
+    try:
+        before = procstat.snapshot(pid, procfs)
+    except procstat.ProcessGone as exc:
+        raise TargetGone(f"no such process: {pid} (it is not running)") from exc
+    poller = _CpuPoller(pid, procfs, poll_s)
+    poller.start()
+    try:
+        window = spy.record_window(
+            pid, duration_s=duration_s, rate_hz=rate_hz, stop_event=stop_event, procfs=procfs
+        )
+    finally:
+        poller.stop()
+    snaps = [before, *poller.snapshots]
+    exited = window.exited
+    try:
+        snaps.append(procstat.snapshot(pid, procfs))
+    except procstat.ProcessGone:
+        exited = True
+    after = snaps[-1]
+    cpu = procstat.delta(before, after)
+    if on_samples is not None:
+        on_samples(window)
+
+    proc_root = procfs / str(pid) / "root"
+    labels = [classifier.classify(s, proc_root=proc_root) for s in window.samples]
+    half_width = max(2 * poll_s, window_time_sigma_s(window))
+    weighting = distribute_cpu(
+        window.samples,
+        cpu.per_tid_s,
+        series=_series(snaps, cpu.source == "schedstat"),
+        half_width_s=half_width,
+    )
+    wall_s = max(0.0, window.ended_at - window.started_at)
+    codepaths = codepath_windows(
+        labels, weighting.cpu_s, total_cpu_s=cpu.total_s, wall_s=wall_s, ticks=window.ticks
+    )
+    timeline = tuple(
+        TimedLabel(
+            t=s.t,
+            tid=s.tid,
+            thread_id=s.thread_id,
+            codepath=c.codepath,
+            active=s.active,
+            cpu_s=w,
+            low_confidence=c.low_confidence,
+        )
+        for s, c, w in zip(window.samples, labels, weighting.cpu_s, strict=True)
+    )
+    errors = window.errors
+    notes = list(errors.notes)
+    notes.append(f"cpu source {cpu.source}")
+    if weighting.unmapped_pool_s > 0:
+        notes.append(f"{weighting.unmapped_pool_s:.3f} cpu_s spread over unmapped threads")
+    if cpu.exited_tids:
+        notes.append(f"{len(cpu.exited_tids)} thread(s) exited mid-window (their CPU is lost)")
+    return WindowReport(
+        pid=pid,
+        started_at=window.started_at,
+        ended_at=window.ended_at,
+        rate_hz=rate_hz,
+        cpu_s=cpu.total_s,
+        codepaths=codepaths,
+        timeline=timeline,
+        errors=replace(errors, notes=tuple(notes)),
+        python=_python_version(pid, procfs),
+        exited=exited,
+    )
+
+
+def window_time_sigma_s(window: WindowSamples) -> float:
+    """Worst-case standard deviation of a sample's estimated time (mid-window)."""
+    if window.ticks <= 0:
+        return 0.0
+    return (window.ended_at - window.started_at) / (2 * math.sqrt(window.ticks))
+
+
+def _python_version(pid: int, procfs: Path) -> str | None:
+    """ "3.11.7" when the executable's path names it (pyenv, venvs), else "3.11"."""
+    try:
+        exe = os.path.realpath(procfs / str(pid) / "exe")
+    except OSError:
+        exe = ""
+    m = re.search(r"(\d+\.\d+\.\d+)", exe)
+    if m:
+        return m.group(1)
+    try:
+        return procstat.python_kind(pid, procfs).version
+    except OSError:
+        return None

@@ -1,0 +1,156 @@
+"""CPU weighting: turning classified samples into CPU seconds (pure functions).
+
+Samples are not CPU seconds. A sample says where a thread *was*; /proc says how
+much CPU each thread *used*. The model, per window and per thread:
+
+    cpu_s(sample i) = delta_cpu_s(thread) * w_i / sum_j w_j     (j over the thread's samples)
+
+- `delta_cpu_s(thread)` is the thread's measured CPU delta over the window
+  (collectors.procstat: schedstat ns when live, else utime+stime ticks).
+- `w_i` is how busy the thread was around the time of sample i: its measured CPU
+  utilisation (0..1) over [t_i - h, t_i + h], read from a cumulative per-thread CPU
+  series polled during the window. Without a series every w_i is 1 (uniform).
+
+So an idle sample (thread asleep in a wait) takes CPU only to the extent that the
+thread really used CPU around that moment: a thread that slept the whole window
+gives its samples ~0 CPU no matter how many there are; a thread that alternated
+pickling and sleeping gives its CPU to the pickling samples, not to the sleep
+samples. If every w_i is 0 while delta > 0 (usage too short to show in the series),
+the delta falls back to uniform so no measured CPU is dropped.
+
+Threads py-spy saw but serwatt could not map to a kernel tid share a pool: the CPU
+of the process's kernel threads that no sample maps to, spread uniformly over the
+unmapped samples. With no unmapped samples, that CPU (native threads: OpenMP,
+CUDA, NCCL helpers, threads that are not Python) goes to `other`, which is where
+the target's CPU outside every sampled Python stack belongs.
+
+Wall seconds per codepath = samples x (window wall time / ticks): time some thread
+spent there, counted per thread (two threads in pickle for 1 s give 2 s).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from collectors.samples import Sample
+from profiler.codepaths import CODEPATHS, Classification
+from profiler.window import CodepathWindow
+
+
+@dataclass(frozen=True)
+class CpuSeries:
+    """Cumulative CPU seconds of one thread at host times (both ascending)."""
+
+    t: tuple[float, ...]
+    cpu_s: tuple[float, ...]
+
+    def at(self, when: float) -> float:
+        """Cumulative CPU at `when`, linearly interpolated, clamped to the ends."""
+        if not self.t:
+            return 0.0
+        if when <= self.t[0]:
+            return self.cpu_s[0]
+        if when >= self.t[-1]:
+            return self.cpu_s[-1]
+        i = bisect.bisect_right(self.t, when)
+        t0, t1 = self.t[i - 1], self.t[i]
+        c0, c1 = self.cpu_s[i - 1], self.cpu_s[i]
+        if t1 <= t0:
+            return c1
+        return c0 + (c1 - c0) * (when - t0) / (t1 - t0)
+
+    def utilisation(self, when: float, half_width_s: float) -> float:
+        lo, hi = when - half_width_s, when + half_width_s
+        lo = max(lo, self.t[0]) if self.t else lo
+        hi = min(hi, self.t[-1]) if self.t else hi
+        if hi <= lo:
+            return 0.0
+        return max(0.0, (self.at(hi) - self.at(lo)) / (hi - lo))
+
+
+@dataclass(frozen=True)
+class Weighting:
+    cpu_s: tuple[float, ...]  # per sample, aligned with the input samples
+    unmapped_pool_s: float  # CPU of unmatched kernel threads given to unmapped samples
+    unsampled_cpu_s: float  # measured CPU no sample could take (goes to `other`)
+
+
+def distribute_cpu(
+    samples: Sequence[Sample],
+    cpu_per_tid_s: Mapping[int, float],
+    *,
+    series: Mapping[int, CpuSeries] | None = None,
+    half_width_s: float = 0.25,
+) -> Weighting:
+    """Each sample's share of its thread's measured CPU delta (model in the module doc)."""
+    by_tid: dict[int | None, list[int]] = {}
+    for i, s in enumerate(samples):
+        tid = s.tid if (s.tid is not None and s.tid in cpu_per_tid_s) else None
+        by_tid.setdefault(tid, []).append(i)
+    out = [0.0] * len(samples)
+    for tid, idx in by_tid.items():
+        if tid is None:
+            continue
+        delta = cpu_per_tid_s[tid]
+        if delta <= 0 or not idx:
+            continue
+        ser = series.get(tid) if series else None
+        weights = [1.0] * len(idx)
+        if ser is not None and len(ser.t) >= 2:
+            weights = [ser.utilisation(samples[i].t, half_width_s) for i in idx]
+            if sum(weights) <= 0:
+                weights = [1.0] * len(idx)
+        total_w = sum(weights)
+        for i, w in zip(idx, weights, strict=True):
+            out[i] = delta * w / total_w
+    sampled_tids = {t for t in by_tid if t is not None}
+    leftover = sum(v for t, v in cpu_per_tid_s.items() if t not in sampled_tids)
+    pool = 0.0
+    unmapped = by_tid.get(None, [])
+    if unmapped and leftover > 0:
+        share = leftover / len(unmapped)
+        for i in unmapped:
+            out[i] = share
+        pool = leftover
+        leftover = 0.0
+    return Weighting(cpu_s=tuple(out), unmapped_pool_s=pool, unsampled_cpu_s=leftover)
+
+
+def codepath_windows(
+    classifications: Sequence[Classification],
+    cpu_s: Sequence[float],
+    *,
+    total_cpu_s: float,
+    wall_s: float,
+    ticks: int,
+) -> dict[str, CodepathWindow]:
+    """Aggregate per codepath; every codepath present; CPU no sample took goes to `other`.
+
+    The codepaths' cpu_s sum to `total_cpu_s` exactly (up to float rounding), so
+    shares over the target's CPU sum to 1 with `other`.
+    """
+    if len(classifications) != len(cpu_s):
+        raise ValueError("classifications and cpu_s must align")
+    tick_s = wall_s / ticks if ticks > 0 else 0.0
+    samples = dict.fromkeys(CODEPATHS, 0)
+    cpu = dict.fromkeys(CODEPATHS, 0.0)
+    low = dict.fromkeys(CODEPATHS, 0)
+    for c, w in zip(classifications, cpu_s, strict=True):
+        cp = c.codepath if c.codepath in samples else "other"
+        samples[cp] += 1
+        cpu[cp] += w
+        if c.low_confidence:
+            low[cp] += 1
+    assigned = sum(cpu.values())
+    cpu["other"] += max(0.0, total_cpu_s - assigned)
+    return {
+        cp: CodepathWindow(
+            samples=samples[cp],
+            cpu_s=cpu[cp],
+            wall_s=samples[cp] * tick_s,
+            low_confidence_samples=low[cp],
+        )
+        for cp in CODEPATHS
+    }
