@@ -1,6 +1,7 @@
 """The `.many` arena: a zero-copy, page-aligned, hash-receipted checkpoint format.
 
-- `save(path, state, *, prev=None, metadata=None) -> Receipt`: atomic write from the tensors' buffers.
+- `save(path, state, *, prev=None, metadata=None) -> Receipt`: atomic write from the
+  tensors' own buffers.
 - `load(path, *, verify=False) -> Checkpoint`: mmap + O(slots) rebind to zero-copy views.
 - `Arena`: a live file mapped shared; `update` a slot in place, `commit` a new receipt.
 - `verify(path)`, `verify_chain(paths)`: lists of problems (empty when sound).

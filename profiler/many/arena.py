@@ -9,7 +9,6 @@ refused, so two writers cannot silently overwrite each other's newer data.
 
 from __future__ import annotations
 
-import mmap
 import os
 import struct
 from collections.abc import Iterable, Mapping
@@ -156,15 +155,16 @@ class Arena:
         src = slot_source(name, value)
         d = self._parsed.desc[i]
         if src.code != int(d["dtype"]) or src.shape != self._parsed.table.shapes[i]:
+            have = f"{DTYPES[int(d['dtype'])][0]} {list(self._parsed.table.shapes[i])}"
             raise ValueError(
-                f"slot {name!r} holds {DTYPES[int(d['dtype'])][0]} {list(self._parsed.table.shapes[i])}; "
+                f"slot {name!r} holds {have}; "
                 f"cannot update it in place with {DTYPES[src.code][0]} {list(src.shape)} "
                 "(in-place updates keep the layout; use save() for a new layout)"
             )
         self._mark_dirty()
         length = src.length
         digest = blake3.blake3().digest() if length == 0 else None
-        if length:
+        if length and src.data is not None:
             start = self._parsed.header.state_offset + int(d["offset"])
             dst = np.ndarray((length,), dtype=np.uint8, buffer=self._mm, offset=start)
             np.copyto(dst, src.data)

@@ -122,7 +122,7 @@ def slot_source(name: str, value: Any) -> SlotSource:
 
 
 def _pwrite_all(fd: int, buf: np.ndarray | bytes | memoryview, offset: int) -> None:
-    view = memoryview(buf).cast("B") if not isinstance(buf, memoryview) else buf
+    view = buf.data if isinstance(buf, np.ndarray) else memoryview(buf)
     pos = 0
     while pos < len(view):
         n = os.pwrite(fd, view[pos : pos + _WRITE_CHUNK], offset + pos)
@@ -135,7 +135,7 @@ def _hash_slots(sources: list[SlotSource], out: list[bytes]) -> None:
     zero_cache: dict[int, bytes] = {}
     for s in sources:
         if s.data is not None:
-            out.append(blake3.blake3(memoryview(s.data)).digest())
+            out.append(blake3.blake3(s.data.data).digest())
         else:
             if s.length not in zero_cache:
                 zero_cache[s.length] = _zeros_digest(s.length)
