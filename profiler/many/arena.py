@@ -91,7 +91,7 @@ class Arena:
 
     @property
     def names(self) -> tuple[str, ...]:
-        return self._parsed.table.names
+        return tuple(self._parsed.table.names)
 
     def info(self, name: str) -> SlotInfo:
         return self._parsed.slot(self._slot(name))
@@ -124,7 +124,7 @@ class Arena:
 
     def _view(self, i: int) -> np.ndarray:
         d = self._parsed.desc[i]
-        shape = self._parsed.table.shapes[i]
+        shape = self._parsed.shape(i)
         dtype = DTYPES[int(d["dtype"])][1]
         if int(d["length"]) == 0:
             return np.empty(shape, dtype=dtype)
@@ -154,8 +154,8 @@ class Arena:
         self._require(i, RIGHT_WRITE, "write")
         src = slot_source(name, value)
         d = self._parsed.desc[i]
-        if src.code != int(d["dtype"]) or src.shape != self._parsed.table.shapes[i]:
-            have = f"{DTYPES[int(d['dtype'])][0]} {list(self._parsed.table.shapes[i])}"
+        if src.code != int(d["dtype"]) or src.shape != self._parsed.shape(i):
+            have = f"{DTYPES[int(d['dtype'])][0]} {list(self._parsed.shape(i))}"
             raise ValueError(
                 f"slot {name!r} holds {have}; "
                 f"cannot update it in place with {DTYPES[src.code][0]} {list(src.shape)} "

@@ -27,7 +27,9 @@ from profiler.many.format import (
     ManyError,
     ManyFormatError,
     Table,
+    check_all_shapes,
     check_descriptors,
+    check_shape,
     parse_header,
     parse_table,
     rights_text,
@@ -67,12 +69,22 @@ class Parsed:
     table: Table
     desc: np.ndarray
 
+    def shape(self, i: int) -> tuple[int, ...]:
+        """Slot i's shape, checked against its descriptor (raises ManyFormatError)."""
+        d = self.desc[i]
+        return check_shape(
+            self.table.shapes[i],
+            int(d["dtype"]),
+            int(d["length"]),
+            f"slot {i} {self.table.names[i]!r}",
+        )
+
     def slot(self, i: int) -> SlotInfo:
         d = self.desc[i]
         return SlotInfo(
             index=i,
             name=self.table.names[i],
-            shape=self.table.shapes[i],
+            shape=self.shape(i),
             dtype=DTYPES[int(d["dtype"])][0],
             offset=self.header.state_offset + int(d["offset"]),
             length=int(d["length"]),
@@ -83,8 +95,14 @@ class Parsed:
         )
 
 
-def parse_mapped(buf: Any, file_size: int, path: str | None = None) -> Parsed:
-    """Check header, table and descriptors of a mapped (or in-memory) file image."""
+def parse_mapped(
+    buf: Any, file_size: int, path: str | None = None, *, all_shapes: bool = False
+) -> Parsed:
+    """Check header, table and descriptors of a mapped (or in-memory) file image.
+
+    Each slot's shape is checked when the slot is first bound (`Parsed.shape`), which keeps
+    `load` to a few vectorized passes; `all_shapes=True` checks them all now.
+    """
     try:
         header = parse_header(bytes(buf[:HEADER_SIZE]), file_size)
         table = parse_table(
@@ -94,6 +112,10 @@ def parse_mapped(buf: Any, file_size: int, path: str | None = None) -> Parsed:
             buf, dtype=DESCRIPTOR_DTYPE, count=header.slot_count, offset=HEADER_SIZE
         )
         check_descriptors(desc, header, table)
+        if all_shapes:
+            problems = check_all_shapes(desc, table)
+            if problems:
+                raise ManyFormatError(problems)
     except ManyFormatError as exc:
         if path and exc.path is None:
             raise ManyFormatError(exc.problems, path) from None
@@ -102,7 +124,7 @@ def parse_mapped(buf: Any, file_size: int, path: str | None = None) -> Parsed:
 
 
 def open_mapped(
-    path: str | os.PathLike[str], *, writable: bool = False
+    path: str | os.PathLike[str], *, writable: bool = False, all_shapes: bool = False
 ) -> tuple[mmap.mmap, Parsed]:
     path = os.fspath(path)
     flags = (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC
@@ -120,9 +142,12 @@ def open_mapped(
     finally:
         os.close(fd)
     try:
-        parsed = parse_mapped(mm, size, path)
+        parsed = parse_mapped(mm, size, path, all_shapes=all_shapes or writable)
     except BaseException:
-        mm.close()
+        try:
+            mm.close()
+        except BufferError:
+            pass  # the failed parse's traceback still holds a view; GC unmaps it
         raise
     return mm, parsed
 
@@ -141,7 +166,7 @@ class Checkpoint(Mapping[str, np.ndarray]):
         self._mm: mmap.mmap | None = mm
         self._cow: mmap.mmap | None = None
         self._parsed = parsed
-        self._index = {name: i for i, name in enumerate(parsed.table.names)}
+        self._index = dict(zip(parsed.table.names, range(len(parsed.table.names)), strict=True))
         self._views: dict[str, np.ndarray] = {}
 
     # -- identity ---------------------------------------------------------
@@ -202,7 +227,7 @@ class Checkpoint(Mapping[str, np.ndarray]):
         if not int(d["rights"]) & RIGHT_READ:
             raise RightsError(f"slot {name!r} of {self.path} does not grant the read right")
         dtype = DTYPES[int(d["dtype"])][1]
-        shape = self._parsed.table.shapes[i]
+        shape = self._parsed.shape(i)
         if int(d["length"]) == 0:
             arr = np.empty(shape, dtype=dtype)
             arr.flags.writeable = False
@@ -224,7 +249,7 @@ class Checkpoint(Mapping[str, np.ndarray]):
             raise RightsError(f"slot {name!r} of {self.path} does not grant the read right")
         code = int(d["dtype"])
         tdtype = getattr(torch, DTYPES[code][0])
-        shape = self._parsed.table.shapes[i]
+        shape = self._parsed.shape(i)
         length = int(d["length"])
         if length == 0:
             return torch.empty(shape, dtype=tdtype)

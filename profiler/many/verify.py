@@ -18,6 +18,7 @@ from profiler.many.format import (
     SLOT_HASHED,
     ZERO_DIGEST,
     ManyFormatError,
+    check_all_shapes,
     receipt_digest,
 )
 from profiler.many.reader import Parsed, open_mapped
@@ -29,8 +30,8 @@ _THREADED_MIN_BYTES = 4 << 20
 
 def check_mapped(buf: Any, parsed: Parsed) -> list[str]:
     """Problems with the slot hashes, the receipt and the dirty flag of a parsed file."""
-    problems: list[str] = []
     header, desc, names = parsed.header, parsed.desc, parsed.table.names
+    problems = check_all_shapes(desc, parsed.table)
     if header.flags & HEADER_DIRTY:
         problems.append(
             "uncommitted in-place updates: an Arena wrote slots after the last commit "
