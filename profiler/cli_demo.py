@@ -1,0 +1,68 @@
+"""`serwatt demo`: profile the built-in mixed workload for ~20 s and print the table.
+
+The workload (profiler/workloads/demo.py) runs in a separate Python process, the
+same way a training script would, and is profiled through the same session as
+`serwatt profile -- python -m profiler.workloads.demo`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+from profiler.cli import EXIT_RUNTIME, UsageError
+from profiler.cli_profile import (
+    BAD_INPUT_ERRORS,
+    add_common_options,
+    make_classifier,
+    make_observers,
+    make_pyspy,
+    validate_common,
+    write_outputs,
+)
+from profiler.profile_doc import build_document
+from profiler.session import ProfileSession
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--duration", type=float, default=20.0, metavar="S",
+        help="how long the workload runs (default 20)",
+    )  # fmt: skip
+    add_common_options(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    validate_common(args)
+    spy = make_pyspy(args)
+    classifier = make_classifier()
+    cmd = [sys.executable, "-m", "profiler.workloads.demo", "--duration", f"{args.duration:g}"]
+    print(f"serwatt demo: profiling `{' '.join(cmd)}` at {args.rate:g} Hz", file=sys.stderr)
+    proc = subprocess.Popen(cmd)
+    session = ProfileSession(
+        proc.pid,
+        classifier=classifier,
+        rate_hz=args.rate,
+        window_s=args.window,
+        command="python -m profiler.workloads.demo",
+        pyspy=spy,
+        procfs=args.procfs,
+        observers=make_observers(args),
+        follow_children=not args.no_children,
+        root_exit_check=lambda: proc.poll() is not None,
+    )
+    try:
+        result = session.run()
+    except BAD_INPUT_ERRORS as exc:
+        proc.kill()
+        proc.wait()
+        raise UsageError(str(exc)) from exc
+    finally:
+        if proc.poll() is None:
+            proc.wait()
+    rc = write_outputs(build_document(result), args)
+    if proc.returncode != 0:
+        print(f"serwatt demo: the workload exited with {proc.returncode}", file=sys.stderr)
+        return EXIT_RUNTIME
+    return rc

@@ -1,0 +1,221 @@
+"""`serwatt profile`: profile one process (and its Python children), print the table.
+
+    serwatt profile [--rate HZ] [--json FILE] [--duration S] -- CMD ARGS...
+    serwatt profile --pid PID [--duration S] [--json FILE]
+
+With CMD, serwatt launches it, profiles it until it exits (or --duration ends) and
+returns its exit code. With --pid it attaches and profiles until the process exits
+or --duration ends (Ctrl-C also ends it; the table is still printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from collectors.pyspy import (
+    DEFAULT_RATE_HZ,
+    NotPython,
+    PtraceDenied,
+    PySpy,
+    SamplingError,
+    TargetGone,
+    UnsupportedPython,
+)
+from profiler.cli import EXIT_OK, EXIT_RUNTIME, UsageError
+from profiler.profile_doc import build_document, render_table
+from profiler.session import ProfileSession
+
+BAD_INPUT_ERRORS = (TargetGone, NotPython, UnsupportedPython, PtraceDenied)
+
+
+def add_common_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--rate", type=float, default=DEFAULT_RATE_HZ, metavar="HZ",
+        help=f"samples per second per thread (default {DEFAULT_RATE_HZ:g})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--json", type=Path, metavar="FILE", help="write the serwatt.profile/1 document here"
+    )
+    parser.add_argument(
+        "--window", type=float, default=5.0, metavar="S",
+        help="length of one py-spy window in seconds (default 5)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--no-children", action="store_true", help="do not follow Python child processes"
+    )
+    parser.add_argument(
+        "--pyspy", type=Path, metavar="PATH", help="py-spy binary (default: next to python)"
+    )
+    parser.add_argument(
+        "--path.procfs", dest="procfs", type=Path, default=Path("/proc"), metavar="DIR",
+        help="procfs root (default /proc)",
+    )  # fmt: skip
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.usage = (
+        "serwatt profile [--rate HZ] [--json FILE] [--duration S] -- CMD ARGS...\n"
+        "       serwatt profile --pid PID [--duration S] [--json FILE]"
+    )
+    parser.add_argument("--pid", type=int, help="attach to this running Python process")
+    parser.add_argument("--duration", type=float, metavar="S", help="stop profiling after S s")
+    add_common_options(parser)
+    parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
+
+
+def validate_common(args: argparse.Namespace) -> None:
+    if not (0 < args.rate <= 1000):
+        raise UsageError(f"--rate must be between 0 and 1000 Hz, got {args.rate:g}")
+    if args.window < 0.5:
+        raise UsageError(f"--window must be at least 0.5 s, got {args.window:g}")
+    if getattr(args, "duration", None) is not None and args.duration <= 0:
+        raise UsageError(f"--duration must be > 0 seconds, got {args.duration:g}")
+    if args.json is not None:
+        parent = args.json.resolve().parent
+        if not parent.is_dir():
+            raise UsageError(f"--json {args.json}: directory {parent} does not exist")
+        if not os.access(parent, os.W_OK):
+            raise UsageError(f"--json {args.json}: directory {parent} is not writable")
+    if args.pyspy is not None and not (args.pyspy.is_file() and os.access(args.pyspy, os.X_OK)):
+        raise UsageError(f"--pyspy {args.pyspy}: not an executable file")
+
+
+def make_pyspy(args: argparse.Namespace) -> PySpy:
+    try:
+        return PySpy(args.pyspy)
+    except SamplingError as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def make_classifier() -> Any:
+    from profiler.classify import Classifier
+
+    return Classifier.default()
+
+
+def make_observers(args: argparse.Namespace) -> list[Any]:
+    """Observers of the session (profiler.session): energy/GPU attribution, recording.
+    Each gets every window via on_window(report) and contributes to the document
+    through finish() -> dict."""
+    return []
+
+
+def write_outputs(doc: dict[str, Any], args: argparse.Namespace) -> int:
+    print(render_table(doc))
+    if args.json is not None:
+        text = json.dumps(doc, indent=2, sort_keys=False) + "\n"
+        tmp = args.json.with_name(args.json.name + ".tmp")
+        try:
+            tmp.write_text(text)
+            os.replace(tmp, args.json)
+        except OSError as exc:
+            # lose no data: the document goes to stderr when the file cannot be written
+            print(f"serwatt profile: cannot write {args.json}: {exc}", file=sys.stderr)
+            print(text, file=sys.stderr)
+            return EXIT_RUNTIME
+    return EXIT_OK
+
+
+def run(args: argparse.Namespace) -> int:
+    cmd = list(args.cmd or [])
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if args.pid is not None and cmd:
+        raise UsageError("give either --pid PID or -- CMD ARGS..., not both")
+    if args.pid is None and not cmd:
+        raise UsageError(
+            "missing command: use `serwatt profile -- CMD ARGS...` or `serwatt profile --pid PID`"
+        )
+    validate_common(args)
+    spy = make_pyspy(args)
+    classifier = make_classifier()
+    if args.pid is not None:
+        return _profile_pid(args, spy, classifier)
+    return _profile_command(args, cmd, spy, classifier)
+
+
+def _profile_pid(args: argparse.Namespace, spy: PySpy, classifier: Any) -> int:
+    if args.pid <= 0:
+        raise UsageError(f"no such process: {args.pid}")
+    session = ProfileSession(
+        args.pid,
+        classifier=classifier,
+        rate_hz=args.rate,
+        window_s=args.window,
+        duration_s=args.duration,
+        pyspy=spy,
+        procfs=args.procfs,
+        observers=make_observers(args),
+        follow_children=not args.no_children,
+    )
+    try:
+        result = session.run()
+    except BAD_INPUT_ERRORS as exc:
+        raise UsageError(str(exc)) from exc
+    except SamplingError as exc:
+        print(f"serwatt profile: error: {exc}", file=sys.stderr)
+        return EXIT_RUNTIME
+    return write_outputs(build_document(result), args)
+
+
+def _profile_command(args: argparse.Namespace, cmd: list[str], spy: PySpy, classifier: Any) -> int:
+    exe = cmd[0]
+    if os.sep in exe:
+        if not (os.path.isfile(exe) and os.access(exe, os.X_OK)):
+            raise UsageError(f"command not found or not executable: {exe}")
+    elif shutil.which(exe) is None:
+        raise UsageError(f"command not found: {exe} (not on PATH)")
+    try:
+        proc = subprocess.Popen(cmd)
+    except OSError as exc:
+        raise UsageError(f"cannot run {exe}: {exc}") from exc
+    session = ProfileSession(
+        proc.pid,
+        classifier=classifier,
+        rate_hz=args.rate,
+        window_s=args.window,
+        duration_s=args.duration,
+        command=" ".join(cmd),
+        pyspy=spy,
+        procfs=args.procfs,
+        observers=make_observers(args),
+        follow_children=not args.no_children,
+        root_exit_check=lambda: proc.poll() is not None,
+        root_may_be_wrapper=True,
+    )
+    try:
+        result = session.run()
+    except BAD_INPUT_ERRORS as exc:
+        _stop_child(proc)
+        raise UsageError(str(exc)) from exc
+    except KeyboardInterrupt:
+        _stop_child(proc)
+        raise
+    rc = write_outputs(build_document(result), args)
+    try:
+        code = proc.wait()
+    except KeyboardInterrupt:
+        _stop_child(proc)
+        code = proc.wait()
+    if rc != EXIT_OK:
+        return rc
+    # a command killed by signal N exits like a shell reports it: 128 + N
+    return 128 - code if code < 0 else code
+
+
+def _stop_child(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

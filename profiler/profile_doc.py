@@ -1,0 +1,232 @@
+"""The `serwatt.profile/1` document and the `serwatt profile` table.
+
+Share and its interval. `share` of a codepath is its CPU seconds over the
+target's measured CPU seconds (all profiled processes, all threads). Samples are
+autocorrelated (a thread stays in `pickle.dumps` for many consecutive samples), so
+a binomial interval over samples would be far too narrow. serwatt uses *batch
+means with a ratio estimator*: per-codepath CPU seconds are binned by host time
+(1 s bins, all targets together), consecutive bins are merged into K <= 30
+batches of equal length, and with c_k the codepath's CPU and x_k the total CPU of
+batch k,
+
+    share = sum c_k / sum x_k
+    se    = sqrt( sum (c_k - share * x_k)^2 / (K (K - 1)) ) / mean(x_k)
+    ci95  = share +- t_{0.975, K-1} * se, clipped to [0, 1]
+
+Batches much longer than the workload's phases make batches nearly independent;
+a workload whose phases last longer than a batch (e.g. a checkpoint every minute in
+a 2-minute profile) gets an interval that is too narrow: profile longer. With
+fewer than 2 batches the interval is null.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from profiler.codepaths import CODEPATHS
+from profiler.session import SessionResult
+
+SCHEMA = "serwatt.profile/1"
+MAX_BATCHES = 30
+CI_METHOD = (
+    "batch means over time: 1 s CPU bins merged into <= 30 equal batches, ratio estimator, "
+    "Student t with K-1 degrees of freedom"
+)
+
+# two-sided 95% Student t quantiles, df = 1..30
+_T975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+
+
+def t975(df: int) -> float:
+    if df < 1:
+        raise ValueError("df must be >= 1")
+    return _T975[df - 1] if df <= len(_T975) else 1.96
+
+
+def batches(
+    bins: Mapping[int, Mapping[str, float]], max_batches: int = MAX_BATCHES
+) -> list[dict[str, float]]:
+    """Merge time bins (index -> codepath -> cpu_s; missing indexes are empty bins)
+    into at most `max_batches` contiguous batches of (nearly) equal length."""
+    if not bins:
+        return []
+    lo, hi = min(bins), max(bins)
+    n = hi - lo + 1
+    k = min(max_batches, n)
+    out: list[dict[str, float]] = [{} for _ in range(k)]
+    for b, row in bins.items():
+        j = min(k - 1, (b - lo) * k // n)
+        for cp, v in row.items():
+            out[j][cp] = out[j].get(cp, 0.0) + v
+    return out
+
+
+def share_ci95(batch_rows: list[dict[str, float]], codepath: str) -> tuple[float, float] | None:
+    """Batch-means ratio-estimator 95% interval of `codepath`'s CPU share (module doc)."""
+    k = len(batch_rows)
+    if k < 2:
+        return None
+    c = [row.get(codepath, 0.0) for row in batch_rows]
+    x = [sum(row.values()) for row in batch_rows]
+    total = sum(x)
+    if total <= 0:
+        return None
+    r = sum(c) / total
+    xbar = total / k
+    var = sum((ci - r * xi) ** 2 for ci, xi in zip(c, x, strict=True)) / (k * (k - 1))
+    half = t975(k - 1) * math.sqrt(var) / xbar
+    return (max(0.0, r - half), min(1.0, r + half))
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def deep_merge(base: dict[str, Any], part: Mapping[str, Any]) -> dict[str, Any]:
+    for key, val in part.items():
+        if isinstance(val, Mapping) and isinstance(base.get(key), dict):
+            deep_merge(base[key], val)
+        else:
+            base[key] = copy.deepcopy(val)
+    return base
+
+
+def build_document(result: SessionResult) -> dict[str, Any]:
+    acc = result.acc
+    total = acc.total_cpu_s
+    rows = batches(acc.bins)
+    codepaths: dict[str, Any] = {}
+    shares: dict[str, float] = {}
+    for cp in CODEPATHS:
+        if cp != "other":
+            shares[cp] = acc.cpu_s[cp] / total if total > 0 else 0.0
+    shares["other"] = max(0.0, 1.0 - sum(shares.values()))
+    for cp in CODEPATHS:
+        ci = share_ci95(rows, cp)
+        n = acc.samples[cp]
+        codepaths[cp] = {
+            "samples": n,
+            "cpu_s": round(acc.cpu_s[cp], 6),
+            "share": round(shares[cp], 6),
+            "share_ci95": [round(ci[0], 6), round(ci[1], 6)] if ci else None,
+            "wall_s": round(acc.wall_s[cp], 6),
+            "energy_j": None,
+            "gpu_wait_s": None,
+            "low_confidence_samples": acc.low_conf[cp],
+            "low_confidence_share": round(acc.low_conf[cp] / n, 6) if n else 0.0,
+        }
+    root = next((t for t in result.targets if t.pid == result.info.root_pid), None)
+    doc: dict[str, Any] = {
+        "schema": SCHEMA,
+        "target": {
+            "pid": result.info.root_pid,
+            "python": root.python if root else None,
+            "command": result.info.command,
+        },
+        "started_at": _iso(result.info.started_at),
+        "duration_s": round(result.ended_at - result.info.started_at, 3),
+        "rate_hz": result.info.rate_hz,
+        "samples": sum(acc.samples.values()),
+        "cpu_s": round(total, 6),
+        "codepaths": codepaths,
+        "energy": {
+            "source": "unavailable",
+            "reason": "energy attribution is not enabled for this profile",
+            "package_j": None,
+        },
+        "gpus": [],
+        "share_ci95_method": CI_METHOD,
+        "low_confidence_cpu_share": round(acc.low_conf_cpu_s / total, 6) if total > 0 else 0.0,
+        "sampler": {
+            "pyspy_samples": acc.pyspy_samples,
+            "pyspy_errors": acc.pyspy_errors,
+            "partial_stacks": acc.partial_stacks,
+            "behind_s": round(acc.behind_s, 3),
+            "windows": acc.windows,
+            "window_failures": dict(sorted(acc.failures.items())),
+            "notes": sorted(acc.notes),
+        },
+        "targets": [
+            {
+                "pid": t.pid,
+                "command": t.command,
+                "python": t.python,
+                "windows": t.windows,
+                "samples": t.samples,
+                "cpu_s": round(t.cpu_s, 6),
+                "exited": t.exited,
+                "error": t.error,
+            }
+            for t in sorted(result.targets, key=lambda t: t.pid)
+        ],
+    }
+    for part in result.observer_parts:
+        deep_merge(doc, part)
+    return doc
+
+
+def _pct(v: float) -> str:
+    return f"{100 * v:5.1f}%"
+
+
+def render_table(doc: Mapping[str, Any]) -> str:
+    """The human table: one row per codepath, then the sampler's own failures."""
+    cps = doc["codepaths"]
+    show_energy = any(cps[cp].get("energy_j") is not None for cp in cps)
+    show_wait = any(cps[cp].get("gpu_wait_s") is not None for cp in cps)
+    head = f"{'codepath':<12}{'samples':>9}{'CPU-s':>10}  {'share [95% CI]':<24}{'wall s':>9}"
+    head += f"{'low-conf':>10}"
+    if show_energy:
+        head += f"{'J':>10}"
+    if show_wait:
+        head += f"{'GPU-wait s':>12}"
+    lines = [
+        f"serwatt profile: pid {doc['target']['pid']} ({doc['target']['command'][:60]}), "
+        f"python {doc['target']['python'] or '?'}, {doc['duration_s']:.1f} s at "
+        f"{doc['rate_hz']:g} Hz, {len(doc.get('targets', []))} process(es)",
+        head,
+    ]
+    for cp in CODEPATHS:
+        row = cps[cp]
+        ci = row["share_ci95"]
+        ci_s = f"[{_pct(ci[0]).strip()}, {_pct(ci[1]).strip()}]" if ci else "[n/a]"
+        line = (
+            f"{cp:<12}{row['samples']:>9}{row['cpu_s']:>10.2f}  "
+            f"{_pct(row['share']) + ' ' + ci_s:<24}{row['wall_s']:>9.2f}"
+            f"{_pct(row['low_confidence_share']):>10}"
+        )
+        if show_energy:
+            e = row.get("energy_j")
+            line += f"{e:>10.1f}" if e is not None else f"{'-':>10}"
+        if show_wait:
+            w = row.get("gpu_wait_s")
+            line += f"{w:>12.2f}" if w is not None else f"{'-':>12}"
+        lines.append(line)
+    lines.append(f"{'total':<12}{doc['samples']:>9}{doc['cpu_s']:>10.2f}  {'100.0%':<24}")
+    s = doc["sampler"]
+    lines.append(
+        f"CPU-s: measured per-thread CPU (procfs) spread over each thread's samples; "
+        f"share 95% CI: batch means over time; low-confidence CPU: "
+        f"{_pct(doc['low_confidence_cpu_share']).strip()} of total"
+    )
+    fails = ", ".join(f"{k}={v}" for k, v in s["window_failures"].items()) or "none"
+    lines.append(
+        f"sampler: py-spy samples {s['pyspy_samples']}, errors {s['pyspy_errors']}, "
+        f"partial stacks {s['partial_stacks']}, max lag {s['behind_s']:.2f} s, "
+        f"windows {s['windows']}, window failures: {fails}"
+    )
+    energy = doc.get("energy") or {}
+    if energy.get("source") == "unavailable":
+        lines.append(f"energy: unavailable ({energy.get('reason')})")
+    for t in doc.get("targets", []):
+        if t.get("error"):
+            lines.append(f"target {t['pid']}: not sampled: {t['error']}")
+    return "\n".join(lines)

@@ -1,0 +1,411 @@
+"""A profile session: back-to-back sampling windows over one process tree.
+
+A session profiles a root process (launched by `serwatt profile -- CMD` or attached
+with `--pid`) and every Python descendant that appears while it runs (dataloader
+workers, torchrun children, multiprocessing pools): each is a separate *target*
+with its own worker thread running back-to-back `sample_window`s, until the target
+exits, `duration_s` ends, or `stop()` is called.
+
+Plug-in point (energy/GPU attribution, run recording): *observers*. Any object with
+
+    on_window(report: WindowReport) -> None      # every window of every target
+    finish() -> dict                              # once, at the end
+
+and optionally `on_start(info: SessionInfo) -> None`. The session calls them from
+one thread at a time (under a lock), so observers need no locking of their own.
+`finish()` returns a partial `serwatt.profile/1` document that is deep-merged into
+the final one, e.g. `{"energy": {...}, "gpus": [...],
+"codepaths": {"pickle": {"energy_j": 1.5, "gpu_wait_s": 0.2}}}`.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, TextIO
+
+from collectors import procstat
+from collectors.pyspy import (
+    NotPython,
+    PySpy,
+    SamplingError,
+    TargetGone,
+)
+from collectors.samples import SamplerErrors
+from profiler.codepaths import CODEPATHS
+from profiler.sampling import ClassifierLike, sample_window
+from profiler.window import WindowReport
+
+BIN_S = 1.0  # time resolution of the per-codepath CPU bins used for the share interval
+
+
+class SessionObserver(Protocol):
+    def on_window(self, report: WindowReport) -> None: ...
+
+    def finish(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    root_pid: int
+    command: str
+    started_at: float  # epoch seconds
+    rate_hz: float
+    window_s: float
+    procfs: Path
+
+
+@dataclass
+class TargetStats:
+    pid: int
+    command: str
+    python: str | None = None
+    windows: int = 0
+    samples: int = 0
+    cpu_s: float = 0.0
+    first_t: float | None = None
+    last_t: float | None = None
+    exited: bool = False
+    error: str | None = None  # why it stopped being sampled, when not a normal exit
+
+
+@dataclass
+class Accumulator:
+    """Everything the profile document needs, summed over windows and targets."""
+
+    samples: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CODEPATHS, 0))
+    cpu_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CODEPATHS, 0.0))
+    wall_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CODEPATHS, 0.0))
+    low_conf: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CODEPATHS, 0))
+    low_conf_cpu_s: float = 0.0
+    total_cpu_s: float = 0.0
+    # bin index (BIN_S slices since session start) -> codepath -> cpu_s
+    bins: dict[int, dict[str, float]] = field(default_factory=dict)
+    pyspy_samples: int = 0
+    pyspy_errors: int = 0
+    partial_stacks: int = 0
+    behind_s: float = 0.0
+    notes: dict[str, int] = field(default_factory=dict)
+    failures: dict[str, int] = field(default_factory=dict)  # SamplingError.kind -> count
+    windows: int = 0
+
+    def add(self, report: WindowReport, origin: float) -> None:
+        self.windows += 1
+        self.total_cpu_s += report.cpu_s
+        for cp, w in report.codepaths.items():
+            key = cp if cp in self.samples else "other"
+            self.samples[key] += w.samples
+            self.cpu_s[key] += w.cpu_s
+            self.wall_s[key] += w.wall_s
+            self.low_conf[key] += w.low_confidence_samples
+        sampled_other = 0.0
+        per_bin_samples: dict[int, int] = {}
+        for lab in report.timeline:
+            b = int((lab.t - origin) // BIN_S)
+            cp = lab.codepath if lab.codepath in self.samples else "other"
+            row = self.bins.setdefault(b, {})
+            row[cp] = row.get(cp, 0.0) + lab.cpu_s
+            per_bin_samples[b] = per_bin_samples.get(b, 0) + 1
+            if cp == "other":
+                sampled_other += lab.cpu_s
+            if lab.low_confidence:
+                self.low_conf_cpu_s += lab.cpu_s
+        # CPU no sample took (native threads, exited threads' share) is `other`;
+        # spread it over the window's bins by sample count so bins sum to the total.
+        residual = report.codepaths["other"].cpu_s - sampled_other
+        n = sum(per_bin_samples.values())
+        if residual > 0:
+            if n:
+                for b, k in per_bin_samples.items():
+                    row = self.bins.setdefault(b, {})
+                    row["other"] = row.get("other", 0.0) + residual * k / n
+            else:
+                b = int((report.started_at - origin) // BIN_S)
+                row = self.bins.setdefault(b, {})
+                row["other"] = row.get("other", 0.0) + residual
+        e: SamplerErrors = report.errors
+        self.pyspy_samples += e.pyspy_samples
+        self.pyspy_errors += e.pyspy_errors
+        self.partial_stacks += e.partial_stacks
+        self.behind_s = max(self.behind_s, e.behind_s)
+        for note in e.notes:
+            self.notes[note] = self.notes.get(note, 0) + 1
+
+    def fail(self, kind: str) -> None:
+        self.failures[kind] = self.failures.get(kind, 0) + 1
+
+
+@dataclass
+class SessionResult:
+    info: SessionInfo
+    ended_at: float
+    targets: list[TargetStats]
+    acc: Accumulator
+    observer_parts: list[dict[str, Any]]
+
+
+class ProfileSession:
+    def __init__(
+        self,
+        root_pid: int,
+        *,
+        classifier: ClassifierLike,
+        rate_hz: float = 50.0,
+        window_s: float = 5.0,
+        duration_s: float | None = None,
+        command: str | None = None,
+        pyspy: PySpy | None = None,
+        procfs: Path = Path("/proc"),
+        observers: Sequence[Any] = (),
+        follow_children: bool = True,
+        progress: TextIO | None = sys.stderr,
+        strict_root: bool = True,
+        root_exit_check: Callable[[], bool] | None = None,
+        root_may_be_wrapper: bool = False,
+    ) -> None:
+        """strict_root: a SamplingError on the root's first window is raised from run()
+        (bad --pid, free-threaded build, no ptrace permission); otherwise it is counted.
+        root_may_be_wrapper: a root that is not Python (a shell or wrapper launched by
+        `serwatt profile -- CMD`) is not an error: its Python descendants are profiled.
+        root_exit_check: returns True once the launched command has exited (used to
+        reap it: a zombie still shows in /proc)."""
+        self.root_pid = root_pid
+        self.classifier = classifier
+        self.rate_hz = rate_hz
+        self.window_s = window_s
+        self.duration_s = duration_s
+        self.pyspy = pyspy if pyspy is not None else PySpy()
+        self.procfs = procfs
+        self.observers = list(observers)
+        self.follow_children = follow_children
+        self.progress = progress
+        self.strict_root = strict_root
+        self.root_exit_check = root_exit_check
+        self.root_may_be_wrapper = root_may_be_wrapper
+        if command is None:
+            try:
+                command = " ".join(procstat.process_info(root_pid, procfs).cmdline)
+            except procstat.ProcessGone:
+                command = ""
+        self.info = SessionInfo(
+            root_pid=root_pid,
+            command=command,
+            started_at=time.time(),
+            rate_hz=rate_hz,
+            window_s=window_s,
+            procfs=procfs,
+        )
+        self.acc = Accumulator()
+        self.targets: dict[int, TargetStats] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._workers: dict[int, threading.Thread] = {}
+        self._root_error: SamplingError | None = None
+        self._root_first = threading.Event()
+
+    # ------------------------------------------------------------ control
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _deadline_passed(self) -> bool:
+        return self.duration_s is not None and time.time() - self.info.started_at >= self.duration_s
+
+    def _remaining(self) -> float:
+        if self.duration_s is None:
+            return self.window_s
+        return max(0.0, self.duration_s - (time.time() - self.info.started_at))
+
+    # ------------------------------------------------------------ workers
+
+    def _worker(self, pid: int) -> None:
+        try:
+            self._worker_loop(pid)
+        finally:
+            if pid == self.root_pid:
+                self._root_first.set()
+
+    def _worker_loop(self, pid: int) -> None:
+        stats = self.targets[pid]
+        is_root = pid == self.root_pid
+        young_retries = 0
+        while not self._stop.is_set() and not self._deadline_passed():
+            dur = min(self.window_s, self._remaining())
+            if dur < 0.2:
+                break
+            try:
+                report = sample_window(
+                    pid,
+                    duration_s=dur,
+                    rate_hz=self.rate_hz,
+                    classifier=self.classifier,
+                    pyspy=self.pyspy,
+                    procfs=self.procfs,
+                    stop_event=self._stop,
+                )
+            except TargetGone:
+                stats.exited = True
+                break
+            except NotPython as exc:
+                # a process just spawned may not have initialised its interpreter yet
+                if (
+                    young_retries < 10
+                    and self._age_s(pid) < 5.0
+                    and procstat.exists(pid, self.procfs)
+                    and procstat.python_kind(pid, self.procfs).is_python
+                ):
+                    young_retries += 1
+                    time.sleep(0.3)
+                    continue
+                self._record_failure(stats, exc, is_root)
+                break
+            except SamplingError as exc:
+                if not procstat.exists(pid, self.procfs):
+                    stats.exited = True
+                    break
+                self._record_failure(stats, exc, is_root)
+                break
+            with self._lock:
+                self.acc.add(report, self.info.started_at)
+                stats.windows += 1
+                stats.python = stats.python or report.python
+                stats.samples += sum(w.samples for w in report.codepaths.values())
+                stats.cpu_s += report.cpu_s
+                stats.first_t = stats.first_t or report.started_at
+                stats.last_t = report.ended_at
+                for obs in self.observers:
+                    obs.on_window(report)
+            if is_root:
+                self._root_first.set()
+            if report.exited or not procstat.exists(pid, self.procfs):
+                stats.exited = True
+                break
+            if is_root and self.root_exit_check is not None and self.root_exit_check():
+                stats.exited = True
+                break
+
+    def _record_failure(self, stats: TargetStats, exc: SamplingError, is_root: bool) -> None:
+        with self._lock:
+            self.acc.fail(exc.kind)
+            stats.error = f"{exc.kind}: {exc}"
+            wrapper = self.root_may_be_wrapper and isinstance(exc, NotPython)
+            if is_root and stats.windows == 0 and not wrapper:
+                self._root_error = exc
+
+    def _age_s(self, pid: int) -> float:
+        try:
+            return time.time() - procstat.process_info(pid, self.procfs).start_time_s
+        except procstat.ProcessGone:
+            return 1e9
+
+    def _start_target(self, pid: int) -> None:
+        if pid in self.targets:
+            return
+        try:
+            info = procstat.process_info(pid, self.procfs)
+            command = " ".join(info.cmdline)
+        except procstat.ProcessGone:
+            return
+        self.targets[pid] = TargetStats(pid=pid, command=command)
+        t = threading.Thread(target=self._worker, args=(pid,), name=f"serwatt-target-{pid}")
+        self._workers[pid] = t
+        t.start()
+
+    def _discover(self) -> None:
+        for pid in procstat.descendants(self.root_pid, self.procfs):
+            if pid in self.targets:
+                continue
+            try:
+                kind = procstat.python_kind(pid, self.procfs)
+            except OSError:
+                continue
+            if kind.is_python:
+                self._start_target(pid)
+
+    # ------------------------------------------------------------ run
+
+    def run(self) -> SessionResult:
+        for obs in self.observers:
+            on_start = getattr(obs, "on_start", None)
+            if on_start is not None:
+                on_start(self.info)
+        self._start_target(self.root_pid)
+        if self.root_pid not in self.targets:
+            raise TargetGone(f"no such process: {self.root_pid} (it is not running)")
+        if self.strict_root:
+            # a bad --pid must fail fast, before children or progress output
+            while not self._root_first.wait(0.05):
+                if not self._workers[self.root_pid].is_alive():
+                    break
+            if self._root_error is not None:
+                self._stop.set()
+                self._join()
+                raise self._root_error
+        last_progress = 0.0
+        last_discover = 0.0
+        try:
+            while True:
+                now = time.time()
+                if self.follow_children and now - last_discover >= 0.5:
+                    self._discover()
+                    last_discover = now
+                alive = [t for t in self._workers.values() if t.is_alive()]
+                if not alive and (
+                    not self.follow_children or not self._root_running() or self._stop.is_set()
+                ):
+                    break
+                if self._deadline_passed() or self._stop.is_set():
+                    self._stop.set()
+                    if not alive:
+                        break
+                if self.progress is not None and now - last_progress >= self._progress_every():
+                    self._print_progress(now)
+                    last_progress = now
+                time.sleep(0.1)
+        except KeyboardInterrupt:
+            self._stop.set()
+        self._join()
+        if self.progress is not None:
+            self._print_progress(time.time(), final=True)
+        parts = [obs.finish() for obs in self.observers]
+        return SessionResult(
+            info=self.info,
+            ended_at=time.time(),
+            targets=list(self.targets.values()),
+            acc=self.acc,
+            observer_parts=parts,
+        )
+
+    def _root_running(self) -> bool:
+        if self.root_exit_check is not None:
+            return not self.root_exit_check()
+        return procstat.exists(self.root_pid, self.procfs)
+
+    def _join(self) -> None:
+        for t in list(self._workers.values()):
+            t.join()
+
+    def _progress_every(self) -> float:
+        assert self.progress is not None
+        return 0.5 if self.progress.isatty() else 5.0
+
+    def _print_progress(self, now: float, final: bool = False) -> None:
+        assert self.progress is not None
+        with self._lock:
+            a = self.acc
+            samples = sum(a.samples.values())
+            errs = a.pyspy_errors + sum(a.failures.values())
+            n_targets = len(self.targets)
+        line = (
+            f"serwatt: {now - self.info.started_at:6.1f} s elapsed, {n_targets} target(s), "
+            f"{samples} samples, {errs} errors, {a.partial_stacks} partial stacks"
+        )
+        if self.progress.isatty():
+            self.progress.write("\r" + line + ("\n" if final else ""))
+        else:
+            self.progress.write(line + "\n")
+        self.progress.flush()
