@@ -1,0 +1,134 @@
+"""`serwatt runs list|show` on real record files, as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from profiler.codepaths import CODEPATHS
+from profiler.host import fingerprint
+from profiler.recorder import RECORD_FILENAME, Recorder
+from tests.test_recorder import window
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def serwatt(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "profiler", *args], capture_output=True, text=True, cwd=REPO
+    )
+
+
+@pytest.fixture
+def record_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "runs"
+    rec = Recorder.for_dir(d)
+    host = fingerprint()
+    t0 = 1_800_000_000.0
+    rec.start_run(
+        "trainer-a",
+        "trainer",
+        host=host,
+        config={"window_s": 10},
+        sources={"energy": "rapl"},
+        started_at=t0,
+    )
+    rec.append_window(
+        "trainer-a",
+        window(pid=11, t0=t0, seed=1),
+        energy={"source": "rapl", "codepaths_j": {cp: 1.0 for cp in CODEPATHS}},
+    )
+    rec.append_window(
+        "trainer-a",
+        window(pid=12, t0=t0 + 10, seed=2),
+        energy={"source": "rapl", "codepaths_j": {"pickle": 5.0}},
+    )
+    rec.finish_run("trainer-a", t0 + 20)
+    rec.start_run(
+        "eval-b",
+        "eval",
+        host=host,
+        config={},
+        sources={"energy": "unavailable"},
+        started_at=t0 + 30,
+    )
+    rec.append_window("eval-b", window(pid=13, t0=t0 + 30, seed=3))
+    rec.close()
+    return d
+
+
+def test_list_table_and_json(record_dir: Path) -> None:
+    out = serwatt("runs", "list", "--dir", str(record_dir))
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].split()[:2] == ["RUN", "TARGET"]
+    assert lines[1].split()[:2] == ["trainer-a", "trainer"]
+    assert "15.0 (rapl)" in lines[1]  # 10 codepaths x 1 J + 5 J
+    assert lines[2].split()[:2] == ["eval-b", "eval"] and "running" in lines[2]
+    assert "unavailable" in lines[2]  # no energy: said, not printed as 0
+
+    js = serwatt("runs", "list", "--db", str(record_dir / RECORD_FILENAME), "--json")
+    doc = json.loads(js.stdout)
+    assert [r["run_id"] for r in doc["runs"]] == ["trainer-a", "eval-b"]
+    assert doc["runs"][0]["pids"] == [11, 12] and doc["runs"][0]["energy_j"] == 15.0
+    assert doc["runs"][1]["energy_j"] is None and doc["runs"][1]["ended_at"] is None
+
+
+def test_show_table_and_json_agree_with_the_record(record_dir: Path) -> None:
+    out = serwatt("runs", "show", "trainer-a", "--dir", str(record_dir), "--windows")
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert "run trainer-a  target trainer" in text and "2 window(s), pids 11, 12" in text
+    assert "host: " in text and "sources: energy=rapl" in text and "target Python: 3.11.7" in text
+    w1, w2 = window(pid=11, seed=1), window(pid=12, seed=2)
+    pickle_row = next(line for line in text.splitlines() if line.startswith("pickle "))
+    cells = pickle_row.split()
+    assert int(cells[1]) == w1.codepaths["pickle"].samples + w2.codepaths["pickle"].samples
+    assert float(cells[6]) == 6.0  # energy_j: 1 J + 5 J
+    assert cells[7] == "-"  # no GPU data was recorded
+    assert sum(1 for line in text.splitlines() if line.split()[:1] in (["1"], ["2"])) == 2
+
+    doc = json.loads(
+        serwatt("runs", "show", "trainer-a", "--dir", str(record_dir), "--json").stdout
+    )
+    assert doc["schema"] == "serwatt.run/1" and doc["windows"] == 2
+    assert doc["codepaths"]["pickle"]["energy_j"] == 6.0
+    assert doc["codepaths"]["json"]["energy_j"] == 1.0
+    assert doc["host"]["cpu_model"] and doc["config"] == {"window_s": 10}
+    assert [w["pid"] for w in doc["window_list"]] == [11, 12]
+
+
+def test_config_points_at_the_record_dir(record_dir: Path, tmp_path: Path) -> None:
+    cfg = tmp_path / "serwatt.yaml"
+    cfg.write_text(
+        f"targets: [{{name: t, match: {{cmdline: x}}}}]\nrecord: {{dir: {record_dir}}}\n"
+    )
+    out = serwatt("runs", "list", "--config", str(cfg))
+    assert out.returncode == 0 and "trainer-a" in out.stdout
+    cfg.write_text("targets: 3\n")
+    bad = serwatt("runs", "list", "--config", str(cfg))
+    assert bad.returncode == 2 and "targets: must be a list" in bad.stderr
+
+
+def test_errors_name_the_problem(record_dir: Path, tmp_path: Path) -> None:
+    missing = serwatt("runs", "list", "--dir", str(tmp_path / "nowhere"))
+    assert missing.returncode == 1
+    assert "no such record file" in missing.stderr and "--db FILE" in missing.stderr
+    assert not (tmp_path / "nowhere").exists()  # reading never creates
+    unknown = serwatt("runs", "show", "nope", "--dir", str(record_dir))
+    assert unknown.returncode == 2
+    assert "no run 'nope'" in unknown.stderr and "trainer-a" in unknown.stderr
+    bare = serwatt("runs")
+    assert bare.returncode == 2 and "serwatt runs list" in bare.stderr
+    both = serwatt("runs", "list", "--db", "a", "--dir", "b")
+    assert both.returncode == 2 and "not allowed with" in both.stderr
+
+
+def test_empty_record(tmp_path: Path) -> None:
+    Recorder.for_dir(tmp_path).close()
+    out = serwatt("runs", "list", "--dir", str(tmp_path))
+    assert out.returncode == 0 and "no runs recorded" in out.stdout
