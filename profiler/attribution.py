@@ -1,0 +1,245 @@
+"""Attribution of one window's energy and GPU idle time to a target's codepaths.
+
+Pure functions: numbers in, frozen results out; no clocks, files or hardware.
+
+Package energy (joules), per window and target:
+
+    E        measured package energy (RAPL), or the model's estimate (source: model)
+    E_dyn    the dynamic part. RAPL: E x u, with u = node busy CPU s / node total CPU s
+             over the window (/proc/stat). Model: its own (TDP - idle) x u x wall part.
+    E_idle   E - E_dyn: what the node draws regardless of work. Charged to nobody:
+             it stays in the `unattributed` residual (as Kepler does); charging idle
+             power to whoever happens to run would make a quiet job look expensive.
+    share    target CPU s / node busy CPU s (clamped to [0, 1]: per-thread and
+             node-wide CPU clocks tick separately, so the ratio can overshoot)
+    E_target E_dyn x share
+    E_cp     E_target x codepath CPU s / max(sum of codepath CPU s, target CPU s)
+    unattributed = E - sum(E_cp) = E_idle + other processes' dynamic energy
+                   + target CPU time that no sample landed on.
+
+So `sum(codepaths) + unattributed == E` always, nothing is negative, and nothing
+attributed exceeds what was measured. CPU time is not power (frequency, AVX, memory
+stalls differ by code): this is a proportional split, stated as such.
+
+GPU-wait seconds, per (target, GPU, codepath): a GPU the target uses was idle while
+the target's sampled threads were in that codepath. Each sample of a thread stands
+for [t, t + 1/rate) of that thread. At any instant:
+- if some thread of the target is in a serialization codepath, the GPU's idle time
+  at that instant counts once (not once per thread), split equally among the
+  distinct serialization codepaths present (two threads in pickle count once; one
+  in pickle and one in json split the instant half/half);
+- else if some thread was sampled (in `other`), it counts to `other`;
+- else (no sample covers the instant) it is `unattributed`.
+GPU idle time comes from NVML utilisation intervals: an interval busy b% for d s
+contributes d x (1 - b/100) idle seconds, spread evenly over the interval (NVML
+does not say where inside its sample period the GPU idled). So
+`sum(wait) + unattributed == GPU idle s` over the window. GPU idle energy is the
+GPU's energy over the same pieces times their idle fraction.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from profiler.codepaths import CODEPATHS, SERIALIZATION_CODEPATHS
+from profiler.window import TimedLabel
+
+_SERIALIZATION = frozenset(SERIALIZATION_CODEPATHS)
+
+
+@dataclass(frozen=True)
+class EnergyAttribution:
+    source: str  # "rapl" | "model"
+    total_j: float
+    dynamic_j: float
+    idle_j: float
+    target_share: float
+    target_j: float
+    codepaths_j: Mapping[str, float]  # every codepath in CODEPATHS
+    unattributed_j: float  # total_j - sum(codepaths_j); >= 0
+    # The residual's parts, for the reader who asks "where did the rest go?"
+    unattributed_idle_j: float
+    unattributed_other_processes_j: float
+    unattributed_target_unsampled_j: float
+
+
+def attribute_energy(
+    *,
+    total_j: float,
+    dynamic_j: float,
+    target_cpu_s: float,
+    node_busy_cpu_s: float,
+    codepath_cpu_s: Mapping[str, float],
+    source: str,
+) -> EnergyAttribution:
+    """Split one window's package energy; see the module docstring for the model."""
+    if not (math.isfinite(total_j) and total_j >= 0):
+        raise ValueError(f"total_j must be finite and >= 0, got {total_j}")
+    total = float(total_j)
+    dyn = min(total, max(0.0, float(dynamic_j)))
+    target_cpu = max(0.0, float(target_cpu_s))
+    busy = max(float(node_busy_cpu_s), target_cpu)
+    share = 0.0 if busy <= 0 else min(1.0, target_cpu / busy)
+    target_j = dyn * share
+    cp_cpu = {cp: max(0.0, float(codepath_cpu_s.get(cp, 0.0))) for cp in CODEPATHS}
+    denom = max(math.fsum(cp_cpu.values()), target_cpu)
+    if denom <= 0:
+        cps = dict.fromkeys(CODEPATHS, 0.0)
+    else:
+        cps = {cp: target_j * (v / denom) for cp, v in cp_cpu.items()}
+    attributed = math.fsum(cps.values())
+    if attributed > target_j:  # rounding only: take the excess from the largest share
+        top = max(cps, key=lambda k: cps[k])
+        cps[top] = max(0.0, cps[top] - (attributed - target_j))
+        attributed = math.fsum(cps.values())
+    unattributed = max(0.0, total - attributed)
+    return EnergyAttribution(
+        source=source,
+        total_j=total,
+        dynamic_j=dyn,
+        idle_j=total - dyn,
+        target_share=share,
+        target_j=target_j,
+        codepaths_j=cps,
+        unattributed_j=unattributed,
+        unattributed_idle_j=total - dyn,
+        unattributed_other_processes_j=dyn - target_j,
+        unattributed_target_unsampled_j=max(0.0, target_j - attributed),
+    )
+
+
+@dataclass(frozen=True)
+class IdleSpan:
+    """GPU utilisation over (t0, t1]: busy_frac of the time busy. Mirrors
+    collectors.nvml.UtilInterval so this module stays free of collectors' state."""
+
+    t0: float
+    t1: float
+    busy_frac: float
+
+
+@dataclass(frozen=True)
+class GpuWaitAttribution:
+    gpu_index: int
+    window_s: float
+    covered_s: float  # time with GPU utilisation data
+    idle_s: float  # GPU idle seconds in the window (data-covered part)
+    wait_s: Mapping[str, float]  # every codepath in CODEPATHS
+    unattributed_s: float  # idle while no target sample covered the instant
+    idle_energy_j: Mapping[str, float] | None  # GPU energy during wait_s, per codepath
+    unattributed_idle_energy_j: float | None
+
+
+def interpolate(points: Sequence[tuple[float, float]], t: float) -> float | None:
+    """Cumulative value at t by linear interpolation; None outside the points."""
+    if not points or t < points[0][0] or t > points[-1][0]:
+        return None
+    i = bisect.bisect_left(points, (t, -math.inf))
+    if i < len(points) and points[i][0] == t:
+        return points[i][1]
+    (t0, v0), (t1, v1) = points[i - 1], points[i]
+    return v1 if t1 == t0 else v0 + (v1 - v0) * (t - t0) / (t1 - t0)
+
+
+def attribute_gpu_wait(
+    *,
+    gpu_index: int,
+    timeline: Iterable[TimedLabel],
+    sample_period_s: float,
+    spans: Iterable[IdleSpan],
+    start: float,
+    end: float,
+    energy_points: Sequence[tuple[float, float]] = (),
+    only_active: bool = False,
+) -> GpuWaitAttribution:
+    """GPU-wait seconds (and GPU idle joules) per codepath for one GPU and one window.
+
+    `timeline` holds the target's classified samples (any thread); with
+    `only_active`, samples py-spy marked idle (thread not on CPU) are ignored.
+    `energy_points` are (t, cumulative GPU J) polls; without them energy is None.
+    """
+    if sample_period_s <= 0:
+        raise ValueError(f"sample_period_s must be > 0, got {sample_period_s}")
+    window_s = max(0.0, end - start)
+    # +1 / -1 coverage events per codepath; several threads may overlap.
+    events: list[tuple[float, int, str]] = []
+    for lab in timeline:
+        if only_active and lab.active is False:
+            continue
+        a, b = max(lab.t, start), min(lab.t + sample_period_s, end)
+        if b > a:
+            cp = lab.codepath if lab.codepath in CODEPATHS else "other"
+            events.append((a, 1, cp))
+            events.append((b, -1, cp))
+    gpu = sorted(
+        (max(s.t0, start), min(s.t1, end), min(1.0, max(0.0, s.busy_frac)))
+        for s in spans
+        if min(s.t1, end) > max(s.t0, start)
+    )
+    cuts = {start, end}
+    cuts.update(t for t, _, _ in events)
+    for a, b, _ in gpu:
+        cuts.add(a)
+        cuts.add(b)
+    times = sorted(t for t in cuts if start <= t <= end)
+    events.sort(key=lambda e: e[0])
+
+    wait = dict.fromkeys(CODEPATHS, 0.0)
+    wait_e = dict.fromkeys(CODEPATHS, 0.0)
+    unattributed = unattributed_e = covered = idle_total = 0.0
+    have_energy = len(energy_points) >= 2
+    energy_missing = not have_energy
+    active: dict[str, int] = dict.fromkeys(CODEPATHS, 0)
+    ei = gi = 0
+    for x, y in zip(times, times[1:], strict=False):
+        while ei < len(events) and events[ei][0] <= x:
+            active[events[ei][2]] += events[ei][1]
+            ei += 1
+        while gi < len(gpu) and gpu[gi][1] <= x:
+            gi += 1
+        if y <= x or gi >= len(gpu) or gpu[gi][0] > x:
+            continue  # no GPU data here: neither idle nor busy is known
+        seg = y - x
+        idle_frac = 1.0 - gpu[gi][2]
+        covered += seg
+        idle = seg * idle_frac
+        if idle <= 0:
+            continue
+        idle_total += idle
+        seg_e = 0.0
+        if have_energy:
+            e0, e1 = interpolate(energy_points, x), interpolate(energy_points, y)
+            if e0 is None or e1 is None:
+                energy_missing = True
+            else:
+                seg_e = max(0.0, e1 - e0) * idle_frac
+        ser = [cp for cp in SERIALIZATION_CODEPATHS if active[cp] > 0]
+        if ser:
+            for cp in ser:
+                wait[cp] += idle / len(ser)
+                wait_e[cp] += seg_e / len(ser)
+        elif active["other"] > 0:
+            wait["other"] += idle
+            wait_e["other"] += seg_e
+        else:
+            unattributed += idle
+            unattributed_e += seg_e
+    return GpuWaitAttribution(
+        gpu_index=gpu_index,
+        window_s=window_s,
+        covered_s=covered,
+        idle_s=idle_total,
+        wait_s=wait,
+        unattributed_s=unattributed,
+        idle_energy_j=None if energy_missing else wait_e,
+        unattributed_idle_energy_j=None if energy_missing else unattributed_e,
+    )
+
+
+def gpus_used_by(target_pids: Iterable[int], gpu_pids: Mapping[int, Iterable[int]]) -> list[int]:
+    """Indices of the GPUs whose NVML compute-process list contains a target pid."""
+    pids = set(target_pids)
+    return sorted(i for i, ps in gpu_pids.items() if pids & set(ps))
