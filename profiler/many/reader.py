@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -128,12 +129,14 @@ def open_mapped(
 ) -> tuple[mmap.mmap, Parsed]:
     path = os.fspath(path)
     flags = (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC
+    if os.path.isdir(path):
+        raise ManyFormatError("is a directory, not a .many file", path)
+    fd = os.open(path, flags)
     try:
-        fd = os.open(path, flags)
-    except IsADirectoryError:
-        raise ManyFormatError("is a directory, not a .many file", path) from None
-    try:
-        size = os.fstat(fd).st_size
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ManyFormatError("not a regular file: a .many checkpoint must be mappable", path)
+        size = st.st_size
         if size < HEADER_SIZE:
             raise ManyFormatError(
                 f"truncated: file is {size} bytes, smaller than the {HEADER_SIZE}-byte header", path

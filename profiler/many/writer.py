@@ -101,8 +101,8 @@ def slot_source(name: str, value: Any) -> SlotSource:
         if code == BFLOAT16:
             t = t.view(torch.int16)
         arr = t.numpy()
-    elif isinstance(value, np.ndarray):
-        arr = value
+    elif isinstance(value, np.ndarray | np.generic):
+        arr = np.asarray(value)
         if arr.dtype.byteorder == ">":
             arr = arr.astype(arr.dtype.newbyteorder("<"))
         code = _NUMPY_CODES.get(arr.dtype, 0)
