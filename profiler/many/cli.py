@@ -60,7 +60,8 @@ def _inspect(path: str, as_json: bool) -> int:
             print(f"{path}: {problem}", file=sys.stderr)
         return EXIT_RUNTIME
     h = ckpt.header
-    doc = {
+    state_bytes = sum(s.length for s in slots)
+    doc: dict[str, object] = {
         "file": path,
         "format": f"{VERSION_MAJOR}.{h.version_minor}",
         "receipt": str(ckpt.receipt),
@@ -68,7 +69,7 @@ def _inspect(path: str, as_json: bool) -> int:
         "commit_seq": h.commit_seq,
         "dirty": bool(h.flags & HEADER_DIRTY),
         "file_bytes": h.file_length,
-        "state_bytes": sum(s.length for s in slots),
+        "state_bytes": state_bytes,
         "metadata": ckpt.metadata,
         "slots": [
             {
@@ -95,7 +96,7 @@ def _inspect(path: str, as_json: bool) -> int:
     print(f"prev_receipt  {doc['prev_receipt'] or '(none: first in chain)'}")
     print(f"commit_seq    {h.commit_seq}{'  DIRTY (uncommitted updates)' if doc['dirty'] else ''}")
     print(
-        f"size          {_human(h.file_length)} on disk, {_human(doc['state_bytes'])} of tensors "
+        f"size          {_human(h.file_length)} on disk, {_human(state_bytes)} of tensors "
         f"in {len(slots)} slots"
     )
     if ckpt.metadata:
