@@ -38,6 +38,8 @@ class CallSite:
     imported: bool  # the name's root is bound by an import
     lineno: int
     end_lineno: int
+    receiver: bool = False  # the object another call is made on: `Pickler(f)` in `.dump(x)`
+    nested: bool = False  # inside a comprehension/generator/lambda (its own frame <3.12)
 
 
 @dataclass(frozen=True)
@@ -101,11 +103,24 @@ class SourceIndex:
         module_scope = _Scope(self.tree, 0, 1 << 30, {}, None)
         self._scopes.append(module_scope)
         self._build(self.tree, module_scope)
+        self._receivers: set[int] = set()
+        self._nested: set[int] = set()
         for node in ast.walk(self.tree):
             if isinstance(node, ast.Call):
                 self._calls.append(node)
+                func = node.func
+                while isinstance(func, (ast.Attribute, ast.Call)):
+                    if isinstance(func, ast.Call):
+                        self._receivers.add(id(func))
+                        func = func.func
+                    else:
+                        func = func.value
             elif isinstance(node, _COMPREHENSIONS):
                 self._comps.append(node)
+            if isinstance(node, (*_COMPREHENSIONS, ast.Lambda)):
+                for inner in ast.walk(node):
+                    if inner is not node and isinstance(inner, ast.Call):
+                        self._nested.add(id(inner))
 
     def _env(self, scope: _Scope) -> dict[str, _Binding]:
         chain = []
@@ -202,7 +217,17 @@ class SourceIndex:
                 resolved = _resolve(node.func, env)
                 name, imported = resolved if resolved is not None else ("?", False)
                 method = node.func.attr if isinstance(node.func, ast.Attribute) else None
-                calls.append(CallSite(name, method, imported, node.lineno, end))
+                calls.append(
+                    CallSite(
+                        name,
+                        method,
+                        imported,
+                        node.lineno,
+                        end,
+                        receiver=id(node) in self._receivers,
+                        nested=id(node) in self._nested,
+                    )
+                )
         comp = any(c.lineno <= line <= (c.end_lineno or c.lineno) for c in self._comps)
         result = LineCalls(tuple(calls), comp)
         self._memo[line] = result

@@ -30,9 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from collectors.samples import Frame, Sample
-from profiler.callsite import SourceCache, source_path
+from profiler.callsite import LineCalls, SourceCache, source_path
 from profiler.codepaths import OTHER, Classification
 from profiler.rules import Rule, RuleSet, builtin_rules_path, load_rules
+
+
+def _is_inner_scope(name: str) -> bool:
+    last = name.rsplit(".", 1)[-1]
+    return last in ("<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>", "<lambda>")
 
 
 @dataclass(frozen=True)
@@ -73,7 +78,7 @@ class Classifier:
         self._python_memo: dict[tuple[str, str], Rule | None] = {}
         self._native_memo: dict[tuple[str, str], Rule | None] = {}
         self._callback_memo: dict[str, bool] = {}
-        self._callsite_memo: dict[tuple[str, int], CallsiteMatch | None] = {}
+        self._callsite_memo: dict[tuple[str, int, bool], CallsiteMatch | None] = {}
         self._start_times: dict[str, float | None] = {}
         self._proc_fs = proc_fs
         self.stats = ClassifierStats()
@@ -158,7 +163,10 @@ class Classifier:
         path = source_path(frame.filename, proc_root)
         if path is None or frame.line <= 0:
             return None
-        key = (path, frame.line)
+        # A comprehension/lambda frame (its own code object before 3.12) runs only the
+        # calls inside it, not the call that consumes its result on the same line.
+        inner = _is_inner_scope(frame.name)
+        key = (path, frame.line, inner)
         if key in self._callsite_memo:
             return self._callsite_memo[key]
         self.stats.callsite_lookups += 1
@@ -169,14 +177,16 @@ class Classifier:
         if index is None:
             self.stats.sources_unavailable += 1
         else:
-            result = self._match_line(index.calls_at(frame.line))
+            result = self._match_line(index.calls_at(frame.line), inner_only=inner)
         self._callsite_memo[key] = result
         return result
 
-    def _match_line(self, line_calls) -> CallsiteMatch | None:  # type: ignore[no-untyped-def]
+    def _match_line(self, line_calls: LineCalls, *, inner_only: bool) -> CallsiteMatch | None:
         matched: list[Rule] = []
-        others = 1 if line_calls.comprehension else 0
+        others = 1 if line_calls.comprehension and not inner_only else 0
         for call in line_calls.calls:
+            if inner_only and not call.nested:
+                continue
             rule = None
             for r in self._callsite_rules:
                 assert r.calls is not None and r.methods is not None
@@ -188,7 +198,8 @@ class Classifier:
                     break
             if rule is not None:
                 matched.append(rule)
-            elif not self.rules.trivial_calls.match(call.name):
+            elif not call.receiver and not self.rules.trivial_calls.match(call.name):
+                # A receiver (`Pickler(f)` in `Pickler(f).dump(x)`) is part of the call.
                 others += 1
         if not matched:
             return None

@@ -1,0 +1,145 @@
+"""Record the py-spy fixtures under tests/fixtures/pyspy/ from real workloads.
+
+    .venv/bin/python -m tests.workloads.capture            # everything (about 2 minutes)
+    .venv/bin/python -m tests.workloads.capture py310:json_dumps
+
+Each fixture is one JSON file `<target>-<kind>.json` holding py-spy's own output,
+unmodified: `dumps` (`py-spy dump --json --nonblocking`, several), optionally
+`native_dumps` (`py-spy dump --json --native`) and `speedscope` (`py-spy record
+--format speedscope --nonblocking --idle --threads --full-filenames`). The workload
+source at capture time is copied to `sources/serializers.py`: tests replay call-site
+rules against it through a fake `/proc/<pid>/root`, so later edits to the workload
+do not shift the recorded line numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tests.workloads import harness, targets
+from tests.workloads.serializers import EXPECT
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "pyspy"
+DUMPS = 8
+
+# target -> kinds. "venv" is the project venv (3.11, torch/numpy/safetensors).
+PLAN: dict[str, list[str]] = {
+    "py310": [
+        "pickle_alias",
+        "pickle_from_alias",
+        "pickle_multiline",
+        "pickle_ambiguous",
+        "pickle_callbacks",
+        "pickle_persistent_id",
+        "json_dumps",
+        "json_loads",
+        "protobuf_serialize",
+        "protobuf_parse",
+        "protobuf_json_format",
+        "msgpack_packb",
+        "msgpack_unpackb",
+        "yaml_dump",
+        "compute",
+    ],
+    "py312": [
+        "pickle_alias",
+        "pickle_from_alias",
+        "pickle_multiline",
+        "pickle_ambiguous",
+        "pickle_callbacks",
+        "pickle_persistent_id",
+        "json_dumps",
+        "json_loads",
+        "protobuf_serialize",
+        "protobuf_parse",
+        "protobuf_json_format",
+        "msgpack_packb",
+        "msgpack_unpackb",
+        "yaml_dump",
+        "compute",
+    ],
+    "venv": [
+        "torch_save",
+        "torch_load",
+        "tensor_copy",
+        "numpy_save",
+        "safetensors_save",
+        "many_save",
+    ],
+}
+NATIVE = {
+    ("py310", "pickle_alias"),
+    ("py310", "json_dumps"),
+    ("py310", "protobuf_serialize"),
+    ("py310", "msgpack_unpackb"),
+    ("venv", "torch_save"),
+}
+SPEEDSCOPE = {("py312", "pickle_alias"), ("py312", "json_loads"), ("py310", "protobuf_parse")}
+
+
+def python_for(target: str) -> Path:
+    if target == "venv":
+        return Path(sys.executable)
+    return targets.ensure_target(target)
+
+
+def pyspy_version() -> str:
+    out = subprocess.run([harness.pyspy_binary(), "--version"], capture_output=True, text=True)
+    return out.stdout.strip()
+
+
+def capture(target: str, kind: str) -> Path:
+    python = python_for(target)
+    version = subprocess.run(
+        [str(python), "-c", "import sys; print(sys.version.split()[0])"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    doc: dict[str, object] = {
+        "kind": kind,
+        "expect": EXPECT[kind],
+        "target": target,
+        "python": version,
+        "pyspy": pyspy_version(),
+        "workload": str(harness.WORKLOAD),
+        "source_copy": "sources/serializers.py",
+    }
+    with harness.running(python, kind) as pid:
+        dumps = []
+        for _ in range(DUMPS):
+            dumps.append(harness.dump(pid))
+            time.sleep(0.07)
+        doc["dumps"] = dumps
+        if (target, kind) in NATIVE:
+            doc["native_dumps"] = [harness.dump(pid, native=True) for _ in range(3)]
+        if (target, kind) in SPEEDSCOPE:
+            with tempfile.TemporaryDirectory() as tmp:
+                doc["speedscope"] = harness.record_speedscope(
+                    pid, duration_s=1, rate_hz=40, out=Path(tmp) / "out.json"
+                )
+    out = FIXTURES / f"{target}-{kind}.json"
+    out.write_text(json.dumps(doc, indent=None, separators=(",", ":")) + "\n")
+    return out
+
+
+def main(argv: list[str]) -> int:
+    FIXTURES.mkdir(parents=True, exist_ok=True)
+    (FIXTURES / "sources").mkdir(exist_ok=True)
+    shutil.copyfile(harness.WORKLOAD, FIXTURES / "sources" / "serializers.py")
+    wanted = [tuple(a.split(":", 1)) for a in argv] or [
+        (t, k) for t, kinds in PLAN.items() for k in kinds
+    ]
+    for target, kind in wanted:
+        path = capture(target, kind)
+        print(f"{path.relative_to(FIXTURES.parents[1])}: {path.stat().st_size} bytes")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
