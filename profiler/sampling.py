@@ -116,7 +116,12 @@ def sample_window(
     if on_samples is not None:
         on_samples(window)
 
-    proc_root = procfs / str(pid) / "root"
+    proc_root: Path | None = procfs / str(pid) / "root"
+    if exited and not procstat.exists(pid, procfs):
+        # /proc/<pid>/root died with the target; the call-site rules still need its
+        # sources: read them at the same paths on the host (right unless the target
+        # lived in another mount namespace).
+        proc_root = None
     labels = [classifier.classify(s, proc_root=proc_root) for s in window.samples]
     half_width = max(2 * poll_s, window_time_sigma_s(window))
     weighting = distribute_cpu(
@@ -146,6 +151,8 @@ def sample_window(
     notes.append(f"cpu source {cpu.source}")
     if weighting.unmapped_pool_s > 0:
         notes.append(f"{weighting.unmapped_pool_s:.3f} cpu_s spread over unmapped threads")
+    if proc_root is None:
+        notes.append("target exited: sources read from host paths")
     if cpu.exited_tids:
         notes.append(f"{len(cpu.exited_tids)} thread(s) exited mid-window (their CPU is lost)")
     return WindowReport(
