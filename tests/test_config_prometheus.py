@@ -1,0 +1,44 @@
+"""The Prometheus scrape snippet is valid for promtool and agrees with the daemon config."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from profiler.config import load_config
+
+REPO = Path(__file__).resolve().parents[1]
+SNIPPET = REPO / "configs" / "prometheus" / "serwatt.yml"
+EXAMPLE = REPO / "configs" / "serwatt.example.yaml"
+
+
+def test_promtool_accepts_the_scrape_config() -> None:
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool missing: `make system-deps` installs Debian's prometheus"
+    out = subprocess.run(
+        [promtool, "check", "config", str(SNIPPET)], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "SUCCESS" in out.stdout + out.stderr
+
+
+def test_promtool_rejects_a_broken_copy(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.yml"
+    broken.write_text(SNIPPET.read_text().replace("scrape_timeout: 5s", "scrape_timeout: 50s"))
+    out = subprocess.run(
+        ["promtool", "check", "config", str(broken)], capture_output=True, text=True
+    )
+    assert out.returncode != 0  # a timeout longer than the interval is refused
+
+
+def test_scrape_job_matches_the_example_daemon_config() -> None:
+    config = load_config(EXAMPLE)
+    prom = yaml.safe_load(SNIPPET.read_text())
+    (job,) = [j for j in prom["scrape_configs"] if j["job_name"] == "serwatt"]
+    assert job["metrics_path"] == "/metrics"
+    assert job["static_configs"][0]["targets"] == [config.listen]
+    interval_s = float(job["scrape_interval"].rstrip("s"))
+    assert interval_s <= config.window_s
