@@ -63,12 +63,15 @@ class _Proc:
     pid: int
 
     def __post_init__(self) -> None:
-        self.dir = self.procfs / str(self.pid)
+        # Plain strings and open(): pathlib costs more than the read itself over a
+        # thousand processes every rescan.
+        self.dir = f"{self.procfs}/{self.pid}"
         self._cache: dict[str, object] = {}
 
     def _read(self, name: str) -> bytes:
         try:
-            return (self.dir / name).read_bytes()
+            with open(f"{self.dir}/{name}", "rb") as f:
+                return f.read()
         except (FileNotFoundError, ProcessLookupError, NotADirectoryError):
             raise _Skip("vanished") from None
         except PermissionError:
@@ -94,9 +97,9 @@ class _Proc:
     def exe(self) -> str | None:
         if "exe" not in self._cache:
             try:
-                target = os.readlink(self.dir / "exe")
+                target = os.readlink(f"{self.dir}/exe")
             except FileNotFoundError:
-                if not self.dir.exists():
+                if not os.path.exists(self.dir):
                     raise _Skip("vanished") from None
                 target = None  # kernel threads and zombies have no exe
             except (PermissionError, OSError):
@@ -265,10 +268,8 @@ def discover(
             continue
         proc = _Proc(procfs, pid)
         try:
-            ppid, flags, start_ticks = proc.stat()
-            if flags & PF_KTHREAD or pid == 2 or ppid == 2:
-                count("kernel_thread")
-                continue
+            # The command line first: empty for kernel threads and zombies, and most
+            # processes fail the cheap criteria, so their stat is never read.
             if not proc.argv():
                 count("kernel_thread")  # or a zombie: nothing to sample either way
                 continue
@@ -276,6 +277,10 @@ def discover(
                 (t for t in targets if _matches(proc, t.match, pid_files.get(t.name))), None
             )
             if spec is None:
+                continue
+            ppid, flags, start_ticks = proc.stat()
+            if flags & PF_KTHREAD or pid == 2 or ppid == 2:
+                count("kernel_thread")
                 continue
             if _is_serwatt_or_pyspy(proc):
                 count("self")
