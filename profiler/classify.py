@@ -32,7 +32,7 @@ from pathlib import Path
 from collectors.samples import Frame, Sample
 from profiler.callsite import LineCalls, SourceCache, source_path
 from profiler.codepaths import OTHER, Classification
-from profiler.rules import Rule, RuleSet, builtin_rules_path, load_rules
+from profiler.rules import Rule, RuleSet, load_rules
 
 
 def _is_inner_scope(name: str) -> bool:
@@ -88,7 +88,7 @@ class Classifier:
     @classmethod
     def default(cls, **kwargs: object) -> Classifier:
         """The built-in rules packaged with serwatt."""
-        return cls(load_rules([builtin_rules_path()]), **kwargs)  # type: ignore[arg-type]
+        return cls(load_rules([], builtin=True), **kwargs)  # type: ignore[arg-type]
 
     @classmethod
     def from_files(cls, paths: Iterable[Path], **kwargs: object) -> Classifier:
@@ -96,7 +96,7 @@ class Classifier:
 
         Raises profiler.rules.RuleError naming file, line and reason for a bad file.
         """
-        return cls(load_rules([*map(Path, paths), builtin_rules_path()]), **kwargs)  # type: ignore[arg-type]
+        return cls(load_rules(list(paths), builtin=True), **kwargs)  # type: ignore[arg-type]
 
     # -- public --------------------------------------------------------------------
 

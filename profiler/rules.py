@@ -212,6 +212,17 @@ def _rule(path: Path, node: yaml.Node, seen: dict[str, str]) -> Rule:
         raise RuleError(
             path, _line(fields["id"][1]), f"duplicate id {rule_id!r} (first at {seen[rule_id]})"
         )
+    if "codepath" not in fields:
+        raise RuleError(path, line, f"rule {rule_id!r} has no `codepath`")
+    codepath = _scalar(path, fields["codepath"][1], "codepath")
+    if codepath not in CODEPATHS or codepath == "other":
+        allowed_cp = ", ".join(c for c in CODEPATHS if c != "other")
+        why = "`other` is what unmatched samples get" if codepath == "other" else "unknown"
+        raise RuleError(
+            path,
+            _line(fields["codepath"][1]),
+            f"{why} codepath {codepath!r} in rule {rule_id!r} (one of {allowed_cp})",
+        )
     if "layer" not in fields:
         raise RuleError(path, line, f"rule {rule_id!r} has no `layer` (one of {', '.join(LAYERS)})")
     layer = _scalar(path, fields["layer"][1], "layer")
@@ -230,17 +241,6 @@ def _rule(path: Path, node: yaml.Node, seen: dict[str, str]) -> Rule:
                 f"unknown key {key!r} in {layer} rule {rule_id!r} "
                 f"(allowed: {', '.join(sorted(allowed))})",
             )
-    if "codepath" not in fields:
-        raise RuleError(path, line, f"rule {rule_id!r} has no `codepath`")
-    codepath = _scalar(path, fields["codepath"][1], "codepath")
-    if codepath not in CODEPATHS or codepath == "other":
-        allowed_cp = ", ".join(c for c in CODEPATHS if c != "other")
-        why = "`other` is what unmatched samples get" if codepath == "other" else "unknown"
-        raise RuleError(
-            path,
-            _line(fields["codepath"][1]),
-            f"{why} codepath {codepath!r} in rule {rule_id!r} (one of {allowed_cp})",
-        )
     confidence = "high"
     if "confidence" in fields:
         confidence = _scalar(path, fields["confidence"][1], "confidence")
@@ -347,10 +347,17 @@ def _parse(path: Path, text: str, seen: dict[str, str]) -> _Parsed:
     return _Parsed(rules, callbacks, trivial)
 
 
-def load_rules(paths: Iterable[Path]) -> RuleSet:
-    """Load rule files in order; earlier files' rules are tried first on the same frame."""
+def load_rules(paths: Iterable[Path], *, builtin: bool = False) -> RuleSet:
+    """Load rule files; earlier files' rules are tried first on the same frame.
+
+    With `builtin=True` the packaged rules are read first (so a clashing user id is
+    reported against the user's file) but tried last (so user rules can refine them).
+    """
+    paths = [Path(p) for p in paths]
+    if builtin:
+        paths = [builtin_rules_path(), *paths]
     seen: dict[str, str] = {}
-    rules: list[Rule] = []
+    per_file: list[list[Rule]] = []
     callbacks: list[str] = []
     trivial: list[str] = []
     sources: list[str] = []
@@ -363,12 +370,14 @@ def load_rules(paths: Iterable[Path]) -> RuleSet:
         except (OSError, UnicodeDecodeError) as exc:
             raise RuleError(path, None, f"cannot read rule file: {exc}") from None
         parsed = _parse(path, text, seen)
-        rules.extend(parsed.rules)
+        per_file.append(parsed.rules)
         callbacks.extend(parsed.callbacks)
         trivial.extend(parsed.trivial_calls)
         sources.append(str(path))
+    if builtin and per_file:
+        per_file = [*per_file[1:], per_file[0]]
     return RuleSet(
-        rules=tuple(rules),
+        rules=tuple(r for file_rules in per_file for r in file_rules),
         callbacks=FunctionPatterns(callbacks),
         trivial_calls=PatternSet(trivial),
         sources=tuple(sources),
