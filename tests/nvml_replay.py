@@ -103,8 +103,8 @@ class ReplayNvmlBackend:
         self.target_pids = list(target_pids)
         self.clock = clock
         self.start = clock() if start is None else start
-        if boot_epoch is None:
-            boot_epoch = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+        if boot_epoch is None:  # booted as long ago as this host, on the replay's clock
+            boot_epoch = self.start - time.clock_gettime(time.CLOCK_BOOTTIME)
         self.boot_epoch = boot_epoch
         self.gpus = [_Gpu(spec, i) for i, spec in enumerate(timeline["gpus"])]
         self.calls: list[str] = []

@@ -1,0 +1,249 @@
+"""The energy tracker and profile observer: real powercap trees, real or tmp /proc,
+replayed NVML timelines."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from collectors.cpu_model import DEFAULT_W_PER_CPU, IDLE_FRACTION
+from profiler.codepaths import CODEPATHS
+from profiler.energy import EnergyObserver, EnergyTracker, EnergyUnavailableError
+from profiler.window import CodepathWindow, TimedLabel, WindowReport
+from tests.nvml_replay import FakeClock, ReplayNvmlBackend, load_timeline
+from tests.powercap import build_powercap
+
+TARGET = 4321
+
+
+def _stat(busy: int, idle: int) -> str:
+    # jiffies at USER_HZ=100: user=busy, idle=idle, two cpus listed
+    return (
+        f"cpu  {busy} 0 0 {idle} 0 0 0 0 0 0\ncpu0 0 0 0 0 0 0 0 0 0 0\ncpu1 0 0 0 0 0 0 0 0 0 0\n"
+    )
+
+
+def _cpuinfo(tmp: Path) -> None:
+    (tmp / "cpuinfo").write_text(
+        "processor\t: 0\nmodel name\t: Test CPU\nflags\t: fpu hypervisor\n\n"
+        "processor\t: 1\nmodel name\t: Test CPU\nflags\t: fpu hypervisor\n"
+    )
+
+
+def _report(
+    start: float, end: float, cpu: dict[str, float], labels: list[TimedLabel], rate: float = 100
+) -> WindowReport:
+    cps = {cp: CodepathWindow(cpu_s=cpu.get(cp, 0.0)) for cp in CODEPATHS}
+    return WindowReport(
+        pid=TARGET,
+        started_at=start,
+        ended_at=end,
+        rate_hz=rate,
+        cpu_s=sum(cpu.values()),
+        codepaths=cps,
+        timeline=tuple(labels),
+    )
+
+
+def _labels(cp: str, t0: float, t1: float, rate: float = 100) -> list[TimedLabel]:
+    n = round((t1 - t0) * rate)
+    return [TimedLabel(t=t0 + i / rate, tid=1, thread_id=1, codepath=cp) for i in range(n)]
+
+
+def test_rapl_window_split_and_attribution_deterministic(tmp_path: Path) -> None:
+    clock = FakeClock()
+    sysfs, procfs = tmp_path / "sys", tmp_path / "proc"
+    procfs.mkdir()
+    tree = build_powercap(sysfs, max_uj=30_000_000, start_uj=25_000_000)  # wraps at 30 J
+    (procfs / "stat").write_text(_stat(0, 0))
+    tr = EnergyTracker(sysfs, procfs, nvml_mode="off", clock=clock)
+    st = tr.probe()
+    assert st["rapl"].up and not st["nvml"].up and st["nvml"].reason == "off"
+    assert tr.energy_source == "rapl"
+    # the dram zones' 7.5 J range at 1000 W would need 3.75 ms: floored at 10 ms
+    assert tr.rapl_poll_period_s == pytest.approx(0.01)
+    t0 = clock()
+    tr.poll_once()
+    # 10 s at 4 W + 6 W (two packages) with both counters wrapping; node 50% busy.
+    for i in range(1, 11):
+        clock.advance(1.0)
+        tree.advance("intel-rapl:0", 4.0)
+        tree.advance("intel-rapl:1", 6.0)
+        (procfs / "stat").write_text(_stat(100 * i, 100 * i))
+        tr.poll_once()
+    we = tr.window(t0 + 1.0, t0 + 9.0)
+    assert we.source == "rapl" and we.reason is None
+    assert we.package_j == pytest.approx(80.0)
+    assert we.per_package_j == {0: pytest.approx(48.0), 1: pytest.approx(32.0)}
+    assert we.dynamic_j == pytest.approx(40.0) and we.idle_j == pytest.approx(40.0)
+    assert we.node_busy_cpu_s == pytest.approx(8.0)
+    rep = _report(t0 + 1.0, t0 + 9.0, {"pickle": 3.0, "other": 1.0}, [])
+    ta = tr.attribute(rep, we)
+    assert ta.energy is not None and ta.energy_source == "rapl"
+    assert ta.energy.target_share == pytest.approx(0.5)
+    assert ta.energy_j is not None
+    assert ta.energy_j["pickle"] == pytest.approx(15.0)
+    assert ta.energy_j["other"] == pytest.approx(5.0)
+    assert math.fsum(ta.energy_j.values()) + ta.energy.unattributed_j == pytest.approx(80.0)
+    assert ta.gpu_wait == () and ta.gpu_wait_s == {}
+    # a window before the first reading is not guessed
+    assert tr.window(t0 - 5, t0 + 1).source == "unavailable"
+
+
+def test_model_fallback_is_labelled_with_reason(tmp_path: Path) -> None:
+    clock = FakeClock()
+    procfs = tmp_path / "proc"
+    procfs.mkdir()
+    _cpuinfo(procfs)
+    (procfs / "stat").write_text(_stat(0, 0))
+    tr = EnergyTracker(tmp_path / "sys", procfs, nvml_mode="off", clock=clock)
+    st = tr.probe()
+    assert not st["rapl"].up and st["rapl"].reason == "no_powercap"
+    assert st["cpu_model"].up and "default:4 W x 2 cpus (vm)" in (st["cpu_model"].detail or "")
+    t0 = clock()
+    tr.poll_once()
+    clock.advance(10.0)
+    (procfs / "stat").write_text(_stat(500, 1500))  # 25% busy
+    we = tr.window(t0, t0 + 10.0)
+    tdp = DEFAULT_W_PER_CPU * 2
+    assert we.source == "model"
+    assert "no_powercap" in (we.reason or "")
+    assert we.package_j == pytest.approx(
+        10 * (IDLE_FRACTION * tdp + (1 - IDLE_FRACTION) * tdp * 0.25)
+    )
+    assert we.dynamic_j == pytest.approx(10 * (1 - IDLE_FRACTION) * tdp * 0.25)
+    ta = tr.attribute(_report(t0, t0 + 10, {"json": 5.0}, []), we)
+    assert ta.energy_source == "model"
+    # config TDP wins
+    tr2 = EnergyTracker(tmp_path / "sys", procfs, tdp_w=100.0, nvml_mode="off", clock=clock)
+    assert "TDP 100 W from config" in (tr2.probe()["cpu_model"].detail or "")
+
+
+def test_required_collectors_fail_with_the_fix(tmp_path: Path) -> None:
+    with pytest.raises(
+        EnergyUnavailableError, match="RAPL is required but unavailable .no_powercap"
+    ):
+        EnergyTracker(tmp_path, rapl_mode="required", nvml_mode="off").probe()
+    with pytest.raises(EnergyUnavailableError, match="NVML is required but unavailable .no_driver"):
+        EnergyTracker(tmp_path, nvml_mode="required").probe()
+    with pytest.raises(ValueError, match="rapl_mode must be one of"):
+        EnergyTracker(tmp_path, rapl_mode="yes")
+
+
+def test_gpu_wait_through_tracker_with_replayed_gpu(tmp_path: Path) -> None:
+    clock = FakeClock()
+    fake = ReplayNvmlBackend(
+        load_timeline("h200_checkpoint_stall"), target_pids=[TARGET], clock=clock
+    )
+    procfs = tmp_path / "proc"
+    procfs.mkdir()
+    _cpuinfo(procfs)
+    (procfs / "stat").write_text(_stat(0, 0))
+    tr = EnergyTracker(tmp_path / "sys", procfs, nvml_backend=fake, clock=clock)
+    tr.nvml._boottime = fake.boottime  # the fake host's boot clock
+    assert tr.probe()["nvml"].up
+    t0 = clock()
+    tr.poll_once()
+    for i in range(1, 33):
+        clock.advance(0.5)
+        (procfs / "stat").write_text(_stat(50 * i, 50 * i))
+        tr.poll_once()
+    # training loop (other) while busy, pickle during the 4-7 s stall, json after
+    labels = _labels("other", t0 + 1, t0 + 4) + _labels("pickle", t0 + 4, t0 + 7)
+    labels += _labels("json", t0 + 7, t0 + 9)
+    rep = _report(t0 + 1, t0 + 9, {"other": 2.0, "pickle": 2.5, "json": 1.5}, labels)
+    we = tr.window(t0 + 1, t0 + 9)
+    assert we.source == "model" and len(we.gpus) == 1
+    ta = tr.attribute(rep, we)
+    assert ta.gpus_used == (0,)
+    (w,) = ta.gpu_wait
+    assert w.wait_s["pickle"] == pytest.approx(3.0, abs=0.2)
+    assert w.wait_s["json"] == pytest.approx(2 * 0.12, abs=0.1)
+    assert w.wait_s["other"] == pytest.approx(3 * 0.04, abs=0.1)
+    assert ta.gpu_wait_s[("pickle", 0)] == w.wait_s["pickle"]
+    # idle joules during the pickle stall: idle power 75 W x 3 s
+    assert ta.gpu_wait_energy_j[("pickle", 0)] == pytest.approx(225.0, rel=0.08)
+    # a target that is not on the GPU gets no GPU-wait
+    other = WindowReport(**{**rep.__dict__, "pid": 1})
+    assert tr.attribute(other, we).gpus_used == ()
+    assert tr.attribute(other, we, target_pids=[TARGET]).gpus_used == (0,)
+
+
+def test_observer_fills_the_document_parts(tmp_path: Path) -> None:
+    clock = FakeClock()
+    sysfs, procfs = tmp_path / "sys", tmp_path / "proc"
+    procfs.mkdir()
+    tree = build_powercap(sysfs, max_uj=30_000_000, psys=False)
+    (procfs / "stat").write_text(_stat(0, 0))
+    fake = ReplayNvmlBackend(
+        load_timeline("h200_checkpoint_stall"), target_pids=[TARGET], clock=clock
+    )
+    tr = EnergyTracker(sysfs, procfs, nvml_backend=fake, clock=clock)
+    tr.nvml._boottime = fake.boottime
+    obs = EnergyObserver(tr)
+    t0 = clock()
+    obs.tracker.poll_once()
+    obs._started = True  # drive polling by hand instead of the thread
+    for i in range(1, 21):
+        clock.advance(0.5)
+        tree.advance("intel-rapl:0", 5.0)  # 10 W
+        (procfs / "stat").write_text(_stat(40 * i, 60 * i))  # 40% busy
+        tr.poll_once()
+    obs.on_window(_report(t0 + 0.5, t0 + 4.0, {"other": 2.0}, _labels("other", t0 + 0.5, t0 + 4)))
+    stall = _labels("pickle", t0 + 4, t0 + 7) + _labels("other", t0 + 7, t0 + 8)
+    obs.on_window(_report(t0 + 4.0, t0 + 8.0, {"pickle": 3.0, "other": 1.0}, stall))
+    part = obs.finish()
+    e = part["energy"]
+    assert e["source"] == "rapl" and e["package_j"] == pytest.approx(75.0)
+    cps = part["codepaths"]
+    assert set(cps) == set(CODEPATHS)
+    assert cps["pickle"]["energy_source"] == "rapl"
+    attributed = sum(c["energy_j"] for c in cps.values())
+    assert attributed + e["unattributed_j"] == pytest.approx(e["package_j"], abs=1e-5)
+    assert attributed == pytest.approx(e["attributed_j"], abs=1e-5)
+    # window 1: 35 J, dynamic 40% = 14 J, target 2.0 of 2.8 busy CPU-s -> 10 J;
+    # window 2: 40 J, dynamic 16 J, target 4.0 >= 3.2 busy CPU-s (clamped) -> 16 J
+    assert attributed == pytest.approx(26.0, rel=1e-6)
+    assert cps["pickle"]["energy_j"] == pytest.approx(12.0, rel=1e-6)
+    assert sum(e["unattributed_parts_j"].values()) == pytest.approx(e["unattributed_j"], abs=1e-5)
+    assert cps["pickle"]["gpu_wait_s"] == pytest.approx(3.0, abs=0.2)
+    assert cps["pickle"]["gpu_idle_j"] == pytest.approx(225.0, rel=0.08)
+    (g,) = part["gpus"]
+    assert g["used_by_target"] and g["name"] == "NVIDIA H200"
+    assert g["clock"]["domain"] == "boottime"
+    assert part["nvml"]["up"] is True
+
+
+def test_tracker_thread_polls_real_files(tmp_path: Path) -> None:
+    # The polling thread, not the test, keeps up with a fast-wrapping counter.
+    sysfs = tmp_path / "sys"
+    tree = build_powercap(sysfs, max_uj=2_000_000, dram=False, psys=False)  # 2 J range
+    stop = threading.Event()
+
+    def writer() -> None:
+        t0 = time.time()
+        while not stop.is_set():
+            uj = round(20.0 * (time.time() - t0) * 1e6)  # 20 W on package 1 -> wraps 10x/s
+            tree.set_energy("intel-rapl:0", uj % 2_000_000)
+            time.sleep(0.002)
+
+    tr = EnergyTracker(sysfs, nvml_mode="off", rapl_max_power_w=100.0)
+    assert tr.rapl_poll_period_s == pytest.approx(0.01)
+    th = threading.Thread(target=writer, daemon=True)
+    th.start()
+    try:
+        with tr:
+            t_start = time.time()
+            time.sleep(1.5)
+            we = tr.window(t_start, time.time())
+    finally:
+        stop.set()
+        th.join()
+    assert we.source == "rapl"
+    # 20 W for the window; on a loaded machine a missed poll could miss a wrap, which
+    # would show as -2 J steps: allow one sample of slack, not a wrap.
+    assert we.package_j == pytest.approx(20.0 * we.wall_s, abs=1.0)
