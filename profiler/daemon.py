@@ -1,0 +1,686 @@
+"""`serwatt daemon --config FILE`: the per-node service.
+
+The daemon runs on its own clock in *slots*. A slot starts one py-spy window for
+each tracked process (at most `max_concurrent_samplers` at once, least recently
+sampled first), waits for them, then applies the slot: energy over the slot is
+attributed to the windows' codepaths, every window is appended to the run record,
+the ledger's counters advance and a new snapshot is published for the exporter.
+Slots are back to back, so the node energy counter covers the daemon's whole life
+and the part no codepath received is exported as unattributed.
+
+Between and during slots the main thread re-scans /proc (new ranks, restarts,
+exits), handles SIGHUP (reload; a bad new config is logged and the running one
+kept) and SIGTERM (py-spy windows are stopped with SIGINT so their samples are
+kept, the slot is recorded, runs are closed, exit 0), and pings the systemd
+watchdog. Only the main thread touches the recorder and the tracked-process table;
+sampling threads only run `sample_window` and hand back a report or an error.
+
+A target that vanished, refused ptrace or is not Python never stops the daemon: it
+is counted in `serwatt_sampler_errors_total{target,kind}` and retried later
+(ptrace, not Python) or forgotten (gone).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import logging
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from profiler import __version__
+from profiler.cli import EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME
+from profiler.codepaths import CODEPATHS
+from profiler.config import Config, ConfigError, load_config
+from profiler.exporter import MetricsServer, make_registry
+from profiler.ledger import Ledger, TargetProcess
+from profiler.sdnotify import SdNotifier
+from profiler.window import WindowReport
+
+log = logging.getLogger("serwatt.daemon")
+
+# SIGTERM: how long in-flight windows get to hand back their samples (py-spy is
+# sent SIGINT by the sampler when its stop event is set).
+STOP_GRACE_S = 4.0
+# A window that runs this long past its nominal end is told to stop; one that
+# still has not returned ABANDON_AFTER_S later is given up on (counted, its
+# thread still holds a sampler slot until it ends).
+OVERRUN_S = 15.0
+ABANDON_AFTER_S = 15.0
+# Retry delay for a process that refused sampling for a reason that may change
+# (ptrace permission, a process that is not Python yet, a sampler failure).
+RETRY_REFUSED_S = 60.0
+
+# Kinds that describe the target, not a fault of serwatt's own sampling machinery.
+TARGET_KINDS = frozenset({"target_gone", "not_python", "unsupported_python", "ptrace_denied"})
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        required=True,
+        type=Path,
+        metavar="FILE",
+        help="daemon config (YAML); see configs/serwatt.example.yaml",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"serwatt daemon: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    _setup_logging(config.log_level)
+    return Daemon(config).run()
+
+
+def _setup_logging(level: str) -> None:
+    # journald timestamps each line itself; keep the line short and greppable.
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="serwatt[%(process)d] %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+        force=True,
+    )
+
+
+# --------------------------------------------------------------------------- state
+
+
+@dataclass
+class _Tracked:
+    """A discovered process the daemon samples (keyed by pid and start time)."""
+
+    proc: Any  # profiler.discovery.DiscoveredProcess
+    python: str = "unknown"
+    last_sampled_at: float = 0.0
+    retry_at: float = 0.0  # do not sample before this (monotonic s) after a refusal
+    refused: str | None = None  # the kind of the last refusal, None when sampling works
+    faults: int = 0  # sampler failures in a row (not the target's doing)
+
+    @property
+    def key(self) -> tuple[int, float]:
+        return (self.proc.pid, self.proc.start_time)
+
+
+@dataclass
+class _Job:
+    """One py-spy window of one process, run on a sampling thread."""
+
+    key: tuple[int, float]
+    target: str
+    run_id: str
+    pid: int
+    window_s: float
+    started_mono: float
+    stop: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event = field(default_factory=threading.Event)
+    report: WindowReport | None = None
+    error: BaseException | None = None
+    thread: threading.Thread | None = None
+
+
+class SamplerPool:
+    """Bounded pool of sampling threads: never more than `limit` py-spy windows at once.
+
+    A thread per window (windows last seconds, a thread costs microseconds) lets an
+    overrunning window be abandoned without blocking the pool; it keeps counting
+    against the limit until it really ends, so the bound on py-spy processes holds.
+    """
+
+    def __init__(self, limit: int, on_done: Callable[[], None]) -> None:
+        self.limit = limit
+        self._on_done = on_done
+        self._threads: list[threading.Thread] = []
+
+    def running(self) -> int:
+        self._threads = [t for t in self._threads if t.is_alive()]
+        return len(self._threads)
+
+    def free(self) -> int:
+        return max(0, self.limit - self.running())
+
+    def submit(self, job: _Job, work: Callable[[_Job], WindowReport]) -> None:
+        def body() -> None:
+            try:
+                job.report = work(job)
+            except BaseException as exc:  # handed to the main thread, never lost
+                job.error = exc
+            finally:
+                job.done.set()
+                self._on_done()
+
+        t = threading.Thread(target=body, name=f"serwatt-sample-{job.pid}", daemon=True)
+        job.thread = t
+        self._threads.append(t)
+        t.start()
+
+
+# --------------------------------------------------------------------------- daemon
+
+
+class Daemon:
+    def __init__(self, config: Config, *, notifier: SdNotifier | None = None) -> None:
+        self.config = config
+        self.notifier = notifier or SdNotifier()
+        self.ledger = Ledger()
+        self._wake = threading.Event()
+        self._stop_requested = False
+        self._reload_requested = False
+        self._tracked: dict[tuple[int, float], _Tracked] = {}
+        self._open_runs: dict[str, str] = {}  # run_id -> target
+        self._next_rescan = 0.0
+        self._pool = SamplerPool(config.max_concurrent_samplers, self._wake.set)
+        self._abandoned: list[_Job] = []
+        self._in_flight: set[tuple[int, float]] = set()  # keys with a window running
+        self._classifiers: ClassifierPool = None  # type: ignore[assignment]
+        self._recorder: Any = None
+        self._energy: Any = None
+        self._server: MetricsServer | None = None
+        self._host: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def run(self) -> int:
+        for sig, handler in (
+            (signal.SIGTERM, self._on_stop),
+            (signal.SIGINT, self._on_stop),
+            (signal.SIGHUP, self._on_reload),
+        ):
+            signal.signal(sig, handler)
+        code = self._start()
+        if code != EXIT_OK:
+            self._close()
+            return code
+        try:
+            self._loop()
+        finally:
+            self._shutdown()
+        return EXIT_OK
+
+    def _on_stop(self, signum: int, _frame: Any) -> None:
+        self._stop_requested = True
+        self._wake.set()
+
+    def _on_reload(self, signum: int, _frame: Any) -> None:
+        self._reload_requested = True
+        self._wake.set()
+
+    def _start(self) -> int:
+        from profiler.recorder import Recorder, RecordError
+
+        cfg = self.config
+        try:
+            self._classifiers = ClassifierPool(cfg)
+        except Exception as exc:
+            log.error("cannot load codepath rules %s: %s", [str(p) for p in cfg.rules_files], exc)
+            return EXIT_CONFIG
+        try:
+            self._energy = _make_energy(cfg)
+        except _RequiredCollectorMissing as exc:
+            log.error("%s", exc)
+            return EXIT_CONFIG
+        try:
+            self._recorder = Recorder.for_dir(cfg.record_dir)
+            deleted = self._recorder.apply_retention(cfg.retention_days)
+            if deleted:
+                log.info(
+                    "retention: deleted %d run(s) older than %g days", deleted, cfg.retention_days
+                )
+        except (RecordError, OSError) as exc:
+            log.error(
+                "cannot open run records in %s: %s (fix record.dir or its permissions)",
+                cfg.record_dir,
+                exc,
+            )
+            return EXIT_RUNTIME
+        self._host = _host_fingerprint(cfg)
+        self.ledger.set_targets(t.name for t in cfg.targets)
+        if self._energy is not None:
+            self._energy.declare(self.ledger)
+        try:
+            self._server = MetricsServer(
+                cfg.listen, make_registry(self.ledger.snapshot), self.ledger.snapshot
+            )
+        except (OSError, ValueError) as exc:
+            log.error(
+                "cannot listen on %s: %s (is another serwatt running? change `listen`)",
+                cfg.listen,
+                exc,
+            )
+            return EXIT_RUNTIME
+        self._rescan()
+        self.ledger.publish()
+        self._server.start()
+        log.info(
+            "serwatt %s listening on http://%s/metrics: %d target(s), %g Hz, %g s windows, "
+            "records in %s",
+            __version__,
+            self._server.address,
+            len(cfg.targets),
+            cfg.sample_rate_hz,
+            cfg.window_s,
+            self._recorder.path,
+        )
+        self.notifier.ready(self._status_line())
+        return EXIT_OK
+
+    def _close(self) -> None:
+        if self._energy is not None:
+            self._energy.close()
+        if self._recorder is not None:
+            self._recorder.close()
+        if self._server is not None:
+            self._server.close()
+
+    # ------------------------------------------------------------------ main loop
+
+    def _loop(self) -> None:
+        while not self._stop_requested:
+            slot_start = time.time()
+            jobs = self._start_windows()
+            self._wait_slot(jobs, slot_start)
+            self._apply_slot(jobs, slot_start, time.time())
+            self.notifier.status(self._status_line())
+
+    def _tick(self) -> None:
+        """What the main thread does while it waits: signals, rescans, watchdog."""
+        if self._reload_requested:
+            self._reload_requested = False
+            self._reload()
+        if time.monotonic() >= self._next_rescan:
+            self._rescan()
+            self.ledger.publish()
+        self.notifier.watchdog()
+
+    def _wait(self, timeout_s: float) -> None:
+        wd = self.notifier.watchdog_interval_s
+        step = min(0.5, wd / 3) if wd else 0.5
+        self._wake.wait(max(0.0, min(step, timeout_s)))
+        self._wake.clear()
+
+    def _wait_slot(self, jobs: list[_Job], slot_start: float) -> None:
+        cfg_window = self.config.window_s
+        if not jobs:
+            end = time.monotonic() + cfg_window
+            while not self._stop_requested and time.monotonic() < end:
+                self._tick()
+                self._wait(end - time.monotonic())
+            return
+        told_to_stop = False
+        while True:
+            pending = [j for j in jobs if not j.done.is_set()]
+            if not pending:
+                return
+            now = time.monotonic()
+            if self._stop_requested:
+                self._stop_jobs(pending)
+                return
+            overrun = [j for j in pending if now > j.started_mono + j.window_s + OVERRUN_S]
+            if overrun and not told_to_stop:
+                for j in overrun:
+                    log.warning("window of pid %d overran by %gs: stopping it", j.pid, OVERRUN_S)
+                    j.stop.set()
+                told_to_stop = True
+            late = [
+                j
+                for j in pending
+                if now > j.started_mono + j.window_s + OVERRUN_S + ABANDON_AFTER_S
+            ]
+            if late and len(late) == len(pending):
+                for j in late:
+                    log.error("window of pid %d did not return: abandoned", j.pid)
+                    self._abandoned.append(j)
+                return
+            self._tick()
+            self._wait(1.0)
+
+    def _stop_jobs(self, pending: list[_Job]) -> None:
+        for j in pending:
+            j.stop.set()
+        deadline = time.monotonic() + STOP_GRACE_S
+        for j in pending:
+            j.done.wait(max(0.0, deadline - time.monotonic()))
+
+    # ------------------------------------------------------------------ windows
+
+    def _start_windows(self) -> list[_Job]:
+        from profiler.sampling import sample_window
+
+        cfg = self.config
+        now = time.monotonic()
+        ready = [t for t in self._tracked.values() if t.retry_at <= now]
+        ready.sort(key=lambda t: t.last_sampled_at)
+        jobs = []
+        for t in ready[: self._pool.free()]:
+            t.last_sampled_at = now
+            job = _Job(
+                key=t.key,
+                target=t.proc.target,
+                run_id=t.proc.run_id,
+                pid=t.proc.pid,
+                window_s=cfg.window_s,
+                started_mono=now,
+            )
+            classifiers, procfs, rate = self._classifiers, cfg.path_procfs, cfg.sample_rate_hz
+
+            def work(j: _Job, classifiers=classifiers, procfs=procfs, rate=rate) -> WindowReport:
+                with classifiers.borrow() as classifier:
+                    return sample_window(
+                        j.pid,
+                        duration_s=j.window_s,
+                        rate_hz=rate,
+                        classifier=classifier,
+                        procfs=procfs,
+                        stop_event=j.stop,
+                    )
+
+            self._pool.submit(job, work)
+            self._in_flight.add(job.key)
+            jobs.append(job)
+        return jobs
+
+    def _apply_slot(self, jobs: list[_Job], slot_start: float, slot_end: float) -> None:
+        for j in jobs:
+            self._in_flight.discard(j.key)
+        reports = [(j, j.report) for j in jobs if j.done.is_set() and j.report is not None]
+        durations = [r.wall_s for _, r in reports]
+        sampler_faults = 0
+        for j in jobs:
+            if not j.done.is_set():
+                self.ledger.add_sampler_error(j.target, "window_timeout")
+                sampler_faults += 1
+            elif j.error is not None:
+                if not self._on_window_error(j):
+                    sampler_faults += 1
+        self.ledger.set_collector(
+            "pyspy",
+            up=sampler_faults == 0,
+            duration_s=max(durations, default=0.0),
+            detail=f"{len(reports)} window(s) ok, {sampler_faults} sampler fault(s) last slot",
+        )
+        energy = None
+        if self._energy is not None:
+            energy = self._energy.slot(slot_start, slot_end, [r for _, r in reports], self.ledger)
+        t0 = time.monotonic()
+        recorder_ok, recorder_detail = True, f"{len(reports)} window(s) appended last slot"
+        for i, (j, report) in enumerate(reports):
+            attribution = energy.windows[i] if energy is not None else None
+            try:
+                self._add_to_ledger(j.target, report, attribution)
+            except ValueError as exc:
+                # A malformed report must not take the daemon down; it is not counted.
+                self.ledger.add_sampler_error(j.target, "bad_report")
+                log.error("window of %s pid %d rejected: %s", j.target, j.pid, exc)
+                continue
+            try:
+                self._recorder.append_window(
+                    j.run_id,
+                    report,
+                    energy=attribution.energy_record if attribution else None,
+                    gpu=attribution.gpu_record if attribution else None,
+                )
+            except Exception as exc:
+                # Counters are still exported; the record says what it missed in the log.
+                recorder_ok, recorder_detail = False, f"append failed: {exc}"
+                log.error("recording window of %s pid %d failed: %s", j.run_id, j.pid, exc)
+            tracked = self._tracked.get(j.key)
+            if tracked is not None:
+                tracked.refused = None
+                tracked.faults = 0
+                if report.python:
+                    tracked.python = report.python
+                if report.exited:
+                    self._forget(j.key, reason="exited")
+        self.ledger.set_collector(
+            "recorder", up=recorder_ok, duration_s=time.monotonic() - t0, detail=recorder_detail
+        )
+        self._update_target_processes()
+        self.ledger.publish()
+
+    def _add_to_ledger(self, target: str, report: WindowReport, attribution: Any) -> None:
+        samples = {cp: report.codepaths[cp].samples for cp in CODEPATHS if cp in report.codepaths}
+        cpu_s = {cp: report.codepaths[cp].cpu_s for cp in CODEPATHS if cp in report.codepaths}
+        if attribution is None:
+            self.ledger.add_window(target, samples=samples, cpu_s=cpu_s)
+            return
+        self.ledger.add_window(
+            target,
+            samples=samples,
+            cpu_s=cpu_s,
+            energy_j=attribution.energy_j,
+            energy_source=attribution.energy_source,
+            gpu_wait_s=attribution.gpu_wait_s,
+            gpu_wait_energy_j=attribution.gpu_wait_energy_j,
+        )
+
+    def _on_window_error(self, job: _Job) -> bool:
+        """Count a failed window; True when the target caused it (not serwatt's sampler)."""
+        err = job.error
+        kind = getattr(err, "kind", None)
+        if not isinstance(kind, str):
+            kind = "internal"
+            log.error("sampling pid %d raised", job.pid, exc_info=err)
+        self.ledger.add_sampler_error(job.target, kind)
+        tracked = self._tracked.get(job.key)
+        if kind == "target_gone":
+            if tracked is not None:
+                self._forget(job.key, reason="gone")
+        elif tracked is not None and kind in TARGET_KINDS:
+            # Not Python (yet), ptrace refused: the target is down; retry later, never spin.
+            level = logging.INFO if tracked.refused == kind else logging.WARNING
+            log.log(level, "pid %d (%s): %s: %s", job.pid, job.target, kind, err)
+            tracked.refused = kind
+            tracked.retry_at = time.monotonic() + RETRY_REFUSED_S
+        elif tracked is not None:
+            # serwatt's own sampling failed (py-spy killed or crashed): retry at once,
+            # then back off while it keeps failing.
+            tracked.faults += 1
+            delay = min(RETRY_REFUSED_S, self.config.window_s * (2 ** (tracked.faults - 1) - 1))
+            log.warning(
+                "pid %d (%s): %s (%d in a row, next try in %gs): %s",
+                job.pid,
+                job.target,
+                kind,
+                tracked.faults,
+                delay,
+                err,
+            )
+            tracked.retry_at = time.monotonic() + delay
+        return kind in TARGET_KINDS
+
+    # ------------------------------------------------------------------ discovery
+
+    def _rescan(self) -> None:
+        from profiler.discovery import discover
+
+        cfg = self.config
+        self._next_rescan = time.monotonic() + cfg.rescan_s
+        t0 = time.monotonic()
+        try:
+            found = discover(cfg.targets, cfg.path_procfs)
+        except Exception as exc:
+            # Keep sampling what we know; say so on /metrics and the landing page.
+            self.ledger.set_collector(
+                "discovery", up=False, duration_s=time.monotonic() - t0, detail=str(exc)
+            )
+            log.error("discovery in %s failed: %s", cfg.path_procfs, exc)
+            return
+        self.ledger.set_collector(
+            "discovery",
+            up=True,
+            duration_s=time.monotonic() - t0,
+            detail=f"{len(found)} process(es) matched",
+        )
+        seen = set()
+        for proc in found:
+            key = (proc.pid, proc.start_time)
+            seen.add(key)
+            if key in self._tracked:
+                continue
+            try:
+                self._open_run(proc)
+            except Exception as exc:
+                log.error("cannot start run %s for pid %d: %s", proc.run_id, proc.pid, exc)
+                continue
+            self._tracked[key] = _Tracked(proc)
+            log.info("tracking %s pid %d as run %s", proc.target, proc.pid, proc.run_id)
+        # A process with a window in flight is forgotten once its window is applied
+        # (its samples belong to its run, which must still be open then).
+        for key in [k for k in self._tracked if k not in seen and k not in self._in_flight]:
+            self._forget(key, reason="no longer matches or exited")
+        self._update_target_processes()
+
+    def _open_run(self, proc: Any) -> None:
+        if proc.run_id in self._open_runs:
+            return
+        sources = self._energy.sources() if self._energy is not None else {}
+        self._recorder.start_run(
+            proc.run_id,
+            proc.target,
+            host=self._host,
+            config=dict(self.config.raw),
+            sources=sources,
+        )
+        self._open_runs[proc.run_id] = proc.target
+
+    def _forget(self, key: tuple[int, float], *, reason: str) -> None:
+        tracked = self._tracked.pop(key, None)
+        if tracked is None:
+            return
+        run_id = tracked.proc.run_id
+        log.info("forgetting %s pid %d (%s)", tracked.proc.target, tracked.proc.pid, reason)
+        if any(t.proc.run_id == run_id for t in self._tracked.values()):
+            return  # other ranks still write this run
+        if self._open_runs.pop(run_id, None) is not None:
+            try:
+                self._recorder.finish_run(run_id, time.time())
+            except Exception as exc:
+                log.error("cannot finish run %s: %s", run_id, exc)
+
+    def _update_target_processes(self) -> None:
+        by_target: dict[str, list[TargetProcess]] = {t.name: [] for t in self.config.targets}
+        for t in self._tracked.values():
+            if t.refused is None and t.proc.target in by_target:
+                by_target[t.proc.target].append(TargetProcess(t.proc.pid, t.python))
+        for name, procs in by_target.items():
+            self.ledger.set_target_processes(name, procs)
+
+    # ------------------------------------------------------------------ reload
+
+    def _reload(self) -> None:
+        path = self.config.source_path
+        log.info("SIGHUP: reloading %s", path)
+        try:
+            new = load_config(path)
+            classifiers = (
+                ClassifierPool(new) if new.rules_files != self.config.rules_files else None
+            )
+        except ConfigError as exc:
+            log.error("reload rejected, keeping the running config:\n%s", exc)
+            self.notifier.status(f"reload of {path} rejected: {len(exc.problems)} problem(s)")
+            return
+        except Exception as exc:
+            log.error("reload rejected, keeping the running config: rules: %s", exc)
+            return
+        old = self.config
+        # These are bound at startup (socket, record file, hardware collectors).
+        fixed = ("listen", "record_dir", "path_sysfs", "rapl", "nvml", "cpu_tdp_w")
+        for name in fixed:
+            if getattr(new, name) != getattr(old, name):
+                log.warning(
+                    "reload: %s changed (%r -> %r); it takes effect on restart",
+                    name,
+                    getattr(old, name),
+                    getattr(new, name),
+                )
+        new = dataclasses.replace(new, **{n: getattr(old, n) for n in fixed})
+        self.config = new
+        if classifiers is not None:
+            self._classifiers = classifiers
+        self._pool.limit = new.max_concurrent_samplers
+        _setup_logging(new.log_level)
+        self.ledger.set_targets(t.name for t in new.targets)
+        if self._energy is not None:
+            self._energy.declare(self.ledger)
+        self._rescan()  # drops processes of removed targets, finds new ones
+        self.ledger.publish()
+        log.info("reloaded: %d target(s)", len(new.targets))
+        self.notifier.status(f"reloaded {path}: {self._status_line()}")
+
+    # ------------------------------------------------------------------ shutdown
+
+    def _shutdown(self) -> None:
+        self.notifier.stopping("stopping: closing runs")
+        for run_id in list(self._open_runs):
+            try:
+                self._recorder.finish_run(run_id, time.time())
+            except Exception as exc:
+                log.error("cannot finish run %s: %s", run_id, exc)
+        self._open_runs.clear()
+        self._close()
+        log.info("stopped")
+
+    def _status_line(self) -> str:
+        up = sum(1 for t in self._tracked.values() if t.refused is None)
+        return f"{up} process(es) sampled for {len(self.config.targets)} target(s)"
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+class _RequiredCollectorMissing(Exception):
+    """A collector the config marks as required is unavailable on this node."""
+
+
+class ClassifierPool:
+    """Classifiers for the sampling threads: one per concurrent window (a Classifier
+    is not thread-safe), kept between windows so their caches stay warm."""
+
+    def __init__(self, config: Config) -> None:
+        self._rules_files = list(config.rules_files)
+        self._procfs = config.path_procfs
+        self._free: list[Any] = [self._make()]  # loads the rules now: bad rules fail here
+        self._lock = threading.Lock()
+
+    def _make(self) -> Any:
+        from profiler.classify import Classifier
+
+        if self._rules_files:
+            return Classifier.from_files(self._rules_files, proc_fs=self._procfs)
+        return Classifier.default(proc_fs=self._procfs)
+
+    @contextlib.contextmanager
+    def borrow(self) -> Iterator[Any]:
+        with self._lock:
+            classifier = self._free.pop() if self._free else None
+        if classifier is None:
+            classifier = self._make()
+        try:
+            yield classifier
+        finally:
+            with self._lock:
+                self._free.append(classifier)
+
+
+def _make_energy(config: Config) -> Any:
+    return None
+
+
+def _host_fingerprint(config: Config, nvml_status: Any = None) -> dict[str, Any]:
+    from profiler.host import fingerprint
+
+    return fingerprint(
+        procfs=config.path_procfs,
+        sysfs=config.path_sysfs,
+        nvml_status=nvml_status,
+        probe_gpus=nvml_status is None and config.nvml != "off",
+    )

@@ -1,0 +1,290 @@
+"""`serwatt daemon`: a real daemon process sampling real Python workloads with py-spy.
+
+Lifecycle (config, READY/WATCHDOG/STOPPING, SIGTERM, records) and the fault tests:
+target killed mid-window, target restarted, py-spy killed, a target that is not
+Python, bad config on SIGHUP, SIGKILL during writes.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import sqlite3
+import subprocess
+import time
+
+from profiler.codepaths import CODEPATHS
+from profiler.recorder import Recorder
+from tests.test_daemon_support import (
+    PYTHON,
+    REPO,
+    DaemonProc,
+    NotifyListener,
+    children_named,
+    config_text,
+    free_port,
+    start_workload,
+    stop_process,
+    total,
+    wait_for,
+)
+
+
+def _daemon(tmp_path, targets, *, notify=None, watchdog_usec=None, **kw) -> DaemonProc:
+    port = free_port()
+    cfg = tmp_path / "serwatt.yaml"
+    cfg.write_text(config_text(port=port, record_dir=tmp_path / "runs", targets=targets, **kw))
+    return DaemonProc(
+        cfg, port, tmp_path / "daemon.log", notify=notify, watchdog_usec=watchdog_usec
+    )
+
+
+def _record_totals(record_dir) -> dict[str, int]:
+    with Recorder.for_dir(record_dir, readonly=True) as rec:
+        out: dict[str, int] = {}
+        for run in rec.runs():
+            out[run.target] = out.get(run.target, 0) + run.samples
+        return out
+
+
+def test_bad_config_exits_78_naming_the_key_and_line(tmp_path):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("listen: 127.0.0.1:9977\nsample_rate_hz: fast\ntargets: []\n")
+    proc = subprocess.run(
+        [PYTHON, "-m", "profiler", "daemon", "--config", str(cfg)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 78, proc.stderr
+    assert "sample_rate_hz" in proc.stderr and ":2:" in proc.stderr
+
+
+def test_port_in_use_exits_1_with_the_fix(tmp_path):
+    with __import__("socket").socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        cfg = tmp_path / "serwatt.yaml"
+        cfg.write_text(
+            config_text(port=port, record_dir=tmp_path / "runs", targets={"t": "nothing"})
+        )
+        proc = subprocess.run(
+            [PYTHON, "-m", "profiler", "daemon", "--config", str(cfg)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert proc.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in proc.stderr and "listen" in proc.stderr
+
+
+def test_lifecycle_ready_watchdog_metrics_sigterm_and_record(tmp_path):
+    work = start_workload(tmp_path, "lifecycle_trainer")
+    notify = NotifyListener(tmp_path / "notify.sock")
+    d = _daemon(
+        tmp_path,
+        {"trainer": "lifecycle_trainer"},
+        notify=notify,
+        watchdog_usec=2_000_000,
+    )
+    try:
+        wait_for(lambda: "READY=1" in notify.lines(), 60, "READY=1")
+        m = d.wait_metric("serwatt_samples_total", 20, target="trainer")
+        # Every codepath of the closed set is exported for the target, zeros included.
+        for cp in CODEPATHS:
+            assert ("serwatt_samples_total", (("codepath", cp), ("target", "trainer"))) in m
+            assert ("serwatt_cpu_seconds_total", (("codepath", cp), ("target", "trainer"))) in m
+        assert total(m, "serwatt_samples_total", target="trainer", codepath="pickle") > 0
+        assert total(m, "serwatt_cpu_seconds_total", target="trainer") > 0
+        assert total(m, "serwatt_target_up", target="trainer") == 1
+        assert total(m, "serwatt_target_info", target="trainer", pid=str(work.pid)) == 1
+        assert total(m, "serwatt_build_info") == 1
+        page = d.get("/")
+        assert '<a href="/metrics">' in page and f"pid {work.pid}" in page
+        wait_for(lambda: "WATCHDOG=1" in notify.lines(), 30, "WATCHDOG=1")
+        before_stop = d.metrics()
+        code, took_s = d.stop()
+        assert code == 0, d.log()
+        assert took_s < 10, f"SIGTERM took {took_s:.1f}s"
+        assert "STOPPING=1" in notify.lines()
+    finally:
+        d.kill()
+        notify.close()
+        stop_process(work)
+    with Recorder.for_dir(tmp_path / "runs", readonly=True) as rec:
+        runs = [r for r in rec.runs() if r.target == "trainer"]
+        assert len(runs) == 1 and runs[0].pids == (work.pid,)
+        assert runs[0].ended_at is not None  # SIGTERM closed the run
+        # Everything the last scrape showed was recorded (SIGTERM may add one window).
+        assert runs[0].samples >= total(before_stop, "serwatt_samples_total", target="trainer")
+        detail = rec.run(runs[0].run_id)
+        assert detail.config["targets"][0]["name"] == "trainer"
+        assert detail.host  # host fingerprint recorded
+
+
+def test_target_killed_mid_window_then_restarted(tmp_path):
+    work = start_workload(tmp_path, "restart_trainer")
+    d = _daemon(tmp_path, {"trainer": "restart_trainer"}, window_s=3)
+    try:
+        d.wait_metric("serwatt_samples_total", 10, target="trainer")
+        # Kill the target while a py-spy window is attached to it.
+        wait_for(lambda: children_named(d.pid, "py-spy"), 30, "a py-spy window")
+        work.kill()
+        work.wait()
+        m = d.wait_metric("serwatt_target_up", 0, target="trainer")
+
+        def down():
+            m = d.metrics()
+            return total(m, "serwatt_target_up", target="trainer") == 0 and m
+
+        m = wait_for(down, 30, "target_up 0 after the kill")
+        assert total(m, "serwatt_target_info", target="trainer") == 0
+        # Same target, new process: picked up by the re-scan.
+        work2 = start_workload(tmp_path, "restart_trainer")
+        try:
+
+            def new_pid_sampled():
+                m = d.metrics()
+                info = total(m, "serwatt_target_info", target="trainer", pid=str(work2.pid))
+                return info == 1 and m
+
+            wait_for(new_pid_sampled, 60, "the restarted target's pid")
+            before = total(d.metrics(), "serwatt_samples_total", target="trainer")
+            d.wait_metric("serwatt_samples_total", before + 10, target="trainer")
+            assert d.proc.poll() is None
+            code, _ = d.stop()
+            assert code == 0
+        finally:
+            stop_process(work2)
+    finally:
+        d.kill()
+        stop_process(work)
+    with Recorder.for_dir(tmp_path / "runs", readonly=True) as rec:
+        runs = {r.pids: r for r in rec.runs()}
+        assert set(runs) == {(work.pid,), (work2.pid,)}
+        assert all(r.ended_at is not None for r in runs.values())
+        assert runs[(work.pid,)].samples > 0 and runs[(work2.pid,)].samples > 0
+
+
+def test_pyspy_killed_is_counted_and_sampling_continues(tmp_path):
+    work = start_workload(tmp_path, "pyspy_kill_trainer")
+    d = _daemon(tmp_path, {"trainer": "pyspy_kill_trainer"}, window_s=3)
+    try:
+        d.wait_metric("serwatt_samples_total", 10, target="trainer")
+        spies = wait_for(lambda: children_named(d.pid, "py-spy"), 30, "a py-spy window")
+        os.kill(spies[0], signal.SIGKILL)
+        m = d.wait_metric("serwatt_sampler_errors_total", 1, target="trainer")
+        errors = {
+            dict(lab)["kind"]: v
+            for (n, lab), v in m.items()
+            if n == "serwatt_sampler_errors_total" and v > 0
+        }
+        assert errors, m
+        before = total(m, "serwatt_samples_total", target="trainer")
+        d.wait_metric("serwatt_samples_total", before + 10, target="trainer")
+        assert d.proc.poll() is None
+        assert d.stop()[0] == 0
+    finally:
+        d.kill()
+        stop_process(work)
+
+
+def test_not_python_target_is_counted_not_fatal(tmp_path):
+    # A non-Python binary whose name looks like Python: discovery takes it, py-spy refuses.
+    (tmp_path / "notpy_marker").mkdir()
+    fake = tmp_path / "notpy_marker" / "python3"
+    shutil.copy("/bin/sleep", fake)
+    impostor = subprocess.Popen([str(fake), "600"])
+    work = start_workload(tmp_path, "notpy_real_trainer")
+    d = _daemon(tmp_path, {"impostor": "notpy_marker", "trainer": "notpy_real_trainer"})
+    try:
+        m = d.wait_metric("serwatt_sampler_errors_total", 1, target="impostor")
+        kinds = {
+            dict(lab)["kind"]
+            for (n, lab), v in m.items()
+            if n == "serwatt_sampler_errors_total" and v > 0 and dict(lab)["target"] == "impostor"
+        }
+        assert kinds == {"not_python"}, kinds
+        m = d.wait_metric("serwatt_samples_total", 10, target="trainer")
+        assert total(m, "serwatt_target_up", target="impostor") == 0
+        assert total(m, "serwatt_target_up", target="trainer") == 1
+        assert d.stop()[0] == 0
+    finally:
+        d.kill()
+        stop_process(work)
+        stop_process(impostor)
+
+
+def test_sighup_bad_config_is_logged_and_the_old_one_kept(tmp_path):
+    work = start_workload(tmp_path, "hup_trainer")
+    other = start_workload(tmp_path, "hup_loader")
+    d = _daemon(tmp_path, {"trainer": "hup_trainer"})
+    cfg = tmp_path / "serwatt.yaml"
+    good = cfg.read_text()
+    try:
+        d.wait_metric("serwatt_samples_total", 5, target="trainer")
+        cfg.write_text(good.replace("sample_rate_hz: 50", "sample_rate_hz: -3"))
+        d.signal(signal.SIGHUP)
+        wait_for(lambda: "reload rejected" in d.log(), 30, "the rejected reload in the log")
+        assert "sample_rate_hz" in d.log()
+        before = total(d.metrics(), "serwatt_samples_total", target="trainer")
+        d.wait_metric("serwatt_samples_total", before + 5, target="trainer")
+        # A good config adds a target without a restart.
+        cfg.write_text(
+            good.replace(
+                "targets:\n",
+                "targets:\n  - name: loader\n    match:\n      cmdline: 'hup_loader'\n",
+            )
+        )
+        d.signal(signal.SIGHUP)
+        d.wait_metric("serwatt_samples_total", 5, target="loader")
+        assert d.proc.poll() is None
+        assert d.stop()[0] == 0
+    finally:
+        d.kill()
+        stop_process(work)
+        stop_process(other)
+
+
+def test_sigkill_during_writes_keeps_every_committed_window(tmp_path):
+    work = start_workload(tmp_path, "kill9_trainer")
+    work2 = start_workload(tmp_path, "kill9_loader")
+    rng = random.Random(4)
+    record_dir = tmp_path / "runs"
+    try:
+        for round_ in range(3):
+            before = _record_totals(record_dir) if (record_dir / "runs.sqlite").exists() else {}
+            d = _daemon(
+                tmp_path,
+                {"trainer": "kill9_trainer", "loader": "kill9_loader"},
+                window_s=1,
+                rescan_s=0.3,
+            )
+            try:
+                d.wait_metric("serwatt_samples_total", 1, target="loader")
+                time.sleep(rng.uniform(0.0, 2.0))
+                seen = d.metrics()  # every window counted here was committed first
+                time.sleep(rng.uniform(0.0, 0.3))
+                d.proc.send_signal(signal.SIGKILL)
+                d.proc.wait(timeout=10)
+            finally:
+                d.kill()
+            db = sqlite3.connect(record_dir / "runs.sqlite")
+            assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+            db.close()
+            after = _record_totals(record_dir)
+            for target in ("trainer", "loader"):
+                scraped = total(seen, "serwatt_samples_total", target=target)
+                recorded = after.get(target, 0) - before.get(target, 0)
+                assert recorded >= scraped, (round_, target, recorded, scraped)
+        # A restarted daemon reopened the same runs (same processes), not new ones.
+        with Recorder.for_dir(record_dir, readonly=True) as rec:
+            assert sorted(r.target for r in rec.runs()) == ["loader", "trainer"]
+    finally:
+        stop_process(work)
+        stop_process(work2)

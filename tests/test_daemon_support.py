@@ -1,0 +1,249 @@
+"""Helpers for the daemon tests: real workloads, a real daemon process, real scrapes.
+
+No tests here; tests/test_daemon*.py, test_metrics_contract*.py and
+test_prometheus*.py import it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+REPO = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+
+WORKLOAD = textwrap.dedent(
+    """
+    import json, pickle, sys, time
+    data = {"k%d" % i: list(range(40)) for i in range(150)}
+    while True:
+        for _ in range(20):
+            pickle.loads(pickle.dumps(data))
+        for _ in range(10):
+            json.loads(json.dumps(data))
+        sum(i * i for i in range(20000))
+        time.sleep(0.002)
+    """
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_workload(tmp_path: Path, marker: str, python: str = PYTHON) -> subprocess.Popen:
+    """A Python process serializing in a loop; `marker` is in its command line."""
+    script = tmp_path / f"{marker}.py"
+    script.write_text(WORKLOAD)
+    return subprocess.Popen([python, str(script)], stdout=subprocess.DEVNULL)
+
+
+def config_text(
+    *,
+    port: int,
+    record_dir: Path,
+    targets: dict[str, str],
+    window_s: float = 2,
+    rescan_s: float = 0.5,
+    rate_hz: int = 50,
+    sysfs: Path | None = None,
+    rapl: str = "auto",
+    tdp_w: float | None = 100.0,
+    extra: str = "",
+) -> str:
+    lines = [
+        f'listen: "127.0.0.1:{port}"',
+        f"sample_rate_hz: {rate_hz}",
+        f"window_s: {window_s}",
+        f"rescan_s: {rescan_s}",
+        "log_level: info",
+        "targets:",
+    ]
+    for name, pattern in targets.items():
+        lines += [f"  - name: {name}", "    match:", f"      cmdline: '{pattern}'"]
+    lines += [
+        "collectors:",
+        f"  rapl: {{enabled: {rapl}}}",
+        "  nvml: {enabled: auto}",
+        f"  cpu_model: {{tdp_w: {'null' if tdp_w is None else tdp_w}}}",
+        "record:",
+        f"  dir: {record_dir}",
+    ]
+    if sysfs is not None:
+        lines += ["paths:", f"  sysfs: {sysfs}"]
+    return "\n".join(lines) + "\n" + extra
+
+
+def parse_metrics(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def total(metrics: dict, name: str, **labels: str) -> float:
+    want = set(labels.items())
+    return sum(v for (n, lab), v in metrics.items() if n == name and want <= set(lab))
+
+
+def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str, poll_s: float = 0.2):
+    deadline = time.monotonic() + timeout_s
+    last_exc: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except Exception as exc:  # the daemon may not be listening yet
+            last_exc = exc
+        time.sleep(poll_s)
+    raise AssertionError(
+        f"timed out after {timeout_s}s waiting for {what} (last error: {last_exc})"
+    )
+
+
+class NotifyListener:
+    """A systemd-style NOTIFY_SOCKET that records every datagram."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.messages: list[str] = []
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._sock.bind(str(path))
+        self._sock.settimeout(0.2)
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop:
+            try:
+                self.messages.append(self._sock.recv(4096).decode())
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+
+    def lines(self) -> list[str]:
+        return [line for m in list(self.messages) for line in m.split("\n")]
+
+    def close(self) -> None:
+        self._stop = True
+        self._thread.join(timeout=2)
+        self._sock.close()
+
+
+class DaemonProc:
+    """`serwatt daemon --config FILE` as a real child process."""
+
+    def __init__(
+        self,
+        config_path: Path,
+        port: int,
+        log_path: Path,
+        *,
+        notify: NotifyListener | None = None,
+        watchdog_usec: int | None = None,
+    ) -> None:
+        env = dict(os.environ)
+        env.pop("NOTIFY_SOCKET", None)
+        env.pop("WATCHDOG_USEC", None)
+        if notify is not None:
+            env["NOTIFY_SOCKET"] = str(notify.path)
+        if watchdog_usec is not None:
+            env["WATCHDOG_USEC"] = str(watchdog_usec)
+        self.port = port
+        self.log_path = log_path
+        self._log = open(log_path, "ab")  # noqa: SIM115 (closed in wait())
+        self.proc = subprocess.Popen(
+            [PYTHON, "-m", "profiler", "daemon", "--config", str(config_path)],
+            cwd=REPO,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def get(self, path: str) -> str:
+        url = f"http://127.0.0.1:{self.port}{path}"
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return resp.read().decode()
+
+    def metrics(self) -> dict:
+        return parse_metrics(self.get("/metrics"))
+
+    def wait_metric(self, name: str, at_least: float, timeout_s: float = 60, **labels: str):
+        def check():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"daemon exited {self.proc.returncode}:\n{self.log()}")
+            m = self.metrics()
+            return m if total(m, name, **labels) >= at_least else None
+
+        try:
+            return wait_for(check, timeout_s, f"{name}{labels} >= {at_least}")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n--- daemon log ---\n{self.log()}") from None
+
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def stop(self, timeout_s: float = 20) -> tuple[int, float]:
+        """SIGTERM; returns (exit code, seconds it took)."""
+        t0 = time.monotonic()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(timeout=timeout_s)
+        finally:
+            self.kill()
+        return code, time.monotonic() - t0
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self._log.close()
+
+
+def children_named(pid: int, name: str) -> list[int]:
+    import psutil
+
+    try:
+        kids = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    out = []
+    for k in kids:
+        try:
+            if k.name() == name:
+                out.append(k.pid)
+        except psutil.NoSuchProcess:
+            continue
+    return out
+
+
+def stop_process(p: subprocess.Popen) -> None:
+    if p.poll() is None:
+        p.kill()
+    p.wait(timeout=10)
