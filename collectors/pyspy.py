@@ -367,6 +367,26 @@ class PySpy:
         self.binary = Path(binary) if binary is not None else find_pyspy()
         self.kill_grace_s = kill_grace_s
 
+    def probe(self, pid: int, *, procfs: Path = Path("/proc")) -> None:
+        """One `py-spy dump --nonblocking` (~15-40 ms): raises what a window would raise
+        (TargetGone, NotPython, UnsupportedPython, PtraceDenied), before any window runs."""
+        precheck(pid, procfs)
+        try:
+            res = subprocess.run(
+                [str(self.binary), "dump", "--nonblocking", "--pid", str(pid)],
+                capture_output=True,
+                text=True,
+                errors="replace",
+                timeout=30 + self.kill_grace_s,
+                stdin=subprocess.DEVNULL,
+            )
+        except OSError as exc:
+            raise PySpyMissing(f"cannot run py-spy at {self.binary}: {exc}") from exc
+        except subprocess.TimeoutExpired as exc:
+            raise SamplingError(f"py-spy dump of pid {pid} did not finish in time") from exc
+        if res.returncode != 0:
+            raise _classify_failure(pid, res.stdout + res.stderr, procfs)
+
     def command(self, pid: int, *, duration_s: float, rate_hz: float, output: Path) -> list[str]:
         rate = max(1, int(round(rate_hz)))
         # -d takes whole seconds; we stop the window ourselves (SIGINT) at duration_s.

@@ -97,6 +97,7 @@ def sample_window(
         before = procstat.snapshot(pid, procfs)
     except procstat.ProcessGone as exc:
         raise TargetGone(f"no such process: {pid} (it is not running)") from exc
+    python = _python_version(pid, procfs)
     poller = _CpuPoller(pid, procfs, poll_s)
     poller.start()
     try:
@@ -164,7 +165,7 @@ def sample_window(
         codepaths=codepaths,
         timeline=timeline,
         errors=replace(errors, notes=tuple(notes)),
-        python=_python_version(pid, procfs),
+        python=python,
         exited=exited,
     )
 

@@ -34,6 +34,7 @@ from collectors.pyspy import (
     PySpy,
     SamplingError,
     TargetGone,
+    precheck,
 )
 from collectors.samples import SamplerErrors
 from profiler.codepaths import CODEPATHS
@@ -205,7 +206,6 @@ class ProfileSession:
         self._stop = threading.Event()
         self._workers: dict[int, threading.Thread] = {}
         self._root_error: SamplingError | None = None
-        self._root_first = threading.Event()
 
     # ------------------------------------------------------------ control
 
@@ -223,13 +223,6 @@ class ProfileSession:
     # ------------------------------------------------------------ workers
 
     def _worker(self, pid: int) -> None:
-        try:
-            self._worker_loop(pid)
-        finally:
-            if pid == self.root_pid:
-                self._root_first.set()
-
-    def _worker_loop(self, pid: int) -> None:
         stats = self.targets[pid]
         is_root = pid == self.root_pid
         young_retries = 0
@@ -279,8 +272,6 @@ class ProfileSession:
                 stats.last_t = report.ended_at
                 for obs in self.observers:
                     obs.on_window(report)
-            if is_root:
-                self._root_first.set()
             if report.exited or not procstat.exists(pid, self.procfs):
                 stats.exited = True
                 break
@@ -333,18 +324,14 @@ class ProfileSession:
             on_start = getattr(obs, "on_start", None)
             if on_start is not None:
                 on_start(self.info)
+        # a bad target must fail fast, before children or progress output
+        if self.strict_root and not self.root_may_be_wrapper:
+            self.pyspy.probe(self.root_pid, procfs=self.procfs)
+        elif procstat.exists(self.root_pid, self.procfs):
+            precheck(self.root_pid, self.procfs)  # free-threaded: refuse at once
         self._start_target(self.root_pid)
-        if self.root_pid not in self.targets:
+        if self.root_pid not in self.targets and self.strict_root:
             raise TargetGone(f"no such process: {self.root_pid} (it is not running)")
-        if self.strict_root:
-            # a bad --pid must fail fast, before children or progress output
-            while not self._root_first.wait(0.05):
-                if not self._workers[self.root_pid].is_alive():
-                    break
-            if self._root_error is not None:
-                self._stop.set()
-                self._join()
-                raise self._root_error
         last_progress = 0.0
         last_discover = 0.0
         try:
@@ -371,6 +358,8 @@ class ProfileSession:
         self._join()
         if self.progress is not None:
             self._print_progress(time.time(), final=True)
+        if self.strict_root and self._root_error is not None:
+            raise self._root_error
         parts = [obs.finish() for obs in self.observers]
         return SessionResult(
             info=self.info,

@@ -1,0 +1,194 @@
+"""`serwatt profile` end to end: real commands, real py-spy, the JSON document,
+child following, exit codes, and every bad-input case (exit 2 with a clear message)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from profiler.codepaths import CODEPATHS
+
+REPO = Path(__file__).resolve().parents[1]
+SERWATT = [sys.executable, "-m", "profiler"]
+PY312 = str(Path(os.environ.get("PYENV_ROOT", "/root/.pyenv")) / "versions/3.12.1/bin/python")
+PY310 = str(Path(os.environ.get("PYENV_ROOT", "/root/.pyenv")) / "versions/3.10.13/bin/python")
+
+
+def serwatt(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*SERWATT, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def check_document(doc: dict) -> None:
+    assert doc["schema"] == "serwatt.profile/1"
+    assert set(doc["codepaths"]) == set(CODEPATHS)
+    shares = [c["share"] for c in doc["codepaths"].values()]
+    assert sum(shares) == pytest.approx(1.0, abs=1e-5)
+    assert sum(c["cpu_s"] for c in doc["codepaths"].values()) == pytest.approx(
+        doc["cpu_s"], abs=1e-4
+    )
+    assert doc["samples"] == sum(c["samples"] for c in doc["codepaths"].values())
+    for c in doc["codepaths"].values():
+        assert set(c) >= {"samples", "cpu_s", "share", "share_ci95", "wall_s", "energy_j",
+                          "gpu_wait_s"}  # fmt: skip
+        if c["share_ci95"] is not None:
+            lo, hi = c["share_ci95"]
+            assert 0 <= lo <= c["share"] + 1e-9 and c["share"] - 1e-9 <= hi <= 1
+    assert doc["energy"]["source"] in ("rapl", "model", "unavailable")
+    assert isinstance(doc["gpus"], list)
+    assert {"pyspy_samples", "pyspy_errors", "partial_stacks", "behind_s"} <= set(doc["sampler"])
+
+
+def test_profile_command_returns_its_exit_code_and_writes_the_document(tmp_path: Path) -> None:
+    script = tmp_path / "work.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import pickle, sys, time
+            data = {str(i): [i, "x" * 10] for i in range(5000)}
+            end = time.time() + 4
+            while time.time() < end:
+                blob = pickle.dumps(data)
+            sys.exit(3)
+            """
+        )
+    )
+    out = tmp_path / "p.json"
+    r = serwatt("profile", "--rate", "50", "--json", str(out), "--", PY312, str(script))
+    assert r.returncode == 3, r.stderr
+    doc = json.loads(out.read_text())
+    check_document(doc)
+    assert doc["target"]["python"] == "3.12.1"
+    assert doc["target"]["command"].endswith("work.py")
+    assert doc["rate_hz"] == 50
+    assert doc["codepaths"]["pickle"]["share"] > 0.6
+    assert doc["codepaths"]["pickle"]["share_ci95"] is not None
+    # the table and the progress line
+    assert "pickle" in r.stdout and "share [95% CI]" in r.stdout
+    assert "elapsed" in r.stderr and "samples" in r.stderr and "errors" in r.stderr
+
+
+def test_python_children_are_followed(tmp_path: Path) -> None:
+    script = tmp_path / "pool.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import json, multiprocessing as mp, time
+            def work(n):
+                data = {str(i): [i, "y" * 10] for i in range(4000)}
+                end = time.time() + 3.5
+                while time.time() < end:
+                    text = json.dumps(data)
+                return n
+            if __name__ == "__main__":
+                ctx = mp.get_context("spawn")
+                with ctx.Pool(2) as pool:
+                    print(pool.map(work, [1, 2]))
+            """
+        )
+    )
+    out = tmp_path / "p.json"
+    r = serwatt("profile", "--json", str(out), "--", PY310, str(script))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(out.read_text())
+    check_document(doc)
+    workers = [t for t in doc["targets"] if t["pid"] != doc["target"]["pid"] and t["samples"]]
+    assert len(workers) >= 2, doc["targets"]
+    assert doc["codepaths"]["json"]["cpu_s"] > 1.0
+    assert doc["codepaths"]["json"]["share"] > 0.5
+
+
+def test_attach_with_pid_and_duration() -> None:
+    p = subprocess.Popen(
+        [PY310, "-c", "import json\nd=list(range(30000))\nwhile True: s = json.dumps(d)"]
+    )
+    try:
+        time.sleep(0.5)
+        t0 = time.time()
+        r = serwatt("profile", "--pid", str(p.pid), "--duration", "3")
+        elapsed = time.time() - t0
+        assert p.poll() is None  # attaching never stops the target
+    finally:
+        p.kill()
+        p.wait()
+    assert r.returncode == 0, r.stderr
+    assert elapsed < 30
+    row = next(ln for ln in r.stdout.splitlines() if ln.startswith("json"))
+    assert int(row.split()[1]) > 50
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["profile"], "missing command"),
+        (["profile", "--"], "missing command"),
+        (["profile", "--", "no-such-command-xyz"], "command not found: no-such-command-xyz"),
+        (["profile", "--pid", "1", "--", "python"], "either --pid"),
+        (["profile", "--rate", "0", "--", "python"], "--rate"),
+        (["profile", "--json", "/no/such/dir/x.json", "--", "python"], "does not exist"),
+    ],
+)
+def test_usage_errors_exit_2(argv: list[str], message: str) -> None:
+    r = serwatt(*argv)
+    assert r.returncode == 2
+    assert message in r.stderr
+
+
+def test_dead_pid_exit_2() -> None:
+    p = subprocess.Popen(["true"])
+    p.wait()
+    r = serwatt("profile", "--pid", str(p.pid), "--duration", "1")
+    assert r.returncode == 2
+    assert f"no such process: {p.pid}" in r.stderr
+
+
+def test_not_python_pid_exit_2() -> None:
+    p = subprocess.Popen(["sleep", "30"])
+    try:
+        time.sleep(0.2)
+        r = serwatt("profile", "--pid", str(p.pid), "--duration", "1")
+    finally:
+        p.kill()
+        p.wait()
+    assert r.returncode == 2
+    assert "not a Python interpreter" in r.stderr
+
+
+def test_free_threaded_exit_2(tmp_path: Path) -> None:
+    fake = tmp_path / "python3.14t"
+    shutil.copy("/bin/sleep", fake)
+    p = subprocess.Popen([str(fake), "30"])
+    try:
+        time.sleep(0.2)
+        r = serwatt("profile", "--pid", str(p.pid), "--duration", "1")
+        r2 = serwatt("profile", "--", str(fake), "2")
+    finally:
+        p.kill()
+        p.wait()
+    assert r.returncode == 2 and "free-threaded" in r.stderr
+    assert r2.returncode == 2 and "free-threaded" in r2.stderr
+
+
+def test_no_ptrace_permission_exit_2() -> None:
+    p = subprocess.Popen([PY312, "-c", "import time; time.sleep(30)"])
+    try:
+        time.sleep(0.3)
+        r = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+             *SERWATT, "profile", "--pid", str(p.pid), "--duration", "1"],
+            cwd=REPO, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    finally:
+        p.kill()
+        p.wait()
+    assert r.returncode == 2, r.stderr
+    assert "CAP_SYS_PTRACE" in r.stderr and "kernel.yama.ptrace_scope" in r.stderr
