@@ -215,6 +215,7 @@ class EnergyTracker:
         self._per_package: dict[int, _Series] = {}
         self._cpu_series = _Series(("busy", "total"))
         self._rapl_errors = 0
+        self.rapl_wraps = 0  # counter wraps corrected so far, all zones
         self._last_rapl_errors: tuple[str, ...] = ()
         self._lock = threading.RLock()
         self._stop = threading.Event()
@@ -310,6 +311,7 @@ class EnergyTracker:
                 )
                 for pkg, j in r.per_package_j.items():
                     self._per_package.setdefault(pkg, _Series(("j",))).add(r.t, j=j)
+                self.rapl_wraps = r.wraps
                 if r.errors:
                     self._rapl_errors += 1
                     self._last_rapl_errors = r.errors
@@ -616,6 +618,7 @@ class EnergyObserver:
                     for z in rs.zones
                 ],
                 "skipped": [{"zone": s.zone_id, "reason": s.reason} for s in rs.skipped],
+                "wraps_corrected": self.tracker.rapl_wraps,
             }
         return part
 
