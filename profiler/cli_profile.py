@@ -58,6 +58,23 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
         "--path.procfs", dest="procfs", type=Path, default=Path("/proc"), metavar="DIR",
         help="procfs root (default /proc)",
     )  # fmt: skip
+    # energy and GPU-wait (profiler/energy.py, docs/energy.md)
+    parser.add_argument(
+        "--path.sysfs", dest="sysfs", type=Path, default=Path("/sys"), metavar="DIR",
+        help="sysfs root for RAPL powercap zones (default /sys)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--tdp", type=float, metavar="W",
+        help="node CPU TDP in watts for the energy model used when RAPL is unavailable",
+    )  # fmt: skip
+    parser.add_argument(
+        "--rapl", choices=("auto", "required", "off"), default="auto",
+        help="RAPL energy: auto (fall back to the labelled model), required, off",
+    )  # fmt: skip
+    parser.add_argument(
+        "--nvml", choices=("auto", "required", "off"), default="auto",
+        help="NVML GPU busy/idle and energy: auto, required, off",
+    )  # fmt: skip
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -86,6 +103,31 @@ def validate_common(args: argparse.Namespace) -> None:
             raise UsageError(f"--json {args.json}: directory {parent} is not writable")
     if args.pyspy is not None and not (args.pyspy.is_file() and os.access(args.pyspy, os.X_OK)):
         raise UsageError(f"--pyspy {args.pyspy}: not an executable file")
+    prepare_energy(args)
+
+
+def prepare_energy(args: argparse.Namespace) -> None:
+    """Probe energy collectors before any process starts: a `required` one that is
+    missing, or a bad --path.sysfs / --tdp, is bad input (exit 2), not a late failure."""
+    from profiler.energy import EnergyObserver, EnergyTracker, EnergyUnavailableError
+
+    sysfs = getattr(args, "sysfs", Path("/sys"))
+    if not sysfs.is_dir():
+        raise UsageError(f"--path.sysfs {sysfs}: not a directory (give the sysfs root, e.g. /sys)")
+    tdp = getattr(args, "tdp", None)
+    if tdp is not None and not tdp > 0:
+        raise UsageError(f"--tdp must be > 0 watts, got {tdp:g}")
+    tracker = EnergyTracker(
+        sysfs_root=sysfs,
+        procfs_root=args.procfs,
+        tdp_w=tdp,
+        rapl_mode=getattr(args, "rapl", "auto"),
+        nvml_mode=getattr(args, "nvml", "auto"),
+    )
+    try:
+        args.energy_observer = EnergyObserver(tracker)
+    except EnergyUnavailableError as exc:
+        raise UsageError(str(exc)) from exc
 
 
 def make_pyspy(args: argparse.Namespace) -> PySpy:
@@ -105,7 +147,8 @@ def make_observers(args: argparse.Namespace) -> list[Any]:
     """Observers of the session (profiler.session): energy/GPU attribution, recording.
     Each gets every window via on_window(report) and contributes to the document
     through finish() -> dict."""
-    return []
+    energy = getattr(args, "energy_observer", None)
+    return [energy] if energy is not None else []
 
 
 def write_outputs(doc: dict[str, Any], args: argparse.Namespace) -> int:
