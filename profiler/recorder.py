@@ -379,7 +379,9 @@ class Recorder:
         """Record one window; durable (committed) on return. Returns the window id.
 
         energy: {"source": "rapl"|"model"|"unavailable", "reason": str|None,
-                 "codepaths_j": {codepath: joules}, ...anything else, kept as given}
+                 "codepaths_j": {codepath: joules}   (required for rapl/model;
+                                                      codepaths not named get 0 J),
+                 ...anything else, kept as given}
         gpu:    {"codepaths_wait_s": {codepath: seconds},
                  "codepaths_wait_j": {codepath: joules}, ...anything else, kept as given}
         """
@@ -389,6 +391,14 @@ class Recorder:
             raise ValueError(
                 f"window codepaths must be exactly CODEPATHS: missing {missing}, unknown {unknown}"
             )
+        if energy is not None and energy.get("source") in ("rapl", "model"):
+            if not isinstance(energy.get("codepaths_j"), Mapping):
+                # Joules measured but not split by codepath would be recorded as "no
+                # energy": refuse loudly instead of losing them quietly.
+                raise ValueError(
+                    f"energy with source {energy.get('source')!r} needs codepaths_j "
+                    "{codepath: joules}"
+                )
         energy_j = _codepath_values(energy, "codepaths_j")
         energy_source = None if energy is None else str(energy.get("source") or "unavailable")
         wait_s = _codepath_values(gpu, "codepaths_wait_s")

@@ -142,10 +142,15 @@ def test_bad_appends_are_refused_and_leave_nothing(tmp_path: Path) -> None:
         rec.append_window("r", partial)
     with pytest.raises(ValueError, match="unknown codepath"):
         rec.append_window("r", w, energy={"source": "rapl", "codepaths_j": {"xml": 1.0}})
+    with pytest.raises(ValueError, match="needs codepaths_j"):
+        rec.append_window("r", w, energy={"source": "rapl", "package_j": 10.0})
+    rec.append_window("r", w, energy={"source": "unavailable", "reason": "no powercap"})
     nan = WindowReport(**{**w.__dict__, "cpu_s": float("nan")})
     with pytest.raises(ValueError, match="finite"):
         rec.append_window("r", nan)
-    assert rec.runs()[0].windows == 0
+    (summary,) = rec.runs()
+    assert summary.windows == 1 and summary.energy_j is None  # only the unavailable one
+    assert summary.energy_sources == ("unavailable",)
     with pytest.raises(KeyError, match="no run 'x'"):
         rec.run("x")
     with pytest.raises(KeyError):
@@ -265,7 +270,9 @@ def test_sigkill_at_random_moments_keeps_every_committed_window(tmp_path: Path) 
         assert child.stdout.readline().strip() == "started"
         time.sleep(rng.uniform(0.05, 0.6))
         child.send_signal(signal.SIGKILL)
-        out, _ = child.communicate(timeout=60)
+        # read() (not communicate()): it also returns lines readline() already buffered.
+        out = child.stdout.read()
+        child.wait(timeout=60)
         assert child.returncode == -signal.SIGKILL
         for line in out.splitlines():
             if line.count(" ") == 2 and line.startswith("crash-"):
