@@ -1,0 +1,115 @@
+"""Real py-spy against real Python processes, on CPython 3.10 (bare frame names) and
+3.12 (qualnames), classified through /proc/<pid>/root as the daemon does.
+
+Target venvs (.venv-targets/py310, py312, with protobuf (upb), msgpack, pyyaml) are
+built by `make target-venvs` or on first use here; without them the test fails and
+says how to build them. torch.save/torch.load run on the project venv (3.11, CPU torch).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from profiler.classify import Classifier
+from tests.workloads import harness, targets
+from tests.workloads.serializers import EXPECT
+
+DUMPS = 6
+
+KINDS = [
+    "pickle_alias",
+    "pickle_from_alias",
+    "pickle_multiline",
+    "pickle_callbacks",
+    "json_dumps",
+    "json_loads",
+    "protobuf_serialize",
+    "protobuf_parse",
+    "msgpack_packb",
+    "msgpack_unpackb",
+]
+
+
+@pytest.fixture(scope="module", params=["py310", "py312"])
+def target(request: pytest.FixtureRequest) -> tuple[str, Path]:
+    try:
+        return request.param, targets.ensure_target(request.param)
+    except targets.TargetUnavailable as exc:
+        pytest.fail(f"target interpreter {request.param} unavailable: {exc}")
+
+
+def _sample_and_classify(python: Path, kind: str) -> Counter[tuple[str, str | None]]:
+    classifier = Classifier.default()
+    counts: Counter[tuple[str, str | None]] = Counter()
+    with harness.running(python, kind) as pid:
+        proc_root = Path(f"/proc/{pid}/root")
+        for _ in range(DUMPS):
+            for s in harness.samples_from_dump(harness.dump(pid)):
+                if s.frames:
+                    c = classifier.classify(s, proc_root=proc_root)
+                    counts[(c.codepath, c.rule_id)] += 1
+    return counts
+
+
+def _check(counts: Counter[tuple[str, str | None]], expect: str) -> None:
+    by_codepath = Counter()
+    for (codepath, _), n in counts.items():
+        by_codepath[codepath] += n
+    total = sum(by_codepath.values())
+    assert total >= DUMPS // 2, counts
+    assert set(by_codepath) <= {expect, "other"}, counts
+    # The loop's own lines can take a sample; the serializer takes most.
+    assert by_codepath[expect] >= 0.5 * total, counts
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_serializer_lands_in_its_codepath(target: tuple[str, Path], kind: str) -> None:
+    _name, python = target
+    _check(_sample_and_classify(python, kind), EXPECT[kind])
+
+
+@pytest.mark.parametrize("kind", ["torch_save", "torch_load"])
+def test_torch_on_the_project_venv(kind: str) -> None:
+    import sys
+
+    counts = _sample_and_classify(Path(sys.executable), kind)
+    _check(counts, "torch")
+    assert {r for (cp, r) in counts if cp == "torch"} <= {
+        "torch.serialization",
+        "torch.weights-only-unpickler",
+    }
+
+
+def test_target_interpreters_are_before_and_after_3_11(target: tuple[str, Path]) -> None:
+    import subprocess
+
+    name, python = target
+    out = subprocess.run(
+        [str(python), "-c", "import sys; print(sys.version_info[0], sys.version_info[1])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    version = (int(out[0]), int(out[1]))
+    assert version < (3, 11) if name == "py310" else version >= (3, 12)
+
+
+@pytest.mark.parametrize(
+    "kind, expect", [("pickle_alias", "pickle"), ("protobuf_serialize", "protobuf")]
+)
+def test_end_to_end_through_sample_window(target: tuple[str, Path], kind: str, expect: str) -> None:
+    """The sampler (py-spy speedscope window + per-thread CPU) with this classifier."""
+    from profiler.sampling import sample_window
+
+    _name, python = target
+    with harness.running(python, kind) as pid:
+        report = sample_window(pid, duration_s=1.5, rate_hz=50, classifier=Classifier.default())
+    samples = {cp: w.samples for cp, w in report.codepaths.items()}
+    total = sum(samples.values())
+    assert total >= 20, samples
+    assert samples[expect] >= 0.6 * total, samples
+    assert {cp for cp, n in samples.items() if n} <= {expect, "other"}, samples
+    assert report.codepaths[expect].cpu_s > report.codepaths["other"].cpu_s
