@@ -4,7 +4,7 @@ PYTHON ?= $(shell command -v python3.11 || pyenv which python3.11 2>/dev/null ||
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint bench system-deps clean
+.PHONY: demo test lint bench system-deps clean target-venvs
 
 $(BIN)/serwatt: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +25,12 @@ system-deps:
 demo: $(BIN)/serwatt
 	$(BIN)/serwatt demo
 
-test: $(BIN)/serwatt system-deps
+# Target interpreters for the real-process classification tests: CPython 3.10 and
+# 3.12 (pyenv) venvs with protobuf, msgpack and pyyaml (tests/workloads/targets.py).
+target-venvs: $(BIN)/serwatt
+	$(BIN)/python -m tests.workloads.targets
+
+test: $(BIN)/serwatt system-deps target-venvs
 	$(BIN)/python -m pytest -q
 
 lint: $(BIN)/serwatt
@@ -33,4 +38,4 @@ lint: $(BIN)/serwatt
 	$(BIN)/mypy profiler collectors
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .venv-targets .pytest_cache .mypy_cache .ruff_cache .hypothesis
