@@ -1,0 +1,113 @@
+"""RecordObserver: a real `serwatt profile` session (real py-spy, real workload) recorded
+in the daemon's run-record format, with energy from the model and GPU-wait from a replayed
+NVML timeline."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from profiler.classify import Classifier
+from profiler.codepaths import CODEPATHS
+from profiler.energy import EnergyObserver, EnergyTracker
+from profiler.recorder import Recorder, RecordError, RecordObserver
+from profiler.session import ProfileSession
+from tests.nvml_replay import ReplayNvmlBackend, load_timeline
+
+JSON_LOOP = textwrap.dedent(
+    """
+    import json, time
+    doc = {"k%d" % i: [i, str(i), {"x": i * 0.5}] for i in range(2000)}
+    end = time.time() + 60
+    while time.time() < end:
+        json.dumps(doc)
+    """
+)
+
+
+@pytest.fixture
+def workload():  # type: ignore[no-untyped-def]
+    proc = subprocess.Popen([sys.executable, "-c", JSON_LOOP])
+    yield proc
+    proc.kill()
+    proc.wait(timeout=30)
+
+
+def profile(pid: int, observers: list, duration_s: float = 4.0):  # type: ignore[no-untyped-def]
+    session = ProfileSession(
+        pid,
+        classifier=Classifier.default(),
+        rate_hz=50,
+        window_s=1.0,
+        duration_s=duration_s,
+        observers=observers,
+        follow_children=False,
+        progress=None,
+    )
+    return session.run()
+
+
+def test_profile_session_is_recorded_with_model_energy_and_replayed_gpu_wait(
+    tmp_path: Path, workload
+) -> None:  # type: ignore[no-untyped-def]
+    backend = ReplayNvmlBackend(load_timeline("h200_checkpoint_stall"), target_pids=[workload.pid])
+    tracker = EnergyTracker(
+        sysfs_root=tmp_path / "no-sysfs",  # no powercap here: the labelled model is used
+        tdp_w=120.0,
+        rapl_mode="auto",
+        nvml_mode="auto",
+        nvml_backend=backend,
+        clock=backend.clock,
+    )
+    energy = EnergyObserver(tracker)
+    recorder = RecordObserver(tmp_path / "profile.sqlite", energy=energy)
+    result = profile(workload.pid, [energy, recorder])
+    assert recorder.errors == []
+    windows = sum(t.windows for t in result.targets)
+    assert windows >= 2 and recorder.windows == windows
+
+    rec = Recorder(tmp_path / "profile.sqlite", readonly=True)
+    (summary,) = rec.runs()
+    assert summary.run_id == recorder.run_id and summary.run_id.endswith(f"-{workload.pid}")
+    assert summary.target == "profile" and summary.ended_at is not None
+    assert summary.pids == (workload.pid,) and summary.windows == windows
+    assert summary.energy_sources == ("model",)
+    detail = rec.run(summary.run_id)
+    assert detail.config["mode"] == "serwatt profile" and detail.config["rate_hz"] == 50
+    assert detail.host["gpu_source"] == "nvml" and detail.host["gpus"][0]["name"]
+    assert detail.sources["energy"] == "model"
+    # The samples recorded are the session's own, codepath by codepath.
+    for cp in CODEPATHS:
+        assert detail.codepaths[cp].samples == result.acc.samples[cp], cp
+        assert detail.codepaths[cp].cpu_s == pytest.approx(result.acc.cpu_s[cp], abs=1e-9)
+    assert detail.codepaths["json"].samples > 0  # the workload is json.dumps
+    # Every window carries model joules per codepath, and GPU-wait from the replayed H200.
+    for w in detail.windows:
+        assert w.energy is not None and w.energy["source"] == "model"
+        assert all(w.codepaths[cp]["energy_source"] == "model" for cp in CODEPATHS)
+        assert w.gpu is not None and w.gpu["gpus"][0]["index"] == 0
+        assert all(w.codepaths[cp]["gpu_wait_s"] is not None for cp in CODEPATHS)
+    total_j = sum(w.energy["package_j"] for w in detail.windows)
+    assert 0 < sum(t.energy_j or 0.0 for t in detail.codepaths.values()) <= total_j + 1e-6
+
+
+def test_profile_session_without_energy_records_unavailable(tmp_path: Path, workload) -> None:  # type: ignore[no-untyped-def]
+    recorder = RecordObserver(tmp_path / "r.sqlite", target="bench", run_id="bench-1")
+    profile(workload.pid, [recorder], duration_s=2.5)
+    detail = Recorder(tmp_path / "r.sqlite").run("bench-1")
+    assert detail.summary.windows >= 1
+    assert detail.sources["energy"].startswith("unavailable")
+    assert all(w.energy is None for w in detail.windows)
+    assert detail.codepaths["json"].energy_j is None  # never 0 J
+
+
+def test_a_bad_record_file_fails_before_profiling(tmp_path: Path) -> None:
+    bad = tmp_path / "notes.txt"
+    bad.write_text("my notes, not a database\n" * 50)
+    with pytest.raises(RecordError, match="not a readable serwatt run record"):
+        RecordObserver(bad)
+    assert bad.read_text().startswith("my notes")
