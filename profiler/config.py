@@ -211,11 +211,14 @@ class _Checker:
         exclusive_minimum: bool = False,
         nullable: bool = False,
     ) -> Any:
-        value = self.value(node) if isinstance(node, yaml.ScalarNode) else node
+        value: Any = self.value(node) if isinstance(node, yaml.ScalarNode) else node
         if value is None and nullable:
             return None
-        ok_types: tuple[type, ...] = (int,) if integer else (int, float)
-        if isinstance(value, bool) or not isinstance(value, ok_types):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or (integer and not isinstance(value, int))
+        ):
             want = "an integer" if integer else "a number"
             if nullable:
                 want += " or null"
