@@ -288,3 +288,88 @@ def test_sigkill_during_writes_keeps_every_committed_window(tmp_path):
     finally:
         stop_process(work)
         stop_process(work2)
+
+
+def test_rapl_energy_then_unreadable_sysfs_keeps_the_scrape_up(tmp_path):
+    from tests.powercap import build_powercap
+
+    sysfs = tmp_path / "sys"
+    build_powercap(sysfs, package_ids=(0,), dram=False, psys=False, mmio=False)
+    watts = 40.0
+    advancer = subprocess.Popen(
+        [PYTHON, "-m", "tests.powercap", "advance", "--root", str(sysfs), "--watts", str(watts)]
+        + ["--zone", "intel-rapl:0", "--step-s", "0.02"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert advancer.stdout is not None and advancer.stdout.readline().startswith("started")
+    work = start_workload(tmp_path, "rapl_trainer")
+    d = _daemon(tmp_path, {"trainer": "rapl_trainer"}, sysfs=sysfs, window_s=2)
+    try:
+        a = d.wait_metric("serwatt_node_cpu_energy_joules_total", 1, source="rapl")
+        ta = time.monotonic()
+        assert total(a, "serwatt_collector_up", collector="rapl") == 1
+        time.sleep(10)
+        b = d.metrics()
+        tb = time.monotonic()
+        # Measured power over whole slots; one slot (~2 s) of slack at each end.
+        dj = total(b, "serwatt_node_cpu_energy_joules_total", source="rapl") - total(
+            a, "serwatt_node_cpu_energy_joules_total", source="rapl"
+        )
+        assert watts * (tb - ta - 5) <= dj <= watts * (tb - ta + 5), dj
+        # Identity: node = every target codepath's joules + unattributed.
+        node = total(b, "serwatt_node_cpu_energy_joules_total", source="rapl")
+        parts = total(b, "serwatt_energy_joules_total", source="rapl") + total(
+            b, "serwatt_unattributed_energy_joules_total", source="rapl"
+        )
+        assert abs(node - parts) <= 1e-6 * max(1.0, node)
+        assert total(b, "serwatt_energy_joules_total", target="trainer", source="rapl") > 0
+
+        # The sysfs counter becomes unreadable mid-run.
+        advancer.kill()
+        advancer.wait()
+        energy_file = sysfs / "class" / "powercap" / "intel-rapl:0" / "energy_uj"
+        energy_file.unlink()
+        energy_file.mkdir()  # reading it now fails with EISDIR
+
+        def rapl_down():
+            m = d.metrics()
+            return total(m, "serwatt_collector_up", collector="rapl") == 0 and m
+
+        m = wait_for(rapl_down, 60, "collector_up{rapl} 0")
+        before = total(m, "serwatt_samples_total", target="trainer")
+        node_before = total(m, "serwatt_node_cpu_energy_joules_total", source="rapl")
+        m = d.wait_metric("serwatt_samples_total", before + 10, target="trainer")
+        assert total(m, "serwatt_node_cpu_energy_joules_total", source="rapl") >= node_before
+        assert "rapl" in d.get("/")
+        assert d.stop()[0] == 0
+    finally:
+        d.kill()
+        stop_process(work)
+        stop_process(advancer)
+
+
+def test_required_rapl_missing_exits_78_with_the_fix(tmp_path):
+    empty_sysfs = tmp_path / "sys"
+    empty_sysfs.mkdir()
+    port = free_port()
+    cfg = tmp_path / "serwatt.yaml"
+    cfg.write_text(
+        config_text(
+            port=port,
+            record_dir=tmp_path / "runs",
+            targets={"t": "x"},
+            sysfs=empty_sysfs,
+            rapl="true",
+        )
+    )
+    proc = subprocess.run(
+        [PYTHON, "-m", "profiler", "daemon", "--config", str(cfg)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 78, proc.stderr
+    assert "RAPL is required but unavailable" in proc.stderr and "auto" in proc.stderr
