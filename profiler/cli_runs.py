@@ -39,7 +39,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_source(sub.add_parser("list", help="one line per recorded run"))
     show = sub.add_parser("show", help="one run: host, sources, per-codepath totals")
     show.add_argument("run_id", help="a run id from `serwatt runs list`")
-    show.add_argument("--windows", action="store_true", help="also list every window")
+    show.add_argument(
+        "--windows", action="store_true", help="also list every window (in --json: window_list)"
+    )
     add_source(show)
 
 
@@ -73,6 +75,9 @@ def _summary_json(s: RunSummary) -> dict:
         "cpu_s": s.cpu_s,
         "energy_j": s.energy_j,
         "energy_sources": list(s.energy_sources),
+        "pythons": list(s.pythons),
+        "pyspy_samples": s.pyspy_samples,
+        "pyspy_errors": s.pyspy_errors,
         "serwatt_version": s.serwatt_version,
     }
 
@@ -153,12 +158,9 @@ def _show(detail: RunDetail, windows: bool) -> str:
         "  sources: "
         + (", ".join(f"{k}={v}" for k, v in sorted(detail.sources.items())) or "none recorded"),
     ]
-    pythons = sorted({w.python for w in detail.windows if w.python})
-    if pythons:
-        out.append(f"  target Python: {', '.join(pythons)}")
-    errors = sum(w.errors.get("pyspy_errors", 0) for w in detail.windows)
-    taken = sum(w.errors.get("pyspy_samples", 0) for w in detail.windows)
-    out.append(f"  py-spy: {taken} samples taken, {errors} errors")
+    if s.pythons:
+        out.append(f"  target Python: {', '.join(s.pythons)}")
+    out.append(f"  py-spy: {s.pyspy_samples} samples taken, {s.pyspy_errors} errors")
     total_cpu = sum(t.cpu_s for t in detail.codepaths.values())
     rows = []
     for cp in CODEPATHS:
@@ -230,11 +232,11 @@ def run(args: argparse.Namespace) -> int:
         if args.runs_command == "list":
             return _list(rec, args.json)
         try:
-            detail = rec.run(args.run_id)
+            detail = rec.run(args.run_id, windows=args.windows)
         except KeyError as exc:
             raise UsageError(exc.args[0]) from None
         if args.json:
-            print(json.dumps(detail.to_json(), indent=2))
+            print(json.dumps(detail.to_json(include_windows=args.windows), indent=2))
         else:
             print(_show(detail, args.windows))
         return 0

@@ -106,6 +106,7 @@ class CodepathTotals:
     low_confidence_samples: int = 0
     energy_j: float | None = None
     gpu_wait_s: float | None = None
+    gpu_wait_energy_j: float | None = None
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,9 @@ class RunSummary:
     energy_j: float | None  # sum over codepaths of windows that had energy, None if none did
     energy_sources: tuple[str, ...]
     serwatt_version: str
+    pythons: tuple[str, ...] = ()  # the targets' Python versions seen in the windows
+    pyspy_samples: int = 0
+    pyspy_errors: int = 0
 
 
 @dataclass(frozen=True)
@@ -149,9 +153,9 @@ class RunDetail:
     codepaths: Mapping[str, CodepathTotals]  # every codepath in CODEPATHS
     windows: tuple[WindowRecord, ...] = field(default=())
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, *, include_windows: bool = True) -> dict[str, Any]:
         s = self.summary
-        return {
+        doc: dict[str, Any] = {
             "schema": "serwatt.run/1",
             "run_id": s.run_id,
             "target": s.target,
@@ -160,7 +164,7 @@ class RunDetail:
             "last_seen_at": s.last_seen_at,
             "serwatt_version": s.serwatt_version,
             "pids": list(s.pids),
-            "windows": len(self.windows),
+            "windows": s.windows,
             "samples": s.samples,
             "cpu_s": s.cpu_s,
             "energy_j": s.energy_j,
@@ -169,7 +173,9 @@ class RunDetail:
             "config": self.config,
             "sources": dict(self.sources),
             "codepaths": {cp: vars_of(t) for cp, t in self.codepaths.items()},
-            "window_list": [
+        }
+        if include_windows:
+            doc["window_list"] = [
                 {
                     "window_id": w.window_id,
                     "pid": w.pid,
@@ -185,8 +191,8 @@ class RunDetail:
                     "codepaths": {k: dict(v) for k, v in w.codepaths.items()},
                 }
                 for w in self.windows
-            ],
-        }
+            ]
+        return doc
 
 
 def vars_of(obj: Any) -> dict[str, Any]:
@@ -484,7 +490,9 @@ class Recorder:
 
     # ----------------------------------------------------------------- reading
 
-    def runs(self) -> list[RunSummary]:
+    def runs(self, run_id: str | None = None) -> list[RunSummary]:
+        """Every run (or just `run_id`), oldest first."""
+        where, params = ("WHERE r.run_id = ?", (run_id,)) if run_id is not None else ("", ())
         with self._lock:
             rows = self._db.execute(
                 "SELECT r.run_id, r.target, r.started_at, r.ended_at, r.last_seen_at,"
@@ -497,35 +505,56 @@ class Recorder:
                 " (SELECT sum(c.energy_j) FROM windows w JOIN window_codepaths c"
                 "   USING (window_id) WHERE w.run_id = r.run_id),"
                 " (SELECT group_concat(DISTINCT w.energy_source) FROM windows w"
+                "   WHERE w.run_id = r.run_id),"
+                " (SELECT group_concat(DISTINCT w.python) FROM windows w"
+                "   WHERE w.run_id = r.run_id),"
+                " (SELECT coalesce(sum(w.pyspy_samples), 0) FROM windows w"
+                "   WHERE w.run_id = r.run_id),"
+                " (SELECT coalesce(sum(w.pyspy_errors), 0) FROM windows w"
                 "   WHERE w.run_id = r.run_id)"
-                " FROM runs r ORDER BY r.started_at, r.run_id"
+                f" FROM runs r {where} ORDER BY r.started_at, r.run_id",
+                params,
             ).fetchall()
         return [_summary(row) for row in rows]
 
-    def run(self, run_id: str) -> RunDetail:
-        summaries = {s.run_id: s for s in self.runs()}
-        if run_id not in summaries:
-            known = ", ".join(sorted(summaries)[:10]) or "none"
-            raise KeyError(f"no run {run_id!r} in {self.path} (recorded: {known})")
+    def run(self, run_id: str, *, windows: bool = True) -> RunDetail:
+        """One run: summary, host, config, sources, per-codepath totals (summed in SQL),
+        and, when `windows`, every window (a month-long run holds ~260k of them)."""
+        found = self.runs(run_id)
+        if not found:
+            with self._lock:
+                ids = [r[0] for r in self._db.execute("SELECT run_id FROM runs LIMIT 11")]
+            known = ", ".join(sorted(ids)[:10]) + (", ..." if len(ids) > 10 else "")
+            raise KeyError(f"no run {run_id!r} in {self.path} (recorded: {known or 'none'})")
         with self._lock:
             host_json, config_json, sources_json = self._db.execute(
                 "SELECT host_json, config_json, sources_json FROM runs WHERE run_id = ?",
                 (run_id,),
             ).fetchone()
-            wrows = self._db.execute(
-                "SELECT window_id, pid, started_at, ended_at, rate_hz, cpu_s, python, exited,"
-                " pyspy_samples, pyspy_errors, partial_stacks, behind_s, notes_json,"
-                " energy_json, gpu_json FROM windows WHERE run_id = ?"
-                " ORDER BY started_at, window_id",
+            trows = self._db.execute(
+                "SELECT c.codepath, sum(c.samples), sum(c.cpu_s), sum(c.wall_s),"
+                " sum(c.low_confidence_samples), sum(c.energy_j), sum(c.gpu_wait_s),"
+                " sum(c.gpu_wait_energy_j)"
+                " FROM windows w JOIN window_codepaths c USING (window_id)"
+                " WHERE w.run_id = ? GROUP BY c.codepath",
                 (run_id,),
             ).fetchall()
-            crows = self._db.execute(
-                "SELECT c.window_id, c.codepath, c.samples, c.cpu_s, c.wall_s,"
-                " c.low_confidence_samples, c.energy_j, c.energy_source, c.gpu_wait_s,"
-                " c.gpu_wait_energy_j FROM window_codepaths c JOIN windows w USING (window_id)"
-                " WHERE w.run_id = ?",
-                (run_id,),
-            ).fetchall()
+            wrows = crows = []
+            if windows:
+                wrows = self._db.execute(
+                    "SELECT window_id, pid, started_at, ended_at, rate_hz, cpu_s, python,"
+                    " exited, pyspy_samples, pyspy_errors, partial_stacks, behind_s,"
+                    " notes_json, energy_json, gpu_json FROM windows WHERE run_id = ?"
+                    " ORDER BY started_at, window_id",
+                    (run_id,),
+                ).fetchall()
+                crows = self._db.execute(
+                    "SELECT c.window_id, c.codepath, c.samples, c.cpu_s, c.wall_s,"
+                    " c.low_confidence_samples, c.energy_j, c.energy_source, c.gpu_wait_s,"
+                    " c.gpu_wait_energy_j FROM window_codepaths c JOIN windows w"
+                    " USING (window_id) WHERE w.run_id = ?",
+                    (run_id,),
+                ).fetchall()
         per_window: dict[int, dict[str, dict[str, Any]]] = {}
         names = (
             "samples",
@@ -539,7 +568,7 @@ class Recorder:
         )
         for wid, cp, *values in crows:
             per_window.setdefault(wid, {})[cp] = dict(zip(names, values, strict=True))
-        windows = tuple(
+        window_records = tuple(
             WindowRecord(
                 window_id=r[0],
                 pid=r[1],
@@ -562,26 +591,25 @@ class Recorder:
             )
             for r in wrows
         )
-        totals: dict[str, CodepathTotals] = {}
-        for cp in CODEPATHS:
-            rows = [w.codepaths[cp] for w in windows if w.codepaths[cp]]
-            energies = [r["energy_j"] for r in rows if r["energy_j"] is not None]
-            waits = [r["gpu_wait_s"] for r in rows if r["gpu_wait_s"] is not None]
-            totals[cp] = CodepathTotals(
-                samples=sum(r["samples"] for r in rows),
-                cpu_s=sum(r["cpu_s"] for r in rows),
-                wall_s=sum(r["wall_s"] for r in rows),
-                low_confidence_samples=sum(r["low_confidence_samples"] for r in rows),
-                energy_j=sum(energies) if energies else None,
-                gpu_wait_s=sum(waits) if waits else None,
-            )
+        totals = dict.fromkeys(CODEPATHS, CodepathTotals())
+        for cp, samples, cpu_s, wall_s, low, energy_j, wait_s, wait_j in trows:
+            if cp in totals:
+                totals[cp] = CodepathTotals(
+                    samples=samples or 0,
+                    cpu_s=cpu_s or 0.0,
+                    wall_s=wall_s or 0.0,
+                    low_confidence_samples=low or 0,
+                    energy_j=energy_j,  # SQL sum of only NULLs is NULL: never measured
+                    gpu_wait_s=wait_s,
+                    gpu_wait_energy_j=wait_j,
+                )
         return RunDetail(
-            summary=summaries[run_id],
+            summary=found[0],
             host=json.loads(host_json),
             config=json.loads(config_json),
             sources=json.loads(sources_json),
             codepaths=totals,
-            windows=windows,
+            windows=window_records,
         )
 
 
@@ -599,6 +627,9 @@ def _summary(row: tuple) -> RunSummary:
         cpu_s,
         energy_j,
         sources,
+        pythons,
+        pyspy_samples,
+        pyspy_errors,
     ) = row
     return RunSummary(
         run_id=run_id,
@@ -613,6 +644,9 @@ def _summary(row: tuple) -> RunSummary:
         energy_j=energy_j,
         energy_sources=tuple(sorted(sources.split(","))) if sources else (),
         serwatt_version=version,
+        pythons=tuple(sorted(pythons.split(","))) if pythons else (),
+        pyspy_samples=pyspy_samples,
+        pyspy_errors=pyspy_errors,
     )
 
 

@@ -93,13 +93,16 @@ def test_show_table_and_json_agree_with_the_record(record_dir: Path) -> None:
     assert sum(1 for line in text.splitlines() if line.split()[:1] in (["1"], ["2"])) == 2
 
     doc = json.loads(
-        serwatt("runs", "show", "trainer-a", "--dir", str(record_dir), "--json").stdout
+        serwatt("runs", "show", "trainer-a", "--dir", str(record_dir), "--json", "--windows").stdout
     )
     assert doc["schema"] == "serwatt.run/1" and doc["windows"] == 2
     assert doc["codepaths"]["pickle"]["energy_j"] == 6.0
     assert doc["codepaths"]["json"]["energy_j"] == 1.0
     assert doc["host"]["cpu_model"] and doc["config"] == {"window_s": 10}
     assert [w["pid"] for w in doc["window_list"]] == [11, 12]
+    brief = serwatt("runs", "show", "trainer-a", "--dir", str(record_dir), "--json").stdout
+    assert "window_list" not in json.loads(brief)  # windows only when asked for
+    assert json.loads(brief)["codepaths"] == doc["codepaths"]
 
 
 def test_config_points_at_the_record_dir(record_dir: Path, tmp_path: Path) -> None:
