@@ -216,6 +216,7 @@ class EnergyTracker:
         self._cpu_series = _Series(("busy", "total"))
         self._rapl_errors = 0
         self.rapl_wraps = 0  # counter wraps corrected so far, all zones
+        self.max_rapl_gap_s = 0.0  # longest time between two RAPL reads
         self._last_rapl_errors: tuple[str, ...] = ()
         self._lock = threading.RLock()
         self._stop = threading.Event()
@@ -306,6 +307,8 @@ class EnergyTracker:
                     pass  # the gap is interpolated over; windows without data say so
             if status["rapl"].up:
                 r = self.rapl.read()
+                if self._rapl_series.last_t is not None:
+                    self.max_rapl_gap_s = max(self.max_rapl_gap_s, r.t - self._rapl_series.last_t)
                 self._rapl_series.add(
                     r.t, package=r.package_j, dram=r.dram_j or 0.0, psys=r.psys_j or 0.0
                 )
@@ -619,7 +622,15 @@ class EnergyObserver:
                 ],
                 "skipped": [{"zone": s.zone_id, "reason": s.reason} for s in rs.skipped],
                 "wraps_corrected": self.tracker.rapl_wraps,
+                "max_read_gap_s": round(self.tracker.max_rapl_gap_s, 6),
             }
+            if rs.poll_period_s and self.tracker.max_rapl_gap_s > 2 * rs.poll_period_s:
+                # beyond the fastest possible wrap at the assumed max power
+                part["notes"].append(
+                    f"RAPL reads were {self.tracker.max_rapl_gap_s:.2f} s apart at worst, longer "
+                    f"than the {2 * rs.poll_period_s:.2f} s a counter needs to wrap at "
+                    f"{self.tracker.rapl.max_power_w:g} W: a wrap may have been missed"
+                )
         return part
 
     def _finish(self) -> dict[str, Any]:
