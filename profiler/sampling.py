@@ -18,8 +18,7 @@ import math
 import os
 import re
 import threading
-from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -75,23 +74,32 @@ def _series(snaps: list[procstat.CpuSnapshot], use_sched: bool) -> dict[int, Cpu
     return {tid: CpuSeries(tuple(ts), tuple(cs)) for tid, (ts, cs) in per.items()}
 
 
-def sample_window(
+@dataclass(frozen=True)
+class RawWindow:
+    """A window's measurements before classification (what must happen on time)."""
+
+    pid: int
+    rate_hz: float
+    poll_s: float
+    procfs: Path
+    window: WindowSamples
+    snapshots: tuple[procstat.CpuSnapshot, ...]
+    cpu: procstat.CpuDelta
+    exited: bool
+    python: str | None
+
+
+def collect_window(
     pid: int,
     *,
     duration_s: float,
     rate_hz: float,
-    classifier: ClassifierLike,
     pyspy: PySpy | None = None,
     procfs: Path = Path("/proc"),
     stop_event: threading.Event | None = None,
     poll_s: float = 0.1,
-    on_samples: Callable[[WindowSamples], None] | None = None,
-) -> WindowReport:
-    """Sample one window of `pid` (blocking). Raises collectors.pyspy.SamplingError
-    subclasses (TargetGone, NotPython, UnsupportedPython, PtraceDenied).
-
-    A target that exits mid-window yields the samples taken so far (`exited=True`).
-    """
+) -> RawWindow:
+    """The time-critical half of a window: CPU snapshots around one py-spy window."""
     spy = pyspy if pyspy is not None else PySpy()
     try:
         before = procstat.snapshot(pid, procfs)
@@ -112,23 +120,35 @@ def sample_window(
         snaps.append(procstat.snapshot(pid, procfs))
     except procstat.ProcessGone:
         exited = True
-    after = snaps[-1]
-    cpu = procstat.delta(before, after)
-    if on_samples is not None:
-        on_samples(window)
+    cpu = procstat.delta(before, snaps[-1])
+    return RawWindow(
+        pid=pid,
+        rate_hz=rate_hz,
+        poll_s=poll_s,
+        procfs=procfs,
+        window=window,
+        snapshots=tuple(snaps),
+        cpu=cpu,
+        exited=exited,
+        python=python,
+    )
 
+
+def finish_window(raw: RawWindow, classifier: ClassifierLike) -> WindowReport:
+    """The CPU-bound half: classify every sample, weight, aggregate."""
+    window, cpu, pid, procfs = raw.window, raw.cpu, raw.pid, raw.procfs
     proc_root: Path | None = procfs / str(pid) / "root"
-    if exited and not procstat.exists(pid, procfs):
+    if not procstat.exists(pid, procfs):
         # /proc/<pid>/root died with the target; the call-site rules still need its
         # sources: read them at the same paths on the host (right unless the target
         # lived in another mount namespace).
         proc_root = None
     labels = [classifier.classify(s, proc_root=proc_root) for s in window.samples]
-    half_width = max(2 * poll_s, window_time_sigma_s(window))
+    half_width = max(2 * raw.poll_s, window_time_sigma_s(window))
     weighting = distribute_cpu(
         window.samples,
         cpu.per_tid_s,
-        series=_series(snaps, cpu.source == "schedstat"),
+        series=_series(list(raw.snapshots), cpu.source == "schedstat"),
         half_width_s=half_width,
     )
     wall_s = max(0.0, window.ended_at - window.started_at)
@@ -160,14 +180,44 @@ def sample_window(
         pid=pid,
         started_at=window.started_at,
         ended_at=window.ended_at,
-        rate_hz=rate_hz,
+        rate_hz=raw.rate_hz,
         cpu_s=cpu.total_s,
         codepaths=codepaths,
         timeline=timeline,
         errors=replace(errors, notes=tuple(notes)),
-        python=python,
-        exited=exited,
+        python=raw.python,
+        exited=raw.exited,
     )
+
+
+def sample_window(
+    pid: int,
+    *,
+    duration_s: float,
+    rate_hz: float,
+    classifier: ClassifierLike,
+    pyspy: PySpy | None = None,
+    procfs: Path = Path("/proc"),
+    stop_event: threading.Event | None = None,
+    poll_s: float = 0.1,
+) -> WindowReport:
+    """Sample one window of `pid` (blocking). Raises collectors.pyspy.SamplingError
+    subclasses (TargetGone, NotPython, UnsupportedPython, PtraceDenied).
+
+    A target that exits mid-window yields the samples taken so far (`exited=True`).
+    Callers that must keep windows back to back (the profile session) run
+    collect_window and finish_window on different threads instead.
+    """
+    raw = collect_window(
+        pid,
+        duration_s=duration_s,
+        rate_hz=rate_hz,
+        pyspy=pyspy,
+        procfs=procfs,
+        stop_event=stop_event,
+        poll_s=poll_s,
+    )
+    return finish_window(raw, classifier)
 
 
 def window_time_sigma_s(window: WindowSamples) -> float:

@@ -20,6 +20,7 @@ the final one, e.g. `{"energy": {...}, "gpus": [...],
 
 from __future__ import annotations
 
+import queue
 import sys
 import threading
 import time
@@ -38,7 +39,7 @@ from collectors.pyspy import (
 )
 from collectors.samples import SamplerErrors
 from profiler.codepaths import CODEPATHS
-from profiler.sampling import ClassifierLike, sample_window
+from profiler.sampling import ClassifierLike, RawWindow, collect_window, finish_window
 from profiler.window import WindowReport
 
 BIN_S = 1.0  # time resolution of the per-codepath CPU bins used for the share interval
@@ -66,6 +67,7 @@ class TargetStats:
     command: str
     python: str | None = None
     windows: int = 0
+    collected: int = 0  # windows sampled (classified ones are `windows`)
     samples: int = 0
     cpu_s: float = 0.0
     first_t: float | None = None
@@ -206,6 +208,13 @@ class ProfileSession:
         self._stop = threading.Event()
         self._workers: dict[int, threading.Thread] = {}
         self._root_error: SamplingError | None = None
+        self._raw_q: queue.Queue[RawWindow | None] = queue.Queue()
+        self._finisher_thread = threading.Thread(
+            target=self._finisher, name="serwatt-classify", daemon=True
+        )
+        self._live_samples = 0
+        self._live_errors = 0
+        self._live_partial = 0
 
     # ------------------------------------------------------------ control
 
@@ -231,11 +240,10 @@ class ProfileSession:
             if dur < 0.2:
                 break
             try:
-                report = sample_window(
+                raw = collect_window(
                     pid,
                     duration_s=dur,
                     rate_hz=self.rate_hz,
-                    classifier=self.classifier,
                     pyspy=self.pyspy,
                     procfs=self.procfs,
                     stop_event=self._stop,
@@ -262,6 +270,33 @@ class ProfileSession:
                     break
                 self._record_failure(stats, exc, is_root)
                 break
+            # classification runs on the finisher thread so the next window starts now
+            self._raw_q.put(raw)
+            with self._lock:
+                stats.collected += 1
+                self._live_samples += len(raw.window.samples)
+                self._live_errors += raw.window.errors.pyspy_errors
+                self._live_partial += raw.window.errors.partial_stacks
+            if raw.exited or not procstat.exists(pid, self.procfs):
+                stats.exited = True
+                break
+            if is_root and self.root_exit_check is not None and self.root_exit_check():
+                stats.exited = True
+                break
+
+    def _finisher(self) -> None:
+        while True:
+            raw = self._raw_q.get()
+            if raw is None:
+                return
+            stats = self.targets[raw.pid]
+            try:
+                report = finish_window(raw, self.classifier)
+            except Exception as exc:  # a bad rule or source must not end the profile
+                with self._lock:
+                    self.acc.fail("classify_failed")
+                    stats.error = f"classify_failed: {exc!r}"
+                continue
             with self._lock:
                 self.acc.add(report, self.info.started_at)
                 stats.windows += 1
@@ -272,19 +307,13 @@ class ProfileSession:
                 stats.last_t = report.ended_at
                 for obs in self.observers:
                     obs.on_window(report)
-            if report.exited or not procstat.exists(pid, self.procfs):
-                stats.exited = True
-                break
-            if is_root and self.root_exit_check is not None and self.root_exit_check():
-                stats.exited = True
-                break
 
     def _record_failure(self, stats: TargetStats, exc: SamplingError, is_root: bool) -> None:
         with self._lock:
             self.acc.fail(exc.kind)
             stats.error = f"{exc.kind}: {exc}"
             wrapper = self.root_may_be_wrapper and isinstance(exc, NotPython)
-            if is_root and stats.windows == 0 and not wrapper:
+            if is_root and stats.collected == 0 and not wrapper:
                 self._root_error = exc
 
     def _age_s(self, pid: int) -> float:
@@ -329,6 +358,7 @@ class ProfileSession:
             self.pyspy.probe(self.root_pid, procfs=self.procfs)
         elif procstat.exists(self.root_pid, self.procfs):
             precheck(self.root_pid, self.procfs)  # free-threaded: refuse at once
+        self._finisher_thread.start()
         self._start_target(self.root_pid)
         if self.root_pid not in self.targets and self.strict_root:
             raise TargetGone(f"no such process: {self.root_pid} (it is not running)")
@@ -377,6 +407,9 @@ class ProfileSession:
     def _join(self) -> None:
         for t in list(self._workers.values()):
             t.join()
+        if self._finisher_thread.is_alive():
+            self._raw_q.put(None)
+            self._finisher_thread.join()
 
     def _progress_every(self) -> float:
         assert self.progress is not None
@@ -385,13 +418,13 @@ class ProfileSession:
     def _print_progress(self, now: float, final: bool = False) -> None:
         assert self.progress is not None
         with self._lock:
-            a = self.acc
-            samples = sum(a.samples.values())
-            errs = a.pyspy_errors + sum(a.failures.values())
+            samples = self._live_samples
+            errs = self._live_errors + sum(self.acc.failures.values())
+            partial = self._live_partial
             n_targets = len(self.targets)
         line = (
             f"serwatt: {now - self.info.started_at:6.1f} s elapsed, {n_targets} target(s), "
-            f"{samples} samples, {errs} errors, {a.partial_stacks} partial stacks"
+            f"{samples} samples, {errs} errors, {partial} partial stacks"
         )
         if self.progress.isatty():
             self.progress.write("\r" + line + ("\n" if final else ""))

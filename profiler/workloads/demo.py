@@ -107,12 +107,17 @@ def main(argv: list[str] | None = None) -> int:
         state = {f"layer{i}.weight": torch.randn(256, 256) for i in range(8)}
     deadline = time.monotonic() + args.duration
     rounds = 0
+    small = make_payload(1000)
+    # repeats chosen so each kind takes roughly 10 ms per round on a 2-vCPU VM
     while time.monotonic() < deadline:
-        do_pickle(payload)
-        do_json(payload)
-        do_protobuf(batch, batch_cls)
+        for _ in range(2):
+            do_pickle(payload)
+        do_json(small)
+        for _ in range(15):
+            do_protobuf(batch, batch_cls)
         if torch is not None:
-            do_torch(torch, state)
+            for _ in range(3):
+                do_torch(torch, state)
         do_compute()
         rounds += 1
     print(f"demo workload: {rounds} rounds in {args.duration:g} s", flush=True)

@@ -1,0 +1,133 @@
+"""The serwatt.profile/1 document maths (pure) and the session's observer plug-in."""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+import subprocess
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from profiler.classify import Classifier
+from profiler.codepaths import CODEPATHS
+from profiler.profile_doc import batches, build_document, deep_merge, render_table, share_ci95
+from profiler.session import ProfileSession, SessionInfo
+from profiler.window import WindowReport
+
+PY312 = str(Path(os.environ.get("PYENV_ROOT", "/root/.pyenv")) / "versions/3.12.1/bin/python")
+
+
+def test_batches_merge_contiguous_bins_and_keep_totals() -> None:
+    bins = {i: {"pickle": 1.0, "other": 1.0} for i in range(100)}
+    del bins[50]  # an empty second
+    rows = batches(bins)
+    assert len(rows) == 30
+    assert sum(r.get("pickle", 0) for r in rows) == pytest.approx(99.0)
+    assert len(batches({3: {"json": 1.0}})) == 1
+    assert batches({}) == []
+
+
+def test_ci_needs_two_batches() -> None:
+    assert share_ci95([{"pickle": 1.0}], "pickle") is None
+    assert share_ci95([{}, {}], "pickle") is None
+
+
+def test_ci_covers_the_true_share_for_independent_batches() -> None:
+    """Coverage check: batches with a true share of 0.3 and noise; the 95% interval
+    should contain 0.3 in roughly 95% of repetitions (wide tolerance: 88-99%)."""
+    rng = random.Random(7)
+    hits = 0
+    reps = 400
+    for _ in range(reps):
+        rows = []
+        for _ in range(20):
+            total = rng.uniform(0.5, 1.5)
+            share = min(1.0, max(0.0, rng.gauss(0.3, 0.1)))
+            rows.append({"pickle": share * total, "other": (1 - share) * total})
+        lo, hi = share_ci95(rows, "pickle")  # type: ignore[misc]
+        hits += lo <= 0.3 <= hi
+    assert 0.88 <= hits / reps <= 0.99
+
+
+def test_ci_is_wider_when_phases_are_long() -> None:
+    steady = [{"pickle": 0.5, "other": 0.5} for _ in range(20)]
+    phased = [{"pickle": 1.0} if i < 10 else {"other": 1.0} for i in range(20)]
+    lo1, hi1 = share_ci95(steady, "pickle")  # type: ignore[misc]
+    lo2, hi2 = share_ci95(phased, "pickle")  # type: ignore[misc]
+    assert hi1 - lo1 == pytest.approx(0.0)
+    assert hi2 - lo2 > 0.3
+
+
+def test_deep_merge() -> None:
+    base = {"codepaths": {"pickle": {"cpu_s": 1.0, "energy_j": None}}, "gpus": []}
+    deep_merge(base, {"codepaths": {"pickle": {"energy_j": 2.5}}, "gpus": [{"index": 0}]})
+    assert base == {
+        "codepaths": {"pickle": {"cpu_s": 1.0, "energy_j": 2.5}},
+        "gpus": [{"index": 0}],
+    }
+
+
+class Recorder:
+    """A stand-in for the energy/GPU and run-record observers."""
+
+    def __init__(self) -> None:
+        self.started: SessionInfo | None = None
+        self.reports: list[WindowReport] = []
+
+    def on_start(self, info: SessionInfo) -> None:
+        self.started = info
+
+    def on_window(self, report: WindowReport) -> None:
+        self.reports.append(report)
+
+    def finish(self) -> dict[str, Any]:
+        pickle_cpu = sum(r.codepaths["pickle"].cpu_s for r in self.reports)
+        return {
+            "codepaths": {"pickle": {"energy_j": 10.0 * pickle_cpu, "gpu_wait_s": 0.0}},
+            "energy": {"source": "model", "reason": None, "package_j": 42.0},
+        }
+
+
+def test_observers_see_every_window_and_extend_the_document(tmp_path: Path) -> None:
+    script = tmp_path / "w.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import pickle, time
+            d = {str(i): [i] for i in range(5000)}
+            end = time.time() + 3
+            while time.time() < end:
+                b = pickle.dumps(d)
+            """
+        )
+    )
+    p = subprocess.Popen([PY312, str(script)])
+    obs = Recorder()
+    progress = io.StringIO()
+    session = ProfileSession(
+        p.pid,
+        classifier=Classifier.default(),
+        rate_hz=50,
+        window_s=1.0,
+        observers=[obs],
+        progress=progress,
+        root_exit_check=lambda: p.poll() is not None,
+        root_may_be_wrapper=True,
+    )
+    result = session.run()
+    p.wait()
+    assert obs.started is not None and obs.started.root_pid == p.pid
+    assert len(obs.reports) >= 2  # 1 s windows over ~3 s
+    assert all(set(r.codepaths) == set(CODEPATHS) for r in obs.reports)
+    doc = build_document(result)
+    assert doc["energy"] == {"source": "model", "reason": None, "package_j": 42.0}
+    assert doc["codepaths"]["pickle"]["energy_j"] > 0
+    assert doc["codepaths"]["json"]["energy_j"] is None
+    table = render_table(doc)
+    assert " J" in table.splitlines()[1] and "GPU-wait s" in table.splitlines()[1]
+    assert "elapsed" in progress.getvalue()
+    assert doc["sampler"]["windows"] == len(obs.reports)
