@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -202,7 +201,7 @@ def write_file(
 
     directory = os.path.dirname(os.path.abspath(path))
     tmp = os.path.join(
-        directory, f".{os.path.basename(path)}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+        directory, f".{os.path.basename(path)}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
     )
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     try:
