@@ -293,6 +293,31 @@ class EnergyTracker:
         safe = self.rapl.probe().poll_period_s or self.poll_cap_s
         return min(safe, self.poll_cap_s)
 
+    def fastest_wrap_s(self) -> float | None:
+        """Shortest time any counted zone takes to wrap at the average power seen so
+        far (None before two reads or at zero power). Reads further apart than half of
+        this risk a missed wrap; the safe period assumes `max_power_w` instead."""
+        with self._lock:
+            t = self._rapl_series.t
+            if len(t) < 2 or not self.probe()["rapl"].up:
+                return None
+            elapsed = t[-1] - t[0]
+            zones = self.rapl.probe().zones
+            out: list[float] = []
+            for pkg, series in self._per_package.items():
+                ranges = [
+                    z.max_energy_range_j for z in zones if z.kind == "package" and z.package == pkg
+                ]
+                d = series.delta("j", series.t[0], series.t[-1]) if len(series.t) > 1 else None
+                if ranges and d and d > 0:
+                    out.append(min(ranges) / (d / elapsed))
+            for kind in ("dram", "psys"):
+                ranges = [z.max_energy_range_j for z in zones if z.kind == kind]
+                d = self._rapl_series.delta(kind, t[0], t[-1])
+                if ranges and d and d > 0:
+                    out.append(min(ranges) / (d / len(ranges) / elapsed))
+            return min(out) if out else None
+
     # ------------------------------------------------------------------ polling
 
     def poll_once(self) -> None:
@@ -624,12 +649,12 @@ class EnergyObserver:
                 "wraps_corrected": self.tracker.rapl_wraps,
                 "max_read_gap_s": round(self.tracker.max_rapl_gap_s, 6),
             }
-            if rs.poll_period_s and self.tracker.max_rapl_gap_s > 2 * rs.poll_period_s:
-                # beyond the fastest possible wrap at the assumed max power
+            fastest = self.tracker.fastest_wrap_s()
+            if fastest is not None and self.tracker.max_rapl_gap_s > fastest / 2:
                 part["notes"].append(
-                    f"RAPL reads were {self.tracker.max_rapl_gap_s:.2f} s apart at worst, longer "
-                    f"than the {2 * rs.poll_period_s:.2f} s a counter needs to wrap at "
-                    f"{self.tracker.rapl.max_power_w:g} W: a wrap may have been missed"
+                    f"RAPL reads were {self.tracker.max_rapl_gap_s:.2f} s apart at worst; at "
+                    f"the power seen, a counter wraps every {fastest:.2f} s: a wrap may have "
+                    "been missed"
                 )
         return part
 

@@ -75,6 +75,8 @@ def test_rapl_window_split_and_attribution_deterministic(tmp_path: Path) -> None
         tree.advance("intel-rapl:1", 6.0)
         (procfs / "stat").write_text(_stat(100 * i, 100 * i))
         tr.poll_once()
+    assert tr.fastest_wrap_s() == pytest.approx(5.0)  # 30 J at 6 W
+    assert tr.max_rapl_gap_s == pytest.approx(1.0)
     we = tr.window(t0 + 1.0, t0 + 9.0)
     assert we.source == "rapl" and we.reason is None
     assert we.package_j == pytest.approx(80.0)
@@ -247,3 +249,26 @@ def test_tracker_thread_polls_real_files(tmp_path: Path) -> None:
     # 20 W for the window; on a loaded machine a missed poll could miss a wrap, which
     # would show as -2 J steps: allow one sample of slack, not a wrap.
     assert we.package_j == pytest.approx(20.0 * we.wall_s, abs=1.0)
+
+
+def test_reads_too_far_apart_for_the_power_seen_are_noted(tmp_path: Path) -> None:
+    clock = FakeClock()
+    sysfs, procfs = tmp_path / "sys", tmp_path / "proc"
+    procfs.mkdir()
+    tree = build_powercap(sysfs, max_uj=30_000_000, dram=False, psys=False)
+    (procfs / "stat").write_text(_stat(0, 0))
+    tr = EnergyTracker(sysfs, procfs, nvml_mode="off", clock=clock)
+    obs = EnergyObserver(tr)
+    obs._started = True
+    t0 = clock()
+    tr.poll_once()
+    for i in range(1, 4):
+        clock.advance(4.0)  # a stalled poller: 24 J per read gap, the range is 30 J
+        tree.advance("intel-rapl:1", 24.0)
+        (procfs / "stat").write_text(_stat(100 * i, 100 * i))
+        tr.poll_once()
+    obs.on_window(_report(t0, t0 + 12.0, {"other": 1.0}, []))
+    e = obs.finish()["energy"]
+    assert e["package_j"] == pytest.approx(72.0)
+    assert e["rapl"]["max_read_gap_s"] == pytest.approx(4.0)
+    assert any("a wrap may have been missed" in n for n in e["notes"]), e["notes"]
