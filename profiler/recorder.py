@@ -56,7 +56,33 @@ CREATE TABLE IF NOT EXISTS runs (
     serwatt_version TEXT NOT NULL,
     host_json TEXT NOT NULL,
     config_json TEXT NOT NULL,
-    sources_json TEXT NOT NULL
+    sources_json TEXT NOT NULL,
+    -- Totals kept in the same transaction as each window, so listing runs costs
+    -- O(runs), not O(windows), and never disagrees with the windows.
+    windows INTEGER NOT NULL DEFAULT 0,
+    cpu_s REAL NOT NULL DEFAULT 0,
+    pyspy_samples INTEGER NOT NULL DEFAULT 0,
+    pyspy_errors INTEGER NOT NULL DEFAULT 0
+);
+-- Distinct values seen in a run's windows: kind is 'pid', 'python' or 'energy_source'.
+CREATE TABLE IF NOT EXISTS run_facets (
+    run_id TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
+    kind TEXT NOT NULL,
+    value TEXT NOT NULL,
+    PRIMARY KEY (run_id, kind, value)
+);
+-- Per-codepath totals of a run (NULL energy/GPU: no window of the run had any).
+CREATE TABLE IF NOT EXISTS run_codepaths (
+    run_id TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
+    codepath TEXT NOT NULL,
+    samples INTEGER NOT NULL,
+    cpu_s REAL NOT NULL,
+    wall_s REAL NOT NULL,
+    low_confidence_samples INTEGER NOT NULL,
+    energy_j REAL,
+    gpu_wait_s REAL,
+    gpu_wait_energy_j REAL,
+    PRIMARY KEY (run_id, codepath)
 );
 CREATE TABLE IF NOT EXISTS windows (
     window_id INTEGER PRIMARY KEY,
@@ -438,29 +464,60 @@ class Recorder:
                 ),
             )
             window_id = int(cur.lastrowid or 0)
+            codepath_rows = [
+                (
+                    window_id,
+                    cp,
+                    cw.samples,
+                    _finite(cw.cpu_s, f"{cp}.cpu_s"),
+                    _finite(cw.wall_s, f"{cp}.wall_s"),
+                    cw.low_confidence_samples,
+                    energy_j.get(cp, 0.0 if energy_j else None) if energy else None,
+                    energy_source if energy else None,
+                    wait_s.get(cp, 0.0 if wait_s else None) if gpu else None,
+                    wait_j.get(cp, 0.0 if wait_j else None) if gpu else None,
+                )
+                for cp, cw in ((cp, window.codepaths[cp]) for cp in CODEPATHS)
+            ]
             db.executemany(
                 "INSERT INTO window_codepaths(window_id, codepath, samples, cpu_s, wall_s,"
                 " low_confidence_samples, energy_j, energy_source, gpu_wait_s, gpu_wait_energy_j)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [
-                    (
-                        window_id,
-                        cp,
-                        cw.samples,
-                        _finite(cw.cpu_s, f"{cp}.cpu_s"),
-                        _finite(cw.wall_s, f"{cp}.wall_s"),
-                        cw.low_confidence_samples,
-                        energy_j.get(cp, 0.0 if energy_j else None) if energy else None,
-                        energy_source if energy else None,
-                        wait_s.get(cp, 0.0 if wait_s else None) if gpu else None,
-                        wait_j.get(cp, 0.0 if wait_j else None) if gpu else None,
-                    )
-                    for cp, cw in ((cp, window.codepaths[cp]) for cp in CODEPATHS)
-                ],
+                codepath_rows,
+            )
+            db.executemany(
+                "INSERT INTO run_codepaths(run_id, codepath, samples, cpu_s, wall_s,"
+                " low_confidence_samples, energy_j, gpu_wait_s, gpu_wait_energy_j)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT(run_id, codepath) DO UPDATE SET"
+                " samples = samples + excluded.samples,"
+                " cpu_s = cpu_s + excluded.cpu_s,"
+                " wall_s = wall_s + excluded.wall_s,"
+                " low_confidence_samples = low_confidence_samples"
+                "   + excluded.low_confidence_samples,"
+                " energy_j = CASE WHEN excluded.energy_j IS NULL THEN energy_j"
+                "   ELSE coalesce(energy_j, 0) + excluded.energy_j END,"
+                " gpu_wait_s = CASE WHEN excluded.gpu_wait_s IS NULL THEN gpu_wait_s"
+                "   ELSE coalesce(gpu_wait_s, 0) + excluded.gpu_wait_s END,"
+                " gpu_wait_energy_j = CASE WHEN excluded.gpu_wait_energy_j IS NULL"
+                "   THEN gpu_wait_energy_j"
+                "   ELSE coalesce(gpu_wait_energy_j, 0) + excluded.gpu_wait_energy_j END",
+                [(run_id, *row[1:6], row[6], row[8], row[9]) for row in codepath_rows],
+            )
+            facets = [("pid", str(window.pid))]
+            if window.python:
+                facets.append(("python", window.python))
+            if energy_source:
+                facets.append(("energy_source", energy_source))
+            db.executemany(
+                "INSERT OR IGNORE INTO run_facets(run_id, kind, value) VALUES (?, ?, ?)",
+                [(run_id, kind, value) for kind, value in facets],
             )
             db.execute(
-                "UPDATE runs SET last_seen_at = max(last_seen_at, ?) WHERE run_id = ?",
-                (window.ended_at, run_id),
+                "UPDATE runs SET last_seen_at = max(last_seen_at, ?), windows = windows + 1,"
+                " cpu_s = cpu_s + ?, pyspy_samples = pyspy_samples + ?,"
+                " pyspy_errors = pyspy_errors + ? WHERE run_id = ?",
+                (window.ended_at, window.cpu_s, e.pyspy_samples, e.pyspy_errors, run_id),
             )
         return window_id
 
@@ -496,29 +553,25 @@ class Recorder:
         with self._lock:
             rows = self._db.execute(
                 "SELECT r.run_id, r.target, r.started_at, r.ended_at, r.last_seen_at,"
-                " r.serwatt_version,"
-                " (SELECT count(*) FROM windows w WHERE w.run_id = r.run_id),"
-                " (SELECT group_concat(DISTINCT w.pid) FROM windows w WHERE w.run_id = r.run_id),"
-                " (SELECT coalesce(sum(c.samples), 0) FROM windows w JOIN window_codepaths c"
-                "   USING (window_id) WHERE w.run_id = r.run_id),"
-                " (SELECT coalesce(sum(w.cpu_s), 0) FROM windows w WHERE w.run_id = r.run_id),"
-                " (SELECT sum(c.energy_j) FROM windows w JOIN window_codepaths c"
-                "   USING (window_id) WHERE w.run_id = r.run_id),"
-                " (SELECT group_concat(DISTINCT w.energy_source) FROM windows w"
-                "   WHERE w.run_id = r.run_id),"
-                " (SELECT group_concat(DISTINCT w.python) FROM windows w"
-                "   WHERE w.run_id = r.run_id),"
-                " (SELECT coalesce(sum(w.pyspy_samples), 0) FROM windows w"
-                "   WHERE w.run_id = r.run_id),"
-                " (SELECT coalesce(sum(w.pyspy_errors), 0) FROM windows w"
-                "   WHERE w.run_id = r.run_id)"
+                " r.serwatt_version, r.windows,"
+                " (SELECT group_concat(f.value) FROM run_facets f"
+                "   WHERE f.run_id = r.run_id AND f.kind = 'pid'),"
+                " (SELECT coalesce(sum(c.samples), 0) FROM run_codepaths c"
+                "   WHERE c.run_id = r.run_id),"
+                " r.cpu_s,"
+                " (SELECT sum(c.energy_j) FROM run_codepaths c WHERE c.run_id = r.run_id),"
+                " (SELECT group_concat(f.value) FROM run_facets f"
+                "   WHERE f.run_id = r.run_id AND f.kind = 'energy_source'),"
+                " (SELECT group_concat(f.value) FROM run_facets f"
+                "   WHERE f.run_id = r.run_id AND f.kind = 'python'),"
+                " r.pyspy_samples, r.pyspy_errors"
                 f" FROM runs r {where} ORDER BY r.started_at, r.run_id",
                 params,
             ).fetchall()
         return [_summary(row) for row in rows]
 
     def run(self, run_id: str, *, windows: bool = True) -> RunDetail:
-        """One run: summary, host, config, sources, per-codepath totals (summed in SQL),
+        """One run: summary, host, config, sources, per-codepath totals (kept per run),
         and, when `windows`, every window (a month-long run holds ~260k of them)."""
         found = self.runs(run_id)
         if not found:
@@ -532,11 +585,8 @@ class Recorder:
                 (run_id,),
             ).fetchone()
             trows = self._db.execute(
-                "SELECT c.codepath, sum(c.samples), sum(c.cpu_s), sum(c.wall_s),"
-                " sum(c.low_confidence_samples), sum(c.energy_j), sum(c.gpu_wait_s),"
-                " sum(c.gpu_wait_energy_j)"
-                " FROM windows w JOIN window_codepaths c USING (window_id)"
-                " WHERE w.run_id = ? GROUP BY c.codepath",
+                "SELECT codepath, samples, cpu_s, wall_s, low_confidence_samples, energy_j,"
+                " gpu_wait_s, gpu_wait_energy_j FROM run_codepaths WHERE run_id = ?",
                 (run_id,),
             ).fetchall()
             wrows = crows = []
@@ -599,7 +649,7 @@ class Recorder:
                     cpu_s=cpu_s or 0.0,
                     wall_s=wall_s or 0.0,
                     low_confidence_samples=low or 0,
-                    energy_j=energy_j,  # SQL sum of only NULLs is NULL: never measured
+                    energy_j=energy_j,  # NULL: no window of the run had energy
                     gpu_wait_s=wait_s,
                     gpu_wait_energy_j=wait_j,
                 )

@@ -54,6 +54,26 @@ def window(
     )
 
 
+def assert_totals_match_windows(rec: Recorder, run_id: str) -> None:
+    """The per-run totals kept at append time equal the sums over the stored windows."""
+    detail = rec.run(run_id)
+    s = detail.summary
+    assert s.windows == len(detail.windows)
+    assert s.cpu_s == pytest.approx(sum(w.cpu_s for w in detail.windows))
+    assert s.pids == tuple(sorted({w.pid for w in detail.windows}))
+    assert s.pyspy_samples == sum(w.errors["pyspy_samples"] for w in detail.windows)
+    for cp in CODEPATHS:
+        rows = [w.codepaths[cp] for w in detail.windows]
+        total = detail.codepaths[cp]
+        assert total.samples == sum(r["samples"] for r in rows)
+        assert total.cpu_s == pytest.approx(sum(r["cpu_s"] for r in rows))
+        assert total.wall_s == pytest.approx(sum(r["wall_s"] for r in rows))
+        energies = [r["energy_j"] for r in rows if r["energy_j"] is not None]
+        assert total.energy_j == (pytest.approx(sum(energies)) if energies else None)
+        waits = [r["gpu_wait_s"] for r in rows if r["gpu_wait_s"] is not None]
+        assert total.gpu_wait_s == (pytest.approx(sum(waits)) if waits else None)
+
+
 def test_round_trip_counters_sources_and_totals(tmp_path: Path) -> None:
     rec = Recorder(tmp_path / "r.sqlite")
     rec.start_run("trainer-1", "trainer", host=HOST, config=CONFIG, sources=SOURCES)
@@ -113,6 +133,9 @@ def test_round_trip_counters_sources_and_totals(tmp_path: Path) -> None:
     assert detail.codepaths["pickle"].gpu_wait_s == 1.5
     doc = detail.to_json()
     assert json.loads(json.dumps(doc)) == doc and doc["windows"] == 2
+    assert_totals_match_windows(rec, "trainer-1")
+    brief = rec.run("trainer-1", windows=False)
+    assert brief.windows == () and brief.codepaths == detail.codepaths
 
 
 def test_start_run_resumes_same_target_and_refuses_another(tmp_path: Path) -> None:
@@ -204,6 +227,9 @@ def test_retention_deletes_old_runs_with_their_windows(tmp_path: Path) -> None:
     assert [r.run_id for r in rec.runs()] == ["new"]
     leftover = rec._db.execute("SELECT count(*) FROM window_codepaths").fetchone()[0]
     assert leftover == len(CODEPATHS)  # the old run's codepath rows went with it
+    for table in ("run_codepaths", "run_facets"):
+        left = rec._db.execute(f"SELECT count(*) FROM {table} WHERE run_id = 'old'").fetchone()
+        assert left == (0,), table
     assert rec.apply_retention(30, now=now) == 0
     with pytest.raises(ValueError):
         rec.apply_retention(0)
@@ -224,6 +250,8 @@ def test_concurrent_appends_from_threads(tmp_path: Path) -> None:
     for t in threads:
         t.join()
     assert [r.windows for r in rec.runs()] == [25, 25, 25, 25]
+    for i in range(4):
+        assert_totals_match_windows(rec, f"r{i}")
 
 
 def test_a_reader_sees_committed_windows_while_the_writer_holds_the_file(tmp_path: Path) -> None:
@@ -297,3 +325,5 @@ def test_sigkill_at_random_moments_keeps_every_committed_window(tmp_path: Path) 
             assert all(w.codepaths[cp] for cp in CODEPATHS)
         # At most one window more than reported: committed, killed before the print.
         assert len(stored) - len(entries) in (0, 1)
+        # The run totals were committed with each window: never ahead or behind.
+        assert_totals_match_windows(rec, run_id)
