@@ -94,8 +94,11 @@ class _Scope:
 class SourceIndex:
     """One parsed source file; `calls_at(line)` is memoized per line."""
 
-    def __init__(self, text: str, filename: str = "<source>") -> None:
+    def __init__(self, text: str, filename: str = "<source>", package: str | None = None) -> None:
         self.tree = ast.parse(text, filename=filename)
+        # The file's package ("multiprocessing" for multiprocessing/queues.py), used to
+        # resolve relative imports; None when unknown (relative imports stay unresolved).
+        self.package = package
         self._calls: list[ast.Call] = []
         self._comps: list[ast.expr] = []
         self._scopes: list[_Scope] = []
@@ -148,14 +151,14 @@ class SourceIndex:
                     else:
                         root = alias.name.split(".", 1)[0]
                         scope.bindings[root] = (root, True)
-            elif isinstance(child, ast.ImportFrom) and child.module and not child.level:
+            elif isinstance(child, ast.ImportFrom):
+                base = self._absolute(child.module, child.level)
+                if base is None:
+                    continue
                 for alias in child.names:
                     if alias.name == "*":
                         continue
-                    scope.bindings[alias.asname or alias.name] = (
-                        f"{child.module}.{alias.name}",
-                        True,
-                    )
+                    scope.bindings[alias.asname or alias.name] = (f"{base}.{alias.name}", True)
         for child in body:
             local_env = {**env, **scope.bindings}
             if isinstance(child, ast.Assign) and len(child.targets) == 1:
@@ -176,8 +179,8 @@ class SourceIndex:
                         scope.bindings[child.optional_vars.id] = value
             elif isinstance(child, ast.ClassDef):
                 # `class P(pickle.Pickler)`: `P(f).dump(x)` is `pickle.Pickler().dump`.
-                for base in child.bases:
-                    value = _resolve(base, local_env)
+                for base_expr in child.bases:
+                    value = _resolve(base_expr, local_env)
                     if value is not None and value[1]:
                         scope.bindings[child.name] = value
                         break
@@ -196,6 +199,18 @@ class SourceIndex:
                     sub.bindings[arg] = (arg, False)
             self._scopes.append(sub)
             self._build(child, sub)
+
+    def _absolute(self, module: str | None, level: int) -> str | None:
+        """`from ..x import y` -> the absolute module the names come from, if known."""
+        if not level:
+            return module
+        if not self.package:
+            return None
+        parts = self.package.split(".")
+        if level - 1 >= len(parts):
+            return None
+        base = ".".join(parts[: len(parts) - (level - 1)])
+        return f"{base}.{module}" if module else base
 
     def _scope_at(self, line: int) -> _Scope:
         best = self._scopes[0]
@@ -315,7 +330,7 @@ class SourceCache:
             error = "source not readable"
         else:
             try:
-                index = SourceIndex(read_source(Path(path)), path)
+                index = SourceIndex(read_source(Path(path)), path, package_of(Path(path)))
                 self.parses += 1
             except (OSError, ValueError, SyntaxError, RecursionError, MemoryError) as exc:
                 error = f"source not parsed: {type(exc).__name__}: {exc}"
@@ -323,6 +338,16 @@ class SourceCache:
         if len(self._entries) > self.max_files:
             self._entries.popitem(last=False)
         return index, error, key[0] if key else None
+
+
+def package_of(path: Path) -> str | None:
+    """The dotted package a source file belongs to, from `__init__.py` files above it."""
+    parts: list[str] = []
+    d = path.parent
+    while (d / "__init__.py").exists() and d.name and len(parts) < 32:
+        parts.insert(0, d.name)
+        d = d.parent
+    return ".".join(parts) or None
 
 
 def source_path(filename: str, proc_root: Path | None) -> str | None:

@@ -28,6 +28,7 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from collectors.samples import Frame, Sample
 from profiler.callsite import LineCalls, SourceCache, source_path
@@ -86,17 +87,17 @@ class Classifier:
     # -- construction --------------------------------------------------------------
 
     @classmethod
-    def default(cls, **kwargs: object) -> Classifier:
-        """The built-in rules packaged with serwatt."""
-        return cls(load_rules([], builtin=True), **kwargs)  # type: ignore[arg-type]
+    def default(cls, **options: Any) -> Classifier:
+        """The built-in rules packaged with serwatt (options: see __init__)."""
+        return cls(load_rules([], builtin=True), **options)
 
     @classmethod
-    def from_files(cls, paths: Iterable[Path], **kwargs: object) -> Classifier:
+    def from_files(cls, paths: Iterable[Path], **options: Any) -> Classifier:
         """Built-in rules plus user rule files; user rules are tried first on a frame.
 
         Raises profiler.rules.RuleError naming file, line and reason for a bad file.
         """
-        return cls(load_rules(list(paths), builtin=True), **kwargs)  # type: ignore[arg-type]
+        return cls(load_rules(list(paths), builtin=True), **options)
 
     # -- public --------------------------------------------------------------------
 

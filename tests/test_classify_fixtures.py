@@ -36,14 +36,22 @@ def classifier() -> Classifier:
 
 @pytest.fixture(scope="module")
 def proc_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fake /proc/<pid>/root holding the workload source as it was at capture time."""
+    """A fake /proc/<pid>/root holding the sources as they were at capture time."""
     root = tmp_path_factory.mktemp("root")
-    workloads = {json.loads(p.read_text())["workload"] for p in FILES}
-    for path in workloads:
-        dst = root / path.lstrip("/")
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(FIXTURES / "sources" / "serializers.py", dst)
+    for p in FILES:
+        for path, copy in json.loads(p.read_text())["sources"].items():
+            dst = root / path.lstrip("/")
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(FIXTURES / copy, dst)
     return root
+
+
+_ROOTS = ("<module>", "_bootstrap", "Thread._bootstrap")
+
+
+def _partial(s: Sample) -> bool:
+    """A stack py-spy could not read to its root (nonblocking mode): outer frames lost."""
+    return s.frames[-1].name not in _ROOTS
 
 
 def _classified(
@@ -77,7 +85,11 @@ def test_every_recorded_sample_lands_in_its_codepath(
     path: Path, classifier: Classifier, proc_root: Path
 ) -> None:
     doc = _load(path.name)
-    results = _classified(doc, classifier, proc_root)
+    everything = _classified(doc, classifier, proc_root)
+    # A partial stack lost its outer frames, so its outermost scope may be an inner
+    # serializer (json under protobuf's json_format); it must still be in the set.
+    assert all(c.codepath in CODEPATHS for _, c in everything)
+    results = [(s, c) for s, c in everything if not _partial(s)]
     assert len(results) >= 6
     counts = Counter(c.codepath for _, c in results)
     expect = doc["expect"]
@@ -88,11 +100,19 @@ def test_every_recorded_sample_lands_in_its_codepath(
         return
     # Most samples are inside the serializer; what is not is the workload's own loop
     # (e.g. `buf = io.BytesIO()` freeing the last buffer), never a library frame.
-    if doc["kind"] != "pickle_ambiguous":
+    if doc["kind"] == "mp_queue":
+        # Most of an mp.Queue round trip is pipe I/O and waiting (other); the feeder
+        # thread's ForkingPickler.dumps and Queue.get's loads are pickle.
+        assert counts["pickle"] >= 0.2 * len(results), counts
+        waits = ("serializers.py", "multiprocessing/connection.py", "threading.py")
+    elif doc["kind"] != "pickle_ambiguous":
         assert counts[expect] >= 0.6 * len(results), counts
+        waits = ("serializers.py",)
+    else:
+        waits = ("serializers.py",)
     for s, c in results:
         if c.codepath == "other":
-            assert s.frames[0].filename.endswith("serializers.py"), s.frames[:3]
+            assert s.frames[0].filename.endswith(waits), s.frames[:3]
     if doc["kind"] == "pickle_ambiguous":
         # List building (`make`) is other; the pickling line mixes both: low confidence.
         assert counts["pickle"] >= 1 and counts["other"] >= 1, counts
@@ -140,7 +160,11 @@ def test_every_recorded_sample_lands_in_its_codepath(
 def test_rule_ids_and_confidence(
     name: str, rule_ids: set[str], confidence: str, classifier: Classifier, proc_root: Path
 ) -> None:
-    results = [c for _, c in _classified(_load(name), classifier, proc_root) if c.rule_id]
+    results = [
+        c
+        for s, c in _classified(_load(name), classifier, proc_root)
+        if c.rule_id and not _partial(s)
+    ]
     assert results
     assert {c.rule_id for c in results} <= rule_ids
     assert rule_ids & {c.rule_id for c in results}
@@ -168,6 +192,22 @@ def test_callbacks_count_toward_the_serializer_calling_them(
                 assert c.codepath == "pickle"
     assert seen["persistent_id"] >= 1
     assert sum(v for k, v in seen.items() if k != "persistent_id") >= 1, seen
+
+
+def test_multiprocessing_queue_get_is_a_call_site_in_stdlib(
+    classifier: Classifier, proc_root: Path
+) -> None:
+    """Queue.get runs `_ForkingPickler.loads(res)`, a C call bound through a relative
+    import (`from . import context`): the call-site layer resolves it in stdlib code."""
+    for name in ("py310-mp_queue.json", "py312-mp_queue.json"):
+        gets = [
+            c
+            for s, c in _classified(_load(name), classifier, proc_root)
+            if s.frames[0].filename.endswith("multiprocessing/queues.py")
+            and s.frames[0].name.endswith("get")
+        ]
+        assert gets, name
+        assert {(c.codepath, c.rule_id) for c in gets} == {("pickle", "pickle.call")}
 
 
 def test_torch_reduce_ex_internal_only_under_a_serializer(
@@ -222,15 +262,23 @@ def test_native_and_python_frames_together_keep_outermost(classifier: Classifier
                 assert classifier.classify(s).codepath == "torch"
 
 
-def test_call_sites_need_the_source_unknown_stays_other(classifier: Classifier) -> None:
+def test_call_sites_need_the_source_unknown_stays_other(
+    classifier: Classifier, proc_root: Path
+) -> None:
     """Without the source (no /proc/<pid>/root copy), a C-serializer caller is other."""
     empty_root = Path("/nonexistent-serwatt-root")
     for name in ("py310-pickle_alias.json", "py312-protobuf_serialize.json"):
         results = _classified(_load(name), Classifier.default(), empty_root)
         assert {c.codepath for _, c in results} == {"other"}
-    # Python-frame rules need no source.
-    results = _classified(_load("py312-json_dumps.json"), classifier, empty_root)
-    assert {c.codepath for _, c in results} == {"json"}
+    # Python-frame rules need no source: same answer with or without it.
+    without = Classifier.default()
+    compared = 0
+    for name in ("py312-json_dumps.json", "py310-yaml_dump.json", "venv-torch_save.json"):
+        for s, c in _classified(_load(name), classifier, proc_root):
+            if c.rule_id in ("json.stdlib", "yaml.python", "torch.serialization"):
+                assert without.classify(s, proc_root=empty_root) == c
+                compared += 1
+    assert compared >= 12
 
 
 def test_speedscope_recordings_classify_like_dumps(classifier: Classifier, proc_root: Path) -> None:

@@ -27,6 +27,53 @@ from tests.workloads.serializers import EXPECT
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "pyspy"
 DUMPS = 8
+MAX_DUMPS = 60
+
+
+def _leaf_is(suffix: str, name: str):
+    def pred(frames: list[dict]) -> bool:
+        return (
+            bool(frames)
+            and frames[0]["filename"].endswith(suffix)
+            and (frames[0]["name"].endswith(name))
+        )
+
+    return pred
+
+
+def _has_frame(name: str):
+    return lambda frames: any(f["name"].endswith(name) for f in frames)
+
+
+def _has_native(symbol_prefix: str):
+    return lambda frames: any(
+        f.get("module") and f["name"].startswith(symbol_prefix) for f in frames
+    )
+
+
+# Stacks a fixture must contain for its test to mean something: keep dumping (real
+# py-spy, nothing edited) until one is seen. mp_queue's main thread mostly waits on
+# the pipe; Queue.get inside `_ForkingPickler.loads` is the call-site case in stdlib.
+REQUIRE = {
+    "mp_queue": _leaf_is("multiprocessing/queues.py", "get"),
+    "torch_save": _has_frame("_reduce_ex_internal"),
+    "tensor_copy": _has_frame("_reduce_ex_internal"),
+}
+REQUIRE_NATIVE = {"torch_save": _has_native("mz_")}
+# Files whose lines the call-site layer reads, copied into sources/ at capture time.
+LEAF_SOURCES = ("tests/workloads/serializers.py", "multiprocessing/queues.py")
+
+
+def _dump_until(pid: int, pred, *, native: bool, n_min: int) -> list:
+    dumps: list = []
+    while len(dumps) < MAX_DUMPS:
+        dumps.append(harness.dump(pid, native=native))
+        seen = pred is None or any(pred(t["frames"]) for d in dumps for t in d)
+        if len(dumps) >= n_min and seen:
+            return dumps
+        time.sleep(0.07)
+    raise RuntimeError(f"required stack not seen in {MAX_DUMPS} dumps")
+
 
 # target -> kinds. "venv" is the project venv (3.11, torch/numpy/safetensors).
 PLAN: dict[str, list[str]] = {
@@ -37,6 +84,7 @@ PLAN: dict[str, list[str]] = {
         "pickle_ambiguous",
         "pickle_callbacks",
         "pickle_persistent_id",
+        "mp_queue",
         "json_dumps",
         "json_loads",
         "protobuf_serialize",
@@ -54,6 +102,7 @@ PLAN: dict[str, list[str]] = {
         "pickle_ambiguous",
         "pickle_callbacks",
         "pickle_persistent_id",
+        "mp_queue",
         "json_dumps",
         "json_loads",
         "protobuf_serialize",
@@ -107,22 +156,37 @@ def capture(target: str, kind: str) -> Path:
         "target": target,
         "python": version,
         "pyspy": pyspy_version(),
-        "workload": str(harness.WORKLOAD),
-        "source_copy": "sources/serializers.py",
     }
     with harness.running(python, kind) as pid:
-        dumps = []
-        for _ in range(DUMPS):
-            dumps.append(harness.dump(pid))
-            time.sleep(0.07)
-        doc["dumps"] = dumps
+        doc["dumps"] = _dump_until(pid, REQUIRE.get(kind), native=False, n_min=DUMPS)
         if (target, kind) in NATIVE:
-            doc["native_dumps"] = [harness.dump(pid, native=True) for _ in range(3)]
+            doc["native_dumps"] = _dump_until(pid, REQUIRE_NATIVE.get(kind), native=True, n_min=3)
         if (target, kind) in SPEEDSCOPE:
             with tempfile.TemporaryDirectory() as tmp:
                 doc["speedscope"] = harness.record_speedscope(
                     pid, duration_s=1, rate_hz=40, out=Path(tmp) / "out.json"
                 )
+    sources: dict[str, str] = {}
+    for d in [*doc["dumps"], *doc.get("native_dumps", [])]:
+        for thread in d:
+            for f in thread["frames"]:
+                path = f["filename"]
+                if path.endswith(LEAF_SOURCES) and path not in sources:
+                    rel = "sources/" + (
+                        "serializers.py"
+                        if path == str(harness.WORKLOAD)
+                        else f"{target}-" + path.rsplit("/", 2)[-2] + "-" + path.rsplit("/", 1)[1]
+                    )
+                    if rel != "sources/serializers.py":
+                        shutil.copyfile(path, FIXTURES / rel)
+                        # Relative imports resolve through the package's __init__.py.
+                        init = Path(path).with_name("__init__.py")
+                        if init.exists():
+                            init_rel = rel.rsplit("-", 1)[0] + "-__init__.py"
+                            shutil.copyfile(init, FIXTURES / init_rel)
+                            sources[str(init)] = init_rel
+                    sources[path] = rel
+    doc["sources"] = sources
     out = FIXTURES / f"{target}-{kind}.json"
     out.write_text(json.dumps(doc, indent=None, separators=(",", ":")) + "\n")
     return out

@@ -21,6 +21,7 @@ EXPECT = {
     "pickle_ambiguous": "pickle",
     "pickle_callbacks": "pickle",
     "pickle_persistent_id": "pickle",
+    "mp_queue": "pickle",
     "json_dumps": "json",
     "json_loads": "json",
     "protobuf_serialize": "protobuf",
@@ -138,6 +139,16 @@ def run(kind, max_s):
             buf = io.BytesIO()
             RefPickler(buf, protocol=2).dump(data)
         return buf
+    if kind == "mp_queue":
+        import multiprocessing
+
+        q = multiprocessing.Queue()
+        data = _data()
+        ready()
+        while time.time() < deadline:
+            q.put(data)  # pickled by the queue's feeder thread (Queue._feed)
+            q.get()  # unpickled here, in Queue.get at `_ForkingPickler.loads(res)`
+        return q
     if kind == "json_dumps":
         data = _data()
         ready()
