@@ -71,6 +71,27 @@ def test_serializer_lands_in_its_codepath(target: tuple[str, Path], kind: str) -
     _check(_sample_and_classify(python, kind), EXPECT[kind])
 
 
+def test_multiprocessing_queue(target: tuple[str, Path]) -> None:
+    """mp.Queue: the feeder thread's ForkingPickler.dumps and Queue.get's C loads
+    (a call site in stdlib code, bound by a relative import) are pickle; pipe I/O and
+    waits are other."""
+    _name, python = target
+    classifier = Classifier.default()
+    by_rule: Counter[tuple[str, str | None]] = Counter()
+    with harness.running(python, "mp_queue") as pid:
+        proc_root = Path(f"/proc/{pid}/root")
+        for _ in range(40):
+            for s in harness.samples_from_dump(harness.dump(pid)):
+                if s.frames:
+                    c = classifier.classify(s, proc_root=proc_root)
+                    by_rule[(c.codepath, c.rule_id)] += 1
+            if by_rule[("pickle", "pickle.call")] and by_rule[("pickle", "pickle.multiprocessing")]:
+                break
+    assert {cp for cp, _ in by_rule} <= {"pickle", "other"}, by_rule
+    assert by_rule[("pickle", "pickle.call")] >= 1, by_rule  # Queue.get
+    assert by_rule[("pickle", "pickle.multiprocessing")] >= 1, by_rule  # feeder thread
+
+
 @pytest.mark.parametrize("kind", ["torch_save", "torch_load"])
 def test_torch_on_the_project_venv(kind: str) -> None:
     import sys
