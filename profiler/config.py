@@ -540,7 +540,12 @@ def _check_document(c: _Checker, root: yaml.Node | None) -> dict[str, Any]:
 
 def parse_config(text: str, source_path: Path) -> Config:
     """Validate YAML text; raises ConfigError listing every problem."""
-    loader = yaml.SafeLoader(text)
+    try:
+        loader = yaml.SafeLoader(text)
+    except yaml.YAMLError as exc:  # e.g. a control character: the reader refuses at once
+        raise ConfigError(
+            source_path, [ConfigProblem("", None, f"not valid YAML: {exc}")]
+        ) from None
     try:
         try:
             root = loader.get_single_node()
