@@ -327,3 +327,33 @@ def test_sigkill_at_random_moments_keeps_every_committed_window(tmp_path: Path) 
         assert len(stored) - len(entries) in (0, 1)
         # The run totals were committed with each window: never ahead or behind.
         assert_totals_match_windows(rec, run_id)
+
+
+WRITER_CHILD = r"""
+import sys
+sys.path.insert(0, sys.argv[2])
+from tests.test_recorder import window, HOST, CONFIG, SOURCES
+from profiler.recorder import Recorder
+rec = Recorder(sys.argv[1])
+run_id = sys.argv[3]
+rec.start_run(run_id, "t", host=HOST, config=CONFIG, sources=SOURCES)
+for k in range(40):
+    rec.append_window(run_id, window(pid=k, t0=1e9 + k, seed=k))
+rec.close()
+"""
+
+
+def test_two_processes_append_to_one_file(tmp_path: Path) -> None:
+    db_path = tmp_path / "shared.sqlite"
+    Recorder(db_path).close()
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", WRITER_CHILD, str(db_path), str(REPO), f"w{i}"], cwd=REPO
+        )
+        for i in range(2)
+    ]
+    assert [c.wait(timeout=120) for c in children] == [0, 0]
+    rec = Recorder(db_path)
+    assert sorted((r.run_id, r.windows) for r in rec.runs()) == [("w0", 40), ("w1", 40)]
+    for run_id in ("w0", "w1"):
+        assert_totals_match_windows(rec, run_id)
