@@ -523,8 +523,17 @@ def _check_document(c: _Checker, root: yaml.Node | None) -> dict[str, Any]:
             if isinstance(node, yaml.SequenceNode):
                 for i, item in enumerate(node.value):
                     p = c.path_value(f"classify.rules_files[{i}]", item)
-                    if p is not _INVALID:
-                        files.append(p)
+                    if p is _INVALID:
+                        continue
+                    if not p.is_file():
+                        c.problem(
+                            f"classify.rules_files[{i}]",
+                            item,
+                            f"no such rules file: {p} (relative paths are relative to the "
+                            "config file)",
+                        )
+                        continue
+                    files.append(p)
                 out["rules_files"] = tuple(files)
             elif not (isinstance(node, yaml.ScalarNode) and c.value(node) is None):
                 c.problem(
@@ -616,9 +625,25 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def check_rules(config: Config) -> None:
+    """Load the config's extra codepath rules as the daemon will; raises ConfigError."""
+    if not config.rules_files:
+        return
+    from profiler.rules import RuleError, load_rules
+
+    try:
+        load_rules(list(config.rules_files), builtin=True)
+    except RuleError as exc:
+        raise ConfigError(
+            config.source_path,
+            [ConfigProblem("classify.rules_files", None, f"bad rules file {exc}")],
+        ) from None
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.file)
+        check_rules(config)
     except ConfigError as exc:
         print(f"serwatt check-config: {exc}", file=sys.stderr)
         return EXIT_CONFIG

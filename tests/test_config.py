@@ -171,6 +171,7 @@ def test_minimal_config_gets_defaults(tmp_path: Path) -> None:
 
 
 def test_full_config_values(tmp_path: Path) -> None:
+    (tmp_path / "extra.yaml").write_text(GOOD_RULES)
     config = load_config(
         write(
             tmp_path,
@@ -356,3 +357,40 @@ def test_raw_is_the_parsed_yaml(tmp_path: Path) -> None:
     path = write(tmp_path, "window_s: 7\n" + MINIMAL)
     config = load_config(path)
     assert dict(config.raw) == yaml.safe_load(path.read_text())
+
+
+GOOD_RULES = """\
+schema: serwatt.codepaths/1
+rules:
+  - id: my.fastjson
+    codepath: json
+    layer: python
+    file: mylib/fastjson.py
+    function: dumps
+"""
+
+
+def test_rules_files_must_exist_and_load(tmp_path: Path) -> None:
+    (tmp_path / "good.yaml").write_text(GOOD_RULES)
+    cfg = write(tmp_path, MINIMAL + "classify:\n  rules_files: [good.yaml, missing.yaml]\n")
+    assert problems_of(cfg) == [
+        (
+            "classify.rules_files[1]",
+            5,
+            f"no such rules file: {tmp_path / 'missing.yaml'} (relative paths are relative "
+            "to the config file)",
+        )
+    ]
+    cfg = write(tmp_path, MINIMAL + "classify:\n  rules_files: [good.yaml]\n")
+    ok = subprocess.run(
+        [*SERWATT, "check-config", str(cfg)], capture_output=True, text=True, cwd=REPO
+    )
+    assert ok.returncode == 0, ok.stderr
+    # A rules file that parses as YAML but is not valid rules: check-config loads it as the
+    # daemon will and reports the rules error (exit 78) before anything starts.
+    (tmp_path / "good.yaml").write_text(GOOD_RULES.replace("codepath: json", "codepath: xml"))
+    bad = subprocess.run(
+        [*SERWATT, "check-config", str(cfg)], capture_output=True, text=True, cwd=REPO
+    )
+    assert bad.returncode == 78
+    assert "classify.rules_files: bad rules file" in bad.stderr and "good.yaml" in bad.stderr
