@@ -299,3 +299,28 @@ def test_render_run_id() -> None:
     assert render_run_id("{unit} x", target="t", pid=1, start_time=0, unit="a b", host="h") == (
         "a_b_x"
     )
+
+
+def interpreters() -> list[str]:
+    """This test's Python plus every pyenv interpreter on the machine (targets may be older
+    than serwatt's own Python: 2.7 and 3.6+ are common on training images)."""
+    found = [sys.executable]
+    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    for python in sorted(root.glob("*/bin/python")):
+        if os.access(python, os.X_OK):
+            found.append(str(python))
+    return found
+
+
+def test_every_interpreter_version_is_recognised_as_python(marker: str, spawn) -> None:  # type: ignore[no-untyped-def]
+    procs = [
+        spawn([python, "-c", "import time; time.sleep(120)", marker]) for python in interpreters()
+    ]
+    stats: dict[str, int] = {}
+    found = wait_for(
+        lambda: (lambda ds: ds if len(ds) == len(procs) else None)(
+            discover([spec(cmdline=marker)], stats=stats)
+        )
+    )
+    assert sorted(d.pid for d in found) == sorted(p.pid for p in procs)
+    assert "not_python" not in stats
