@@ -262,9 +262,19 @@ class Classifier:
             if callee is not None and self._is_callback(frames[callee].name):
                 match = self._callsite(frame, proc_root)
                 if match is not None and match.codepath is not None and match.rule is not None:
-                    # The serializer on this line is running the callback: certain scope.
-                    confidence = "low" if self._stale(frame, proc_root) else match.rule.confidence
-                    return Classification(match.codepath, match.rule.id, confidence)
+                    # The serializer on this line runs the callback. If the line also
+                    # makes other calls, one of them may have called it instead.
+                    low = (
+                        match.others > 0
+                        or match.rule.confidence == "low"
+                        or self._stale(frame, proc_root)
+                    )
+                    return Classification(
+                        match.codepath,
+                        match.rule.id,
+                        "low" if low else "high",
+                        ambiguous=match.others > 0,
+                    )
         return OTHER
 
     def _leaf(self, frames: tuple[Frame, ...], i: int, proc_root: Path | None) -> Classification:

@@ -98,6 +98,16 @@ SRC = textwrap.dedent(
 
     def torch_inline(t):
         torch.save(t, "/tmp/x")
+
+
+    def safetensors_read(path):
+        from safetensors import safe_open
+        with safe_open(path, "pt") as fh:
+            return fh.get_tensor("w")
+
+
+    def callback_mixed(objs):
+        return pk.dumps([o.__getstate__() for o in objs])
     """
 ).lstrip("\n")
 
@@ -207,6 +217,7 @@ CASES = [
     ("return frobnicate(x)", "other", None, "high", False),
     ("list(transform(i) for i in xs)", "pickle", "pickle.call", "low", True),
     ('torch.save(t, "/tmp/x")', "torch", "torch.call", "high", False),
+    ('return fh.get_tensor("w")', "safetensors", "safetensors.call", "high", False),
 ]
 
 
@@ -246,6 +257,18 @@ def test_leaf_call_sites(
         confidence,
         ambiguous,
     )
+
+
+def test_callback_under_a_mixed_line_is_low_confidence(src_file: Path) -> None:
+    """`pk.dumps([o.__getstate__() ...])`: the pickler or the list may run __getstate__."""
+    c = Classifier.default()
+    line = line_of(SRC, "return pk.dumps([o.__getstate__()")
+    cb = Frame("Obj.__getstate__", "/srv/model.py", 3)
+    got = c.classify_frames((cb, Frame("callback_mixed", str(src_file), line)))
+    assert (got.codepath, got.confidence, got.ambiguous) == ("pickle", "low", True)
+    clean = Frame("alias", str(src_file), line_of(SRC, "return pk.dumps(x)"))
+    got = c.classify_frames((cb, clean))
+    assert (got.codepath, got.confidence, got.ambiguous) == ("pickle", "high", False)
 
 
 def test_comprehension_frame_is_not_the_serializer(src_file: Path) -> None:
