@@ -54,6 +54,11 @@ STOP_GRACE_S = 4.0
 # thread still holds a sampler slot until it ends).
 OVERRUN_S = 15.0
 ABANDON_AFTER_S = 15.0
+# Per-thread CPU snapshots during a window (sample_window's poll_s). Each snapshot
+# reads /proc/<pid>/task/*/stat (+ schedstat) of every thread; at the sampler's 0.1 s
+# default, 8 targets cost ~7% of a core on the reference VM (docs/daemon.md). 0.5 s
+# still gives 20 points per thread over a 10 s window for the weighting.
+CPU_POLL_S = 0.5
 # Retry delay for a process that refused sampling for a reason that may change
 # (ptrace permission, a process that is not Python yet, a sampler failure).
 RETRY_REFUSED_S = 60.0
@@ -381,6 +386,7 @@ class Daemon:
                         classifier=classifier,
                         procfs=procfs,
                         stop_event=j.stop,
+                        poll_s=CPU_POLL_S,
                     )
 
             self._pool.submit(job, work)
