@@ -103,6 +103,8 @@ class SourceIndex:
         self._comps: list[ast.expr] = []
         self._scopes: list[_Scope] = []
         self._memo: dict[int, LineCalls] = {}
+        self._by_line: dict[int, list[ast.Call]] | None = None
+        self._comp_lines: set[int] = set()
         module_scope = _Scope(self.tree, 0, 1 << 30, {}, None)
         self._scopes.append(module_scope)
         self._build(self.tree, module_scope)
@@ -219,6 +221,16 @@ class SourceIndex:
                 best = s
         return best
 
+    def _index_lines(self) -> None:
+        # Built on the first query: line -> calls whose span covers it, in walk order.
+        by_line: dict[int, list[ast.Call]] = {}
+        for node in self._calls:
+            for line in range(node.lineno, (node.end_lineno or node.lineno) + 1):
+                by_line.setdefault(line, []).append(node)
+        for c in self._comps:
+            self._comp_lines.update(range(c.lineno, (c.end_lineno or c.lineno) + 1))
+        self._by_line = by_line
+
     def calls_at(self, line: int) -> LineCalls:
         hit = self._memo.get(line)
         if hit is not None:
@@ -226,25 +238,26 @@ class SourceIndex:
         scope = self._scope_at(line)
         env = self._env(scope)
         calls = []
-        for node in self._calls:
+        if self._by_line is None:
+            self._index_lines()
+            assert self._by_line is not None
+        for node in self._by_line.get(line, ()):
             end = node.end_lineno or node.lineno
-            if node.lineno <= line <= end:
-                resolved = _resolve(node.func, env)
-                name, imported = resolved if resolved is not None else ("?", False)
-                method = node.func.attr if isinstance(node.func, ast.Attribute) else None
-                calls.append(
-                    CallSite(
-                        name,
-                        method,
-                        imported,
-                        node.lineno,
-                        end,
-                        receiver=id(node) in self._receivers,
-                        nested=id(node) in self._nested,
-                    )
+            resolved = _resolve(node.func, env)
+            name, imported = resolved if resolved is not None else ("?", False)
+            method = node.func.attr if isinstance(node.func, ast.Attribute) else None
+            calls.append(
+                CallSite(
+                    name,
+                    method,
+                    imported,
+                    node.lineno,
+                    end,
+                    receiver=id(node) in self._receivers,
+                    nested=id(node) in self._nested,
                 )
-        comp = any(c.lineno <= line <= (c.end_lineno or c.lineno) for c in self._comps)
-        result = LineCalls(tuple(calls), comp)
+            )
+        result = LineCalls(tuple(calls), line in self._comp_lines)
         self._memo[line] = result
         return result
 

@@ -335,3 +335,24 @@ def test_stale_source_lowers_confidence(tmp_path: Path) -> None:
     c2 = Classifier.default(proc_fs=proc)
     got = c2.classify_frames((Frame("f", "/srv/job.py", 4),), proc_root=pid_dir / "root")
     assert (got.codepath, got.confidence) == ("pickle", "high")
+
+
+@pytest.mark.parametrize("module", ["pickle", "json.encoder", "multiprocessing.queues", "typing"])
+def test_every_line_of_real_stdlib_files(module: str) -> None:
+    """Real code: every line answers, and every call node is found on its own lines."""
+    import ast
+    import importlib
+
+    path = Path(importlib.import_module(module).__file__ or "")
+    cache = SourceCache()
+    index, error, _ = cache.get(str(path))
+    assert error is None and index is not None
+    n_lines = len(path.read_text().splitlines())
+    seen = set()
+    for line in range(1, n_lines + 1):
+        for call in index.calls_at(line).calls:
+            assert call.lineno <= line <= call.end_lineno
+            seen.add((call.lineno, call.end_lineno, call.name))
+    n_calls = sum(isinstance(n, ast.Call) for n in ast.walk(index.tree))
+    assert len(seen) >= 0.9 * n_calls  # distinct (span, name); a few repeat on one line
+    assert index.package == (module.rsplit(".", 1)[0] if "." in module else None)
