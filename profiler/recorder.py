@@ -263,14 +263,27 @@ class Recorder:
         self._lock = threading.Lock()
         if readonly and not self.path.exists():
             raise RecordError(f"{self.path}: no such record file")
+        if self.path.is_dir():
+            raise RecordError(
+                f"{self.path}: is a directory; give the record file, e.g. "
+                f"{self.path / RECORD_FILENAME} (or --dir {self.path} for `serwatt runs`)"
+            )
         if not readonly:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise RecordError(
+                    f"{self.path}: cannot create the record directory {self.path.parent}: "
+                    f"{exc.strerror or exc}; set record.dir to a writable directory"
+                ) from None
+        self._db: sqlite3.Connection | None = None
         try:
-            self._db = sqlite3.connect(
+            db = sqlite3.connect(
                 str(self.path), timeout=30.0, isolation_level=None, check_same_thread=False
             )
-            self._db.execute("PRAGMA foreign_keys = ON")
-            self._db.execute("PRAGMA busy_timeout = 30000")
+            self._db = db
+            db.execute("PRAGMA foreign_keys = ON")
+            db.execute("PRAGMA busy_timeout = 30000")
             version = self._read_schema_version()
             if version is None:
                 if readonly:
@@ -283,15 +296,29 @@ class Recorder:
                     "or point record.dir at a new directory"
                 )
             if not readonly:
-                self._db.execute("PRAGMA journal_mode = WAL")
-                self._db.execute("PRAGMA synchronous = NORMAL")
+                db.execute("PRAGMA journal_mode = WAL")
+                db.execute("PRAGMA synchronous = NORMAL")
         except sqlite3.DatabaseError as exc:
+            if self._db is not None:
+                self._db.close()
+            text = str(exc)
+            if "locked" in text or "busy" in text:
+                raise RecordError(
+                    f"{self.path}: locked by another writer for 30 s ({text}); is a stuck "
+                    "serwatt holding it?"
+                ) from None
+            if "unable to open" in text:
+                raise RecordError(
+                    f"{self.path}: cannot open ({text}); check that the directory exists and "
+                    "is writable"
+                ) from None
             raise RecordError(
-                f"{self.path}: not a readable serwatt run record ({exc}); move it aside or "
+                f"{self.path}: not a readable serwatt run record ({text}); move it aside or "
                 "point record.dir at a new directory"
             ) from None
         except RecordError:
-            self._db.close()
+            if self._db is not None:
+                self._db.close()
             raise
 
     @classmethod
@@ -302,7 +329,7 @@ class Recorder:
 
     def _read_schema_version(self) -> int | None:
         tables = {
-            r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type='table'")
+            r[0] for r in self._conn().execute("SELECT name FROM sqlite_master WHERE type='table'")
         }
         if not tables:
             return None
@@ -311,7 +338,7 @@ class Recorder:
                 f"{self.path}: an SQLite file but not a serwatt run record (no meta table); "
                 "point record.dir at a new directory"
             )
-        rows = dict(self._db.execute("SELECT key, value FROM meta").fetchall())
+        rows = dict(self._conn().execute("SELECT key, value FROM meta").fetchall())
         if rows.get("application") != _APPLICATION or "schema_version" not in rows:
             raise RecordError(f"{self.path}: an SQLite file but not a serwatt run record")
         return int(rows["schema_version"])
@@ -333,18 +360,37 @@ class Recorder:
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction; SQLite failures (disk full, I/O error, locked) come out as
+        RecordError naming the file, with nothing half-written."""
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
+            db = self._conn()
             try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+                db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield db
+                except BaseException:
+                    if db.in_transaction:
+                        db.execute("ROLLBACK")
+                    raise
+                db.execute("COMMIT")
+            except sqlite3.Error as exc:
+                if db.in_transaction:
+                    try:
+                        db.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        pass  # the original error is the one to report
+                raise RecordError(f"{self.path}: write failed: {exc}") from exc
+
+    def _conn(self) -> sqlite3.Connection:
+        if self._db is None:
+            raise RecordError(f"{self.path}: the recorder is closed")
+        return self._db
 
     def close(self) -> None:
         with self._lock:
-            self._db.close()
+            if self._db is not None:
+                self._db.close()
+                self._db = None
 
     def __enter__(self) -> Recorder:
         return self
@@ -542,7 +588,7 @@ class Recorder:
         if deleted:
             with self._lock:
                 # Hand the freed pages back to the WAL checkpoint so the file stops growing.
-                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                self._conn().execute("PRAGMA wal_checkpoint(TRUNCATE)")
         return deleted
 
     # ----------------------------------------------------------------- reading
@@ -551,23 +597,27 @@ class Recorder:
         """Every run (or just `run_id`), oldest first."""
         where, params = ("WHERE r.run_id = ?", (run_id,)) if run_id is not None else ("", ())
         with self._lock:
-            rows = self._db.execute(
-                "SELECT r.run_id, r.target, r.started_at, r.ended_at, r.last_seen_at,"
-                " r.serwatt_version, r.windows,"
-                " (SELECT group_concat(f.value) FROM run_facets f"
-                "   WHERE f.run_id = r.run_id AND f.kind = 'pid'),"
-                " (SELECT coalesce(sum(c.samples), 0) FROM run_codepaths c"
-                "   WHERE c.run_id = r.run_id),"
-                " r.cpu_s,"
-                " (SELECT sum(c.energy_j) FROM run_codepaths c WHERE c.run_id = r.run_id),"
-                " (SELECT group_concat(f.value) FROM run_facets f"
-                "   WHERE f.run_id = r.run_id AND f.kind = 'energy_source'),"
-                " (SELECT group_concat(f.value) FROM run_facets f"
-                "   WHERE f.run_id = r.run_id AND f.kind = 'python'),"
-                " r.pyspy_samples, r.pyspy_errors"
-                f" FROM runs r {where} ORDER BY r.started_at, r.run_id",
-                params,
-            ).fetchall()
+            rows = (
+                self._conn()
+                .execute(
+                    "SELECT r.run_id, r.target, r.started_at, r.ended_at, r.last_seen_at,"
+                    " r.serwatt_version, r.windows,"
+                    " (SELECT group_concat(f.value) FROM run_facets f"
+                    "   WHERE f.run_id = r.run_id AND f.kind = 'pid'),"
+                    " (SELECT coalesce(sum(c.samples), 0) FROM run_codepaths c"
+                    "   WHERE c.run_id = r.run_id),"
+                    " r.cpu_s,"
+                    " (SELECT sum(c.energy_j) FROM run_codepaths c WHERE c.run_id = r.run_id),"
+                    " (SELECT group_concat(f.value) FROM run_facets f"
+                    "   WHERE f.run_id = r.run_id AND f.kind = 'energy_source'),"
+                    " (SELECT group_concat(f.value) FROM run_facets f"
+                    "   WHERE f.run_id = r.run_id AND f.kind = 'python'),"
+                    " r.pyspy_samples, r.pyspy_errors"
+                    f" FROM runs r {where} ORDER BY r.started_at, r.run_id",
+                    params,
+                )
+                .fetchall()
+            )
         return [_summary(row) for row in rows]
 
     def run(self, run_id: str, *, windows: bool = True) -> RunDetail:
@@ -576,35 +626,51 @@ class Recorder:
         found = self.runs(run_id)
         if not found:
             with self._lock:
-                ids = [r[0] for r in self._db.execute("SELECT run_id FROM runs LIMIT 11")]
+                ids = [r[0] for r in self._conn().execute("SELECT run_id FROM runs LIMIT 11")]
             known = ", ".join(sorted(ids)[:10]) + (", ..." if len(ids) > 10 else "")
             raise KeyError(f"no run {run_id!r} in {self.path} (recorded: {known or 'none'})")
         with self._lock:
-            host_json, config_json, sources_json = self._db.execute(
-                "SELECT host_json, config_json, sources_json FROM runs WHERE run_id = ?",
-                (run_id,),
-            ).fetchone()
-            trows = self._db.execute(
-                "SELECT codepath, samples, cpu_s, wall_s, low_confidence_samples, energy_j,"
-                " gpu_wait_s, gpu_wait_energy_j FROM run_codepaths WHERE run_id = ?",
-                (run_id,),
-            ).fetchall()
+            host_json, config_json, sources_json = (
+                self._conn()
+                .execute(
+                    "SELECT host_json, config_json, sources_json FROM runs WHERE run_id = ?",
+                    (run_id,),
+                )
+                .fetchone()
+            )
+            trows = (
+                self._conn()
+                .execute(
+                    "SELECT codepath, samples, cpu_s, wall_s, low_confidence_samples, energy_j,"
+                    " gpu_wait_s, gpu_wait_energy_j FROM run_codepaths WHERE run_id = ?",
+                    (run_id,),
+                )
+                .fetchall()
+            )
             wrows = crows = []
             if windows:
-                wrows = self._db.execute(
-                    "SELECT window_id, pid, started_at, ended_at, rate_hz, cpu_s, python,"
-                    " exited, pyspy_samples, pyspy_errors, partial_stacks, behind_s,"
-                    " notes_json, energy_json, gpu_json FROM windows WHERE run_id = ?"
-                    " ORDER BY started_at, window_id",
-                    (run_id,),
-                ).fetchall()
-                crows = self._db.execute(
-                    "SELECT c.window_id, c.codepath, c.samples, c.cpu_s, c.wall_s,"
-                    " c.low_confidence_samples, c.energy_j, c.energy_source, c.gpu_wait_s,"
-                    " c.gpu_wait_energy_j FROM window_codepaths c JOIN windows w"
-                    " USING (window_id) WHERE w.run_id = ?",
-                    (run_id,),
-                ).fetchall()
+                wrows = (
+                    self._conn()
+                    .execute(
+                        "SELECT window_id, pid, started_at, ended_at, rate_hz, cpu_s, python,"
+                        " exited, pyspy_samples, pyspy_errors, partial_stacks, behind_s,"
+                        " notes_json, energy_json, gpu_json FROM windows WHERE run_id = ?"
+                        " ORDER BY started_at, window_id",
+                        (run_id,),
+                    )
+                    .fetchall()
+                )
+                crows = (
+                    self._conn()
+                    .execute(
+                        "SELECT c.window_id, c.codepath, c.samples, c.cpu_s, c.wall_s,"
+                        " c.low_confidence_samples, c.energy_j, c.energy_source, c.gpu_wait_s,"
+                        " c.gpu_wait_energy_j FROM window_codepaths c JOIN windows w"
+                        " USING (window_id) WHERE w.run_id = ?",
+                        (run_id,),
+                    )
+                    .fetchall()
+                )
         per_window: dict[int, dict[str, dict[str, Any]]] = {}
         names = (
             "samples",

@@ -357,3 +357,38 @@ def test_two_processes_append_to_one_file(tmp_path: Path) -> None:
     assert sorted((r.run_id, r.windows) for r in rec.runs()) == [("w0", 40), ("w1", 40)]
     for run_id in ("w0", "w1"):
         assert_totals_match_windows(rec, run_id)
+
+
+def test_unusable_paths_are_clear_errors(tmp_path: Path) -> None:
+    with pytest.raises(RecordError, match="is a directory; give the record file"):
+        Recorder(tmp_path)
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(RecordError, match="cannot create the record directory"):
+        Recorder.for_dir(blocker / "runs")
+    rec = Recorder(tmp_path / "r.sqlite")
+    rec.close()
+    with pytest.raises(RecordError, match="recorder is closed"):
+        rec.start_run("r", "t", host=HOST, config=CONFIG, sources=SOURCES)
+
+
+def test_a_full_disk_fails_the_append_cleanly_and_loses_nothing_committed(
+    tmp_path: Path,
+) -> None:
+    rec = Recorder(tmp_path / "r.sqlite")
+    rec.start_run("r", "t", host=HOST, config=CONFIG, sources=SOURCES)
+    rec.append_window("r", window(seed=0))
+    # SQLITE_FULL without filling a real disk: cap the file at its current size.
+    pages = rec._db.execute("PRAGMA page_count").fetchone()[0]
+    rec._db.execute(f"PRAGMA max_page_count = {pages}")
+    committed = 1
+    with pytest.raises(RecordError, match=r"r\.sqlite: write failed: database or disk is full"):
+        for k in range(1, 10_000):
+            rec.append_window("r", window(pid=k, seed=k))
+            committed += 1
+    assert_totals_match_windows(rec, "r")  # the failed window left no partial rows
+    assert rec.runs()[0].windows == committed
+    rec._db.execute(f"PRAGMA max_page_count = {pages * 1000}")  # space again
+    rec.append_window("r", window(seed=99))
+    assert rec.runs()[0].windows == committed + 1
+    assert_totals_match_windows(rec, "r")

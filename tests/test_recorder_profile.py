@@ -86,11 +86,16 @@ def test_profile_session_is_recorded_with_model_energy_and_replayed_gpu_wait(
         assert detail.codepaths[cp].cpu_s == pytest.approx(result.acc.cpu_s[cp], abs=1e-9)
     assert detail.codepaths["json"].samples > 0  # the workload is json.dumps
     # Every window carries model joules per codepath, and GPU-wait from the replayed H200.
+    # (A short last window the NVML poll did not cover has no GPU data: None, never 0 s.)
     for w in detail.windows:
         assert w.energy is not None and w.energy["source"] == "model"
         assert all(w.codepaths[cp]["energy_source"] == "model" for cp in CODEPATHS)
-        assert w.gpu is not None and w.gpu["gpus"][0]["index"] == 0
-        assert all(w.codepaths[cp]["gpu_wait_s"] is not None for cp in CODEPATHS)
+        if w.gpu is not None:
+            assert w.gpu["gpus"][0]["index"] == 0
+            assert all(w.codepaths[cp]["gpu_wait_s"] is not None for cp in CODEPATHS)
+        else:
+            assert all(w.codepaths[cp]["gpu_wait_s"] is None for cp in CODEPATHS)
+    assert sum(w.gpu is not None for w in detail.windows) >= len(detail.windows) - 1
     total_j = sum(w.energy["package_j"] for w in detail.windows)
     assert 0 < sum(t.energy_j or 0.0 for t in detail.codepaths.values()) <= total_j + 1e-6
 
