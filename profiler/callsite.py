@@ -110,9 +110,14 @@ class SourceIndex:
         self._build(self.tree, module_scope)
         self._receivers: set[int] = set()
         self._nested: set[int] = set()
-        for node in ast.walk(self.tree):
+        # One pass; `inner` = below a comprehension or lambda (its own frame <3.12).
+        stack: list[tuple[ast.AST, bool]] = [(self.tree, False)]
+        while stack:
+            node, inner = stack.pop()
             if isinstance(node, ast.Call):
                 self._calls.append(node)
+                if inner:
+                    self._nested.add(id(node))
                 func = node.func
                 while isinstance(func, (ast.Attribute, ast.Call)):
                     if isinstance(func, ast.Call):
@@ -122,10 +127,8 @@ class SourceIndex:
                         func = func.value
             elif isinstance(node, _COMPREHENSIONS):
                 self._comps.append(node)
-            if isinstance(node, (*_COMPREHENSIONS, ast.Lambda)):
-                for inner in ast.walk(node):
-                    if inner is not node and isinstance(inner, ast.Call):
-                        self._nested.add(id(inner))
+            child_inner = inner or isinstance(node, (*_COMPREHENSIONS, ast.Lambda))
+            stack.extend((child, child_inner) for child in ast.iter_child_nodes(node))
 
     def _env(self, scope: _Scope) -> dict[str, _Binding]:
         chain = []
@@ -162,6 +165,10 @@ class SourceIndex:
                         continue
                     scope.bindings[alias.asname or alias.name] = (f"{base}.{alias.name}", True)
         for child in body:
+            if isinstance(child, _SCOPE_NODES):
+                nested.append(child)
+            if not isinstance(child, (ast.Assign, ast.AnnAssign, ast.withitem, ast.ClassDef)):
+                continue
             local_env = {**env, **scope.bindings}
             if isinstance(child, ast.Assign) and len(child.targets) == 1:
                 target = child.targets[0]
@@ -186,8 +193,6 @@ class SourceIndex:
                     if value is not None and value[1]:
                         scope.bindings[child.name] = value
                         break
-            if isinstance(child, _SCOPE_NODES):
-                nested.append(child)
         for child in nested:
             start = getattr(child, "lineno", 0)
             decorators = getattr(child, "decorator_list", [])
