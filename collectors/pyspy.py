@@ -47,7 +47,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -324,6 +324,10 @@ class WindowSamples:
     errors: SamplerErrors
     exited: bool  # the target exited during the window
     mapping: ThreadMapping = field(default_factory=lambda: ThreadMapping({}, {}, ()))
+    # from a second py-spy run without --idle (record_window(on_cpu_run=True)): only
+    # samples of threads that were on a CPU; None when that run was not made
+    on_cpu: tuple[Sample, ...] | None = None
+    on_cpu_errors: SamplerErrors | None = None
 
 
 def _classify_failure(pid: int, text: str, procfs: Path) -> SamplingError:
@@ -358,6 +362,88 @@ def precheck(pid: int, procfs: Path = Path("/proc")) -> procstat.PythonKind:
             "(py-spy issue #711): profile it on a regular (GIL) build"
         )
     return kind
+
+
+class _Run:
+    """One py-spy record process: spawn, timestamp its banner lines, stop, collect."""
+
+    def __init__(
+        self, spy: PySpy, pid: int, duration_s: float, rate_hz: float, out: Path, *, idle: bool
+    ) -> None:
+        self.spy, self.pid, self.duration_s, self.out = spy, pid, duration_s, out
+        self.cmd = spy.command(pid, duration_s=duration_s, rate_hz=rate_hz, output=out)
+        if not idle:
+            self.cmd.remove("--idle")
+        self.lines: list[str] = []
+        self.marks: dict[str, float] = {}
+        self.interrupted_at: float | None = None
+        self.killed = False
+        self.spawned_at = 0.0
+        self.exit_at = 0.0
+
+    def start(self) -> None:
+        self.spawned_at = time.time()
+        try:
+            self.proc = subprocess.Popen(
+                self.cmd,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                text=True,
+                errors="replace",
+            )
+        except OSError as exc:
+            raise PySpyMissing(f"cannot run py-spy at {self.spy.binary}: {exc}") from exc
+        self.reader = threading.Thread(target=self._read, name="serwatt-pyspy-reader", daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            now = time.time()
+            self.lines.append(line)
+            if "Sampling process" in line:
+                self.marks.setdefault("start", now)
+            elif "Stopped sampling" in line or "Wrote " in line:
+                self.marks.setdefault("end", now)
+
+    def tick(self, stop: bool) -> None:
+        if self.proc.poll() is not None:
+            return
+        now = time.time()
+        deadline = self.marks["start"] + self.duration_s if "start" in self.marks else None
+        if (stop or (deadline is not None and now >= deadline)) and self.interrupted_at is None:
+            self.proc.send_signal(signal.SIGINT)
+            self.interrupted_at = now
+        grace = self.spy.kill_grace_s
+        if self.interrupted_at is not None and now - self.interrupted_at > grace:
+            self.proc.kill()
+            self.killed = True
+        # attach can hang on a stopped target: bound the whole window too
+        elif now - self.spawned_at > self.duration_s + 30 + grace:
+            self.proc.kill()
+            self.killed = True
+
+    @property
+    def text(self) -> str:
+        return "".join(self.lines)
+
+    def finish(self, procfs: Path) -> dict[str, Any]:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.killed = True
+        rc = self.proc.wait()
+        self.reader.join(timeout=5)
+        self.exit_at = time.time()
+        if self.killed:
+            raise SamplingError(
+                f"py-spy did not stop within {self.spy.kill_grace_s:.0f}s of SIGINT "
+                f"on pid {self.pid}; killed it, the window's samples are lost"
+            )
+        if rc != 0 or not self.out.exists():
+            raise _classify_failure(self.pid, self.text, procfs)
+        doc: dict[str, Any] = json.loads(self.out.read_text())
+        return doc
 
 
 class PySpy:
@@ -415,8 +501,15 @@ class PySpy:
         rate_hz: float = DEFAULT_RATE_HZ,
         stop_event: threading.Event | None = None,
         procfs: Path = Path("/proc"),
+        on_cpu_run: bool = False,
     ) -> WindowSamples:
         """Sample `pid` for `duration_s` (less if the target exits or `stop_event` is set).
+
+        on_cpu_run: also run a second py-spy *without* --idle over the same window. Its
+        samples (`WindowSamples.on_cpu`) are the moments a thread was on a CPU (py-spy
+        drops a thread whose /proc state is not R, e.g. one waiting for the GIL), which
+        is what CPU weighting needs when several threads share the GIL; it doubles
+        py-spy's cost.
 
         Raises TargetGone, NotPython, UnsupportedPython, PtraceDenied, SamplingError.
         """
@@ -424,75 +517,44 @@ class PySpy:
             raise ValueError(f"duration_s must be > 0, got {duration_s}")
         precheck(pid, procfs)
         with tempfile.TemporaryDirectory(prefix="serwatt-pyspy-") as tmp:
-            out_path = Path(tmp) / "window.speedscope.json"
-            cmd = self.command(pid, duration_s=duration_s, rate_hz=rate_hz, output=out_path)
-            spawned_at = time.time()
-            try:
-                proc = subprocess.Popen(
-                    cmd,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    text=True,
-                    errors="replace",
+            runs = [_Run(self, pid, duration_s, rate_hz, Path(tmp) / "all.json", idle=True)]
+            if on_cpu_run:
+                runs.append(
+                    _Run(self, pid, duration_s, rate_hz, Path(tmp) / "oncpu.json", idle=False)
                 )
-            except OSError as exc:
-                raise PySpyMissing(f"cannot run py-spy at {self.binary}: {exc}") from exc
-            lines: list[str] = []
-            marks: dict[str, float] = {}
-
-            def reader() -> None:
-                assert proc.stdout is not None
-                for line in proc.stdout:
-                    now = time.time()
-                    lines.append(line)
-                    if "Sampling process" in line:
-                        marks.setdefault("start", now)
-                    elif "Stopped sampling" in line or "Wrote " in line:
-                        marks.setdefault("end", now)
-
-            rt = threading.Thread(target=reader, name="serwatt-pyspy-reader", daemon=True)
-            rt.start()
-            deadline: float | None = None
-            interrupted_at: float | None = None
-            killed = False
-            while proc.poll() is None:
-                now = time.time()
-                if deadline is None and "start" in marks:
-                    deadline = marks["start"] + duration_s
-                stop_now = (stop_event is not None and stop_event.is_set()) or (
-                    deadline is not None and now >= deadline
-                )
-                if stop_now and interrupted_at is None:
-                    proc.send_signal(signal.SIGINT)
-                    interrupted_at = now
-                if interrupted_at is not None and now - interrupted_at > self.kill_grace_s:
-                    proc.kill()
-                    killed = True
-                    break
-                # attach can hang on a stopped target: bound the whole window too
-                if now - spawned_at > duration_s + 30 + self.kill_grace_s:
-                    proc.kill()
-                    killed = True
+            for run in runs:
+                run.start()
+            while any(run.proc.poll() is None for run in runs):
+                stop = stop_event is not None and stop_event.is_set()
+                for run in runs:
+                    run.tick(stop)
+                if any(run.killed for run in runs):
                     break
                 time.sleep(0.01)
-            rc = proc.wait()
-            rt.join(timeout=5)
-            exit_at = time.time()
-            text = "".join(lines)
-            if rc != 0 or killed or not out_path.exists():
-                if killed:
-                    raise SamplingError(
-                        f"py-spy did not stop within {self.kill_grace_s:.0f}s of SIGINT "
-                        f"on pid {pid}; killed it, the window's samples are lost"
-                    )
-                raise _classify_failure(pid, text, procfs)
-            doc = json.loads(out_path.read_text())
-        started_at = marks.get("start", spawned_at)
-        ended_at = marks.get("end", exit_at)
-        return self._assemble(
-            pid, doc, text, started_at=started_at, ended_at=ended_at, rate_hz=rate_hz, procfs=procfs
+            docs = [run.finish(procfs) for run in runs]
+        main = runs[0]
+        result = self._assemble(
+            pid,
+            docs[0],
+            main.text,
+            started_at=main.marks.get("start", main.spawned_at),
+            ended_at=main.marks.get("end", main.exit_at),
+            rate_hz=rate_hz,
+            procfs=procfs,
         )
+        if on_cpu_run:
+            extra = runs[1]
+            cpu = self._assemble(
+                pid,
+                docs[1],
+                extra.text,
+                started_at=extra.marks.get("start", extra.spawned_at),
+                ended_at=extra.marks.get("end", extra.exit_at),
+                rate_hz=rate_hz,
+                procfs=procfs,
+            )
+            result = replace(result, on_cpu=cpu.samples, on_cpu_errors=cpu.errors)
+        return result
 
     @staticmethod
     def _assemble(

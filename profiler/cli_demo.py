@@ -51,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
         observers=make_observers(args),
         follow_children=not args.no_children,
         root_exit_check=lambda: proc.poll() is not None,
+        on_cpu_run=args.on_cpu_run,
     )
     try:
         result = session.run()

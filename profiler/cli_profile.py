@@ -52,6 +52,11 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
         "--no-children", action="store_true", help="do not follow Python child processes"
     )
     parser.add_argument(
+        "--no-on-cpu-run", dest="on_cpu_run", action="store_false",
+        help="one py-spy per window instead of two (halves py-spy's CPU; CPU shares of "
+        "threads that share the GIL become less accurate)",
+    )  # fmt: skip
+    parser.add_argument(
         "--pyspy", type=Path, metavar="PATH", help="py-spy binary (default: next to python)"
     )
     parser.add_argument(
@@ -198,6 +203,7 @@ def _profile_pid(args: argparse.Namespace, spy: PySpy, classifier: Any) -> int:
         procfs=args.procfs,
         observers=make_observers(args),
         follow_children=not args.no_children,
+        on_cpu_run=args.on_cpu_run,
     )
     try:
         result = session.run()
@@ -233,6 +239,7 @@ def _profile_command(args: argparse.Namespace, cmd: list[str], spy: PySpy, class
         follow_children=not args.no_children,
         root_exit_check=lambda: proc.poll() is not None,
         root_may_be_wrapper=True,
+        on_cpu_run=args.on_cpu_run,
     )
     try:
         result = session.run()

@@ -98,6 +98,7 @@ def collect_window(
     procfs: Path = Path("/proc"),
     stop_event: threading.Event | None = None,
     poll_s: float = 0.1,
+    on_cpu_run: bool = True,
 ) -> RawWindow:
     """The time-critical half of a window: CPU snapshots around one py-spy window."""
     spy = pyspy if pyspy is not None else PySpy()
@@ -110,7 +111,12 @@ def collect_window(
     poller.start()
     try:
         window = spy.record_window(
-            pid, duration_s=duration_s, rate_hz=rate_hz, stop_event=stop_event, procfs=procfs
+            pid,
+            duration_s=duration_s,
+            rate_hz=rate_hz,
+            stop_event=stop_event,
+            procfs=procfs,
+            on_cpu_run=on_cpu_run,
         )
     finally:
         poller.stop()
@@ -144,17 +150,32 @@ def finish_window(raw: RawWindow, classifier: ClassifierLike) -> WindowReport:
         # lived in another mount namespace).
         proc_root = None
     labels = [classifier.classify(s, proc_root=proc_root) for s in window.samples]
+    series = _series(list(raw.snapshots), cpu.source == "schedstat")
+    if window.on_cpu is not None:
+        on_cpu_tids = {s.tid for s in window.on_cpu if s.tid is not None}
+        carriers = [s for s in window.on_cpu if s.tid is not None]
+        carrier_labels = [classifier.classify(s, proc_root=proc_root) for s in carriers]
+        # threads with CPU but no on-CPU sample (and unmapped ones) use --idle samples
+        for s, c in zip(window.samples, labels, strict=True):
+            if s.tid not in on_cpu_tids:
+                carriers.append(s)
+                carrier_labels.append(c)
+        series = {tid: ser for tid, ser in series.items() if tid not in on_cpu_tids}
+    else:
+        carriers = list(window.samples)
+        carrier_labels = labels
     half_width = max(2 * raw.poll_s, window_time_sigma_s(window))
-    weighting = distribute_cpu(
-        window.samples,
-        cpu.per_tid_s,
-        series=_series(list(raw.snapshots), cpu.source == "schedstat"),
-        half_width_s=half_width,
-    )
+    weighting = distribute_cpu(carriers, cpu.per_tid_s, series=series, half_width_s=half_width)
     wall_s = max(0.0, window.ended_at - window.started_at)
     codepaths = codepath_windows(
-        labels, weighting.cpu_s, total_cpu_s=cpu.total_s, wall_s=wall_s, ticks=window.ticks
+        labels,
+        weighting.cpu_s,
+        total_cpu_s=cpu.total_s,
+        wall_s=wall_s,
+        ticks=window.ticks,
+        cpu_classifications=carrier_labels,
     )
+    cpu_of = {id(s): w for s, w in zip(carriers, weighting.cpu_s, strict=True)}
     timeline = tuple(
         TimedLabel(
             t=s.t,
@@ -162,14 +183,35 @@ def finish_window(raw: RawWindow, classifier: ClassifierLike) -> WindowReport:
             thread_id=s.thread_id,
             codepath=c.codepath,
             active=s.active,
+            cpu_s=cpu_of.get(id(s), 0.0),
+            low_confidence=c.low_confidence,
+        )
+        for s, c in zip(window.samples, labels, strict=True)
+    )
+    cpu_timeline = tuple(
+        TimedLabel(
+            t=s.t,
+            tid=s.tid,
+            thread_id=s.thread_id,
+            codepath=c.codepath,
+            active=True if window.on_cpu is not None and s.tid in on_cpu_tids else s.active,
             cpu_s=w,
             low_confidence=c.low_confidence,
         )
-        for s, c, w in zip(window.samples, labels, weighting.cpu_s, strict=True)
+        for s, c, w in zip(carriers, carrier_labels, weighting.cpu_s, strict=True)
     )
     errors = window.errors
     notes = list(errors.notes)
     notes.append(f"cpu source {cpu.source}")
+    if window.on_cpu is not None:
+        notes.append("cpu carried by on-CPU samples")
+        if window.on_cpu_errors is not None:
+            errors = replace(
+                errors,
+                pyspy_samples=errors.pyspy_samples + window.on_cpu_errors.pyspy_samples,
+                pyspy_errors=errors.pyspy_errors + window.on_cpu_errors.pyspy_errors,
+                behind_s=max(errors.behind_s, window.on_cpu_errors.behind_s),
+            )
     if weighting.unmapped_pool_s > 0:
         notes.append(f"{weighting.unmapped_pool_s:.3f} cpu_s spread over unmapped threads")
     if proc_root is None:
@@ -187,6 +229,7 @@ def finish_window(raw: RawWindow, classifier: ClassifierLike) -> WindowReport:
         errors=replace(errors, notes=tuple(notes)),
         python=raw.python,
         exited=raw.exited,
+        cpu_timeline=cpu_timeline,
     )
 
 
@@ -200,11 +243,14 @@ def sample_window(
     procfs: Path = Path("/proc"),
     stop_event: threading.Event | None = None,
     poll_s: float = 0.1,
+    on_cpu_run: bool = True,
 ) -> WindowReport:
     """Sample one window of `pid` (blocking). Raises collectors.pyspy.SamplingError
     subclasses (TargetGone, NotPython, UnsupportedPython, PtraceDenied).
 
     A target that exits mid-window yields the samples taken so far (`exited=True`).
+    on_cpu_run: run a second py-spy without --idle so CPU goes to on-CPU samples
+    (right for threads sharing the GIL; doubles py-spy's own CPU cost).
     Callers that must keep windows back to back (the profile session) run
     collect_window and finish_window on different threads instead.
     """
@@ -216,6 +262,7 @@ def sample_window(
         procfs=procfs,
         stop_event=stop_event,
         poll_s=poll_s,
+        on_cpu_run=on_cpu_run,
     )
     return finish_window(raw, classifier)
 

@@ -107,7 +107,7 @@ class Accumulator:
             self.low_conf[key] += w.low_confidence_samples
         sampled_other = 0.0
         per_bin_samples: dict[int, int] = {}
-        for lab in report.timeline:
+        for lab in report.cpu_timeline or report.timeline:
             b = int((lab.t - origin) // BIN_S)
             cp = lab.codepath if lab.codepath in self.samples else "other"
             row = self.bins.setdefault(b, {})
@@ -169,6 +169,7 @@ class ProfileSession:
         strict_root: bool = True,
         root_exit_check: Callable[[], bool] | None = None,
         root_may_be_wrapper: bool = False,
+        on_cpu_run: bool = True,
     ) -> None:
         """strict_root: a SamplingError on the root's first window is raised from run()
         (bad --pid, free-threaded build, no ptrace permission); otherwise it is counted.
@@ -189,6 +190,7 @@ class ProfileSession:
         self.strict_root = strict_root
         self.root_exit_check = root_exit_check
         self.root_may_be_wrapper = root_may_be_wrapper
+        self.on_cpu_run = on_cpu_run
         if command is None:
             try:
                 command = " ".join(procstat.process_info(root_pid, procfs).cmdline)
@@ -247,6 +249,7 @@ class ProfileSession:
                     pyspy=self.pyspy,
                     procfs=self.procfs,
                     stop_event=self._stop,
+                    on_cpu_run=self.on_cpu_run,
                 )
             except TargetGone:
                 stats.exited = True

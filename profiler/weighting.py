@@ -11,6 +11,14 @@ much CPU each thread *used*. The model, per window and per thread:
   utilisation (0..1) over [t_i - h, t_i + h], read from a cumulative per-thread CPU
   series polled during the window. Without a series every w_i is 1 (uniform).
 
+When the window has on-CPU samples (a second py-spy run without --idle, which
+drops a thread whose /proc state is not R), a thread's CPU goes to its on-CPU
+samples, uniformly: each is one look at the thread while it ran. This is what
+makes threads sharing the GIL come out right: a thread waiting for the GIL is
+off-CPU at whatever Python line it waits on (often a function entry such as
+json.dumps), and only on-CPU samples exclude those moments. Threads with CPU but no
+on-CPU sample fall back to their --idle samples, weighted as below.
+
 So an idle sample (thread asleep in a wait) takes CPU only to the extent that the
 thread really used CPU around that moment: a thread that slept the whole window
 gives its samples ~0 CPU no matter how many there are; a thread that alternated
@@ -125,24 +133,31 @@ def codepath_windows(
     total_cpu_s: float,
     wall_s: float,
     ticks: int,
+    cpu_classifications: Sequence[Classification] | None = None,
 ) -> dict[str, CodepathWindow]:
     """Aggregate per codepath; every codepath present; CPU no sample took goes to `other`.
 
+    Samples, wall and low-confidence counts come from `classifications` (the --idle
+    samples). CPU comes from `cpu_s` aligned with `cpu_classifications` when given
+    (the samples that carried the CPU: on-CPU samples), else with `classifications`.
     The codepaths' cpu_s sum to `total_cpu_s` exactly (up to float rounding), so
     shares over the target's CPU sum to 1 with `other`.
     """
-    if len(classifications) != len(cpu_s):
+    cpu_labels = cpu_classifications if cpu_classifications is not None else classifications
+    if len(cpu_labels) != len(cpu_s):
         raise ValueError("classifications and cpu_s must align")
     tick_s = wall_s / ticks if ticks > 0 else 0.0
     samples = dict.fromkeys(CODEPATHS, 0)
     cpu = dict.fromkeys(CODEPATHS, 0.0)
     low = dict.fromkeys(CODEPATHS, 0)
-    for c, w in zip(classifications, cpu_s, strict=True):
+    for c in classifications:
         cp = c.codepath if c.codepath in samples else "other"
         samples[cp] += 1
-        cpu[cp] += w
         if c.low_confidence:
             low[cp] += 1
+    for c, w in zip(cpu_labels, cpu_s, strict=True):
+        cp = c.codepath if c.codepath in cpu else "other"
+        cpu[cp] += w
     assigned = sum(cpu.values())
     cpu["other"] += max(0.0, total_cpu_s - assigned)
     return {

@@ -55,6 +55,9 @@ class WindowReport:
     errors: SamplerErrors = field(default_factory=SamplerErrors)
     python: str | None = None  # e.g. "3.11.7"
     exited: bool = False  # the target exited during this window
+    # the samples that carried the CPU (on-CPU samples when py-spy's second, non-idle
+    # run was made, else the timeline's samples), each with its cpu_s
+    cpu_timeline: tuple[TimedLabel, ...] = ()
 
     @property
     def wall_s(self) -> float:
