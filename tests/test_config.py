@@ -172,6 +172,9 @@ def test_minimal_config_gets_defaults(tmp_path: Path) -> None:
 
 def test_full_config_values(tmp_path: Path) -> None:
     (tmp_path / "extra.yaml").write_text(GOOD_RULES)
+    (tmp_path / "host" / "sys" / "class").mkdir(parents=True)
+    (tmp_path / "host" / "proc").mkdir(parents=True)
+    (tmp_path / "host" / "proc" / "stat").write_text("btime 1\n")
     config = load_config(
         write(
             tmp_path,
@@ -200,7 +203,7 @@ def test_full_config_values(tmp_path: Path) -> None:
               cpu_model: {tdp_w: 280}
             record: {dir: records, retention_days: 0.5}
             classify: {rules_files: [extra.yaml]}
-            paths: {sysfs: /host/sys, procfs: /host/proc}
+            paths: {sysfs: host/sys, procfs: host/proc}
             """,
         )
     )
@@ -211,7 +214,8 @@ def test_full_config_values(tmp_path: Path) -> None:
     assert config.record_dir == tmp_path / "records"  # relative to the config file
     assert config.retention_days == 0.5
     assert config.rules_files == (tmp_path / "extra.yaml",)
-    assert config.path_sysfs == Path("/host/sys") and config.path_procfs == Path("/host/proc")
+    assert config.path_sysfs == tmp_path / "host/sys"
+    assert config.path_procfs == tmp_path / "host/proc"
     trainer, evaljob = config.targets
     m = trainer.match
     assert m.systemd_unit == "trainer.service"  # suffix added
@@ -245,6 +249,8 @@ def test_full_config_values(tmp_path: Path) -> None:
         ("record: {dir: ''}", "record.dir", 1, "must not be empty"),
         ("classify: {rules_files: x.yaml}", "classify.rules_files", 1, "list of paths"),
         ("paths: {sysfs: 3}", "paths.sysfs", 1, "must be a string"),
+        ("paths: {procfs: /sys}", "paths.procfs", 1, "does not look like a procfs"),
+        ("paths: {sysfs: /proc}", "paths.sysfs", 1, "/proc/class is missing"),
         ("listen: a\nlisten: b", "listen", 2, "duplicate key"),
     ],
 )
