@@ -543,18 +543,18 @@ def _check_document(c: _Checker, root: yaml.Node | None) -> dict[str, Any]:
         pkeys = c.mapping("paths", keys["paths"], ("sysfs", "procfs"))
         for name in ("sysfs", "procfs"):
             if pkeys and name in pkeys:
-                root = c.path_value(f"paths.{name}", pkeys[name])
+                fs_root = c.path_value(f"paths.{name}", pkeys[name])
                 # A procfs has /stat (btime, which run start times need); a sysfs has
                 # /class (powercap lives there). A typo fails here, not at the first scan.
                 probe = "stat" if name == "procfs" else "class"
-                if root is not _INVALID and not (root / probe).exists():
+                if fs_root is not _INVALID and not (fs_root / probe).exists():
                     c.problem(
                         f"paths.{name}",
                         pkeys[name],
-                        f"{root} does not look like a {name} ({root / probe} is missing)",
+                        f"{fs_root} does not look like a {name} ({fs_root / probe} is missing)",
                     )
-                    root = _INVALID
-                out[f"path_{name}"] = root
+                    fs_root = _INVALID
+                out[f"path_{name}"] = fs_root
     return out
 
 
