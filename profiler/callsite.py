@@ -305,6 +305,7 @@ class SourceCache:
         self.max_files = max_files
         self.stat_ttl_s = stat_ttl_s
         self.generation = 0
+        self.sweeps = 0
         self.parses = 0
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._last_sweep = time.monotonic()
@@ -323,6 +324,7 @@ class SourceCache:
         if now - self._last_sweep < self.stat_ttl_s:
             return False
         self._last_sweep = now
+        self.sweeps += 1
         changed = False
         for path in list(self._entries):
             entry = self._entries[path]
@@ -334,6 +336,14 @@ class SourceCache:
         if changed:
             self.generation += 1
         return changed
+
+    def forget(self, prefix: str) -> None:
+        """Drop every cached file under `prefix` (a target's root that now is another)."""
+        gone = [p for p in self._entries if p.startswith(prefix)]
+        for p in gone:
+            del self._entries[p]
+        if gone:
+            self.generation += 1
 
     def get(self, path: str) -> tuple[SourceIndex | None, str | None, int | None]:
         """(index, error, mtime_ns) for one path; the error says why there is no index."""

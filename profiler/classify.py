@@ -35,6 +35,8 @@ from profiler.callsite import LineCalls, SourceCache, source_path
 from profiler.codepaths import OTHER, Classification
 from profiler.rules import Rule, RuleSet, load_rules
 
+_MEMO_MAX = 1 << 17
+
 
 def _is_inner_scope(name: str) -> bool:
     last = name.rsplit(".", 1)[-1]
@@ -109,7 +111,11 @@ class Classifier:
     ) -> Classification:
         """Classify one stack given leaf first (the order of collectors.samples.Sample)."""
         self.stats.samples += 1
-        if self._sources.revalidate() or self._sources.generation != self._generation:
+        sweeps = self._sources.sweeps
+        self._sources.revalidate()
+        if self._sources.sweeps != sweeps:
+            self._sweep()
+        if self._sources.generation != self._generation:
             self._generation = self._sources.generation
             self._stacks.clear()
             self._callsite_memo.clear()
@@ -124,6 +130,23 @@ class Classifier:
             self._stacks.clear()  # a full reset is cheaper than LRU bookkeeping per sample
         self._stacks[key] = result
         return result
+
+    def _sweep(self) -> None:
+        """Periodic upkeep (every `stat_ttl_s`): bound the memos, notice pid reuse."""
+        for memo in (self._python_memo, self._native_memo, self._callsite_memo):
+            if len(memo) > _MEMO_MAX:
+                memo.clear()
+        if len(self._callback_memo) > _MEMO_MAX:
+            self._callback_memo.clear()
+        # A pid reused by a new process is a new /proc/<pid>/root: forget what the old
+        # process's root said.
+        known = dict(self._start_times)
+        self._start_times.clear()
+        for key, start in known.items():
+            if self._process_start_epoch(Path(key)) != start:
+                self._sources.forget(key.rstrip("/") + "/")
+                self._stacks.clear()
+                self._callsite_memo.clear()
 
     # -- layers --------------------------------------------------------------------
 

@@ -154,3 +154,28 @@ def test_stack_cache_bounded(user: Path) -> None:
         c.classify_frames((Frame("f", str(user), 4), Frame("g", "/srv/x.py", n)))
     assert len(c._stacks) <= 4
     assert c.stats.samples == 20
+
+
+def test_pid_reuse_forgets_the_old_process(tmp_path: Path) -> None:
+    """Same /proc/<pid>/root path, a new process behind it: cached answers are dropped."""
+    import os
+
+    proc = tmp_path / "proc"
+    pid_dir = proc / "77"
+    (pid_dir / "root" / "srv").mkdir(parents=True)
+    (proc / "stat").write_text("btime 1000\n")
+    clk = os.sysconf("SC_CLK_TCK")
+
+    def start_process(after_boot_s: int, source: str) -> None:
+        fields = ["S"] + ["0"] * 18 + [str(after_boot_s * clk)] + ["0"] * 10
+        (pid_dir / "stat").write_text(f"77 (python) {' '.join(fields)}\n")
+        src = pid_dir / "root" / "srv" / "job.py"
+        src.write_text(source)
+        os.utime(src, (900, 900))  # same mtime both times: only the start time tells
+
+    start_process(10, "import pickle\ndef f(x):\n    return pickle.dumps(x)\n")
+    c = Classifier.default(proc_fs=proc, stat_ttl_s=0.0)
+    leaf = (Frame("f", "/srv/job.py", 3),)
+    assert c.classify_frames(leaf, proc_root=pid_dir / "root").codepath == "pickle"
+    start_process(20, "import orjson\ndef f(x):\n    return orjson.dumps(x)\n")  # same size
+    assert c.classify_frames(leaf, proc_root=pid_dir / "root").codepath == "json"
