@@ -169,9 +169,10 @@ class _Checker:
         return self.loader.construct_object(node, deep=True)
 
     def mapping(
-        self, path: str, node: yaml.Node, allowed: tuple[str, ...]
+        self, path: str, node: yaml.Node, allowed: tuple[str, ...] | None
     ) -> dict[str, yaml.Node] | None:
-        """Keys of a mapping node -> value nodes; reports unknown and duplicate keys."""
+        """Keys of a mapping node -> value nodes; reports unknown (unless `allowed` is None:
+        any key, e.g. environment variable names) and duplicate keys."""
         if isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null":
             return {}
         if not isinstance(node, yaml.MappingNode):
@@ -187,7 +188,7 @@ class _Checker:
             if key in out:
                 self.problem(key_path, key_node, "duplicate key (YAML would keep only the last)")
                 continue
-            if key not in allowed:
+            if allowed is not None and key not in allowed:
                 hint = _closest(key, allowed)
                 self.problem(
                     key_path,
@@ -388,7 +389,7 @@ def _check_target(c: _Checker, path: str, node: yaml.Node) -> TargetSpec | None:
     if "pid_file" in mkeys:
         values["pid_file"] = c.path_value(f"{mpath}.pid_file", mkeys["pid_file"], nullable=True)
     if "environ" in mkeys:
-        ekeys = c.mapping(f"{mpath}.environ", mkeys["environ"], _AnyKey())
+        ekeys = c.mapping(f"{mpath}.environ", mkeys["environ"], None)
         env: dict[str, str] = {}
         for k, vnode in (ekeys or {}).items():
             v = c.value(vnode) if isinstance(vnode, yaml.ScalarNode) else _INVALID
@@ -412,13 +413,6 @@ def _check_target(c: _Checker, path: str, node: yaml.Node) -> TargetSpec | None:
     if any(v is _INVALID for v in values.values()) or name is _INVALID or run is _INVALID:
         return None
     return TargetSpec(name=name, match=TargetMatch(**values), run=run)
-
-
-class _AnyKey(tuple):  # type: ignore[type-arg]
-    """An `allowed` set that admits every key (environment variable names)."""
-
-    def __contains__(self, item: object) -> bool:
-        return True
 
 
 _TOP_KEYS = (
@@ -606,7 +600,7 @@ def parse_config(text: str, source_path: Path) -> Config:
             [ConfigProblem("targets", line, "no targets: add at least one under `targets:`")],
         )
     return Config(
-        **{k: v for k, v in values.items()},
+        **values,
         source_path=source_path,
         raw=MappingProxyType(dict(raw or {})),
     )
