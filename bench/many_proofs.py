@@ -1,0 +1,161 @@
+"""Non-allocation figures for the `.many` arena, measured, at sizes too large for the tests.
+
+    .venv/bin/python bench/many_proofs.py [--dir /tmp/serwatt-proofs] [--sizes-mb 16,1024,4096]
+
+1. In-place update of k slots (Arena.update + commit): Python memory allocated (tracemalloc
+   peak) for state sizes 16 MiB .. 4 GiB with the same 256 KiB slots; O(k), flat in size.
+2. `save` of a 64 MiB state: tracemalloc peak, against pickle.dumps of the same state.
+3. `load` of 1 GiB and 4 GiB files in a fresh process: RSS after load + binding every slot,
+   and after touching every page (psutil).
+
+Arenas are sparse files (Arena.create lays out holes), so 4 GiB costs no disk writes; every
+figure is about memory, not speed. Files are deleted at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pickle
+import shutil
+import subprocess
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from profiler.many import Arena, save  # noqa: E402
+
+SLOT_ELEMS = 65536  # float32 -> 256 KiB per slot
+
+RSS_CHILD = r"""
+import json, sys, time, numpy as np, psutil
+from profiler.many import load
+proc = psutil.Process()
+rss0 = proc.memory_info().rss
+t0 = time.perf_counter()
+ckpt = load(sys.argv[1])
+views = [ckpt[name] for name in ckpt]
+t1 = time.perf_counter()
+rss1 = proc.memory_info().rss
+for v in views:
+    int(v.reshape(-1).view(np.uint8)[::4096].sum())
+rss2 = proc.memory_info().rss
+print(json.dumps({"slots": len(views), "load_s": t1 - t0, "rss_load": rss1 - rss0,
+                  "rss_touched": rss2 - rss0}))
+"""
+
+
+def mib(x: float) -> str:
+    return f"{x / 2**20:.1f} MiB" if abs(x) >= 2**20 else f"{x / 1024:.1f} KiB"
+
+
+def update_figures(sizes_mb: list[int], workdir: Path) -> list[dict]:
+    rows = []
+    for size in sizes_mb:
+        n = size * 4
+        path = workdir / f"arena-{size}.many"
+        t0 = time.perf_counter()
+        arena = Arena.create(path, {f"s{i}": ((SLOT_ELEMS,), np.float32) for i in range(n)})
+        create_s = time.perf_counter() - t0
+        for k in (1, 2, 16, 64):
+            values = [np.full(SLOT_ELEMS, j + 1, dtype=np.float32) for j in range(k)]
+            arena.update("s0", values[0])
+            arena.commit()
+            tracemalloc.start()
+            t0 = time.perf_counter()
+            for j, v in enumerate(values):
+                arena.update(f"s{j}", v)
+            arena.commit()
+            dt = time.perf_counter() - t0
+            peak = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+            rows.append(
+                {"state_mib": size, "slots": n, "k": k, "peak_bytes": peak, "update_commit_s": dt}
+            )
+            print(
+                f"  state {size:>5} MiB ({n:>5} slots)  k={k:>3}: tracemalloc peak {mib(peak):>10}"
+                f"  ({peak / k:,.0f} B per slot; {k * SLOT_ELEMS * 4 / 2**20:.2f} MiB of slot bytes"
+                f" written)  update+commit {dt * 1e3:.1f} ms",
+                flush=True,
+            )
+        arena.close()
+        print(f"    (layout of the {size} MiB sparse arena: {create_s:.2f} s)")
+        path.unlink()
+    return rows
+
+
+def save_figures(workdir: Path) -> dict:
+    state = {f"t{i}": np.full(1 << 20, i, dtype=np.float32) for i in range(16)}  # 64 MiB
+    save(workdir / "warm.many", {"x": np.ones(4)})
+    tracemalloc.start()
+    save(workdir / "s.many", state)
+    many_peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    tracemalloc.start()
+    pickle.dumps(state, protocol=5)
+    pickle_peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    print(
+        f"  save 64 MiB state: .many tracemalloc peak {mib(many_peak)}; "
+        f"pickle.dumps {mib(pickle_peak)}"
+    )
+    return {"state_bytes": 64 << 20, "many_peak": many_peak, "pickle_peak": pickle_peak}
+
+
+def load_figures(workdir: Path, sizes_mb: list[int]) -> list[dict]:
+    rows = []
+    for size in sizes_mb:
+        n = 200
+        elems = (size << 20) // 4 // n
+        path = workdir / f"load-{size}.many"
+        Arena.create(path, {f"s{i}": ((elems,), np.float32) for i in range(n)}).close()
+        out = subprocess.run(
+            [sys.executable, "-c", RSS_CHILD, str(path)],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            check=True,
+        )
+        r = json.loads(out.stdout)
+        r["state_mib"] = size
+        rows.append(r)
+        print(
+            f"  load {size:>5} MiB, {n} slots: {r['load_s'] * 1e3:.2f} ms; "
+            f"RSS +{mib(r['rss_load'])} after "
+            f"load+bind, +{mib(r['rss_touched'])} after touching every page"
+        )
+        path.unlink()
+    return rows
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--dir", type=Path, default=Path("/tmp/serwatt-proofs"))
+    p.add_argument("--sizes-mb", default="16,1024,4096")
+    p.add_argument("--json", type=Path)
+    args = p.parse_args()
+    sizes = [int(s) for s in args.sizes_mb.split(",")]
+    args.dir.mkdir(parents=True, exist_ok=True)
+    out = {}
+    try:
+        print("1. in-place update of k slots (256 KiB each), Python memory (tracemalloc peak):")
+        out["update"] = update_figures(sizes, args.dir)
+        print("2. save without intermediate copies:")
+        out["save"] = save_figures(args.dir)
+        print("3. load RSS (fresh process, psutil):")
+        out["load"] = load_figures(args.dir, [s for s in sizes if s >= 1024] or sizes)
+    finally:
+        shutil.rmtree(args.dir, ignore_errors=True)
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
