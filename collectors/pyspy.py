@@ -553,7 +553,16 @@ class PySpy:
                 rate_hz=rate_hz,
                 procfs=procfs,
             )
-            result = replace(result, on_cpu=cpu.samples, on_cpu_errors=cpu.errors)
+            # py-spy knows a thread's run state only when it knows its kernel tid
+            # (decimal label; <3.11 in nonblocking mode it does not, and then keeps
+            # every sample): only those threads' on-CPU samples mean anything.
+            known = {
+                tid
+                for label, tid in cpu.mapping.tid_of.items()
+                if cpu.mapping.method.get(label) == "pyspy"
+            }
+            on_cpu = tuple(s for s in cpu.samples if s.tid in known)
+            result = replace(result, on_cpu=on_cpu, on_cpu_errors=cpu.errors)
         return result
 
     @staticmethod

@@ -24,7 +24,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from profiler.codepaths import CODEPATHS
@@ -87,7 +87,7 @@ def share_ci95(batch_rows: list[dict[str, float]], codepath: str) -> tuple[float
 
 
 def _iso(t: float) -> str:
-    return datetime.fromtimestamp(t, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def deep_merge(base: dict[str, Any], part: Mapping[str, Any]) -> dict[str, Any]:

@@ -151,6 +151,7 @@ def finish_window(raw: RawWindow, classifier: ClassifierLike) -> WindowReport:
         proc_root = None
     labels = [classifier.classify(s, proc_root=proc_root) for s in window.samples]
     series = _series(list(raw.snapshots), cpu.source == "schedstat")
+    on_cpu_tids: set[int | None] = set()
     if window.on_cpu is not None:
         on_cpu_tids = {s.tid for s in window.on_cpu if s.tid is not None}
         carriers = [s for s in window.on_cpu if s.tid is not None]
@@ -204,7 +205,11 @@ def finish_window(raw: RawWindow, classifier: ClassifierLike) -> WindowReport:
     notes = list(errors.notes)
     notes.append(f"cpu source {cpu.source}")
     if window.on_cpu is not None:
-        notes.append("cpu carried by on-CPU samples")
+        notes.append(
+            f"cpu carried by on-CPU samples for {len(on_cpu_tids)} thread(s)"
+            if on_cpu_tids
+            else "no on-CPU samples usable (py-spy knows no kernel tid): cpu on --idle samples"
+        )
         if window.on_cpu_errors is not None:
             errors = replace(
                 errors,

@@ -117,6 +117,15 @@ def test_threads_mapped_weighted_and_classified(
     assert cpu_by_tid[truth["idler"]] < 0.05 * r.cpu_s
     assert cp_by_tid[truth["spinner"]].most_common(1)[0][0] == "json"
     assert cp_by_tid[truth["MainThread"]].most_common(1)[0][0] == "pickle"
+    # the on-CPU run (py-spy without --idle) carries the CPU: the sleeping thread
+    # is (almost) never on a CPU, the busy ones are
+    on_cpu = Counter(lab.tid for lab in r.cpu_timeline if lab.active)
+    if version >= "3.11":
+        assert on_cpu[truth["idler"]] <= 0.05 * by_tid[truth["idler"]]
+        assert on_cpu[truth["spinner"]] > 10 and on_cpu[truth["MainThread"]] > 10
+    else:  # py-spy knows no kernel tid, so it cannot tell who runs: --idle samples carry CPU
+        assert not on_cpu
+        assert any("no on-CPU samples usable" in n for n in r.errors.notes)
     assert r.codepaths["pickle"].cpu_s > 0.1 and r.codepaths["json"].cpu_s > 0.1
     total = sum(w.cpu_s for w in r.codepaths.values())
     assert total == pytest.approx(r.cpu_s, rel=1e-6)

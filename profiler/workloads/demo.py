@@ -98,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     batch = batch_cls()
     for i in range(3000):
         batch.records.append(record_cls(id=i, values=[i * 0.5, i * 1.5], tag="y" * 12))
+    torch: Any
     try:
         import torch
     except ImportError:  # the demo runs without torch; the torch row then stays at 0
