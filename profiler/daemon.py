@@ -59,6 +59,12 @@ ABANDON_AFTER_S = 15.0
 # default, 8 targets cost ~7% of a core on the reference VM (docs/daemon.md). 0.5 s
 # still gives 20 points per thread over a 10 s window for the weighting.
 CPU_POLL_S = 0.5
+# One py-spy per window. sample_window can run a second, on-CPU-only py-spy that
+# keeps threads waiting for the GIL from taking CPU at the line they wait on; it
+# doubles py-spy's cost (py-spy alone is ~1.2% of a core per target at 50 Hz on the
+# reference VM), which the daemon's budget (8 targets < 10% of a core) cannot pay.
+# `serwatt profile` keeps it on. See docs/daemon.md.
+ON_CPU_RUN = False
 # Retry delay for a process that refused sampling for a reason that may change
 # (ptrace permission, a process that is not Python yet, a sampler failure).
 RETRY_REFUSED_S = 60.0
@@ -387,6 +393,7 @@ class Daemon:
                         procfs=procfs,
                         stop_event=j.stop,
                         poll_s=CPU_POLL_S,
+                        on_cpu_run=ON_CPU_RUN,
                     )
 
             self._pool.submit(job, work)

@@ -176,7 +176,7 @@ def test_pyspy_killed_is_counted_and_sampling_continues(tmp_path):
     d = _daemon(tmp_path, {"trainer": "pyspy_kill_trainer"}, window_s=3)
     try:
         d.wait_metric("serwatt_samples_total", 10, target="trainer")
-        spies = wait_for(lambda: children_named(d.pid, "py-spy"), 30, "a py-spy window")
+        spies = wait_for(lambda: children_named(d.pid, "py-spy", "record"), 30, "a py-spy window")
         os.kill(spies[0], signal.SIGKILL)
         m = d.wait_metric("serwatt_sampler_errors_total", 1, target="trainer")
         errors = {
@@ -373,3 +373,34 @@ def test_required_rapl_missing_exits_78_with_the_fix(tmp_path):
     )
     assert proc.returncode == 78, proc.stderr
     assert "RAPL is required but unavailable" in proc.stderr and "auto" in proc.stderr
+
+
+def test_concurrent_pyspy_windows_are_bounded_and_every_target_gets_turns(tmp_path):
+    names = [f"bound{i}_trainer" for i in range(4)]
+    works = [start_workload(tmp_path, n) for n in names]
+    d = _daemon(
+        tmp_path,
+        {f"t{i}": n for i, n in enumerate(names)},
+        window_s=1,
+        extra="max_concurrent_samplers: 2\n",
+    )
+    try:
+        most = 0
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            most = max(most, len(children_named(d.pid, "py-spy", "record")))
+            try:
+                m = d.metrics()
+            except OSError:
+                m = {}  # not listening yet
+            if all(total(m, "serwatt_samples_total", target=f"t{i}") > 0 for i in range(4)):
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError(f"not every target was sampled:\n{d.log()}")
+        assert 1 <= most <= 2, most
+        assert d.stop()[0] == 0
+    finally:
+        d.kill()
+        for w in works:
+            stop_process(w)

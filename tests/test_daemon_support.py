@@ -226,7 +226,9 @@ class DaemonProc:
         self._log.close()
 
 
-def children_named(pid: int, name: str) -> list[int]:
+def children_named(pid: int, name: str, subcommand: str | None = None) -> list[int]:
+    """Descendants of `pid` named `name` (and with argv[1] == subcommand, if given:
+    a window is one `py-spy record`; the sampler may also run a short `py-spy dump`)."""
     import psutil
 
     try:
@@ -236,7 +238,7 @@ def children_named(pid: int, name: str) -> list[int]:
     out = []
     for k in kids:
         try:
-            if k.name() == name:
+            if k.name() == name and (subcommand is None or k.cmdline()[1:2] == [subcommand]):
                 out.append(k.pid)
         except psutil.NoSuchProcess:
             continue
