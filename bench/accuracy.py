@@ -161,6 +161,12 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1, choices=(1, 2))
     ap.add_argument("--window", type=float, default=5.0)
     ap.add_argument(
+        "--no-on-cpu-run",
+        dest="on_cpu_run",
+        action="store_false",
+        help="one py-spy per window (CPU on --idle samples)",
+    )
+    ap.add_argument(
         "--timestamps",
         action="store_true",
         help="instead: measure the error of per-sample host timestamps",
@@ -204,6 +210,7 @@ def main() -> int:
                 duration_s=args.duration,
                 follow_children=False,
                 progress=sys.stderr,
+                on_cpu_run=args.on_cpu_run,
             )
             result = session.run()
             os.kill(proc.pid, signal.SIGUSR1)
@@ -216,6 +223,7 @@ def main() -> int:
     doc = build_document(result)
     print(
         f"accuracy: {args.threads} busy thread(s), {args.rate:g} Hz, {args.duration:g} s, "
+        f"on-CPU run {'on' if args.on_cpu_run else 'off'}, "
         f"{doc['samples']} samples, serwatt CPU {doc['cpu_s']:.2f} s, "
         f"workload-timed CPU {true['_total_cpu_s']:.2f} s"
     )
