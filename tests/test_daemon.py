@@ -352,7 +352,7 @@ def test_rapl_energy_then_unreadable_sysfs_keeps_the_scrape_up(tmp_path):
 
 def test_required_rapl_missing_exits_78_with_the_fix(tmp_path):
     empty_sysfs = tmp_path / "sys"
-    empty_sysfs.mkdir()
+    (empty_sysfs / "class").mkdir(parents=True)  # a sysfs without powercap, as on a VM
     port = free_port()
     cfg = tmp_path / "serwatt.yaml"
     cfg.write_text(
