@@ -26,7 +26,7 @@ demo: $(BIN)/serwatt
 	$(BIN)/serwatt demo
 
 # Target interpreters for the real-process classification tests: CPython 3.10 and
-# 3.12 (pyenv) venvs with protobuf, msgpack and pyyaml (tests/workloads/targets.py).
+# 3.12 (pyenv) venvs with protobuf, msgpack, pyyaml, orjson (tests/workloads/targets.py).
 target-venvs: $(BIN)/serwatt
 	$(BIN)/python -m tests.workloads.targets
 

@@ -1,7 +1,7 @@
 """Real py-spy against real Python processes, on CPython 3.10 (bare frame names) and
 3.12 (qualnames), classified through /proc/<pid>/root as the daemon does.
 
-Target venvs (.venv-targets/py310, py312, with protobuf (upb), msgpack, pyyaml) are
+Target venvs (.venv-targets/py310, py312, with protobuf (upb), msgpack, pyyaml, orjson) are
 built by `make target-venvs` or on first use here; without them the test fails and
 says how to build them. torch.save/torch.load run on the project venv (3.11, CPU torch).
 """
@@ -26,6 +26,7 @@ KINDS = [
     "pickle_callbacks",
     "json_dumps",
     "json_loads",
+    "orjson_roundtrip",
     "protobuf_serialize",
     "protobuf_parse",
     "msgpack_packb",

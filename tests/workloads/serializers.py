@@ -24,6 +24,7 @@ EXPECT = {
     "mp_queue": "pickle",
     "json_dumps": "json",
     "json_loads": "json",
+    "orjson_roundtrip": "json",
     "protobuf_serialize": "protobuf",
     "protobuf_parse": "protobuf",
     "protobuf_json_format": "protobuf",
@@ -160,6 +161,14 @@ def run(kind, max_s):
         ready()
         while time.time() < deadline:
             obj = json.loads(text)
+        return obj
+    if kind == "orjson_roundtrip":
+        import orjson
+
+        data = _data()
+        ready()
+        while time.time() < deadline:
+            obj = orjson.loads(orjson.dumps(data))
         return obj
     if kind == "protobuf_serialize":
         msg = _descriptor_set()

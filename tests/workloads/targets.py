@@ -21,8 +21,11 @@ TARGETS_DIR = Path(os.environ.get("SERWATT_TARGET_VENVS", REPO / ".venv-targets"
 PYENV_ROOT = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
 # name -> (interpreter candidates, packages). Interpreters are pyenv builds.
 TARGETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "py310": (("3.10.13", "3.10"), ("protobuf>=5", "msgpack>=1.0", "pyyaml>=6")),
-    "py312": (("3.12.1", "3.13.0", "3.12"), ("protobuf>=5", "msgpack>=1.0", "pyyaml>=6")),
+    "py310": (("3.10.13", "3.10"), ("protobuf>=5", "msgpack>=1.0", "pyyaml>=6", "orjson>=3.9")),
+    "py312": (
+        ("3.12.1", "3.13.0", "3.12"),
+        ("protobuf>=5", "msgpack>=1.0", "pyyaml>=6", "orjson>=3.9"),
+    ),
 }
 _MARKER = ".serwatt-target-ok"
 
