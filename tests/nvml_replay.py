@@ -52,7 +52,13 @@ class _Gpu:
     spec: dict[str, Any]
     index: int
 
+    def __post_init__(self) -> None:
+        self._segments = self._build_segments()
+
     def segments(self) -> list[tuple[float, float, float, bool]]:
+        return self._segments
+
+    def _build_segments(self) -> list[tuple[float, float, float, bool]]:
         """(start, end, busy_frac, buffer) with the last one extended to infinity."""
         out = []
         start = 0.0
@@ -124,6 +130,11 @@ class ReplayNvmlBackend:
             return round(epoch * 1e6)
         return round((epoch - self.boot_epoch) * 1e6)
 
+    def _rel_of_ts(self, ts_us: int) -> float:
+        if self.driver.get("clock", "boottime") == "epoch":
+            return ts_us / 1e6 - self.start
+        return ts_us / 1e6 + self.boot_epoch - self.start
+
     # ground truth for tests -----------------------------------------------------
     def true_idle_s(self, index: int, a_epoch: float, b_epoch: float) -> float:
         g = self.gpus[index]
@@ -173,12 +184,19 @@ class ReplayNvmlBackend:
             raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return int(g.spec["mig"])
 
-    def _samples_until(self, g: _Gpu, now_rel: float) -> list[tuple[int, int]]:
+    def _samples_until(
+        self, g: _Gpu, now_rel: float, after_rel: float = -math.inf
+    ) -> list[tuple[int, int]]:
+        """The ring buffer at `now_rel`: the newest `buffer_depth` samples, from those
+        stamped after `after_rel` (older ones cannot be returned anyway)."""
         period = float(g.spec["period_s"])
         depth = int(self.driver.get("buffer_depth", 120))
         k_last = math.floor(now_rel / period + 1e-9)
+        k_first = max(1, k_last - 4 * depth)
+        if after_rel > -math.inf:
+            k_first = max(k_first, math.floor(after_rel / period))
         out: list[tuple[int, int]] = []
-        for k in range(max(1, k_last - 4 * depth), k_last + 1):
+        for k in range(k_first, k_last + 1):
             t = k * period
             if not g.buffer_at(t):
                 continue
@@ -191,7 +209,10 @@ class ReplayNvmlBackend:
         period = float(g.spec["period_s"])
         quirks = g.spec.get("quirks", {})
         rows: list[tuple[int, int]] = []
-        for k, val in self._samples_until(g, self.rel()):
+        after = -math.inf
+        if last_seen_us > 0:
+            after = self._rel_of_ts(last_seen_us)
+        for k, val in self._samples_until(g, self.rel(), after):
             ts = self._ts_us(k * period)
             if ts <= last_seen_us:
                 continue
