@@ -310,3 +310,55 @@ def test_long_profile_accumulates_beyond_the_tracker_history(tmp_path: Path) -> 
     # busy 92% from 13 s on: idle ~8% of the run, all of it while sampled in `other`
     assert g["gpu_wait_s"]["other"] == pytest.approx(g["idle_s"], rel=1e-6)
     assert g["idle_s"] == pytest.approx(0.08 * (clock() - t0), rel=0.05)
+
+
+def test_table_shows_joules_source_gpu_wait_and_gpu_idle_joules(tmp_path: Path) -> None:
+    from profiler.profile_doc import deep_merge, render_table
+
+    clock = FakeClock()
+    sysfs, procfs = tmp_path / "sys", tmp_path / "proc"
+    procfs.mkdir()
+    tree = build_powercap(sysfs, psys=False)
+    (procfs / "stat").write_text(_stat(0, 0))
+    fake = ReplayNvmlBackend(
+        load_timeline("h200_checkpoint_stall"), target_pids=[TARGET], clock=clock
+    )
+    tr = EnergyTracker(sysfs, procfs, nvml_backend=fake, clock=clock)
+    tr.nvml._boottime = fake.boottime
+    obs = EnergyObserver(tr)
+    obs._started = True
+    t0 = clock()
+    tr.poll_once()
+    for i in range(1, 17):
+        clock.advance(0.5)
+        tree.advance("intel-rapl:0", 20.0)
+        (procfs / "stat").write_text(_stat(50 * i, 50 * i))
+        tr.poll_once()
+    labels = _labels("other", t0, t0 + 4) + _labels("pickle", t0 + 4, t0 + 8)
+    obs.on_window(_report(t0, t0 + 8, {"other": 4.0, "pickle": 4.0}, labels))
+    row = {"samples": 1, "cpu_s": 1.0, "share": 0.1, "share_ci95": None, "wall_s": 1.0,
+           "low_confidence_share": 0.0}  # fmt: skip
+    doc = {
+        "target": {"pid": TARGET, "command": "python train.py", "python": "3.11.7"},
+        "duration_s": 8.0,
+        "rate_hz": 100,
+        "samples": 10,
+        "cpu_s": 8.0,
+        "low_confidence_cpu_share": 0.0,
+        "codepaths": {cp: dict(row) for cp in CODEPATHS},
+        "sampler": {
+            "pyspy_samples": 1,
+            "pyspy_errors": 0,
+            "partial_stacks": 0,
+            "behind_s": 0.0,
+            "windows": 1,
+            "window_failures": {},
+        },  # fmt: skip
+    }
+    deep_merge(doc, obs.finish())
+    table = render_table(doc)
+    assert "J (rapl)" in table and "GPU-wait s" in table and "GPU idle J" in table
+    pickle_line = next(line for line in table.splitlines() if line.startswith("pickle"))
+    assert pickle_line.split()[-2] == f"{doc['codepaths']['pickle']['gpu_wait_s']:.2f}"
+    assert "energy: measured (RAPL): package 320.0 J" in table
+    assert "gpu 0 NVIDIA H200: used by target" in table
