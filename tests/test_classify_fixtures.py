@@ -150,6 +150,8 @@ def test_every_recorded_sample_lands_in_its_codepath(
         ("py312-orjson_roundtrip.json", {"json.call"}, "high"),
         ("py312-json_dumps.json", {"json.stdlib"}, "high"),
         ("py310-protobuf_json_format.json", {"protobuf.json-format"}, "high"),
+        ("py310-protobuf_python_backend.json", {"protobuf.python-backend"}, "high"),
+        ("py312-protobuf_python_backend.json", {"protobuf.python-backend"}, "high"),
         ("py312-protobuf_json_format.json", {"protobuf.json-format"}, "high"),
         ("py310-yaml_dump.json", {"yaml.python"}, "high"),
         ("venv-torch_save.json", {"torch.serialization"}, "high"),

@@ -29,6 +29,7 @@ KINDS = [
     "orjson_roundtrip",
     "protobuf_serialize",
     "protobuf_parse",
+    "protobuf_python_backend",
     "msgpack_packb",
     "msgpack_unpackb",
 ]

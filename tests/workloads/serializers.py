@@ -28,6 +28,7 @@ EXPECT = {
     "protobuf_serialize": "protobuf",
     "protobuf_parse": "protobuf",
     "protobuf_json_format": "protobuf",
+    "protobuf_python_backend": "protobuf",
     "msgpack_packb": "msgpack",
     "msgpack_unpackb": "msgpack",
     "yaml_dump": "yaml",
@@ -185,6 +186,15 @@ def run(kind, max_s):
             msg = FileDescriptorSet.FromString(blob)
             msg.ParseFromString(blob)
         return msg
+    if kind == "protobuf_python_backend":
+        # protobuf's pure-Python backend: serialization runs as Python frames.
+        os.environ["PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"] = "python"
+        msg = _descriptor_set(copies=10)
+        ready()
+        while time.time() < deadline:
+            blob = msg.SerializeToString()
+            msg.ParseFromString(blob)
+        return blob
     if kind == "protobuf_json_format":
         from google.protobuf import json_format
 
