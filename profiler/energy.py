@@ -218,6 +218,7 @@ class EnergyTracker:
         self.rapl_wraps = 0  # counter wraps corrected so far, all zones
         self.max_rapl_gap_s = 0.0  # longest time between two RAPL reads
         self._last_rapl_errors: tuple[str, ...] = ()
+        self._rapl_error_log: deque[tuple[float, tuple[str, ...]]] = deque(maxlen=256)
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -293,6 +294,16 @@ class EnergyTracker:
         safe = self.rapl.probe().poll_period_s or self.poll_cap_s
         return min(safe, self.poll_cap_s)
 
+    @property
+    def rapl_read_errors(self) -> int:
+        """RAPL reads that failed for at least one zone, since start (for self-metrics)."""
+        return self._rapl_errors
+
+    @property
+    def last_rapl_errors(self) -> tuple[str, ...]:
+        """The zone errors of the most recent failed read ("intel-rapl:0: ENOENT", ...)."""
+        return self._last_rapl_errors
+
     def fastest_wrap_s(self) -> float | None:
         """Shortest time any counted zone takes to wrap at the average power seen so
         far (None before two reads or at zero power). Reads further apart than half of
@@ -343,6 +354,7 @@ class EnergyTracker:
                 if r.errors:
                     self._rapl_errors += 1
                     self._last_rapl_errors = r.errors
+                    self._rapl_error_log.append((r.t, r.errors))
             if status["nvml"].up and now - self._last_nvml_poll >= self.nvml_poll_s * 0.9:
                 self.nvml.poll()
                 self._last_nvml_poll = now
@@ -420,8 +432,12 @@ class EnergyTracker:
                         "zones left out: "
                         + "; ".join(f"{s.zone_id}: {s.reason}" for s in rs.skipped)
                     )
-                if self._last_rapl_errors:
-                    notes.append("RAPL read errors: " + ", ".join(self._last_rapl_errors))
+                errs = sorted(
+                    {e for t, es in self._rapl_error_log if start <= t <= end for e in es}
+                )
+                if errs:
+                    # energy of a failed read is carried, then caught up by the next good one
+                    notes.append("RAPL read errors in this window: " + ", ".join(errs))
                 has_dram = any(z.kind == "dram" for z in rs.zones)
                 has_psys = any(z.kind == "psys" for z in rs.zones)
                 per_pkg = {}

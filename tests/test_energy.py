@@ -362,3 +362,33 @@ def test_table_shows_joules_source_gpu_wait_and_gpu_idle_joules(tmp_path: Path) 
     assert pickle_line.split()[-2] == f"{doc['codepaths']['pickle']['gpu_wait_s']:.2f}"
     assert "energy: measured (RAPL): package 320.0 J" in table
     assert "gpu 0 NVIDIA H200: used by target" in table
+
+
+def test_rapl_read_error_is_noted_in_its_window_only(tmp_path: Path) -> None:
+    clock = FakeClock()
+    sysfs, procfs = tmp_path / "sys", tmp_path / "proc"
+    procfs.mkdir()
+    tree = build_powercap(sysfs, dram=False, psys=False)
+    (procfs / "stat").write_text(_stat(0, 0))
+    tr = EnergyTracker(sysfs, procfs, nvml_mode="off", clock=clock)
+    t0 = clock()
+    tr.poll_once()
+    f = tree.zone_dir("intel-rapl:1") / "energy_uj"
+    for i in range(1, 7):
+        clock.advance(1.0)
+        tree.advance("intel-rapl:0", 10.0)
+        tree.advance("intel-rapl:1", 10.0)
+        (procfs / "stat").write_text(_stat(100 * i, 100 * i))
+        saved = f.read_text()
+        if i == 2:
+            f.unlink()  # the read at t0+2 fails for package 0's zone
+        tr.poll_once()
+        if i == 2:
+            f.write_text(saved)
+    assert tr.rapl_read_errors == 1
+    assert tr.last_rapl_errors == ("intel-rapl:1: ENOENT",)
+    bad = tr.window(t0 + 1.0, t0 + 3.0)
+    assert bad.notes == ("RAPL read errors in this window: intel-rapl:1: ENOENT",)
+    assert bad.package_j == pytest.approx(40.0)  # carried, then caught up: nothing lost
+    good = tr.window(t0 + 3.0, t0 + 6.0)
+    assert good.notes == () and good.package_j == pytest.approx(60.0)
