@@ -691,8 +691,9 @@ class EnergyObserver:
         # a label's sample still covers [t, t + 1/rate): keep what reaches past `until`
         keep_from = until - 1.0 / self._rate_hz
         self._labels = [lab for lab in self._labels if lab.t >= keep_from]
-        used = used_gpus(self.tracker.nvml.window(a, until), self._pids)
-        for g in self.tracker.nvml.window(a, until):
+        gpu_windows = self.tracker.nvml.window(a, until)
+        used = used_gpus(gpu_windows, self._pids)
+        for g in gpu_windows:
             acc = self._gpus.setdefault(g.index, _GpuAcc(g.index, g.uuid, g.name))
             acc.up, acc.reason = g.up, g.reason
             acc.covered_s += g.covered_s
