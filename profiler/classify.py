@@ -50,6 +50,15 @@ class CallsiteMatch:
     others: int  # non-trivial non-serializer calls (and comprehensions) on the line
 
 
+@dataclass(frozen=True)
+class Explanation:
+    """A classification and where it came from (Classifier.explain)."""
+
+    classification: Classification
+    frame_index: int | None  # into the leaf-first frames; None when nothing matched
+    how: str  # the layer, and why confidence is low or why nothing matched
+
+
 @dataclass
 class ClassifierStats:
     samples: int = 0
@@ -264,6 +273,13 @@ class Classifier:
         return mtime_ns is not None and start is not None and mtime_ns / 1e9 > start + 1.0
 
     def _walk(self, frames: tuple[Frame, ...], proc_root: Path | None) -> Classification:
+        return self._decide(frames, proc_root).classification
+
+    def explain(self, frames: Sequence[Frame], *, proc_root: Path | None = None) -> Explanation:
+        """Which frame decided, through which layer: for people checking a rule."""
+        return self._decide(tuple(frames), proc_root)
+
+    def _decide(self, frames: tuple[Frame, ...], proc_root: Path | None) -> Explanation:
         python_idx = [i for i, f in enumerate(frames) if not f.is_native]
         innermost_python = python_idx[0] if python_idx else None
         deeper_python: dict[int, int] = {}
@@ -274,11 +290,15 @@ class Classifier:
             if frame.is_native:
                 rule = self._native_rule(frame)
                 if rule is not None:
-                    return Classification(rule.codepath, rule.id, rule.confidence)
+                    return Explanation(
+                        Classification(rule.codepath, rule.id, rule.confidence), i, "native"
+                    )
                 continue
             rule = self._python_rule(frame)
             if rule is not None:
-                return Classification(rule.codepath, rule.id, rule.confidence)
+                return Explanation(
+                    Classification(rule.codepath, rule.id, rule.confidence), i, "python"
+                )
             if i == innermost_python:
                 return self._leaf(frames, i, proc_root)
             callee = deeper_python.get(i)
@@ -292,29 +312,136 @@ class Classifier:
                         or match.rule.confidence == "low"
                         or self._stale(frame, proc_root)
                     )
-                    return Classification(
+                    got = Classification(
                         match.codepath,
                         match.rule.id,
                         "low" if low else "high",
                         ambiguous=match.others > 0,
                     )
-        return OTHER
+                    return Explanation(got, i, f"callsite, running callback {frames[callee].name}")
+        return Explanation(OTHER, None, "no rule matched any frame")
 
-    def _leaf(self, frames: tuple[Frame, ...], i: int, proc_root: Path | None) -> Classification:
+    def _leaf(self, frames: tuple[Frame, ...], i: int, proc_root: Path | None) -> Explanation:
         # Native frames below the innermost Python frame say where the CPU is; they
         # beat a call-site guess about the same instant.
         for j in range(i - 1, -1, -1):
             if frames[j].is_native:
                 rule = self._native_rule(frames[j])
                 if rule is not None:
-                    return Classification(rule.codepath, rule.id, rule.confidence)
+                    got = Classification(rule.codepath, rule.id, rule.confidence)
+                    return Explanation(got, j, "native, below the innermost Python frame")
         match = self._callsite(frames[i], proc_root)
         if match is None:
-            return OTHER
+            path = source_path(frames[i].filename, proc_root)
+            why = "no serializer call on the innermost Python frame's line"
+            if path is None:
+                why = "innermost Python frame has no readable source path"
+            else:
+                _index, error, _ = self._sources.get(path)
+                if error is not None:
+                    why = f"innermost Python frame: {error}"
+            return Explanation(OTHER, None, why)
         if match.codepath is None or match.rule is None:
-            return Classification("other", None, "low", ambiguous=True)
+            got = Classification("other", None, "low", ambiguous=True)
+            return Explanation(got, i, "callsite: the line calls two different serializers")
         ambiguous = match.others > 0
-        low = ambiguous or match.rule.confidence == "low" or self._stale(frames[i], proc_root)
-        return Classification(
+        stale = self._stale(frames[i], proc_root)
+        low = ambiguous or match.rule.confidence == "low" or stale
+        got = Classification(
             match.codepath, match.rule.id, "low" if low else "high", ambiguous=ambiguous
         )
+        how = "callsite"
+        if ambiguous:
+            how += f", line also makes {match.others} other call(s)"
+        if stale:
+            how += ", source changed after the target started"
+        return Explanation(got, i, how)
+
+
+# --- `python -m profiler.classify`: explain what the rules make of a live stack ------
+
+
+def _frames_from_dump(thread: dict[str, Any]) -> tuple[Frame, ...]:
+    return tuple(
+        Frame(
+            str(f["name"]), str(f.get("filename") or ""), int(f.get("line") or 0), f.get("module")
+        )
+        for f in thread.get("frames", [])
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Explain the classification of every thread of one py-spy snapshot.
+
+    python -m profiler.classify --pid PID [--rules FILE]...     (runs py-spy dump)
+    python -m profiler.classify DUMP.json [--proc-root DIR]     (`py-spy dump --json` output)
+    """
+    import argparse
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    from profiler.rules import RuleError
+
+    parser = argparse.ArgumentParser(
+        prog="python -m profiler.classify", description=(main.__doc__ or "").splitlines()[0]
+    )
+    src = parser.add_mutually_exclusive_group(required=True)
+    src.add_argument("--pid", type=int, help="take one `py-spy dump --json` of this process")
+    src.add_argument("dump", nargs="?", type=Path, help="a saved `py-spy dump --json` file")
+    parser.add_argument("--rules", type=Path, action="append", default=[], help="extra rule file")
+    parser.add_argument("--proc-root", type=Path, help="read sources under this root")
+    args = parser.parse_args(argv)
+    try:
+        classifier = Classifier.from_files(args.rules)
+    except RuleError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 78
+    proc_root = args.proc_root
+    if args.pid is not None:
+        pyspy = Path(sys.executable).with_name("py-spy")
+        binary = str(pyspy) if pyspy.exists() else shutil.which("py-spy")
+        if binary is None:
+            print("error: py-spy not found (pip install py-spy)", file=sys.stderr)
+            return 2
+        cmd = [binary, "dump", "--json", "--nonblocking", "--pid", str(args.pid)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        if proc.returncode != 0:
+            print(f"error: {' '.join(cmd)}: {proc.stderr.strip()}", file=sys.stderr)
+            return 2
+        text = proc.stdout
+        proc_root = proc_root or Path(f"/proc/{args.pid}/root")
+    else:
+        try:
+            text = args.dump.read_text()
+        except OSError as exc:
+            print(f"error: cannot read {args.dump}: {exc}", file=sys.stderr)
+            return 2
+    try:
+        threads = json.loads(text)
+        if not isinstance(threads, list):
+            raise ValueError("expected a JSON list of threads")
+    except ValueError as exc:
+        print(f"error: not `py-spy dump --json` output: {exc}", file=sys.stderr)
+        return 2
+    for thread in threads:
+        frames = _frames_from_dump(thread)
+        ex = classifier.explain(frames, proc_root=proc_root)
+        c = ex.classification
+        tid = thread.get("os_thread_id") or hex(int(thread.get("thread_id") or 0))
+        print(
+            f"thread {tid} {thread.get('thread_name') or ''!r}: {c.codepath}"
+            f"  rule={c.rule_id or '-'}  confidence={c.confidence}"
+        )
+        if ex.frame_index is not None:
+            f = frames[ex.frame_index]
+            where = f"{f.filename}:{f.line}" if not f.module else os.path.basename(f.module)
+            print(f"    decided by frame {ex.frame_index}: {f.name} ({where}) [{ex.how}]")
+        else:
+            print(f"    {ex.how}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

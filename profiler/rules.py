@@ -398,3 +398,26 @@ def parse_rules_text(text: str, name: str = "<rules>") -> RuleSet:
 def builtin_rules_path() -> Path:
     """The packaged rule file (profiler/codepaths.yaml, a link to configs/codepaths.yaml)."""
     return Path(__file__).with_name("codepaths.yaml")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Check rule files: `python -m profiler.rules FILE...` (exit 0, or 78 with file:line)."""
+    import sys
+
+    paths = list(sys.argv[1:] if argv is None else argv)
+    if not paths:
+        print("usage: python -m profiler.rules FILE.yaml...", file=sys.stderr)
+        return 2
+    try:
+        rules = load_rules([Path(p) for p in paths], builtin=True)
+    except RuleError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 78
+    for path in paths:
+        ids = [r.id for r in rules.rules if r.origin.startswith(f"{path}:")]
+        print(f"ok: {path}: {len(ids)} rule(s): {', '.join(ids) or '-'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

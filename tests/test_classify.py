@@ -179,3 +179,54 @@ def test_pid_reuse_forgets_the_old_process(tmp_path: Path) -> None:
     assert c.classify_frames(leaf, proc_root=pid_dir / "root").codepath == "pickle"
     start_process(20, "import orjson\ndef f(x):\n    return orjson.dumps(x)\n")  # same size
     assert c.classify_frames(leaf, proc_root=pid_dir / "root").codepath == "json"
+
+
+def test_explain_says_which_frame_and_why(c: Classifier, user: Path) -> None:
+    torch_stack = (
+        Frame("_save", f"{SITE}/torch/serialization.py", 1253),
+        Frame("save", f"{SITE}/torch/serialization.py", 1003),
+        Frame("checkpoint", "/srv/train.py", 8),
+    )
+    ex = c.explain(torch_stack)
+    assert (ex.classification.codepath, ex.frame_index, ex.how) == ("torch", 1, "python")
+    ex = c.explain((Frame("helper", str(user), 8),))
+    assert ex.classification.confidence == "low" and ex.frame_index == 0
+    assert "line also makes 1 other call(s)" in ex.how
+    ex = c.explain((Frame("f", "/nonexistent/x.py", 3),))
+    assert ex.classification == OTHER and "source not readable" in ex.how
+    ex = c.explain((Frame("f", "<string>", 3),))
+    assert "no readable source path" in ex.how
+    ex = c.explain((Frame("save", str(user), 5),))  # `def dup(obj):` line
+    assert "no serializer call" in ex.how
+    cb = (Frame("Obj.__getstate__", "/srv/m.py", 3), Frame("save", str(user), 4))
+    assert "running callback Obj.__getstate__" in c.explain(cb).how
+
+
+def test_explain_command_on_a_saved_dump(
+    tmp_path: Path, user: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from profiler.classify import main
+
+    dump = [
+        {
+            "pid": 1,
+            "thread_id": 140000,
+            "thread_name": "MainThread",
+            "os_thread_id": 1,
+            "frames": [
+                {"name": "save", "filename": str(user), "module": None, "line": 4},
+                {"name": "<module>", "filename": str(user), "module": None, "line": 9},
+            ],
+        }
+    ]
+    path = tmp_path / "dump.json"
+    path.write_text(json.dumps(dump))
+    assert main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "thread 1 'MainThread': pickle  rule=pickle.call  confidence=high" in out
+    assert f"decided by frame 0: save ({user}:4) [callsite]" in out
+    (tmp_path / "bad.json").write_text("{}")
+    assert main([str(tmp_path / "bad.json")]) == 2
+    assert "not `py-spy dump --json` output" in capsys.readouterr().err

@@ -136,3 +136,22 @@ def test_end_to_end_through_sample_window(target: tuple[str, Path], kind: str, e
     assert samples[expect] >= 0.6 * total, samples
     assert {cp for cp, n in samples.items() if n} <= {expect, "other"}, samples
     assert report.codepaths[expect].cpu_s > report.codepaths["other"].cpu_s
+
+
+def test_explain_command_on_a_live_process(
+    target: tuple[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`python -m profiler.classify --pid P`: real py-spy dump, reasons per thread."""
+    from profiler.classify import main
+
+    _name, python = target
+    out = ""
+    with harness.running(python, "protobuf_serialize") as pid:
+        # A nonblocking dump can race the target, or catch the loop's own line: retry.
+        for _ in range(10):
+            main(["--pid", str(pid)])
+            out = capsys.readouterr().out
+            if "protobuf  rule=protobuf.method" in out:
+                break
+    assert "protobuf  rule=protobuf.method" in out, out
+    assert "[callsite]" in out

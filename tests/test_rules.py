@@ -240,3 +240,20 @@ def test_arbitrary_text_never_crashes_the_loader(text: str) -> None:
         parse_rules_text(text, "fuzz.yaml")
     except RuleError as exc:
         assert str(exc).startswith("fuzz.yaml")
+
+
+def test_check_rules_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from profiler.rules import main
+
+    good = write(
+        tmp_path,
+        f"schema: {SCHEMA}\nrules:\n  - id: team.x\n    codepath: pickle\n"
+        "    layer: callsite\n    calls: [fastser.encode]\n",
+        "good.yaml",
+    )
+    assert main([str(good)]) == 0
+    assert f"ok: {good}: 1 rule(s): team.x" in capsys.readouterr().out
+    bad = write(tmp_path, f"schema: {SCHEMA}\nrules:\n  - id: a\n    codepath: nope\n", "bad.yaml")
+    assert main([str(good), str(bad)]) == 78
+    assert f"error: {bad}:4: unknown codepath 'nope'" in capsys.readouterr().err
+    assert main([]) == 2
