@@ -238,3 +238,19 @@ def test_reader_on_files_integrates_wraps(steps_j: list[float]) -> None:
             r = c.read()
         assert r.package_j == pytest.approx(true_uj / 1e6, abs=1e-6)
         assert r.package_j >= 0
+
+
+def test_multi_die_packages_sum_per_package(tmp_path: Path) -> None:
+    # Some parts expose one zone per die: package-0-die-0, package-0-die-1, ...
+    tree = build_powercap(tmp_path, package_ids=(), dram=False, psys=False, mmio=False)
+    for idx, name in enumerate(("package-0-die-0", "package-0-die-1", "package-1-die-0")):
+        add_zone(tree, ZoneSpec(f"intel-rapl:{idx}", name))
+    c = RaplCollector(tmp_path)
+    st_ = c.probe()
+    assert [(z.package, z.die) for z in st_.zones] == [(0, 0), (0, 1), (1, 0)]
+    c.read()
+    for z, j in (("intel-rapl:0", 5.0), ("intel-rapl:1", 7.0), ("intel-rapl:2", 3.0)):
+        tree.advance(z, j)
+    r = c.read()
+    assert r.per_package_j == {0: pytest.approx(12.0), 1: pytest.approx(3.0)}
+    assert r.package_j == pytest.approx(15.0)
