@@ -321,9 +321,15 @@ class Daemon:
     def _wait_slot(self, jobs: list[_Job], slot_start: float) -> None:
         cfg_window = self.config.window_s
         if not jobs:
+            # Nothing to sample: an idle slot, ended early as soon as a re-scan or a
+            # reload brings a process to sample (new ranks start being sampled at once).
             end = time.monotonic() + cfg_window
             while not self._stop_requested and time.monotonic() < end:
                 self._tick()
+                if self._pool.free() and any(
+                    t.retry_at <= time.monotonic() for t in self._tracked.values()
+                ):
+                    return
                 self._wait(end - time.monotonic())
             return
         told_to_stop = False
