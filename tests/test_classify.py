@@ -230,3 +230,10 @@ def test_explain_command_on_a_saved_dump(
     (tmp_path / "bad.json").write_text("{}")
     assert main([str(tmp_path / "bad.json")]) == 2
     assert "not `py-spy dump --json` output" in capsys.readouterr().err
+
+
+def test_pure_python_pickle_is_the_stdlib_one(c: Classifier) -> None:
+    stdlib = Frame("_Pickler.save_dict", f"{STD}/pickle.py", 990)
+    assert c.classify_frames((stdlib,)).rule_id == "pickle.pure-python"
+    mine = Frame("load_settings", "/srv/app/mylib/pickle.py", 5)  # a user module named pickle
+    assert c.classify_frames((mine,)) == OTHER

@@ -138,6 +138,8 @@ def test_every_recorded_sample_lands_in_its_codepath(
         ("py312-pickle_multiline.json", {"pickle.call"}, "high"),
         ("py310-pickle_persistent_id.json", {"pickle.call"}, "high"),  # Pickler subclass
         ("py312-pickle_persistent_id.json", {"pickle.call"}, "high"),
+        ("py310-pickle_pure_python.json", {"pickle.pure-python"}, "high"),
+        ("py312-pickle_pure_python.json", {"pickle.pure-python"}, "high"),
         ("py310-protobuf_serialize.json", {"protobuf.method"}, "high"),  # msg.SerializeToString()
         ("py312-protobuf_serialize.json", {"protobuf.method"}, "high"),
         ("py310-protobuf_parse.json", {"protobuf.call", "protobuf.method"}, "high"),

@@ -24,6 +24,7 @@ KINDS = [
     "pickle_from_alias",
     "pickle_multiline",
     "pickle_callbacks",
+    "pickle_pure_python",
     "json_dumps",
     "json_loads",
     "orjson_roundtrip",

@@ -21,6 +21,7 @@ EXPECT = {
     "pickle_ambiguous": "pickle",
     "pickle_callbacks": "pickle",
     "pickle_persistent_id": "pickle",
+    "pickle_pure_python": "pickle",
     "mp_queue": "pickle",
     "json_dumps": "json",
     "json_loads": "json",
@@ -140,6 +141,15 @@ def run(kind, max_s):
         while time.time() < deadline:
             buf = io.BytesIO()
             RefPickler(buf, protocol=2).dump(data)
+        return buf
+    if kind == "pickle_pure_python":
+        import pickle
+
+        data = _data(4000)
+        ready()
+        while time.time() < deadline:
+            buf = io.BytesIO()
+            pickle._Pickler(buf).dump(data)  # pickle.py's Python pickler, as subclasses use
         return buf
     if kind == "mp_queue":
         import multiprocessing
