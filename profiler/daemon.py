@@ -54,6 +54,8 @@ STOP_GRACE_S = 4.0
 # thread still holds a sampler slot until it ends).
 OVERRUN_S = 15.0
 ABANDON_AFTER_S = 15.0
+# Retention runs at startup and then this often (runs age by days; hourly is plenty).
+RETENTION_EVERY_S = 3600.0
 # Per-thread CPU snapshots during a window (sample_window's poll_s). Each snapshot
 # reads /proc/<pid>/task/*/stat (+ schedstat) of every thread; at the sampler's 0.1 s
 # default, 8 targets cost ~7% of a core on the reference VM (docs/daemon.md). 0.5 s
@@ -189,6 +191,7 @@ class Daemon:
         self._tracked: dict[tuple[int, float], _Tracked] = {}
         self._open_runs: dict[str, str] = {}  # run_id -> target
         self._next_rescan = 0.0
+        self._next_retention = 0.0
         self._pool = SamplerPool(config.max_concurrent_samplers, self._wake.set)
         self._abandoned: list[_Job] = []
         self._in_flight: set[tuple[int, float]] = set()  # keys with a window running
@@ -241,11 +244,7 @@ class Daemon:
             return EXIT_CONFIG
         try:
             self._recorder = Recorder.for_dir(cfg.record_dir)
-            deleted = self._recorder.apply_retention(cfg.retention_days)
-            if deleted:
-                log.info(
-                    "retention: deleted %d run(s) older than %g days", deleted, cfg.retention_days
-                )
+            self._apply_retention()
         except (RecordError, OSError) as exc:
             log.error(
                 "cannot open run records in %s: %s (fix record.dir or its permissions)",
@@ -310,7 +309,19 @@ class Daemon:
         if time.monotonic() >= self._next_rescan:
             self._rescan()
             self.ledger.publish()
+        if time.monotonic() >= self._next_retention:
+            try:
+                self._apply_retention()
+            except Exception as exc:  # a full disk must not stop the sampling
+                log.error("retention in %s failed: %s", self.config.record_dir, exc)
         self.notifier.watchdog()
+
+    def _apply_retention(self) -> None:
+        self._next_retention = time.monotonic() + RETENTION_EVERY_S
+        days = self.config.retention_days
+        deleted = self._recorder.apply_retention(days)
+        if deleted:
+            log.info("retention: deleted %d run(s) last seen over %g days ago", deleted, days)
 
     def _wait(self, timeout_s: float) -> None:
         wd = self.notifier.watchdog_interval_s

@@ -404,3 +404,20 @@ def test_concurrent_pyspy_windows_are_bounded_and_every_target_gets_turns(tmp_pa
         d.kill()
         for w in works:
             stop_process(w)
+
+
+def test_retention_deletes_old_runs_at_startup(tmp_path):
+    record_dir = tmp_path / "runs"
+    with Recorder.for_dir(record_dir) as rec:
+        old = time.time() - 40 * 86400
+        rec.start_run("old-run", "trainer", host={}, config={}, sources={}, started_at=old)
+        rec.finish_run("old-run", old + 60)
+        rec.start_run("recent-run", "trainer", host={}, config={}, sources={})
+    d = _daemon(tmp_path, {"trainer": "retention_nothing_matches"})  # retention_days: 30
+    try:
+        d.wait_metric("serwatt_build_info", 1)
+        with Recorder.for_dir(record_dir, readonly=True) as rec:
+            assert [r.run_id for r in rec.runs()] == ["recent-run"]
+        assert d.stop()[0] == 0
+    finally:
+        d.kill()
