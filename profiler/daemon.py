@@ -855,53 +855,25 @@ class EnergySide:
 
 
 def _window_attribution(we: Any, ta: Any) -> WindowAttribution:
+    from profiler.recorder import energy_record, gpu_record
+
     energy = ta.energy
-    energy_record: dict[str, Any] = {
-        "source": we.source,
-        "reason": we.reason,
-        "slot": [we.start, we.end],
-        "package_j": we.package_j,
-        "node_busy_cpu_s": we.node_busy_cpu_s,
-        "model": we.model,
-        "notes": list(we.notes),
-    }
-    if energy is not None:
-        energy_record.update(
-            codepaths_j=dict(energy.codepaths_j),
-            target_share=energy.target_share,
-            target_j=energy.target_j,
-            unattributed_j=energy.unattributed_j,
-        )
-    gpu_record = None
-    if ta.gpu_wait:
-        wait_s = dict.fromkeys(CODEPATHS, 0.0)
-        wait_j = dict.fromkeys(CODEPATHS, 0.0)
-        for w in ta.gpu_wait:
-            for cp, v in w.wait_s.items():
-                wait_s[cp] += v
-            for cp, v in (w.idle_energy_j or {}).items():
-                wait_j[cp] += v
-        gpu_record = {
-            "gpus_used": list(ta.gpus_used),
-            "codepaths_wait_s": wait_s,
-            "codepaths_wait_j": wait_j,
-            "per_gpu": {
-                str(w.gpu_index): {
-                    "idle_s": w.idle_s,
-                    "covered_s": w.covered_s,
-                    "wait_s": dict(w.wait_s),
-                    "unattributed_s": w.unattributed_s,
-                }
-                for w in ta.gpu_wait
-            },
-        }
+    record = energy_record(we, ta)
+    # What the daemon adds: the slot the energy was read over, and how it was split.
+    record.update(
+        slot=[we.start, we.end],
+        node_busy_cpu_s=we.node_busy_cpu_s,
+        target_share=energy.target_share if energy is not None else None,
+        model=we.model,
+        notes=list(we.notes),
+    )
     return WindowAttribution(
         energy_j=energy.codepaths_j if energy is not None else None,
         energy_source=energy.source if energy is not None else None,
         gpu_wait_s=ta.gpu_wait_s,
         gpu_wait_energy_j=ta.gpu_wait_energy_j,
-        energy_record=energy_record,
-        gpu_record=gpu_record,
+        energy_record=record,
+        gpu_record=gpu_record(ta),
     )
 
 
