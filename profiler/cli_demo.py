@@ -18,6 +18,7 @@ from profiler.cli_profile import (
     make_classifier,
     make_observers,
     make_pyspy,
+    run_session,
     validate_common,
     write_outputs,
 )
@@ -54,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         on_cpu_run=args.on_cpu_run,
     )
     try:
-        result = session.run()
+        result = run_session(session, proc)
     except BAD_INPUT_ERRORS as exc:
         proc.kill()
         proc.wait()

@@ -31,7 +31,7 @@ from collectors.pyspy import (
 )
 from profiler.cli import EXIT_OK, EXIT_RUNTIME, UsageError
 from profiler.profile_doc import build_document, render_table
-from profiler.session import ProfileSession
+from profiler.session import ProfileSession, SessionResult
 
 BAD_INPUT_ERRORS = (TargetGone, NotPython, UnsupportedPython, PtraceDenied)
 
@@ -190,6 +190,27 @@ def run(args: argparse.Namespace) -> int:
     return _profile_command(args, cmd, spy, classifier)
 
 
+def run_session(
+    session: ProfileSession, child: subprocess.Popen[bytes] | None = None
+) -> SessionResult:
+    """Run a session so that Ctrl-C (SIGINT) and SIGTERM end it gracefully: the
+    windows stop, what was sampled is classified and the table/JSON still come out.
+    SIGTERM is passed on to a command serwatt launched (a terminal's Ctrl-C already
+    reaches it through the process group)."""
+
+    def on_signal(signum: int, frame: object) -> None:
+        session.stop()
+        if signum == signal.SIGTERM and child is not None and child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return session.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def _profile_pid(args: argparse.Namespace, spy: PySpy, classifier: Any) -> int:
     if args.pid <= 0:
         raise UsageError(f"no such process: {args.pid}")
@@ -206,7 +227,7 @@ def _profile_pid(args: argparse.Namespace, spy: PySpy, classifier: Any) -> int:
         on_cpu_run=args.on_cpu_run,
     )
     try:
-        result = session.run()
+        result = run_session(session)
     except BAD_INPUT_ERRORS as exc:
         raise UsageError(str(exc)) from exc
     except SamplingError as exc:
@@ -242,7 +263,7 @@ def _profile_command(args: argparse.Namespace, cmd: list[str], spy: PySpy, class
         on_cpu_run=args.on_cpu_run,
     )
     try:
-        result = session.run()
+        result = run_session(session, proc)
     except BAD_INPUT_ERRORS as exc:
         _stop_child(proc)
         raise UsageError(str(exc)) from exc

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -192,3 +193,28 @@ def test_no_ptrace_permission_exit_2() -> None:
         p.wait()
     assert r.returncode == 2, r.stderr
     assert "CAP_SYS_PTRACE" in r.stderr and "kernel.yama.ptrace_scope" in r.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_ends_an_attach_profile_with_the_table(sig: signal.Signals, tmp_path: Path) -> None:
+    p = subprocess.Popen(
+        [PY312, "-c", "import json\nd=list(range(30000))\nwhile True: json.dumps(d)"]
+    )
+    out = tmp_path / "p.json"
+    try:
+        time.sleep(0.5)
+        s = subprocess.Popen(
+            [*SERWATT, "profile", "--pid", str(p.pid), "--json", str(out)],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        time.sleep(4)
+        s.send_signal(sig)
+        stdout, stderr = s.communicate(timeout=60)
+        assert p.poll() is None  # the target keeps running
+    finally:
+        p.kill()
+        p.wait()
+    assert s.returncode == 0, stderr
+    assert "share [95% CI]" in stdout
+    doc = json.loads(out.read_text())
+    assert doc["codepaths"]["json"]["samples"] > 20
