@@ -4,7 +4,6 @@ child following, exit codes, and every bad-input case (exit 2 with a clear messa
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -16,11 +15,12 @@ from pathlib import Path
 import pytest
 
 from profiler.codepaths import CODEPATHS
+from tests.workloads.targets import find_interpreter
 
 REPO = Path(__file__).resolve().parents[1]
 SERWATT = [sys.executable, "-m", "profiler"]
-PY312 = str(Path(os.environ.get("PYENV_ROOT", "/root/.pyenv")) / "versions/3.12.1/bin/python")
-PY310 = str(Path(os.environ.get("PYENV_ROOT", "/root/.pyenv")) / "versions/3.10.13/bin/python")
+PY312 = str(find_interpreter(("3.12.1", "3.13.0", "3.12")))
+PY310 = str(find_interpreter(("3.10.13", "3.10")))
 
 
 def serwatt(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -68,7 +68,10 @@ def test_profile_command_returns_its_exit_code_and_writes_the_document(tmp_path:
     assert r.returncode == 3, r.stderr
     doc = json.loads(out.read_text())
     check_document(doc)
-    assert doc["target"]["python"] == "3.12.1"
+    assert doc["target"]["python"] == subprocess.run(
+        [PY312, "-c", "import platform; print(platform.python_version())"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
     assert doc["target"]["command"].endswith("work.py")
     assert doc["rate_hz"] == 50
     assert doc["codepaths"]["pickle"]["share"] > 0.6
@@ -136,6 +139,7 @@ def test_attach_with_pid_and_duration() -> None:
         (["profile", "--pid", "1", "--", "python"], "either --pid"),
         (["profile", "--rate", "0", "--", "python"], "--rate"),
         (["profile", "--json", "/no/such/dir/x.json", "--", "python"], "does not exist"),
+        (["profile", "--pyspy", "/no/such/py-spy", "--", "python"], "not an executable"),
     ],
 )
 def test_usage_errors_exit_2(argv: list[str], message: str) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import os
 import random
 import subprocess
 import textwrap
@@ -17,8 +16,9 @@ from profiler.codepaths import CODEPATHS
 from profiler.profile_doc import batches, build_document, deep_merge, render_table, share_ci95
 from profiler.session import ProfileSession, SessionInfo
 from profiler.window import WindowReport
+from tests.workloads.targets import find_interpreter
 
-PY312 = str(Path(os.environ.get("PYENV_ROOT", "/root/.pyenv")) / "versions/3.12.1/bin/python")
+PY312 = str(find_interpreter(("3.12.1", "3.13.0", "3.12")))
 
 
 def test_batches_merge_contiguous_bins_and_keep_totals() -> None:

@@ -23,22 +23,31 @@ from collectors.pyspy import (
     NotPython,
     PtraceDenied,
     PySpy,
+    PySpyMissing,
     TargetGone,
     UnsupportedPython,
 )
 from profiler.classify import Classifier
 from profiler.sampling import sample_window
+from tests.workloads.targets import find_interpreter
 
-PYENV = Path(os.environ.get("PYENV_ROOT", "/root/.pyenv")) / "versions"
-VERSIONS = ["3.10.13", "3.12.1"]
+# one CPython before 3.11 (bare frame names, no kernel tid in nonblocking mode) and one
+# 3.12+ (qualnames, native_thread_id); pyenv builds, found like the classification tests'
+CANDIDATES = {"3.10.13": ("3.10.13", "3.10"), "3.12.1": ("3.12.1", "3.13.0", "3.12")}
+VERSIONS = list(CANDIDATES)
 REPO = Path(__file__).resolve().parents[1]
 
 
 def interpreter(version: str) -> str:
-    exe = PYENV / version / "bin" / "python"
-    if not exe.exists():
-        raise AssertionError(f"target interpreter {exe} missing: `pyenv install {version}`")
-    return str(exe)
+    return str(find_interpreter(CANDIDATES[version]))
+
+
+def full_version(version: str) -> str:
+    out = subprocess.run(
+        [interpreter(version), "-c", "import platform; print(platform.python_version())"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return out.stdout.strip()
 
 
 THREADS_TARGET = textwrap.dedent(
@@ -100,7 +109,7 @@ def test_threads_mapped_weighted_and_classified(
     finally:
         p.kill()
         p.wait()
-    assert r.python == version
+    assert r.python == full_version(version)
     assert t0 <= r.started_at < r.ended_at <= t1
     by_tid = Counter(lab.tid for lab in r.timeline)
     # every Python thread mapped to its real kernel tid (3.10: through struct pthread)
@@ -120,7 +129,7 @@ def test_threads_mapped_weighted_and_classified(
     # the on-CPU run (py-spy without --idle) carries the CPU: the sleeping thread
     # is (almost) never on a CPU, the busy ones are
     on_cpu = Counter(lab.tid for lab in r.cpu_timeline if lab.active)
-    if version >= "3.11":
+    if full_version(version) >= "3.11":
         assert on_cpu[truth["idler"]] <= 0.05 * by_tid[truth["idler"]]
         assert on_cpu[truth["spinner"]] > 10 and on_cpu[truth["MainThread"]] > 10
     else:  # py-spy knows no kernel tid, so it cannot tell who runs: --idle samples carry CPU
@@ -272,3 +281,18 @@ def test_no_ptrace_permission(tmp_path: Path) -> None:
     assert "KIND ptrace_denied" in out.stdout, out.stdout + out.stderr
     assert "CAP_SYS_PTRACE" in out.stdout and "ptrace_scope" in out.stdout
     assert PtraceDenied.kind == "ptrace_denied"
+
+
+def test_pyspy_binary_is_injectable(tmp_path: Path, classifier: Classifier) -> None:
+    copy = tmp_path / "my-py-spy"
+    shutil.copy(PySpy().binary, copy)
+    p = start("3.12.1", "while True:\n    pass\n", tmp_path)
+    try:
+        time.sleep(0.3)
+        w = PySpy(copy).record_window(p.pid, duration_s=1, rate_hz=50)
+        with pytest.raises(PySpyMissing, match="cannot run py-spy"):
+            PySpy(tmp_path / "missing").record_window(p.pid, duration_s=1)
+    finally:
+        p.kill()
+        p.wait()
+    assert w.samples and w.ticks > 10
