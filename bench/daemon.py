@@ -1,26 +1,27 @@
 """What the daemon costs: CPU and RSS while it watches N targets, and their throughput.
 
-    .venv/bin/python bench/daemon.py [--targets 8] [--rate 50] [--watch-s 120] [--phase-s 10]
+    .venv/bin/python bench/daemon.py [--targets 8] [--rate 50] [--watch-s 120] [--phase-s 8]
                                      [--pairs 6] [--json FILE]
 
 Part 1 (--watch-s): a real `serwatt daemon` watches N real Python targets at --rate Hz
 (10 s windows, one py-spy per target). Measured from /proc via psutil:
   - CPU, % of one core: the daemon's own CPU + its py-spy children's (reaped children
     through cutime/cstime, live ones directly), over the whole run; and per target;
-  - RSS of the daemon process, sampled every 2 s: first/last 30 s means and the
-    least-squares slope (MB per minute); py-spy children's RSS reported apart.
-Part 2 (--pairs x 2 phases of --phase-s, each measured once the switch is done): throughput of
-the same targets watched vs not watched, interleaved (watched, unwatched, watched,
-...) so machine noise hits both sides alike. The daemon stays up; SIGHUP switches
-its config between matching the targets and matching nothing, so only the py-spy
-attachment differs.
+  - RSS of the daemon process, sampled every 2 s: first/last 30 s means, per 30 s, and
+    the least-squares slope (MB per minute); py-spy children's RSS reported apart.
+Part 2: throughput of the same targets watched vs not watched, interleaved as
+U, W, U, W, ..., U (--pairs watched phases of --phase-s); each W is compared with the
+mean of the U on either side, so slow drifts of the machine's load cancel. The daemon
+stays up; SIGHUP switches its config between matching the targets and matching
+nothing, and a phase is measured only once the switch is done (every target has a
+py-spy attached, or none has), so only the py-spy attachment differs.
 
 Each target runs a fixed serialization chunk (pickle + json, ~2 ms) then sleeps
 18 ms (a host thread that serializes between GPU steps), and publishes (chunks,
 wall and CPU seconds spent in chunks) to a file. Throughput = chunks per wall second
 spent working (includes CPU contention) and chunks per CPU second (in-process
 perturbation only); each ratio is watched / unwatched (1.0 = no slowdown), with a
-95% interval over the pairs. A goal is MET only when the interval's low end clears
+95% interval over the watched phases. A goal is MET only when the interval's low end clears
 it; an interval that straddles it is N/A (too noisy on this machine to say).
 
 Goals (issue 4): daemon + py-spy < 10% of one core for 8 targets at 50 Hz, RSS <
@@ -266,10 +267,11 @@ def main() -> int:
         # job sees: includes CPU contention from py-spy and from everything else on the
         # machine) and chunks per CPU second (in-process perturbation only: py-spy
         # reading the target's memory, cache effects).
-        rates: dict[str, list[tuple[float, float]]] = {"watched": [], "unwatched": []}
-        print(f"throughput: {args.pairs} x (watched, unwatched) phases of {args.phase_s:g} s ...")
-        for i in range(args.pairs * 2):
-            phase = "watched" if i % 2 == 0 else "unwatched"
+        # Phases U, W, U, W, ..., U: each watched phase is compared with the mean of
+        # the unwatched phases on either side, which cancels slow drifts of the load.
+        phases = ["unwatched" if i % 2 == 0 else "watched" for i in range(2 * args.pairs + 1)]
+        measured: list[tuple[float, float]] = []
+        for phase in phases:
             cfg.write_text(watched_cfg if phase == "watched" else unwatched_cfg)
             daemon.send_signal(signal.SIGHUP)
             # Measure only once the switch has happened: every target has a py-spy
@@ -284,10 +286,12 @@ def main() -> int:
             chunks = sum(a[0] - b[0] for a, b in zip(after, before, strict=True))
             wall = sum(a[1] - b[1] for a, b in zip(after, before, strict=True))
             cpu = sum(a[2] - b[2] for a, b in zip(after, before, strict=True))
-            rates[phase].append((chunks / wall if wall else 0.0, chunks / cpu if cpu else 0.0))
-        pairs = list(zip(rates["watched"], rates["unwatched"], strict=True))
-        wall_ratios = [w[0] / u[0] for w, u in pairs if u[0]]
-        cpu_ratios = [w[1] / u[1] for w, u in pairs if u[1]]
+            measured.append((chunks / wall if wall else 0.0, chunks / cpu if cpu else 0.0))
+        wall_ratios, cpu_ratios = [], []
+        for i in range(1, len(phases), 2):
+            w, before_u, after_u = measured[i], measured[i - 1], measured[i + 1]
+            wall_ratios.append(w[0] / ((before_u[0] + after_u[0]) / 2))
+            cpu_ratios.append(w[1] / ((before_u[1] + after_u[1]) / 2))
         wall_m, wall_lo, wall_hi = mean_ci95(wall_ratios)
         cpu_m, cpu_lo, cpu_hi = mean_ci95(cpu_ratios)
         result.update(
