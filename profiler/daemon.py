@@ -181,8 +181,17 @@ class SamplerPool:
 
 
 class Daemon:
-    def __init__(self, config: Config, *, notifier: SdNotifier | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        notifier: SdNotifier | None = None,
+        nvml_backend: Any = None,
+    ) -> None:
+        """nvml_backend: a collectors.nvml backend for the energy tracker (None: the real
+        pynvml one); tests replay recorded GPU timelines through it."""
         self.config = config
+        self._nvml_backend = nvml_backend
         self.notifier = notifier or SdNotifier()
         self.ledger = Ledger()
         self._wake = threading.Event()
@@ -204,21 +213,27 @@ class Daemon:
     # ------------------------------------------------------------------ lifecycle
 
     def run(self) -> int:
-        for sig, handler in (
-            (signal.SIGTERM, self._on_stop),
-            (signal.SIGINT, self._on_stop),
-            (signal.SIGHUP, self._on_reload),
-        ):
-            signal.signal(sig, handler)
-        code = self._start()
-        if code != EXIT_OK:
-            self._close()
-            return code
+        previous = {
+            sig: signal.signal(sig, handler)
+            for sig, handler in (
+                (signal.SIGTERM, self._on_stop),
+                (signal.SIGINT, self._on_stop),
+                (signal.SIGHUP, self._on_reload),
+            )
+        }
         try:
-            self._loop()
+            code = self._start()
+            if code != EXIT_OK:
+                self._close()
+                return code
+            try:
+                self._loop()
+            finally:
+                self._shutdown()
+            return EXIT_OK
         finally:
-            self._shutdown()
-        return EXIT_OK
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
     def _on_stop(self, signum: int, _frame: Any) -> None:
         self._stop_requested = True
@@ -238,7 +253,7 @@ class Daemon:
             log.error("cannot load codepath rules %s: %s", [str(p) for p in cfg.rules_files], exc)
             return EXIT_CONFIG
         try:
-            self._energy = _make_energy(cfg)
+            self._energy = EnergySide(cfg, nvml_backend=self._nvml_backend)
         except _RequiredCollectorMissing as exc:
             log.error("%s", exc)
             return EXIT_CONFIG
@@ -701,10 +716,6 @@ class ClassifierPool:
                 self._free.append(classifier)
 
 
-def _make_energy(config: Config) -> EnergySide:
-    return EnergySide(config)
-
-
 @dataclass(frozen=True)
 class WindowAttribution:
     """One target window's joules and GPU-wait, for the ledger and the record."""
@@ -737,7 +748,7 @@ class EnergySide:
     `serwatt_unattributed_energy_joules_total`.
     """
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, *, nvml_backend: Any = None) -> None:
         from profiler.energy import EnergyTracker, EnergyUnavailableError
 
         self._tracker = EnergyTracker(
@@ -746,6 +757,7 @@ class EnergySide:
             tdp_w=config.cpu_tdp_w,
             rapl_mode=config.rapl,
             nvml_mode=config.nvml,
+            nvml_backend=nvml_backend,
         )
         t0 = time.monotonic()
         try:
