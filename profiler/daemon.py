@@ -313,7 +313,13 @@ class Daemon:
             slot_start = time.time()
             jobs = self._start_windows()
             self._wait_slot(jobs, slot_start)
-            self._apply_slot(jobs, slot_start, time.time())
+            try:
+                self._apply_slot(jobs, slot_start, time.time())
+            except Exception:
+                # A bug applying one slot must not stop the node's profiling (nor make
+                # systemd restart-loop us): log it loudly and go on with the next slot.
+                log.exception("applying a slot failed; its windows are lost")
+                self.ledger.publish()
             self.notifier.status(self._status_line())
 
     def _tick(self) -> None:
