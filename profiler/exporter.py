@@ -16,12 +16,13 @@ Example exposition lines:
 
 from __future__ import annotations
 
+import functools
 import html
 import logging
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -158,25 +159,34 @@ def _info_family(name: str) -> InfoMetricFamily:
     return InfoMetricFamily(name.removesuffix("_info"), spec.help)
 
 
+# Counters read straight from a snapshot mapping whose keys are the label values in
+# the MetricSpec's label order.
+_COUNTER_FIELDS: tuple[tuple[str, str], ...] = (
+    ("serwatt_samples_total", "samples"),
+    ("serwatt_cpu_seconds_total", "cpu_s"),
+    ("serwatt_energy_joules_total", "energy_j"),
+    ("serwatt_node_cpu_energy_joules_total", "node_cpu_energy_j"),
+    ("serwatt_unattributed_energy_joules_total", "unattributed_energy_j"),
+    ("serwatt_gpu_idle_seconds_total", "gpu_idle_s"),
+    ("serwatt_gpu_wait_seconds_total", "gpu_wait_s"),
+    ("serwatt_gpu_wait_energy_joules_total", "gpu_wait_energy_j"),
+    ("serwatt_sampler_errors_total", "sampler_errors"),
+)
+
+
 def build_families(snap: LedgerSnapshot) -> Iterator[Metric]:
     """The metric families for one snapshot. A family that fails to build is logged
     and left out; the others are still exported."""
-    builders: tuple[tuple[str, Callable[[LedgerSnapshot], Metric]], ...] = (
-        ("serwatt_samples_total", _samples),
-        ("serwatt_cpu_seconds_total", _cpu),
-        ("serwatt_energy_joules_total", _energy),
-        ("serwatt_node_cpu_energy_joules_total", _node_energy),
-        ("serwatt_unattributed_energy_joules_total", _unattributed),
-        ("serwatt_gpu_idle_seconds_total", _gpu_idle),
-        ("serwatt_gpu_wait_seconds_total", _gpu_wait),
-        ("serwatt_gpu_wait_energy_joules_total", _gpu_wait_energy),
+    builders: list[tuple[str, Callable[[LedgerSnapshot], Metric]]] = [
+        (name, functools.partial(_counter, name, field)) for name, field in _COUNTER_FIELDS
+    ]
+    builders += [
         ("serwatt_target_up", _target_up),
         ("serwatt_target_info", _target_info),
-        ("serwatt_sampler_errors_total", _sampler_errors),
         ("serwatt_collector_up", _collector_up),
         ("serwatt_collector_duration_seconds", _collector_duration),
         ("serwatt_build_info", _build_info),
-    )
+    ]
     for name, build in builders:
         try:
             yield build(snap)
@@ -188,59 +198,11 @@ def _sorted_items(mapping):
     return sorted(mapping.items(), key=lambda kv: kv[0])
 
 
-def _samples(snap: LedgerSnapshot) -> Metric:
-    fam = _family("serwatt_samples_total")
-    for (target, cp), v in _sorted_items(snap.samples):
-        fam.add_metric([target, cp], v)
-    return fam
-
-
-def _cpu(snap: LedgerSnapshot) -> Metric:
-    fam = _family("serwatt_cpu_seconds_total")
-    for (target, cp), v in _sorted_items(snap.cpu_s):
-        fam.add_metric([target, cp], v)
-    return fam
-
-
-def _energy(snap: LedgerSnapshot) -> Metric:
-    fam = _family("serwatt_energy_joules_total")
-    for (target, cp, source), v in _sorted_items(snap.energy_j):
-        fam.add_metric([target, cp, source], v)
-    return fam
-
-
-def _node_energy(snap: LedgerSnapshot) -> Metric:
-    fam = _family("serwatt_node_cpu_energy_joules_total")
-    for source, v in _sorted_items(snap.node_cpu_energy_j):
-        fam.add_metric([source], v)
-    return fam
-
-
-def _unattributed(snap: LedgerSnapshot) -> Metric:
-    fam = _family("serwatt_unattributed_energy_joules_total")
-    for source, v in _sorted_items(snap.unattributed_energy_j):
-        fam.add_metric([source], v)
-    return fam
-
-
-def _gpu_idle(snap: LedgerSnapshot) -> Metric:
-    fam = _family("serwatt_gpu_idle_seconds_total")
-    for gpu, v in _sorted_items(snap.gpu_idle_s):
-        fam.add_metric([gpu], v)
-    return fam
-
-
-def _gpu_wait(snap: LedgerSnapshot) -> Metric:
-    fam = _family("serwatt_gpu_wait_seconds_total")
-    for (target, cp, gpu), v in _sorted_items(snap.gpu_wait_s):
-        fam.add_metric([target, cp, gpu], v)
-    return fam
-
-
-def _gpu_wait_energy(snap: LedgerSnapshot) -> Metric:
-    fam = _family("serwatt_gpu_wait_energy_joules_total")
-    for (target, cp, gpu), v in _sorted_items(snap.gpu_wait_energy_j):
-        fam.add_metric([target, cp, gpu], v)
+def _counter(name: str, field: str, snap: LedgerSnapshot) -> Metric:
+    fam = _family(name)
+    mapping: Mapping = getattr(snap, field)
+    for key, v in _sorted_items(mapping):
+        fam.add_metric(list(key) if isinstance(key, tuple) else [key], v)
     return fam
 
 
@@ -256,13 +218,6 @@ def _target_info(snap: LedgerSnapshot) -> Metric:
     for t in snap.targets:
         for p in t.processes:
             fam.add_metric([], {"target": t.name, "pid": str(p.pid), "python": p.python})
-    return fam
-
-
-def _sampler_errors(snap: LedgerSnapshot) -> Metric:
-    fam = _family("serwatt_sampler_errors_total")
-    for (target, kind), v in _sorted_items(snap.sampler_errors):
-        fam.add_metric([target, kind], v)
     return fam
 
 

@@ -41,6 +41,17 @@ def _daemon(tmp_path, targets, *, notify=None, watchdog_usec=None, **kw) -> Daem
     )
 
 
+def _run_to_exit(cfg) -> subprocess.CompletedProcess:
+    """Run a daemon that is expected to exit on its own (bad config, startup failure)."""
+    return subprocess.run(
+        [PYTHON, "-m", "profiler", "daemon", "--config", str(cfg)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 def _record_totals(record_dir) -> dict[str, int]:
     with Recorder.for_dir(record_dir, readonly=True) as rec:
         out: dict[str, int] = {}
@@ -52,13 +63,7 @@ def _record_totals(record_dir) -> dict[str, int]:
 def test_bad_config_exits_78_naming_the_key_and_line(tmp_path):
     cfg = tmp_path / "bad.yaml"
     cfg.write_text("listen: 127.0.0.1:9977\nsample_rate_hz: fast\ntargets: []\n")
-    proc = subprocess.run(
-        [PYTHON, "-m", "profiler", "daemon", "--config", str(cfg)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = _run_to_exit(cfg)
     assert proc.returncode == 78, proc.stderr
     assert "sample_rate_hz" in proc.stderr and ":2:" in proc.stderr
 
@@ -72,13 +77,7 @@ def test_port_in_use_exits_1_with_the_fix(tmp_path):
         cfg.write_text(
             config_text(port=port, record_dir=tmp_path / "runs", targets={"t": "nothing"})
         )
-        proc = subprocess.run(
-            [PYTHON, "-m", "profiler", "daemon", "--config", str(cfg)],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        proc = _run_to_exit(cfg)
     assert proc.returncode == 1
     assert f"cannot listen on 127.0.0.1:{port}" in proc.stderr and "listen" in proc.stderr
 
@@ -364,13 +363,7 @@ def test_required_rapl_missing_exits_78_with_the_fix(tmp_path):
             rapl="true",
         )
     )
-    proc = subprocess.run(
-        [PYTHON, "-m", "profiler", "daemon", "--config", str(cfg)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = _run_to_exit(cfg)
     assert proc.returncode == 78, proc.stderr
     assert "RAPL is required but unavailable" in proc.stderr and "auto" in proc.stderr
 
