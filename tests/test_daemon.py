@@ -25,6 +25,7 @@ from tests.test_daemon_support import (
     children_named,
     config_text,
     free_port,
+    start_powercap,
     start_workload,
     stop_process,
     total,
@@ -290,19 +291,9 @@ def test_sigkill_during_writes_keeps_every_committed_window(tmp_path):
 
 
 def test_rapl_energy_then_unreadable_sysfs_keeps_the_scrape_up(tmp_path):
-    from tests.powercap import build_powercap
-
     sysfs = tmp_path / "sys"
-    build_powercap(sysfs, package_ids=(0,), dram=False, psys=False, mmio=False)
     watts = 40.0
-    advancer = subprocess.Popen(
-        [PYTHON, "-m", "tests.powercap", "advance", "--root", str(sysfs), "--watts", str(watts)]
-        + ["--zone", "intel-rapl:0", "--step-s", "0.02"],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert advancer.stdout is not None and advancer.stdout.readline().startswith("started")
+    advancer = start_powercap(sysfs, watts)
     work = start_workload(tmp_path, "rapl_trainer")
     d = _daemon(tmp_path, {"trainer": "rapl_trainer"}, sysfs=sysfs, window_s=2)
     try:

@@ -52,6 +52,23 @@ def start_workload(tmp_path: Path, marker: str, python: str = PYTHON) -> subproc
     return subprocess.Popen([python, str(script)], stdout=subprocess.DEVNULL)
 
 
+def start_powercap(sysfs: Path, watts: float) -> subprocess.Popen:
+    """A one-package powercap tree under `sysfs` whose energy_uj a helper process
+    advances at `watts` (tests/powercap.py), as the hardware would."""
+    from tests.powercap import build_powercap
+
+    build_powercap(sysfs, package_ids=(0,), dram=False, psys=False, mmio=False)
+    advancer = subprocess.Popen(
+        [PYTHON, "-m", "tests.powercap", "advance", "--root", str(sysfs), "--watts", str(watts)]
+        + ["--zone", "intel-rapl:0", "--step-s", "0.02"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert advancer.stdout is not None and advancer.stdout.readline().startswith("started")
+    return advancer
+
+
 def config_text(
     *,
     port: int,

@@ -16,11 +16,10 @@ from pathlib import Path
 
 from profiler.codepaths import CODEPATHS
 from tests.test_daemon_support import (
-    PYTHON,
-    REPO,
     DaemonProc,
     config_text,
     free_port,
+    start_powercap,
     start_workload,
     stop_process,
     wait_for,
@@ -90,18 +89,8 @@ def _record_windows(db_path: Path, target: str) -> list[dict[str, dict[str, floa
 
 
 def test_prometheus_scrapes_the_daemon_and_agrees_with_the_record(tmp_path):
-    from tests.powercap import build_powercap
-
     sysfs = tmp_path / "sys"
-    build_powercap(sysfs, package_ids=(0,), dram=False, psys=False, mmio=False)
-    advancer = subprocess.Popen(
-        [PYTHON, "-m", "tests.powercap", "advance", "--root", str(sysfs), "--watts", str(WATTS)]
-        + ["--zone", "intel-rapl:0", "--step-s", "0.02"],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert advancer.stdout is not None and advancer.stdout.readline().startswith("started")
+    advancer = start_powercap(sysfs, WATTS)
     work = start_workload(tmp_path, "prom_trainer")
     daemon_port = free_port()
     cfg = tmp_path / "serwatt.yaml"
