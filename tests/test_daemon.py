@@ -405,3 +405,22 @@ def test_retention_deletes_old_runs_at_startup(tmp_path):
         assert d.stop()[0] == 0
     finally:
         d.kill()
+
+
+def test_hung_pyspy_is_stopped_counted_and_sampling_resumes(tmp_path):
+    work = start_workload(tmp_path, "hung_trainer")
+    d = _daemon(tmp_path, {"trainer": "hung_trainer"}, window_s=1)
+    try:
+        d.wait_metric("serwatt_samples_total", 5, target="trainer")
+        spies = wait_for(lambda: children_named(d.pid, "py-spy", "record"), 30, "a py-spy window")
+        os.kill(spies[0], signal.SIGSTOP)  # a py-spy that never ends its window
+        m = d.wait_metric("serwatt_sampler_errors_total", 1, timeout_s=120, target="trainer")
+        assert total(m, "serwatt_collector_up", collector="pyspy") == 0
+        before = total(m, "serwatt_samples_total", target="trainer")
+        m = d.wait_metric("serwatt_samples_total", before + 10, target="trainer")
+        assert d.proc.poll() is None
+        assert spies[0] not in children_named(d.pid, "py-spy")  # the hung one is gone
+        assert d.stop()[0] == 0
+    finally:
+        d.kill()
+        stop_process(work)
