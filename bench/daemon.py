@@ -270,6 +270,10 @@ def main() -> int:
         # Phases U, W, U, W, ..., U: each watched phase is compared with the mean of
         # the unwatched phases on either side, which cancels slow drifts of the load.
         phases = ["unwatched" if i % 2 == 0 else "watched" for i in range(2 * args.pairs + 1)]
+        print(
+            f"throughput: {args.pairs} watched phases of {args.phase_s:g} s, each between "
+            "two unwatched ones ..."
+        )
         measured: list[tuple[float, float]] = []
         for phase in phases:
             cfg.write_text(watched_cfg if phase == "watched" else unwatched_cfg)
