@@ -1,7 +1,7 @@
 """What the daemon costs: CPU and RSS while it watches N targets, and their throughput.
 
     .venv/bin/python bench/daemon.py [--targets 8] [--rate 50] [--watch-s 120] [--phase-s 8]
-                                     [--pairs 6] [--json FILE]
+                                     [--pairs 6] [--max-concurrent 16] [--json FILE]
 
 Part 1 (--watch-s): a real `serwatt daemon` watches N real Python targets at --rate Hz
 (10 s windows, one py-spy per target). Measured from /proc via psutil:
@@ -78,13 +78,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def write_config(path: Path, port: int, record_dir: Path, rate: float, pattern: str) -> None:
+def write_config(
+    path: Path, port: int, record_dir: Path, rate: float, pattern: str, max_concurrent: int
+) -> None:
     path.write_text(
         f'listen: "127.0.0.1:{port}"\n'
         f"sample_rate_hz: {rate}\n"
         "window_s: 10\n"
         "rescan_s: 5\n"
-        "max_concurrent_samplers: 16\n"
+        f"max_concurrent_samplers: {max_concurrent}\n"
         "log_level: warning\n"
         "targets:\n"
         "  - name: bench\n"
@@ -165,6 +167,12 @@ def main() -> int:
     ap.add_argument("--watch-s", type=float, default=120.0)
     ap.add_argument("--phase-s", type=float, default=8.0)
     ap.add_argument("--pairs", type=int, default=6)
+    ap.add_argument(
+        "--max-concurrent",
+        type=int,
+        default=16,
+        help="the daemon's max_concurrent_samplers (default 16: every target sampled all the time)",
+    )
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args()
 
@@ -179,7 +187,7 @@ def main() -> int:
     ]
     port = free_port()
     cfg = tmp / "serwatt.yaml"
-    write_config(cfg, port, tmp / "runs", args.rate, marker)
+    write_config(cfg, port, tmp / "runs", args.rate, marker, args.max_concurrent)
     log = open(tmp / "daemon.log", "wb")  # noqa: SIM115
     daemon = subprocess.Popen(
         [sys.executable, "-m", "profiler", "daemon", "--config", str(cfg)],
@@ -190,6 +198,7 @@ def main() -> int:
     dproc = psutil.Process(daemon.pid)
     result: dict = {
         "targets": args.targets,
+        "max_concurrent_samplers": args.max_concurrent,
         "rate_hz": args.rate,
         "cpus": os.cpu_count(),
         "loadavg_start": os.getloadavg(),
@@ -280,7 +289,7 @@ def main() -> int:
             daemon.send_signal(signal.SIGHUP)
             # Measure only once the switch has happened: every target has a py-spy
             # attached (watched), or the previous phase's windows have ended (unwatched).
-            want = args.targets if phase == "watched" else 0
+            want = min(args.targets, args.max_concurrent) if phase == "watched" else 0
             switch_deadline = time.monotonic() + 60
             while len(pyspy_records(dproc)) != want and time.monotonic() < switch_deadline:
                 time.sleep(0.1)
