@@ -197,7 +197,7 @@ def touch(arrays: list[Any]) -> int:
     return total
 
 
-def child_load(fmt: str, path: Path, total: int, n: int, prefetch: bool = True) -> dict[str, Any]:
+def child_load(fmt: str, path: Path, total: int, n: int, prefetch: bool = False) -> dict[str, Any]:
     import numpy as np
 
     first_name = "layer000.weight"
@@ -213,6 +213,9 @@ def child_load(fmt: str, path: Path, total: int, n: int, prefetch: bool = True) 
     keep: Any = None
     if fmt == "raw":
         fd = os.open(path, os.O_RDONLY)
+        # The strongest plain read: sequential hint (doubles the kernel's readahead window);
+        # measured 1.0 s against 2-3.3 s without it for 1 GiB cold on the development VM.
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
         bufs = []
         for i, shape in enumerate(shapes):
             buf = np.empty(shape, dtype=np.float32)
@@ -233,7 +236,7 @@ def child_load(fmt: str, path: Path, total: int, n: int, prefetch: bool = True) 
         first = ckpt[first_name]
         t_first = time.perf_counter()
         if prefetch:
-            # What a caller that will read everything does: one readahead hint for the file.
+            # The MADV_WILLNEED hint for the whole file (measured slower than plain faults here).
             ckpt.prefetch()
         arrays = [ckpt[k] for k in ckpt]
         keep = ckpt
@@ -379,7 +382,9 @@ def child_main(spec: dict[str, Any]) -> None:
     if op == "save":
         out = child_save(spec["format"], path, spec["total"], spec["n"])
     elif op == "load":
-        out = child_load(spec["format"], path, spec["total"], spec["n"], spec.get("prefetch", True))
+        out = child_load(
+            spec["format"], path, spec["total"], spec["n"], spec.get("prefetch", False)
+        )
     elif op == "verify":
         out = child_verify(path)
     elif op == "update":
@@ -451,10 +456,10 @@ def bench_formats(
                 **{f"warm_{k}": v for k, v in warm.items()},
             }
             if fmt == "many":
-                # Without the prefetch hint: plain page faults, the kernel's default readahead.
+                # With the prefetch hint (MADV_WILLNEED on the whole file) instead of plain faults.
                 drop_cache(path)
-                lazy = run_child({"op": "load", **spec, "prefetch": False})
-                row["cold_all_noprefetch_s"] = lazy["all_s"]
+                hinted = run_child({"op": "load", **spec, "prefetch": True})
+                row["cold_all_prefetch_s"] = hinted["all_s"]
                 drop_cache(path)
                 row["cold_verify_s"] = run_child({"op": "verify", "path": str(path)})["verify_s"]
                 row["warm_verify_s"] = run_child({"op": "verify", "path": str(path)})["verify_s"]
@@ -633,8 +638,8 @@ def main() -> int:
         m = res.get("many")
         if m:
             print(
-                f"{label}: .many cold all-bytes without prefetch(): "
-                f"{fmt_s(m['cold_all_noprefetch_s'])}; update 1% ({m['update_1pct_slots']} "
+                f"{label}: .many cold all-bytes with prefetch() (MADV_WILLNEED): "
+                f"{fmt_s(m['cold_all_prefetch_s'])}; update 1% ({m['update_1pct_slots']} "
                 f"slots, {fmt_b(m['update_1pct_bytes'])}) + commit: "
                 f"{fmt_s(m['update_1pct_s'])}"
             )
