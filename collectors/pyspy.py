@@ -364,13 +364,62 @@ def precheck(pid: int, procfs: Path = Path("/proc")) -> procstat.PythonKind:
     return kind
 
 
+# A plain threading.Event cannot wake another waiter; a window given one checks it this
+# often. A StopEvent wakes the window at once (what the daemon and sessions pass).
+STOP_CHECK_S = 0.1
+# After py-spy closed its stdout it exits within moments: re-check this often.
+EXIT_CHECK_S = 0.02
+
+
+class StopEvent(threading.Event):
+    """A threading.Event whose `set()` also sets the events linked to it.
+
+    A window blocks on one wake event (set by its reader threads on py-spy's banner and
+    on end of output); linking that to the caller's stop event lets a stop request wake
+    it without the window polling the stop event.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._links_lock = threading.Lock()
+        self._linked: set[threading.Event] = set()
+
+    def set(self) -> None:
+        super().set()
+        with self._links_lock:
+            linked = list(self._linked)
+        for ev in linked:
+            ev.set()
+
+    def link(self, ev: threading.Event) -> None:
+        with self._links_lock:
+            self._linked.add(ev)
+        if self.is_set():
+            ev.set()
+
+    def unlink(self, ev: threading.Event) -> None:
+        with self._links_lock:
+            self._linked.discard(ev)
+
+
 class _Run:
     """One py-spy record process: spawn, timestamp its banner lines, stop, collect."""
 
     def __init__(
-        self, spy: PySpy, pid: int, duration_s: float, rate_hz: float, out: Path, *, idle: bool
+        self,
+        spy: PySpy,
+        pid: int,
+        duration_s: float,
+        rate_hz: float,
+        out: Path,
+        *,
+        idle: bool,
+        wake: threading.Event | None = None,
     ) -> None:
         self.spy, self.pid, self.duration_s, self.out = spy, pid, duration_s, out
+        # set when the supervising loop must look again: banner, end line, end of output
+        self.wake = wake if wake is not None else threading.Event()
+        self.eof = False
         self.cmd = spy.command(pid, duration_s=duration_s, rate_hz=rate_hz, output=out)
         if not idle:
             self.cmd.remove("--idle")
@@ -404,25 +453,45 @@ class _Run:
             self.lines.append(line)
             if "Sampling process" in line:
                 self.marks.setdefault("start", now)
+                self.wake.set()
             elif "Stopped sampling" in line or "Wrote " in line:
                 self.marks.setdefault("end", now)
+                self.wake.set()
+        self.eof = True
+        self.wake.set()
 
-    def tick(self, stop: bool) -> None:
+    def tick(self, stop: bool) -> float | None:
+        """Act on what is due now; return the host time this run next needs looking at
+        (None: py-spy has exited or was killed). Between those times nothing is due
+        except what sets `wake` (banner, end of output, a stop request)."""
         if self.proc.poll() is not None:
-            return
+            return None
         now = time.time()
         deadline = self.marks["start"] + self.duration_s if "start" in self.marks else None
         if (stop or (deadline is not None and now >= deadline)) and self.interrupted_at is None:
             self.proc.send_signal(signal.SIGINT)
             self.interrupted_at = now
         grace = self.spy.kill_grace_s
+        bound = self.spawned_at + self.duration_s + 30 + grace
         if self.interrupted_at is not None and now - self.interrupted_at > grace:
             self.proc.kill()
             self.killed = True
+            return None
         # attach can hang on a stopped target: bound the whole window too
         elif now - self.spawned_at > self.duration_s + 30 + grace:
             self.proc.kill()
             self.killed = True
+            return None
+        # the checks above are strict (>): look again just past each limit
+        due = [bound + 1e-3]
+        if self.interrupted_at is not None:
+            due.append(self.interrupted_at + grace + 1e-3)
+        elif deadline is not None:
+            due.append(deadline)
+        # (no banner yet: the reader sets `wake` when it comes)
+        if self.eof:
+            due.append(now + EXIT_CHECK_S)
+        return min(due)
 
     @property
     def text(self) -> str:
@@ -516,21 +585,33 @@ class PySpy:
         if duration_s <= 0:
             raise ValueError(f"duration_s must be > 0, got {duration_s}")
         precheck(pid, procfs)
+        wake = threading.Event()
         with tempfile.TemporaryDirectory(prefix="serwatt-pyspy-") as tmp:
-            runs = [_Run(self, pid, duration_s, rate_hz, Path(tmp) / "all.json", idle=True)]
+            runs = [
+                _Run(self, pid, duration_s, rate_hz, Path(tmp) / "all.json", idle=True, wake=wake)
+            ]
             if on_cpu_run:
                 runs.append(
-                    _Run(self, pid, duration_s, rate_hz, Path(tmp) / "oncpu.json", idle=False)
+                    _Run(
+                        self,
+                        pid,
+                        duration_s,
+                        rate_hz,
+                        Path(tmp) / "oncpu.json",
+                        idle=False,
+                        wake=wake,
+                    )
                 )
-            for run in runs:
-                run.start()
-            while any(run.proc.poll() is None for run in runs):
-                stop = stop_event is not None and stop_event.is_set()
+            linked = isinstance(stop_event, StopEvent)
+            if linked:
+                stop_event.link(wake)  # type: ignore[union-attr]
+            try:
                 for run in runs:
-                    run.tick(stop)
-                if any(run.killed for run in runs):
-                    break
-                time.sleep(0.01)
+                    run.start()
+                self._supervise(runs, wake, stop_event, linked)
+            finally:
+                if linked:
+                    stop_event.unlink(wake)  # type: ignore[union-attr]
             docs = [run.finish(procfs) for run in runs]
         main = runs[0]
         result = self._assemble(
@@ -564,6 +645,27 @@ class PySpy:
             on_cpu = tuple(s for s in cpu.samples if s.tid in known)
             result = replace(result, on_cpu=on_cpu, on_cpu_errors=cpu.errors)
         return result
+
+    @staticmethod
+    def _supervise(
+        runs: list[_Run], wake: threading.Event, stop_event: threading.Event | None, linked: bool
+    ) -> None:
+        """Block until every py-spy has exited (or one was killed), waking only when
+        something is due: a deadline, the banner, end of output, a stop request."""
+        while True:
+            # cleared before looking, so a wake-up during the look is not lost
+            wake.clear()
+            stop = stop_event is not None and stop_event.is_set()
+            due = [run.tick(stop) for run in runs]
+            if any(run.killed for run in runs):
+                return
+            pending = [t for t in due if t is not None]
+            if not pending:
+                return
+            timeout = min(pending) - time.time()
+            if stop_event is not None and not linked and not stop:
+                timeout = min(timeout, STOP_CHECK_S)
+            wake.wait(max(0.0, timeout))
 
     @staticmethod
     def _assemble(

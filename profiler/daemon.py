@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from collectors.pyspy import StopEvent
 from profiler import __version__
 from profiler.cli import EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME
 from profiler.codepaths import CODEPATHS
@@ -134,7 +135,8 @@ class _Job:
     pid: int
     window_s: float
     started_mono: float
-    stop: threading.Event = field(default_factory=threading.Event)
+    # wakes the window's py-spy supervision at once when set (collectors/pyspy.py)
+    stop: threading.Event = field(default_factory=StopEvent)
     done: threading.Event = field(default_factory=threading.Event)
     report: WindowReport | None = None
     error: BaseException | None = None

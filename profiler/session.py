@@ -34,6 +34,7 @@ from collectors.pyspy import (
     NotPython,
     PySpy,
     SamplingError,
+    StopEvent,
     TargetGone,
     precheck,
 )
@@ -207,7 +208,8 @@ class ProfileSession:
         self.acc = Accumulator()
         self.targets: dict[int, TargetStats] = {}
         self._lock = threading.Lock()
-        self._stop = threading.Event()
+        # a StopEvent wakes the blocked py-spy windows at once (collectors/pyspy.py)
+        self._stop = StopEvent()
         self._workers: dict[int, threading.Thread] = {}
         self._root_error: SamplingError | None = None
         self._raw_q: queue.Queue[RawWindow | None] = queue.Queue()
