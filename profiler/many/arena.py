@@ -198,12 +198,17 @@ class Arena:
         n = header.slot_count
         desc_end = HEADER_SIZE + 64 * n
         self._mm.flush(0, desc_end)
-        new = replace(
-            header,
-            flags=header.flags & ~HEADER_DIRTY,
-            commit_seq=header.commit_seq + 1,
-            prev_receipt=header.receipt,
-        ).with_receipt(self._mm[HEADER_SIZE:desc_end])
+        # A memoryview, not a slice: hashing the descriptor arena must not copy it (O(slots)).
+        descriptors = memoryview(self._mm)[HEADER_SIZE:desc_end]
+        try:
+            new = replace(
+                header,
+                flags=header.flags & ~HEADER_DIRTY,
+                commit_seq=header.commit_seq + 1,
+                prev_receipt=header.receipt,
+            ).with_receipt(descriptors)
+        finally:
+            descriptors.release()
         self._mm[0:HEADER_SIZE] = new.pack()
         self._mm.flush(0, PAGE_SIZE)
         self._parsed.header = new
