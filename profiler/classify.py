@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from collectors.samples import Frame, Sample
-from profiler.callsite import LineCalls, SourceCache, source_path
+from profiler.callsite import CallsitePrefilter, LineCalls, SourceCache, source_path
 from profiler.codepaths import OTHER, Classification
-from profiler.rules import Rule, RuleSet, load_rules
+from profiler.rules import PatternSet, Rule, RuleSet, load_rules
 
 _MEMO_MAX = 1 << 17
 
@@ -66,6 +66,8 @@ class ClassifierStats:
     source_parses: int = 0
     callsite_lookups: int = 0
     sources_unavailable: int = 0
+    # source files read but not parsed: their text cannot hold a call-site match
+    sources_prefiltered: int = 0
 
 
 class Classifier:
@@ -77,6 +79,7 @@ class Classifier:
         *,
         stack_cache_size: int = 65536,
         stat_ttl_s: float = 2.0,
+        callsite_prefilter: bool = True,
         proc_fs: Path = Path("/proc"),
     ) -> None:
         self.rules = rules
@@ -85,6 +88,15 @@ class Classifier:
         self._callsite_rules = rules.layer("callsite")
         self._stack_cache_size = stack_cache_size
         self._sources = SourceCache(stat_ttl_s=stat_ttl_s)
+        # Reads a leaf's file before parsing it; None parses every file (the reference
+        # the prefilter is tested against: tests/test_callsite_prefilter.py).
+        self._prefilter: CallsitePrefilter | None = None
+        if callsite_prefilter:
+            calls = [p for r in self._callsite_rules if r.calls for p in r.calls.patterns]
+            methods = PatternSet(
+                [p for r in self._callsite_rules if r.methods for p in r.methods.patterns]
+            )
+            self._prefilter = CallsitePrefilter(calls, methods.match)
         self._generation = self._sources.generation
         self._stacks: dict[tuple[str | None, tuple[Frame, ...]], Classification] = {}
         self._python_memo: dict[tuple[str, str], Rule | None] = {}
@@ -203,12 +215,14 @@ class Classifier:
         if key in self._callsite_memo:
             return self._callsite_memo[key]
         self.stats.callsite_lookups += 1
-        parses = self._sources.parses
-        index, _error, _mtime = self._sources.get(path)
+        parses, filtered = self._sources.parses, self._sources.filtered
+        index, error, _mtime = self._sources.get(path, self._prefilter)
         self.stats.source_parses += self._sources.parses - parses
+        self.stats.sources_prefiltered += self._sources.filtered - filtered
         result: CallsiteMatch | None = None
         if index is None:
-            self.stats.sources_unavailable += 1
+            if error is not None:
+                self.stats.sources_unavailable += 1
         else:
             result = self._match_line(index.calls_at(frame.line), inner_only=inner)
         self._callsite_memo[key] = result
@@ -273,13 +287,17 @@ class Classifier:
         return mtime_ns is not None and start is not None and mtime_ns / 1e9 > start + 1.0
 
     def _walk(self, frames: tuple[Frame, ...], proc_root: Path | None) -> Classification:
-        return self._decide(frames, proc_root).classification
+        return self._decide(frames, proc_root, why=False).classification
 
     def explain(self, frames: Sequence[Frame], *, proc_root: Path | None = None) -> Explanation:
         """Which frame decided, through which layer: for people checking a rule."""
         return self._decide(tuple(frames), proc_root)
 
-    def _decide(self, frames: tuple[Frame, ...], proc_root: Path | None) -> Explanation:
+    def _decide(
+        self, frames: tuple[Frame, ...], proc_root: Path | None, *, why: bool = True
+    ) -> Explanation:
+        """why=False: only the classification is wanted (its `how` may be less exact: a
+        file the prefilter did not parse is not parsed just to say why nothing matched)."""
         python_idx = [i for i, f in enumerate(frames) if not f.is_native]
         innermost_python = python_idx[0] if python_idx else None
         deeper_python: dict[int, int] = {}
@@ -300,7 +318,7 @@ class Classifier:
                     Classification(rule.codepath, rule.id, rule.confidence), i, "python"
                 )
             if i == innermost_python:
-                return self._leaf(frames, i, proc_root)
+                return self._leaf(frames, i, proc_root, why=why)
             callee = deeper_python.get(i)
             if callee is not None and self._is_callback(frames[callee].name):
                 match = self._callsite(frame, proc_root)
@@ -321,7 +339,9 @@ class Classifier:
                     return Explanation(got, i, f"callsite, running callback {frames[callee].name}")
         return Explanation(OTHER, None, "no rule matched any frame")
 
-    def _leaf(self, frames: tuple[Frame, ...], i: int, proc_root: Path | None) -> Explanation:
+    def _leaf(
+        self, frames: tuple[Frame, ...], i: int, proc_root: Path | None, *, why: bool = True
+    ) -> Explanation:
         # Native frames below the innermost Python frame say where the CPU is; they
         # beat a call-site guess about the same instant.
         for j in range(i - 1, -1, -1):
@@ -333,14 +353,15 @@ class Classifier:
         match = self._callsite(frames[i], proc_root)
         if match is None:
             path = source_path(frames[i].filename, proc_root)
-            why = "no serializer call on the innermost Python frame's line"
+            how = "no serializer call on the innermost Python frame's line"
             if path is None:
-                why = "innermost Python frame has no readable source path"
-            else:
+                how = "innermost Python frame has no readable source path"
+            elif why:
+                # parses a prefiltered file, so a syntax error is still named
                 _index, error, _ = self._sources.get(path)
                 if error is not None:
-                    why = f"innermost Python frame: {error}"
-            return Explanation(OTHER, None, why)
+                    how = f"innermost Python frame: {error}"
+            return Explanation(OTHER, None, how)
         if match.codepath is None or match.rule is None:
             got = Classification("other", None, "low", ambiguous=True)
             return Explanation(got, i, "callsite: the line calls two different serializers")
