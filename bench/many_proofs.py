@@ -7,6 +7,8 @@
 2. `save` of a 64 MiB state: tracemalloc peak, against pickle.dumps of the same state.
 3. `load` of 1 GiB and 4 GiB files in a fresh process: RSS after load + binding every slot,
    and after touching every page (psutil).
+4. Hash throughput on 256 MiB in memory: BLAKE3 (one thread, and its own threads) against
+   SHA-256 (hashlib), the reason FORMAT.md chose BLAKE3.
 
 Arenas are sparse files (Arena.create lays out holes), so 4 GiB costs no disk writes; every
 figure is about memory, not speed. Files are deleted at the end.
@@ -134,6 +136,33 @@ def load_figures(workdir: Path, sizes_mb: list[int]) -> list[dict]:
     return rows
 
 
+def hash_figures() -> dict:
+    import hashlib
+
+    import blake3
+
+    data = np.ones(256 << 20, dtype=np.uint8)
+    out = {}
+    for name, fn in (
+        ("blake3 1 thread", lambda: blake3.blake3(data.data).digest()),
+        (
+            "blake3 AUTO threads",
+            lambda: blake3.blake3(data.data, max_threads=blake3.blake3.AUTO).digest(),
+        ),
+        ("sha256 (hashlib)", lambda: hashlib.sha256(data.data).digest()),
+    ):
+        best = min(_timed(fn) for _ in range(3))
+        out[name] = (256 / 1024) / best
+        print(f"  {name:<20} {out[name]:.2f} GiB/s (best of 3)")
+    return out
+
+
+def _timed(fn) -> float:  # type: ignore[no-untyped-def]
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dir", type=Path, default=Path("/tmp/serwatt-proofs"))
@@ -150,6 +179,8 @@ def main() -> int:
         out["save"] = save_figures(args.dir)
         print("3. load RSS (fresh process, psutil):")
         out["load"] = load_figures(args.dir, [s for s in sizes if s >= 1024] or sizes)
+        print("4. hash throughput, 256 MiB in memory:")
+        out["hash"] = hash_figures()
     finally:
         shutil.rmtree(args.dir, ignore_errors=True)
     if args.json:
