@@ -90,6 +90,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pid", type=int, help="attach to this running Python process")
     parser.add_argument("--duration", type=float, metavar="S", help="stop profiling after S s")
     add_common_options(parser)
+    parser.add_argument(
+        "--record", type=Path, metavar="FILE",
+        help="also append this session as a run to a run-record file (see `serwatt runs`)",
+    )  # fmt: skip
     parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
 
 
@@ -109,6 +113,21 @@ def validate_common(args: argparse.Namespace) -> None:
     if args.pyspy is not None and not (args.pyspy.is_file() and os.access(args.pyspy, os.X_OK)):
         raise UsageError(f"--pyspy {args.pyspy}: not an executable file")
     prepare_energy(args)
+    prepare_record(args)
+
+
+def prepare_record(args: argparse.Namespace) -> None:
+    """Open the --record file before any process starts: a file that is not a run record
+    is bad input (exit 2), and nothing in it is touched."""
+    path = getattr(args, "record", None)
+    if path is None:
+        return
+    from profiler.recorder import RecordError, RecordObserver
+
+    try:
+        args.record_observer = RecordObserver(path)
+    except RecordError as exc:
+        raise UsageError(f"--record {path}: {exc}") from exc
 
 
 def prepare_energy(args: argparse.Namespace) -> None:
@@ -153,7 +172,12 @@ def make_observers(args: argparse.Namespace) -> list[Any]:
     Each gets every window via on_window(report) and contributes to the document
     through finish() -> dict."""
     energy = getattr(args, "energy_observer", None)
-    return [energy] if energy is not None else []
+    observers = [energy] if energy is not None else []
+    record = getattr(args, "record_observer", None)
+    if record is not None:
+        record.energy = energy  # after the energy observer: its tracker is started first
+        observers.append(record)
+    return observers
 
 
 def write_outputs(doc: dict[str, Any], args: argparse.Namespace) -> int:

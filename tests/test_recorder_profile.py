@@ -18,6 +18,7 @@ from profiler.recorder import Recorder, RecordError, RecordObserver
 from profiler.session import ProfileSession
 from tests.nvml_replay import ReplayNvmlBackend, load_timeline
 
+REPO = Path(__file__).resolve().parents[1]
 JSON_LOOP = textwrap.dedent(
     """
     import json, time
@@ -116,3 +117,47 @@ def test_a_bad_record_file_fails_before_profiling(tmp_path: Path) -> None:
     with pytest.raises(RecordError, match="not a readable serwatt run record"):
         RecordObserver(bad)
     assert bad.read_text().startswith("my notes")
+
+
+# --------------------------------------------------------------- `serwatt profile --record`
+
+
+def test_serwatt_profile_record_writes_a_run_that_serwatt_runs_shows(tmp_path: Path) -> None:
+    db = tmp_path / "runs.sqlite"
+    out = subprocess.run(
+        [sys.executable, "-m", "profiler", "profile", "--record", str(db), "--window", "1",
+         "--path.sysfs", str(tmp_path), "--tdp", "100", "--nvml", "off", "--",
+         sys.executable, "-c", JSON_LOOP.replace("60", "4")],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    rec = Recorder(db, readonly=True)
+    (summary,) = rec.runs()
+    assert summary.target == "profile" and summary.run_id.startswith("profile-")
+    assert summary.windows >= 2 and summary.ended_at is not None
+    assert summary.energy_sources == ("model",)  # no powercap under --path.sysfs tmp
+    detail = rec.run(summary.run_id)
+    assert detail.config["mode"] == "serwatt profile" and "json.dumps" in detail.config["command"]
+    assert detail.codepaths["json"].samples > 0
+    shown = subprocess.run(
+        [sys.executable, "-m", "profiler", "runs", "show", summary.run_id, "--db", str(db)],
+        capture_output=True, text=True, cwd=REPO,
+    )  # fmt: skip
+    assert shown.returncode == 0 and f"run {summary.run_id}  target profile" in shown.stdout
+
+
+def test_serwatt_profile_refuses_a_bad_record_file_before_starting_the_command(
+    tmp_path: Path,
+) -> None:
+    junk = tmp_path / "notes.txt"
+    junk.write_text("not a database\n" * 100)
+    marker = tmp_path / "started"
+    out = subprocess.run(
+        [sys.executable, "-m", "profiler", "profile", "--record", str(junk), "--",
+         sys.executable, "-c", f"open({str(marker)!r}, 'w')"],
+        capture_output=True, text=True, timeout=120, cwd=REPO,
+    )  # fmt: skip
+    assert out.returncode == 2
+    assert "--record" in out.stderr and "not a readable serwatt run record" in out.stderr
+    assert not marker.exists()  # the command never ran
+    assert junk.read_text() == "not a database\n" * 100
