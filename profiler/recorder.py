@@ -884,9 +884,12 @@ class RecordObserver:
             # The energy tracker already probed NVML: reuse it rather than probe twice.
             tracker = getattr(self.energy, "tracker", None)
             nvml = getattr(tracker, "nvml", None)
-            if getattr(tracker, "nvml_mode", "off") == "off":
-                nvml = None
-            host = fingerprint(nvml_status=nvml.probe() if nvml is not None else None)
+            nvml_off = tracker is not None and getattr(tracker, "nvml_mode", None) == "off"
+            host = fingerprint(
+                nvml_status=nvml.probe() if nvml is not None and not nvml_off else None
+            )
+            if nvml_off:
+                host["gpu_source"] = "unavailable: off (NVML disabled for this session)"
         self.recorder.start_run(
             self.run_id,
             self.target,

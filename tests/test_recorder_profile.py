@@ -139,6 +139,7 @@ def test_serwatt_profile_record_writes_a_run_that_serwatt_runs_shows(tmp_path: P
     detail = rec.run(summary.run_id)
     assert detail.config["mode"] == "serwatt profile" and "json.dumps" in detail.config["command"]
     assert detail.codepaths["json"].samples > 0
+    assert detail.host["gpu_source"].startswith("unavailable: off")  # --nvml off, said so
     shown = subprocess.run(
         [sys.executable, "-m", "profiler", "runs", "show", summary.run_id, "--db", str(db)],
         capture_output=True, text=True, cwd=REPO,
