@@ -181,7 +181,7 @@ class _Checker:
         out: dict[str, yaml.Node] = {}
         for key_node, value_node in node.value:
             key = self.value(key_node) if isinstance(key_node, yaml.ScalarNode) else None
-            key_path = f"{path}.{key}" if path else str(key)
+            key_path = _join_key(path, key)
             if not isinstance(key, str):
                 self.problem(key_path, key_node, "keys must be strings")
                 continue
@@ -303,6 +303,17 @@ def _kind(node: yaml.Node, checker: _Checker) -> str:
     if value is None:
         return "null"
     return f"{type(value).__name__} {value!r}"
+
+
+_PLAIN_KEY = re.compile(r"^[A-Za-z0-9_@:/+-][A-Za-z0-9_.@:/+-]*$")
+
+
+def _join_key(path: str, key: object) -> str:
+    """`a.b` for plain keys; `a['odd key']` (repr) for keys with spaces, dots or newlines,
+    so a problem always prints on one line and names the key unambiguously."""
+    if isinstance(key, str) and _PLAIN_KEY.match(key):
+        return f"{path}.{key}" if path else key
+    return f"{path}[{key!r}]"
 
 
 def _closest(key: str, allowed: tuple[str, ...]) -> str | None:
