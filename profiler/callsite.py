@@ -94,11 +94,70 @@ class _Scope:
     parent: _Scope | None
 
 
+# ast.parse holds the GIL for the whole file (0.2-1 s for a large library file on a
+# loaded node, stalling every sampling and energy thread): large files are parsed in
+# pieces of about this many lines, each a run of whole top-level statements.
+PARSE_CHUNK_LINES = 300
+# A line that may begin a top-level statement: column 0, not a comment, not a
+# clause that continues the statement before it.
+_TOP_START = re.compile(r"(?!(?:else|elif|except|finally)\b)[A-Za-z_@]")
+_MAX_MERGES = 16
+
+
+def parse_source(text: str, filename: str = "<source>") -> ast.Module:
+    """`ast.parse(text)`, holding the GIL for at most one piece of a large file at a time.
+
+    The file is cut before lines that may start a top-level statement; a piece is
+    accepted only if it parses on its own. A piece that parses is a prefix of the rest
+    of the file that ends where the tokenizer is outside any string, bracket or
+    continuation, and the next line starts at column 0 with no continuing clause, so
+    its statements are exactly the ones the whole file's parse has there. A piece that
+    does not parse (a cut inside a string) is joined with the next; past a few joins,
+    or on any error at the end, the whole file is parsed at once (which also raises
+    the genuine error). tests/test_callsite_prefilter.py compares the trees.
+    """
+    if (
+        text.count("\n") <= PARSE_CHUNK_LINES
+        or "__future__" in text  # future imports can change how the rest parses
+        or text.count("\r") != text.count("\r\n")  # lone CR newlines: lines miscounted
+    ):
+        return ast.parse(text, filename=filename)
+    lines = text.split("\n")
+    cuts = [
+        k
+        for k in range(1, len(lines))
+        if _TOP_START.match(lines[k]) and not lines[k - 1].startswith("@")
+    ]
+    body: list[ast.stmt] = []
+    ignores: list[ast.TypeIgnore] = []
+    start, c = 0, 0
+    while start < len(lines):
+        while c < len(cuts) and cuts[c] < start + PARSE_CHUNK_LINES:
+            c += 1
+        merges = 0
+        while True:
+            end = cuts[c] if c < len(cuts) else len(lines)
+            # leading blank lines put the piece's statements at their own line numbers
+            piece = "\n" * start + "\n".join(lines[start:end]) + ("\n" if end < len(lines) else "")
+            try:
+                mod = ast.parse(piece, filename=filename)
+                break
+            except Exception:  # noqa: BLE001 - any failure: the whole-file parse decides
+                merges += 1
+                if end >= len(lines) or merges > _MAX_MERGES:
+                    return ast.parse(text, filename=filename)
+                c += 1  # join the next piece
+        body.extend(mod.body)
+        ignores.extend(mod.type_ignores)
+        start = end
+    return ast.Module(body=body, type_ignores=ignores)
+
+
 class SourceIndex:
     """One parsed source file; `calls_at(line)` is memoized per line."""
 
     def __init__(self, text: str, filename: str = "<source>", package: str | None = None) -> None:
-        self.tree = ast.parse(text, filename=filename)
+        self.tree = parse_source(text, filename)
         # The file's package ("multiprocessing" for multiprocessing/queues.py), used to
         # resolve relative imports; None when unknown (relative imports stay unresolved).
         self.package = package

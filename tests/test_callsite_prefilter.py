@@ -6,15 +6,18 @@ prefilter against one without it (`callsite_prefilter=False`, which parses every
 
 from __future__ import annotations
 
+import ast
 import json
 import shutil
 import sysconfig
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from collectors.samples import Frame
+from profiler import callsite
 from profiler.callsite import import_roots, required_words
 from profiler.classify import Classifier
 from profiler.rules import load_rules
@@ -245,3 +248,79 @@ def test_generated_programs_classify_the_same(tmp_path: Path, stmts: list[str]) 
     # a fresh pair per example: the file's path is reused with new contents
     on, off = _pair(stat_ttl_s=0.0)
     _same_every_line(path, on, off)
+
+
+# ------------------------------------------------------------------ bounded parse
+
+_TRICKY = '''\
+import pickle
+
+x = """
+def not_code():
+    pickle.dumps(1)
+"""
+
+
+@decorator
+def f(a):
+    return pickle.dumps(a)
+
+
+if x:
+    y = 1
+else:
+    y = 2
+try:
+    pass
+except ValueError:
+    pass
+finally:
+    pass
+z = [
+1, 2,
+]
+w = 1 + \\
+2
+class C:
+    """doc
+at column 0
+"""
+'''
+
+
+def test_parse_source_builds_the_same_tree_as_ast_parse(monkeypatch) -> None:
+    """Pieces of whole top-level statements, joined when a cut falls inside a string,
+    give exactly ast.parse's tree (line and column attributes included)."""
+    monkeypatch.setattr(callsite, "PARSE_CHUNK_LINES", 3)  # cut everywhere it may
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    texts = [_TRICKY * 3]
+    for name in ("textwrap.py", "pickle.py", "json/decoder.py", "dataclasses.py"):
+        texts.append((stdlib / name).read_text(encoding="utf-8"))
+    for text in texts:
+        assert ast.dump(callsite.parse_source(text), include_attributes=True) == ast.dump(
+            ast.parse(text), include_attributes=True
+        )
+
+
+def test_parse_source_raises_the_whole_files_error(monkeypatch) -> None:
+    monkeypatch.setattr(callsite, "PARSE_CHUNK_LINES", 2)
+    text = "a = 1\nb = 2\nc = 3\ndef f(:\n    pass\nd = 4\n"
+    with pytest.raises(SyntaxError) as got:
+        callsite.parse_source(text, "x.py")
+    with pytest.raises(SyntaxError) as want:
+        ast.parse(text, "x.py")
+    assert (got.value.msg, got.value.lineno) == (want.value.msg, want.value.lineno)
+
+
+def test_parse_source_parses_in_pieces(monkeypatch) -> None:
+    calls: list[int] = []
+    real = ast.parse
+
+    def counting(source: str, *args: object, **kwargs: object) -> ast.AST:
+        calls.append(source.count("\n"))
+        return real(source, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(callsite.ast, "parse", counting)
+    text = "".join(f"v{i} = {i}\n" for i in range(2000))
+    callsite.parse_source(text)
+    assert len(calls) >= 2000 // callsite.PARSE_CHUNK_LINES
