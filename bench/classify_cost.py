@@ -1,9 +1,13 @@
 """Cost of Classifier.classify() per sample, on the recorded real py-spy samples.
 
-    .venv/bin/python bench/classify_cost.py [--repeat N]
+    .venv/bin/python bench/classify_cost.py [--repeat N] [--no-prefilter]
 
-Three cases, each the median of N runs over every sample in tests/fixtures/pyspy/:
+Four cases, each the median of N runs over every sample in tests/fixtures/pyspy/:
 - cold: a fresh Classifier (parses the workload source, matches every rule);
+- cold, host paths: the same without the capture-time root, so leaves in the stdlib
+  and site-packages are read from this host (what a fresh daemon or `serwatt demo`
+  meets: library files with no serializer call, read and, without the call-site
+  prefilter, parsed);
 - new stack: rule/frame and call-site caches warm, but the stack itself never seen
   (what a deep pure-Python serializer that keeps producing new stacks costs);
 - warm: the same stacks again (the steady state of a training loop).
@@ -45,15 +49,28 @@ def load_samples(root: Path) -> list:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument(
+        "--no-prefilter",
+        action="store_true",
+        help="parse every leaf file (Classifier(callsite_prefilter=False)): the reference",
+    )
     args = parser.parse_args()
+    options = {"callsite_prefilter": not args.no_prefilter}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         samples = load_samples(root)
         n = len(samples)
         depth = statistics.mean(len(s.frames) for s in samples)
-        cold, fresh, warm = [], [], []
+        cold, host, fresh, warm = [], [], [], []
+        parses = filtered = 0
         for _ in range(args.repeat):
-            c = Classifier.default()
+            h = Classifier.default(**options)
+            t0 = time.perf_counter()
+            for s in samples:
+                h.classify(s)
+            host.append((time.perf_counter() - t0) / n)
+            parses, filtered = h.stats.source_parses, h.stats.sources_prefiltered
+            c = Classifier.default(**options)
             t0 = time.perf_counter()
             for s in samples:
                 c.classify(s, proc_root=root)
@@ -69,8 +86,13 @@ def main() -> int:
                     c.classify(s, proc_root=root)
             warm.append((time.perf_counter() - t0) / (20 * n))
     print(f"samples: {n} (mean depth {depth:.1f} frames), median of {args.repeat} runs")
+    print(f"call-site prefilter: {'off' if args.no_prefilter else 'on'}")
     print(
         f"cold (fresh classifier, parses sources): {statistics.median(cold) * 1e6:8.1f} us/sample"
+    )
+    print(
+        f"cold, leaves read from host paths:       {statistics.median(host) * 1e6:8.1f} us/sample"
+        f" (source files parsed {parses}, read but not parsed {filtered})"
     )
     print(
         f"new stack, warm rule/source caches:      {statistics.median(fresh) * 1e6:8.1f} us/sample"
