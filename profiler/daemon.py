@@ -58,8 +58,9 @@ ABANDON_AFTER_S = 15.0
 # Retention runs at startup and then this often (runs age by days; hourly is plenty).
 RETENTION_EVERY_S = 3600.0
 # Per-thread CPU snapshots during a window (sample_window's poll_s). Each snapshot
-# reads /proc/<pid>/task/*/stat (+ schedstat) of every thread; at the sampler's 0.1 s
-# default, 8 targets cost ~7% of a core on the reference VM (docs/daemon.md). 0.5 s
+# reads /proc/<pid>/task/*/stat (+ schedstat) of every thread (~0.14 ms of CPU for a
+# one-thread target, more per thread); at the sampler's 0.1 s default 8 targets cost
+# 1-7% of a core on the reference VM depending on load (docs/daemon.md). 0.5 s
 # still gives 20 points per thread over a 10 s window for the weighting.
 CPU_POLL_S = 0.5
 # One py-spy per window. sample_window can run a second, on-CPU-only py-spy that

@@ -24,8 +24,10 @@ from collectors.pyspy import (
     PtraceDenied,
     PySpy,
     PySpyMissing,
+    StopEvent,
     TargetGone,
     UnsupportedPython,
+    _Run,
 )
 from profiler.classify import Classifier
 from profiler.sampling import sample_window
@@ -215,6 +217,50 @@ def test_stop_event_ends_the_window_early(tmp_path: Path, classifier: Classifier
     assert elapsed < 8
     assert not r.exited
     assert r.codepaths["other"].samples > 10
+
+
+def test_stop_event_wakes_a_blocked_window_and_nothing_polls(
+    tmp_path: Path, classifier: Classifier, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A StopEvent (what the daemon and sessions pass) wakes the window's wait at once;
+    between the banner, the deadline and the stop the supervising loop does not run
+    (the old loop looked every 10 ms: ~100 times a second)."""
+    looks: list[float] = []
+    real_tick = _Run.tick
+
+    def counted(self: _Run, stop: bool) -> float | None:
+        looks.append(time.monotonic())
+        return real_tick(self, stop)
+
+    monkeypatch.setattr(_Run, "tick", counted)
+    p = start("3.12.1", "while True:\n    pass\n", tmp_path)
+    stop = StopEvent()
+    threading.Timer(3.0, stop.set).start()
+    try:
+        time.sleep(0.3)
+        t0 = time.time()
+        r = sample_window(p.pid, duration_s=20, rate_hz=50, classifier=classifier, stop_event=stop)
+        elapsed = time.time() - t0
+    finally:
+        p.kill()
+        p.wait()
+    assert elapsed < 10
+    assert not r.exited
+    assert r.codepaths["other"].samples > 10
+    # spawn, banner, stop, end line, end of output and a few re-checks until exit
+    assert len(looks) < 40, f"{len(looks)} looks in {elapsed:.1f}s"
+
+
+def test_stop_event_links() -> None:
+    stop, a, b = StopEvent(), threading.Event(), threading.Event()
+    stop.link(a)
+    stop.link(b)
+    stop.unlink(b)
+    stop.set()
+    assert stop.is_set() and a.is_set() and not b.is_set()
+    late = threading.Event()
+    stop.link(late)  # linking to a stop already requested wakes at once
+    assert late.is_set()
 
 
 def test_dead_pid_is_target_gone(classifier: Classifier) -> None:
