@@ -846,14 +846,13 @@ class EnergySide:
         if self.status["rapl"].up:
             # RAPL read errors carry the last good value forward (caught up on the next
             # good read), so the slot still says "rapl": count failed reads instead.
-            # The tracker keeps that count privately; see docs/daemon.md (integration).
-            errors = int(getattr(self._tracker, "_rapl_errors", 0))
+            errors = self._tracker.rapl_read_errors
             failing = errors > self._rapl_errors_seen
             self._rapl_errors_seen = errors
             ok = we.source == "rapl" and not failing
             if failing:
                 detail = "read errors this slot: " + ", ".join(
-                    getattr(self._tracker, "_last_rapl_errors", ()) or ("unknown",)
+                    self._tracker.last_rapl_errors or ("unknown",)
                 )
             else:
                 detail = "; ".join(we.notes) if ok else f"{we.source}: {we.reason}"
