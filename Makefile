@@ -30,11 +30,12 @@ demo: $(BIN)/serwatt
 target-venvs: $(BIN)/serwatt
 	$(BIN)/python -m tests.workloads.targets
 
-test: $(BIN)/serwatt system-deps target-venvs
+test: $(BIN)/serwatt system-deps target-venvs lint
 	$(BIN)/python -m pytest -q
 
 lint: $(BIN)/serwatt
 	$(BIN)/ruff check profiler collectors tests bench
+	$(BIN)/ruff format --check profiler collectors tests bench
 	$(BIN)/mypy profiler collectors
 
 clean:
