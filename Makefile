@@ -4,7 +4,7 @@ PYTHON ?= $(shell command -v python3.11 || pyenv which python3.11 2>/dev/null ||
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint bench system-deps clean target-venvs
+.PHONY: demo test lint system-deps clean target-venvs
 
 $(BIN)/serwatt: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
