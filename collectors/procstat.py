@@ -197,24 +197,11 @@ def exists(pid: int, procfs: Path = Path("/proc")) -> bool:
     return fields[0] not in ("Z", "X")
 
 
-def children(pid: int, procfs: Path = Path("/proc")) -> list[int]:
-    """Direct children of `pid`, found by scanning ppid (the per-task `children`
-    file needs CONFIG_PROC_CHILDREN, absent on this VM's kernel)."""
-    out: list[int] = []
-    for name in os.listdir(procfs):
-        if not name.isdigit():
-            continue
-        try:
-            _, fields = _parse_stat(_read(procfs / name / "stat"))
-        except (FileNotFoundError, ProcessLookupError, ValueError):
-            continue
-        if int(fields[1]) == pid and fields[0] not in ("Z", "X"):
-            out.append(int(name))
-    return sorted(out)
+def _live_parents(procfs: Path) -> dict[int, int]:
+    """pid -> ppid for every live (not zombie, not dead) process, from one procfs scan.
 
-
-def descendants(pid: int, procfs: Path = Path("/proc")) -> list[int]:
-    """All live descendants of `pid`, breadth first."""
+    Scanning ppid is how children are found: the per-task `children` file needs
+    CONFIG_PROC_CHILDREN, absent on this VM's kernel."""
     parent_of: dict[int, int] = {}
     for name in os.listdir(procfs):
         if not name.isdigit():
@@ -225,6 +212,17 @@ def descendants(pid: int, procfs: Path = Path("/proc")) -> list[int]:
             continue
         if fields[0] not in ("Z", "X"):
             parent_of[int(name)] = int(fields[1])
+    return parent_of
+
+
+def children(pid: int, procfs: Path = Path("/proc")) -> list[int]:
+    """Direct live children of `pid`."""
+    return sorted(child for child, parent in _live_parents(procfs).items() if parent == pid)
+
+
+def descendants(pid: int, procfs: Path = Path("/proc")) -> list[int]:
+    """All live descendants of `pid`, breadth first."""
+    parent_of = _live_parents(procfs)
     kids: dict[int, list[int]] = {}
     for child, parent in parent_of.items():
         kids.setdefault(parent, []).append(child)
