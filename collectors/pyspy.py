@@ -613,27 +613,23 @@ class PySpy:
                 if linked:
                     stop_event.unlink(wake)  # type: ignore[union-attr]
             docs = [run.finish(procfs) for run in runs]
-        main = runs[0]
-        result = self._assemble(
-            pid,
-            docs[0],
-            main.text,
-            started_at=main.marks.get("start", main.spawned_at),
-            ended_at=main.marks.get("end", main.exit_at),
-            rate_hz=rate_hz,
-            procfs=procfs,
-        )
-        if on_cpu_run:
-            extra = runs[1]
-            cpu = self._assemble(
+
+        def assemble(i: int) -> WindowSamples:
+            # A run's span: py-spy's banner to its end line, else spawn to exit.
+            run = runs[i]
+            return self._assemble(
                 pid,
-                docs[1],
-                extra.text,
-                started_at=extra.marks.get("start", extra.spawned_at),
-                ended_at=extra.marks.get("end", extra.exit_at),
+                docs[i],
+                run.text,
+                started_at=run.marks.get("start", run.spawned_at),
+                ended_at=run.marks.get("end", run.exit_at),
                 rate_hz=rate_hz,
                 procfs=procfs,
             )
+
+        result = assemble(0)
+        if on_cpu_run:
+            cpu = assemble(1)
             # py-spy knows a thread's run state only when it knows its kernel tid
             # (decimal label; <3.11 in nonblocking mode it does not, and then keeps
             # every sample): only those threads' on-CPU samples mean anything.
