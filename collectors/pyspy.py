@@ -51,7 +51,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from collectors import procstat
+from collectors import procstat, sched
 from collectors.samples import Frame, Sample, SamplerErrors
 
 DEFAULT_RATE_HZ = 50.0
@@ -429,6 +429,7 @@ class _Run:
         self.killed = False
         self.spawned_at = 0.0
         self.exit_at = 0.0
+        self.priority_problem: str | None = None
 
     def start(self) -> None:
         self.spawned_at = time.time()
@@ -443,6 +444,13 @@ class _Run:
             )
         except OSError as exc:
             raise PySpyMissing(f"cannot run py-spy at {self.spy.binary}: {exc}") from exc
+        try:
+            # before py-spy attaches (~30 ms of symbol parsing): its threads inherit it
+            self.priority_problem = self.spy.raise_priority(self.proc.pid)
+        except SamplingError:
+            self.proc.kill()
+            self.proc.wait()
+            raise
         self.reader = threading.Thread(target=self._read, name="serwatt-pyspy-reader", daemon=True)
         self.reader.start()
 
@@ -454,6 +462,9 @@ class _Run:
             if "Sampling process" in line:
                 self.marks.setdefault("start", now)
                 self.wake.set()
+                if self.priority_problem is None and self.spy.realtime != "off":
+                    # again, for any thread py-spy started before the first call
+                    self.priority_problem = sched.make_realtime(self.proc.pid)
             elif "Stopped sampling" in line or "Wrote " in line:
                 self.marks.setdefault("end", now)
                 self.wake.set()
@@ -518,9 +529,42 @@ class _Run:
 class PySpy:
     """Runs py-spy windows. `binary` is injectable so tests can point at any py-spy."""
 
-    def __init__(self, binary: str | Path | None = None, *, kill_grace_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        binary: str | Path | None = None,
+        *,
+        kill_grace_s: float = 10.0,
+        realtime: str = "auto",
+    ) -> None:
+        """realtime: 'auto' | 'required' | 'off': run py-spy under SCHED_FIFO so its
+        samples are not pulled towards the target's system calls (collectors/sched.py).
+        'required' raises SamplingError here when this process may not do that."""
+        if realtime not in sched.MODES:
+            raise ValueError(f"realtime must be one of {sched.MODES}, got {realtime!r}")
         self.binary = Path(binary) if binary is not None else find_pyspy()
         self.kill_grace_s = kill_grace_s
+        self.realtime = realtime
+        # why real-time priority is not used (None: it is, or it is off by choice)
+        self.realtime_problem: str | None = None
+        if realtime != "off":
+            self.realtime_problem = sched.permission_problem()
+            if self.realtime_problem and realtime == "required":
+                raise SamplingError(
+                    f"real-time sampling is required but not allowed: "
+                    f"{self.realtime_problem}; {sched.FIX}"
+                )
+
+    def raise_priority(self, pyspy_pid: int) -> str | None:
+        """Apply the realtime mode to a py-spy just started; returns why it runs at
+        normal priority (None: real-time, or off by choice). 'required' raises."""
+        if self.realtime == "off" or self.realtime_problem:
+            return self.realtime_problem
+        problem = sched.make_realtime(pyspy_pid)
+        if problem and self.realtime == "required":
+            raise SamplingError(
+                f"real-time sampling is required but failed: {problem}; {sched.FIX}"
+            )
+        return problem
 
     def probe(self, pid: int, *, procfs: Path = Path("/proc")) -> None:
         """One `py-spy dump --nonblocking` (~15-40 ms): raises what a window would raise
@@ -606,8 +650,16 @@ class PySpy:
             if linked:
                 stop_event.link(wake)  # type: ignore[union-attr]
             try:
-                for run in runs:
-                    run.start()
+                started: list[_Run] = []
+                try:
+                    for run in runs:
+                        run.start()
+                        started.append(run)
+                except SamplingError:
+                    for run in started:
+                        run.proc.kill()
+                        run.proc.wait()
+                    raise
                 self._supervise(runs, wake, stop_event, linked)
             finally:
                 if linked:
@@ -640,6 +692,16 @@ class PySpy:
             }
             on_cpu = tuple(s for s in cpu.samples if s.tid in known)
             result = replace(result, on_cpu=on_cpu, on_cpu_errors=cpu.errors)
+        problems = sorted({run.priority_problem for run in runs if run.priority_problem})
+        if problems:
+            note = (
+                f"py-spy ran at normal priority ({'; '.join(problems)}): under CPU "
+                "contention its samples gather after the target's system calls "
+                "(docs/sampling.md)"
+            )
+            result = replace(
+                result, errors=replace(result.errors, notes=(*result.errors.notes, note))
+            )
         return result
 
     @staticmethod

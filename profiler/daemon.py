@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from collectors.pyspy import StopEvent
+from collectors.pyspy import PySpy, SamplingError, StopEvent
 from profiler import __version__
 from profiler.cli import EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME
 from profiler.codepaths import CODEPATHS
@@ -210,6 +210,7 @@ class Daemon:
         self._classifiers: ClassifierPool = None  # type: ignore[assignment]
         self._recorder: Any = None
         self._energy: EnergySide | None = None
+        self._pyspy: PySpy = None  # type: ignore[assignment]
         self._server: MetricsServer | None = None
         self._host: dict[str, Any] = {}
 
@@ -255,6 +256,17 @@ class Daemon:
         except Exception as exc:
             log.error("cannot load codepath rules %s: %s", [str(p) for p in cfg.rules_files], exc)
             return EXIT_CONFIG
+        try:
+            self._pyspy = PySpy(realtime=cfg.sampler_realtime)
+        except SamplingError as exc:
+            log.error("sampler_realtime: %s", exc)
+            return EXIT_CONFIG
+        if self._pyspy.realtime_problem:
+            log.warning(
+                "py-spy runs at normal priority (%s): on a busy node its samples gather "
+                "after the targets' system calls (docs/sampling.md)",
+                self._pyspy.realtime_problem,
+            )
         try:
             self._energy = EnergySide(cfg, nvml_backend=self._nvml_backend)
         except _RequiredCollectorMissing as exc:
@@ -423,8 +435,11 @@ class Daemon:
                 started_mono=now,
             )
             classifiers, procfs, rate = self._classifiers, cfg.path_procfs, cfg.sample_rate_hz
+            spy = self._pyspy
 
-            def work(j: _Job, classifiers=classifiers, procfs=procfs, rate=rate) -> WindowReport:
+            def work(
+                j: _Job, classifiers=classifiers, procfs=procfs, rate=rate, spy=spy
+            ) -> WindowReport:
                 with classifiers.borrow() as classifier:
                     return sample_window(
                         j.pid,
@@ -435,6 +450,7 @@ class Daemon:
                         stop_event=j.stop,
                         poll_s=CPU_POLL_S,
                         on_cpu_run=ON_CPU_RUN,
+                        pyspy=spy,
                     )
 
             self._pool.submit(job, work)
@@ -647,7 +663,15 @@ class Daemon:
             return
         old = self.config
         # These are bound at startup (socket, record file, hardware collectors).
-        fixed = ("listen", "record_dir", "path_sysfs", "rapl", "nvml", "cpu_tdp_w")
+        fixed = (
+            "listen",
+            "record_dir",
+            "path_sysfs",
+            "rapl",
+            "nvml",
+            "cpu_tdp_w",
+            "sampler_realtime",
+        )
         for name in fixed:
             if getattr(new, name) != getattr(old, name):
                 log.warning(
