@@ -10,6 +10,10 @@ neighbouring A phases is reported (mean and spread).
 
     .venv/bin/python bench/overhead.py [--rate 100] [--phase 6] [--pairs 5]
 
+Each ratio is printed with a 95% confidence interval of its mean over the pairs
+(Student t): the goal is confirmed only when the interval's lower end is >= 0.99,
+and refuted only when its upper end is below it.
+
 It also prints ops per CPU-second of the target (from its time.process_time()),
 profiled over unprofiled: on a machine shared with other load, wall-clock throughput
 mostly measures the other load; this ratio measures what profiling does to the
@@ -45,6 +49,30 @@ while True:
         print(f"{now} {ops} {time.process_time()}", flush=True)
         next_report = now + 0.25
 """
+
+
+# two-sided 95% Student t quantiles by degrees of freedom (1..30); 1.96 beyond
+T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+       2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+       2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)  # fmt: skip
+
+
+def mean_ci95(xs: list[float]) -> tuple[float, float, float]:
+    """Mean of xs and the 95% confidence interval of that mean."""
+    m = statistics.mean(xs)
+    if len(xs) < 2:
+        return m, float("nan"), float("nan")
+    t = T95[len(xs) - 2] if len(xs) - 1 <= len(T95) else 1.96
+    half = t * statistics.stdev(xs) / len(xs) ** 0.5
+    return m, m - half, m + half
+
+
+def verdict(lo: float, hi: float, goal: float = 0.99) -> str:
+    if lo >= goal:
+        return "goal >= 0.99 CONFIRMED"
+    if hi < goal:
+        return "goal >= 0.99 NOT MET"
+    return "goal >= 0.99 undecided (the interval contains 0.99)"
 
 
 def main() -> int:
@@ -121,16 +149,16 @@ def main() -> int:
         f"profiled {statistics.mean(b):.1f} ops/s"
     )
     print("per-pair ratio B/mean(A neighbours): " + ", ".join(f"{x:.3f}" for x in ratios))
-    mean = statistics.mean(ratios)
+    mean, lo, hi = mean_ci95(ratios)
     print(
-        f"throughput ratio profiled/unprofiled: {mean:.3f} "
-        f"(min {min(ratios):.3f}, max {max(ratios):.3f}); goal >= 0.99: "
-        f"{'MET' if mean >= 0.99 else 'NOT MET'}"
+        f"throughput ratio profiled/unprofiled: {mean:.4f} (95% CI {lo:.4f}..{hi:.4f}; "
+        f"min {min(ratios):.3f}, max {max(ratios):.3f}): {verdict(lo, hi)}"
     )
+    cmean, clo, chi = mean_ci95(cpu_ratios)
     print(
         "ops per target CPU-second, profiled/unprofiled (insensitive to machine load): "
         + ", ".join(f"{x:.3f}" for x in cpu_ratios)
-        + f"; mean {statistics.mean(cpu_ratios):.3f}"
+        + f"; mean {cmean:.4f} (95% CI {clo:.4f}..{chi:.4f}): {verdict(clo, chi)}"
     )
     return 0
 
