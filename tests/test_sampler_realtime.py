@@ -226,3 +226,21 @@ def test_the_unit_capabilities_allow_real_time_sampling() -> None:
     assert out.returncode == 0, out.stdout + out.stderr
     assert "made None fifo" in out.stdout
     assert "notes []" in out.stdout and "samples 0 " not in out.stdout, out.stdout
+
+
+def test_profile_required_without_the_privilege_is_a_usage_error() -> None:
+    target = subprocess.Popen([sys.executable, "-c", "while True: sum(range(1000))"])
+    try:
+        time.sleep(0.3)
+        out = as_nobody(
+            ["sys_ptrace", "dac_read_search"],
+            [PYTHON, "-m", "profiler", "profile", "--sampler-realtime", "required",
+             "--pid", str(target.pid), "--duration", "1"],
+            cwd=REPO,
+        )  # fmt: skip
+    finally:
+        target.kill()
+        target.wait()
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "real-time sampling is required but not allowed" in out.stderr
+    assert "--sampler-realtime off" in out.stderr
