@@ -445,7 +445,7 @@ class _Run:
         except OSError as exc:
             raise PySpyMissing(f"cannot run py-spy at {self.spy.binary}: {exc}") from exc
         try:
-            # before py-spy attaches (~30 ms of symbol parsing): its threads inherit it
+            # before py-spy attaches (~30 ms of symbol parsing): its threads inherit the nice
             self.priority_problem = self.spy.raise_priority(self.proc.pid)
         except SamplingError:
             self.proc.kill()
@@ -462,9 +462,12 @@ class _Run:
             if "Sampling process" in line:
                 self.marks.setdefault("start", now)
                 self.wake.set()
-                if self.priority_problem is None and self.spy.realtime != "off":
-                    # again, for any thread py-spy started before the first call
-                    self.priority_problem = sched.make_realtime(self.proc.pid)
+                if self.spy.priority != "off":
+                    # again: threads started since do not inherit the custom slice
+                    try:
+                        self.priority_problem = self.spy.raise_priority(self.proc.pid)
+                    except SamplingError as exc:  # 'required': the window notes say why
+                        self.priority_problem = str(exc)
             elif "Stopped sampling" in line or "Wrote " in line:
                 self.marks.setdefault("end", now)
                 self.wake.set()
@@ -534,36 +537,39 @@ class PySpy:
         binary: str | Path | None = None,
         *,
         kill_grace_s: float = 10.0,
-        realtime: str = "auto",
+        priority: str = "auto",
     ) -> None:
-        """realtime: 'auto' | 'required' | 'off': run py-spy under SCHED_FIFO so its
-        samples are not pulled towards the target's system calls (collectors/sched.py).
-        'required' raises SamplingError here when this process may not do that."""
-        if realtime not in sched.MODES:
-            raise ValueError(f"realtime must be one of {sched.MODES}, got {realtime!r}")
+        """priority: 'auto' | 'required' | 'off': give py-spy a short scheduler slice and
+        nice -20 so its samples are not pulled towards the target's system calls
+        (collectors/sched.py). 'required' raises SamplingError here when this process
+        may not renice."""
+        if priority not in sched.MODES:
+            raise ValueError(f"priority must be one of {sched.MODES}, got {priority!r}")
         self.binary = Path(binary) if binary is not None else find_pyspy()
         self.kill_grace_s = kill_grace_s
-        self.realtime = realtime
-        # why real-time priority is not used (None: it is, or it is off by choice)
-        self.realtime_problem: str | None = None
-        if realtime != "off":
-            self.realtime_problem = sched.permission_problem()
-            if self.realtime_problem and realtime == "required":
+        self.priority = priority
+        # why py-spy cannot have nice -20 (None: it can, or priority is off)
+        self.nice_problem: str | None = None
+        if priority != "off":
+            self.nice_problem = sched.nice_problem()
+            if self.nice_problem and priority == "required":
                 raise SamplingError(
-                    f"real-time sampling is required but not allowed: "
-                    f"{self.realtime_problem}; {sched.FIX}"
+                    f"sampler priority is required but not allowed: {self.nice_problem}; "
+                    f"{sched.FIX}"
                 )
 
     def raise_priority(self, pyspy_pid: int) -> str | None:
-        """Apply the realtime mode to a py-spy just started; returns why it runs at
-        normal priority (None: real-time, or off by choice). 'required' raises."""
-        if self.realtime == "off" or self.realtime_problem:
-            return self.realtime_problem
-        problem = sched.make_realtime(pyspy_pid)
-        if problem and self.realtime == "required":
-            raise SamplingError(
-                f"real-time sampling is required but failed: {problem}; {sched.FIX}"
-            )
+        """Apply the priority mode to a py-spy just started (and again once it has
+        started its threads); returns what could not be applied (None: all of it, or
+        off by choice). 'required' raises."""
+        if self.priority == "off":
+            return None
+        problems = sched.make_prompt(pyspy_pid, nice=self.nice_problem is None)
+        if self.nice_problem:
+            problems.insert(0, self.nice_problem)
+        problem = "; ".join(problems) or None
+        if problem and self.priority == "required":
+            raise SamplingError(f"sampler priority is required but failed: {problem}; {sched.FIX}")
         return problem
 
     def probe(self, pid: int, *, procfs: Path = Path("/proc")) -> None:
@@ -695,8 +701,8 @@ class PySpy:
         problems = sorted({run.priority_problem for run in runs if run.priority_problem})
         if problems:
             note = (
-                f"py-spy ran at normal priority ({'; '.join(problems)}): under CPU "
-                "contention its samples gather after the target's system calls "
+                f"py-spy ran without its scheduling priority ({'; '.join(problems)}): under "
+                "CPU contention its samples gather after the target's system calls "
                 "(docs/sampling.md)"
             )
             result = replace(

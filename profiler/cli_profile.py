@@ -60,9 +60,10 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
         "--pyspy", type=Path, metavar="PATH", help="py-spy binary (default: next to python)"
     )
     parser.add_argument(
-        "--sampler-realtime", choices=("auto", "required", "off"), default="auto",
-        help="run py-spy under SCHED_FIFO so samples are not pulled towards the target's "
-        "system calls on a busy node: auto (fall back with a note), required, off",
+        "--sampler-priority", choices=("auto", "required", "off"), default="auto",
+        help="give py-spy a 0.1 ms scheduler slice and nice -20 so samples are not pulled "
+        "towards the target's system calls on a busy node: auto (apply what is allowed, "
+        "note the rest), required, off",
     )  # fmt: skip
     parser.add_argument(
         "--path.procfs", dest="procfs", type=Path, default=Path("/proc"), metavar="DIR",
@@ -161,7 +162,7 @@ def prepare_energy(args: argparse.Namespace) -> None:
 
 def make_pyspy(args: argparse.Namespace) -> PySpy:
     try:
-        return PySpy(args.pyspy, realtime=getattr(args, "sampler_realtime", "auto"))
+        return PySpy(args.pyspy, priority=getattr(args, "sampler_priority", "auto"))
     except SamplingError as exc:
         raise UsageError(str(exc)) from exc
 

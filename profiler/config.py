@@ -95,7 +95,7 @@ class Config:
     window_s: float = 10.0
     rescan_s: float = 5.0
     max_concurrent_samplers: int = 8
-    sampler_realtime: str = "auto"  # 'auto' | 'required' | 'off' (collectors/sched.py)
+    sampler_priority: str = "auto"  # 'auto' | 'required' | 'off' (collectors/sched.py)
     targets: tuple[TargetSpec, ...] = ()
     rapl: str = "auto"  # 'auto' | 'required' | 'off'
     nvml: str = "auto"  # 'auto' | 'required' | 'off'
@@ -433,7 +433,7 @@ _TOP_KEYS = (
     "window_s",
     "rescan_s",
     "max_concurrent_samplers",
-    "sampler_realtime",
+    "sampler_priority",
     "log_level",
     "targets",
     "collectors",
@@ -462,7 +462,7 @@ def _check_document(c: _Checker, root: yaml.Node | None) -> dict[str, Any]:
             p, n, integer=True, minimum=1, maximum=1024
         ),
         "log_level": lambda p, n: c.choice(p, n, {lv: lv for lv in LOG_LEVELS}),
-        "sampler_realtime": lambda p, n: c.choice(p, n, _ENABLED),
+        "sampler_priority": lambda p, n: c.choice(p, n, _ENABLED),
     }
     for key, check in simple.items():
         if key in keys:

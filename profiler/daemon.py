@@ -257,15 +257,15 @@ class Daemon:
             log.error("cannot load codepath rules %s: %s", [str(p) for p in cfg.rules_files], exc)
             return EXIT_CONFIG
         try:
-            self._pyspy = PySpy(realtime=cfg.sampler_realtime)
+            self._pyspy = PySpy(priority=cfg.sampler_priority)
         except SamplingError as exc:
-            log.error("sampler_realtime: %s", exc)
+            log.error("sampler_priority: %s", exc)
             return EXIT_CONFIG
-        if self._pyspy.realtime_problem:
+        if self._pyspy.nice_problem:
             log.warning(
-                "py-spy runs at normal priority (%s): on a busy node its samples gather "
+                "py-spy runs without nice -20 (%s): on a busy node its samples may gather "
                 "after the targets' system calls (docs/sampling.md)",
-                self._pyspy.realtime_problem,
+                self._pyspy.nice_problem,
             )
         try:
             self._energy = EnergySide(cfg, nvml_backend=self._nvml_backend)
@@ -670,7 +670,7 @@ class Daemon:
             "rapl",
             "nvml",
             "cpu_tdp_w",
-            "sampler_realtime",
+            "sampler_priority",
         )
         for name in fixed:
             if getattr(new, name) != getattr(old, name):
