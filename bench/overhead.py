@@ -14,10 +14,14 @@ Each ratio is printed with a 95% confidence interval of its mean over the pairs
 (Student t): the goal is confirmed only when the interval's lower end is >= 0.99,
 and refuted only when its upper end is below it.
 
-It also prints ops per CPU-second of the target (from its time.process_time()),
-profiled over unprofiled: on a machine shared with other load, wall-clock throughput
-mostly measures the other load; this ratio measures what profiling does to the
-target's own efficiency.
+It also splits the throughput ratio into its two factors:
+- the target's CPU share of wall time (its time.process_time() over wall), profiled
+  over unprofiled: the CPU the target was denied, e.g. while py-spy ran on its CPU.
+  The bench also prints the target's run-queue wait (/proc/<pid>/schedstat) per phase,
+  as the kernel measured it;
+- ops per CPU-second of the target, profiled over unprofiled: what profiling does to the
+  target's own efficiency (caches; nonblocking py-spy never stops it). On a shared VM
+  this factor carries the host's noise.
 
 Goal: profiled / unprofiled throughput >= 0.99.
 """
@@ -98,14 +102,25 @@ def main() -> int:
     threading.Thread(target=read, daemon=True).start()
 
     per_cpu: dict[int, float] = {}
+    cpu_share: dict[int, float] = {}
+    wait_share: dict[int, float] = {}
 
-    def rate(t0: float, t1: float) -> float:
+    def schedstat() -> tuple[float, float]:
+        """(time.monotonic(), the target's run-queue wait in s) from the kernel."""
+        fields = Path(f"/proc/{proc.pid}/schedstat").read_text().split()
+        return time.monotonic(), int(fields[1]) / 1e9
+
+    def rate(t0: float, t1: float, wait0: tuple[float, float]) -> float:
         inside = [p for p in points if t0 <= p[0] <= t1]
         if len(inside) < 2:
             raise SystemExit(f"too few counter points in [{t0}, {t1}]")
         (ta, na, ca), (tb, nb, cb) = inside[0], inside[-1]
+        i = len(per_cpu)
         # ops per CPU second of the target: insensitive to other load on the machine
-        per_cpu[len(per_cpu)] = (nb - na) / max(1e-9, cb - ca)
+        per_cpu[i] = (nb - na) / max(1e-9, cb - ca)
+        cpu_share[i] = (cb - ca) / (tb - ta)
+        now, wait = schedstat()
+        wait_share[i] = (wait - wait0[1]) / (now - wait0[0])
         return (nb - na) / (tb - ta)
 
     phases: list[tuple[str, float]] = []
@@ -118,29 +133,31 @@ def main() -> int:
         ).run()  # fmt: skip
         time.sleep(1.0)
         for _ in range(args.pairs):
-            t0 = time.time()
+            t0, w0 = time.time(), schedstat()
             time.sleep(args.phase)
-            phases.append(("A", rate(t0 + 0.3, time.time() - 0.1)))
-            t0 = time.time()
+            phases.append(("A", rate(t0 + 0.3, time.time() - 0.1, w0)))
+            t0, w0 = time.time(), schedstat()
             ProfileSession(
                 proc.pid, classifier=classifier, rate_hz=args.rate, window_s=args.phase,
                 duration_s=args.phase, follow_children=False, progress=None,
             ).run()  # fmt: skip
-            phases.append(("B", rate(t0 + 0.3, time.time() - 0.1)))
-        t0 = time.time()
+            phases.append(("B", rate(t0 + 0.3, time.time() - 0.1, w0)))
+        t0, w0 = time.time(), schedstat()
         time.sleep(args.phase)
-        phases.append(("A", rate(t0 + 0.3, time.time() - 0.1)))
+        phases.append(("A", rate(t0 + 0.3, time.time() - 0.1, w0)))
     finally:
         proc.kill()
         proc.wait()
     ratios = []
     cpu_ratios = []
+    share_ratios = []
     eff = [per_cpu[i] for i in range(len(phases))]
     for i, (kind, r) in enumerate(phases):
         if kind == "B":
             neighbours = (phases[i - 1][1] + phases[i + 1][1]) / 2
             ratios.append(r / neighbours)
             cpu_ratios.append(eff[i] / ((eff[i - 1] + eff[i + 1]) / 2))
+            share_ratios.append(cpu_share[i] / ((cpu_share[i - 1] + cpu_share[i + 1]) / 2))
     a = [r for k, r in phases if k == "A"]
     b = [r for k, r in phases if k == "B"]
     print(
@@ -154,9 +171,18 @@ def main() -> int:
         f"throughput ratio profiled/unprofiled: {mean:.4f} (95% CI {lo:.4f}..{hi:.4f}; "
         f"min {min(ratios):.3f}, max {max(ratios):.3f}): {verdict(lo, hi)}"
     )
+    smean, slo, shi = mean_ci95(share_ratios)
+    wait_a = [wait_share[i] * 100 for i, (k, _) in enumerate(phases) if k == "A"]
+    wait_b = [wait_share[i] * 100 for i, (k, _) in enumerate(phases) if k == "B"]
+    print(
+        f"factor 1, target CPU share of wall, profiled/unprofiled: {smean:.4f} "
+        f"(95% CI {slo:.4f}..{shi:.4f}); run-queue wait (schedstat) "
+        f"unprofiled {statistics.mean(wait_a):.2f}% of wall, profiled "
+        f"{statistics.mean(wait_b):.2f}%"
+    )
     cmean, clo, chi = mean_ci95(cpu_ratios)
     print(
-        "ops per target CPU-second, profiled/unprofiled (insensitive to machine load): "
+        "factor 2, ops per target CPU-second, profiled/unprofiled: "
         + ", ".join(f"{x:.3f}" for x in cpu_ratios)
         + f"; mean {cmean:.4f} (95% CI {clo:.4f}..{chi:.4f}): {verdict(clo, chi)}"
     )

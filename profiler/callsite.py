@@ -20,9 +20,11 @@ import ast
 import io
 import os
 import re
+import threading
 import time
 import tokenize
 import unicodedata
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -469,8 +471,24 @@ class _Entry:
     filtered: bool = False
 
 
+# Parsed files shared by every SourceCache in the process, keyed by the file's identity
+# and version (st_dev, st_ino, mtime_ns, size). Targets' frames name their files through
+# /proc/<pid>/root, so each process of a job, and each restart, is a new path to the same
+# inode, and the daemon keeps one classifier (one SourceCache) per concurrent window:
+# without this, one file was parsed once per (process, classifier) pair and the daemon's
+# RSS kept growing as processes came and went (docs/daemon.md). Weak values: an index
+# lives as long as some cache holds it.
+_SHARED: weakref.WeakValueDictionary[tuple[int, int, int, int], SourceIndex] = (
+    weakref.WeakValueDictionary()
+)
+_SHARED_LOCK = threading.Lock()
+
+
 class SourceCache:
     """Parsed sources keyed by path, revalidated by (mtime, size) at most every `stat_ttl_s`.
+
+    A file already parsed by any cache in the process (same inode and version) is
+    reused, not parsed again (`shared_hits`).
 
     `generation` increases whenever a cached file changes, so callers that memoize
     results derived from sources know to drop them.
@@ -483,6 +501,7 @@ class SourceCache:
         self.sweeps = 0
         self.parses = 0
         self.filtered = 0  # files the prefilter read and did not parse
+        self.shared_hits = 0  # files another path or cache had parsed already
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._last_sweep = time.monotonic()
 
@@ -533,24 +552,36 @@ class SourceCache:
         if entry is not None and not (entry.filtered and prefilter is None):
             self._entries.move_to_end(path)
             return entry.index, entry.error, entry.key[0] if entry.key else None
-        key = self._stat_key(path) if entry is None else entry.key
+        try:
+            st = os.stat(path)
+        except OSError:
+            st = None
+        key = (st.st_mtime_ns, st.st_size) if st is not None else None
         index: SourceIndex | None = None
         error: str | None = None
         filtered = False
-        if key is None:
+        if st is None:
             error = "source not readable"
         else:
-            try:
-                text = read_source(Path(path))
-                package = package_of(Path(path))
-                if prefilter is not None and not prefilter.may_match(text, package):
-                    filtered = True
-                    self.filtered += 1
-                else:
-                    index = SourceIndex(text, path, package)
-                    self.parses += 1
-            except (OSError, ValueError, SyntaxError, RecursionError, MemoryError) as exc:
-                error = f"source not parsed: {type(exc).__name__}: {exc}"
+            ident = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+            with _SHARED_LOCK:
+                index = _SHARED.get(ident)
+            if index is not None:
+                self.shared_hits += 1
+            else:
+                try:
+                    text = read_source(Path(path))
+                    package = package_of(Path(path))
+                    if prefilter is not None and not prefilter.may_match(text, package):
+                        filtered = True
+                        self.filtered += 1
+                    else:
+                        index = SourceIndex(text, path, package)
+                        self.parses += 1
+                        with _SHARED_LOCK:
+                            index = _SHARED.setdefault(ident, index)
+                except (OSError, ValueError, SyntaxError, RecursionError, MemoryError) as exc:
+                    error = f"source not parsed: {type(exc).__name__}: {exc}"
         self._entries[path] = _Entry(key, index, error, time.monotonic(), filtered)
         self._entries.move_to_end(path)
         if len(self._entries) > self.max_files:

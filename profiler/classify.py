@@ -63,6 +63,8 @@ class Explanation:
 class ClassifierStats:
     samples: int = 0
     stack_cache_hits: int = 0
+    # source files this classifier needed parsed: parsed here, or reused from another
+    # path or cache in the process (profiler/callsite.py _SHARED)
     source_parses: int = 0
     callsite_lookups: int = 0
     sources_unavailable: int = 0
@@ -215,9 +217,10 @@ class Classifier:
         if key in self._callsite_memo:
             return self._callsite_memo[key]
         self.stats.callsite_lookups += 1
-        parses, filtered = self._sources.parses, self._sources.filtered
-        index, error, _mtime = self._sources.get(path, self._prefilter)
-        self.stats.source_parses += self._sources.parses - parses
+        src = self._sources
+        parses, shared, filtered = src.parses, src.shared_hits, src.filtered
+        index, error, _mtime = src.get(path, self._prefilter)
+        self.stats.source_parses += src.parses - parses + src.shared_hits - shared
         self.stats.sources_prefiltered += self._sources.filtered - filtered
         result: CallsiteMatch | None = None
         if index is None:

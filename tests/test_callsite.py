@@ -356,3 +356,32 @@ def test_every_line_of_real_stdlib_files(module: str) -> None:
     n_calls = sum(isinstance(n, ast.Call) for n in ast.walk(index.tree))
     assert len(seen) >= 0.9 * n_calls  # distinct (span, name); a few repeat on one line
     assert index.package == (module.rsplit(".", 1)[0] if "." in module else None)
+
+
+def test_one_file_is_parsed_once_across_paths_and_caches(tmp_path: Path) -> None:
+    """A target's frames name files through /proc/<pid>/root, so every process (and the
+    daemon's one cache per concurrent window) reaches the same inode by another path."""
+    import gc
+
+    from profiler import callsite
+
+    f = tmp_path / "job.py"
+    f.write_text("import pickle\nblob = pickle.dumps({})\n")
+    via_root = f"/proc/{os.getpid()}/root{f}"
+    a, b = SourceCache(), SourceCache()
+    index_a, err, _ = a.get(str(f))
+    index_b, err_b, _ = b.get(via_root)
+    assert err is None and err_b is None and index_a is not None
+    assert index_b is index_a
+    assert (a.parses, b.parses, b.shared_hits) == (1, 0, 1)
+    assert index_b.calls_at(2).calls  # the shared index answers for either path
+    # a new version of the file is a new parse, not the old tree
+    f.write_text("import json\n\ntext = json.dumps({})\n")
+    c = SourceCache()
+    index_c, _, _ = c.get(via_root)
+    assert index_c is not None and index_c is not index_a and c.parses == 1
+    # weak: once no cache holds a version, the process forgets it
+    key = next(k for k, v in callsite._SHARED.items() if v is index_a)
+    del a, b, index_a, index_b
+    gc.collect()
+    assert key not in callsite._SHARED
