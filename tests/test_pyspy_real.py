@@ -342,3 +342,37 @@ def test_pyspy_binary_is_injectable(tmp_path: Path, classifier: Classifier) -> N
         p.kill()
         p.wait()
     assert w.samples and w.ticks > 10
+
+
+def test_pyspy_runs_without_rust_backtrace(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """RUST_BACKTRACE=1 makes py-spy ~10% costlier (collectors/pyspy.py pyspy_env)."""
+    monkeypatch.setenv("RUST_BACKTRACE", "1")
+    monkeypatch.setenv("SERWATT_TEST_MARK", "kept")
+    p = start("3.12.1", "while True:\n    pass\n", tmp_path)
+    environs: list[bytes] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            for entry in os.listdir("/proc"):
+                try:
+                    if entry.isdigit() and Path(f"/proc/{entry}/comm").read_text() == "py-spy\n":
+                        environs.append(Path(f"/proc/{entry}/environ").read_bytes())
+                except OSError:
+                    continue
+            stop.wait(0.1)
+
+    watcher = threading.Thread(target=watch)
+    try:
+        time.sleep(0.3)
+        watcher.start()
+        PySpy().record_window(p.pid, duration_s=1.5, rate_hz=50)
+    finally:
+        stop.set()
+        watcher.join()
+        p.kill()
+        p.wait()
+    assert environs, "never saw py-spy"
+    for env in environs:
+        names = {item.split(b"=", 1)[0] for item in env.split(b"\0") if item}
+        assert b"SERWATT_TEST_MARK" in names and b"RUST_BACKTRACE" not in names
