@@ -281,8 +281,15 @@ def test_long_profile_accumulates_beyond_the_tracker_history(tmp_path: Path) -> 
     procfs.mkdir()
     tree = build_powercap(sysfs, dram=False, psys=False)
     (procfs / "stat").write_text(_stat(0, 0))
+    # A fixed boot time: the fake clock steps in whole seconds, so NVML samples fall
+    # exactly on window edges, and the default (this host's real, fractional boot time)
+    # decided by µs rounding which side of an edge 1 s of coverage landed on (1 run in 3
+    # failed below with covered_s 999.0 for 1000 s).
     fake = ReplayNvmlBackend(
-        load_timeline("h200_checkpoint_stall"), target_pids=[TARGET], clock=clock
+        load_timeline("h200_checkpoint_stall"),
+        target_pids=[TARGET],
+        clock=clock,
+        boot_epoch=clock() - 10_000.0,
     )
     tr = EnergyTracker(sysfs, procfs, nvml_backend=fake, clock=clock)
     tr.nvml._boottime = fake.boottime
