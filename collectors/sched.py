@@ -23,8 +23,9 @@ SCHED_FIFO also fixed the accuracy, but a real-time task wakes on the CPU it las
 and preempts whatever runs there. It took 3.8-4.5% of a busy target's time at 100 Hz,
 against 0.2% for this scheme.
 
-Measured, two-thread bench/accuracy.py max error: default scheduling 5.2-6.8 pp; slice
-only 1.20 pp; nice -20 only 2.68 pp; both 0.75 and 1.44 pp.
+Measured, two-thread bench/accuracy.py max error: default scheduling 5.2-6.8 pp; both
+0.38, 1.10 and 0.41 pp (idle VM). Single trial runs with one more busy process on the
+VM: slice only 1.20 pp, nice -20 only 2.68 pp, both 0.75 and 1.44 pp.
 
 Modes, as for the energy collectors: 'auto' (apply what is possible and note what was
 not), 'required' (fail unless both apply), 'off'.
