@@ -11,6 +11,7 @@ import argparse
 import subprocess
 import sys
 
+from collectors.pyspy import SamplingError
 from profiler.cli import EXIT_RUNTIME, UsageError
 from profiler.cli_profile import (
     BAD_INPUT_ERRORS,
@@ -60,6 +61,12 @@ def run(args: argparse.Namespace) -> int:
         proc.kill()
         proc.wait()
         raise UsageError(str(exc)) from exc
+    except SamplingError as exc:
+        # serwatt's own sampling failed (not the user's input): say so, stop the workload
+        proc.kill()
+        proc.wait()
+        print(f"serwatt demo: error: {exc}", file=sys.stderr)
+        return EXIT_RUNTIME
     finally:
         if proc.poll() is None:
             proc.wait()

@@ -28,3 +28,27 @@ def test_demo_profiles_every_kind_of_work(tmp_path: Path) -> None:
     assert lines[head].split()[:3] == ["codepath", "samples", "CPU-s"]
     assert {ln.split()[0] for ln in lines[head + 1 : head + 11]} == set(cps)
     assert "sampler:" in r.stdout and "elapsed" in r.stderr
+
+
+def test_a_failing_sampler_is_an_error_line_not_a_traceback(tmp_path: Path) -> None:
+    """Fault injection: a py-spy that can never read the workload. The demo must say
+    so, stop its workload and exit 1, without a traceback and without waiting out
+    the workload's 60 s."""
+    import time
+
+    broken = tmp_path / "py-spy"
+    broken.write_text("#!/bin/sh\necho 'Error: Failed to get stack traces'\nexit 1\n")
+    broken.chmod(0o755)
+    t0 = time.monotonic()
+    r = subprocess.run(
+        [sys.executable, "-m", "profiler", "demo", "--duration", "60", "--pyspy", str(broken)],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 1, r.stderr
+    assert "serwatt demo: error: py-spy failed" in r.stderr
+    assert "Failed to get stack traces" in r.stderr and "Traceback" not in r.stderr
+    assert time.monotonic() - t0 < 30
+    leftover = subprocess.run(
+        ["pgrep", "-f", "profiler.workloads.demo --duration 60"], capture_output=True, text=True
+    )
+    assert leftover.stdout == "", "the workload was left running"
