@@ -297,6 +297,12 @@ def _profile_command(args: argparse.Namespace, cmd: list[str], spy: PySpy, class
     except BAD_INPUT_ERRORS as exc:
         _stop_child(proc)
         raise UsageError(str(exc)) from exc
+    except SamplingError as exc:
+        # raised once the session is over (the command's first window never sampled):
+        # the command itself is not stopped for a failure of serwatt's
+        print(f"serwatt profile: error: {exc}", file=sys.stderr)
+        proc.wait()
+        return EXIT_RUNTIME
     except KeyboardInterrupt:
         _stop_child(proc)
         raise

@@ -222,3 +222,24 @@ def test_signal_ends_an_attach_profile_with_the_table(sig: signal.Signals, tmp_p
     assert "share [95% CI]" in stdout
     doc = json.loads(out.read_text())
     assert doc["codepaths"]["json"]["samples"] > 20
+
+
+def test_a_sampler_that_never_works_is_an_error_and_the_command_still_completes(
+    tmp_path: Path,
+) -> None:
+    """Fault injection: a py-spy that can never read the command. serwatt must not stop
+    the user's command for its own failure; it says what failed and exits 1."""
+    broken = tmp_path / "py-spy"
+    broken.write_text("#!/bin/sh\necho 'Error: Failed to get stack traces'\nexit 1\n")
+    broken.chmod(0o755)
+    done = tmp_path / "done"
+    cmd = f"import pathlib, time; time.sleep(2); pathlib.Path({str(done)!r}).write_text('ok')"
+    r = subprocess.run(
+        [sys.executable, "-m", "profiler", "profile", "--pyspy", str(broken), "--",
+         PY312, "-c", cmd],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 1, r.stderr
+    assert "serwatt profile: error:" in r.stderr and "Failed to get stack traces" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert done.read_text() == "ok"  # the command ran to its end
