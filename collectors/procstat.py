@@ -105,6 +105,14 @@ def read_thread(pid: int, tid: int, procfs: Path = Path("/proc")) -> ThreadCpu:
     return ThreadCpu(tid=tid, comm=comm, stat_ticks=ticks, sched_ns=sched_ns, state=state)
 
 
+def thread_ids(pid: int, procfs: Path = Path("/proc")) -> set[int]:
+    """The kernel tids of `pid` now; empty when the process is gone or unreadable."""
+    try:
+        return {int(name) for name in os.listdir(procfs / str(pid) / "task") if name.isdigit()}
+    except OSError:
+        return set()
+
+
 def snapshot(pid: int, procfs: Path = Path("/proc")) -> CpuSnapshot:
     """Read every thread of `pid`. Threads that exit between listing and reading are skipped."""
     t = time.time()

@@ -276,10 +276,7 @@ def map_threads(
             method[tr.label] = "pyspy"
     pending = [tr for tr in tracks if tr.label not in tid_of and tr.pthread_id is not None]
     if pending:
-        try:
-            live = set(int(t) for t in os.listdir(procfs / str(pid) / "task") if t.isdigit())
-        except OSError:
-            live = set()
+        live = procstat.thread_ids(pid, procfs)
         if live:
             for offset in _PTHREAD_TID_OFFSETS:
                 addrs = [tr.pthread_id + offset for tr in pending if tr.pthread_id is not None]
@@ -478,12 +475,11 @@ class _Run:
             if "Sampling process" in line:
                 self.marks.setdefault("start", now)
                 self.wake.set()
-                if self.spy.priority != "off":
-                    # again: threads started since do not inherit the custom slice
-                    try:
-                        self.priority_problem = self.spy.raise_priority(self.proc.pid)
-                    except SamplingError as exc:  # 'required': the window notes say why
-                        self.priority_problem = str(exc)
+                # again: threads started since do not inherit the custom slice
+                try:
+                    self.priority_problem = self.spy.raise_priority(self.proc.pid)
+                except SamplingError as exc:  # 'required': the window notes say why
+                    self.priority_problem = str(exc)
             elif "Stopped sampling" in line or "Wrote " in line:
                 self.marks.setdefault("end", now)
                 self.wake.set()
@@ -790,15 +786,8 @@ class PySpy:
             started_at=started_at,
             ended_at=ended_at,
             rate_hz=rate_hz,
-            alive_tids=_live_tids(pid, procfs),
+            alive_tids=procstat.thread_ids(pid, procfs),
         )
-
-
-def _live_tids(pid: int, procfs: Path) -> set[int]:
-    try:
-        return {int(t) for t in os.listdir(procfs / str(pid) / "task") if t.isdigit()}
-    except OSError:
-        return set()
 
 
 def assemble_samples(

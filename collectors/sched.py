@@ -41,6 +41,8 @@ import resource
 import struct
 from pathlib import Path
 
+from collectors import procstat
+
 MODES = ("auto", "required", "off")
 SLICE_NS = 100_000  # 0.1 ms: the shortest custom slice the kernel accepts
 NICE = -20
@@ -87,28 +89,29 @@ def nice_problem(procfs: Path = Path("/proc")) -> str | None:
     return "nice -20 not allowed (no CAP_SYS_NICE, RLIMIT_NICE below 40)"
 
 
-def get_attr(tid: int) -> tuple[int, int, int]:
-    """(policy, nice, slice in ns) of a thread; slice 0 where the kernel has none."""
+def _syscall(which: int, *args: object) -> None:
+    """sched_setattr (which=0) or sched_getattr (1); OSError with the kernel's errno."""
     calls = _syscalls()
     if calls is None:
         raise OSError(
-            errno.ENOSYS, f"sched_getattr: unknown syscall number on {platform.machine()}"
+            errno.ENOSYS, f"sched_setattr: unknown syscall number on {platform.machine()}"
         )
-    buf = ctypes.create_string_buffer(_ATTR.size)
-    if _libc.syscall(calls[1], tid, buf, _ATTR.size, 0) != 0:
+    if _libc.syscall(calls[which], *args) != 0:
         e = ctypes.get_errno()
         raise OSError(e, os.strerror(e))
+
+
+def get_attr(tid: int) -> tuple[int, int, int]:
+    """(policy, nice, slice in ns) of a thread; slice 0 where the kernel has none."""
+    buf = ctypes.create_string_buffer(_ATTR.size)
+    _syscall(1, tid, buf, _ATTR.size, 0)
     _size, policy, _flags, nice, _prio, runtime, *_ = _ATTR.unpack(buf.raw)
     return policy, nice, runtime
 
 
 def _set_attr(tid: int, nice: int) -> None:
-    calls = _syscalls()
-    assert calls is not None
     attr = _ATTR.pack(_ATTR.size, _SCHED_OTHER, 0, nice, 0, SLICE_NS, 0, 0, 0, 0)
-    if _libc.syscall(calls[0], tid, ctypes.create_string_buffer(attr), 0) != 0:
-        e = ctypes.get_errno()
-        raise OSError(e, os.strerror(e))
+    _syscall(0, tid, ctypes.create_string_buffer(attr), 0)
 
 
 def make_prompt(pid: int, *, nice: bool, procfs: Path = Path("/proc")) -> list[str]:
@@ -118,13 +121,9 @@ def make_prompt(pid: int, *, nice: bool, procfs: Path = Path("/proc")) -> list[s
     threads. A thread that exits meanwhile is skipped."""
     if _syscalls() is None:
         return [f"sched_setattr: unknown syscall number on {platform.machine()}"]
-    try:
-        tids = [int(t) for t in os.listdir(procfs / str(pid) / "task") if t.isdigit()]
-    except OSError:
-        tids = [pid]
     problems: set[str] = set()
     done = 0
-    for tid in tids or [pid]:
+    for tid in sorted(procstat.thread_ids(pid, procfs)) or [pid]:
         try:
             # without the privilege keep the thread's nice (lowering it would be refused)
             _set_attr(tid, NICE if nice else get_attr(tid)[1])

@@ -506,12 +506,16 @@ class SourceCache:
         self._last_sweep = time.monotonic()
 
     @staticmethod
-    def _stat_key(path: str) -> tuple[int, int] | None:
+    def _stat(path: str) -> os.stat_result | None:
         try:
-            st = os.stat(path)
+            return os.stat(path)
         except OSError:
             return None
-        return (st.st_mtime_ns, st.st_size)
+
+    @classmethod
+    def _stat_key(cls, path: str) -> tuple[int, int] | None:
+        st = cls._stat(path)
+        return (st.st_mtime_ns, st.st_size) if st is not None else None
 
     def revalidate(self, now: float | None = None) -> bool:
         """Re-stat every cached file if the TTL passed; True when something changed."""
@@ -552,10 +556,7 @@ class SourceCache:
         if entry is not None and not (entry.filtered and prefilter is None):
             self._entries.move_to_end(path)
             return entry.index, entry.error, entry.key[0] if entry.key else None
-        try:
-            st = os.stat(path)
-        except OSError:
-            st = None
+        st = self._stat(path)
         key = (st.st_mtime_ns, st.st_size) if st is not None else None
         index: SourceIndex | None = None
         error: str | None = None

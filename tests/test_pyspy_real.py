@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from collectors import procstat
 from collectors.pyspy import (
     NotPython,
     PtraceDenied,
@@ -82,6 +83,18 @@ def start(version: str, script: str, tmp: Path, *args: str) -> subprocess.Popen[
     path = tmp / "target.py"
     path.write_text(script)
     return subprocess.Popen([interpreter(version), str(path), *args])
+
+
+def pyspy_children(parent: int) -> list[int]:
+    """The py-spy processes `parent` has started and that are running now."""
+    found = []
+    for pid in procstat.children(parent):
+        try:
+            if Path(f"/proc/{pid}/comm").read_text() == "py-spy\n":
+                found.append(pid)
+        except OSError:
+            continue
+    return found
 
 
 def wait_for(path: Path, timeout_s: float = 30.0) -> None:
@@ -355,10 +368,9 @@ def test_pyspy_runs_without_rust_backtrace(monkeypatch: pytest.MonkeyPatch, tmp_
 
     def watch() -> None:
         while not stop.is_set():
-            for entry in os.listdir("/proc"):
+            for pid in pyspy_children(os.getpid()):
                 try:
-                    if entry.isdigit() and Path(f"/proc/{entry}/comm").read_text() == "py-spy\n":
-                        environs.append(Path(f"/proc/{entry}/environ").read_bytes())
+                    environs.append(Path(f"/proc/{pid}/environ").read_bytes())
                 except OSError:
                     continue
             stop.wait(0.1)

@@ -19,10 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from collectors import sched
+from collectors import procstat, sched
 from collectors.pyspy import PySpy
 from profiler.config import ConfigError, parse_config
 from tests.test_daemon_support import PYTHON, config_text, free_port
+from tests.test_pyspy_real import pyspy_children
 from tests.test_systemd import as_nobody
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,19 +35,12 @@ KERNEL_HAS_SLICES = sched.get_attr(os.getpid())[2] > 0
 def _pyspy_attrs(parent: int, stop: threading.Event, seen: list[tuple[float, tuple]]) -> None:
     """Every 50 ms: (policy, nice, slice) of each thread of each py-spy child of `parent`."""
     while not stop.is_set():
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-                comm = stat[stat.index("(") + 1 : stat.rindex(")")]
-                ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
-                if comm != "py-spy" or ppid != parent:
+        for pid in pyspy_children(parent):
+            for tid in procstat.thread_ids(pid):
+                try:
+                    seen.append((time.monotonic(), sched.get_attr(tid)))
+                except OSError:
                     continue
-                for tid in os.listdir(f"/proc/{entry}/task"):
-                    seen.append((time.monotonic(), sched.get_attr(int(tid))))
-            except (OSError, ValueError):
-                continue
         stop.wait(0.05)
 
 
