@@ -95,6 +95,7 @@ class Config:
     window_s: float = 10.0
     rescan_s: float = 5.0
     max_concurrent_samplers: int = 8
+    cpu_budget_cores: float | None = None  # profiler/budget.py; None: always sample_rate_hz
     sampler_priority: str = "auto"  # 'auto' | 'required' | 'off' (collectors/sched.py)
     targets: tuple[TargetSpec, ...] = ()
     rapl: str = "auto"  # 'auto' | 'required' | 'off'
@@ -433,6 +434,7 @@ _TOP_KEYS = (
     "window_s",
     "rescan_s",
     "max_concurrent_samplers",
+    "cpu_budget_cores",
     "sampler_priority",
     "log_level",
     "targets",
@@ -460,6 +462,9 @@ def _check_document(c: _Checker, root: yaml.Node | None) -> dict[str, Any]:
         "rescan_s": lambda p, n: c.number(p, n, minimum=0.1, maximum=3600),
         "max_concurrent_samplers": lambda p, n: c.number(
             p, n, integer=True, minimum=1, maximum=1024
+        ),
+        "cpu_budget_cores": lambda p, n: c.number(
+            p, n, minimum=0, exclusive_minimum=True, maximum=1024, nullable=True
         ),
         "log_level": lambda p, n: c.choice(p, n, {lv: lv for lv in LOG_LEVELS}),
         "sampler_priority": lambda p, n: c.choice(p, n, _ENABLED),

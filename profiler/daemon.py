@@ -26,6 +26,7 @@ import argparse
 import contextlib
 import dataclasses
 import logging
+import os
 import signal
 import sys
 import threading
@@ -37,6 +38,7 @@ from typing import Any
 
 from collectors.pyspy import PySpy, SamplingError, StopEvent
 from profiler import __version__
+from profiler.budget import RateGovernor
 from profiler.cli import EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME
 from profiler.codepaths import CODEPATHS
 from profiler.config import Config, ConfigError, load_config
@@ -205,6 +207,7 @@ class Daemon:
         self._next_rescan = 0.0
         self._next_retention = 0.0
         self._pool = SamplerPool(config.max_concurrent_samplers, self._wake.set)
+        self._governor = RateGovernor(config.cpu_budget_cores, config.sample_rate_hz)
         self._abandoned: list[_Job] = []
         self._in_flight: set[tuple[int, float]] = set()  # keys with a window running
         self._classifiers: ClassifierPool = None  # type: ignore[assignment]
@@ -284,6 +287,7 @@ class Daemon:
             return EXIT_RUNTIME
         self._host = _host_fingerprint(cfg, self._energy.nvml_status if self._energy else None)
         self.ledger.set_targets(t.name for t in cfg.targets)
+        self.ledger.set_sampling(rate_hz=self._governor.rate_hz, budget_cores=cfg.cpu_budget_cores)
         if self._energy is not None:
             self._energy.declare(self.ledger)
         try:
@@ -324,6 +328,7 @@ class Daemon:
     # ------------------------------------------------------------------ main loop
 
     def _loop(self) -> None:
+        mark = _OwnCpu.now()
         while not self._stop_requested:
             slot_start = time.time()
             jobs = self._start_windows()
@@ -334,8 +339,32 @@ class Daemon:
                 # A bug applying one slot must not stop the node's profiling (nor make
                 # systemd restart-loop us): log it loudly and go on with the next slot.
                 log.exception("applying a slot failed; its windows are lost")
-                self.ledger.publish()
+            mark = self._account_own_cpu(mark, sampled=bool(jobs))
+            self.ledger.publish()
             self.notifier.status(self._status_line())
+
+    def _account_own_cpu(self, mark: _OwnCpu, *, sampled: bool) -> _OwnCpu:
+        """Count the slot's own CPU and let the budget set the next windows' rate."""
+        now = _OwnCpu.now()
+        daemon_s, samplers_s = now.daemon_s - mark.daemon_s, now.samplers_s - mark.samplers_s
+        wall_s = now.wall_s - mark.wall_s
+        self.ledger.add_self_cpu("daemon", max(0.0, daemon_s))
+        self.ledger.add_self_cpu("samplers", max(0.0, samplers_s))
+        # A slot without windows says nothing about what sampling costs.
+        if sampled and wall_s > 0:
+            was = self._governor.over_budget
+            rate = self._governor.observe(max(0.0, daemon_s + samplers_s) / wall_s)
+            if self._governor.over_budget and not was:
+                log.warning("cpu_budget_cores cannot be met: %s", self._governor.over_budget)
+            log.debug(
+                "slot used %.4f cores; next windows at %g Hz",
+                (daemon_s + samplers_s) / wall_s,
+                rate,
+            )
+        self.ledger.set_sampling(
+            rate_hz=self._governor.rate_hz, budget_cores=self.config.cpu_budget_cores
+        )
+        return now
 
     def _tick(self) -> None:
         """What the main thread does while it waits: signals, rescans, watchdog."""
@@ -434,7 +463,7 @@ class Daemon:
                 window_s=cfg.window_s,
                 started_mono=now,
             )
-            classifiers, procfs, rate = self._classifiers, cfg.path_procfs, cfg.sample_rate_hz
+            classifiers, procfs, rate = self._classifiers, cfg.path_procfs, self._governor.rate_hz
             spy = self._pyspy
 
             def work(
@@ -685,6 +714,8 @@ class Daemon:
         if classifiers is not None:
             self._classifiers = classifiers
         self._pool.limit = new.max_concurrent_samplers
+        self._governor.reconfigure(new.cpu_budget_cores, new.sample_rate_hz)
+        self.ledger.set_sampling(rate_hz=self._governor.rate_hz, budget_cores=new.cpu_budget_cores)
         _setup_logging(new.log_level)
         self.ledger.set_targets(t.name for t in new.targets)
         if self._energy is not None:
@@ -713,6 +744,21 @@ class Daemon:
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+@dataclass(frozen=True)
+class _OwnCpu:
+    """This process's CPU and its reaped children's (the py-spy windows: the daemon
+    starts no other children), and the wall clock, at one instant."""
+
+    daemon_s: float
+    samplers_s: float
+    wall_s: float
+
+    @staticmethod
+    def now() -> _OwnCpu:
+        t = os.times()
+        return _OwnCpu(t.user + t.system, t.children_user + t.children_system, time.monotonic())
 
 
 class _RequiredCollectorMissing(Exception):

@@ -134,6 +134,27 @@ METRICS: tuple[MetricSpec, ...] = (
         "Seconds the collector's last use took.",
     ),
     MetricSpec(
+        "serwatt_self_cpu_seconds_total",
+        "counter",
+        ("part",),
+        "CPU seconds serwatt itself used: part=daemon (the daemon process, all its threads) "
+        "or samplers (its py-spy processes, counted as each window's py-spy exits).",
+    ),
+    MetricSpec(
+        "serwatt_sample_rate_hz",
+        "gauge",
+        (),
+        "Samples per second the daemon's windows run at now: sample_rate_hz from the "
+        "config, or less while cpu_budget_cores holds it down.",
+    ),
+    MetricSpec(
+        "serwatt_cpu_budget_cores",
+        "gauge",
+        (),
+        "The CPU the daemon and its samplers may use on average, in cores (cpu_budget_cores; "
+        "no series when no budget is configured).",
+    ),
+    MetricSpec(
         "serwatt_build_info",
         "info",
         ("version",),
@@ -171,6 +192,7 @@ _COUNTER_FIELDS: tuple[tuple[str, str], ...] = (
     ("serwatt_gpu_wait_seconds_total", "gpu_wait_s"),
     ("serwatt_gpu_wait_energy_joules_total", "gpu_wait_energy_j"),
     ("serwatt_sampler_errors_total", "sampler_errors"),
+    ("serwatt_self_cpu_seconds_total", "self_cpu_s"),
 )
 
 
@@ -185,6 +207,8 @@ def build_families(snap: LedgerSnapshot) -> Iterator[Metric]:
         ("serwatt_target_info", _target_info),
         ("serwatt_collector_up", _collector_up),
         ("serwatt_collector_duration_seconds", _collector_duration),
+        ("serwatt_sample_rate_hz", _sample_rate),
+        ("serwatt_cpu_budget_cores", _cpu_budget),
         ("serwatt_build_info", _build_info),
     ]
     for name, build in builders:
@@ -232,6 +256,19 @@ def _collector_duration(snap: LedgerSnapshot) -> Metric:
     fam = _family("serwatt_collector_duration_seconds")
     for name, c in _sorted_items(snap.collectors):
         fam.add_metric([name], c.duration_s)
+    return fam
+
+
+def _sample_rate(snap: LedgerSnapshot) -> Metric:
+    fam = _family("serwatt_sample_rate_hz")
+    fam.add_metric([], snap.sample_rate_hz)
+    return fam
+
+
+def _cpu_budget(snap: LedgerSnapshot) -> Metric:
+    fam = _family("serwatt_cpu_budget_cores")
+    if snap.cpu_budget_cores is not None:
+        fam.add_metric([], snap.cpu_budget_cores)
     return fam
 
 
@@ -291,6 +328,7 @@ def render_landing_page(snap: LedgerSnapshot, *, listen: str = "") -> str:
 <body><h1>serwatt {e(snap.version)}</h1>
 <p>Per-node serialization profiler. Metrics: <a href="/metrics">/metrics</a>.
 Listening on {e(listen)}. Snapshot taken {age_s:.1f} s ago, {snap.windows} windows recorded.</p>
+<p>{e(_sampling_line(snap))}</p>
 <h2>Targets</h2>
 <table><tr><th>target</th><th>state</th><th>processes</th><th>samples</th><th>CPU s</th>
 <th>sampler errors</th></tr>
@@ -302,6 +340,19 @@ Listening on {e(listen)}. Snapshot taken {age_s:.1f} s ago, {snap.windows} windo
 </table>
 </body></html>
 """
+
+
+def _sampling_line(snap: LedgerSnapshot) -> str:
+    used = ", ".join(f"{part} {s:.1f} CPU s" for part, s in sorted(snap.self_cpu_s.items()))
+    budget = (
+        f"CPU budget {snap.cpu_budget_cores:g} cores"
+        if snap.cpu_budget_cores is not None
+        else "no CPU budget"
+    )
+    return (
+        f"Sampling at {snap.sample_rate_hz:g} Hz ({budget}); serwatt's own CPU so far: "
+        f"{used or 'none measured yet'}."
+    )
 
 
 # -- HTTP server -----------------------------------------------------------------

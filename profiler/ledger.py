@@ -17,6 +17,7 @@ per-target process list (the `serwatt_target_info` metric).
 
 from __future__ import annotations
 
+import math
 import re
 import threading
 import time
@@ -79,6 +80,10 @@ class LedgerSnapshot:
     sampler_errors: Mapping[tuple[str, str], int]  # (target, kind)
     collectors: Mapping[str, CollectorState] = field(default_factory=dict)
     windows: int = 0  # windows applied so far (all targets)
+    # the daemon's own CPU seconds by part: "daemon" (its process), "samplers" (py-spy)
+    self_cpu_s: Mapping[str, float] = field(default_factory=dict)
+    sample_rate_hz: float = 0.0  # the rate windows run at now (the CPU budget may lower it)
+    cpu_budget_cores: float | None = None  # None: no budget configured
 
 
 class Ledger:
@@ -103,6 +108,9 @@ class Ledger:
         self._energy_sources: set[str] = set()
         self._gpus: set[str] = set()
         self._windows = 0
+        self._self_cpu_s: dict[str, float] = {}
+        self._sample_rate_hz = 0.0
+        self._cpu_budget_cores: float | None = None
         self._latest = self._build_snapshot()
 
     # -- configuration -------------------------------------------------------------
@@ -166,7 +174,22 @@ class Ledger:
         with self._lock:
             self._collectors[collector] = CollectorState(bool(up), float(duration_s), detail)
 
+    def set_sampling(self, *, rate_hz: float, budget_cores: float | None) -> None:
+        """The rate windows run at now, and the CPU budget that sets it (None: none)."""
+        if not (math.isfinite(rate_hz) and rate_hz >= 0):
+            raise ValueError(f"sample rate must be finite and >= 0, got {rate_hz!r}")
+        with self._lock:
+            self._sample_rate_hz = float(rate_hz)
+            self._cpu_budget_cores = budget_cores
+
     # -- counters ------------------------------------------------------------------
+
+    def add_self_cpu(self, part: str, cpu_s: float) -> None:
+        """CPU seconds the daemon itself used: part "daemon" (its process) or "samplers"."""
+        _check_ident(part, "part")
+        _check_increment(cpu_s, "self cpu")
+        with self._lock:
+            self._self_cpu_s[part] = self._self_cpu_s.get(part, 0.0) + float(cpu_s)
 
     def add_window(
         self,
@@ -285,6 +308,9 @@ class Ledger:
             sampler_errors=_frozen(self._errors),
             collectors=_frozen(self._collectors),
             windows=self._windows,
+            self_cpu_s=_frozen(self._self_cpu_s),
+            sample_rate_hz=self._sample_rate_hz,
+            cpu_budget_cores=self._cpu_budget_cores,
         )
 
     def _require_target(self, target: str) -> None:

@@ -53,6 +53,7 @@ def test_example_config_is_valid_and_documents_every_default() -> None:
         "window_s",
         "rescan_s",
         "max_concurrent_samplers",
+        "cpu_budget_cores",
         "rapl",
         "nvml",
         "cpu_tdp_w",
@@ -85,6 +86,7 @@ def test_example_config_mentions_every_key_the_loader_accepts() -> None:
         "window_s:",
         "rescan_s:",
         "max_concurrent_samplers:",
+        "cpu_budget_cores:",
         "log_level:",
         "targets:",
         "cmdline:",
@@ -162,6 +164,7 @@ def test_minimal_config_gets_defaults(tmp_path: Path) -> None:
     assert (config.listen_host, config.listen_port) == ("127.0.0.1", 9977)
     assert config.sample_rate_hz == 50.0 and config.window_s == 10.0
     assert config.rapl == "auto" and config.nvml == "auto" and config.cpu_tdp_w is None
+    assert config.cpu_budget_cores is None  # no budget: every window at sample_rate_hz
     assert config.record_dir == Path("/var/lib/serwatt/runs")
     assert config.path_procfs == Path("/proc") and config.path_sysfs == Path("/sys")
     assert config.source_path == (tmp_path / "serwatt.yaml").absolute()
@@ -184,6 +187,7 @@ def test_full_config_values(tmp_path: Path) -> None:
             window_s: 5
             rescan_s: 1
             max_concurrent_samplers: 3
+            cpu_budget_cores: 0.25
             log_level: debug
             targets:
               - name: trainer
@@ -210,6 +214,7 @@ def test_full_config_values(tmp_path: Path) -> None:
     assert (config.listen_host, config.listen_port) == ("::1", 9100)
     assert config.sample_rate_hz == 97.5 and config.window_s == 5.0 and config.rescan_s == 1.0
     assert config.max_concurrent_samplers == 3 and config.log_level == "debug"
+    assert config.cpu_budget_cores == 0.25
     assert config.rapl == "required" and config.nvml == "off" and config.cpu_tdp_w == 280.0
     assert config.record_dir == tmp_path / "records"  # relative to the config file
     assert config.retention_days == 0.5
@@ -233,6 +238,8 @@ def test_full_config_values(tmp_path: Path) -> None:
         ("max_concurrent_samplers: 2.5", "max_concurrent_samplers", 1, "must be an integer"),
         ("max_concurrent_samplers: true", "max_concurrent_samplers", 1, "must be an integer"),
         ("sample_rate_hz: 5000", "sample_rate_hz", 1, "at most 1000"),
+        ("cpu_budget_cores: 0", "cpu_budget_cores", 1, "greater than 0"),
+        ("cpu_budget_cores: 10%", "cpu_budget_cores", 1, "a number or null"),
         ("listen: 9977", "listen", 1, "must be a string"),
         ("listen: '127.0.0.1'", "listen", 1, "must be HOST:PORT"),
         ("listen: ':9977'", "listen", 1, "host is empty"),

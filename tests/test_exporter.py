@@ -129,7 +129,26 @@ def test_landing_page_links_metrics_and_shows_targets_and_collectors(server):
     assert "unavailable: no powercap" in page
     # Names from the config are escaped, never injected.
     assert "&lt;evil &amp; target&gt;" in page and "<evil" not in page
+    assert "Sampling at 0 Hz (no CPU budget)" in page and "none measured yet" in page
     assert _get(srv, "/nope")[0] == 404
+
+
+def test_budget_and_own_cpu_are_exported_and_on_the_landing_page(server):
+    srv, ledger = server
+    text = _get(srv, "/metrics")[2]
+    assert ("serwatt_cpu_budget_cores", ()) not in _values(text)  # none configured: no series
+    ledger.add_self_cpu("daemon", 1.5)
+    ledger.add_self_cpu("samplers", 3.5)
+    ledger.set_sampling(rate_hz=27.0, budget_cores=0.1)
+    ledger.publish()
+    v = _values(_get(srv, "/metrics")[2])
+    assert v[("serwatt_self_cpu_seconds_total", (("part", "daemon"),))] == 1.5
+    assert v[("serwatt_self_cpu_seconds_total", (("part", "samplers"),))] == 3.5
+    assert v[("serwatt_sample_rate_hz", ())] == 27.0
+    assert v[("serwatt_cpu_budget_cores", ())] == 0.1
+    page = _get(srv, "/")[2]
+    assert "Sampling at 27 Hz (CPU budget 0.1 cores)" in page
+    assert "daemon 1.5 CPU s, samplers 3.5 CPU s" in page
 
 
 def test_own_registry_not_the_global_one():

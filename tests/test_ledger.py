@@ -129,6 +129,24 @@ def test_sampler_errors_and_collectors():
     assert snap.collectors["rapl"].detail == "unavailable: permission"
 
 
+def test_own_cpu_and_sampling_rate():
+    ledger = _ledger()
+    assert ledger.publish().self_cpu_s == {} and ledger.snapshot().cpu_budget_cores is None
+    ledger.add_self_cpu("daemon", 0.5)
+    ledger.add_self_cpu("daemon", 0.25)
+    ledger.add_self_cpu("samplers", 2.0)
+    ledger.set_sampling(rate_hz=27.0, budget_cores=0.1)
+    with pytest.raises(ValueError, match=">= 0"):
+        ledger.add_self_cpu("daemon", -0.1)  # a counter never goes down
+    with pytest.raises(ValueError, match="part"):
+        ledger.add_self_cpu("py-spy 1234", 1.0)  # label values are identifiers
+    with pytest.raises(ValueError, match="rate"):
+        ledger.set_sampling(rate_hz=float("nan"), budget_cores=None)
+    snap = ledger.publish()
+    assert dict(snap.self_cpu_s) == {"daemon": 0.75, "samplers": 2.0}
+    assert (snap.sample_rate_hz, snap.cpu_budget_cores) == (27.0, 0.1)
+
+
 def test_snapshot_reads_never_wait_for_writers():
     ledger = _ledger()
     published = ledger.publish()

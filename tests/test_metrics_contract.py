@@ -23,7 +23,7 @@ from tests.test_daemon_support import (
     stop_process,
 )
 
-# The contract as the issue states it: name -> labels.
+# The contract as the issue states it, then serwatt's additions: name -> labels.
 CONTRACT = {
     "serwatt_samples_total": {"target", "codepath"},
     "serwatt_cpu_seconds_total": {"target", "codepath"},
@@ -39,6 +39,10 @@ CONTRACT = {
     "serwatt_collector_up": {"collector"},
     "serwatt_collector_duration_seconds": {"collector"},
     "serwatt_build_info": {"version"},
+    # serwatt's own additions: what the daemon costs and the rate its budget allows
+    "serwatt_self_cpu_seconds_total": {"part"},
+    "serwatt_sample_rate_hz": set(),
+    "serwatt_cpu_budget_cores": set(),
 }
 
 
@@ -64,6 +68,9 @@ def _full_ledger() -> Ledger:
         "trainer", [TargetProcess(10, "3.11.7"), TargetProcess(11, "3.10.13")]
     )
     ledger.set_collector("rapl", up=True, duration_s=0.001)
+    ledger.add_self_cpu("daemon", 1.5)
+    ledger.add_self_cpu("samplers", 4.0)
+    ledger.set_sampling(rate_hz=27.0, budget_cores=0.1)
     ledger.publish()
     return ledger
 

@@ -1,0 +1,84 @@
+"""The daemon's CPU budget: the sampling rate that keeps the daemon and its py-spy
+processes under `cpu_budget_cores`.
+
+Why the rate and not fewer windows: a window the daemon skips is time nobody sees,
+and serialization is bursty (a torch.save every few minutes), so skipping windows
+misses whole events. A lower rate keeps every target watched all the time and only
+widens the statistical error of each share. Measured on the reference VM (docs/
+daemon.md): py-spy costs ~20 ms to start plus ~0.28 ms per sample, so its cost falls
+with the rate but not to zero, and the daemon has a fixed part of its own.
+
+The governor is a multiplicative controller on the measured usage of each slot
+(daemon CPU + its reaped py-spy children's CPU, over the slot's wall time): next
+rate = rate x aim / usage, aiming at HEADROOM x budget so the noise of one slot
+(+-10% on the VM) stays under the budget on average. Because part of the cost does
+not scale with the rate, one step corrects only part of an overshoot; the next
+slots finish it (geometric convergence, 2-3 slots from 50 Hz on the reference
+VM). Pure: it is given usages and returns rates, so it is tested without a clock.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+# Aim this far below the budget: one slot's usage varies by +-10% on a noisy node.
+HEADROOM = 0.9
+# Never sample slower than this: a window of 10 s still holds 10 samples per thread.
+MIN_RATE_HZ = 1.0
+# One step changes the rate by at most this factor either way, so one odd slot (a
+# burst of scrapes, a target starting) cannot swing the rate to a limit.
+MAX_STEP = 2.0
+
+
+@dataclass
+class RateGovernor:
+    """budget_cores: None (no budget: always max_rate_hz) or cores (0.1 = 10% of one)."""
+
+    budget_cores: float | None
+    max_rate_hz: float
+    rate_hz: float = 0.0  # the rate the next windows run at
+    # why the budget cannot be met at MIN_RATE_HZ (None: it is met, or there is none)
+    over_budget: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.budget_cores is not None and not self.budget_cores > 0:
+            raise ValueError(f"budget_cores must be > 0 or None, got {self.budget_cores!r}")
+        if not self.max_rate_hz > 0:
+            raise ValueError(f"max_rate_hz must be > 0, got {self.max_rate_hz!r}")
+        self.rate_hz = self._clamp(self.rate_hz or self.max_rate_hz)
+
+    def reconfigure(self, budget_cores: float | None, max_rate_hz: float) -> None:
+        """A reload: keep the learnt rate within the new limits."""
+        self.budget_cores, self.max_rate_hz = budget_cores, max_rate_hz
+        self.__post_init__()
+        if budget_cores is None:
+            self.rate_hz, self.over_budget = self._clamp(max_rate_hz), None
+
+    def observe(self, used_cores: float) -> float:
+        """One slot with windows used `used_cores` (CPU s / wall s): the next rate."""
+        if self.budget_cores is None:
+            return self.rate_hz
+        if not math.isfinite(used_cores) or used_cores < 0:
+            raise ValueError(f"used_cores must be finite and >= 0, got {used_cores!r}")
+        aim = HEADROOM * self.budget_cores
+        step = MAX_STEP if used_cores <= 0 else min(MAX_STEP, max(1 / MAX_STEP, aim / used_cores))
+        self.rate_hz = self._clamp(self.rate_hz * step)
+        if self.rate_hz <= self._floor() and used_cores > self.budget_cores:
+            self.over_budget = (
+                f"used {used_cores:.3f} cores at {self.rate_hz:g} Hz, over the budget of "
+                f"{self.budget_cores:g}: fewer targets per node, a larger budget, or "
+                "max_concurrent_samplers below the number of processes"
+            )
+        else:
+            self.over_budget = None
+        return self.rate_hz
+
+    def _floor(self) -> float:
+        return min(MIN_RATE_HZ, self.max_rate_hz)
+
+    def _clamp(self, rate: float) -> float:
+        # py-spy takes a whole number of samples per second (--rate N): round down so
+        # the recorded rate is the one py-spy ran at, and the budget is not exceeded.
+        whole = float(math.floor(rate)) if rate >= 1 else rate
+        return min(self.max_rate_hz, max(self._floor(), whole))

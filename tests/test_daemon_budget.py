@@ -1,0 +1,76 @@
+"""`cpu_budget_cores`: a real daemon over real workloads lowers its windows' py-spy rate
+to its budget, counts its own CPU, says when the budget cannot be met, and goes back
+to the configured rate when a reload removes the budget."""
+
+from __future__ import annotations
+
+import signal
+
+from profiler.recorder import Recorder
+from tests.test_daemon_support import (
+    DaemonProc,
+    config_text,
+    free_port,
+    start_workload,
+    stop_process,
+    total,
+    wait_for,
+)
+
+
+def _rate(d: DaemonProc) -> float:
+    return total(d.metrics(), "serwatt_sample_rate_hz")
+
+
+def test_budget_lowers_the_rate_py_spy_runs_at_and_a_reload_lifts_it(tmp_path):
+    works = [start_workload(tmp_path, f"budget{i}_trainer") for i in range(2)]
+    port = free_port()
+    cfg = tmp_path / "serwatt.yaml"
+    base = config_text(
+        port=port,
+        record_dir=tmp_path / "runs",
+        targets={"t0": "budget0_trainer", "t1": "budget1_trainer"},
+        window_s=1,
+    )
+    # The daemon process alone uses more than this: the rate must go to its 1 Hz floor.
+    cfg.write_text(base + "cpu_budget_cores: 0.002\n")
+    d = DaemonProc(cfg, port, tmp_path / "daemon.log")
+    try:
+        d.wait_metric("serwatt_samples_total", 1, target="t0")
+        m = d.metrics()
+        assert total(m, "serwatt_cpu_budget_cores") == 0.002
+        wait_for(lambda: _rate(d) == 1, 60, "the rate down to 1 Hz")
+        wait_for(lambda: "cpu_budget_cores cannot be met" in d.log(), 30, "the warning")
+        # Windows started after the drop ran at the low rate.
+        d.wait_metric("serwatt_samples_total", total(d.metrics(), "serwatt_samples_total") + 4)
+        m = d.metrics()
+        daemon_s = total(m, "serwatt_self_cpu_seconds_total", part="daemon")
+        samplers_s = total(m, "serwatt_self_cpu_seconds_total", part="samplers")
+        assert daemon_s > 0 and samplers_s > 0, (daemon_s, samplers_s)
+        page = d.get("/")
+        assert "Sampling at 1 Hz (CPU budget 0.002 cores)" in page
+
+        # A reload without the budget: back to the configured 50 Hz, no budget series.
+        cfg.write_text(base)
+        d.signal(signal.SIGHUP)
+        wait_for(lambda: _rate(d) == 50, 30, "the rate back at 50 Hz")
+        assert ("serwatt_cpu_budget_cores", ()) not in d.metrics()
+        assert d.stop()[0] == 0
+    finally:
+        d.kill()
+        for w in works:
+            stop_process(w)
+
+    with Recorder.for_dir(tmp_path / "runs", readonly=True) as rec:
+        windows = [w for run in rec.runs() for w in rec.run(run.run_id).windows]
+    rates = {w.rate_hz for w in windows}
+    assert 50 in rates and 1 in rates, rates
+    # The recorded rate is the one py-spy ran at: its own tick count says so.
+    for w in windows:
+        ticks = w.errors.get("pyspy_samples", 0)
+        span = w.ended_at - w.started_at
+        assert ticks <= w.rate_hz * span * 1.5 + 2, (w.rate_hz, span, ticks)
+    slow = [w for w in windows if w.rate_hz == 1]
+    fast = [w for w in windows if w.rate_hz == 50]
+    assert max(w.errors.get("pyspy_samples", 0) for w in slow) <= 3
+    assert max(w.errors.get("pyspy_samples", 0) for w in fast) >= 20
