@@ -1,7 +1,8 @@
 """What the daemon costs: CPU and RSS while it watches N targets, and their throughput.
 
     .venv/bin/python bench/daemon.py [--targets 8] [--rate 50] [--watch-s 120] [--phase-s 8]
-                                     [--pairs 6] [--max-concurrent 16] [--json FILE]
+                                     [--pairs 6] [--max-concurrent 16] [--cpu-budget CORES]
+                                     [--json FILE]
 
 Part 1 (--watch-s): a real `serwatt daemon` watches N real Python targets at --rate Hz
 (10 s windows, one py-spy per target). Measured from /proc via psutil:
@@ -9,6 +10,9 @@ Part 1 (--watch-s): a real `serwatt daemon` watches N real Python targets at --r
     through cutime/cstime, live ones directly), over the whole run; and per target;
   - RSS of the daemon process, sampled every 2 s: first/last 30 s means, per 30 s, and
     the least-squares slope (MB per minute); py-spy children's RSS reported apart.
+  - with --cpu-budget: the rate the daemon's windows ran at (its serwatt_sample_rate_hz,
+    read every 2 s), and the daemon's own account of its CPU
+    (serwatt_self_cpu_seconds_total) next to the one measured from /proc.
 Part 2: throughput of the same targets watched vs not watched, interleaved as
 U, W, U, W, ..., U (--pairs watched phases of --phase-s); each W is compared with the
 mean of the U on either side, so slow drifts of the machine's load cancel. The daemon
@@ -79,7 +83,13 @@ def free_port() -> int:
 
 
 def write_config(
-    path: Path, port: int, record_dir: Path, rate: float, pattern: str, max_concurrent: int
+    path: Path,
+    port: int,
+    record_dir: Path,
+    rate: float,
+    pattern: str,
+    max_concurrent: int,
+    cpu_budget: float | None,
 ) -> None:
     path.write_text(
         f'listen: "127.0.0.1:{port}"\n'
@@ -87,6 +97,7 @@ def write_config(
         "window_s: 10\n"
         "rescan_s: 5\n"
         f"max_concurrent_samplers: {max_concurrent}\n"
+        f"cpu_budget_cores: {'null' if cpu_budget is None else cpu_budget}\n"
         "log_level: warning\n"
         "targets:\n"
         "  - name: bench\n"
@@ -150,14 +161,18 @@ def slope_mb_per_min(points: list[tuple[float, float]]) -> float:
     return 0.0 if den == 0 else sum((t - mt) * (v - mv) for t, v in points) / den * 60
 
 
-def windows_done(port: int) -> float:
+def scrape(port: int, prefix: str) -> float:
+    """The sum of the daemon's series whose exposition line starts with `prefix`."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
         text = r.read().decode()
     return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("serwatt_samples_total{")
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix)
     )
+
+
+def own_cpu_s(port: int) -> float:
+    """The daemon's own account of its CPU (its process + its reaped py-spy children)."""
+    return scrape(port, "serwatt_self_cpu_seconds_total{")
 
 
 def main() -> int:
@@ -173,6 +188,12 @@ def main() -> int:
         default=16,
         help="the daemon's max_concurrent_samplers (default 16: every target sampled all the time)",
     )
+    ap.add_argument(
+        "--cpu-budget",
+        type=float,
+        default=None,
+        help="the daemon's cpu_budget_cores (default: none, every window at --rate)",
+    )
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args()
 
@@ -187,7 +208,7 @@ def main() -> int:
     ]
     port = free_port()
     cfg = tmp / "serwatt.yaml"
-    write_config(cfg, port, tmp / "runs", args.rate, marker, args.max_concurrent)
+    write_config(cfg, port, tmp / "runs", args.rate, marker, args.max_concurrent, args.cpu_budget)
     log = open(tmp / "daemon.log", "wb")  # noqa: SIM115
     daemon = subprocess.Popen(
         [sys.executable, "-m", "profiler", "daemon", "--config", str(cfg)],
@@ -200,6 +221,7 @@ def main() -> int:
         "targets": args.targets,
         "max_concurrent_samplers": args.max_concurrent,
         "rate_hz": args.rate,
+        "cpu_budget_cores": args.cpu_budget,
         "cpus": os.cpu_count(),
         "loadavg_start": os.getloadavg(),
     }
@@ -208,21 +230,27 @@ def main() -> int:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
-                if windows_done(port) > 0:
+                if scrape(port, "serwatt_samples_total{") > 0:
                     break
             except OSError:
                 pass
             time.sleep(0.5)
         else:
             raise SystemExit(f"daemon produced no samples; log: {tmp / 'daemon.log'}")
-        print(f"watching {args.targets} targets at {args.rate:g} Hz for {args.watch_s:g} s ...")
-        c0, t0 = cpu_s(dproc), time.monotonic()
+        budget = "" if args.cpu_budget is None else f" (at most; budget {args.cpu_budget:g} cores)"
+        print(
+            f"watching {args.targets} targets at {args.rate:g} Hz{budget} "
+            f"for {args.watch_s:g} s ..."
+        )
+        c0, t0, own0 = cpu_s(dproc), time.monotonic(), own_cpu_s(port)
         rss: list[tuple[float, float]] = []
+        rates: list[tuple[float, float]] = []  # (s since start, serwatt_sample_rate_hz)
         spy_rss: list[float] = []
         spies_max = 0
         while time.monotonic() - t0 < args.watch_s:
             now = time.monotonic() - t0
             rss.append((now, dproc.memory_info().rss / 2**20))
+            rates.append((now, scrape(port, "serwatt_sample_rate_hz ")))
             kids = pyspy_records(dproc)
             spies_max = max(spies_max, len(kids))
             total = 0.0
@@ -233,7 +261,7 @@ def main() -> int:
                     pass
             spy_rss.append(total)
             time.sleep(2.0)
-        c1, t1 = cpu_s(dproc), time.monotonic()
+        c1, t1, own1 = cpu_s(dproc), time.monotonic(), own_cpu_s(port)
         self_pct = 100 * (c1[0] - c0[0]) / (t1 - t0)
         spy_pct = 100 * (c1[1] - c0[1]) / (t1 - t0)
         core_pct = self_pct + spy_pct
@@ -255,6 +283,11 @@ def main() -> int:
                 for k in range(int((t1 - t0) // 30))
             ],
             pyspy_concurrent_max=spies_max,
+            sample_rate_hz_mean=round(statistics.fmean(r for _, r in rates), 2),
+            sample_rate_hz_after_30s=sorted({r for t, r in rates if t >= 30}),
+            # the daemon's own account covers whole slots only, so it lags /proc by up
+            # to one slot of CPU at either end
+            own_account_pct=round(100 * (own1 - own0) / (t1 - t0), 2),
         )
         print(
             f"  daemon + py-spy CPU: {core_pct:.2f}% of one core "
@@ -268,6 +301,12 @@ def main() -> int:
             f"{result['pyspy_rss_mb_max_total']} MB total ({spies_max} at once)"
         )
         print(f"  daemon RSS per 30 s: {result['rss_mb_by_30s']} MB")
+        print(
+            f"  windows' rate: mean {result['sample_rate_hz_mean']:g} Hz over the watch, "
+            f"{result['sample_rate_hz_after_30s']} Hz after 30 s (configured {args.rate:g}, "
+            f"budget {args.cpu_budget if args.cpu_budget is not None else 'none'}); the "
+            f"daemon's own account of its CPU: {result['own_account_pct']:.2f}% of one core"
+        )
 
         # Part 2: interleaved watched / unwatched phases, switched by SIGHUP.
         unwatched_cfg = cfg.read_text().replace(marker, "nothing_matches_this_" + marker)
@@ -326,6 +365,7 @@ def main() -> int:
         )
         goals = {
             "cpu < 10% of one core": core_pct < 10,
+            f"every window at {args.rate:g} Hz": min(r for _, r in rates) >= args.rate,
             "RSS < 150 MB": result["rss_mb_max"] < 150,
             "RSS flat (|slope| < 1 MB/min)": abs(result["rss_slope_mb_per_min"]) < 1,
             # Met only when the whole interval clears the goal; an interval that
