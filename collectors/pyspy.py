@@ -654,14 +654,18 @@ class PySpy:
         stop_event: threading.Event | None = None,
         procfs: Path = Path("/proc"),
         on_cpu_run: bool = False,
+        idle_rate_hz: float | None = None,
     ) -> WindowSamples:
         """Sample `pid` for `duration_s` (less if the target exits or `stop_event` is set).
 
         on_cpu_run: also run a second py-spy *without* --idle over the same window. Its
         samples (`WindowSamples.on_cpu`) are the moments a thread was on a CPU (py-spy
-        drops a thread whose /proc state is not R, e.g. one waiting for the GIL), which
-        is what CPU weighting needs when several threads share the GIL; it doubles
-        py-spy's cost.
+        drops a thread whose /proc state is not R: asleep, blocked, waiting for the
+        GIL), which is what CPU weighting needs when a thread alternates between work
+        and waiting faster than its CPU can be polled, or several threads share the GIL.
+        That run samples at `rate_hz`; the --idle run (every thread at every tick: the
+        samples' times, wall seconds, GPU-wait) at `idle_rate_hz` (None: `rate_hz`).
+        Each py-spy costs ~20 ms to start plus ~0.28 ms per sample (docs/daemon.md).
 
         Raises TargetGone, NotPython, UnsupportedPython, PtraceDenied, SamplingError.
         """
@@ -669,9 +673,11 @@ class PySpy:
             raise ValueError(f"duration_s must be > 0, got {duration_s}")
         precheck(pid, procfs)
         wake = threading.Event()
+        idle_rate = rate_hz if idle_rate_hz is None or not on_cpu_run else idle_rate_hz
+        rates = [idle_rate, rate_hz]
         with tempfile.TemporaryDirectory(prefix="serwatt-pyspy-") as tmp:
             runs = [
-                _Run(self, pid, duration_s, rate_hz, Path(tmp) / "all.json", idle=True, wake=wake)
+                _Run(self, pid, duration_s, idle_rate, Path(tmp) / "all.json", idle=True, wake=wake)
             ]
             if on_cpu_run:
                 runs.append(
@@ -714,7 +720,7 @@ class PySpy:
                 run.text,
                 started_at=run.marks.get("start", run.spawned_at),
                 ended_at=run.marks.get("end", run.exit_at),
-                rate_hz=rate_hz,
+                rate_hz=rates[i],
                 procfs=procfs,
             )
 
@@ -730,7 +736,27 @@ class PySpy:
                 if cpu.mapping.method.get(label) == "pyspy"
             }
             on_cpu = tuple(s for s in cpu.samples if s.tid in known)
-            result = replace(result, on_cpu=on_cpu, on_cpu_errors=cpu.errors)
+            if known or rates[0] == rates[1] or not cpu.samples:
+                result = replace(result, on_cpu=on_cpu, on_cpu_errors=cpu.errors)
+            else:
+                # No thread's state was known, so the "on-CPU" run kept every sample
+                # of every thread: it is an --idle run at the full rate. Use it as one
+                # (the slower --idle run would only cost precision).
+                both = (result.errors, cpu.errors)
+                result = replace(
+                    cpu,
+                    errors=replace(
+                        cpu.errors,
+                        pyspy_samples=sum(e.pyspy_samples for e in both),
+                        pyspy_errors=sum(e.pyspy_errors for e in both),
+                        behind_s=max(e.behind_s for e in both),
+                        notes=(
+                            *cpu.errors.notes,
+                            "py-spy knew no thread's run state (no kernel tid): cpu on "
+                            f"--idle-like samples at {rates[1]:g} Hz",
+                        ),
+                    ),
+                )
         problems = sorted({run.priority_problem for run in runs if run.priority_problem})
         if problems:
             note = (

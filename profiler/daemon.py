@@ -65,12 +65,16 @@ RETENTION_EVERY_S = 3600.0
 # 1-7% of a core on the reference VM depending on load (docs/daemon.md). 0.5 s
 # still gives 20 points per thread over a 10 s window for the weighting.
 CPU_POLL_S = 0.5
-# One py-spy per window. sample_window can run a second, on-CPU-only py-spy that
-# keeps threads waiting for the GIL from taking CPU at the line they wait on; it
-# doubles py-spy's cost (py-spy alone is ~1.2% of a core per target at 50 Hz on the
-# reference VM), which the daemon's budget (8 targets < 10% of a core) cannot pay.
-# `serwatt profile` keeps it on. See docs/daemon.md.
-ON_CPU_RUN = False
+# Two py-spys per window, like `serwatt profile`. The on-CPU one (no --idle, at the
+# window's rate) carries the CPU: with only the --idle run, a thread that works 2 ms
+# and sleeps 18 ms has 90% of its samples on the sleep line, and weighting by a CPU
+# series polled every CPU_POLL_S cannot tell them apart, so the daemon put 89% of the
+# bench target's CPU in `other` (profile: 3%; docs/daemon.md "CPU attribution"). The
+# --idle run (every thread at every tick) gives samples their times, wall seconds and
+# GPU-wait; NVML's busy samples are 1/6-1 s apart, so IDLE_RUN_RATE_HZ is plenty for
+# lining them up, and at 10 Hz it adds ~a fifth of a 50 Hz run's cost.
+ON_CPU_RUN = True
+IDLE_RUN_RATE_HZ = 10.0
 # Retry delay for a process that refused sampling for a reason that may change
 # (ptrace permission, a process that is not Python yet, a sampler failure).
 RETRY_REFUSED_S = 60.0
@@ -479,6 +483,7 @@ class Daemon:
                         stop_event=j.stop,
                         poll_s=CPU_POLL_S,
                         on_cpu_run=ON_CPU_RUN,
+                        idle_rate_hz=min(rate, IDLE_RUN_RATE_HZ),
                         pyspy=spy,
                     )
 

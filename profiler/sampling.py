@@ -99,8 +99,10 @@ def collect_window(
     stop_event: threading.Event | None = None,
     poll_s: float = 0.1,
     on_cpu_run: bool = True,
+    idle_rate_hz: float | None = None,
 ) -> RawWindow:
-    """The time-critical half of a window: CPU snapshots around one py-spy window."""
+    """The time-critical half of a window: CPU snapshots around one py-spy window.
+    idle_rate_hz: the --idle run's rate when on_cpu_run (PySpy.record_window)."""
     spy = pyspy if pyspy is not None else PySpy()
     try:
         before = procstat.snapshot(pid, procfs)
@@ -117,6 +119,7 @@ def collect_window(
             stop_event=stop_event,
             procfs=procfs,
             on_cpu_run=on_cpu_run,
+            idle_rate_hz=idle_rate_hz,
         )
     finally:
         poller.stop()
@@ -249,13 +252,15 @@ def sample_window(
     stop_event: threading.Event | None = None,
     poll_s: float = 0.1,
     on_cpu_run: bool = True,
+    idle_rate_hz: float | None = None,
 ) -> WindowReport:
     """Sample one window of `pid` (blocking). Raises collectors.pyspy.SamplingError
     subclasses (TargetGone, NotPython, UnsupportedPython, PtraceDenied).
 
     A target that exits mid-window yields the samples taken so far (`exited=True`).
     on_cpu_run: run a second py-spy without --idle so CPU goes to on-CPU samples
-    (right for threads sharing the GIL; doubles py-spy's own CPU cost).
+    (right for threads that alternate work and waits, or share the GIL); the --idle
+    run then samples at idle_rate_hz (None: rate_hz).
     Callers that must keep windows back to back (the profile session) run
     collect_window and finish_window on different threads instead.
     """
@@ -268,6 +273,7 @@ def sample_window(
         stop_event=stop_event,
         poll_s=poll_s,
         on_cpu_run=on_cpu_run,
+        idle_rate_hz=idle_rate_hz,
     )
     return finish_window(raw, classifier)
 

@@ -382,7 +382,8 @@ def test_concurrent_pyspy_windows_are_bounded_and_every_target_gets_turns(tmp_pa
             time.sleep(0.05)
         else:
             raise AssertionError(f"not every target was sampled:\n{d.log()}")
-        assert 1 <= most <= 2, most
+        # A window is two py-spy processes (on-CPU and --idle runs): 2 windows, 4 py-spys.
+        assert 2 <= most <= 4, most
         assert d.stop()[0] == 0
     finally:
         d.kill()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import signal
 
+from profiler.daemon import IDLE_RUN_RATE_HZ
 from profiler.recorder import Recorder
 from tests.test_daemon_support import (
     DaemonProc,
@@ -65,12 +66,14 @@ def test_budget_lowers_the_rate_py_spy_runs_at_and_a_reload_lifts_it(tmp_path):
         windows = [w for run in rec.runs() for w in rec.run(run.run_id).windows]
     rates = {w.rate_hz for w in windows}
     assert 50 in rates and 1 in rates, rates
-    # The recorded rate is the one py-spy ran at: its own tick count says so.
+    # The recorded rate is the one py-spy ran at: its own tick counts say so (a window
+    # is an on-CPU run at the rate and an --idle run at min(rate, IDLE_RUN_RATE_HZ)).
     for w in windows:
         ticks = w.errors.get("pyspy_samples", 0)
         span = w.ended_at - w.started_at
-        assert ticks <= w.rate_hz * span * 1.5 + 2, (w.rate_hz, span, ticks)
+        per_s = w.rate_hz + min(w.rate_hz, IDLE_RUN_RATE_HZ)
+        assert ticks <= per_s * span * 1.5 + 4, (w.rate_hz, span, ticks)
     slow = [w for w in windows if w.rate_hz == 1]
     fast = [w for w in windows if w.rate_hz == 50]
-    assert max(w.errors.get("pyspy_samples", 0) for w in slow) <= 3
-    assert max(w.errors.get("pyspy_samples", 0) for w in fast) >= 20
+    assert max(w.errors.get("pyspy_samples", 0) for w in slow) <= 6
+    assert max(w.errors.get("pyspy_samples", 0) for w in fast) >= 30
