@@ -5,7 +5,7 @@
                                      [--json FILE]
 
 Part 1 (--watch-s): a real `serwatt daemon` watches N real Python targets at --rate Hz
-(10 s windows, one py-spy per target). Measured from /proc via psutil:
+(10 s windows, two py-spy runs per target: on-CPU and --idle). Measured from /proc via psutil:
   - CPU, % of one core: the daemon's own CPU + its py-spy children's (reaped children
     through cutime/cstime, live ones directly), over the whole run; and per target;
   - RSS of the daemon process, sampled every 2 s: first/last 30 s means, per 30 s, and
@@ -170,6 +170,27 @@ def scrape(port: int, prefix: str) -> float:
     )
 
 
+def serialization_cpu_s(port: int) -> tuple[float, float]:
+    """(pickle + json CPU s, all CPU s) the daemon attributed so far."""
+    ser = sum(
+        scrape(port, f'serwatt_cpu_seconds_total{{codepath="{cp}"') for cp in ("pickle", "json")
+    )
+    return ser, scrape(port, "serwatt_cpu_seconds_total{")
+
+
+def targets_cpu_s(targets: list[subprocess.Popen]) -> float:
+    total = 0.0
+    for t in targets:
+        c = psutil.Process(t.pid).cpu_times()
+        total += c.user + c.system
+    return total
+
+
+def targets_run_delay_s(targets: list[subprocess.Popen]) -> float:
+    """Seconds the (one-thread) targets spent runnable but waiting for a CPU."""
+    return sum(int(Path(f"/proc/{t.pid}/schedstat").read_text().split()[1]) / 1e9 for t in targets)
+
+
 def own_cpu_s(port: int) -> float:
     """The daemon's own account of its CPU (its process + its reaped py-spy children)."""
     return scrape(port, "serwatt_self_cpu_seconds_total{")
@@ -243,6 +264,9 @@ def main() -> int:
             f"for {args.watch_s:g} s ..."
         )
         c0, t0, own0 = cpu_s(dproc), time.monotonic(), own_cpu_s(port)
+        attributed0 = serialization_cpu_s(port)
+        truth0 = [read_progress(p) for p in progress]
+        tcpu0, delay0 = targets_cpu_s(targets), targets_run_delay_s(targets)
         rss: list[tuple[float, float]] = []
         rates: list[tuple[float, float]] = []  # (s since start, serwatt_sample_rate_hz)
         spy_rss: list[float] = []
@@ -262,6 +286,18 @@ def main() -> int:
             spy_rss.append(total)
             time.sleep(2.0)
         c1, t1, own1 = cpu_s(dproc), time.monotonic(), own_cpu_s(port)
+        attributed1 = serialization_cpu_s(port)
+        truth1 = [read_progress(p) for p in progress]
+        tcpu1, delay1 = targets_cpu_s(targets), targets_run_delay_s(targets)
+        # Ground truth: the targets' CPU inside their serialization chunks (thread_time
+        # around pickle + json, in-process) over all their CPU (/proc); the daemon's:
+        # pickle + json CPU over all the CPU it attributed, over the same interval
+        # (its counters lag by up to one window at either end).
+        truth_share = sum(b[2] - a[2] for a, b in zip(truth0, truth1, strict=True)) / max(
+            1e-9, tcpu1 - tcpu0
+        )
+        ser = attributed1[0] - attributed0[0]
+        daemon_share = ser / max(1e-9, attributed1[1] - attributed0[1])
         self_pct = 100 * (c1[0] - c0[0]) / (t1 - t0)
         spy_pct = 100 * (c1[1] - c0[1]) / (t1 - t0)
         core_pct = self_pct + spy_pct
@@ -288,6 +324,11 @@ def main() -> int:
             # the daemon's own account covers whole slots only, so it lags /proc by up
             # to one slot of CPU at either end
             own_account_pct=round(100 * (own1 - own0) / (t1 - t0), 2),
+            serialization_cpu_share_truth=round(truth_share, 4),
+            serialization_cpu_share_daemon=round(daemon_share, 4),
+            # A thread waiting in the run queue is in state R, so py-spy's on-CPU run
+            # samples it at the line it woke up on (the sleep): docs/daemon.md.
+            targets_run_delay_per_cpu_s=round((delay1 - delay0) / max(1e-9, tcpu1 - tcpu0), 4),
         )
         print(
             f"  daemon + py-spy CPU: {core_pct:.2f}% of one core "
@@ -301,6 +342,11 @@ def main() -> int:
             f"{result['pyspy_rss_mb_max_total']} MB total ({spies_max} at once)"
         )
         print(f"  daemon RSS per 30 s: {result['rss_mb_by_30s']} MB")
+        print(
+            f"  serialization share of the targets' CPU: daemon {daemon_share:.3f}, "
+            f"in-process truth {truth_share:.3f}; the targets waited "
+            f"{result['targets_run_delay_per_cpu_s']:.3f} s in the run queue per CPU s"
+        )
         print(
             f"  windows' rate: mean {result['sample_rate_hz_mean']:g} Hz over the watch, "
             f"{result['sample_rate_hz_after_30s']} Hz after 30 s (configured {args.rate:g}, "
@@ -328,7 +374,8 @@ def main() -> int:
             daemon.send_signal(signal.SIGHUP)
             # Measure only once the switch has happened: every target has a py-spy
             # attached (watched), or the previous phase's windows have ended (unwatched).
-            want = min(args.targets, args.max_concurrent) if phase == "watched" else 0
+            # (a window is two py-spy processes: the on-CPU and the --idle run)
+            want = 2 * min(args.targets, args.max_concurrent) if phase == "watched" else 0
             switch_deadline = time.monotonic() + 60
             while len(pyspy_records(dproc)) != want and time.monotonic() < switch_deadline:
                 time.sleep(0.1)

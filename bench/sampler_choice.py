@@ -33,19 +33,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from collectors.pyspy import find_pyspy, pyspy_env  # noqa: E402
+from collectors.pyspy import PYSPY_FLAGS, find_pyspy, pyspy_env  # noqa: E402
 
-COST_TARGET = textwrap.dedent(
-    """
-    import json, pickle, time
-    data = {"k%d" % i: list(range(30)) for i in range(60)}
-    while True:
-        for _ in range(4):
-            pickle.loads(pickle.dumps(data))
-            json.loads(json.dumps(data))
-        time.sleep(0.018)
-    """
-)
+COST_TARGET = REPO / "tests" / "workloads" / "alternating.py"
 PERIODIC_TARGET = textwrap.dedent(
     """
     import pickle, time
@@ -76,10 +66,7 @@ def pyspy_cmd(pyspy: Path, pid: int, seconds: int, out: Path, fmt: str) -> list[
     return [
         str(pyspy),
         "record",
-        "--nonblocking",
-        "--idle",
-        "--threads",
-        "--full-filenames",
+        *PYSPY_FLAGS,
         "--format",
         fmt,
         "--rate",
@@ -123,8 +110,7 @@ def main() -> int:
     result: dict = {"pyspy": str(pyspy), "austin": str(args.austin) if args.austin else None}
     samplers = ["py-spy"] + (["austin"] if args.austin else [])
 
-    (tmp / "cost.py").write_text(COST_TARGET)
-    target = subprocess.Popen([sys.executable, str(tmp / "cost.py")])
+    target = subprocess.Popen([sys.executable, str(COST_TARGET)])
     try:
         time.sleep(1.0)
         cost: dict[str, list[float]] = {s: [] for s in samplers}

@@ -11,7 +11,9 @@ mode, so it cannot tell running from waiting) gets its full-rate run used as the
 
 from __future__ import annotations
 
-import textwrap
+import subprocess
+import sys
+from pathlib import Path
 
 from profiler.recorder import Recorder
 from tests.test_daemon_support import (
@@ -23,32 +25,16 @@ from tests.test_daemon_support import (
 )
 from tests.workloads.targets import ensure_target
 
-ALTERNATING = textwrap.dedent(
-    """
-    import json, pickle, time
-    data = {"k%d" % i: list(range(30)) for i in range(60)}
-    while True:
-        for _ in range(4):
-            pickle.loads(pickle.dumps(data))
-            json.loads(json.dumps(data))
-        time.sleep(0.018)
-    """
-)
+ALTERNATING = Path(__file__).with_name("workloads") / "alternating.py"
 
 
-def _start(tmp_path, marker: str, python: str):
-    import subprocess
-
-    script = tmp_path / f"{marker}.py"
-    script.write_text(ALTERNATING)
-    return subprocess.Popen([python, str(script)], stdout=subprocess.DEVNULL)
+def _start(marker: str, python: str) -> subprocess.Popen:
+    return subprocess.Popen([python, str(ALTERNATING), marker], stdout=subprocess.DEVNULL)
 
 
 def test_cpu_of_a_work_sleep_loop_goes_to_the_serializers_not_the_sleep_line(tmp_path):
-    import sys
-
-    work = _start(tmp_path, "alternating_trainer", sys.executable)
-    old = _start(tmp_path, "alternating_py310", str(ensure_target("py310")))
+    work = _start("alternating_trainer", sys.executable)
+    old = _start("alternating_py310", str(ensure_target("py310")))
     port = free_port()
     cfg = tmp_path / "serwatt.yaml"
     cfg.write_text(
