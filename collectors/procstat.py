@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 CLOCK_TICKS_PER_S: int = os.sysconf("SC_CLK_TCK")
@@ -35,6 +35,8 @@ class ThreadCpu:
     stat_ticks: int  # utime + stime, clock ticks
     sched_ns: int | None  # schedstat sum_exec_runtime, None when the file is absent
     state: str  # R, S, D, ...
+    # schedstat run_delay: ns spent runnable but waiting for a CPU (None: no schedstat)
+    wait_ns: int | None = None
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,8 @@ class CpuDelta:
     source: str  # "schedstat" (ns) or "stat" (clock ticks)
     resolution_s: float  # one unit of the source: 1e-9 or 1/SC_CLK_TCK
     exited_tids: tuple[int, ...] = ()  # in `before`, gone in `after`: their last CPU is lost
+    # seconds each thread waited in a run queue (schedstat run_delay); empty without schedstat
+    wait_per_tid_s: dict[int, float] = field(default_factory=dict)
 
     @property
     def total_s(self) -> float:
@@ -98,11 +102,15 @@ def read_thread(pid: int, tid: int, procfs: Path = Path("/proc")) -> ThreadCpu:
     state = fields[0]
     ticks = int(fields[11]) + int(fields[12])
     sched_ns: int | None
+    wait_ns: int | None
     try:
-        sched_ns = int(_read(task / "schedstat").split()[0])
+        fields3 = _read(task / "schedstat").split()
+        sched_ns, wait_ns = int(fields3[0]), int(fields3[1])
     except (FileNotFoundError, IndexError, ValueError):
-        sched_ns = None
-    return ThreadCpu(tid=tid, comm=comm, stat_ticks=ticks, sched_ns=sched_ns, state=state)
+        sched_ns = wait_ns = None
+    return ThreadCpu(
+        tid=tid, comm=comm, stat_ticks=ticks, sched_ns=sched_ns, state=state, wait_ns=wait_ns
+    )
 
 
 def thread_ids(pid: int, procfs: Path = Path("/proc")) -> set[int]:
@@ -144,12 +152,16 @@ def delta(before: CpuSnapshot, after: CpuSnapshot) -> CpuDelta:
         raise ValueError(f"snapshots of different processes: {before.pid} vs {after.pid}")
     use_sched = before.schedstat_live and after.schedstat_live
     per_tid: dict[int, float] = {}
+    wait: dict[int, float] = {}
     for tid, th in after.threads.items():
         prev = before.threads.get(tid)
         if use_sched:
             now_ns = th.sched_ns or 0
             prev_ns = (prev.sched_ns or 0) if prev else 0
             per_tid[tid] = max(0, now_ns - prev_ns) / 1e9
+            if th.wait_ns is not None:
+                prev_wait = (prev.wait_ns or 0) if prev else 0
+                wait[tid] = max(0, th.wait_ns - prev_wait) / 1e9
         else:
             prev_ticks = prev.stat_ticks if prev else 0
             per_tid[tid] = max(0, th.stat_ticks - prev_ticks) / CLOCK_TICKS_PER_S
@@ -162,6 +174,7 @@ def delta(before: CpuSnapshot, after: CpuSnapshot) -> CpuDelta:
         source="schedstat" if use_sched else "stat",
         resolution_s=1e-9 if use_sched else 1.0 / CLOCK_TICKS_PER_S,
         exited_tids=exited,
+        wait_per_tid_s=wait,
     )
 
 

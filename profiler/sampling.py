@@ -26,7 +26,7 @@ from collectors import procstat
 from collectors.pyspy import PySpy, TargetGone, WindowSamples
 from collectors.samples import Sample
 from profiler.codepaths import Classification
-from profiler.weighting import CpuSeries, codepath_windows, distribute_cpu
+from profiler.weighting import CpuSeries, codepath_windows, distribute_cpu, runqueue_weights
 from profiler.window import TimedLabel, WindowReport
 
 
@@ -169,7 +169,22 @@ def finish_window(raw: RawWindow, classifier: ClassifierLike) -> WindowReport:
         carriers = list(window.samples)
         carrier_labels = labels
     half_width = max(2 * raw.poll_s, window_time_sigma_s(window))
-    weighting = distribute_cpu(carriers, cpu.per_tid_s, series=series, half_width_s=half_width)
+    prior: list[float] | None = None
+    runqueue_s = 0.0
+    if window.on_cpu is not None and cpu.wait_per_tid_s:
+        # carriers start with the on-CPU samples that have a tid (in that order)
+        n_on_cpu = sum(1 for s in window.on_cpu if s.tid is not None)
+        prior, runqueue_s = runqueue_weights(
+            carriers[:n_on_cpu],
+            window.samples,
+            on_cpu_rate_hz=raw.rate_hz,
+            idle_rate_hz=window.rate_hz,
+            wait_per_tid_s=cpu.wait_per_tid_s,
+        )
+        prior += [1.0] * (len(carriers) - n_on_cpu)
+    weighting = distribute_cpu(
+        carriers, cpu.per_tid_s, series=series, half_width_s=half_width, prior=prior
+    )
     wall_s = max(0.0, window.ended_at - window.started_at)
     codepaths = codepath_windows(
         labels,
@@ -220,6 +235,8 @@ def finish_window(raw: RawWindow, classifier: ClassifierLike) -> WindowReport:
                 pyspy_errors=errors.pyspy_errors + window.on_cpu_errors.pyspy_errors,
                 behind_s=max(errors.behind_s, window.on_cpu_errors.behind_s),
             )
+    if runqueue_s > 0:
+        notes.append(f"{runqueue_s:.3f} s of run-queue wait taken off blocking lines")
     if weighting.unmapped_pool_s > 0:
         notes.append(f"{weighting.unmapped_pool_s:.3f} cpu_s spread over unmapped threads")
     if proc_root is None:

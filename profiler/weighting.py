@@ -32,6 +32,18 @@ unmapped samples. With no unmapped samples, that CPU (native threads: OpenMP,
 CUDA, NCCL helpers, threads that are not Python) goes to `other`, which is where
 the target's CPU outside every sampled Python stack belongs.
 
+Run-queue wait (`runqueue_weights`). A thread that is runnable but waiting for a CPU
+is in state R, so the on-CPU run samples it too, at the line it will resume at.
+After a wakeup that is the line it blocked on (the sleep, the queue get), so on an
+oversubscribed CPU a thread's CPU leaks onto its blocking lines. Per thread, schedstat
+gives the window's run-queue wait D but not which samples were waits; the --idle run
+shows where the thread was blocked: a leaf line whose wall time (its --idle samples)
+exceeds its R-state time (its on-CPU samples) by more than twice the Poisson noise of
+the --idle count is a blocking line, blocked for the difference. D goes to the
+blocking lines in proportion to that, at most each line's R-state time, and an
+on-CPU sample there keeps the running part of its weight. Waits from preemption (any
+line, in proportion to running) are left where they are: they do not move shares.
+
 Wall seconds per codepath = samples x (window wall time / ticks): time some thread
 spent there, counted per thread (two threads in pickle for 1 s give 2 s).
 """
@@ -39,6 +51,8 @@ spent there, counted per thread (two threads in pickle for 1 s give 2 s).
 from __future__ import annotations
 
 import bisect
+import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -85,14 +99,68 @@ class Weighting:
     unsampled_cpu_s: float  # measured CPU no sample could take (goes to `other`)
 
 
+def _leaf_line(s: Sample) -> tuple[str, int] | None:
+    return (s.frames[0].filename, s.frames[0].line) if s.frames else None
+
+
+def runqueue_weights(
+    on_cpu: Sequence[Sample],
+    idle: Sequence[Sample],
+    *,
+    on_cpu_rate_hz: float,
+    idle_rate_hz: float,
+    wait_per_tid_s: Mapping[int, float],
+) -> tuple[list[float], float]:
+    """Per on-CPU sample, the running part (0..1) of the R-state time it stands for;
+    and the run-queue seconds taken off blocking lines (model in the module doc)."""
+    out = [1.0] * len(on_cpu)
+    if on_cpu_rate_hz <= 0 or idle_rate_hz <= 0:
+        return out, 0.0
+    r_lines: dict[int, dict[tuple[str, int] | None, list[int]]] = {}
+    for i, s in enumerate(on_cpu):
+        if s.tid is not None:
+            r_lines.setdefault(s.tid, {}).setdefault(_leaf_line(s), []).append(i)
+    idle_counts: dict[int, Counter] = {}
+    for s in idle:
+        if s.tid in r_lines:
+            idle_counts.setdefault(s.tid, Counter())[_leaf_line(s)] += 1
+    taken = 0.0
+    for tid, lines in r_lines.items():
+        wait_s = wait_per_tid_s.get(tid, 0.0)
+        if wait_s <= 0:
+            continue
+        blocked: dict[tuple[str, int] | None, float] = {}
+        for line, n_idle in idle_counts.get(tid, Counter()).items():
+            r_s = len(lines.get(line, ())) / on_cpu_rate_hz
+            b = n_idle / idle_rate_hz - r_s
+            if line is not None and n_idle >= 2 and b > 2 * math.sqrt(n_idle) / idle_rate_hz:
+                blocked[line] = b
+        total_b = sum(blocked.values())
+        for line, b in blocked.items():
+            idx = lines.get(line, [])
+            if not idx:
+                continue
+            r_s = len(idx) / on_cpu_rate_hz
+            d = min(r_s, wait_s * b / total_b)
+            taken += d
+            for i in idx:
+                out[i] = 1.0 - d / r_s
+    return out, taken
+
+
 def distribute_cpu(
     samples: Sequence[Sample],
     cpu_per_tid_s: Mapping[int, float],
     *,
     series: Mapping[int, CpuSeries] | None = None,
     half_width_s: float = 0.25,
+    prior: Sequence[float] | None = None,
 ) -> Weighting:
-    """Each sample's share of its thread's measured CPU delta (model in the module doc)."""
+    """Each sample's share of its thread's measured CPU delta (model in the module doc).
+    prior: per-sample weights (aligned with samples) for threads without a CPU series,
+    e.g. `runqueue_weights`; None: 1 each."""
+    if prior is not None and len(prior) != len(samples):
+        raise ValueError("prior must align with samples")
     by_tid: dict[int | None, list[int]] = {}
     for i, s in enumerate(samples):
         tid = s.tid if (s.tid is not None and s.tid in cpu_per_tid_s) else None
@@ -105,7 +173,9 @@ def distribute_cpu(
         if delta <= 0 or not idx:
             continue
         ser = series.get(tid) if series else None
-        weights = [1.0] * len(idx)
+        weights = [prior[i] for i in idx] if prior is not None else [1.0] * len(idx)
+        if sum(weights) <= 0:
+            weights = [1.0] * len(idx)
         if ser is not None and len(ser.t) >= 2:
             weights = [ser.utilisation(samples[i].t, half_width_s) for i in idx]
             if sum(weights) <= 0:

@@ -82,6 +82,17 @@ def test_schedstat_preferred_when_live(fake: Path) -> None:
     assert d.exited_tids == (21,)
 
 
+def test_run_queue_wait_from_schedstat(fake: Path) -> None:
+    make_proc(fake, 30, {30: (100, 0, 1_000_000_000)})  # run_delay 0
+    before = procstat.snapshot(30, fake)
+    assert before.threads[30].wait_ns == 0
+    # 0.5 s more on a CPU, 0.75 s more waiting in a run queue
+    (fake / "30" / "task" / "30" / "schedstat").write_text("1500000000 750000000 9\n")
+    d = procstat.delta(before, procstat.snapshot(30, fake))
+    assert d.per_tid_s == {30: pytest.approx(0.5)}
+    assert d.wait_per_tid_s == {30: pytest.approx(0.75)}
+
+
 def test_comm_with_parens_and_process_info(fake: Path) -> None:
     make_proc(fake, 30, {30: (1, 1, None)}, comm="we ird) (name", ppid=7, start=250)
     info = procstat.process_info(30, fake)

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from collectors.samples import Frame, Sample
 from profiler.codepaths import CODEPATHS, Classification
-from profiler.weighting import CpuSeries, codepath_windows, distribute_cpu
+from profiler.weighting import CpuSeries, codepath_windows, distribute_cpu, runqueue_weights
 
 F = (Frame("f", "/a.py", 1),)
 
@@ -81,3 +81,71 @@ def test_conservation(raw: list[tuple[int, float]], cpu: dict[int, float]) -> No
     cls = [Classification("pickle")] * len(samples)
     cp = codepath_windows(cls, w.cpu_s, total_cpu_s=sum(cpu.values()), wall_s=1.0, ticks=10)
     assert sum(c.cpu_s for c in cp.values()) == pytest.approx(sum(cpu.values()), abs=1e-9)
+
+
+# -- run-queue wait on blocking lines ---------------------------------------------
+
+WORK = (Frame("chunk", "/loop.py", 5),)
+SLEEP = (Frame("<module>", "/loop.py", 9),)
+
+
+def at(tid: int, frames: tuple[Frame, ...]) -> Sample:
+    return Sample(pid=1, tid=tid, thread_id=tid, thread_name=None, t=0.0, frames=frames)
+
+
+def loop_window(*, run_s: float, wait_s: float, sleep_s: float, cpu_rate: float = 50):
+    """One thread over a 10 s window: runs `run_s` at WORK, waits in the run queue
+    `wait_s` after each wakeup at SLEEP, is asleep `sleep_s` at SLEEP. The on-CPU run
+    sees running and waiting (state R); the --idle run (10 Hz) sees all three."""
+    on_cpu = [at(1, WORK)] * round(run_s * cpu_rate) + [at(1, SLEEP)] * round(wait_s * cpu_rate)
+    idle = [at(1, WORK)] * round(run_s * 10) + [at(1, SLEEP)] * round((wait_s + sleep_s) * 10)
+    return on_cpu, idle
+
+
+def test_waits_after_wakeups_are_taken_off_the_line_the_thread_slept_on() -> None:
+    # The bench's shape on an oversubscribed CPU: waits as long as it runs.
+    on_cpu, idle = loop_window(run_s=1.0, wait_s=1.0, sleep_s=8.0)
+    prior, taken = runqueue_weights(
+        on_cpu, idle, on_cpu_rate_hz=50, idle_rate_hz=10, wait_per_tid_s={1: 1.0}
+    )
+    assert taken == pytest.approx(1.0)
+    w = distribute_cpu(on_cpu, {1: 1.0}, prior=prior)
+    work = sum(c for c, smp in zip(w.cpu_s, on_cpu, strict=True) if smp.frames == WORK)
+    assert work == pytest.approx(1.0)  # all the CPU where it ran
+    # without the correction half of it went to the sleep line
+    plain = distribute_cpu(on_cpu, {1: 1.0})
+    assert sum(c for c, smp in zip(plain.cpu_s, on_cpu, strict=True) if smp.frames == WORK) == (
+        pytest.approx(0.5)
+    )
+
+
+def test_no_run_queue_wait_or_no_blocking_changes_nothing() -> None:
+    on_cpu, idle = loop_window(run_s=1.0, wait_s=0.0, sleep_s=9.0)
+    prior, taken = runqueue_weights(
+        on_cpu, idle, on_cpu_rate_hz=50, idle_rate_hz=10, wait_per_tid_s={1: 0.0}
+    )
+    assert taken == 0 and set(prior) == {1.0}
+    # A busy thread preempted at its work lines: no line is blocked, nothing moves.
+    busy_r = [at(1, WORK)] * 500
+    busy_i = [at(1, WORK)] * 100
+    prior, taken = runqueue_weights(
+        busy_r, busy_i, on_cpu_rate_hz=50, idle_rate_hz=10, wait_per_tid_s={1: 3.0}
+    )
+    assert taken == 0 and set(prior) == {1.0}
+
+
+def test_a_wait_is_never_taken_beyond_the_line_r_state_time() -> None:
+    # schedstat says 5 s of waiting, but only 1 s of R-state samples sit on the sleep
+    # line: at most that is taken, and the work line keeps all its weight.
+    on_cpu, idle = loop_window(run_s=1.0, wait_s=1.0, sleep_s=8.0)
+    prior, taken = runqueue_weights(
+        on_cpu, idle, on_cpu_rate_hz=50, idle_rate_hz=10, wait_per_tid_s={1: 5.0}
+    )
+    assert taken == pytest.approx(1.0)
+    assert all(p == 1.0 for p, smp in zip(prior, on_cpu, strict=True) if smp.frames == WORK)
+    assert all(p == 0.0 for p, smp in zip(prior, on_cpu, strict=True) if smp.frames == SLEEP)
+    # every weight 0 for a thread would drop its CPU: distribute_cpu falls back to uniform
+    w = distribute_cpu([at(1, SLEEP)] * 3, {1: 0.3}, prior=[0.0, 0.0, 0.0])
+    assert sum(w.cpu_s) == pytest.approx(0.3)
+    with pytest.raises(ValueError, match="align"):
+        distribute_cpu([at(1, SLEEP)] * 3, {1: 0.3}, prior=[1.0])
