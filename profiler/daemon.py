@@ -69,10 +69,10 @@ CPU_POLL_S = 0.5
 # window's rate) carries the CPU: with only the --idle run, a thread that works 2 ms
 # and sleeps 18 ms has 90% of its samples on the sleep line, and weighting by a CPU
 # series polled every CPU_POLL_S cannot tell them apart, so the daemon put 89% of the
-# bench target's CPU in `other` (profile: 3%; docs/daemon.md "CPU attribution"). The
-# --idle run (every thread at every tick) gives samples their times, wall seconds and
-# GPU-wait; NVML's busy samples are 1/6-1 s apart, so IDLE_RUN_RATE_HZ is plenty for
-# lining them up, and at 10 Hz it adds ~a fifth of a 50 Hz run's cost.
+# bench target's CPU in `other` (profile: 3%; docs/daemon.md "A window is two py-spy
+# runs"). The --idle run (every thread at every tick) gives samples their times, wall
+# seconds and GPU-wait; NVML's busy samples are 1/6-1 s apart, so IDLE_RUN_RATE_HZ is
+# plenty for lining them up, and at 10 Hz it adds ~a fifth of a 50 Hz run's cost.
 ON_CPU_RUN = True
 IDLE_RUN_RATE_HZ = 10.0
 # Retry delay for a process that refused sampling for a reason that may change

@@ -20,26 +20,17 @@ from profiler.recorder import Recorder
 from tests.test_daemon_support import (
     PYTHON,
     REPO,
-    DaemonProc,
     NotifyListener,
     children_named,
     config_text,
     free_port,
+    start_daemon,
     start_powercap,
     start_workload,
     stop_process,
     total,
     wait_for,
 )
-
-
-def _daemon(tmp_path, targets, *, notify=None, watchdog_usec=None, **kw) -> DaemonProc:
-    port = free_port()
-    cfg = tmp_path / "serwatt.yaml"
-    cfg.write_text(config_text(port=port, record_dir=tmp_path / "runs", targets=targets, **kw))
-    return DaemonProc(
-        cfg, port, tmp_path / "daemon.log", notify=notify, watchdog_usec=watchdog_usec
-    )
 
 
 def _run_to_exit(cfg) -> subprocess.CompletedProcess:
@@ -86,7 +77,7 @@ def test_port_in_use_exits_1_with_the_fix(tmp_path):
 def test_lifecycle_ready_watchdog_metrics_sigterm_and_record(tmp_path):
     work = start_workload(tmp_path, "lifecycle_trainer")
     notify = NotifyListener(tmp_path / "notify.sock")
-    d = _daemon(
+    d = start_daemon(
         tmp_path,
         {"trainer": "lifecycle_trainer"},
         notify=notify,
@@ -129,7 +120,7 @@ def test_lifecycle_ready_watchdog_metrics_sigterm_and_record(tmp_path):
 
 def test_target_killed_mid_window_then_restarted(tmp_path):
     work = start_workload(tmp_path, "restart_trainer")
-    d = _daemon(tmp_path, {"trainer": "restart_trainer"}, window_s=3)
+    d = start_daemon(tmp_path, {"trainer": "restart_trainer"}, window_s=3)
     try:
         d.wait_metric("serwatt_samples_total", 10, target="trainer")
         # Kill the target while a py-spy window is attached to it.
@@ -173,7 +164,7 @@ def test_target_killed_mid_window_then_restarted(tmp_path):
 
 def test_pyspy_killed_is_counted_and_sampling_continues(tmp_path):
     work = start_workload(tmp_path, "pyspy_kill_trainer")
-    d = _daemon(tmp_path, {"trainer": "pyspy_kill_trainer"}, window_s=3)
+    d = start_daemon(tmp_path, {"trainer": "pyspy_kill_trainer"}, window_s=3)
     try:
         d.wait_metric("serwatt_samples_total", 10, target="trainer")
         spies = wait_for(lambda: children_named(d.pid, "py-spy", "record"), 30, "a py-spy window")
@@ -201,7 +192,7 @@ def test_not_python_target_is_counted_not_fatal(tmp_path):
     shutil.copy("/bin/sleep", fake)
     impostor = subprocess.Popen([str(fake), "600"])
     work = start_workload(tmp_path, "notpy_real_trainer")
-    d = _daemon(tmp_path, {"impostor": "notpy_marker", "trainer": "notpy_real_trainer"})
+    d = start_daemon(tmp_path, {"impostor": "notpy_marker", "trainer": "notpy_real_trainer"})
     try:
         m = d.wait_metric("serwatt_sampler_errors_total", 1, target="impostor")
         kinds = {
@@ -223,7 +214,7 @@ def test_not_python_target_is_counted_not_fatal(tmp_path):
 def test_sighup_bad_config_is_logged_and_the_old_one_kept(tmp_path):
     work = start_workload(tmp_path, "hup_trainer")
     other = start_workload(tmp_path, "hup_loader")
-    d = _daemon(tmp_path, {"trainer": "hup_trainer"})
+    d = start_daemon(tmp_path, {"trainer": "hup_trainer"})
     cfg = tmp_path / "serwatt.yaml"
     good = cfg.read_text()
     try:
@@ -259,7 +250,7 @@ def test_sigkill_during_writes_keeps_every_committed_window(tmp_path):
     try:
         for round_ in range(3):
             before = _record_totals(record_dir) if (record_dir / "runs.sqlite").exists() else {}
-            d = _daemon(
+            d = start_daemon(
                 tmp_path,
                 {"trainer": "kill9_trainer", "loader": "kill9_loader"},
                 window_s=1,
@@ -295,7 +286,7 @@ def test_rapl_energy_then_unreadable_sysfs_keeps_the_scrape_up(tmp_path):
     watts = 40.0
     advancer = start_powercap(sysfs, watts)
     work = start_workload(tmp_path, "rapl_trainer")
-    d = _daemon(tmp_path, {"trainer": "rapl_trainer"}, sysfs=sysfs, window_s=2)
+    d = start_daemon(tmp_path, {"trainer": "rapl_trainer"}, sysfs=sysfs, window_s=2)
     try:
         a = d.wait_metric("serwatt_node_cpu_energy_joules_total", 1, source="rapl")
         ta = time.monotonic()
@@ -362,7 +353,7 @@ def test_required_rapl_missing_exits_78_with_the_fix(tmp_path):
 def test_concurrent_pyspy_windows_are_bounded_and_every_target_gets_turns(tmp_path):
     names = [f"bound{i}_trainer" for i in range(4)]
     works = [start_workload(tmp_path, n) for n in names]
-    d = _daemon(
+    d = start_daemon(
         tmp_path,
         {f"t{i}": n for i, n in enumerate(names)},
         window_s=1,
@@ -398,7 +389,7 @@ def test_retention_deletes_old_runs_at_startup(tmp_path):
         rec.start_run("old-run", "trainer", host={}, config={}, sources={}, started_at=old)
         rec.finish_run("old-run", old + 60)
         rec.start_run("recent-run", "trainer", host={}, config={}, sources={})
-    d = _daemon(tmp_path, {"trainer": "retention_nothing_matches"})  # retention_days: 30
+    d = start_daemon(tmp_path, {"trainer": "retention_nothing_matches"})  # retention_days: 30
     try:
         d.wait_metric("serwatt_build_info", 1)
         with Recorder.for_dir(record_dir, readonly=True) as rec:
@@ -410,7 +401,7 @@ def test_retention_deletes_old_runs_at_startup(tmp_path):
 
 def test_hung_pyspy_is_stopped_counted_and_sampling_resumes(tmp_path):
     work = start_workload(tmp_path, "hung_trainer")
-    d = _daemon(tmp_path, {"trainer": "hung_trainer"}, window_s=1)
+    d = start_daemon(tmp_path, {"trainer": "hung_trainer"}, window_s=1)
     try:
         d.wait_metric("serwatt_samples_total", 5, target="trainer")
         spies = wait_for(lambda: children_named(d.pid, "py-spy", "record"), 30, "a py-spy window")

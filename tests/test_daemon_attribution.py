@@ -16,13 +16,7 @@ import sys
 from pathlib import Path
 
 from profiler.recorder import Recorder
-from tests.test_daemon_support import (
-    DaemonProc,
-    config_text,
-    free_port,
-    stop_process,
-    total,
-)
+from tests.test_daemon_support import start_daemon, stop_process, total
 from tests.workloads.targets import ensure_target
 
 ALTERNATING = Path(__file__).with_name("workloads") / "alternating.py"
@@ -35,17 +29,9 @@ def _start(marker: str, python: str) -> subprocess.Popen:
 def test_cpu_of_a_work_sleep_loop_goes_to_the_serializers_not_the_sleep_line(tmp_path):
     work = _start("alternating_trainer", sys.executable)
     old = _start("alternating_py310", str(ensure_target("py310")))
-    port = free_port()
-    cfg = tmp_path / "serwatt.yaml"
-    cfg.write_text(
-        config_text(
-            port=port,
-            record_dir=tmp_path / "runs",
-            targets={"trainer": "alternating_trainer", "old": "alternating_py310"},
-            window_s=2,
-        )
+    d = start_daemon(
+        tmp_path, {"trainer": "alternating_trainer", "old": "alternating_py310"}, window_s=2
     )
-    d = DaemonProc(cfg, port, tmp_path / "daemon.log")
     try:
         m = d.wait_metric("serwatt_cpu_seconds_total", 0.6, target="trainer", timeout_s=90)
         d.wait_metric("serwatt_samples_total", 200, target="old", timeout_s=90)

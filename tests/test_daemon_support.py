@@ -266,3 +266,14 @@ def stop_process(p: subprocess.Popen) -> None:
     if p.poll() is None:
         p.kill()
     p.wait(timeout=10)
+
+
+def start_daemon(tmp_path: Path, targets: dict[str, str], *, notify=None, watchdog_usec=None, **kw):
+    """A daemon on a free port over `targets` ({name: cmdline pattern}); config_text's
+    keywords pass through. Its config is tmp_path/serwatt.yaml."""
+    port = free_port()
+    cfg = tmp_path / "serwatt.yaml"
+    cfg.write_text(config_text(port=port, record_dir=tmp_path / "runs", targets=targets, **kw))
+    return DaemonProc(
+        cfg, port, tmp_path / "daemon.log", notify=notify, watchdog_usec=watchdog_usec
+    )
