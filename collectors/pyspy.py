@@ -742,21 +742,12 @@ class PySpy:
                 # No thread's state was known, so the "on-CPU" run kept every sample
                 # of every thread: it is an --idle run at the full rate. Use it as one
                 # (the slower --idle run would only cost precision).
-                both = (result.errors, cpu.errors)
-                result = replace(
-                    cpu,
-                    errors=replace(
-                        cpu.errors,
-                        pyspy_samples=sum(e.pyspy_samples for e in both),
-                        pyspy_errors=sum(e.pyspy_errors for e in both),
-                        behind_s=max(e.behind_s for e in both),
-                        notes=(
-                            *cpu.errors.notes,
-                            "py-spy knew no thread's run state (no kernel tid): cpu on "
-                            f"--idle-like samples at {rates[1]:g} Hz",
-                        ),
-                    ),
+                merged = cpu.errors.with_run(result.errors)
+                note = (
+                    "py-spy knew no thread's run state (no kernel tid): cpu on "
+                    f"--idle-like samples at {rates[1]:g} Hz"
                 )
+                result = replace(cpu, errors=replace(merged, notes=(*merged.notes, note)))
         problems = sorted({run.priority_problem for run in runs if run.priority_problem})
         if problems:
             note = (

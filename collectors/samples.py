@@ -8,7 +8,7 @@ RAPL reads and NVML timestamps taken on the same host.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True)
@@ -54,3 +54,13 @@ class SamplerErrors:
     partial_stacks: int = 0
     behind_s: float = 0.0  # worst "behind in sampling" lag seen in the window
     notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def with_run(self, other: SamplerErrors) -> SamplerErrors:
+        """These counts plus another py-spy run's over the same window (its samples,
+        errors and worst lag; partial stacks and notes stay this run's)."""
+        return replace(
+            self,
+            pyspy_samples=self.pyspy_samples + other.pyspy_samples,
+            pyspy_errors=self.pyspy_errors + other.pyspy_errors,
+            behind_s=max(self.behind_s, other.behind_s),
+        )

@@ -291,7 +291,7 @@ class Daemon:
             return EXIT_RUNTIME
         self._host = _host_fingerprint(cfg, self._energy.nvml_status if self._energy else None)
         self.ledger.set_targets(t.name for t in cfg.targets)
-        self.ledger.set_sampling(rate_hz=self._governor.rate_hz, budget_cores=cfg.cpu_budget_cores)
+        self._set_sampling()
         if self._energy is not None:
             self._energy.declare(self.ledger)
         try:
@@ -365,10 +365,13 @@ class Daemon:
                 (daemon_s + samplers_s) / wall_s,
                 rate,
             )
+        self._set_sampling()
+        return now
+
+    def _set_sampling(self) -> None:
         self.ledger.set_sampling(
             rate_hz=self._governor.rate_hz, budget_cores=self.config.cpu_budget_cores
         )
-        return now
 
     def _tick(self) -> None:
         """What the main thread does while it waits: signals, rescans, watchdog."""
@@ -548,7 +551,7 @@ class Daemon:
             "recorder", up=recorder_ok, duration_s=time.monotonic() - t0, detail=recorder_detail
         )
         self._update_target_processes()
-        self.ledger.publish()
+        # (published by the loop, once the slot's own CPU is counted too)
 
     def _add_to_ledger(self, target: str, report: WindowReport, attribution: Any) -> None:
         samples = {cp: report.codepaths[cp].samples for cp in CODEPATHS if cp in report.codepaths}
@@ -720,7 +723,7 @@ class Daemon:
             self._classifiers = classifiers
         self._pool.limit = new.max_concurrent_samplers
         self._governor.reconfigure(new.cpu_budget_cores, new.sample_rate_hz)
-        self.ledger.set_sampling(rate_hz=self._governor.rate_hz, budget_cores=new.cpu_budget_cores)
+        self._set_sampling()
         _setup_logging(new.log_level)
         self.ledger.set_targets(t.name for t in new.targets)
         if self._energy is not None:

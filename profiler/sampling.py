@@ -158,6 +158,7 @@ def finish_window(raw: RawWindow, classifier: ClassifierLike) -> WindowReport:
     if window.on_cpu is not None:
         on_cpu_tids = {s.tid for s in window.on_cpu if s.tid is not None}
         carriers = [s for s in window.on_cpu if s.tid is not None]
+        n_on_cpu = len(carriers)  # the carriers' prefix that runqueue_weights weighs
         carrier_labels = [classifier.classify(s, proc_root=proc_root) for s in carriers]
         # threads with CPU but no on-CPU sample (and unmapped ones) use --idle samples
         for s, c in zip(window.samples, labels, strict=True):
@@ -168,12 +169,11 @@ def finish_window(raw: RawWindow, classifier: ClassifierLike) -> WindowReport:
     else:
         carriers = list(window.samples)
         carrier_labels = labels
+        n_on_cpu = 0
     half_width = max(2 * raw.poll_s, window_time_sigma_s(window))
     prior: list[float] | None = None
     runqueue_s = 0.0
     if window.on_cpu is not None and cpu.wait_per_tid_s:
-        # carriers start with the on-CPU samples that have a tid (in that order)
-        n_on_cpu = sum(1 for s in window.on_cpu if s.tid is not None)
         prior, runqueue_s = runqueue_weights(
             carriers[:n_on_cpu],
             window.samples,
@@ -229,12 +229,7 @@ def finish_window(raw: RawWindow, classifier: ClassifierLike) -> WindowReport:
             else "no on-CPU samples usable (py-spy knows no kernel tid): cpu on --idle samples"
         )
         if window.on_cpu_errors is not None:
-            errors = replace(
-                errors,
-                pyspy_samples=errors.pyspy_samples + window.on_cpu_errors.pyspy_samples,
-                pyspy_errors=errors.pyspy_errors + window.on_cpu_errors.pyspy_errors,
-                behind_s=max(errors.behind_s, window.on_cpu_errors.behind_s),
-            )
+            errors = errors.with_run(window.on_cpu_errors)
     if runqueue_s > 0:
         notes.append(f"{runqueue_s:.3f} s of run-queue wait taken off blocking lines")
     if weighting.unmapped_pool_s > 0:

@@ -10,8 +10,7 @@ from profiler.daemon import IDLE_RUN_RATE_HZ
 from profiler.recorder import Recorder
 from tests.test_daemon_support import (
     DaemonProc,
-    config_text,
-    free_port,
+    start_daemon,
     start_workload,
     stop_process,
     total,
@@ -25,17 +24,14 @@ def _rate(d: DaemonProc) -> float:
 
 def test_budget_lowers_the_rate_py_spy_runs_at_and_a_reload_lifts_it(tmp_path):
     works = [start_workload(tmp_path, f"budget{i}_trainer") for i in range(2)]
-    port = free_port()
-    cfg = tmp_path / "serwatt.yaml"
-    base = config_text(
-        port=port,
-        record_dir=tmp_path / "runs",
-        targets={"t0": "budget0_trainer", "t1": "budget1_trainer"},
-        window_s=1,
-    )
     # The daemon process alone uses more than this: the rate must go to its 1 Hz floor.
-    cfg.write_text(base + "cpu_budget_cores: 0.002\n")
-    d = DaemonProc(cfg, port, tmp_path / "daemon.log")
+    budget = "cpu_budget_cores: 0.002\n"
+    d = start_daemon(
+        tmp_path, {"t0": "budget0_trainer", "t1": "budget1_trainer"}, window_s=1, extra=budget
+    )
+    cfg = tmp_path / "serwatt.yaml"
+    base = cfg.read_text().replace(budget, "")
+    assert base != cfg.read_text()
     try:
         d.wait_metric("serwatt_samples_total", 1, target="t0")
         m = d.metrics()
