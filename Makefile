@@ -37,6 +37,7 @@ lint: $(BIN)/serwatt
 	$(BIN)/ruff check profiler collectors tests bench
 	$(BIN)/ruff format --check profiler collectors tests bench
 	$(BIN)/mypy profiler collectors
+	$(BIN)/lint-imports
 
 clean:
 	rm -rf $(VENV) .venv-targets .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -175,9 +175,9 @@ def main() -> int:
     if args.timestamps:
         return timestamps(args)
 
-    from profiler.classify import Classifier
-    from profiler.profile_doc import build_document
-    from profiler.session import ProfileSession
+    from profiler.classify.classifier import Classifier
+    from profiler.profile.document import build_document
+    from profiler.profile.session import ProfileSession
 
     classifier = Classifier.default()
     with tempfile.TemporaryDirectory() as tmp:

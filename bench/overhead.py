@@ -86,8 +86,8 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=5, help="number of A/B pairs")
     args = ap.parse_args()
 
-    from profiler.classify import Classifier
-    from profiler.session import ProfileSession
+    from profiler.classify.classifier import Classifier
+    from profiler.profile.session import ProfileSession
 
     classifier = Classifier.default()
     proc = subprocess.Popen([sys.executable, "-c", TARGET], stdout=subprocess.PIPE, text=True)

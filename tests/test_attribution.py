@@ -8,15 +8,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from profiler.attribution import (
+from profiler.attribution.apportion import (
     IdleSpan,
     attribute_energy,
     attribute_gpu_wait,
     gpus_used_by,
     interpolate,
 )
-from profiler.codepaths import CODEPATHS
-from profiler.window import TimedLabel
+from profiler.classify.codepaths import CODEPATHS
+from profiler.sampling.window import TimedLabel
 
 
 def test_energy_worked_example() -> None:

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from profiler.budget import HEADROOM, MAX_STEP, MIN_RATE_HZ, RateGovernor
+from profiler.service.budget import HEADROOM, MAX_STEP, MIN_RATE_HZ, RateGovernor
 
 # Measured on the reference VM (docs/daemon.md), 8 targets, 10 s windows: the daemon
 # ~2.3% of a core, py-spy 20 ms per start and 0.28 ms per sample.

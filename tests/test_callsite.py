@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from collectors.samples import Frame
-from profiler.callsite import SourceCache, SourceIndex, source_path
-from profiler.classify import Classifier
+from profiler.classify.callsite import SourceCache, SourceIndex, source_path
+from profiler.classify.classifier import Classifier
 
 SRC = textwrap.dedent(
     """
@@ -363,7 +363,7 @@ def test_one_file_is_parsed_once_across_paths_and_caches(tmp_path: Path) -> None
     daemon's one cache per concurrent window) reaches the same inode by another path."""
     import gc
 
-    from profiler import callsite
+    from profiler.classify import callsite
 
     f = tmp_path / "job.py"
     f.write_text("import pickle\nblob = pickle.dumps({})\n")

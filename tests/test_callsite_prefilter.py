@@ -17,10 +17,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from collectors.samples import Frame
-from profiler import callsite
-from profiler.callsite import import_roots, required_words
-from profiler.classify import Classifier
-from profiler.rules import load_rules
+from profiler.classify import callsite
+from profiler.classify.callsite import import_roots, required_words
+from profiler.classify.classifier import Classifier
+from profiler.classify.rules import load_rules
 from tests.workloads.harness import samples_from_dump, samples_from_speedscope
 
 FIXTURES = Path(__file__).parent / "fixtures" / "pyspy"

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from collectors.samples import Frame, Sample
-from profiler.classify import Classifier
-from profiler.codepaths import CODEPATHS, OTHER
+from profiler.classify.classifier import Classifier
+from profiler.classify.codepaths import CODEPATHS, OTHER
 
 STD = "/usr/lib/python3.12"
 SITE = "/venv/lib/python3.12/site-packages"
@@ -207,7 +207,7 @@ def test_explain_command_on_a_saved_dump(
 ) -> None:
     import json
 
-    from profiler.classify import main
+    from profiler.classify.classifier import main
 
     dump = [
         {

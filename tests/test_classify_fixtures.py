@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from collectors.samples import Frame, Sample
-from profiler.classify import Classifier
-from profiler.codepaths import CODEPATHS, Classification
+from profiler.classify.classifier import Classifier
+from profiler.classify.codepaths import CODEPATHS, Classification
 from tests.workloads.harness import samples_from_dump, samples_from_speedscope
 
 FIXTURES = Path(__file__).parent / "fixtures" / "pyspy"

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from profiler.config import (
+from profiler.exitcodes import EXIT_CONFIG
+from profiler.service.config import (
     DEFAULT_RUN_TEMPLATE,
-    EXIT_CONFIG,
     RUN_PLACEHOLDERS,
     ConfigError,
     load_config,

@@ -15,8 +15,8 @@ import sqlite3
 import subprocess
 import time
 
-from profiler.codepaths import CODEPATHS
-from profiler.recorder import Recorder
+from profiler.classify.codepaths import CODEPATHS
+from profiler.records.store import Recorder
 from tests.test_daemon_support import (
     PYTHON,
     REPO,

@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from profiler.recorder import Recorder
+from profiler.records.store import Recorder
 from tests.test_daemon_support import start_daemon, stop_process, total
 from tests.workloads.targets import ensure_target
 

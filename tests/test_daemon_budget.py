@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import signal
 
-from profiler.daemon import IDLE_RUN_RATE_HZ
-from profiler.recorder import Recorder
+from profiler.records.store import Recorder
+from profiler.service.daemon import IDLE_RUN_RATE_HZ
 from tests.test_daemon_support import (
     DaemonProc,
     start_daemon,

@@ -11,11 +11,11 @@ import threading
 
 from prometheus_client import generate_latest
 
-from profiler.codepaths import CODEPATHS
-from profiler.config import load_config
-from profiler.daemon import Daemon
-from profiler.exporter import make_registry
-from profiler.recorder import Recorder
+from profiler.classify.codepaths import CODEPATHS
+from profiler.records.store import Recorder
+from profiler.service.config import load_config
+from profiler.service.daemon import Daemon
+from profiler.service.exporter import make_registry
 from tests.nvml_replay import ReplayNvmlBackend, load_timeline
 from tests.test_daemon_support import (
     config_text,

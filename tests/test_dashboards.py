@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from profiler.exporter import METRIC_NAMES, METRICS
+from profiler.service.exporter import METRIC_NAMES, METRICS
 
 DASHBOARDS = sorted((Path(__file__).parent.parent / "dashboards").glob("*.json"))
 LABELS = {m.name: set(m.labels) for m in METRICS}

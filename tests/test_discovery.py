@@ -14,14 +14,9 @@ from types import MappingProxyType
 
 import pytest
 
-from profiler.config import TargetMatch, TargetSpec
-from profiler.discovery import (
-    NO_UNIT,
-    PF_KTHREAD,
-    discover,
-    format_start_time,
-    render_run_id,
-)
+from profiler.records.run_ids import NO_UNIT, format_start_time, render_run_id
+from profiler.service.config import TargetMatch, TargetSpec
+from profiler.service.discovery import PF_KTHREAD, discover
 
 SLEEPER = "import time, sys; time.sleep(120)"
 

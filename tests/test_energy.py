@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 
 from collectors.cpu_model import DEFAULT_W_PER_CPU, IDLE_FRACTION
-from profiler.codepaths import CODEPATHS
-from profiler.energy import EnergyObserver, EnergyTracker, EnergyUnavailableError
-from profiler.window import CodepathWindow, TimedLabel, WindowReport
+from profiler.attribution.tracker import EnergyTracker, EnergyUnavailableError
+from profiler.attribution.window import attribute_window
+from profiler.classify.codepaths import CODEPATHS
+from profiler.profile.energy_sink import EnergySink
+from profiler.sampling.window import CodepathWindow, TimedLabel, WindowReport
 from tests.nvml_replay import FakeClock, ReplayNvmlBackend, load_timeline
 from tests.powercap import build_powercap
 
@@ -84,7 +86,7 @@ def test_rapl_window_split_and_attribution_deterministic(tmp_path: Path) -> None
     assert we.dynamic_j == pytest.approx(40.0) and we.idle_j == pytest.approx(40.0)
     assert we.node_busy_cpu_s == pytest.approx(8.0)
     rep = _report(t0 + 1.0, t0 + 9.0, {"pickle": 3.0, "other": 1.0}, [])
-    ta = tr.attribute(rep, we)
+    ta = attribute_window(rep, we)
     assert ta.energy is not None and ta.energy_source == "rapl"
     assert ta.energy.target_share == pytest.approx(0.5)
     assert ta.energy_j is not None
@@ -118,7 +120,7 @@ def test_model_fallback_is_labelled_with_reason(tmp_path: Path) -> None:
         10 * (IDLE_FRACTION * tdp + (1 - IDLE_FRACTION) * tdp * 0.25)
     )
     assert we.dynamic_j == pytest.approx(10 * (1 - IDLE_FRACTION) * tdp * 0.25)
-    ta = tr.attribute(_report(t0, t0 + 10, {"json": 5.0}, []), we)
+    ta = attribute_window(_report(t0, t0 + 10, {"json": 5.0}, []), we)
     assert ta.energy_source == "model"
     # config TDP wins
     tr2 = EnergyTracker(tmp_path / "sys", procfs, tdp_w=100.0, nvml_mode="off", clock=clock)
@@ -160,7 +162,7 @@ def test_gpu_wait_through_tracker_with_replayed_gpu(tmp_path: Path) -> None:
     rep = _report(t0 + 1, t0 + 9, {"other": 2.0, "pickle": 2.5, "json": 1.5}, labels)
     we = tr.window(t0 + 1, t0 + 9)
     assert we.source == "model" and len(we.gpus) == 1
-    ta = tr.attribute(rep, we)
+    ta = attribute_window(rep, we)
     assert ta.gpus_used == (0,)
     (w,) = ta.gpu_wait
     assert w.wait_s["pickle"] == pytest.approx(3.0, abs=0.2)
@@ -171,8 +173,8 @@ def test_gpu_wait_through_tracker_with_replayed_gpu(tmp_path: Path) -> None:
     assert ta.gpu_wait_energy_j[("pickle", 0)] == pytest.approx(225.0, rel=0.08)
     # a target that is not on the GPU gets no GPU-wait
     other = WindowReport(**{**rep.__dict__, "pid": 1})
-    assert tr.attribute(other, we).gpus_used == ()
-    assert tr.attribute(other, we, target_pids=[TARGET]).gpus_used == (0,)
+    assert attribute_window(other, we).gpus_used == ()
+    assert attribute_window(other, we, target_pids=[TARGET]).gpus_used == (0,)
 
 
 def test_observer_fills_the_document_parts(tmp_path: Path) -> None:
@@ -186,7 +188,7 @@ def test_observer_fills_the_document_parts(tmp_path: Path) -> None:
     )
     tr = EnergyTracker(sysfs, procfs, nvml_backend=fake, clock=clock)
     tr.nvml._boottime = fake.boottime
-    obs = EnergyObserver(tr)
+    obs = EnergySink(tr)
     t0 = clock()
     obs.tracker.poll_once()
     obs._started = True  # drive polling by hand instead of the thread
@@ -258,7 +260,7 @@ def test_reads_too_far_apart_for_the_power_seen_are_noted(tmp_path: Path) -> Non
     tree = build_powercap(sysfs, max_uj=30_000_000, dram=False, psys=False)
     (procfs / "stat").write_text(_stat(0, 0))
     tr = EnergyTracker(sysfs, procfs, nvml_mode="off", clock=clock)
-    obs = EnergyObserver(tr)
+    obs = EnergySink(tr)
     obs._started = True
     t0 = clock()
     tr.poll_once()
@@ -293,7 +295,7 @@ def test_long_profile_accumulates_beyond_the_tracker_history(tmp_path: Path) -> 
     )
     tr = EnergyTracker(sysfs, procfs, nvml_backend=fake, clock=clock)
     tr.nvml._boottime = fake.boottime
-    obs = EnergyObserver(tr)
+    obs = EnergySink(tr)
     obs._started = True
     t0 = clock()
     tr.poll_once()
@@ -320,7 +322,8 @@ def test_long_profile_accumulates_beyond_the_tracker_history(tmp_path: Path) -> 
 
 
 def test_table_shows_joules_source_gpu_wait_and_gpu_idle_joules(tmp_path: Path) -> None:
-    from profiler.profile_doc import deep_merge, render_table
+    from profiler.profile.document import deep_merge
+    from profiler.profile.table import render_table
 
     clock = FakeClock()
     sysfs, procfs = tmp_path / "sys", tmp_path / "proc"
@@ -332,7 +335,7 @@ def test_table_shows_joules_source_gpu_wait_and_gpu_idle_joules(tmp_path: Path) 
     )
     tr = EnergyTracker(sysfs, procfs, nvml_backend=fake, clock=clock)
     tr.nvml._boottime = fake.boottime
-    obs = EnergyObserver(tr)
+    obs = EnergySink(tr)
     obs._started = True
     t0 = clock()
     tr.poll_once()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from profiler.codepaths import CODEPATHS
+from profiler.classify.codepaths import CODEPATHS
 from tests.powercap import build_powercap
 
 REPO = Path(__file__).resolve().parents[1]

@@ -10,9 +10,9 @@ import pytest
 from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from profiler.codepaths import CODEPATHS
-from profiler.exporter import MetricsServer, make_registry, parse_listen
-from profiler.ledger import Ledger, TargetProcess
+from profiler.classify.codepaths import CODEPATHS
+from profiler.service.exporter import MetricsServer, make_registry, parse_listen
+from profiler.service.ledger import Ledger, TargetProcess
 
 
 def _ledger() -> Ledger:

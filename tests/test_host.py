@@ -7,7 +7,7 @@ import platform
 from pathlib import Path
 
 from collectors.nvml import NvmlCollector
-from profiler.host import HOST_SCHEMA, describe, fingerprint
+from profiler.records.host import HOST_SCHEMA, describe, fingerprint
 from tests.nvml_replay import ReplayNvmlBackend, load_timeline
 
 CPUINFO_2S = "".join(

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from profiler.codepaths import CODEPATHS
-from profiler.ledger import Ledger, TargetProcess
+from profiler.classify.codepaths import CODEPATHS
+from profiler.service.ledger import Ledger, TargetProcess
 
 
 def _ledger(*targets: str) -> Ledger:

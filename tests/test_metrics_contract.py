@@ -10,9 +10,9 @@ import subprocess
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from profiler.codepaths import CODEPATHS
-from profiler.exporter import METRIC_NAMES, METRICS, make_registry
-from profiler.ledger import Ledger, TargetProcess
+from profiler.classify.codepaths import CODEPATHS
+from profiler.service.exporter import METRIC_NAMES, METRICS, make_registry
+from profiler.service.ledger import Ledger, TargetProcess
 from tests.test_daemon_support import (
     PYTHON,
     REPO,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from profiler.codepaths import CODEPATHS
+from profiler.classify.codepaths import CODEPATHS
 from tests.workloads.targets import find_interpreter
 
 REPO = Path(__file__).resolve().parents[1]

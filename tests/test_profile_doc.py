@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 
-from profiler.classify import Classifier
-from profiler.codepaths import CODEPATHS
-from profiler.profile_doc import batches, build_document, deep_merge, render_table, share_ci95
-from profiler.session import ProfileSession, SessionInfo
-from profiler.window import WindowReport
+from profiler.classify.classifier import Classifier
+from profiler.classify.codepaths import CODEPATHS
+from profiler.profile.document import batches, build_document, deep_merge, share_ci95
+from profiler.profile.session import ProfileSession, SessionInfo
+from profiler.profile.table import render_table
+from profiler.sampling.window import WindowReport
 from tests.workloads.targets import find_interpreter
 
 PY312 = str(find_interpreter(("3.12.1", "3.13.0", "3.12")))

@@ -14,7 +14,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from profiler.codepaths import CODEPATHS
+from profiler.classify.codepaths import CODEPATHS
 from tests.test_daemon_support import (
     DaemonProc,
     config_text,

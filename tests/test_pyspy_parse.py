@@ -16,8 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from collectors.pyspy import (
-    ThreadMapping,
+from collectors.pyspy.speedscope import (
     assemble_samples,
     parse_speedscope,
     parse_status,
@@ -25,6 +24,7 @@ from collectors.pyspy import (
     tick_indices,
     tick_times,
 )
+from collectors.pyspy.threads import ThreadMapping
 from collectors.samples import Frame
 
 FIX = Path(__file__).parent / "fixtures" / "sampling"

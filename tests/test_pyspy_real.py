@@ -29,10 +29,10 @@ from collectors.pyspy import (
     StopEvent,
     TargetGone,
     UnsupportedPython,
-    _Run,
 )
-from profiler.classify import Classifier
-from profiler.sampling import sample_window
+from collectors.pyspy.runner import _Run
+from profiler.classify.classifier import Classifier
+from profiler.sampling.collect import sample_window
 from tests.workloads.targets import find_interpreter
 
 # one CPython before 3.11 (bare frame names, no kernel tid in nonblocking mode) and one

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from profiler.classify import Classifier
+from profiler.classify.classifier import Classifier
 from tests.workloads import harness, targets
 from tests.workloads.serializers import EXPECT
 
@@ -126,7 +126,7 @@ def test_target_interpreters_are_before_and_after_3_11(target: tuple[str, Path])
 )
 def test_end_to_end_through_sample_window(target: tuple[str, Path], kind: str, expect: str) -> None:
     """The sampler (py-spy speedscope window + per-thread CPU) with this classifier."""
-    from profiler.sampling import sample_window
+    from profiler.sampling.collect import sample_window
 
     _name, python = target
     with harness.running(python, kind) as pid:
@@ -143,7 +143,7 @@ def test_explain_command_on_a_live_process(
     target: tuple[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`python -m profiler.classify --pid P`: real py-spy dump, reasons per thread."""
-    from profiler.classify import main
+    from profiler.classify.classifier import main
 
     _name, python = target
     out = ""

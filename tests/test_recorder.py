@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from collectors.samples import SamplerErrors
-from profiler.codepaths import CODEPATHS
-from profiler.recorder import RECORD_FILENAME, SCHEMA_VERSION, Recorder, RecordError
-from profiler.window import CodepathWindow, WindowReport
+from profiler.classify.codepaths import CODEPATHS
+from profiler.records.store import RECORD_FILENAME, SCHEMA_VERSION, Recorder, RecordError
+from profiler.sampling.window import CodepathWindow, WindowReport
 
 REPO = Path(__file__).resolve().parents[1]
 HOST = {"hostname": "node-1", "cpu_model": "Test CPU", "sockets": 2, "gpus": []}
@@ -268,7 +268,7 @@ CRASH_CHILD = r"""
 import sys, random
 sys.path.insert(0, sys.argv[2])
 from tests.test_recorder import window, HOST, CONFIG, SOURCES
-from profiler.recorder import Recorder
+from profiler.records.store import Recorder
 rec = Recorder(sys.argv[1])
 run_id = "crash-" + sys.argv[3]
 rec.start_run(run_id, "trainer", host=HOST, config=CONFIG, sources=SOURCES)
@@ -333,7 +333,7 @@ WRITER_CHILD = r"""
 import sys
 sys.path.insert(0, sys.argv[2])
 from tests.test_recorder import window, HOST, CONFIG, SOURCES
-from profiler.recorder import Recorder
+from profiler.records.store import Recorder
 rec = Recorder(sys.argv[1])
 run_id = sys.argv[3]
 rec.start_run(run_id, "t", host=HOST, config=CONFIG, sources=SOURCES)

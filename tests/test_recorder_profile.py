@@ -1,4 +1,4 @@
-"""RecordObserver: a real `serwatt profile` session (real py-spy, real workload) recorded
+"""RecordSink: a real `serwatt profile` session (real py-spy, real workload) recorded
 in the daemon's run-record format, with energy from the model and GPU-wait from a replayed
 NVML timeline."""
 
@@ -11,11 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from profiler.classify import Classifier
-from profiler.codepaths import CODEPATHS
-from profiler.energy import EnergyObserver, EnergyTracker
-from profiler.recorder import Recorder, RecordError, RecordObserver
-from profiler.session import ProfileSession
+from profiler.attribution.tracker import EnergyTracker
+from profiler.classify.classifier import Classifier
+from profiler.classify.codepaths import CODEPATHS
+from profiler.profile.energy_sink import EnergySink
+from profiler.profile.record_sink import RecordSink
+from profiler.profile.session import ProfileSession
+from profiler.records.store import Recorder, RecordError
 from tests.nvml_replay import ReplayNvmlBackend, load_timeline
 
 REPO = Path(__file__).resolve().parents[1]
@@ -64,8 +66,8 @@ def test_profile_session_is_recorded_with_model_energy_and_replayed_gpu_wait(
         nvml_backend=backend,
         clock=backend.clock,
     )
-    energy = EnergyObserver(tracker)
-    recorder = RecordObserver(tmp_path / "profile.sqlite", energy=energy)
+    energy = EnergySink(tracker)
+    recorder = RecordSink(tmp_path / "profile.sqlite", energy=energy)
     result = profile(workload.pid, [energy, recorder])
     assert recorder.errors == []
     windows = sum(t.windows for t in result.targets)
@@ -102,7 +104,7 @@ def test_profile_session_is_recorded_with_model_energy_and_replayed_gpu_wait(
 
 
 def test_profile_session_without_energy_records_unavailable(tmp_path: Path, workload) -> None:  # type: ignore[no-untyped-def]
-    recorder = RecordObserver(tmp_path / "r.sqlite", target="bench", run_id="bench-1")
+    recorder = RecordSink(tmp_path / "r.sqlite", target="bench", run_id="bench-1")
     profile(workload.pid, [recorder], duration_s=2.5)
     detail = Recorder(tmp_path / "r.sqlite").run("bench-1")
     assert detail.summary.windows >= 1
@@ -115,7 +117,7 @@ def test_a_bad_record_file_fails_before_profiling(tmp_path: Path) -> None:
     bad = tmp_path / "notes.txt"
     bad.write_text("my notes, not a database\n" * 50)
     with pytest.raises(RecordError, match="not a readable serwatt run record"):
-        RecordObserver(bad)
+        RecordSink(bad)
     assert bad.read_text().startswith("my notes")
 
 

@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from collectors.samples import Frame
-from profiler.classify import Classifier
-from profiler.codepaths import SERIALIZATION_CODEPATHS
-from profiler.rules import (
+from profiler.classify.classifier import Classifier
+from profiler.classify.codepaths import SERIALIZATION_CODEPATHS
+from profiler.classify.rules import (
     SCHEMA,
     FunctionPatterns,
     PatternSet,
@@ -216,7 +216,7 @@ def test_function_patterns_bare_and_qualified() -> None:
 
 
 def test_file_patterns_are_path_suffixes() -> None:
-    from profiler.rules import _suffix_patterns
+    from profiler.classify.rules import _suffix_patterns
 
     ps = _suffix_patterns(["json/encoder.py", "profiler/many/*.py"])
     assert ps.match("/usr/lib/python3.12/json/encoder.py")
@@ -246,7 +246,7 @@ def test_arbitrary_text_never_crashes_the_loader(text: str) -> None:
 
 
 def test_check_rules_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from profiler.rules import main
+    from profiler.classify.rules import main
 
     good = write(
         tmp_path,

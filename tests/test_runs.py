@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from profiler.codepaths import CODEPATHS
-from profiler.host import fingerprint
-from profiler.recorder import RECORD_FILENAME, Recorder
+from profiler.classify.codepaths import CODEPATHS
+from profiler.records.host import fingerprint
+from profiler.records.store import RECORD_FILENAME, Recorder
 from tests.test_recorder import window
 
 REPO = Path(__file__).resolve().parents[1]

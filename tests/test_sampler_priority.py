@@ -21,7 +21,7 @@ import pytest
 
 from collectors import procstat, sched
 from collectors.pyspy import PySpy
-from profiler.config import ConfigError, parse_config
+from profiler.service.config import ConfigError, parse_config
 from tests.test_daemon_support import PYTHON, config_text, free_port
 from tests.test_pyspy_real import pyspy_children
 from tests.test_systemd import as_nobody

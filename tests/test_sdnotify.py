@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from profiler.sdnotify import SdNotifier
+from profiler.service.sdnotify import SdNotifier
 
 
 @pytest.fixture()

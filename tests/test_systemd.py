@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from profiler.cli import EXIT_CONFIG
+from profiler.exitcodes import EXIT_CONFIG
 
 REPO = Path(__file__).resolve().parents[1]
 UNIT = REPO / "configs" / "systemd" / "serwatt.service"

@@ -7,8 +7,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from collectors.samples import Frame, Sample
-from profiler.codepaths import CODEPATHS, Classification
-from profiler.weighting import CpuSeries, codepath_windows, distribute_cpu, runqueue_weights
+from profiler.classify.codepaths import CODEPATHS, Classification
+from profiler.sampling.weighting import (
+    CpuSeries,
+    codepath_windows,
+    distribute_cpu,
+    runqueue_weights,
+)
 
 F = (Frame("f", "/a.py", 1),)
 

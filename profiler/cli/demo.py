@@ -12,8 +12,8 @@ import subprocess
 import sys
 
 from collectors.pyspy import SamplingError
-from profiler.cli import EXIT_RUNTIME, UsageError
-from profiler.cli_profile import (
+from profiler.cli.main import UsageError
+from profiler.cli.profile import (
     BAD_INPUT_ERRORS,
     add_common_options,
     make_classifier,
@@ -23,8 +23,9 @@ from profiler.cli_profile import (
     validate_common,
     write_outputs,
 )
-from profiler.profile_doc import build_document
-from profiler.session import ProfileSession
+from profiler.exitcodes import EXIT_RUNTIME
+from profiler.profile.document import build_document
+from profiler.profile.session import ProfileSession
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -35,8 +35,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.exposition import choose_encoder
 
-from profiler.codepaths import CODEPATHS
-from profiler.ledger import LedgerSnapshot
+from profiler.classify.codepaths import CODEPATHS
+from profiler.service.ledger import LedgerSnapshot
 
 log = logging.getLogger(__name__)
 

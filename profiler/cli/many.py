@@ -12,7 +12,8 @@ import json
 import os
 import sys
 
-from profiler.cli import EXIT_OK, EXIT_RUNTIME, UsageError
+from profiler.cli.main import UsageError
+from profiler.exitcodes import EXIT_OK, EXIT_RUNTIME
 from profiler.many.format import HEADER_DIRTY, VERSION_MAJOR, ManyFormatError
 from profiler.many.reader import load
 from profiler.many.verify import verify, verify_chain

@@ -22,8 +22,6 @@ is counted in `serwatt_sampler_errors_total{target,kind}` and retried later
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import dataclasses
 import logging
 import os
@@ -31,21 +29,21 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
-from collectors.pyspy import PySpy, SamplingError, StopEvent
+from collectors.pyspy import PySpy, SamplingError
 from profiler import __version__
-from profiler.budget import RateGovernor
-from profiler.cli import EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME
-from profiler.codepaths import CODEPATHS
-from profiler.config import Config, ConfigError, load_config
-from profiler.exporter import MetricsServer, make_registry
-from profiler.ledger import Ledger, TargetProcess
-from profiler.sdnotify import SdNotifier
-from profiler.window import WindowReport
+from profiler.classify.codepaths import CODEPATHS
+from profiler.exitcodes import EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME
+from profiler.sampling.window import WindowReport
+from profiler.service.budget import RateGovernor
+from profiler.service.config import Config, ConfigError, load_config
+from profiler.service.energy_side import EnergySide, RequiredCollectorMissing
+from profiler.service.exporter import MetricsServer, make_registry
+from profiler.service.ledger import Ledger, TargetProcess
+from profiler.service.pools import ClassifierPool, SamplerPool, SamplingJob
+from profiler.service.sdnotify import SdNotifier
 
 log = logging.getLogger("serwatt.daemon")
 
@@ -83,27 +81,7 @@ RETRY_REFUSED_S = 60.0
 TARGET_KINDS = frozenset({"target_gone", "not_python", "unsupported_python", "ptrace_denied"})
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config",
-        required=True,
-        type=Path,
-        metavar="FILE",
-        help="daemon config (YAML); see configs/serwatt.example.yaml",
-    )
-
-
-def run(args: argparse.Namespace) -> int:
-    try:
-        config = load_config(args.config)
-    except ConfigError as exc:
-        print(f"serwatt daemon: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
-    _setup_logging(config.log_level)
-    return Daemon(config).run()
-
-
-def _setup_logging(level: str) -> None:
+def setup_logging(level: str) -> None:
     # journald timestamps each line itself; keep the line short and greppable.
     logging.basicConfig(
         level=getattr(logging, level.upper(), logging.INFO),
@@ -132,60 +110,6 @@ class _Tracked:
         return (self.proc.pid, self.proc.start_time)
 
 
-@dataclass
-class _Job:
-    """One py-spy window of one process, run on a sampling thread."""
-
-    key: tuple[int, float]
-    target: str
-    run_id: str
-    pid: int
-    window_s: float
-    started_mono: float
-    # wakes the window's py-spy supervision at once when set (collectors/pyspy.py)
-    stop: threading.Event = field(default_factory=StopEvent)
-    done: threading.Event = field(default_factory=threading.Event)
-    report: WindowReport | None = None
-    error: BaseException | None = None
-    thread: threading.Thread | None = None
-
-
-class SamplerPool:
-    """Bounded pool of sampling threads: never more than `limit` py-spy windows at once.
-
-    A thread per window (windows last seconds, a thread costs microseconds) lets an
-    overrunning window be abandoned without blocking the pool; it keeps counting
-    against the limit until it really ends, so the bound on py-spy processes holds.
-    """
-
-    def __init__(self, limit: int, on_done: Callable[[], None]) -> None:
-        self.limit = limit
-        self._on_done = on_done
-        self._threads: list[threading.Thread] = []
-
-    def running(self) -> int:
-        self._threads = [t for t in self._threads if t.is_alive()]
-        return len(self._threads)
-
-    def free(self) -> int:
-        return max(0, self.limit - self.running())
-
-    def submit(self, job: _Job, work: Callable[[_Job], WindowReport]) -> None:
-        def body() -> None:
-            try:
-                job.report = work(job)
-            except BaseException as exc:  # handed to the main thread, never lost
-                job.error = exc
-            finally:
-                job.done.set()
-                self._on_done()
-
-        t = threading.Thread(target=body, name=f"serwatt-sample-{job.pid}", daemon=True)
-        job.thread = t
-        self._threads.append(t)
-        t.start()
-
-
 # --------------------------------------------------------------------------- daemon
 
 
@@ -212,7 +136,7 @@ class Daemon:
         self._next_retention = 0.0
         self._pool = SamplerPool(config.max_concurrent_samplers, self._wake.set)
         self._governor = RateGovernor(config.cpu_budget_cores, config.sample_rate_hz)
-        self._abandoned: list[_Job] = []
+        self._abandoned: list[SamplingJob] = []
         self._in_flight: set[tuple[int, float]] = set()  # keys with a window running
         self._classifiers: ClassifierPool = None  # type: ignore[assignment]
         self._recorder: Any = None
@@ -255,7 +179,7 @@ class Daemon:
         self._wake.set()
 
     def _start(self) -> int:
-        from profiler.recorder import Recorder, RecordError
+        from profiler.records.store import Recorder, RecordError
 
         cfg = self.config
         try:
@@ -276,7 +200,7 @@ class Daemon:
             )
         try:
             self._energy = EnergySide(cfg, nvml_backend=self._nvml_backend)
-        except _RequiredCollectorMissing as exc:
+        except RequiredCollectorMissing as exc:
             log.error("%s", exc)
             return EXIT_CONFIG
         try:
@@ -401,7 +325,7 @@ class Daemon:
         self._wake.wait(max(0.0, min(step, timeout_s)))
         self._wake.clear()
 
-    def _wait_slot(self, jobs: list[_Job], slot_start: float) -> None:
+    def _wait_slot(self, jobs: list[SamplingJob], slot_start: float) -> None:
         cfg_window = self.config.window_s
         if not jobs:
             # Nothing to sample: an idle slot, ended early as soon as a re-scan or a
@@ -443,7 +367,7 @@ class Daemon:
             self._tick()
             self._wait(1.0)
 
-    def _stop_jobs(self, pending: list[_Job]) -> None:
+    def _stop_jobs(self, pending: list[SamplingJob]) -> None:
         for j in pending:
             j.stop.set()
         deadline = time.monotonic() + STOP_GRACE_S
@@ -452,8 +376,8 @@ class Daemon:
 
     # ------------------------------------------------------------------ windows
 
-    def _start_windows(self) -> list[_Job]:
-        from profiler.sampling import sample_window
+    def _start_windows(self) -> list[SamplingJob]:
+        from profiler.sampling.collect import sample_window
 
         cfg = self.config
         now = time.monotonic()
@@ -462,7 +386,7 @@ class Daemon:
         jobs = []
         for t in ready[: self._pool.free()]:
             t.last_sampled_at = now
-            job = _Job(
+            job = SamplingJob(
                 key=t.key,
                 target=t.proc.target,
                 run_id=t.proc.run_id,
@@ -474,7 +398,7 @@ class Daemon:
             spy = self._pyspy
 
             def work(
-                j: _Job, classifiers=classifiers, procfs=procfs, rate=rate, spy=spy
+                j: SamplingJob, classifiers=classifiers, procfs=procfs, rate=rate, spy=spy
             ) -> WindowReport:
                 with classifiers.borrow() as classifier:
                     return sample_window(
@@ -495,7 +419,7 @@ class Daemon:
             jobs.append(job)
         return jobs
 
-    def _apply_slot(self, jobs: list[_Job], slot_start: float, slot_end: float) -> None:
+    def _apply_slot(self, jobs: list[SamplingJob], slot_start: float, slot_end: float) -> None:
         for j in jobs:
             self._in_flight.discard(j.key)
         reports = [(j, j.report) for j in jobs if j.done.is_set() and j.report is not None]
@@ -569,7 +493,7 @@ class Daemon:
             gpu_wait_energy_j=attribution.gpu_wait_energy_j,
         )
 
-    def _on_window_error(self, job: _Job) -> bool:
+    def _on_window_error(self, job: SamplingJob) -> bool:
         """Count a failed window; True when the target caused it (not serwatt's sampler)."""
         err = job.error
         kind = getattr(err, "kind", None)
@@ -607,7 +531,7 @@ class Daemon:
     # ------------------------------------------------------------------ discovery
 
     def _rescan(self) -> None:
-        from profiler.discovery import discover
+        from profiler.service.discovery import discover
 
         cfg = self.config
         self._next_rescan = time.monotonic() + cfg.rescan_s
@@ -724,7 +648,7 @@ class Daemon:
         self._pool.limit = new.max_concurrent_samplers
         self._governor.reconfigure(new.cpu_budget_cores, new.sample_rate_hz)
         self._set_sampling()
-        _setup_logging(new.log_level)
+        setup_logging(new.log_level)
         self.ledger.set_targets(t.name for t in new.targets)
         if self._energy is not None:
             self._energy.declare(self.ledger)
@@ -769,214 +693,8 @@ class _OwnCpu:
         return _OwnCpu(t.user + t.system, t.children_user + t.children_system, time.monotonic())
 
 
-class _RequiredCollectorMissing(Exception):
-    """A collector the config marks as required is unavailable on this node."""
-
-
-class ClassifierPool:
-    """Classifiers for the sampling threads: one per concurrent window (a Classifier
-    is not thread-safe), kept between windows so their caches stay warm."""
-
-    def __init__(self, config: Config) -> None:
-        self._rules_files = list(config.rules_files)
-        self._procfs = config.path_procfs
-        self._free: list[Any] = [self._make()]  # loads the rules now: bad rules fail here
-        self._lock = threading.Lock()
-
-    def _make(self) -> Any:
-        from profiler.classify import Classifier
-
-        if self._rules_files:
-            return Classifier.from_files(self._rules_files, proc_fs=self._procfs)
-        return Classifier.default(proc_fs=self._procfs)
-
-    @contextlib.contextmanager
-    def borrow(self) -> Iterator[Any]:
-        with self._lock:
-            classifier = self._free.pop() if self._free else None
-        if classifier is None:
-            classifier = self._make()
-        try:
-            yield classifier
-        finally:
-            with self._lock:
-                self._free.append(classifier)
-
-
-@dataclass(frozen=True)
-class WindowAttribution:
-    """One target window's joules and GPU-wait, for the ledger and the record."""
-
-    energy_j: Any  # Mapping[codepath, J] or None
-    energy_source: str | None
-    gpu_wait_s: dict[tuple[str, int], float]
-    gpu_wait_energy_j: dict[tuple[str, int], float]
-    energy_record: dict[str, Any]
-    gpu_record: dict[str, Any] | None
-
-
-@dataclass(frozen=True)
-class SlotEnergy:
-    windows: list[WindowAttribution]  # one per report, in order
-
-
-# Collector states that mean "not in use here", not "failed": not exported.
-_UNUSED_REASONS = frozenset({"not_needed", "off"})
-
-
-class EnergySide:
-    """The daemon's use of the energy tracker (profiler/energy.py): one tracker for the
-    node, one reading per slot, split over the slot's target windows.
-
-    All windows of a slot are attributed against the slot's single energy reading:
-    each target gets (its window CPU / node busy CPU over the slot) of the slot's
-    dynamic energy, so the targets' shares can never sum past the node's, and what is
-    left (idle part, other processes, targets not sampled this slot) is exported as
-    `serwatt_unattributed_energy_joules_total`.
-    """
-
-    def __init__(self, config: Config, *, nvml_backend: Any = None) -> None:
-        from profiler.energy import EnergyTracker, EnergyUnavailableError
-
-        self._tracker = EnergyTracker(
-            sysfs_root=config.path_sysfs,
-            procfs_root=config.path_procfs,
-            tdp_w=config.cpu_tdp_w,
-            rapl_mode=config.rapl,
-            nvml_mode=config.nvml,
-            nvml_backend=nvml_backend,
-        )
-        t0 = time.monotonic()
-        try:
-            self.status = self._tracker.probe()
-        except EnergyUnavailableError as exc:
-            raise _RequiredCollectorMissing(f"collectors: {exc}") from None
-        self._probe_s = time.monotonic() - t0
-        self._rapl_errors_seen = 0
-        self.source = self._tracker.energy_source
-        for name, st in self.status.items():
-            if not st.up and st.reason not in _UNUSED_REASONS:
-                log.info("collector %s unavailable: %s: %s", name, st.reason, st.detail)
-        self._tracker.start()
-
-    @property
-    def nvml_status(self) -> Any:
-        return self._tracker.nvml.probe() if self.status["nvml"].reason != "off" else None
-
-    def declare(self, ledger: Ledger) -> None:
-        if self.source in ("rapl", "model"):
-            ledger.declare_energy_source(self.source)
-        if self.status["nvml"].up:
-            for gpu in self._tracker.nvml.probe().gpus:
-                ledger.declare_gpu(gpu.index)
-        for name, st in self.status.items():
-            if st.reason not in _UNUSED_REASONS:
-                detail = st.detail or ""
-                if not st.up:
-                    detail = f"unavailable: {st.reason}: {detail}"
-                ledger.set_collector(name, up=st.up, duration_s=self._probe_s, detail=detail)
-
-    def sources(self) -> dict[str, Any]:
-        return {
-            "energy": self.source,
-            "collectors": {
-                name: {"up": st.up, "reason": st.reason, "detail": st.detail}
-                for name, st in self.status.items()
-            },
-        }
-
-    def slot(
-        self, start: float, end: float, reports: list[WindowReport], ledger: Ledger
-    ) -> SlotEnergy | None:
-        t0 = time.monotonic()
-        try:
-            we = self._tracker.window(start, end)
-        except Exception as exc:
-            log.error("energy reading for the slot failed: %s", exc)
-            ledger.set_collector(
-                "energy", up=False, duration_s=time.monotonic() - t0, detail=str(exc)
-            )
-            return None
-        read_s = time.monotonic() - t0
-        self._slot_collectors(we, read_s, ledger)
-        windows = []
-        attributed_j = 0.0
-        for report in reports:
-            ta = self._tracker.attribute(report, we)
-            if ta.energy is not None:
-                attributed_j += sum(ta.energy.codepaths_j.values())
-            windows.append(_window_attribution(we, ta))
-        if we.source in ("rapl", "model") and we.package_j is not None:
-            node_j = max(0.0, we.package_j)
-            if attributed_j > node_j:
-                # Windows measured over slightly different spans than the slot: the
-                # excess is measurement jitter, the residual cannot be negative.
-                log.debug("slot attributed %.3f J of %.3f J measured", attributed_j, node_j)
-            ledger.add_node_energy(
-                we.source, node_j=node_j, unattributed_j=max(0.0, node_j - attributed_j)
-            )
-        for g in we.gpus:
-            if g.up:
-                ledger.add_gpu_idle(g.index, max(0.0, g.idle_s))
-        return SlotEnergy(windows)
-
-    def _slot_collectors(self, we: Any, read_s: float, ledger: Ledger) -> None:
-        if self.status["rapl"].up:
-            # RAPL read errors carry the last good value forward (caught up on the next
-            # good read), so the slot still says "rapl": count failed reads instead.
-            errors = self._tracker.rapl_read_errors
-            failing = errors > self._rapl_errors_seen
-            self._rapl_errors_seen = errors
-            ok = we.source == "rapl" and not failing
-            if failing:
-                detail = "read errors this slot: " + ", ".join(
-                    self._tracker.last_rapl_errors or ("unknown",)
-                )
-            else:
-                detail = "; ".join(we.notes) if ok else f"{we.source}: {we.reason}"
-            ledger.set_collector("rapl", up=ok, duration_s=read_s, detail=detail)
-        elif self.status.get("cpu_model") is not None and self.status["cpu_model"].up:
-            ok = we.source == "model"
-            detail = we.model or "" if ok else f"{we.source}: {we.reason}"
-            ledger.set_collector("cpu_model", up=ok, duration_s=read_s, detail=detail)
-        if self.status["nvml"].up:
-            down = [f"gpu {g.index}: {g.reason}" for g in we.gpus if not g.up]
-            ledger.set_collector(
-                "nvml",
-                up=bool(we.gpus) and not down,
-                duration_s=read_s,
-                detail="; ".join(down) or f"{len(we.gpus)} GPU(s)",
-            )
-
-    def close(self) -> None:
-        self._tracker.stop()
-
-
-def _window_attribution(we: Any, ta: Any) -> WindowAttribution:
-    from profiler.recorder import energy_record, gpu_record
-
-    energy = ta.energy
-    record = energy_record(we, ta)
-    # What the daemon adds: the slot the energy was read over, and how it was split.
-    record.update(
-        slot=[we.start, we.end],
-        node_busy_cpu_s=we.node_busy_cpu_s,
-        target_share=energy.target_share if energy is not None else None,
-        model=we.model,
-        notes=list(we.notes),
-    )
-    return WindowAttribution(
-        energy_j=energy.codepaths_j if energy is not None else None,
-        energy_source=energy.source if energy is not None else None,
-        gpu_wait_s=ta.gpu_wait_s,
-        gpu_wait_energy_j=ta.gpu_wait_energy_j,
-        energy_record=record,
-        gpu_record=gpu_record(ta),
-    )
-
-
 def _host_fingerprint(config: Config, nvml_status: Any = None) -> dict[str, Any]:
-    from profiler.host import fingerprint
+    from profiler.records.host import fingerprint
 
     return fingerprint(
         procfs=config.path_procfs,

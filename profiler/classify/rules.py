@@ -37,7 +37,7 @@ from pathlib import Path
 
 import yaml
 
-from profiler.codepaths import CODEPATHS
+from profiler.classify.codepaths import CODEPATHS
 
 SCHEMA = "serwatt.codepaths/1"
 LAYERS = ("python", "native", "callsite")

@@ -14,20 +14,16 @@ import importlib
 import sys
 
 from profiler import __version__
-
-EXIT_OK = 0
-EXIT_RUNTIME = 1
-EXIT_USAGE = 2
-EXIT_CONFIG = 78
+from profiler.exitcodes import EXIT_USAGE
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "profile": ("profiler.cli_profile", "profile one process (and its Python children)"),
-    "demo": ("profiler.cli_demo", "profile a built-in mixed workload for ~20 s"),
-    "daemon": ("profiler.daemon", "run the per-node service"),
-    "check-config": ("profiler.config", "validate a daemon config file"),
-    "runs": ("profiler.cli_runs", "list and show recorded runs"),
-    "many": ("profiler.many.cli", "inspect and verify .many checkpoints"),
+    "profile": ("profiler.cli.profile", "profile one process (and its Python children)"),
+    "demo": ("profiler.cli.demo", "profile a built-in mixed workload for ~20 s"),
+    "daemon": ("profiler.cli.daemon", "run the per-node service"),
+    "check-config": ("profiler.cli.check_config", "validate a daemon config file"),
+    "runs": ("profiler.cli.runs", "list and show recorded runs"),
+    "many": ("profiler.cli.many", "inspect and verify .many checkpoints"),
 }
 
 

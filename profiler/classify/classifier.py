@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from collectors.samples import Frame, Sample
-from profiler.callsite import CallsitePrefilter, LineCalls, SourceCache, source_path
-from profiler.codepaths import OTHER, Classification
-from profiler.rules import PatternSet, Rule, RuleSet, load_rules
+from profiler.classify.callsite import CallsitePrefilter, LineCalls, SourceCache, source_path
+from profiler.classify.codepaths import OTHER, Classification
+from profiler.classify.rules import PatternSet, Rule, RuleSet, load_rules
 
 _MEMO_MAX = 1 << 17
 
@@ -406,7 +406,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import subprocess
     import sys
 
-    from profiler.rules import RuleError
+    from profiler.classify.rules import RuleError
 
     parser = argparse.ArgumentParser(
         prog="python -m profiler.classify", description=(main.__doc__ or "").splitlines()[0]

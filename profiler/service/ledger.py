@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from profiler import __version__
-from profiler.codepaths import CODEPATHS
+from profiler.classify.codepaths import CODEPATHS
 
 # `kind` and `source` label values: short identifiers, never free text.
 _IDENT = re.compile(r"^[a-z][a-z0-9_]{0,39}$")

@@ -11,11 +11,9 @@ The documented shape, with every default, is `configs/serwatt.example.yaml`.
 
 from __future__ import annotations
 
-import argparse
 import ipaddress
 import re
 import string
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,8 +21,6 @@ from types import MappingProxyType
 from typing import Any
 
 import yaml
-
-EXIT_CONFIG = 78  # same value as profiler.cli.EXIT_CONFIG (EX_CONFIG from sysexits.h)
 
 # Placeholders a target's `run` template may use (rendered by profiler.discovery).
 RUN_PLACEHOLDERS: tuple[str, ...] = ("unit", "start_time", "target", "pid", "host")
@@ -637,45 +633,3 @@ def load_config(path: Path) -> Config:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(path, [ConfigProblem("", None, f"cannot read the file: {exc}")]) from None
     return parse_config(text, path.absolute())
-
-
-# --------------------------------------------------------------------------- subcommand
-
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", type=Path, help="the daemon config (YAML) to validate")
-    parser.add_argument(
-        "-q", "--quiet", action="store_true", help="print nothing when the config is valid"
-    )
-
-
-def check_rules(config: Config) -> None:
-    """Load the config's extra codepath rules as the daemon will; raises ConfigError."""
-    if not config.rules_files:
-        return
-    from profiler.rules import RuleError, load_rules
-
-    try:
-        load_rules(list(config.rules_files), builtin=True)
-    except RuleError as exc:
-        raise ConfigError(
-            config.source_path,
-            [ConfigProblem("classify.rules_files", None, f"bad rules file {exc}")],
-        ) from None
-
-
-def run(args: argparse.Namespace) -> int:
-    try:
-        config = load_config(args.file)
-        check_rules(config)
-    except ConfigError as exc:
-        print(f"serwatt check-config: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
-    if not args.quiet:
-        names = ", ".join(t.name for t in config.targets)
-        print(
-            f"{config.source_path}: ok: {len(config.targets)} target(s) ({names}), "
-            f"listen {config.listen}, {config.sample_rate_hz:g} Hz, {config.window_s:g} s windows, "
-            f"rapl {config.rapl}, nvml {config.nvml}, records in {config.record_dir}"
-        )
-    return 0

@@ -29,9 +29,11 @@ from collectors.pyspy import (
     TargetGone,
     UnsupportedPython,
 )
-from profiler.cli import EXIT_OK, EXIT_RUNTIME, UsageError
-from profiler.profile_doc import build_document, render_table
-from profiler.session import ProfileSession, SessionResult
+from profiler.cli.main import UsageError
+from profiler.exitcodes import EXIT_OK, EXIT_RUNTIME
+from profiler.profile.document import build_document
+from profiler.profile.session import ProfileSession, SessionResult
+from profiler.profile.table import render_table
 
 BAD_INPUT_ERRORS = (TargetGone, NotPython, UnsupportedPython, PtraceDenied)
 
@@ -128,10 +130,11 @@ def prepare_record(args: argparse.Namespace) -> None:
     path = getattr(args, "record", None)
     if path is None:
         return
-    from profiler.recorder import RecordError, RecordObserver
+    from profiler.profile.record_sink import RecordSink
+    from profiler.records.store import RecordError
 
     try:
-        args.record_observer = RecordObserver(path)
+        args.record_observer = RecordSink(path)
     except RecordError as exc:
         raise UsageError(f"--record {path}: {exc}") from exc
 
@@ -139,7 +142,8 @@ def prepare_record(args: argparse.Namespace) -> None:
 def prepare_energy(args: argparse.Namespace) -> None:
     """Probe energy collectors before any process starts: a `required` one that is
     missing, or a bad --path.sysfs / --tdp, is bad input (exit 2), not a late failure."""
-    from profiler.energy import EnergyObserver, EnergyTracker, EnergyUnavailableError
+    from profiler.attribution.tracker import EnergyTracker, EnergyUnavailableError
+    from profiler.profile.energy_sink import EnergySink
 
     sysfs = getattr(args, "sysfs", Path("/sys"))
     if not sysfs.is_dir():
@@ -155,7 +159,7 @@ def prepare_energy(args: argparse.Namespace) -> None:
         nvml_mode=getattr(args, "nvml", "auto"),
     )
     try:
-        args.energy_observer = EnergyObserver(tracker)
+        args.energy_observer = EnergySink(tracker)
     except EnergyUnavailableError as exc:
         raise UsageError(str(exc)) from exc
 
@@ -168,7 +172,7 @@ def make_pyspy(args: argparse.Namespace) -> PySpy:
 
 
 def make_classifier() -> Any:
-    from profiler.classify import Classifier
+    from profiler.classify.classifier import Classifier
 
     return Classifier.default()
 

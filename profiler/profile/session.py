@@ -39,9 +39,9 @@ from collectors.pyspy import (
     precheck,
 )
 from collectors.samples import SamplerErrors
-from profiler.codepaths import CODEPATHS
-from profiler.sampling import ClassifierLike, RawWindow, collect_window, finish_window
-from profiler.window import WindowReport
+from profiler.classify.codepaths import CODEPATHS
+from profiler.sampling.collect import ClassifierLike, RawWindow, collect_window, finish_window
+from profiler.sampling.window import WindowReport
 
 BIN_S = 1.0  # time resolution of the per-codepath CPU bins used for the share interval
 

@@ -20,19 +20,17 @@ from __future__ import annotations
 import os
 import re
 import socket
-import time
 from collections.abc import Iterable, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from profiler.config import TargetMatch, TargetSpec
+from profiler.records.run_ids import render_run_id
+from profiler.service.config import TargetMatch, TargetSpec
 
 PF_KTHREAD = 0x00200000  # include/linux/sched.h: the task is a kernel thread
 _PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)*)?[a-z]*$")  # python, python3.11, python3.13t
 _LIBPYTHON = re.compile(rb"/libpython\d+(\.\d+)*[a-z]*\.so")
 _UNIT_RE = re.compile(r"\.(service|scope|socket|mount|swap|target|timer|path|device)$")
-_RUN_ID_UNSAFE = re.compile(r"[^A-Za-z0-9_.@:+-]")
-NO_UNIT = "nounit"
 
 
 @dataclass(frozen=True)
@@ -207,24 +205,6 @@ def _matches(proc: _Proc, match: TargetMatch, pid_file_pid: int | None) -> bool:
         if any(env.get(k) != v for k, v in match.environ.items()):
             return False
     return True
-
-
-def format_start_time(epoch_s: float) -> str:
-    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(epoch_s))
-
-
-def render_run_id(
-    template: str, *, target: str, pid: int, start_time: float, unit: str | None, host: str
-) -> str:
-    """Fill a `run` template (placeholders validated by profiler.config) into a safe id."""
-    rendered = template.format(
-        target=target,
-        pid=pid,
-        start_time=format_start_time(start_time),
-        unit=unit or NO_UNIT,
-        host=host,
-    )
-    return _RUN_ID_UNSAFE.sub("_", rendered)
 
 
 def _pids(procfs: Path) -> list[int]:

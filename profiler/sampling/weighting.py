@@ -57,8 +57,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from collectors.samples import Sample
-from profiler.codepaths import CODEPATHS, Classification
-from profiler.window import CodepathWindow
+from profiler.classify.codepaths import CODEPATHS, Classification
+from profiler.sampling.window import CodepathWindow
 
 
 @dataclass(frozen=True)

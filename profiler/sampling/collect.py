@@ -25,9 +25,14 @@ from typing import Protocol
 from collectors import procstat
 from collectors.pyspy import PySpy, TargetGone, WindowSamples
 from collectors.samples import Sample
-from profiler.codepaths import Classification
-from profiler.weighting import CpuSeries, codepath_windows, distribute_cpu, runqueue_weights
-from profiler.window import TimedLabel, WindowReport
+from profiler.classify.codepaths import Classification
+from profiler.sampling.weighting import (
+    CpuSeries,
+    codepath_windows,
+    distribute_cpu,
+    runqueue_weights,
+)
+from profiler.sampling.window import TimedLabel, WindowReport
 
 
 class ClassifierLike(Protocol):

@@ -44,8 +44,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from profiler.codepaths import CODEPATHS, SERIALIZATION_CODEPATHS
-from profiler.window import TimedLabel
+from profiler.classify.codepaths import CODEPATHS, SERIALIZATION_CODEPATHS
+from profiler.sampling.window import TimedLabel
 
 _SERIALIZATION = frozenset(SERIALIZATION_CODEPATHS)
 

@@ -13,13 +13,13 @@ import sys
 import time
 from pathlib import Path
 
-from profiler.cli import UsageError
-from profiler.codepaths import CODEPATHS
-from profiler.host import describe
-from profiler.recorder import RECORD_FILENAME, Recorder, RecordError, RunDetail, RunSummary
+from profiler.classify.codepaths import CODEPATHS
+from profiler.cli.main import UsageError
+from profiler.exitcodes import EXIT_RUNTIME
+from profiler.records.host import describe
+from profiler.records.store import RECORD_FILENAME, Recorder, RecordError, RunDetail, RunSummary
 
 DEFAULT_RECORD_DIR = Path("/var/lib/serwatt/runs")
-EXIT_RUNTIME = 1
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -49,7 +49,7 @@ def _record_path(args: argparse.Namespace) -> Path:
     if args.db is not None:
         return args.db
     if args.config is not None:
-        from profiler.config import ConfigError, load_config
+        from profiler.service.config import ConfigError, load_config
 
         try:
             return load_config(args.config).record_dir / RECORD_FILENAME

@@ -1,0 +1,36 @@
+"""py-spy as a signal source: one sampling window of one process at a time.
+
+runner: the py-spy subprocess driver (windows, stop, failures); speedscope: its output
+parsed into timed samples (pure); threads: py-spy thread labels mapped to kernel tids.
+Imports only collectors.*; never profiler.
+"""
+
+from collectors.pyspy.runner import (
+    DEFAULT_RATE_HZ,
+    PYSPY_FLAGS,
+    NotPython,
+    PtraceDenied,
+    PySpy,
+    PySpyMissing,
+    SamplingError,
+    StopEvent,
+    TargetGone,
+    UnsupportedPython,
+    precheck,
+)
+from collectors.pyspy.speedscope import WindowSamples
+
+__all__ = [
+    "DEFAULT_RATE_HZ",
+    "PYSPY_FLAGS",
+    "NotPython",
+    "PtraceDenied",
+    "PySpy",
+    "PySpyMissing",
+    "SamplingError",
+    "StopEvent",
+    "TargetGone",
+    "UnsupportedPython",
+    "WindowSamples",
+    "precheck",
+]

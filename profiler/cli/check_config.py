@@ -1,0 +1,48 @@
+"""`serwatt check-config FILE`: validate a daemon config as the daemon will load it."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from profiler.classify.rules import RuleError, load_rules
+from profiler.exitcodes import EXIT_CONFIG
+from profiler.service.config import Config, ConfigError, ConfigProblem, load_config
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", type=Path, help="the daemon config (YAML) to validate")
+    parser.add_argument(
+        "-q", "--quiet", action="store_true", help="print nothing when the config is valid"
+    )
+
+
+def check_rules(config: Config) -> None:
+    """Load the config's extra codepath rules as the daemon will; raises ConfigError."""
+    if not config.rules_files:
+        return
+    try:
+        load_rules(list(config.rules_files), builtin=True)
+    except RuleError as exc:
+        raise ConfigError(
+            config.source_path,
+            [ConfigProblem("classify.rules_files", None, f"bad rules file {exc}")],
+        ) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.file)
+        check_rules(config)
+    except ConfigError as exc:
+        print(f"serwatt check-config: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    if not args.quiet:
+        names = ", ".join(t.name for t in config.targets)
+        print(
+            f"{config.source_path}: ok: {len(config.targets)} target(s) ({names}), "
+            f"listen {config.listen}, {config.sample_rate_hz:g} Hz, {config.window_s:g} s windows, "
+            f"rapl {config.rapl}, nvml {config.nvml}, records in {config.record_dir}"
+        )
+    return 0

@@ -1,0 +1,331 @@
+"""The energy sink of a `serwatt profile` session: joules and GPU-wait in the profile document."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from profiler.attribution.tracker import ENERGY_METHOD, GPU_WAIT_METHOD, EnergyTracker
+from profiler.attribution.window import attribute_window, gpu_wait_for, used_gpus
+from profiler.classify.codepaths import CODEPATHS
+from profiler.sampling.window import TimedLabel, WindowReport
+
+
+def _r(v: float | None, nd: int = 6) -> float | None:
+    return None if v is None else round(v, nd)
+
+
+@dataclass
+class _GpuAcc:
+    """One GPU's running totals over a profile."""
+
+    index: int
+    uuid: str | None
+    name: str | None
+    up: bool = True
+    reason: str | None = None
+    used: bool = False
+    covered_s: float = 0.0
+    busy_s: float = 0.0
+    idle_s: float = 0.0
+    energy_j: float | None = None
+    energy_source: str | None = None
+    sample_period_s: float | None = None
+    clock: Any = None
+    wait_s: dict[str, float] | None = None
+    unattributed_wait_s: float = 0.0
+    idle_j: dict[str, float] | None = None
+    idle_j_missing: bool = False
+
+
+class EnergySink:
+    """Session observer (profiler/session.py) adding joules and GPU-wait to a profile.
+
+    Joules are attributed per target window (each window's own utilisation and CPU
+    share) and summed. Node totals are accumulated span by span as windows arrive,
+    and GPU-wait is computed over the merged timeline of every target once all
+    targets' windows have passed a span (two window lengths behind the newest), so
+    an instant where two processes serialize counts once, and a profile of any
+    length stays inside the tracker's history.
+    """
+
+    def __init__(self, tracker: EnergyTracker) -> None:
+        self.tracker = tracker
+        self.status = tracker.probe()
+        self._cp_j = dict.fromkeys(CODEPATHS, 0.0)
+        self._parts = {"idle": 0.0, "other_processes": 0.0, "target_unsampled": 0.0}
+        self._sources: set[str] = set()
+        self._reasons: list[str] = []
+        self._notes: list[str] = []
+        self._labels: list[TimedLabel] = []
+        self._pids: set[int] = set()
+        self._rate_hz: float | None = None
+        self._window_s = 5.0
+        self._first: float | None = None
+        self._last: float | None = None
+        self._e_until: float | None = None  # node energy accumulated up to here
+        self._g_until: float | None = None  # GPU-wait computed up to here
+        self._node: dict[str, float] = {}
+        self._node_missing: set[str] = set()
+        self._per_pkg: dict[int, float] = {}
+        self._node_unavailable_s = 0.0
+        self._gpus: dict[int, _GpuAcc] = {}
+        self._started = False
+
+    def on_start(self, info: Any) -> None:
+        if info is not None and getattr(info, "window_s", None):
+            self._window_s = float(info.window_s)
+        self.tracker.start()
+        self._started = True
+
+    def on_window(self, report: WindowReport) -> None:
+        if not self._started:
+            self.on_start(None)
+        self._pids.add(report.pid)
+        self._rate_hz = report.rate_hz
+        self._labels.extend(report.timeline)
+        self._first = (
+            report.started_at if self._first is None else min(self._first, report.started_at)
+        )
+        self._last = report.ended_at if self._last is None else max(self._last, report.ended_at)
+        self._advance_node(report.started_at, report.ended_at)
+        we = self.tracker.window(report.started_at, report.ended_at)
+        if we.source != "unavailable":
+            ta = attribute_window(report, we)
+            assert ta.energy is not None
+            self._sources.add(ta.energy.source)
+            for cp, j in ta.energy.codepaths_j.items():
+                self._cp_j[cp] += j
+            self._parts["idle"] += ta.energy.unattributed_idle_j
+            self._parts["other_processes"] += ta.energy.unattributed_other_processes_j
+            self._parts["target_unsampled"] += ta.energy.unattributed_target_unsampled_j
+        elif we.reason:
+            self._reasons.append(we.reason)
+        # every target's window covering this far back has arrived by now
+        self._advance_gpus(self._last - 2 * self._window_s)
+
+    def _advance_node(self, start: float, end: float) -> None:
+        a = start if self._e_until is None else self._e_until
+        if end <= a:
+            return
+        self._e_until = end
+        we = self.tracker.window(a, end)
+        if we.source == "unavailable" or we.package_j is None:
+            self._node_unavailable_s += end - a
+            if we.reason:
+                self._reasons.append(we.reason)
+            return
+        self._model = we.model
+        for key, val in (
+            ("package_j", we.package_j),
+            ("dynamic_j", we.dynamic_j),
+            ("idle_j", we.idle_j),
+            ("dram_j", we.dram_j),
+            ("psys_j", we.psys_j),
+            ("node_busy_cpu_s", we.node_busy_cpu_s),
+            ("node_total_cpu_s", we.node_total_cpu_s),
+        ):
+            if val is None:
+                self._node_missing.add(key)
+            else:
+                self._node[key] = self._node.get(key, 0.0) + val
+        for pkg, j in we.per_package_j.items():
+            self._per_pkg[pkg] = self._per_pkg.get(pkg, 0.0) + j
+        for note in we.notes:
+            if note not in self._notes:
+                self._notes.append(note)
+
+    def _advance_gpus(self, until: float) -> None:
+        if not self.status["nvml"].up or self._first is None or not self._rate_hz:
+            return
+        a = self._first if self._g_until is None else self._g_until
+        if until <= a:
+            return
+        self._g_until = until
+        labels = [lab for lab in self._labels if lab.t < until]
+        # a label's sample still covers [t, t + 1/rate): keep what reaches past `until`
+        keep_from = until - 1.0 / self._rate_hz
+        self._labels = [lab for lab in self._labels if lab.t >= keep_from]
+        gpu_windows = self.tracker.nvml.window(a, until)
+        used = used_gpus(gpu_windows, self._pids)
+        for g in gpu_windows:
+            acc = self._gpus.setdefault(g.index, _GpuAcc(g.index, g.uuid, g.name))
+            acc.up, acc.reason = g.up, g.reason
+            acc.covered_s += g.covered_s
+            acc.busy_s += g.busy_s
+            acc.idle_s += g.idle_s
+            if g.energy_j is not None:
+                acc.energy_j = (acc.energy_j or 0.0) + g.energy_j
+                acc.energy_source = g.energy_source
+            acc.sample_period_s = g.sample_period_s or acc.sample_period_s
+            acc.clock = g.clock or acc.clock
+            if g.index not in used:
+                continue
+            acc.used = True
+            w = gpu_wait_for(g, labels, self._rate_hz, a, until)
+            acc.wait_s = acc.wait_s or dict.fromkeys(CODEPATHS, 0.0)
+            for cp, v in w.wait_s.items():
+                acc.wait_s[cp] += v
+            acc.unattributed_wait_s += w.unattributed_s
+            if w.idle_energy_j is None:
+                acc.idle_j_missing = acc.idle_j_missing or w.idle_s > 0
+            else:
+                acc.idle_j = acc.idle_j or dict.fromkeys(CODEPATHS, 0.0)
+                for cp, v in w.idle_energy_j.items():
+                    acc.idle_j[cp] += v
+
+    def finish(self) -> dict[str, Any]:
+        try:
+            if self._last is not None:
+                self._advance_node(self._first or self._last, self._last)
+                self._advance_gpus(self._last)
+            return self._finish()
+        finally:
+            self.tracker.stop()
+
+    def _energy_part(self) -> dict[str, Any]:
+        if not self._sources or "package_j" not in self._node:
+            reason = self._reasons[0] if self._reasons else "no window was profiled"
+            if self.tracker.energy_source == "unavailable":
+                st = self.status
+                reason = (
+                    f"rapl {st['rapl'].reason}: {st['rapl'].detail}; "
+                    f"cpu model: {st['cpu_model'].detail}"
+                )
+            return {"source": "unavailable", "reason": reason, "package_j": None}
+        (source,) = self._sources
+        total = self._node["package_j"]
+        attributed = math.fsum(self._cp_j.values())
+        if attributed > total > 0:  # overlapping target windows: never claim more than measured
+            scale = total / attributed
+            for cp in self._cp_j:
+                self._cp_j[cp] *= scale
+            attributed = math.fsum(self._cp_j.values())
+        node = {k: (None if k in self._node_missing else _r(v)) for k, v in self._node.items()}
+        notes = list(self._notes)
+        if self._node_unavailable_s > 0:
+            notes.append(
+                f"{self._node_unavailable_s:.2f} s of the profile had no energy reading "
+                f"({self._reasons[0] if self._reasons else 'unknown'})"
+            )
+        part: dict[str, Any] = {
+            "source": source,
+            "reason": self.status["rapl"].detail if source == "model" else None,
+            "package_j": _r(total),
+            "attributed_j": _r(attributed),
+            "unattributed_j": _r(max(0.0, total - attributed)),
+            "dynamic_j": node.get("dynamic_j"),
+            "idle_j": node.get("idle_j"),
+            "dram_j": node.get("dram_j"),
+            "psys_j": node.get("psys_j"),
+            "per_package_j": {str(k): _r(v) for k, v in sorted(self._per_pkg.items())},
+            "node_busy_cpu_s": node.get("node_busy_cpu_s"),
+            "node_total_cpu_s": node.get("node_total_cpu_s"),
+            "window": {"start": self._first, "end": self._last},
+            "method": ENERGY_METHOD,
+            "notes": notes,
+        }
+        if source == "model":
+            part["reason"] = f"rapl {self.status['rapl'].reason}: {self.status['rapl'].detail}"
+            part["model"] = getattr(self, "_model", None)
+        if source == "rapl":
+            rs = self.tracker.rapl.probe()
+            part["rapl"] = {
+                "poll_period_s": self.tracker.rapl_poll_period_s,
+                "max_safe_period_s": rs.poll_period_s,
+                "zones": [
+                    {"zone": z.zone_id, "name": z.name, "kind": z.kind, "package": z.package}
+                    for z in rs.zones
+                ],
+                "skipped": [{"zone": s.zone_id, "reason": s.reason} for s in rs.skipped],
+                "wraps_corrected": self.tracker.rapl_wraps,
+                "max_read_gap_s": round(self.tracker.max_rapl_gap_s, 6),
+            }
+            fastest = self.tracker.fastest_wrap_s()
+            if fastest is not None and self.tracker.max_rapl_gap_s > fastest / 2:
+                part["notes"].append(
+                    f"RAPL reads were {self.tracker.max_rapl_gap_s:.2f} s apart at worst; at "
+                    f"the power seen, a counter wraps every {fastest:.2f} s: a wrap may have "
+                    "been missed"
+                )
+        if len(self._pids) == 1:
+            # The residual's parts; between windows = py-spy restarts between windows.
+            parts = {k: _r(v) for k, v in self._parts.items()}
+            rest = part["unattributed_j"] - math.fsum(self._parts.values())
+            parts["between_windows"] = _r(max(0.0, rest))
+            part["unattributed_parts_j"] = parts
+        return part
+
+    def _finish(self) -> dict[str, Any]:
+        energy = self._energy_part()
+        measured = energy["source"] in ("rapl", "model")
+        nv = self.status["nvml"]
+        gpus: list[dict[str, Any]] = []
+        wait_s: dict[str, float] | None = None
+        idle_j: dict[str, float] | None = None
+        for acc in sorted(self._gpus.values(), key=lambda a: a.index):
+            row: dict[str, Any] = {
+                "index": acc.index,
+                "uuid": acc.uuid,
+                "name": acc.name,
+                "up": acc.up,
+                "reason": acc.reason,
+                "used_by_target": acc.used,
+                "covered_s": _r(acc.covered_s),
+                "busy_s": _r(acc.busy_s),
+                "idle_s": _r(acc.idle_s),
+                "energy_j": _r(acc.energy_j),
+                "energy_source": acc.energy_source,
+                "sample_period_s": _r(acc.sample_period_s),
+                "clock": None
+                if acc.clock is None
+                else {"domain": acc.clock.domain, "offset_s": acc.clock.offset_s},
+                "gpu_wait_s": None,
+                "unattributed_wait_s": None,
+                "gpu_idle_j": None,
+            }
+            if acc.used and acc.wait_s is not None:
+                row["gpu_wait_s"] = {cp: _r(v) for cp, v in acc.wait_s.items()}
+                row["unattributed_wait_s"] = _r(acc.unattributed_wait_s)
+                wait_s = wait_s or dict.fromkeys(CODEPATHS, 0.0)
+                for cp, v in acc.wait_s.items():
+                    wait_s[cp] += v
+                if acc.idle_j is not None and not acc.idle_j_missing:
+                    row["gpu_idle_j"] = {cp: _r(v) for cp, v in acc.idle_j.items()}
+                    idle_j = idle_j or dict.fromkeys(CODEPATHS, 0.0)
+                    for cp, v in acc.idle_j.items():
+                        idle_j[cp] += v
+            gpus.append(row)
+        if not gpus and nv.up:
+            gpus = [
+                {
+                    "index": g.index,
+                    "uuid": g.uuid,
+                    "name": g.name,
+                    "up": g.up,
+                    "reason": g.reason,
+                    "used_by_target": False,
+                }  # fmt: skip
+                for g in self.tracker.nvml.probe().gpus
+            ]
+        codepaths = {
+            cp: {
+                "energy_j": _r(self._cp_j[cp]) if measured else None,
+                "energy_source": energy["source"] if measured else None,
+                "gpu_wait_s": _r(wait_s[cp]) if wait_s is not None else None,
+                "gpu_idle_j": _r(idle_j[cp]) if idle_j is not None else None,
+            }
+            for cp in CODEPATHS
+        }
+        return {
+            "energy": energy,
+            "gpus": gpus,
+            "codepaths": codepaths,
+            "nvml": {
+                "up": nv.up,
+                "reason": nv.reason,
+                "detail": nv.detail,
+                "gpu_wait_method": GPU_WAIT_METHOD,
+            },  # fmt: skip
+        }

@@ -1,0 +1,117 @@
+"""The terminal table of a profile document (serwatt.profile/1)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from profiler.classify.codepaths import CODEPATHS
+
+
+def _pct(v: float) -> str:
+    return f"{100 * v:5.1f}%"
+
+
+def render_table(doc: Mapping[str, Any]) -> str:
+    """The human table: one row per codepath, then the sampler's own failures."""
+    cps = doc["codepaths"]
+    show_energy = any(cps[cp].get("energy_j") is not None for cp in cps)
+    show_wait = any(cps[cp].get("gpu_wait_s") is not None for cp in cps)
+    show_gpu_j = any(cps[cp].get("gpu_idle_j") is not None for cp in cps)
+    energy_src = (doc.get("energy") or {}).get("source") or "?"
+    head = f"{'codepath':<12}{'samples':>9}{'CPU-s':>10}  {'share [95% CI]':<24}{'wall s':>9}"
+    head += f"{'low-conf':>10}"
+    if show_energy:
+        head += f"{'J (' + energy_src + ')':>12}"
+    if show_wait:
+        head += f"{'GPU-wait s':>12}"
+    if show_gpu_j:
+        head += f"{'GPU idle J':>12}"
+    lines = [
+        f"serwatt profile: pid {doc['target']['pid']} ({doc['target']['command'][:60]}), "
+        f"python {doc['target']['python'] or '?'}, {doc['duration_s']:.1f} s at "
+        f"{doc['rate_hz']:g} Hz, {len(doc.get('targets', []))} process(es)",
+        head,
+    ]
+    for cp in CODEPATHS:
+        row = cps[cp]
+        ci = row["share_ci95"]
+        ci_s = f"[{_pct(ci[0]).strip()}, {_pct(ci[1]).strip()}]" if ci else "[n/a]"
+        line = (
+            f"{cp:<12}{row['samples']:>9}{row['cpu_s']:>10.2f}  "
+            f"{_pct(row['share']) + ' ' + ci_s:<24}{row['wall_s']:>9.2f}"
+            f"{_pct(row['low_confidence_share']):>10}"
+        )
+        if show_energy:
+            e = row.get("energy_j")
+            line += f"{e:>12.1f}" if e is not None else f"{'-':>12}"
+        if show_wait:
+            w = row.get("gpu_wait_s")
+            line += f"{w:>12.2f}" if w is not None else f"{'-':>12}"
+        if show_gpu_j:
+            gj = row.get("gpu_idle_j")
+            line += f"{gj:>12.1f}" if gj is not None else f"{'-':>12}"
+        lines.append(line)
+    lines.append(f"{'total':<12}{doc['samples']:>9}{doc['cpu_s']:>10.2f}  {'100.0%':<24}")
+    s = doc["sampler"]
+    lines.append(
+        f"CPU-s: measured per-thread CPU (procfs) spread over each thread's samples; "
+        f"share 95% CI: batch means over time; low-confidence CPU: "
+        f"{_pct(doc['low_confidence_cpu_share']).strip()} of total"
+    )
+    fails = ", ".join(f"{k}={v}" for k, v in s["window_failures"].items()) or "none"
+    lines.append(
+        f"sampler: py-spy samples {s['pyspy_samples']}, errors {s['pyspy_errors']}, "
+        f"partial stacks {s['partial_stacks']}, max lag {s['behind_s']:.2f} s, "
+        f"windows {s['windows']}, window failures: {fails}"
+    )
+    energy = doc.get("energy") or {}
+    if energy.get("source") == "unavailable":
+        lines.append(f"energy: unavailable ({energy.get('reason')})")
+    else:
+        lines.extend(energy_lines(doc))
+    for t in doc.get("targets", []):
+        if t.get("error"):
+            lines.append(f"target {t['pid']}: not sampled: {t['error']}")
+    return "\n".join(lines)
+
+
+def energy_lines(doc: Mapping[str, Any]) -> list[str]:
+    """The energy and GPU footer of the table: totals, source, residual, GPUs."""
+    e = doc.get("energy") or {}
+    out: list[str] = []
+    if e.get("package_j") is not None:
+        label = "measured (RAPL)" if e["source"] == "rapl" else "ESTIMATED (model, not measured)"
+        out.append(
+            f"energy: {label}: package {e['package_j']:.1f} J, to codepaths "
+            f"{e.get('attributed_j') or 0.0:.1f} J, "
+            f"unattributed {e.get('unattributed_j') or 0.0:.1f} J"
+        )
+        parts = e.get("unattributed_parts_j")
+        if parts:
+            out.append(
+                "  unattributed = "
+                + ", ".join(f"{k.replace('_', ' ')} {v:.1f} J" for k, v in parts.items())
+            )
+        if e["source"] == "model":
+            out.append(f"  model: {e.get('model')}; why: {e.get('reason')}")
+        for note in e.get("notes") or []:
+            out.append(f"  note: {note}")
+    nv = doc.get("nvml")
+    if nv and not nv.get("up"):
+        out.append(f"gpus: unavailable ({nv.get('reason')}: {nv.get('detail')})")
+    for g in doc.get("gpus") or []:
+        if not g.get("up") and not g.get("covered_s"):
+            out.append(f"gpu {g['index']} {g.get('name')}: unavailable ({g.get('reason')})")
+            continue
+        used = "used by target" if g.get("used_by_target") else "not used by target"
+        wait = g.get("gpu_wait_s")
+        wait_s = f", GPU-wait {sum(wait.values()):.2f} s" if wait else ""
+        ej = g.get("energy_j")
+        e_s = f", energy {ej:.1f} J ({g.get('energy_source')})" if ej is not None else ""
+        lost = f" [{g.get('reason')}]" if not g.get("up") else ""
+        out.append(
+            f"gpu {g['index']} {g.get('name')}{lost}: {used}, idle {g.get('idle_s') or 0:.2f} s "
+            f"of {g.get('covered_s') or 0:.2f} s with NVML data{e_s}{wait_s}"
+        )
+    return out

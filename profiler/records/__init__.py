@@ -1,0 +1,5 @@
+"""Run records: every attributed window of every run in one crash-safe SQLite file.
+
+The store, run ids and the host fingerprint. May import collectors and the layers below
+(classify, sampling, attribution); never the service, the profile session or the CLI.
+"""

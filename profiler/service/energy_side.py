@@ -1,0 +1,189 @@
+"""The daemon's energy side: one tracker for the node, one reading per slot."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from profiler.attribution.window import attribute_window, energy_record, gpu_record
+from profiler.sampling.window import WindowReport
+from profiler.service.config import Config
+from profiler.service.ledger import Ledger
+
+log = logging.getLogger("serwatt.daemon")
+
+
+class RequiredCollectorMissing(Exception):
+    """A collector the config marks as required is unavailable on this node."""
+
+
+@dataclass(frozen=True)
+class WindowAttribution:
+    """One target window's joules and GPU-wait, for the ledger and the record."""
+
+    energy_j: Any  # Mapping[codepath, J] or None
+    energy_source: str | None
+    gpu_wait_s: dict[tuple[str, int], float]
+    gpu_wait_energy_j: dict[tuple[str, int], float]
+    energy_record: dict[str, Any]
+    gpu_record: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class SlotEnergy:
+    windows: list[WindowAttribution]  # one per report, in order
+
+
+# Collector states that mean "not in use here", not "failed": not exported.
+_UNUSED_REASONS = frozenset({"not_needed", "off"})
+
+
+class EnergySide:
+    """The daemon's use of the energy tracker (profiler/energy.py): one tracker for the
+    node, one reading per slot, split over the slot's target windows.
+
+    All windows of a slot are attributed against the slot's single energy reading:
+    each target gets (its window CPU / node busy CPU over the slot) of the slot's
+    dynamic energy, so the targets' shares can never sum past the node's, and what is
+    left (idle part, other processes, targets not sampled this slot) is exported as
+    `serwatt_unattributed_energy_joules_total`.
+    """
+
+    def __init__(self, config: Config, *, nvml_backend: Any = None) -> None:
+        from profiler.attribution.tracker import EnergyTracker, EnergyUnavailableError
+
+        self._tracker = EnergyTracker(
+            sysfs_root=config.path_sysfs,
+            procfs_root=config.path_procfs,
+            tdp_w=config.cpu_tdp_w,
+            rapl_mode=config.rapl,
+            nvml_mode=config.nvml,
+            nvml_backend=nvml_backend,
+        )
+        t0 = time.monotonic()
+        try:
+            self.status = self._tracker.probe()
+        except EnergyUnavailableError as exc:
+            raise RequiredCollectorMissing(f"collectors: {exc}") from None
+        self._probe_s = time.monotonic() - t0
+        self._rapl_errors_seen = 0
+        self.source = self._tracker.energy_source
+        for name, st in self.status.items():
+            if not st.up and st.reason not in _UNUSED_REASONS:
+                log.info("collector %s unavailable: %s: %s", name, st.reason, st.detail)
+        self._tracker.start()
+
+    @property
+    def nvml_status(self) -> Any:
+        return self._tracker.nvml.probe() if self.status["nvml"].reason != "off" else None
+
+    def declare(self, ledger: Ledger) -> None:
+        if self.source in ("rapl", "model"):
+            ledger.declare_energy_source(self.source)
+        if self.status["nvml"].up:
+            for gpu in self._tracker.nvml.probe().gpus:
+                ledger.declare_gpu(gpu.index)
+        for name, st in self.status.items():
+            if st.reason not in _UNUSED_REASONS:
+                detail = st.detail or ""
+                if not st.up:
+                    detail = f"unavailable: {st.reason}: {detail}"
+                ledger.set_collector(name, up=st.up, duration_s=self._probe_s, detail=detail)
+
+    def sources(self) -> dict[str, Any]:
+        return {
+            "energy": self.source,
+            "collectors": {
+                name: {"up": st.up, "reason": st.reason, "detail": st.detail}
+                for name, st in self.status.items()
+            },
+        }
+
+    def slot(
+        self, start: float, end: float, reports: list[WindowReport], ledger: Ledger
+    ) -> SlotEnergy | None:
+        t0 = time.monotonic()
+        try:
+            we = self._tracker.window(start, end)
+        except Exception as exc:
+            log.error("energy reading for the slot failed: %s", exc)
+            ledger.set_collector(
+                "energy", up=False, duration_s=time.monotonic() - t0, detail=str(exc)
+            )
+            return None
+        read_s = time.monotonic() - t0
+        self._slot_collectors(we, read_s, ledger)
+        windows = []
+        attributed_j = 0.0
+        for report in reports:
+            ta = attribute_window(report, we)
+            if ta.energy is not None:
+                attributed_j += sum(ta.energy.codepaths_j.values())
+            windows.append(_window_attribution(we, ta))
+        if we.source in ("rapl", "model") and we.package_j is not None:
+            node_j = max(0.0, we.package_j)
+            if attributed_j > node_j:
+                # Windows measured over slightly different spans than the slot: the
+                # excess is measurement jitter, the residual cannot be negative.
+                log.debug("slot attributed %.3f J of %.3f J measured", attributed_j, node_j)
+            ledger.add_node_energy(
+                we.source, node_j=node_j, unattributed_j=max(0.0, node_j - attributed_j)
+            )
+        for g in we.gpus:
+            if g.up:
+                ledger.add_gpu_idle(g.index, max(0.0, g.idle_s))
+        return SlotEnergy(windows)
+
+    def _slot_collectors(self, we: Any, read_s: float, ledger: Ledger) -> None:
+        if self.status["rapl"].up:
+            # RAPL read errors carry the last good value forward (caught up on the next
+            # good read), so the slot still says "rapl": count failed reads instead.
+            errors = self._tracker.rapl_read_errors
+            failing = errors > self._rapl_errors_seen
+            self._rapl_errors_seen = errors
+            ok = we.source == "rapl" and not failing
+            if failing:
+                detail = "read errors this slot: " + ", ".join(
+                    self._tracker.last_rapl_errors or ("unknown",)
+                )
+            else:
+                detail = "; ".join(we.notes) if ok else f"{we.source}: {we.reason}"
+            ledger.set_collector("rapl", up=ok, duration_s=read_s, detail=detail)
+        elif self.status.get("cpu_model") is not None and self.status["cpu_model"].up:
+            ok = we.source == "model"
+            detail = we.model or "" if ok else f"{we.source}: {we.reason}"
+            ledger.set_collector("cpu_model", up=ok, duration_s=read_s, detail=detail)
+        if self.status["nvml"].up:
+            down = [f"gpu {g.index}: {g.reason}" for g in we.gpus if not g.up]
+            ledger.set_collector(
+                "nvml",
+                up=bool(we.gpus) and not down,
+                duration_s=read_s,
+                detail="; ".join(down) or f"{len(we.gpus)} GPU(s)",
+            )
+
+    def close(self) -> None:
+        self._tracker.stop()
+
+
+def _window_attribution(we: Any, ta: Any) -> WindowAttribution:
+    energy = ta.energy
+    record = energy_record(we, ta)
+    # What the daemon adds: the slot the energy was read over, and how it was split.
+    record.update(
+        slot=[we.start, we.end],
+        node_busy_cpu_s=we.node_busy_cpu_s,
+        target_share=energy.target_share if energy is not None else None,
+        model=we.model,
+        notes=list(we.notes),
+    )
+    return WindowAttribution(
+        energy_j=energy.codepaths_j if energy is not None else None,
+        energy_source=energy.source if energy is not None else None,
+        gpu_wait_s=ta.gpu_wait_s,
+        gpu_wait_energy_j=ta.gpu_wait_energy_j,
+        energy_record=record,
+        gpu_record=gpu_record(ta),
+    )
