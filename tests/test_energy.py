@@ -12,14 +12,25 @@ import pytest
 
 from collectors.cpu_model import DEFAULT_W_PER_CPU, IDLE_FRACTION
 from profiler.attribution.tracker import EnergyTracker, EnergyUnavailableError
-from profiler.attribution.window import attribute_window
+from profiler.attribution.window import AttributedWindow, attribute, attribute_window
 from profiler.classify.codepaths import CODEPATHS
-from profiler.profile.energy_sink import EnergySink
+from profiler.profile.document import add_energy as _add_energy
+from profiler.profile.energy_sink import EnergySink, ProfileEnergy
 from profiler.sampling.window import CodepathWindow, TimedLabel, WindowReport
 from tests.nvml_replay import FakeClock, ReplayNvmlBackend, load_timeline
 from tests.powercap import build_powercap
 
 TARGET = 4321
+
+
+def _attributed(tr: EnergyTracker, rep: WindowReport) -> AttributedWindow:
+    """What the session hands its sinks: the window attributed against its own reading."""
+    return attribute(rep, tr.window(rep.started_at, rep.ended_at))
+
+
+def _document_part(energy: ProfileEnergy) -> dict:
+    """The energy sections as they land in a profile document."""
+    return _add_energy({"codepaths": {cp: {} for cp in CODEPATHS}}, energy)
 
 
 def _stat(busy: int, idle: int) -> str:
@@ -191,16 +202,21 @@ def test_observer_fills_the_document_parts(tmp_path: Path) -> None:
     obs = EnergySink(tr)
     t0 = clock()
     obs.tracker.poll_once()
-    obs._started = True  # drive polling by hand instead of the thread
     for i in range(1, 21):
         clock.advance(0.5)
         tree.advance("intel-rapl:0", 5.0)  # 10 W
         (procfs / "stat").write_text(_stat(40 * i, 60 * i))  # 40% busy
         tr.poll_once()
-    obs.on_window(_report(t0 + 0.5, t0 + 4.0, {"other": 2.0}, _labels("other", t0 + 0.5, t0 + 4)))
+    obs.on_window(
+        _attributed(
+            tr, _report(t0 + 0.5, t0 + 4.0, {"other": 2.0}, _labels("other", t0 + 0.5, t0 + 4))
+        )
+    )
     stall = _labels("pickle", t0 + 4, t0 + 7) + _labels("other", t0 + 7, t0 + 8)
-    obs.on_window(_report(t0 + 4.0, t0 + 8.0, {"pickle": 3.0, "other": 1.0}, stall))
-    part = obs.finish()
+    obs.on_window(
+        _attributed(tr, _report(t0 + 4.0, t0 + 8.0, {"pickle": 3.0, "other": 1.0}, stall))
+    )
+    part = _document_part(obs.finish())
     e = part["energy"]
     assert e["source"] == "rapl" and e["package_j"] == pytest.approx(75.0)
     cps = part["codepaths"]
@@ -261,7 +277,6 @@ def test_reads_too_far_apart_for_the_power_seen_are_noted(tmp_path: Path) -> Non
     (procfs / "stat").write_text(_stat(0, 0))
     tr = EnergyTracker(sysfs, procfs, nvml_mode="off", clock=clock)
     obs = EnergySink(tr)
-    obs._started = True
     t0 = clock()
     tr.poll_once()
     for i in range(1, 4):
@@ -269,8 +284,8 @@ def test_reads_too_far_apart_for_the_power_seen_are_noted(tmp_path: Path) -> Non
         tree.advance("intel-rapl:1", 24.0)
         (procfs / "stat").write_text(_stat(100 * i, 100 * i))
         tr.poll_once()
-    obs.on_window(_report(t0, t0 + 12.0, {"other": 1.0}, []))
-    e = obs.finish()["energy"]
+    obs.on_window(_attributed(tr, _report(t0, t0 + 12.0, {"other": 1.0}, [])))
+    e = _document_part(obs.finish())["energy"]
     assert e["package_j"] == pytest.approx(72.0)
     assert e["rapl"]["max_read_gap_s"] == pytest.approx(4.0)
     assert any("a wrap may have been missed" in n for n in e["notes"]), e["notes"]
@@ -296,7 +311,6 @@ def test_long_profile_accumulates_beyond_the_tracker_history(tmp_path: Path) -> 
     tr = EnergyTracker(sysfs, procfs, nvml_backend=fake, clock=clock)
     tr.nvml._boottime = fake.boottime
     obs = EnergySink(tr)
-    obs._started = True
     t0 = clock()
     tr.poll_once()
     for w in range(100):
@@ -308,8 +322,8 @@ def test_long_profile_accumulates_beyond_the_tracker_history(tmp_path: Path) -> 
             (procfs / "stat").write_text(_stat(n, n))
             tr.poll_once()
         labels = _labels("other", start, clock(), rate=10)
-        obs.on_window(_report(start, clock(), {"other": 5.0}, labels, rate=10))
-    part = obs.finish()
+        obs.on_window(_attributed(tr, _report(start, clock(), {"other": 5.0}, labels, rate=10)))
+    part = _document_part(obs.finish())
     e = part["energy"]
     assert e["source"] == "rapl"
     assert e["package_j"] == pytest.approx(100.0 * (clock() - t0))
@@ -322,7 +336,6 @@ def test_long_profile_accumulates_beyond_the_tracker_history(tmp_path: Path) -> 
 
 
 def test_table_shows_joules_source_gpu_wait_and_gpu_idle_joules(tmp_path: Path) -> None:
-    from profiler.profile.document import deep_merge
     from profiler.profile.table import render_table
 
     clock = FakeClock()
@@ -336,7 +349,6 @@ def test_table_shows_joules_source_gpu_wait_and_gpu_idle_joules(tmp_path: Path) 
     tr = EnergyTracker(sysfs, procfs, nvml_backend=fake, clock=clock)
     tr.nvml._boottime = fake.boottime
     obs = EnergySink(tr)
-    obs._started = True
     t0 = clock()
     tr.poll_once()
     for i in range(1, 17):
@@ -345,7 +357,7 @@ def test_table_shows_joules_source_gpu_wait_and_gpu_idle_joules(tmp_path: Path) 
         (procfs / "stat").write_text(_stat(50 * i, 50 * i))
         tr.poll_once()
     labels = _labels("other", t0, t0 + 4) + _labels("pickle", t0 + 4, t0 + 8)
-    obs.on_window(_report(t0, t0 + 8, {"other": 4.0, "pickle": 4.0}, labels))
+    obs.on_window(_attributed(tr, _report(t0, t0 + 8, {"other": 4.0, "pickle": 4.0}, labels)))
     row = {"samples": 1, "cpu_s": 1.0, "share": 0.1, "share_ci95": None, "wall_s": 1.0,
            "low_confidence_share": 0.0}  # fmt: skip
     doc = {
@@ -365,7 +377,7 @@ def test_table_shows_joules_source_gpu_wait_and_gpu_idle_joules(tmp_path: Path) 
             "window_failures": {},
         },  # fmt: skip
     }
-    deep_merge(doc, obs.finish())
+    _add_energy(doc, obs.finish())
     table = render_table(doc)
     assert "J (rapl)" in table and "GPU-wait s" in table and "GPU idle J" in table
     pickle_line = next(line for line in table.splitlines() if line.startswith("pickle"))

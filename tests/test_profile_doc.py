@@ -7,13 +7,14 @@ import random
 import subprocess
 import textwrap
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from profiler.attribution.window import AttributedWindow
 from profiler.classify.classifier import Classifier
 from profiler.classify.codepaths import CODEPATHS
-from profiler.profile.document import batches, build_document, deep_merge, share_ci95
+from profiler.profile.document import batches, build_document, share_ci95
+from profiler.profile.energy_sink import CodepathEnergy, ProfileEnergy
 from profiler.profile.session import ProfileSession, SessionInfo
 from profiler.profile.table import render_table
 from profiler.sampling.window import WindowReport
@@ -63,17 +64,8 @@ def test_ci_is_wider_when_phases_are_long() -> None:
     assert hi2 - lo2 > 0.3
 
 
-def test_deep_merge() -> None:
-    base = {"codepaths": {"pickle": {"cpu_s": 1.0, "energy_j": None}}, "gpus": []}
-    deep_merge(base, {"codepaths": {"pickle": {"energy_j": 2.5}}, "gpus": [{"index": 0}]})
-    assert base == {
-        "codepaths": {"pickle": {"cpu_s": 1.0, "energy_j": 2.5}},
-        "gpus": [{"index": 0}],
-    }
-
-
 class Recorder:
-    """A stand-in for the energy/GPU and run-record observers."""
+    """A stand-in for the energy/GPU and run-record sinks."""
 
     def __init__(self) -> None:
         self.started: SessionInfo | None = None
@@ -82,15 +74,16 @@ class Recorder:
     def on_start(self, info: SessionInfo) -> None:
         self.started = info
 
-    def on_window(self, report: WindowReport) -> None:
-        self.reports.append(report)
+    def on_window(self, window: AttributedWindow) -> None:
+        self.reports.append(window.report)
 
-    def finish(self) -> dict[str, Any]:
+    def finish(self) -> ProfileEnergy:
         pickle_cpu = sum(r.codepaths["pickle"].cpu_s for r in self.reports)
-        return {
-            "codepaths": {"pickle": {"energy_j": 10.0 * pickle_cpu, "gpu_wait_s": 0.0}},
-            "energy": {"source": "model", "reason": None, "package_j": 42.0},
-        }
+        self.summary = ProfileEnergy(
+            codepaths={"pickle": CodepathEnergy(energy_j=10.0 * pickle_cpu, gpu_wait_s=0.0)},
+            energy={"source": "model", "reason": None, "package_j": 42.0},
+        )
+        return self.summary
 
 
 def test_observers_see_every_window_and_extend_the_document(tmp_path: Path) -> None:
@@ -114,7 +107,7 @@ def test_observers_see_every_window_and_extend_the_document(tmp_path: Path) -> N
         classifier=Classifier.default(),
         rate_hz=50,
         window_s=1.0,
-        observers=[obs],
+        sinks=[obs],
         progress=progress,
         root_exit_check=lambda: p.poll() is not None,
         root_may_be_wrapper=True,
@@ -124,7 +117,7 @@ def test_observers_see_every_window_and_extend_the_document(tmp_path: Path) -> N
     assert obs.started is not None and obs.started.root_pid == p.pid
     assert len(obs.reports) >= 2  # 1 s windows over ~3 s
     assert all(set(r.codepaths) == set(CODEPATHS) for r in obs.reports)
-    doc = build_document(result)
+    doc = build_document(result, energy=obs.summary)
     assert doc["energy"] == {"source": "model", "reason": None, "package_j": 42.0}
     assert doc["codepaths"]["pickle"]["energy_j"] > 0
     assert doc["codepaths"]["json"]["energy_j"] is None

@@ -40,14 +40,15 @@ def workload():  # type: ignore[no-untyped-def]
     proc.wait(timeout=30)
 
 
-def profile(pid: int, observers: list, duration_s: float = 4.0):  # type: ignore[no-untyped-def]
+def profile(pid: int, sinks: list, duration_s: float = 4.0, tracker=None):  # type: ignore[no-untyped-def]
     session = ProfileSession(
         pid,
         classifier=Classifier.default(),
         rate_hz=50,
         window_s=1.0,
         duration_s=duration_s,
-        observers=observers,
+        tracker=tracker,
+        sinks=sinks,
         follow_children=False,
         progress=None,
     )
@@ -67,8 +68,8 @@ def test_profile_session_is_recorded_with_model_energy_and_replayed_gpu_wait(
         clock=backend.clock,
     )
     energy = EnergySink(tracker)
-    recorder = RecordSink(tmp_path / "profile.sqlite", energy=energy)
-    result = profile(workload.pid, [energy, recorder])
+    recorder = RecordSink(tmp_path / "profile.sqlite", tracker=tracker)
+    result = profile(workload.pid, [energy, recorder], tracker=tracker)
     assert recorder.errors == []
     windows = sum(t.windows for t in result.targets)
     assert windows >= 2 and recorder.windows == windows

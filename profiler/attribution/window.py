@@ -41,11 +41,11 @@ class TargetAttribution:
         return self.energy.codepaths_j if self.energy else None
 
     @property
-    def gpu_wait_s(self) -> dict[tuple[str, int], float]:
+    def gpu_wait_s(self) -> dict[tuple[str, int | str], float]:
         return {(cp, w.gpu_index): s for w in self.gpu_wait for cp, s in w.wait_s.items()}
 
     @property
-    def gpu_wait_energy_j(self) -> dict[tuple[str, int], float]:
+    def gpu_wait_energy_j(self) -> dict[tuple[str, int | str], float]:
         return {
             (cp, w.gpu_index): j
             for w in self.gpu_wait
@@ -108,51 +108,104 @@ def gpu_wait_for(
     )
 
 
-def energy_record(we: Any, ta: Any) -> dict[str, Any]:
-    """The `energy` mapping for append_window from a profiler.energy WindowEnergy and
-    TargetAttribution (duck-typed: this module does not import the energy stack)."""
-    if ta is None or ta.energy is None:
-        return {
-            "source": "unavailable",
-            "reason": getattr(we, "reason", None) or "no energy reading for this window",
-        }
-    e = ta.energy
-    return {
-        "source": e.source,
-        "reason": getattr(we, "reason", None),
-        "package_j": e.total_j,
-        "target_j": e.target_j,
-        "unattributed_j": e.unattributed_j,
-        "codepaths_j": dict(e.codepaths_j),
-    }
+@dataclass(frozen=True)
+class AttributedWindow:
+    """One target window and what was attributed to it: the value every consumer reads.
 
+    reading: the energy/GPU reading it was attributed against (the window's own span for
+    `serwatt profile`, the daemon's whole slot for the daemon; `slot` says which), or None
+    when the run measures no energy. attribution: None without a reading. failure: why
+    attribution raised (the window is still kept, without joules).
+    """
 
-def gpu_record(ta: Any) -> dict[str, Any] | None:
-    """The `gpu` mapping for append_window: GPU-wait per codepath summed over the GPUs the
-    target used, plus each GPU's own figures. None when the window had no GPU data."""
-    if ta is None or not ta.gpu_wait:
-        return None
-    wait_s = dict.fromkeys(CODEPATHS, 0.0)
-    wait_j: dict[str, float] | None = dict.fromkeys(CODEPATHS, 0.0)
-    gpus = []
-    for g in ta.gpu_wait:
-        for cp, s in g.wait_s.items():
-            wait_s[cp] += s
-        if g.idle_energy_j is None:
-            wait_j = None
-        elif wait_j is not None:
-            for cp, j in g.idle_energy_j.items():
-                wait_j[cp] += j
-        gpus.append(
-            {
-                "index": g.gpu_index,
-                "covered_s": g.covered_s,
-                "idle_s": g.idle_s,
-                "unattributed_s": g.unattributed_s,
-                "wait_s": dict(g.wait_s),
+    report: WindowReport
+    reading: WindowEnergy | None = None
+    attribution: TargetAttribution | None = None
+    slot: bool = False
+    failure: str | None = None
+
+    @property
+    def energy_j(self) -> Mapping[str, float] | None:
+        return self.attribution.energy_j if self.attribution else None
+
+    @property
+    def energy_source(self) -> str | None:
+        return self.attribution.energy_source if self.attribution else None
+
+    @property
+    def gpu_wait_s(self) -> dict[tuple[str, int | str], float]:
+        return self.attribution.gpu_wait_s if self.attribution else {}
+
+    @property
+    def gpu_wait_energy_j(self) -> dict[tuple[str, int | str], float]:
+        return self.attribution.gpu_wait_energy_j if self.attribution else {}
+
+    def energy_record(self) -> dict[str, Any] | None:
+        """The run record's `energy` mapping; None when the run measures no energy."""
+        if self.failure is not None:
+            return {"source": "unavailable", "reason": f"attribution failed: {self.failure}"}
+        if self.reading is None:
+            return None
+        we, e = self.reading, self.attribution.energy if self.attribution else None
+        if e is None:
+            record: dict[str, Any] = {
+                "source": "unavailable",
+                "reason": we.reason or "no energy reading for this window",
             }
-        )
-    out: dict[str, Any] = {"codepaths_wait_s": wait_s, "gpus": gpus}
-    if wait_j is not None:
-        out["codepaths_wait_j"] = wait_j
-    return out
+        else:
+            record = {
+                "source": e.source,
+                "reason": we.reason,
+                "package_j": e.total_j,
+                "target_j": e.target_j,
+                "unattributed_j": e.unattributed_j,
+                "codepaths_j": dict(e.codepaths_j),
+            }
+        if self.slot:
+            # A slot reading: the span the energy was read over, and how it was split.
+            record.update(
+                slot=[we.start, we.end],
+                node_busy_cpu_s=we.node_busy_cpu_s,
+                target_share=e.target_share if e is not None else None,
+                model=we.model,
+                notes=list(we.notes),
+            )
+        return record
+
+    def gpu_record(self) -> dict[str, Any] | None:
+        """The run record's `gpu` mapping: GPU-wait per codepath summed over the GPUs the
+        target used, plus each GPU's own figures. None when the window had no GPU data."""
+        ta = self.attribution
+        if ta is None or not ta.gpu_wait:
+            return None
+        wait_s = dict.fromkeys(CODEPATHS, 0.0)
+        wait_j: dict[str, float] | None = dict.fromkeys(CODEPATHS, 0.0)
+        gpus = []
+        for g in ta.gpu_wait:
+            for cp, s in g.wait_s.items():
+                wait_s[cp] += s
+            if g.idle_energy_j is None:
+                wait_j = None
+            elif wait_j is not None:
+                for cp, j in g.idle_energy_j.items():
+                    wait_j[cp] += j
+            gpus.append(
+                {
+                    "index": g.gpu_index,
+                    "covered_s": g.covered_s,
+                    "idle_s": g.idle_s,
+                    "unattributed_s": g.unattributed_s,
+                    "wait_s": dict(g.wait_s),
+                }
+            )
+        out: dict[str, Any] = {"codepaths_wait_s": wait_s, "gpus": gpus}
+        if wait_j is not None:
+            out["codepaths_wait_j"] = wait_j
+        return out
+
+
+def attribute(
+    report: WindowReport, reading: WindowEnergy, *, slot: bool = False
+) -> AttributedWindow:
+    """Attribute one window against a reading: the one place a window gets its joules."""
+    return AttributedWindow(report, reading, attribute_window(report, reading), slot=slot)

@@ -16,15 +16,15 @@ from profiler.cli.main import UsageError
 from profiler.cli.profile import (
     BAD_INPUT_ERRORS,
     add_common_options,
+    document,
     make_classifier,
-    make_observers,
     make_pyspy,
     run_session,
+    sinks,
     validate_common,
     write_outputs,
 )
 from profiler.exitcodes import EXIT_RUNTIME
-from profiler.profile.document import build_document
 from profiler.profile.session import ProfileSession
 
 
@@ -51,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
         command="python -m profiler.workloads.demo",
         pyspy=spy,
         procfs=args.procfs,
-        observers=make_observers(args),
+        tracker=args.tracker,
+        sinks=sinks(args),
         follow_children=not args.no_children,
         root_exit_check=lambda: proc.poll() is not None,
         on_cpu_run=args.on_cpu_run,
@@ -71,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if proc.poll() is None:
             proc.wait()
-    rc = write_outputs(build_document(result), args)
+    rc = write_outputs(document(result, args), args)
     if proc.returncode != 0:
         print(f"serwatt demo: the workload exited with {proc.returncode}", file=sys.stderr)
         return EXIT_RUNTIME

@@ -32,7 +32,7 @@ from collectors.pyspy import (
 from profiler.cli.main import UsageError
 from profiler.exitcodes import EXIT_OK, EXIT_RUNTIME
 from profiler.profile.document import build_document
-from profiler.profile.session import ProfileSession, SessionResult
+from profiler.profile.session import ProfileSession, SessionResult, SessionSink
 from profiler.profile.table import render_table
 
 BAD_INPUT_ERRORS = (TargetGone, NotPython, UnsupportedPython, PtraceDenied)
@@ -134,7 +134,7 @@ def prepare_record(args: argparse.Namespace) -> None:
     from profiler.records.store import RecordError
 
     try:
-        args.record_observer = RecordSink(path)
+        args.record_sink = RecordSink(path, tracker=getattr(args, "tracker", None))
     except RecordError as exc:
         raise UsageError(f"--record {path}: {exc}") from exc
 
@@ -159,9 +159,10 @@ def prepare_energy(args: argparse.Namespace) -> None:
         nvml_mode=getattr(args, "nvml", "auto"),
     )
     try:
-        args.energy_observer = EnergySink(tracker)
+        args.energy_sink = EnergySink(tracker)
     except EnergyUnavailableError as exc:
         raise UsageError(str(exc)) from exc
+    args.tracker = tracker
 
 
 def make_pyspy(args: argparse.Namespace) -> PySpy:
@@ -177,17 +178,18 @@ def make_classifier() -> Any:
     return Classifier.default()
 
 
-def make_observers(args: argparse.Namespace) -> list[Any]:
-    """Observers of the session (profiler.session): energy/GPU attribution, recording.
-    Each gets every window via on_window(report) and contributes to the document
-    through finish() -> dict."""
-    energy = getattr(args, "energy_observer", None)
-    observers = [energy] if energy is not None else []
-    record = getattr(args, "record_observer", None)
-    if record is not None:
-        record.energy = energy  # after the energy observer: its tracker is started first
-        observers.append(record)
-    return observers
+def sinks(args: argparse.Namespace) -> list[SessionSink]:
+    """The session's sinks: energy/GPU attribution for the document, then the record."""
+    out: list[SessionSink] = []
+    for sink in (getattr(args, "energy_sink", None), getattr(args, "record_sink", None)):
+        if sink is not None:
+            out.append(sink)
+    return out
+
+
+def document(result: SessionResult, args: argparse.Namespace) -> dict[str, Any]:
+    energy_sink = getattr(args, "energy_sink", None)
+    return build_document(result, energy=energy_sink.summary if energy_sink else None)
 
 
 def write_outputs(doc: dict[str, Any], args: argparse.Namespace) -> int:
@@ -256,7 +258,8 @@ def _profile_pid(args: argparse.Namespace, spy: PySpy, classifier: Any) -> int:
         duration_s=args.duration,
         pyspy=spy,
         procfs=args.procfs,
-        observers=make_observers(args),
+        tracker=args.tracker,
+        sinks=sinks(args),
         follow_children=not args.no_children,
         on_cpu_run=args.on_cpu_run,
     )
@@ -267,7 +270,7 @@ def _profile_pid(args: argparse.Namespace, spy: PySpy, classifier: Any) -> int:
     except SamplingError as exc:
         print(f"serwatt profile: error: {exc}", file=sys.stderr)
         return EXIT_RUNTIME
-    return write_outputs(build_document(result), args)
+    return write_outputs(document(result, args), args)
 
 
 def _profile_command(args: argparse.Namespace, cmd: list[str], spy: PySpy, classifier: Any) -> int:
@@ -290,7 +293,8 @@ def _profile_command(args: argparse.Namespace, cmd: list[str], spy: PySpy, class
         command=" ".join(cmd),
         pyspy=spy,
         procfs=args.procfs,
-        observers=make_observers(args),
+        tracker=args.tracker,
+        sinks=sinks(args),
         follow_children=not args.no_children,
         root_exit_check=lambda: proc.poll() is not None,
         root_may_be_wrapper=True,
@@ -310,7 +314,7 @@ def _profile_command(args: argparse.Namespace, cmd: list[str], spy: PySpy, class
     except KeyboardInterrupt:
         _stop_child(proc)
         raise
-    rc = write_outputs(build_document(result), args)
+    rc = write_outputs(document(result, args), args)
     try:
         code = proc.wait()
     except KeyboardInterrupt:

@@ -28,6 +28,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from profiler.classify.codepaths import CODEPATHS
+from profiler.profile.energy_sink import ProfileEnergy
 from profiler.profile.session import SessionResult
 
 SCHEMA = "serwatt.profile/1"
@@ -90,16 +91,20 @@ def _iso(t: float) -> str:
     return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def deep_merge(base: dict[str, Any], part: Mapping[str, Any]) -> dict[str, Any]:
-    for key, val in part.items():
-        if isinstance(val, Mapping) and isinstance(base.get(key), dict):
-            deep_merge(base[key], val)
-        else:
-            base[key] = copy.deepcopy(val)
-    return base
+def add_energy(doc: dict[str, Any], energy: ProfileEnergy) -> dict[str, Any]:
+    """Write the energy sink's sections into a document: `energy`, `gpus`, `nvml`, and
+    each codepath's energy_j, energy_source, gpu_wait_s and gpu_idle_j."""
+    doc["energy"] = copy.deepcopy(energy.energy)
+    doc["gpus"] = copy.deepcopy(energy.gpus)
+    if energy.nvml is not None:
+        doc["nvml"] = dict(energy.nvml)
+    for cp, figures in energy.codepaths.items():
+        doc["codepaths"][cp].update(vars(figures))
+    return doc
 
 
-def build_document(result: SessionResult) -> dict[str, Any]:
+def build_document(result: SessionResult, energy: ProfileEnergy | None = None) -> dict[str, Any]:
+    """The serwatt.profile/1 document of a session; `energy`: the energy sink's sections."""
     acc = result.acc
     total = acc.total_cpu_s
     rows = batches(acc.bins)
@@ -168,6 +173,4 @@ def build_document(result: SessionResult) -> dict[str, Any]:
             for t in sorted(result.targets, key=lambda t: t.pid)
         ],
     }
-    for part in result.observer_parts:
-        deep_merge(doc, part)
-    return doc
+    return add_energy(doc, energy) if energy is not None else doc

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from profiler.attribution.tracker import ENERGY_METHOD, GPU_WAIT_METHOD, EnergyTracker
-from profiler.attribution.window import attribute_window, gpu_wait_for, used_gpus
+from profiler.attribution.window import AttributedWindow, gpu_wait_for, used_gpus
 from profiler.classify.codepaths import CODEPATHS
-from profiler.sampling.window import TimedLabel, WindowReport
+from profiler.sampling.window import TimedLabel
 
 
 def _r(v: float | None, nd: int = 6) -> float | None:
@@ -39,8 +40,29 @@ class _GpuAcc:
     idle_j_missing: bool = False
 
 
+@dataclass(frozen=True)
+class CodepathEnergy:
+    """One codepath's joules and GPU-wait over a profile (None: not measured)."""
+
+    energy_j: float | None = None
+    energy_source: str | None = None
+    gpu_wait_s: float | None = None
+    gpu_idle_j: float | None = None
+
+
+@dataclass(frozen=True)
+class ProfileEnergy:
+    """The energy sections of a profile document (serwatt.profile/1: `energy`, `gpus`,
+    `nvml`) and each codepath's energy fields."""
+
+    energy: dict[str, Any]
+    gpus: list[dict[str, Any]] = field(default_factory=list)
+    codepaths: Mapping[str, CodepathEnergy] = field(default_factory=dict)
+    nvml: dict[str, Any] | None = None
+
+
 class EnergySink:
-    """Session observer (profiler/session.py) adding joules and GPU-wait to a profile.
+    """Session sink (profiler/profile/session.py) adding joules and GPU-wait to a profile.
 
     Joules are attributed per target window (each window's own utilisation and CPU
     share) and summed. Node totals are accumulated span by span as windows arrive,
@@ -53,6 +75,7 @@ class EnergySink:
     def __init__(self, tracker: EnergyTracker) -> None:
         self.tracker = tracker
         self.status = tracker.probe()
+        self.summary: ProfileEnergy | None = None  # set by finish()
         self._cp_j = dict.fromkeys(CODEPATHS, 0.0)
         self._parts = {"idle": 0.0, "other_processes": 0.0, "target_unsampled": 0.0}
         self._sources: set[str] = set()
@@ -71,17 +94,13 @@ class EnergySink:
         self._per_pkg: dict[int, float] = {}
         self._node_unavailable_s = 0.0
         self._gpus: dict[int, _GpuAcc] = {}
-        self._started = False
 
     def on_start(self, info: Any) -> None:
         if info is not None and getattr(info, "window_s", None):
             self._window_s = float(info.window_s)
-        self.tracker.start()
-        self._started = True
 
-    def on_window(self, report: WindowReport) -> None:
-        if not self._started:
-            self.on_start(None)
+    def on_window(self, window: AttributedWindow) -> None:
+        report = window.report
         self._pids.add(report.pid)
         self._rate_hz = report.rate_hz
         self._labels.extend(report.timeline)
@@ -90,18 +109,18 @@ class EnergySink:
         )
         self._last = report.ended_at if self._last is None else max(self._last, report.ended_at)
         self._advance_node(report.started_at, report.ended_at)
-        we = self.tracker.window(report.started_at, report.ended_at)
-        if we.source != "unavailable":
-            ta = attribute_window(report, we)
-            assert ta.energy is not None
-            self._sources.add(ta.energy.source)
-            for cp, j in ta.energy.codepaths_j.items():
+        e = window.attribution.energy if window.attribution else None
+        if e is not None:
+            self._sources.add(e.source)
+            for cp, j in e.codepaths_j.items():
                 self._cp_j[cp] += j
-            self._parts["idle"] += ta.energy.unattributed_idle_j
-            self._parts["other_processes"] += ta.energy.unattributed_other_processes_j
-            self._parts["target_unsampled"] += ta.energy.unattributed_target_unsampled_j
-        elif we.reason:
-            self._reasons.append(we.reason)
+            self._parts["idle"] += e.unattributed_idle_j
+            self._parts["other_processes"] += e.unattributed_other_processes_j
+            self._parts["target_unsampled"] += e.unattributed_target_unsampled_j
+        elif window.reading is not None and window.reading.reason:
+            self._reasons.append(window.reading.reason)
+        elif window.failure is not None:
+            self._reasons.append(f"attribution failed: {window.failure}")
         # every target's window covering this far back has arrived by now
         self._advance_gpus(self._last - 2 * self._window_s)
 
@@ -175,14 +194,13 @@ class EnergySink:
                 for cp, v in w.idle_energy_j.items():
                     acc.idle_j[cp] += v
 
-    def finish(self) -> dict[str, Any]:
-        try:
-            if self._last is not None:
-                self._advance_node(self._first or self._last, self._last)
-                self._advance_gpus(self._last)
-            return self._finish()
-        finally:
-            self.tracker.stop()
+    def finish(self) -> ProfileEnergy:
+        """The profile's energy sections, once every window has been seen."""
+        if self._last is not None:
+            self._advance_node(self._first or self._last, self._last)
+            self._advance_gpus(self._last)
+        self.summary = self._finish()
+        return self.summary
 
     def _energy_part(self) -> dict[str, Any]:
         if not self._sources or "package_j" not in self._node:
@@ -257,7 +275,7 @@ class EnergySink:
             part["unattributed_parts_j"] = parts
         return part
 
-    def _finish(self) -> dict[str, Any]:
+    def _finish(self) -> ProfileEnergy:
         energy = self._energy_part()
         measured = energy["source"] in ("rapl", "model")
         nv = self.status["nvml"]
@@ -310,22 +328,22 @@ class EnergySink:
                 for g in self.tracker.nvml.probe().gpus
             ]
         codepaths = {
-            cp: {
-                "energy_j": _r(self._cp_j[cp]) if measured else None,
-                "energy_source": energy["source"] if measured else None,
-                "gpu_wait_s": _r(wait_s[cp]) if wait_s is not None else None,
-                "gpu_idle_j": _r(idle_j[cp]) if idle_j is not None else None,
-            }
+            cp: CodepathEnergy(
+                energy_j=_r(self._cp_j[cp]) if measured else None,
+                energy_source=energy["source"] if measured else None,
+                gpu_wait_s=_r(wait_s[cp]) if wait_s is not None else None,
+                gpu_idle_j=_r(idle_j[cp]) if idle_j is not None else None,
+            )
             for cp in CODEPATHS
         }
-        return {
-            "energy": energy,
-            "gpus": gpus,
-            "codepaths": codepaths,
-            "nvml": {
+        return ProfileEnergy(
+            energy=energy,
+            gpus=gpus,
+            codepaths=codepaths,
+            nvml={
                 "up": nv.up,
                 "reason": nv.reason,
                 "detail": nv.detail,
                 "gpu_wait_method": GPU_WAIT_METHOD,
-            },  # fmt: skip
-        }
+            },
+        )

@@ -7,21 +7,21 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from profiler.attribution.window import attribute_window, energy_record, gpu_record
+from profiler.attribution.tracker import EnergyTracker
+from profiler.attribution.window import AttributedWindow
+from profiler.profile.session import SessionInfo
 from profiler.records.host import fingerprint
 from profiler.records.run_ids import format_start_time
 from profiler.records.store import Recorder
-from profiler.sampling.window import WindowReport
 
 
 class RecordSink:
-    """Session observer (profiler/session.py) that records a `serwatt profile` session as
-    one run in a record file, in the daemon's format.
+    """Session sink (profiler/profile/session.py) that records a `serwatt profile` session
+    as one run in a record file, in the daemon's format.
 
     Opening the file happens in the constructor, so a bad --record path fails before
-    profiling starts. `energy` is the session's profiler.energy.EnergyObserver, if any:
-    each window's joules and GPU-wait are attributed from its tracker (place this observer
-    after it, so the tracker is already started).
+    profiling starts. `tracker` is the session's energy tracker, if any: its sources go
+    into the run, and its NVML probe into the host fingerprint.
     """
 
     def __init__(
@@ -30,7 +30,7 @@ class RecordSink:
         *,
         target: str = "profile",
         run_id: str | None = None,
-        energy: Any = None,
+        tracker: EnergyTracker | None = None,
         host: Mapping | None = None,
         config: Mapping | None = None,
     ) -> None:
@@ -38,7 +38,7 @@ class RecordSink:
         self.path = self.recorder.path
         self.target = target
         self.run_id = run_id
-        self.energy = energy
+        self.tracker = tracker
         self._host = host
         self._config = dict(config or {})
         self._started = False
@@ -46,75 +46,60 @@ class RecordSink:
         self.errors: list[str] = []
 
     def _sources(self) -> dict[str, Any]:
-        if self.energy is None:
+        if self.tracker is None:
             return {"energy": "unavailable: not measured by this session", "gpu": "unavailable"}
-        tracker = self.energy.tracker
-        status = getattr(self.energy, "status", {}) or {}
-        out: dict[str, Any] = {"energy": getattr(tracker, "energy_source", None)}
-        for name, st in status.items():
-            out[f"{name}_up"] = bool(getattr(st, "up", False))
-            if getattr(st, "reason", None):
+        out: dict[str, Any] = {"energy": self.tracker.energy_source}
+        for name, st in self.tracker.probe().items():
+            out[f"{name}_up"] = bool(st.up)
+            if st.reason:
                 out[f"{name}_reason"] = st.reason
         return out
 
-    def on_start(self, info: Any) -> None:
-        if self._started:
-            return
-        started_at = float(getattr(info, "started_at", time.time()))
-        root_pid = getattr(info, "root_pid", 0)
+    def _fingerprint(self) -> dict[str, Any]:
+        tracker = self.tracker
+        if tracker is None:
+            return fingerprint()
+        if tracker.nvml_mode == "off":
+            host = fingerprint()
+            host["gpu_source"] = "unavailable: off (NVML disabled for this session)"
+            return host
+        # The energy tracker already probed NVML: reuse it rather than probe twice.
+        return fingerprint(nvml_status=tracker.nvml.probe())
+
+    def on_start(self, info: SessionInfo) -> None:
         if self.run_id is None:
-            self.run_id = f"{self.target}-{format_start_time(started_at)}-{root_pid}"
+            self.run_id = f"{self.target}-{format_start_time(info.started_at)}-{info.root_pid}"
         config = {
             "mode": "serwatt profile",
-            "command": getattr(info, "command", None),
-            "rate_hz": getattr(info, "rate_hz", None),
-            "window_s": getattr(info, "window_s", None),
+            "command": info.command,
+            "rate_hz": info.rate_hz,
+            "window_s": info.window_s,
             **self._config,
         }
-        host = self._host
-        if host is None:
-            # The energy tracker already probed NVML: reuse it rather than probe twice.
-            tracker = getattr(self.energy, "tracker", None)
-            nvml = getattr(tracker, "nvml", None)
-            nvml_off = tracker is not None and getattr(tracker, "nvml_mode", None) == "off"
-            host = fingerprint(
-                nvml_status=nvml.probe() if nvml is not None and not nvml_off else None
-            )
-            if nvml_off:
-                host["gpu_source"] = "unavailable: off (NVML disabled for this session)"
         self.recorder.start_run(
             self.run_id,
             self.target,
-            host=host,
+            host=self._host if self._host is not None else self._fingerprint(),
             config=config,
             sources=self._sources(),
-            started_at=started_at,
+            started_at=info.started_at,
         )
         self._started = True
 
-    def on_window(self, report: WindowReport) -> None:
-        if not self._started:
-            self.on_start(
-                type("Info", (), {"started_at": report.started_at, "root_pid": report.pid})()
+    def on_window(self, window: AttributedWindow) -> None:
+        if window.failure is not None:  # the window is still recorded, without joules
+            self.errors.append(
+                f"energy for window at {window.report.started_at:.0f}: {window.failure}"
             )
-        energy = gpu = None
-        if self.energy is not None:
-            try:
-                we = self.energy.tracker.window(report.started_at, report.ended_at)
-                ta = None if we.source == "unavailable" else attribute_window(report, we)
-                energy, gpu = energy_record(we, ta), gpu_record(ta)
-            except Exception as exc:  # the window is still recorded, without joules
-                self.errors.append(f"energy for window at {report.started_at:.0f}: {exc}")
-                energy = {"source": "unavailable", "reason": f"attribution failed: {exc}"}
-        assert self.run_id is not None
-        self.recorder.append_window(self.run_id, report, energy=energy, gpu=gpu)
+        assert self.run_id is not None, "on_start comes first"
+        self.recorder.append_window(
+            self.run_id, window.report, energy=window.energy_record(), gpu=window.gpu_record()
+        )
         self.windows += 1
 
-    def finish(self) -> dict[str, Any]:
+    def finish(self) -> None:
         try:
             if self._started and self.run_id is not None:
                 self.recorder.finish_run(self.run_id, time.time())
         finally:
             self.recorder.close()
-        # Nothing for the profile document: the record is its own output.
-        return {}

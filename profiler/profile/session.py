@@ -6,16 +6,17 @@ workers, torchrun children, multiprocessing pools): each is a separate *target*
 with its own worker thread running back-to-back `sample_window`s, until the target
 exits, `duration_s` ends, or `stop()` is called.
 
-Plug-in point (energy/GPU attribution, run recording): *observers*. Any object with
+Each window is attributed once (profiler.attribution.window: joules and GPU-wait
+against the session's energy tracker, when it has one) and the one AttributedWindow
+goes to every *sink*: any object with
 
-    on_window(report: WindowReport) -> None      # every window of every target
-    finish() -> dict                              # once, at the end
+    on_start(info: SessionInfo) -> None          # once, before the first window
+    on_window(window: AttributedWindow) -> None  # every window of every target
+    finish() -> object                            # once, at the end
 
-and optionally `on_start(info: SessionInfo) -> None`. The session calls them from
-one thread at a time (under a lock), so observers need no locking of their own.
-`finish()` returns a partial `serwatt.profile/1` document that is deep-merged into
-the final one, e.g. `{"energy": {...}, "gpus": [...],
-"codepaths": {"pickle": {"energy_j": 1.5, "gpu_wait_s": 0.2}}}`.
+The session calls them from one thread at a time (under a lock), so sinks need no
+locking of their own. The session starts and stops the tracker; what a sink's
+finish() returns is its own (the energy sink's sections go to the profile document).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TextIO
+from typing import Protocol, TextIO
 
 from collectors import procstat
 from collectors.pyspy import (
@@ -39,6 +40,8 @@ from collectors.pyspy import (
     precheck,
 )
 from collectors.samples import SamplerErrors
+from profiler.attribution.tracker import EnergyTracker
+from profiler.attribution.window import AttributedWindow, attribute
 from profiler.classify.codepaths import CODEPATHS
 from profiler.sampling.collect import ClassifierLike, RawWindow, collect_window, finish_window
 from profiler.sampling.window import WindowReport
@@ -46,10 +49,12 @@ from profiler.sampling.window import WindowReport
 BIN_S = 1.0  # time resolution of the per-codepath CPU bins used for the share interval
 
 
-class SessionObserver(Protocol):
-    def on_window(self, report: WindowReport) -> None: ...
+class SessionSink(Protocol):
+    def on_start(self, info: SessionInfo) -> None: ...
 
-    def finish(self) -> dict[str, Any]: ...
+    def on_window(self, window: AttributedWindow) -> None: ...
+
+    def finish(self) -> object: ...
 
 
 @dataclass(frozen=True)
@@ -149,7 +154,6 @@ class SessionResult:
     ended_at: float
     targets: list[TargetStats]
     acc: Accumulator
-    observer_parts: list[dict[str, Any]]
 
 
 class ProfileSession:
@@ -164,7 +168,8 @@ class ProfileSession:
         command: str | None = None,
         pyspy: PySpy | None = None,
         procfs: Path = Path("/proc"),
-        observers: Sequence[Any] = (),
+        tracker: EnergyTracker | None = None,
+        sinks: Sequence[SessionSink] = (),
         follow_children: bool = True,
         progress: TextIO | None = sys.stderr,
         strict_root: bool = True,
@@ -185,7 +190,8 @@ class ProfileSession:
         self.duration_s = duration_s
         self.pyspy = pyspy if pyspy is not None else PySpy()
         self.procfs = procfs
-        self.observers = list(observers)
+        self.tracker = tracker
+        self.sinks = list(sinks)
         self.follow_children = follow_children
         self.progress = progress
         self.strict_root = strict_root
@@ -310,8 +316,17 @@ class ProfileSession:
                 stats.cpu_s += report.cpu_s
                 stats.first_t = stats.first_t or report.started_at
                 stats.last_t = report.ended_at
-                for obs in self.observers:
-                    obs.on_window(report)
+                window = self._attribute(report)
+                for sink in self.sinks:
+                    sink.on_window(window)
+
+    def _attribute(self, report: WindowReport) -> AttributedWindow:
+        if self.tracker is None:
+            return AttributedWindow(report)
+        try:
+            return attribute(report, self.tracker.window(report.started_at, report.ended_at))
+        except Exception as exc:  # the window is kept, without joules, and says why
+            return AttributedWindow(report, failure=f"{type(exc).__name__}: {exc}")
 
     def _record_failure(self, stats: TargetStats, exc: SamplingError, is_root: bool) -> None:
         with self._lock:
@@ -354,10 +369,17 @@ class ProfileSession:
     # ------------------------------------------------------------ run
 
     def run(self) -> SessionResult:
-        for obs in self.observers:
-            on_start = getattr(obs, "on_start", None)
-            if on_start is not None:
-                on_start(self.info)
+        if self.tracker is not None:
+            self.tracker.start()  # first reading now: the first window is bracketed
+        try:
+            return self._run()
+        finally:
+            if self.tracker is not None:
+                self.tracker.stop()
+
+    def _run(self) -> SessionResult:
+        for sink in self.sinks:
+            sink.on_start(self.info)
         # a bad target must fail fast, before children or progress output
         if self.strict_root and not self.root_may_be_wrapper:
             self.pyspy.probe(self.root_pid, procfs=self.procfs)
@@ -395,13 +417,13 @@ class ProfileSession:
             self._print_progress(time.time(), final=True)
         if self.strict_root and self._root_error is not None:
             raise self._root_error
-        parts = [obs.finish() for obs in self.observers]
+        for sink in self.sinks:
+            sink.finish()
         return SessionResult(
             info=self.info,
             ended_at=time.time(),
             targets=list(self.targets.values()),
             acc=self.acc,
-            observer_parts=parts,
         )
 
     def _root_running(self) -> bool:

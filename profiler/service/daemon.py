@@ -34,6 +34,7 @@ from typing import Any
 
 from collectors.pyspy import PySpy, SamplingError
 from profiler import __version__
+from profiler.attribution.window import AttributedWindow
 from profiler.classify.codepaths import CODEPATHS
 from profiler.exitcodes import EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME
 from profiler.sampling.window import WindowReport
@@ -444,9 +445,9 @@ class Daemon:
         t0 = time.monotonic()
         recorder_ok, recorder_detail = True, f"{len(reports)} window(s) appended last slot"
         for i, (j, report) in enumerate(reports):
-            attribution = energy.windows[i] if energy is not None else None
+            window = energy.windows[i] if energy is not None else AttributedWindow(report)
             try:
-                self._add_to_ledger(j.target, report, attribution)
+                self._add_to_ledger(j.target, window)
             except ValueError as exc:
                 # A malformed report must not take the daemon down; it is not counted.
                 self.ledger.add_sampler_error(j.target, "bad_report")
@@ -454,10 +455,7 @@ class Daemon:
                 continue
             try:
                 self._recorder.append_window(
-                    j.run_id,
-                    report,
-                    energy=attribution.energy_record if attribution else None,
-                    gpu=attribution.gpu_record if attribution else None,
+                    j.run_id, report, energy=window.energy_record(), gpu=window.gpu_record()
                 )
             except Exception as exc:
                 # Counters are still exported; the record says what it missed in the log.
@@ -477,20 +475,21 @@ class Daemon:
         self._update_target_processes()
         # (published by the loop, once the slot's own CPU is counted too)
 
-    def _add_to_ledger(self, target: str, report: WindowReport, attribution: Any) -> None:
+    def _add_to_ledger(self, target: str, window: AttributedWindow) -> None:
+        report = window.report
         samples = {cp: report.codepaths[cp].samples for cp in CODEPATHS if cp in report.codepaths}
         cpu_s = {cp: report.codepaths[cp].cpu_s for cp in CODEPATHS if cp in report.codepaths}
-        if attribution is None:
+        if window.attribution is None:
             self.ledger.add_window(target, samples=samples, cpu_s=cpu_s)
             return
         self.ledger.add_window(
             target,
             samples=samples,
             cpu_s=cpu_s,
-            energy_j=attribution.energy_j,
-            energy_source=attribution.energy_source,
-            gpu_wait_s=attribution.gpu_wait_s,
-            gpu_wait_energy_j=attribution.gpu_wait_energy_j,
+            energy_j=window.energy_j,
+            energy_source=window.energy_source,
+            gpu_wait_s=window.gpu_wait_s,
+            gpu_wait_energy_j=window.gpu_wait_energy_j,
         )
 
     def _on_window_error(self, job: SamplingJob) -> bool:

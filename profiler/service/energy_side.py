@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from profiler.attribution.window import attribute_window, energy_record, gpu_record
+from profiler.attribution.window import AttributedWindow, attribute
 from profiler.sampling.window import WindowReport
 from profiler.service.config import Config
 from profiler.service.ledger import Ledger
@@ -20,20 +20,8 @@ class RequiredCollectorMissing(Exception):
 
 
 @dataclass(frozen=True)
-class WindowAttribution:
-    """One target window's joules and GPU-wait, for the ledger and the record."""
-
-    energy_j: Any  # Mapping[codepath, J] or None
-    energy_source: str | None
-    gpu_wait_s: dict[tuple[str, int], float]
-    gpu_wait_energy_j: dict[tuple[str, int], float]
-    energy_record: dict[str, Any]
-    gpu_record: dict[str, Any] | None
-
-
-@dataclass(frozen=True)
 class SlotEnergy:
-    windows: list[WindowAttribution]  # one per report, in order
+    windows: list[AttributedWindow]  # one per report, in order
 
 
 # Collector states that mean "not in use here", not "failed": not exported.
@@ -118,10 +106,10 @@ class EnergySide:
         windows = []
         attributed_j = 0.0
         for report in reports:
-            ta = attribute_window(report, we)
-            if ta.energy is not None:
-                attributed_j += sum(ta.energy.codepaths_j.values())
-            windows.append(_window_attribution(we, ta))
+            aw = attribute(report, we, slot=True)
+            if aw.energy_j is not None:
+                attributed_j += sum(aw.energy_j.values())
+            windows.append(aw)
         if we.source in ("rapl", "model") and we.package_j is not None:
             node_j = max(0.0, we.package_j)
             if attributed_j > node_j:
@@ -166,24 +154,3 @@ class EnergySide:
 
     def close(self) -> None:
         self._tracker.stop()
-
-
-def _window_attribution(we: Any, ta: Any) -> WindowAttribution:
-    energy = ta.energy
-    record = energy_record(we, ta)
-    # What the daemon adds: the slot the energy was read over, and how it was split.
-    record.update(
-        slot=[we.start, we.end],
-        node_busy_cpu_s=we.node_busy_cpu_s,
-        target_share=energy.target_share if energy is not None else None,
-        model=we.model,
-        notes=list(we.notes),
-    )
-    return WindowAttribution(
-        energy_j=energy.codepaths_j if energy is not None else None,
-        energy_source=energy.source if energy is not None else None,
-        gpu_wait_s=ta.gpu_wait_s,
-        gpu_wait_energy_j=ta.gpu_wait_energy_j,
-        energy_record=record,
-        gpu_record=gpu_record(ta),
-    )
