@@ -194,7 +194,9 @@ def test_newer_schema_is_refused_with_a_clear_error(tmp_path: Path) -> None:
     db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (SCHEMA_VERSION + 1,))
     db.commit()
     db.close()
-    with pytest.raises(RecordError, match=r"schema version 2 is newer .* upgrade serwatt"):
+    with pytest.raises(
+        RecordError, match=rf"schema version {SCHEMA_VERSION + 1} is newer .* upgrade serwatt"
+    ):
         Recorder(tmp_path / "r.sqlite")
 
 
@@ -392,3 +394,41 @@ def test_a_full_disk_fails_the_append_cleanly_and_loses_nothing_committed(
     rec.append_window("r", window(seed=99))
     assert rec.runs()[0].windows == committed + 1
     assert_totals_match_windows(rec, "r")
+
+
+def _episode(**over: object) -> object:
+    fields = dict(
+        pid=7, thread=7, codepath="pickle", start=100.0, end=100.8, wall_s=0.8,
+        resolution_s=0.02, unknown_s=0.0, cpu_s=0.75, gpu_wait_s=None, gpu_idle_j=None,
+        main_thread=True, durable=False,
+    )  # fmt: skip
+    fields.update(over)
+    return type("Episode", (), fields)()
+
+
+def test_episodes_round_trip_and_a_version_1_file_says_it_has_none(tmp_path: Path) -> None:
+    path = tmp_path / "r.sqlite"
+    with Recorder(path) as rec:
+        rec.start_run("old", "t", host={}, config={}, sources={})
+    # Make it the file a version 1 writer left: no episode tables, schema_version 1.
+    db = sqlite3.connect(path)
+    db.executescript(
+        "DROP TABLE episodes; DROP TABLE episode_runs;"
+        " UPDATE meta SET value = '1' WHERE key = 'schema_version';"
+    )
+    db.close()
+    with Recorder(path, readonly=True) as rec:
+        assert rec.run("old").episodes is None  # read, and says it has no episodes
+    with Recorder(path) as rec:  # a writer upgrades it in place
+        rec.start_run("new", "t", host={}, config={}, sources={})
+        assert rec.append_episodes("new", [_episode(), _episode(start=102.0, durable=True)]) == 2
+        with pytest.raises(ValueError, match="wall_s must be finite"):
+            rec.append_episodes("new", [_episode(wall_s=float("nan"))])
+    with Recorder(path, readonly=True) as rec:
+        assert rec.run("old").episodes is None
+        eps = rec.run("new").episodes
+        assert eps is not None and [e["start"] for e in eps] == [100.0, 102.0]
+        assert eps[0]["main_thread"] is True and eps[1]["durable"] is True
+        assert eps[0]["gpu_wait_s"] is None and eps[0]["wall_s"] == 0.8
+    meta = dict(sqlite3.connect(path).execute("SELECT key, value FROM meta"))
+    assert meta["schema_version"] == str(SCHEMA_VERSION) == "2"

@@ -28,7 +28,7 @@ import math
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +38,7 @@ from profiler import __version__
 from profiler.classify.codepaths import CODEPATHS
 from profiler.sampling.window import WindowReport
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2 adds serialization episodes; a version 1 file is still read
 RECORD_FILENAME = "runs.sqlite"  # the file inside a record dir (config `record.dir`)
 _APPLICATION = "serwatt.runs"
 
@@ -119,6 +119,37 @@ CREATE TABLE IF NOT EXISTS window_codepaths (
 );
 """
 
+# Version 2: serialization episodes (profiler/attribution/episodes.py). `episode_runs`
+# names the runs recorded with episode detection, so a run recorded by a version 1
+# writer says it has no episodes rather than "zero episodes".
+_SCHEMA_V2 = """
+CREATE TABLE IF NOT EXISTS episode_runs (
+    run_id TEXT PRIMARY KEY REFERENCES runs(run_id) ON DELETE CASCADE
+);
+CREATE TABLE IF NOT EXISTS episodes (
+    episode_id INTEGER PRIMARY KEY,
+    run_id TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
+    pid INTEGER NOT NULL,
+    thread INTEGER NOT NULL,
+    codepath TEXT NOT NULL,
+    start REAL NOT NULL,            -- epoch s
+    end REAL NOT NULL,              -- epoch s
+    wall_s REAL NOT NULL,
+    resolution_s REAL NOT NULL,     -- +/- one sampling period of the run that timed it
+    unknown_s REAL NOT NULL,        -- time inside the episode between windows (not sampled)
+    cpu_s REAL NOT NULL,
+    gpu_wait_s REAL,                -- NULL: no GPU data
+    gpu_idle_j REAL,
+    main_thread INTEGER NOT NULL,
+    durable INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS episodes_by_run ON episodes(run_id, start);
+"""
+EPISODE_FIELDS = (
+    "pid", "thread", "codepath", "start", "end", "wall_s", "resolution_s", "unknown_s",
+    "cpu_s", "gpu_wait_s", "gpu_idle_j", "main_thread", "durable",
+)  # fmt: skip
+
 
 class RecordError(Exception):
     """A record file that cannot be used; the message names the file and the fix."""
@@ -178,6 +209,8 @@ class RunDetail:
     sources: Mapping[str, Any]
     codepaths: Mapping[str, CodepathTotals]  # every codepath in CODEPATHS
     windows: tuple[WindowRecord, ...] = field(default=())
+    # None: the run was recorded without episode detection (a version 1 writer)
+    episodes: tuple[Mapping[str, Any], ...] | None = None
 
     def to_json(self, *, include_windows: bool = True) -> dict[str, Any]:
         s = self.summary
@@ -289,6 +322,8 @@ class Recorder:
                 if readonly:
                     raise RecordError(f"{self.path}: empty file, not a serwatt run record")
                 self._create()
+            elif version < SCHEMA_VERSION and not readonly:
+                self._upgrade()
             elif version > SCHEMA_VERSION:
                 raise RecordError(
                     f"{self.path}: record schema version {version} is newer than this serwatt "
@@ -345,7 +380,7 @@ class Recorder:
 
     def _create(self) -> None:
         with self._tx() as db:
-            for stmt in _SCHEMA.split(";"):
+            for stmt in (_SCHEMA + _SCHEMA_V2).split(";"):
                 if stmt.strip():
                     db.execute(stmt)
             db.executemany(
@@ -357,6 +392,24 @@ class Recorder:
                     ("created_by", f"serwatt {__version__}"),
                 ],
             )
+
+    def _upgrade(self) -> None:
+        """Version 1 -> 2 in place: add the episode tables; earlier runs keep no episodes."""
+        with self._tx() as db:
+            for stmt in _SCHEMA_V2.split(";"):
+                if stmt.strip():
+                    db.execute(stmt)
+            db.execute(
+                "UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),)
+            )
+
+    def _has_episode_tables(self) -> bool:
+        row = (
+            self._conn()
+            .execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='episodes'")
+            .fetchone()
+        )
+        return row is not None
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
@@ -437,6 +490,8 @@ class Recorder:
                     f"run id {run_id!r} is already recorded for target {row[0]!r}, not "
                     f"{target!r}: give the targets different `run` templates"
                 )
+            if row is None:
+                db.execute("INSERT OR IGNORE INTO episode_runs(run_id) VALUES (?)", (run_id,))
             else:
                 # Resumed: keep the first host/config, refresh the sources (they may differ
                 # after a restart, e.g. RAPL became readable) and reopen the run.
@@ -726,7 +781,49 @@ class Recorder:
             sources=json.loads(sources_json),
             codepaths=totals,
             windows=window_records,
+            episodes=self.episodes(run_id),
         )
+
+    def append_episodes(self, run_id: str, episodes: Iterable[Any]) -> int:
+        """Record closed episodes (objects with the EPISODE_FIELDS attributes) of a run."""
+        rows = []
+        for ep in episodes:
+            values = [getattr(ep, name) for name in EPISODE_FIELDS]
+            for name, v in zip(EPISODE_FIELDS, values, strict=True):
+                if isinstance(v, float) and not math.isfinite(v):
+                    raise ValueError(f"episode {name} must be finite, got {v}")
+            rows.append((run_id, *values))
+        if rows:
+            with self._tx() as db:
+                db.executemany(
+                    f"INSERT INTO episodes(run_id, {', '.join(EPISODE_FIELDS)})"
+                    f" VALUES (?{', ?' * len(EPISODE_FIELDS)})",
+                    rows,
+                )
+        return len(rows)
+
+    def episodes(self, run_id: str) -> tuple[dict[str, Any], ...] | None:
+        """A run's episodes in time order; None when it was recorded without detection."""
+        with self._lock:
+            if not self._has_episode_tables():
+                return None
+            db = self._conn()
+            if (
+                db.execute("SELECT 1 FROM episode_runs WHERE run_id = ?", (run_id,)).fetchone()
+                is None
+            ):
+                return None
+            rows = db.execute(
+                f"SELECT {', '.join(EPISODE_FIELDS)} FROM episodes WHERE run_id = ?"
+                " ORDER BY start, episode_id",
+                (run_id,),
+            ).fetchall()
+        out = []
+        for r in rows:
+            ep = dict(zip(EPISODE_FIELDS, r, strict=True))
+            ep["main_thread"], ep["durable"] = bool(ep["main_thread"]), bool(ep["durable"])
+            out.append(ep)
+        return tuple(out)
 
 
 def _summary(row: tuple) -> RunSummary:
