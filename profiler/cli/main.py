@@ -23,6 +23,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "daemon": ("profiler.cli.daemon", "run the per-node service"),
     "check-config": ("profiler.cli.check_config", "validate a daemon config file"),
     "runs": ("profiler.cli.runs", "list and show recorded runs"),
+    "report": ("profiler.cli.report", "the A/B report: baseline runs against candidate runs"),
     "many": ("profiler.cli.many", "inspect and verify .many checkpoints"),
 }
 

@@ -1,0 +1,198 @@
+"""`serwatt report`: the A/B report of baseline runs against candidate runs.
+
+    serwatt report --baseline RUN [RUN...] --candidate RUN [RUN...] [--db FILE | --dir DIR]
+                   [--json FILE] [--html FILE] [--cluster FILE.yaml] [--checkpoints DIR]
+                   [--allow-mismatch]
+    serwatt report --verify REPORT.json [--db FILE | --dir DIR]
+
+Runs come from run records (`serwatt profile --record`, or the daemon's record dir);
+several runs per side are repeats. docs/report.md explains every number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from profiler.cli.main import UsageError
+from profiler.cli.runs import DEFAULT_RECORD_DIR
+from profiler.exitcodes import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE
+from profiler.many import verify, verify_chain
+from profiler.many.reader import load
+from profiler.records.store import RECORD_FILENAME, Recorder, RecordError
+from profiler.report import (
+    InputError,
+    ReportRefused,
+    build_report,
+    default_cluster,
+    load_cluster,
+    render_html,
+    render_text,
+    verify_receipt,
+)
+from profiler.report.from_records import load_runs
+from profiler.service.config import ConfigError
+
+MAX_CHECKPOINT_FILES = 10_000  # a directory is hostile input too: bound what is verified
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--baseline", nargs="+", metavar="RUN", help="baseline run id(s)")
+    parser.add_argument("--candidate", nargs="+", metavar="RUN", help="candidate run id(s)")
+    src = parser.add_mutually_exclusive_group()
+    src.add_argument("--db", type=Path, help="a record file (runs.sqlite)")
+    src.add_argument(
+        "--dir", type=Path, help=f"a record dir holding {RECORD_FILENAME} (default {DEFAULT_RECORD_DIR})"
+    )
+    parser.add_argument("--json", type=Path, metavar="FILE", help="write serwatt.report/1 JSON")
+    parser.add_argument("--html", type=Path, metavar="FILE", help="write a self-contained HTML page")
+    parser.add_argument(
+        "--cluster", type=Path, metavar="FILE.yaml",
+        help="cluster assumptions for the projection (default: the documented defaults)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--checkpoints", type=Path, metavar="DIR",
+        help="verify every .many file in DIR and put its receipt chain in the report",
+    )  # fmt: skip
+    parser.add_argument(
+        "--allow-mismatch", action="store_true",
+        help="report runs that are not comparable, with each mismatch as a caveat",
+    )  # fmt: skip
+    parser.add_argument(
+        "--verify", type=Path, metavar="REPORT.json",
+        help="recompute a report's receipt from the records and say whether they still back it",
+    )  # fmt: skip
+
+
+def _record_path(args: argparse.Namespace) -> Path:
+    if args.db is not None:
+        return args.db
+    return (args.dir if args.dir is not None else DEFAULT_RECORD_DIR) / RECORD_FILENAME
+
+
+def _open(args: argparse.Namespace) -> Recorder:
+    try:
+        return Recorder(_record_path(args), readonly=True)
+    except RecordError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _load(rec: Recorder, ids: list[str], side: str) -> list[Any]:
+    try:
+        return load_runs(rec, ids)
+    except KeyError as exc:
+        raise UsageError(f"--{side}: {exc.args[0]}") from None
+    except InputError as exc:
+        raise UsageError(f"--{side}: a damaged record in {rec.path}: {exc}") from None
+
+
+def checkpoint_chain(directory: Path) -> dict[str, Any]:
+    """Verify every .many file in a directory (oldest first) and its receipt chain."""
+    if not directory.is_dir():
+        raise UsageError(f"--checkpoints {directory}: not a directory")
+    files = sorted(
+        (p for p in directory.iterdir() if p.suffix == ".many" and p.is_file()),
+        key=lambda p: (p.stat().st_mtime_ns, p.name),
+    )
+    if len(files) > MAX_CHECKPOINT_FILES:
+        raise UsageError(
+            f"--checkpoints {directory}: {len(files)} .many files, more than "
+            f"{MAX_CHECKPOINT_FILES}; point it at one run's checkpoint directory"
+        )
+    problems = {str(p): verify(p) for p in files}
+    links = [m for m in verify_chain([str(p) for p in files]) if "prev_receipt" in m]
+    head = None
+    if files and not problems[str(files[-1])]:
+        with load(files[-1]) as ck:
+            head = str(ck.receipt)
+    first_break = next((p for p, probs in problems.items() if probs), None)
+    if first_break is None and links:
+        first_break = links[0]
+    return {
+        "dir": str(directory),
+        "files": len(files),
+        "sound": not any(problems.values()) and not links,
+        "head": head,
+        "length": len(files),
+        "first_break": first_break,
+        "problems": {p: probs for p, probs in problems.items() if probs},
+        "link_problems": links,
+        "proves": "consistency of each file and link (BLAKE3), not who wrote them",
+    }
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _verify(args: argparse.Namespace) -> int:
+    try:
+        report = json.loads(args.verify.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--verify {args.verify}: cannot read a report: {exc}") from None
+    if not isinstance(report, dict) or report.get("schema") != "serwatt.report/1":
+        raise UsageError(f"--verify {args.verify}: not a serwatt.report/1 document")
+    ids = {side: (report.get(side) or {}).get("runs") for side in ("baseline", "candidate")}
+    if not all(isinstance(v, list) and all(isinstance(i, str) for i in v) for v in ids.values()):
+        raise UsageError(f"--verify {args.verify}: the report does not name its runs")
+    with _open(args) as rec:
+        try:
+            baseline = load_runs(rec, ids["baseline"])
+            candidate = load_runs(rec, ids["candidate"])
+        except (KeyError, InputError) as exc:
+            print(f"serwatt report: not backed: {exc}", file=sys.stderr)
+            return EXIT_RUNTIME
+    problems = verify_receipt(report, baseline, candidate)
+    if problems:
+        for p in problems:
+            print(f"serwatt report: not backed: {p}", file=sys.stderr)
+        return EXIT_RUNTIME
+    print(f"{args.verify}: {report['receipt']}: the records still back every number")
+    return EXIT_OK
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.verify is not None:
+        if args.baseline or args.candidate:
+            raise UsageError("--verify takes a report and the records, not --baseline/--candidate")
+        return _verify(args)
+    if not args.baseline or not args.candidate:
+        raise UsageError("give --baseline RUN... and --candidate RUN... (see `serwatt runs list`)")
+    try:
+        cluster = load_cluster(args.cluster) if args.cluster is not None else default_cluster()
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    checkpoints = checkpoint_chain(args.checkpoints) if args.checkpoints is not None else None
+    with _open(args) as rec:
+        baseline = _load(rec, args.baseline, "baseline")
+        candidate = _load(rec, args.candidate, "candidate")
+    try:
+        report = build_report(
+            baseline,
+            candidate,
+            cluster=cluster,
+            allow_mismatch=args.allow_mismatch,
+            checkpoints=checkpoints,
+        )
+    except ReportRefused as exc:
+        print(f"serwatt report: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except InputError as exc:
+        raise UsageError(str(exc)) from None
+    print(render_text(report))
+    try:
+        if args.json is not None:
+            _write(args.json, json.dumps(report, indent=2, allow_nan=False) + "\n")
+        if args.html is not None:
+            _write(args.html, render_html(report))
+            print(f"serwatt report: HTML report: {args.html}", file=sys.stderr)
+    except OSError as exc:
+        print(f"serwatt report: cannot write: {exc}", file=sys.stderr)
+        return EXIT_RUNTIME
+    return EXIT_OK

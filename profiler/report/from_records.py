@@ -1,0 +1,108 @@
+"""Run records (profiler.records) turned into the report's inputs (profiler.report.inputs).
+
+The one place the report meets SQLite: everything after this reads RunInput only.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from profiler.classify.codepaths import CODEPATHS
+from profiler.records.store import Recorder, RunDetail
+from profiler.report.inputs import CodepathFigures, EpisodeInput, RunInput, WindowInput
+
+ENERGY_SOURCES = ("rapl", "model")
+
+
+def _energy_source(detail: RunDetail) -> tuple[str, str | None]:
+    """The run's energy source and, when unavailable, why."""
+    sources = Counter(
+        w.energy.get("source") for w in detail.windows if w.energy is not None
+    )
+    measured = [s for s in sources if s in ENERGY_SOURCES]
+    if len(measured) == 1:
+        return str(measured[0]), None
+    if len(measured) > 1:
+        return "unavailable", f"windows mix energy sources ({', '.join(sorted(measured))})"
+    reasons = [
+        str(w.energy.get("reason"))
+        for w in detail.windows
+        if w.energy is not None and w.energy.get("reason")
+    ]
+    if reasons:
+        return "unavailable", reasons[0]
+    return "unavailable", str(detail.sources.get("energy") or "no energy was recorded")
+
+
+def _rate_hz(detail: RunDetail) -> float:
+    configured = detail.config.get("rate_hz") or detail.config.get("sample_rate_hz")
+    if isinstance(configured, (int, float)) and not isinstance(configured, bool):
+        return float(configured)
+    rates = Counter(w.rate_hz for w in detail.windows)
+    return float(rates.most_common(1)[0][0]) if rates else 0.0
+
+
+def _figures(row: dict[str, Any]) -> CodepathFigures:
+    return CodepathFigures(
+        samples=int(row.get("samples") or 0),
+        cpu_s=float(row.get("cpu_s") or 0.0),
+        wall_s=float(row.get("wall_s") or 0.0),
+        energy_j=row.get("energy_j"),
+        gpu_wait_s=row.get("gpu_wait_s"),
+    )
+
+
+def run_input(detail: RunDetail) -> RunInput:
+    """One recorded run as report input (raises report.InputError on a damaged record)."""
+    s = detail.summary
+    energy_source, energy_reason = _energy_source(detail)
+    windows = tuple(
+        WindowInput(
+            started_at=w.started_at,
+            ended_at=w.ended_at,
+            cpu_s=w.cpu_s,
+            codepaths={cp: _figures(dict(w.codepaths[cp])) for cp in CODEPATHS if w.codepaths.get(cp)},
+            energy_source=w.energy.get("source") if w.energy is not None else None,
+            pid=w.pid,
+        )
+        for w in detail.windows
+    )
+    episodes = None
+    if detail.episodes is not None:
+        episodes = tuple(
+            EpisodeInput(
+                pid=e["pid"],
+                thread=e["thread"],
+                codepath=e["codepath"],
+                start=e["start"],
+                end=e["end"],
+                wall_s=e["wall_s"],
+                resolution_s=e["resolution_s"],
+                cpu_s=e["cpu_s"],
+                gpu_wait_s=e["gpu_wait_s"],
+                gpu_idle_j=e["gpu_idle_j"],
+                main_thread=e["main_thread"],
+                durable=e["durable"],
+            )
+            for e in detail.episodes
+        )
+    return RunInput(
+        run_id=s.run_id,
+        host=dict(detail.host),
+        serwatt_version=s.serwatt_version,
+        rate_hz=_rate_hz(detail),
+        energy_source=energy_source,
+        energy_reason=energy_reason,
+        gpu_source=str(detail.host.get("gpu_source") or "unavailable: not recorded"),
+        started_at=s.started_at,
+        ended_at=s.ended_at if s.ended_at is not None else s.last_seen_at,
+        windows=windows,
+        episodes=episodes,
+    )
+
+
+def load_runs(recorder: Recorder, run_ids: Sequence[str]) -> list[RunInput]:
+    """The named runs, in the order given; KeyError names a run the file does not hold."""
+    return [run_input(recorder.run(run_id)) for run_id in run_ids]
