@@ -1,15 +1,24 @@
-"""`serwatt demo`: profile the built-in mixed workload for ~20 s and print the table.
+"""`serwatt demo`: the mission on an embedded default, an A/B comparison end to end.
 
-The workload (profiler/workloads/demo.py) runs in a separate Python process, the
-same way a training script would, and is profiled through the same session as
-`serwatt profile -- python -m profiler.workloads.demo`.
+`--workload train` (the default) profiles the training workload
+(profiler/workloads/train.py) twice, once checkpointing with torch.save and once with
+`.many`, same steps and checkpoint interval, records both runs, prints each profile,
+then the A/B report with the default cluster projection, and writes the HTML report.
+`--workload mixed` profiles the built-in mixed workload (profiler/workloads/demo.py)
+for `--duration` seconds and prints its table.
+
+Each workload runs in a separate Python process, the way a training script would, and
+is profiled through the same session as `serwatt profile -- CMD`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 from collectors.pyspy import SamplingError
 from profiler.cli.main import UsageError
@@ -19,25 +28,128 @@ from profiler.cli.profile import (
     document,
     make_classifier,
     make_pyspy,
+    prepare_energy,
     run_session,
     sinks,
     validate_common,
     write_outputs,
 )
-from profiler.exitcodes import EXIT_RUNTIME
+from profiler.exitcodes import EXIT_OK, EXIT_RUNTIME
+from profiler.profile.record_sink import RecordSink
 from profiler.profile.session import ProfileSession
+from profiler.profile.table import render_table
+from profiler.records.store import Recorder
+from profiler.report import build_report, default_cluster, render_html, render_text
+from profiler.report.from_records import load_runs
+
+SIDES = (("baseline", "torch"), ("candidate", "many"))
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
+        "--workload", choices=("train", "mixed"), default="train",
+        help="train: torch.save against .many, A/B report (default); mixed: the mixed demo",
+    )  # fmt: skip
+    parser.add_argument(
         "--duration", type=float, default=20.0, metavar="S",
-        help="how long the workload runs (default 20)",
+        help="mixed workload: how long it runs (default 20)",
+    )  # fmt: skip
+    parser.add_argument("--steps", type=int, default=40, help="train: steps per side (default 40)")
+    parser.add_argument(
+        "--every", type=int, default=4, help="train: checkpoint every K steps (default 4)"
+    )
+    parser.add_argument(
+        "--size", type=float, default=64.0, help="train: checkpoint size in MB (default 64)"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=Path("runs/demo"), metavar="DIR",
+        help="train: where the run records, checkpoints and report go (default runs/demo)",
     )  # fmt: skip
     add_common_options(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     validate_common(args)
+    if args.workload == "mixed":
+        return _mixed(args)
+    return _train_ab(args)
+
+
+def _train_side(args: argparse.Namespace, side: str, ckpt: str, record: Path) -> int | None:
+    """Profile one side into the record; returns an exit code on failure, else None."""
+    ckpt_dir = args.out / f"ckpt-{ckpt}"
+    shutil.rmtree(ckpt_dir, ignore_errors=True)
+    cmd = [
+        sys.executable, "-m", "profiler.workloads.train", "--ckpt", ckpt,
+        "--steps", str(args.steps), "--every", str(args.every), "--size", f"{args.size:g}",
+        "--dir", str(ckpt_dir),
+    ]  # fmt: skip
+    print(f"serwatt demo: [{side}: {ckpt}] profiling `{' '.join(cmd[1:])}`", file=sys.stderr)
+    prepare_energy(args)  # a fresh tracker and energy sink per side
+    args.record_sink = RecordSink(
+        record, target="demo", run_id=f"demo-{ckpt}", tracker=args.tracker
+    )
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+    session = ProfileSession(
+        proc.pid,
+        classifier=make_classifier(),
+        rate_hz=args.rate,
+        window_s=args.window,
+        command=" ".join(cmd[1:]),
+        pyspy=make_pyspy(args),
+        procfs=args.procfs,
+        tracker=args.tracker,
+        sinks=sinks(args),
+        follow_children=not args.no_children,
+        root_exit_check=lambda: proc.poll() is not None,
+        on_cpu_run=args.on_cpu_run,
+    )
+    try:
+        result = run_session(session, proc)
+    except (SamplingError, *BAD_INPUT_ERRORS) as exc:
+        proc.kill()
+        proc.wait()
+        print(f"serwatt demo: error: {exc}", file=sys.stderr)
+        return EXIT_RUNTIME
+    finally:
+        if proc.poll() is None:
+            proc.wait()
+    print(f"\n== {side}: checkpoints through {ckpt} ==")
+    print(render_table(document(result, args)))
+    if proc.returncode != 0:
+        print(f"serwatt demo: the {ckpt} workload exited with {proc.returncode}", file=sys.stderr)
+        return EXIT_RUNTIME
+    return None
+
+
+def _train_ab(args: argparse.Namespace) -> int:
+    if args.steps < 1 or args.every < 1 or not args.size > 0:
+        raise UsageError("--steps, --every and --size must be positive")
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--out {args.out}: cannot create it: {exc.strerror or exc}") from None
+    record = args.out / "runs.sqlite"
+    record.unlink(missing_ok=True)  # the demo's own record: one fresh pair of runs
+    for side, ckpt in SIDES:
+        failed = _train_side(args, side, ckpt, record)
+        if failed is not None:
+            return failed
+    with Recorder(record, readonly=True) as rec:
+        baseline, candidate = (load_runs(rec, [f"demo-{ckpt}"]) for _, ckpt in SIDES)
+    report = build_report(baseline, candidate, cluster=default_cluster(), allow_mismatch=True)
+    print()
+    print(render_text(report))
+    html = args.out / "report.html"
+    html.write_text(render_html(report), encoding="utf-8")
+    report_json = args.json if args.json is not None else args.out / "report.json"
+    report_json.write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
+    print(f"\nserwatt demo: HTML report: {html.resolve()}")
+    print(f"serwatt demo: report JSON: {report_json}; records: {record}")
+    return EXIT_OK
+
+
+def _mixed(args: argparse.Namespace) -> int:
     spy = make_pyspy(args)
     classifier = make_classifier()
     cmd = [sys.executable, "-m", "profiler.workloads.demo", "--duration", f"{args.duration:g}"]

@@ -46,10 +46,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     src = parser.add_mutually_exclusive_group()
     src.add_argument("--db", type=Path, help="a record file (runs.sqlite)")
     src.add_argument(
-        "--dir", type=Path, help=f"a record dir holding {RECORD_FILENAME} (default {DEFAULT_RECORD_DIR})"
+        "--dir",
+        type=Path,
+        help=f"a record dir holding {RECORD_FILENAME} (default {DEFAULT_RECORD_DIR})",
     )
     parser.add_argument("--json", type=Path, metavar="FILE", help="write serwatt.report/1 JSON")
-    parser.add_argument("--html", type=Path, metavar="FILE", help="write a self-contained HTML page")
+    parser.add_argument(
+        "--html", type=Path, metavar="FILE", help="write a self-contained HTML page"
+    )
     parser.add_argument(
         "--cluster", type=Path, metavar="FILE.yaml",
         help="cluster assumptions for the projection (default: the documented defaults)",
