@@ -303,7 +303,7 @@ def test_speedscope_recordings_classify_like_dumps(classifier: Classifier, proc_
 
 def test_speedscope_through_the_sampler_parser(classifier: Classifier, proc_root: Path) -> None:
     """The same recording parsed by the sampler's own parser (collectors/pyspy.py)."""
-    from collectors import pyspy
+    from collectors.pyspy import speedscope as pyspy
 
     doc = _load("py312-pickle_alias.json")["speedscope"]
     tracks = pyspy.parse_speedscope(doc)
