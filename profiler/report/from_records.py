@@ -9,18 +9,17 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from profiler.report.inputs import CodepathFigures, EpisodeInput, RunInput, WindowInput
+
 from profiler.classify.codepaths import CODEPATHS
 from profiler.records.store import Recorder, RunDetail
-from profiler.report.inputs import CodepathFigures, EpisodeInput, RunInput, WindowInput
 
 ENERGY_SOURCES = ("rapl", "model")
 
 
 def _energy_source(detail: RunDetail) -> tuple[str, str | None]:
     """The run's energy source and, when unavailable, why."""
-    sources = Counter(
-        w.energy.get("source") for w in detail.windows if w.energy is not None
-    )
+    sources = Counter(w.energy.get("source") for w in detail.windows if w.energy is not None)
     measured = [s for s in sources if s in ENERGY_SOURCES]
     if len(measured) == 1:
         return str(measured[0]), None
@@ -63,7 +62,9 @@ def run_input(detail: RunDetail) -> RunInput:
             started_at=w.started_at,
             ended_at=w.ended_at,
             cpu_s=w.cpu_s,
-            codepaths={cp: _figures(dict(w.codepaths[cp])) for cp in CODEPATHS if w.codepaths.get(cp)},
+            codepaths={
+                cp: _figures(dict(w.codepaths[cp])) for cp in CODEPATHS if w.codepaths.get(cp)
+            },
             energy_source=w.energy.get("source") if w.energy is not None else None,
             pid=w.pid,
         )

@@ -39,6 +39,7 @@ from profiler.classify.codepaths import CODEPATHS
 from profiler.exitcodes import EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME
 from profiler.sampling.window import WindowReport
 from profiler.service.budget import RateGovernor
+from profiler.service.collector_health import run_collector
 from profiler.service.config import Config, ConfigError, load_config
 from profiler.service.energy_side import EnergySide, RequiredCollectorMissing
 from profiler.service.exporter import MetricsServer, make_registry
@@ -424,28 +425,57 @@ class Daemon:
         for j in jobs:
             self._in_flight.discard(j.key)
         reports = [(j, j.report) for j in jobs if j.done.is_set() and j.report is not None]
-        durations = [r.wall_s for _, r in reports]
-        sampler_faults = 0
-        for j in jobs:
-            if not j.done.is_set():
-                self.ledger.add_sampler_error(j.target, "window_timeout")
-                sampler_faults += 1
-            elif j.error is not None:
-                if not self._on_window_error(j):
-                    sampler_faults += 1
-        self.ledger.set_collector(
+        run_collector(
+            self.ledger,
             "pyspy",
-            up=sampler_faults == 0,
-            duration_s=max(durations, default=0.0),
-            detail=f"{len(reports)} window(s) ok, {sampler_faults} sampler fault(s) last slot",
+            lambda: self._count_sampler_faults(jobs),
+            lambda faults: {
+                "pyspy": (
+                    faults == 0,
+                    f"{len(reports)} window(s) ok, {faults} sampler fault(s) last slot",
+                )
+            },
         )
         energy = None
         if self._energy is not None:
             energy = self._energy.slot(slot_start, slot_end, [r for _, r in reports], self.ledger)
-        t0 = time.monotonic()
-        recorder_ok, recorder_detail = True, f"{len(reports)} window(s) appended last slot"
-        for i, (j, report) in enumerate(reports):
-            window = energy.windows[i] if energy is not None else AttributedWindow(report)
+        windows = [
+            energy.windows[i] if energy is not None else AttributedWindow(report)
+            for i, (_, report) in enumerate(reports)
+        ]
+        run_collector(
+            self.ledger,
+            "recorder",
+            lambda: self._apply_windows([j for j, _ in reports], windows),
+            lambda failed: {
+                "recorder": (
+                    (True, f"{len(reports)} window(s) appended last slot")
+                    if failed is None
+                    else (False, f"append failed: {failed}")
+                )
+            },
+        )
+        self._update_target_processes()
+        # (published by the loop, once the slot's own CPU is counted too)
+
+    def _count_sampler_faults(self, jobs: list[SamplingJob]) -> int:
+        """Count the slot's failed windows; returns those that were serwatt's own fault."""
+        faults = 0
+        for j in jobs:
+            if not j.done.is_set():
+                self.ledger.add_sampler_error(j.target, "window_timeout")
+                faults += 1
+            elif j.error is not None and not self._on_window_error(j):
+                faults += 1
+        return faults
+
+    def _apply_windows(
+        self, jobs: list[SamplingJob], windows: list[AttributedWindow]
+    ) -> Exception | None:
+        """Each window into the ledger and the record; the last append failure, if any."""
+        failed: Exception | None = None
+        for j, window in zip(jobs, windows, strict=True):
+            report = window.report
             try:
                 self._add_to_ledger(j.target, window)
             except ValueError as exc:
@@ -459,7 +489,7 @@ class Daemon:
                 )
             except Exception as exc:
                 # Counters are still exported; the record says what it missed in the log.
-                recorder_ok, recorder_detail = False, f"append failed: {exc}"
+                failed = exc
                 log.error("recording window of %s pid %d failed: %s", j.run_id, j.pid, exc)
             tracked = self._tracked.get(j.key)
             if tracked is not None:
@@ -469,11 +499,7 @@ class Daemon:
                     tracked.python = report.python
                 if report.exited:
                     self._forget(j.key, reason="exited")
-        self.ledger.set_collector(
-            "recorder", up=recorder_ok, duration_s=time.monotonic() - t0, detail=recorder_detail
-        )
-        self._update_target_processes()
-        # (published by the loop, once the slot's own CPU is counted too)
+        return failed
 
     def _add_to_ledger(self, target: str, window: AttributedWindow) -> None:
         report = window.report
@@ -534,22 +560,14 @@ class Daemon:
 
         cfg = self.config
         self._next_rescan = time.monotonic() + cfg.rescan_s
-        t0 = time.monotonic()
-        try:
-            found = discover(cfg.targets, cfg.path_procfs)
-        except Exception as exc:
-            # Keep sampling what we know; say so on /metrics and the landing page.
-            self.ledger.set_collector(
-                "discovery", up=False, duration_s=time.monotonic() - t0, detail=str(exc)
-            )
-            log.error("discovery in %s failed: %s", cfg.path_procfs, exc)
-            return
-        self.ledger.set_collector(
+        found = run_collector(
+            self.ledger,
             "discovery",
-            up=True,
-            duration_s=time.monotonic() - t0,
-            detail=f"{len(found)} process(es) matched",
+            lambda: discover(cfg.targets, cfg.path_procfs),
+            lambda found: {"discovery": (True, f"{len(found)} process(es) matched")},
         )
+        if found is None:
+            return  # keep sampling what we know; /metrics and the landing page say why
         seen = set()
         for proc in found:
             key = (proc.pid, proc.start_time)

@@ -7,8 +7,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from profiler.attribution.tracker import WindowEnergy
 from profiler.attribution.window import AttributedWindow, attribute
 from profiler.sampling.window import WindowReport
+from profiler.service.collector_health import Health, run_collector
 from profiler.service.config import Config
 from profiler.service.ledger import Ledger
 
@@ -92,17 +94,11 @@ class EnergySide:
     def slot(
         self, start: float, end: float, reports: list[WindowReport], ledger: Ledger
     ) -> SlotEnergy | None:
-        t0 = time.monotonic()
-        try:
-            we = self._tracker.window(start, end)
-        except Exception as exc:
-            log.error("energy reading for the slot failed: %s", exc)
-            ledger.set_collector(
-                "energy", up=False, duration_s=time.monotonic() - t0, detail=str(exc)
-            )
+        we = run_collector(
+            ledger, "energy", lambda: self._tracker.window(start, end), self._slot_health
+        )
+        if we is None:
             return None
-        read_s = time.monotonic() - t0
-        self._slot_collectors(we, read_s, ledger)
         windows = []
         attributed_j = 0.0
         for report in reports:
@@ -124,7 +120,9 @@ class EnergySide:
                 ledger.add_gpu_idle(g.index, max(0.0, g.idle_s))
         return SlotEnergy(windows)
 
-    def _slot_collectors(self, we: Any, read_s: float, ledger: Ledger) -> None:
+    def _slot_health(self, we: WindowEnergy) -> dict[str, Health]:
+        """What one slot reading says of the collectors behind it."""
+        health: dict[str, Health] = {}
         if self.status["rapl"].up:
             # RAPL read errors carry the last good value forward (caught up on the next
             # good read), so the slot still says "rapl": count failed reads instead.
@@ -138,19 +136,18 @@ class EnergySide:
                 )
             else:
                 detail = "; ".join(we.notes) if ok else f"{we.source}: {we.reason}"
-            ledger.set_collector("rapl", up=ok, duration_s=read_s, detail=detail)
+            health["rapl"] = (ok, detail)
         elif self.status.get("cpu_model") is not None and self.status["cpu_model"].up:
             ok = we.source == "model"
             detail = we.model or "" if ok else f"{we.source}: {we.reason}"
-            ledger.set_collector("cpu_model", up=ok, duration_s=read_s, detail=detail)
+            health["cpu_model"] = (ok, detail)
         if self.status["nvml"].up:
             down = [f"gpu {g.index}: {g.reason}" for g in we.gpus if not g.up]
-            ledger.set_collector(
-                "nvml",
-                up=bool(we.gpus) and not down,
-                duration_s=read_s,
-                detail="; ".join(down) or f"{len(we.gpus)} GPU(s)",
+            health["nvml"] = (
+                bool(we.gpus) and not down,
+                "; ".join(down) or f"{len(we.gpus)} GPU(s)",
             )
+        return health
 
     def close(self) -> None:
         self._tracker.stop()
