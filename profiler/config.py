@@ -571,8 +571,15 @@ def _check_document(c: _Checker, root: yaml.Node | None) -> dict[str, Any]:
     return out
 
 
-def parse_config(text: str, source_path: Path) -> Config:
-    """Validate YAML text; raises ConfigError listing every problem."""
+def check_yaml(
+    text: str, source_path: Path, check: Callable[[_Checker, yaml.Node | None], Any]
+) -> tuple[Any, Any, yaml.Node | None]:
+    """Compose YAML text into nodes and run `check(checker, root)` over them.
+
+    Returns (what check returned, the plain document, the root node); raises ConfigError
+    listing every problem, each with its key path and line. Shared by every YAML file
+    serwatt validates (the daemon config, the report's cluster file).
+    """
     try:
         loader = yaml.SafeLoader(text)
     except yaml.YAMLError as exc:  # e.g. a control character: the reader refuses at once
@@ -595,7 +602,7 @@ def parse_config(text: str, source_path: Path) -> Config:
             ) from None
         checker = _Checker(loader, source_path.parent)
         try:
-            values = _check_document(checker, root)
+            values = check(checker, root)
             raw = loader.construct_document(root) if root is not None else None
         except yaml.constructor.ConstructorError as exc:
             mark = exc.problem_mark
@@ -612,6 +619,12 @@ def parse_config(text: str, source_path: Path) -> Config:
     problems = sorted(checker.problems, key=lambda p: p.line or 0)
     if problems:
         raise ConfigError(source_path, problems)
+    return values, raw, root
+
+
+def parse_config(text: str, source_path: Path) -> Config:
+    """Validate YAML text; raises ConfigError listing every problem."""
+    values, raw, root = check_yaml(text, source_path, _check_document)
     if not values.get("targets"):
         line = root.start_mark.line + 1 if root is not None else None
         raise ConfigError(
