@@ -11,11 +11,17 @@ from profiler.report import stats
 from profiler.report.inputs import CodepathFigures, WindowInput
 
 
+def _ci(c: stats.Comparison) -> tuple[float, float]:
+    assert c.ci95 is not None and c.ci95[0] is not None and c.ci95[1] is not None
+    return c.ci95[0], c.ci95[1]
+
+
 def test_identical_constant_samples_give_p_1_ratio_1_and_an_interval_holding_1() -> None:
     c = stats.compare([2.0] * 6, [2.0] * 6)
     assert c.p == 1.0
     assert c.ratio == 1.0
-    assert c.ci95 is not None and c.ci95[0] <= 1.0 <= c.ci95[1]
+    lo, hi = _ci(c)
+    assert lo <= 1.0 <= hi
 
 
 def test_identical_varied_samples_give_p_1_and_an_interval_holding_1() -> None:
@@ -23,7 +29,8 @@ def test_identical_varied_samples_give_p_1_and_an_interval_holding_1() -> None:
     c = stats.compare(values, list(reversed(values)))
     assert c.p == 1.0
     assert c.ratio == pytest.approx(1.0)
-    assert c.ci95 is not None and c.ci95[0] < 1.0 < c.ci95[1]
+    lo, hi = _ci(c)
+    assert lo < 1.0 < hi
     assert c.ci_method == "BCa"
 
 
@@ -35,8 +42,8 @@ def test_shifted_samples_are_significant_with_an_interval_excluding_1() -> None:
     assert c.ratio == pytest.approx(0.5)
     # fully separated samples of 10 + 10: the exact two-sided p is 2 / C(20, 10)
     assert c.p is not None and c.p < 0.001
-    assert c.ci95 is not None and c.ci95[1] is not None and c.ci95[1] < 1.0
-    assert c.ci95[0] is not None and c.ci95[0] < 0.5 < c.ci95[1]
+    lo, hi = _ci(c)
+    assert hi < 1.0 and lo < 0.5 < hi
 
 
 def test_weights_make_the_side_value_a_ratio_of_sums() -> None:

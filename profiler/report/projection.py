@@ -109,7 +109,7 @@ DEFAULTS: Mapping[str, tuple[float | tuple[float, float], tuple[float, float], s
                 (1.547, 6.186),
                 "h",
                 "assumed default: Llama 3 405B, 419 unexpected interruptions in 54 days "
-                "(arXiv 2407.21783 §3.3.4) = 3.093 h job-level; the range is x0.5..x2",
+                "(arXiv 2407.21783 §3.3.4) = 3.093 h job-level",
             ),
             "restart_s": (
                 600.0,
@@ -339,7 +339,8 @@ class SideMeasurement:
 def _assumed(cfg: ClusterConfig, name: str) -> str:
     i = cfg.inputs[name]
     shown = f"{i.value:g}" if i.value is not None else f"{i.low:g}-{i.high:g}"
-    return f"{name} = {shown} {i.unit}".rstrip() + f" ({i.source}; range {i.low:g}-{i.high:g})"
+    span = f"; range {i.low:g}-{i.high:g}" if i.value is not None and i.low != i.high else ""
+    return f"{name} = {shown} {i.unit}".rstrip() + f" ({i.source}{span})"
 
 
 def _runs(m: SideMeasurement) -> str:

@@ -41,6 +41,8 @@ from scipy import stats as sps
 
 from profiler.report.inputs import WindowInput
 
+Values = Sequence[float] | np.ndarray  # observations: a list or a numpy array
+
 ALPHA = 0.05
 CONFIDENCE = 0.95
 N_RESAMPLES = 9999
@@ -160,9 +162,7 @@ def _value_statistic(x: np.ndarray, w: np.ndarray) -> Any:
     return statistic
 
 
-def _arrays(
-    values: Sequence[float], weights: Sequence[float] | None
-) -> tuple[np.ndarray, np.ndarray]:
+def _arrays(values: Values, weights: Values | None) -> tuple[np.ndarray, np.ndarray]:
     x = np.asarray(values, dtype=float)
     w = np.ones_like(x) if weights is None else np.asarray(weights, dtype=float)
     if x.shape != w.shape:
@@ -170,7 +170,7 @@ def _arrays(
     return x, w
 
 
-def side_value(values: Sequence[float], weights: Sequence[float] | None = None) -> float | None:
+def side_value(values: Values, weights: Values | None = None) -> float | None:
     """Σx/Σw, None when there is no weight."""
     x, w = _arrays(values, weights)
     total_w = float(w.sum())
@@ -178,7 +178,7 @@ def side_value(values: Sequence[float], weights: Sequence[float] | None = None) 
 
 
 def value_interval(
-    values: Sequence[float], weights: Sequence[float] | None = None
+    values: Values, weights: Values | None = None
 ) -> tuple[float | None, float | None] | None:
     """95% bootstrap interval of one side's Σx/Σw; None with fewer than 2 observations."""
     x, w = _arrays(values, weights)
@@ -189,10 +189,10 @@ def value_interval(
 
 
 def compare(
-    baseline: Sequence[float],
-    candidate: Sequence[float],
-    baseline_weights: Sequence[float] | None = None,
-    candidate_weights: Sequence[float] | None = None,
+    baseline: Values,
+    candidate: Values,
+    baseline_weights: Values | None = None,
+    candidate_weights: Values | None = None,
 ) -> Comparison:
     """Compare two sides' observations (values with weights; weights default to 1)."""
     xb, wb = _arrays(baseline, baseline_weights)
