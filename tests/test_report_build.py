@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from profiler.report import (
     build_report,
     default_cluster,
     receipt,
+    render_text,
     verify_receipt,
 )
 from profiler.report.inputs import CodepathFigures, RunInput
@@ -303,3 +305,20 @@ def test_hostile_inputs_are_refused_on_construction() -> None:
         dataclasses.replace(run, energy_source="guess")
     with pytest.raises(InputError, match="end .* is before start"):
         _replace_episode(run, 0, end=0.0)
+
+
+# --------------------------------------------------------------------------- terminal table
+
+
+def test_the_terminal_table_fits_100_columns_and_never_says_faster() -> None:
+    aa = render_text(build_report(*_aa(), cluster=default_cluster()))
+    assert max(len(line) for line in aa.splitlines()) <= 100
+    stall_line = next(line for line in aa.splitlines() if line.strip().startswith("stall mean"))
+    assert "~  no significant change" in stall_line
+    assert "faster" not in aa and "slower" not in aa
+    assert "the stall change is not significant" in aa
+    ab = render_text(build_report(*_ab(), cluster=default_cluster()))
+    stall_line = next(line for line in ab.splitlines() if line.strip().startswith("stall mean"))
+    assert re.search(r"-7\d\.\d% \[-\d+\.\d, -\d+\.\d\]", stall_line)
+    assert "scaling: one node's measured stall" in ab
+    assert max(len(line) for line in ab.splitlines()) <= 100
