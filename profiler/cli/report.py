@@ -35,7 +35,7 @@ from profiler.report import (
     verify_receipt,
 )
 from profiler.report.from_records import load_runs
-from profiler.service.config import ConfigError
+from profiler.yamlcheck import ConfigError
 
 MAX_CHECKPOINT_FILES = 10_000  # a directory is hostile input too: bound what is verified
 

@@ -9,10 +9,9 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from profiler.report.inputs import CodepathFigures, EpisodeInput, RunInput, WindowInput
-
 from profiler.classify.codepaths import CODEPATHS
 from profiler.records.store import Recorder, RunDetail
+from profiler.report.inputs import CodepathFigures, EpisodeInput, RunInput, WindowInput
 
 ENERGY_SOURCES = ("rapl", "model")
 

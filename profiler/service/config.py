@@ -22,6 +22,15 @@ from typing import Any
 
 import yaml
 
+from profiler.yamlcheck import (
+    INVALID,
+    ConfigError,
+    ConfigProblem,
+    YamlChecker,
+    check_yaml,
+    node_kind,
+)
+
 # Placeholders a target's `run` template may use (rendered by profiler.discovery).
 RUN_PLACEHOLDERS: tuple[str, ...] = ("unit", "start_time", "target", "pid", "host")
 DEFAULT_RUN_TEMPLATE = "{target}-{start_time}-{pid}"
@@ -30,32 +39,6 @@ LOG_LEVELS: tuple[str, ...] = ("debug", "info", "warning", "error")
 TARGET_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 _HOSTNAME_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,62})(\.[A-Za-z0-9-]{1,63})*$")
 _UNIT_SUFFIXES = (".service", ".scope", ".slice", ".socket", ".mount", ".target", ".timer")
-
-
-@dataclass(frozen=True)
-class ConfigProblem:
-    key_path: str  # e.g. "targets[0].match.cmdline"
-    line: int | None  # 1-based line in the file, None when the problem has no place
-    message: str
-
-    def __str__(self) -> str:
-        where = f"line {self.line}: " if self.line is not None else ""
-        return f"{where}{self.key_path or '<document>'}: {self.message}"
-
-
-class ConfigError(Exception):
-    """A config that must not be used. `problems` lists every problem found, in file order."""
-
-    def __init__(self, path: Path | str, problems: list[ConfigProblem]) -> None:
-        self.path = Path(path)
-        self.problems = problems
-        lines = [f"{self.path}: {len(problems)} problem(s):"]
-        lines += [
-            f"  {self.path}:{p.line if p.line is not None else '-'}: "
-            f"{p.key_path or '<document>'}: {p.message}"
-            for p in problems
-        ]
-        super().__init__("\n".join(lines))
 
 
 @dataclass(frozen=True)
@@ -148,188 +131,15 @@ def split_listen(listen: str) -> tuple[str, int]:
     return host, port
 
 
-# --------------------------------------------------------------------------- validation
-
-
-class _Checker:
-    """Walks the composed YAML node tree, converting values and collecting problems."""
-
-    def __init__(self, loader: yaml.SafeLoader, base_dir: Path) -> None:
-        self.loader = loader
-        self.base_dir = base_dir
-        self.problems: list[ConfigProblem] = []
-
-    def problem(self, path: str, node: yaml.Node | None, message: str) -> None:
-        line = node.start_mark.line + 1 if node is not None else None
-        self.problems.append(ConfigProblem(path, line, message))
-
-    def value(self, node: yaml.Node) -> Any:
-        return self.loader.construct_object(node, deep=True)
-
-    def mapping(
-        self, path: str, node: yaml.Node, allowed: tuple[str, ...] | None
-    ) -> dict[str, yaml.Node] | None:
-        """Keys of a mapping node -> value nodes; reports unknown (unless `allowed` is None:
-        any key, e.g. environment variable names) and duplicate keys."""
-        if isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null":
-            return {}
-        if not isinstance(node, yaml.MappingNode):
-            self.problem(path, node, f"must be a mapping, got {_kind(node, self)}")
-            return None
-        out: dict[str, yaml.Node] = {}
-        for key_node, value_node in node.value:
-            key = self.value(key_node) if isinstance(key_node, yaml.ScalarNode) else None
-            key_path = _join_key(path, key)
-            if not isinstance(key, str):
-                self.problem(key_path, key_node, "keys must be strings")
-                continue
-            if key in out:
-                self.problem(key_path, key_node, "duplicate key (YAML would keep only the last)")
-                continue
-            if allowed is not None and key not in allowed:
-                hint = _closest(key, allowed)
-                self.problem(
-                    key_path,
-                    key_node,
-                    f"unknown key {key!r}"
-                    + (f" (did you mean {hint!r}?)" if hint else "")
-                    + f"; allowed here: {', '.join(allowed)}",
-                )
-                continue
-            out[key] = value_node
-        return out
-
-    def number(
-        self,
-        path: str,
-        node: yaml.Node,
-        *,
-        integer: bool = False,
-        minimum: float | None = None,
-        maximum: float | None = None,
-        exclusive_minimum: bool = False,
-        nullable: bool = False,
-    ) -> Any:
-        value: Any = self.value(node) if isinstance(node, yaml.ScalarNode) else node
-        if value is None and nullable:
-            return None
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, (int, float))
-            or (integer and not isinstance(value, int))
-        ):
-            want = "an integer" if integer else "a number"
-            if nullable:
-                want += " or null"
-            self.problem(path, node, f"must be {want}, got {_kind(node, self)}")
-            return _INVALID
-        if value != value or value in (float("inf"), float("-inf")):
-            self.problem(path, node, "must be a finite number")
-            return _INVALID
-        if minimum is not None:
-            if exclusive_minimum and value <= minimum:
-                self.problem(path, node, f"must be greater than {minimum:g}, got {value}")
-                return _INVALID
-            if not exclusive_minimum and value < minimum:
-                self.problem(path, node, f"must be at least {minimum:g}, got {value}")
-                return _INVALID
-        if maximum is not None and value > maximum:
-            self.problem(path, node, f"must be at most {maximum:g}, got {value}")
-            return _INVALID
-        return value if integer else float(value)
-
-    def string(self, path: str, node: yaml.Node, *, nullable: bool = False) -> Any:
-        value = self.value(node) if isinstance(node, yaml.ScalarNode) else node
-        if value is None and nullable:
-            return None
-        if not isinstance(value, str) or not isinstance(node, yaml.ScalarNode):
-            self.problem(
-                path,
-                node,
-                f"must be a string{' or null' if nullable else ''}, got "
-                f"{_kind(node, self)} (quote it)",
-            )
-            return _INVALID
-        if not value:
-            self.problem(path, node, "must not be empty")
-            return _INVALID
-        return value
-
-    def regex(self, path: str, node: yaml.Node) -> Any:
-        pattern = self.string(path, node, nullable=True)
-        if pattern is None or pattern is _INVALID:
-            return pattern
-        try:
-            return re.compile(pattern)
-        except re.error as exc:
-            self.problem(
-                path,
-                node,
-                f"bad regular expression {pattern!r}: {exc} "
-                "(single-quote regexes in YAML so backslashes stay literal)",
-            )
-            return _INVALID
-
-    def path_value(self, path: str, node: yaml.Node, *, nullable: bool = False) -> Any:
-        value = self.string(path, node, nullable=nullable)
-        if value is None or value is _INVALID:
-            return value
-        p = Path(value).expanduser()
-        return p if p.is_absolute() else (self.base_dir / p)
-
-    def choice(self, path: str, node: yaml.Node, choices: Mapping[Any, str]) -> Any:
-        value = self.value(node) if isinstance(node, yaml.ScalarNode) else _INVALID
-        for key, result in choices.items():
-            if type(key) is type(value) and key == value:
-                return result
-        shown = ", ".join(
-            ("true" if k is True else "false" if k is False else str(k)) for k in choices
-        )
-        self.problem(path, node, f"must be one of {shown}, got {_kind(node, self)}")
-        return _INVALID
-
-
-_INVALID: Any = object()  # a value that failed validation (already reported)
-
-
-def _kind(node: yaml.Node, checker: _Checker) -> str:
-    if isinstance(node, yaml.MappingNode):
-        return "a mapping"
-    if isinstance(node, yaml.SequenceNode):
-        return "a list"
-    value = checker.value(node)
-    if value is None:
-        return "null"
-    return f"{type(value).__name__} {value!r}"
-
-
-_PLAIN_KEY = re.compile(r"^[A-Za-z0-9_@:/+-][A-Za-z0-9_.@:/+-]*$")
-
-
-def _join_key(path: str, key: object) -> str:
-    """`a.b` for plain keys; `a['odd key']` (repr) for keys with spaces, dots or newlines,
-    so a problem always prints on one line and names the key unambiguously."""
-    if isinstance(key, str) and _PLAIN_KEY.match(key):
-        return f"{path}.{key}" if path else key
-    return f"{path}[{key!r}]"
-
-
-def _closest(key: str, allowed: tuple[str, ...]) -> str | None:
-    import difflib
-
-    found = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
-    return found[0] if found else None
-
-
-def _check_run_template(c: _Checker, path: str, node: yaml.Node) -> Any:
+def _check_run_template(c: YamlChecker, path: str, node: yaml.Node) -> Any:
     template = c.string(path, node)
-    if template is _INVALID:
+    if template is INVALID:
         return template
     try:
         parts = list(string.Formatter().parse(template))
     except ValueError as exc:
         c.problem(path, node, f"bad template {template!r}: {exc} (write a literal brace as {{{{)")
-        return _INVALID
+        return INVALID
     fields = [f for _, f, _, _ in parts if f is not None]
     bad = [f for f in fields if f not in RUN_PLACEHOLDERS]
     if bad:
@@ -339,10 +149,10 @@ def _check_run_template(c: _Checker, path: str, node: yaml.Node) -> Any:
             f"unknown placeholder(s) {', '.join('{' + b + '}' for b in bad)} in {template!r}; "
             f"known: {', '.join('{' + p + '}' for p in RUN_PLACEHOLDERS)}",
         )
-        return _INVALID
+        return INVALID
     if any(spec or conv for _, f, spec, conv in parts if f is not None):
         c.problem(path, node, "placeholders take no format spec or conversion, e.g. {pid}")
-        return _INVALID
+        return INVALID
     if not fields:
         c.problem(
             path,
@@ -350,26 +160,26 @@ def _check_run_template(c: _Checker, path: str, node: yaml.Node) -> Any:
             f"{template!r} has no placeholder, so every run of this target would share "
             "one id; add e.g. {start_time}",
         )
-        return _INVALID
+        return INVALID
     return template
 
 
-def _check_target(c: _Checker, path: str, node: yaml.Node) -> TargetSpec | None:
+def _check_target(c: YamlChecker, path: str, node: yaml.Node) -> TargetSpec | None:
     keys = c.mapping(path, node, ("name", "match", "run"))
     if keys is None:
         return None
-    name: Any = _INVALID
+    name: Any = INVALID
     if "name" not in keys:
         c.problem(f"{path}.name", node, "missing: every target needs a name (the `target` label)")
     else:
         name = c.string(f"{path}.name", keys["name"])
-        if name is not _INVALID and not TARGET_NAME_RE.match(name):
+        if name is not INVALID and not TARGET_NAME_RE.match(name):
             c.problem(
                 f"{path}.name",
                 keys["name"],
                 f"{name!r} is not a valid target name: use 1-64 letters, digits, '_', '.', '-'",
             )
-            name = _INVALID
+            name = INVALID
     run = DEFAULT_RUN_TEMPLATE
     if "run" in keys:
         run = _check_run_template(c, f"{path}.run", keys["run"])
@@ -401,12 +211,12 @@ def _check_target(c: _Checker, path: str, node: yaml.Node) -> TargetSpec | None:
         ekeys = c.mapping(f"{mpath}.environ", mkeys["environ"], None)
         env: dict[str, str] = {}
         for k, vnode in (ekeys or {}).items():
-            v = c.value(vnode) if isinstance(vnode, yaml.ScalarNode) else _INVALID
+            v = c.value(vnode) if isinstance(vnode, yaml.ScalarNode) else INVALID
             if isinstance(v, bool) or not isinstance(v, (str, int, float)):
                 c.problem(
                     f"{mpath}.environ.{k}",
                     vnode,
-                    f"must be a string (the exact value), got {_kind(vnode, c)}",
+                    f"must be a string (the exact value), got {node_kind(vnode, c)}",
                 )
                 continue
             env[k] = str(v)
@@ -419,7 +229,7 @@ def _check_target(c: _Checker, path: str, node: yaml.Node) -> TargetSpec | None:
             "pid_file); an empty match would profile every Python process on the node",
         )
         return None
-    if any(v is _INVALID for v in values.values()) or name is _INVALID or run is _INVALID:
+    if any(v is INVALID for v in values.values()) or name is INVALID or run is INVALID:
         return None
     return TargetSpec(name=name, match=TargetMatch(**values), run=run)
 
@@ -442,7 +252,7 @@ _TOP_KEYS = (
 _ENABLED = {"auto": "auto", True: "required", False: "off"}
 
 
-def _check_document(c: _Checker, root: yaml.Node | None) -> dict[str, Any]:
+def _check_document(c: YamlChecker, root: yaml.Node | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if root is None:
         c.problem("", None, "the file is empty; start from configs/serwatt.example.yaml")
@@ -470,18 +280,18 @@ def _check_document(c: _Checker, root: yaml.Node | None) -> dict[str, Any]:
             out[key] = check(key, keys[key])
     if "listen" in keys:
         listen = c.string("listen", keys["listen"])
-        if listen is not _INVALID:
+        if listen is not INVALID:
             try:
                 split_listen(listen)
             except ValueError as exc:
                 c.problem("listen", keys["listen"], f"bad listen address {listen!r}: {exc}")
-                listen = _INVALID
+                listen = INVALID
         out["listen"] = listen
     if "targets" in keys:
         tnode = keys["targets"]
         targets: list[TargetSpec] = []
         if not isinstance(tnode, yaml.SequenceNode):
-            c.problem("targets", tnode, f"must be a list of targets, got {_kind(tnode, c)}")
+            c.problem("targets", tnode, f"must be a list of targets, got {node_kind(tnode, c)}")
         else:
             seen: dict[str, int] = {}
             for i, item in enumerate(tnode.value):
@@ -532,7 +342,7 @@ def _check_document(c: _Checker, root: yaml.Node | None) -> dict[str, Any]:
             if isinstance(node, yaml.SequenceNode):
                 for i, item in enumerate(node.value):
                     p = c.path_value(f"classify.rules_files[{i}]", item)
-                    if p is _INVALID:
+                    if p is INVALID:
                         continue
                     if not p.is_file():
                         c.problem(
@@ -546,7 +356,9 @@ def _check_document(c: _Checker, root: yaml.Node | None) -> dict[str, Any]:
                 out["rules_files"] = tuple(files)
             elif not (isinstance(node, yaml.ScalarNode) and c.value(node) is None):
                 c.problem(
-                    "classify.rules_files", node, f"must be a list of paths, got {_kind(node, c)}"
+                    "classify.rules_files",
+                    node,
+                    f"must be a list of paths, got {node_kind(node, c)}",
                 )
     if "paths" in keys:
         pkeys = c.mapping("paths", keys["paths"], ("sysfs", "procfs"))
@@ -556,58 +368,20 @@ def _check_document(c: _Checker, root: yaml.Node | None) -> dict[str, Any]:
                 # A procfs has /stat (btime, which run start times need); a sysfs has
                 # /class (powercap lives there). A typo fails here, not at the first scan.
                 probe = "stat" if name == "procfs" else "class"
-                if fs_root is not _INVALID and not (fs_root / probe).exists():
+                if fs_root is not INVALID and not (fs_root / probe).exists():
                     c.problem(
                         f"paths.{name}",
                         pkeys[name],
                         f"{fs_root} does not look like a {name} ({fs_root / probe} is missing)",
                     )
-                    fs_root = _INVALID
+                    fs_root = INVALID
                 out[f"path_{name}"] = fs_root
     return out
 
 
 def parse_config(text: str, source_path: Path) -> Config:
     """Validate YAML text; raises ConfigError listing every problem."""
-    try:
-        loader = yaml.SafeLoader(text)
-    except yaml.YAMLError as exc:  # e.g. a control character: the reader refuses at once
-        raise ConfigError(
-            source_path, [ConfigProblem("", None, f"not valid YAML: {exc}")]
-        ) from None
-    try:
-        try:
-            root = loader.get_single_node()
-        except yaml.MarkedYAMLError as exc:
-            mark = exc.problem_mark or exc.context_mark
-            line = mark.line + 1 if mark is not None else None
-            msg = " ".join(s for s in (exc.context, exc.problem) if s)
-            raise ConfigError(
-                source_path, [ConfigProblem("", line, f"not valid YAML: {msg}")]
-            ) from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(
-                source_path, [ConfigProblem("", None, f"not valid YAML: {exc}")]
-            ) from None
-        checker = _Checker(loader, source_path.parent)
-        try:
-            values = _check_document(checker, root)
-            raw = loader.construct_document(root) if root is not None else None
-        except yaml.constructor.ConstructorError as exc:
-            mark = exc.problem_mark
-            raise ConfigError(
-                source_path,
-                [
-                    ConfigProblem(
-                        "", mark.line + 1 if mark else None, f"bad YAML value: {exc.problem}"
-                    )
-                ],
-            ) from None
-    finally:
-        loader.dispose()
-    problems = sorted(checker.problems, key=lambda p: p.line or 0)
-    if problems:
-        raise ConfigError(source_path, problems)
+    values, raw, root = check_yaml(text, source_path, _check_document)
     if not values.get("targets"):
         line = root.start_mark.line + 1 if root is not None else None
         raise ConfigError(

@@ -1,0 +1,90 @@
+"""Are the runs comparable? Host fingerprint, serwatt version, sampling rate and sources.
+
+Every run of both sides is compared with every other (repeats on one side must match
+too): CPU model, sockets, the GPUs (their names, as a multiset), kernel, serwatt version,
+sampling rate, energy source and GPU source. Each field with more than one value is a
+`Mismatch` that names the values and the runs that have each. The report refuses
+(`ReportRefused`, listing every mismatch) unless the caller allows mismatches, and then
+each mismatch becomes a caveat printed at the top of the report.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from profiler.report.inputs import RunInput
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """One field on which the runs differ: values maps each value (as shown) to run ids."""
+
+    field: str
+    values: tuple[tuple[str, tuple[str, ...]], ...]
+
+    def __str__(self) -> str:
+        shown = "; ".join(f"{value} ({', '.join(runs)})" for value, runs in self.values)
+        return f"{self.field} differs: {shown}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"field": self.field, "values": {value: list(runs) for value, runs in self.values}}
+
+
+class ReportRefused(Exception):
+    """The runs are not comparable; `mismatches` lists every difference found."""
+
+    def __init__(self, mismatches: Sequence[Mismatch]) -> None:
+        self.mismatches = tuple(mismatches)
+        lines = [f"the runs are not comparable ({len(self.mismatches)} mismatch(es)):"]
+        lines += [f"  {m}" for m in self.mismatches]
+        lines.append("compare runs from like hosts and settings, or allow the mismatches")
+        super().__init__("\n".join(lines))
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, sort_keys=True)
+
+
+def _gpu_names(run: RunInput) -> Any:
+    gpus = run.host.get("gpus") or []
+    names = []
+    for g in gpus:
+        names.append(str(g.get("name")) if isinstance(g, dict) else str(g))
+    return sorted(names)
+
+
+FIELDS: tuple[tuple[str, Callable[[RunInput], Any]], ...] = (
+    ("host.cpu_model", lambda r: r.host.get("cpu_model")),
+    ("host.sockets", lambda r: r.host.get("sockets")),
+    ("host.gpus", _gpu_names),
+    ("host.kernel", lambda r: r.host.get("kernel")),
+    ("serwatt_version", lambda r: r.serwatt_version),
+    ("rate_hz", lambda r: r.rate_hz),
+    ("energy_source", lambda r: r.energy_source),
+    ("gpu_source", lambda r: r.gpu_source),
+)
+
+
+def mismatches(runs: Sequence[RunInput]) -> list[Mismatch]:
+    """Every compared field on which the runs do not all agree, in FIELDS order."""
+    out = []
+    for name, get in FIELDS:
+        by_value: dict[str, list[str]] = {}
+        for run in runs:
+            by_value.setdefault(_show(get(run)), []).append(run.run_id)
+        if len(by_value) > 1:
+            out.append(Mismatch(name, tuple((v, tuple(ids)) for v, ids in by_value.items())))
+    return out
+
+
+def check(runs: Sequence[RunInput], *, allow_mismatch: bool) -> list[Mismatch]:
+    """The mismatches among `runs`; raises ReportRefused if any and not allow_mismatch."""
+    found = mismatches(runs)
+    if found and not allow_mismatch:
+        raise ReportRefused(found)
+    return found

@@ -1,0 +1,237 @@
+"""What the A/B report is computed from: runs, their windows and their episodes.
+
+These frozen dataclasses are the report's whole input. Whoever reads run records turns
+them into these; the report never touches records, SQLite or hardware. Every value is
+checked on construction (records are hostile input: a NaN, a negative duration or an
+unknown codepath is refused with an `InputError` naming the run, the field and the
+value), and float fields are stored as floats so that the receipt's canonical form does
+not depend on whether a record said `1` or `1.0`.
+
+Units: seconds (`_s`), joules (`_j`), hertz (`_hz`); timestamps are epoch seconds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from profiler.classify.codepaths import CODEPATHS
+
+ENERGY_SOURCES: tuple[str, ...] = ("rapl", "model", "unavailable")
+
+
+class InputError(ValueError):
+    """A report input that cannot be used; the message names where and what."""
+
+
+def _number(where: str, name: str, value: Any, *, minimum: float | None = 0.0) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InputError(f"{where}: {name} must be a number, got {value!r}")
+    out = float(value)
+    if not math.isfinite(out):
+        raise InputError(f"{where}: {name} must be finite, got {value!r}")
+    if minimum is not None and out < minimum:
+        raise InputError(f"{where}: {name} must be at least {minimum:g}, got {value!r}")
+    return out
+
+
+def _optional(where: str, name: str, value: Any) -> float | None:
+    return None if value is None else _number(where, name, value)
+
+
+def _set(obj: object, name: str, value: Any) -> None:
+    object.__setattr__(obj, name, value)
+
+
+@dataclass(frozen=True)
+class CodepathFigures:
+    """One codepath's share of one window.
+
+    samples: py-spy samples classified to the codepath; cpu_s: CPU-seconds attributed
+    (samples weighted by each thread's procfs CPU); wall_s: sampled wall time in it;
+    energy_j: joules attributed (source: the window's `energy_source`), None when the
+    window had no energy; gpu_wait_s: seconds a GPU was idle while a host thread was in
+    the codepath, None when the window had no GPU data.
+    """
+
+    samples: int
+    cpu_s: float
+    wall_s: float
+    energy_j: float | None = None
+    gpu_wait_s: float | None = None
+
+    def __post_init__(self) -> None:
+        where = "codepath figures"
+        if isinstance(self.samples, bool) or not isinstance(self.samples, int):
+            raise InputError(f"{where}: samples must be an integer, got {self.samples!r}")
+        if self.samples < 0:
+            raise InputError(f"{where}: samples must be at least 0, got {self.samples!r}")
+        _set(self, "cpu_s", _number(where, "cpu_s", self.cpu_s))
+        _set(self, "wall_s", _number(where, "wall_s", self.wall_s))
+        _set(self, "energy_j", _optional(where, "energy_j", self.energy_j))
+        _set(self, "gpu_wait_s", _optional(where, "gpu_wait_s", self.gpu_wait_s))
+
+
+@dataclass(frozen=True)
+class WindowInput:
+    """One sampling window of one process.
+
+    started_at, ended_at: epoch seconds; cpu_s: the process's CPU-seconds in the window
+    (all codepaths, `other` included); codepaths: figures per codepath of the closed set
+    (a codepath that is missing had nothing); energy_source: rapl | model | unavailable,
+    None when the window's energy was not given; pid: the process, None when unknown
+    (windows of one pid are one autocorrelated series, blocked together).
+    """
+
+    started_at: float
+    ended_at: float
+    cpu_s: float
+    codepaths: Mapping[str, CodepathFigures]
+    energy_source: str | None = None
+    pid: int | None = None
+
+    def __post_init__(self) -> None:
+        where = "window"
+        _set(self, "started_at", _number(where, "started_at", self.started_at, minimum=None))
+        _set(self, "ended_at", _number(where, "ended_at", self.ended_at, minimum=None))
+        if self.ended_at < self.started_at:
+            raise InputError(
+                f"window: ended_at {self.ended_at!r} is before started_at {self.started_at!r}"
+            )
+        _set(self, "cpu_s", _number(where, "cpu_s", self.cpu_s))
+        for name, figures in self.codepaths.items():
+            if name not in CODEPATHS:
+                raise InputError(
+                    f"window: unknown codepath {name!r}; known: {', '.join(CODEPATHS)}"
+                )
+            if not isinstance(figures, CodepathFigures):
+                raise InputError(f"window: codepath {name!r} must be CodepathFigures")
+        _set(self, "codepaths", MappingProxyType(dict(self.codepaths)))
+        if self.energy_source is not None and self.energy_source not in ENERGY_SOURCES:
+            raise InputError(
+                f"window: energy_source must be one of {', '.join(ENERGY_SOURCES)} or None, "
+                f"got {self.energy_source!r}"
+            )
+
+    @property
+    def wall_s(self) -> float:
+        return self.ended_at - self.started_at
+
+
+@dataclass(frozen=True)
+class EpisodeInput:
+    """One serialization episode: a thread's uninterrupted stay in one codepath.
+
+    pid, thread (OS thread id); codepath; start, end: epoch seconds; wall_s: its
+    duration, timed to ± resolution_s (one sampling period of the run that timed it);
+    cpu_s: CPU-seconds the thread spent in it; gpu_wait_s: seconds a GPU the process
+    uses was idle during it and gpu_idle_j the joules those GPUs drew meanwhile (None:
+    no GPU data); main_thread: the process's main (training) thread; durable: the
+    checkpoint was made durable (fsync/rename) inside the episode.
+    """
+
+    pid: int
+    thread: int
+    codepath: str
+    start: float
+    end: float
+    wall_s: float
+    resolution_s: float
+    cpu_s: float
+    gpu_wait_s: float | None
+    gpu_idle_j: float | None
+    main_thread: bool
+    durable: bool
+
+    def __post_init__(self) -> None:
+        where = "episode"
+        for name in ("pid", "thread"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise InputError(f"{where}: {name} must be an integer, got {value!r}")
+        if self.codepath not in CODEPATHS or self.codepath == "other":
+            raise InputError(
+                f"{where}: codepath must be a serialization codepath, got {self.codepath!r}"
+            )
+        _set(self, "start", _number(where, "start", self.start, minimum=None))
+        _set(self, "end", _number(where, "end", self.end, minimum=None))
+        if self.end < self.start:
+            raise InputError(f"{where}: end {self.end!r} is before start {self.start!r}")
+        for name in ("wall_s", "resolution_s", "cpu_s"):
+            _set(self, name, _number(where, name, getattr(self, name)))
+        for name in ("gpu_wait_s", "gpu_idle_j"):
+            _set(self, name, _optional(where, name, getattr(self, name)))
+        for name in ("main_thread", "durable"):
+            if not isinstance(getattr(self, name), bool):
+                raise InputError(f"{where}: {name} must be true or false")
+
+
+@dataclass(frozen=True)
+class RunInput:
+    """One recorded run.
+
+    host: the run's host fingerprint (profiler.host: cpu_model, sockets, gpus as a list
+    of dicts with `name`, kernel, hostname, ...); serwatt_version: the version that
+    recorded it; rate_hz: its configured sampling rate; energy_source: rapl | model |
+    unavailable (energy_reason says why when unavailable); gpu_source: `nvml` or
+    `unavailable: <why>`; started_at, ended_at: epoch seconds; windows: in any order;
+    episodes: None for a record that has none (schema 1), else every episode of the run;
+    restore_s: measured checkpoint restore (load) durations, seconds, if any.
+    """
+
+    run_id: str
+    host: Mapping[str, Any]
+    serwatt_version: str
+    rate_hz: float
+    energy_source: str
+    gpu_source: str
+    started_at: float
+    ended_at: float
+    windows: tuple[WindowInput, ...]
+    episodes: tuple[EpisodeInput, ...] | None
+    restore_s: tuple[float, ...] = ()
+    energy_reason: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.run_id, str) or not self.run_id:
+            raise InputError(f"run: run_id must be a non-empty string, got {self.run_id!r}")
+        where = f"run {self.run_id!r}"
+        if not isinstance(self.host, Mapping):
+            raise InputError(f"{where}: host must be a mapping")
+        for name in ("serwatt_version", "gpu_source"):
+            if not isinstance(getattr(self, name), str):
+                raise InputError(f"{where}: {name} must be a string")
+        _set(self, "rate_hz", _number(where, "rate_hz", self.rate_hz))
+        if self.rate_hz <= 0:
+            raise InputError(f"{where}: rate_hz must be positive, got {self.rate_hz!r}")
+        if self.energy_source not in ENERGY_SOURCES:
+            raise InputError(
+                f"{where}: energy_source must be one of {', '.join(ENERGY_SOURCES)}, "
+                f"got {self.energy_source!r}"
+            )
+        _set(self, "started_at", _number(where, "started_at", self.started_at, minimum=None))
+        _set(self, "ended_at", _number(where, "ended_at", self.ended_at, minimum=None))
+        if self.ended_at < self.started_at:
+            raise InputError(f"{where}: ended_at is before started_at")
+        windows = tuple(self.windows)
+        if not all(isinstance(w, WindowInput) for w in windows):
+            raise InputError(f"{where}: windows must be WindowInput values")
+        _set(self, "windows", tuple(sorted(windows, key=lambda w: (w.started_at, w.pid or 0))))
+        if self.episodes is not None:
+            episodes = tuple(self.episodes)
+            if not all(isinstance(e, EpisodeInput) for e in episodes):
+                raise InputError(f"{where}: episodes must be EpisodeInput values or None")
+            _set(self, "episodes", tuple(sorted(episodes, key=lambda e: (e.start, e.pid))))
+        _set(
+            self,
+            "restore_s",
+            tuple(_number(where, "restore_s[]", v) for v in self.restore_s),
+        )
+        _set(self, "host", MappingProxyType(dict(self.host)))
+
+    @property
+    def wall_s(self) -> float:
+        return self.ended_at - self.started_at

@@ -1,0 +1,552 @@
+"""Cluster projection: what one node's measured checkpoint stall is worth on a cluster.
+
+Every input is either measured (and names the runs it came from) or assumed (printed
+with its source and a range). The cluster file (`--cluster FILE.yaml`) sets the
+assumptions; every key is optional and falls back to the default below:
+
+    gpus: 16384            # GPUs in the job
+    gpus_per_node: 8       # GPUs per node (one node's host energy per checkpoint scales by nodes)
+    mtbf_h: 3.093          # job-level mean time between failures, hours
+    restart_s: 600         # failure -> job running again, excluding reading the checkpoint
+    gpu_power_w: 700       # watts per GPU while the job runs
+    pue: [1.1, 1.58]       # facility / IT energy: a value or [low, high]
+    wue_l_per_kwh: [0.30, 1.8]  # site water per IT kWh: a value or [low, high]
+    policy: daly           # or {interval_s: 1800} or {interval_steps: 500, step_s: 3.6}
+
+Unknown keys and bad values are errors naming the key and its line (the daemon config's
+checker, profiler.config.check_yaml).
+
+Model (Daly 2006, FGCS 22(3), doi 10.1016/j.future.2004.11.016; Poisson failures):
+- τ, compute time between checkpoints: policy `daly` uses the higher-order optimum
+  τ = √(2δM)·[1 + ⅓√(δ/2M) + ⅑(δ/2M)] − δ for δ < 2M, and τ = M otherwise (the paper's
+  fallback); a fixed policy gives τ directly (interval_s, or interval_steps × step_s).
+- expected wall time per unit of work, Daly's complete model: T_w/T_s =
+  M·e^{R/M}·(e^{(τ+δ)/M} − 1)/τ, so the lost fraction of wall (and GPU) time is
+  1 − τ / (M·e^{R/M}·(e^{(τ+δ)/M} − 1)): checkpoint stalls, rework after failures and
+  restarts together. δ: the stall per checkpoint; M: MTBF; R: restart_s plus the
+  measured restore time when one was recorded.
+- GPU-hours/year lost = lost × gpus × 8760 h; IT energy = those GPU-hours × gpu_power_w
+  plus measured host joules per checkpoint × nodes × checkpoints/year (checkpoints/year
+  = (1 − lost) × 8760 h / τ); facility energy = IT × PUE; water = IT kWh × WUE.
+
+Scaling assumption: one node's measured δ stands for a synchronous checkpoint of every
+rank. The slowest rank sets a synchronous stall, so when ranks vary this is a lower bound.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import yaml
+
+from profiler.yamlcheck import INVALID, ConfigError, ConfigProblem, check_yaml
+
+HOURS_PER_YEAR = 8760.0
+SECONDS_PER_YEAR = HOURS_PER_YEAR * 3600.0
+
+SCALING = (
+    "one node's measured stall δ stands for a synchronous checkpoint of every rank; the "
+    "slowest rank sets the stall, so when ranks vary the projection is a lower bound"
+)
+DALY_FORMULA = (
+    "τ = √(2δM)·[1 + ⅓√(δ/2M) + ⅑(δ/2M)] − δ for δ < 2M, else τ = M (Daly 2006, higher order)"
+)
+LOST_FORMULA = "lost = 1 − τ / (M·e^{R/M}·(e^{(τ+δ)/M} − 1))  (Daly 2006, expected wall time)"
+
+
+@dataclass(frozen=True)
+class ClusterInput:
+    """One assumption: the value used (None for inputs used as a range: pue, wue), the
+    range shown (and used, for pue and wue), its unit and where it came from."""
+
+    value: float | None
+    low: float
+    high: float
+    unit: str
+    source: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "value": self.value,
+            "range": [self.low, self.high],
+            "unit": self.unit,
+            "source": self.source,
+        }
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How often the job checkpoints: Daly's optimum, or a fixed compute interval."""
+
+    kind: str = "daly"  # "daly" | "fixed"
+    interval_s: float | None = None
+    text: str = "daly"
+
+
+# name -> (default value or (low, high) when used as a range, shown range, unit, source)
+DEFAULTS: Mapping[str, tuple[float | tuple[float, float], tuple[float, float], str, str]] = (
+    MappingProxyType(
+        {
+            "gpus": (
+                16384,
+                (16384, 16384),
+                "GPUs",
+                "assumed default: the Llama 3 405B training job, 16,384 H100 (arXiv 2407.21783)",
+            ),
+            "gpus_per_node": (
+                8,
+                (8, 8),
+                "GPUs/node",
+                "assumed default: 8 GPUs per server in the Llama 3 cluster (arXiv 2407.21783)",
+            ),
+            "mtbf_h": (
+                3.093,
+                (1.547, 6.186),
+                "h",
+                "assumed default: Llama 3 405B, 419 unexpected interruptions in 54 days "
+                "(arXiv 2407.21783 §3.3.4) = 3.093 h job-level",
+            ),
+            "restart_s": (
+                600.0,
+                (600.0, 1200.0),
+                "s",
+                "assumed default: Gemini (SOSP'23) reports 10-20 min to retrieve a remote "
+                "checkpoint and resume",
+            ),
+            "gpu_power_w": (
+                700.0,
+                (350.0, 700.0),
+                "W",
+                "assumed default: H100 SXM TDP 700 W (Llama 3 paper); H100 PCIe 350 W "
+                "(NVIDIA PB-11133-001)",
+            ),
+            "pue": (
+                (1.1, 1.58),
+                (1.1, 1.58),
+                "",
+                "assumed default: hyperscalers 1.1-1.2 to the Uptime Institute 2023 "
+                "industry average 1.58",
+            ),
+            "wue_l_per_kwh": (
+                (0.30, 1.8),
+                (0.30, 1.8),
+                "L/kWh",
+                "assumed default: Microsoft 0.30 L/kWh to LBNL 2016's 1.8 L/kWh on-site "
+                "average (The Green Grid WUE: site water per IT kWh)",
+            ),
+        }
+    )
+)
+_RANGED = ("pue", "wue_l_per_kwh")
+_KEYS = (*DEFAULTS, "policy")
+# (minimum, exclusive, maximum, integer) per key: values outside are refused
+_BOUNDS: Mapping[str, tuple[float, bool, float, bool]] = MappingProxyType(
+    {
+        "gpus": (1, False, 10_000_000, True),
+        "gpus_per_node": (1, False, 1024, True),
+        "mtbf_h": (0, True, 1_000_000, False),
+        "restart_s": (0, False, 31_536_000, False),
+        "gpu_power_w": (0, True, 10_000, False),
+        "pue": (1, False, 10, False),
+        "wue_l_per_kwh": (0, False, 100, False),
+    }
+)
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """The projection's assumptions (see the module docstring); `path` is the file read,
+    None for the defaults."""
+
+    inputs: Mapping[str, ClusterInput]
+    policy: Policy = field(default_factory=Policy)
+    path: str | None = None
+
+    def value(self, name: str) -> float:
+        v = self.inputs[name].value
+        if v is None:
+            raise ValueError(f"{name} is a range")
+        return v
+
+
+def _default_input(name: str) -> ClusterInput:
+    value, (low, high), unit, source = DEFAULTS[name]
+    if isinstance(value, tuple):
+        return ClusterInput(None, value[0], value[1], unit, source)
+    return ClusterInput(float(value), float(low), float(high), unit, source)
+
+
+def default_cluster() -> ClusterConfig:
+    """Every assumption at its documented default."""
+    return ClusterConfig(MappingProxyType({n: _default_input(n) for n in DEFAULTS}))
+
+
+def _check_cluster(c: Any, root: yaml.Node | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if root is None:
+        return out  # an empty file: every default
+    keys = c.mapping("", root, _KEYS)
+    if keys is None:
+        return out
+    for name, node in keys.items():
+        line = node.start_mark.line + 1
+        where = f"{c.base_name}:{line}"
+        if name == "policy":
+            out[name] = _check_policy(c, node)
+            continue
+        unit, source = DEFAULTS[name][2], f"assumed (given in {where})"
+        if name in _RANGED and isinstance(node, yaml.SequenceNode):
+            if len(node.value) != 2:
+                c.problem(name, node, "a range is [low, high]: two numbers")
+                continue
+            low = _bounded(c, name, f"{name}[0]", node.value[0])
+            high = _bounded(c, name, f"{name}[1]", node.value[1])
+            if low is INVALID or high is INVALID:
+                continue
+            if low > high:
+                c.problem(name, node, f"the range's low {low:g} is above its high {high:g}")
+                continue
+            out[name] = ClusterInput(None, low, high, unit, source)
+            continue
+        value = _bounded(c, name, name, node)
+        if value is INVALID:
+            continue
+        out[name] = ClusterInput(float(value), float(value), float(value), unit, source)
+    per_node, gpus = out.get("gpus_per_node"), out.get("gpus")
+    if per_node is not None and gpus is not None and per_node.value > gpus.value:
+        c.problem("gpus_per_node", keys["gpus_per_node"], "is more than gpus")
+    return out
+
+
+def _bounded(c: Any, name: str, path: str, node: yaml.Node) -> Any:
+    minimum, exclusive, maximum, integer = _BOUNDS[name]
+    return c.number(
+        path, node, integer=integer, minimum=minimum, exclusive_minimum=exclusive, maximum=maximum
+    )
+
+
+def _check_policy(c: Any, node: yaml.Node) -> Any:
+    if isinstance(node, yaml.ScalarNode):
+        if c.value(node) == "daly":
+            return Policy("daly")
+        c.problem(
+            "policy",
+            node,
+            "must be daly, {interval_s: SECONDS} or {interval_steps: N, step_s: SECONDS}",
+        )
+        return INVALID
+    keys = c.mapping("policy", node, ("interval_s", "interval_steps", "step_s"))
+    if keys is None:
+        return INVALID
+    if set(keys) == {"interval_s"}:
+        s = c.number("policy.interval_s", keys["interval_s"], minimum=0, exclusive_minimum=True)
+        return INVALID if s is INVALID else Policy("fixed", s, f"fixed: every {s:g} s")
+    if set(keys) == {"interval_steps", "step_s"}:
+        steps = c.number("policy.interval_steps", keys["interval_steps"], integer=True, minimum=1)
+        step_s = c.number("policy.step_s", keys["step_s"], minimum=0, exclusive_minimum=True)
+        if steps is INVALID or step_s is INVALID:
+            return INVALID
+        return Policy("fixed", steps * step_s, f"fixed: every {steps} steps of {step_s:g} s")
+    c.problem(
+        "policy",
+        node,
+        "give either interval_s, or interval_steps together with step_s",
+    )
+    return INVALID
+
+
+def parse_cluster(text: str, path: Path) -> ClusterConfig:
+    """Validate cluster YAML text; raises profiler.config.ConfigError listing every problem."""
+
+    def check(c: Any, root: yaml.Node | None) -> dict[str, Any]:
+        c.base_name = path.name
+        return _check_cluster(c, root)
+
+    values, _raw, _root = check_yaml(text, path, check)
+    inputs = {n: values.get(n) or _default_input(n) for n in DEFAULTS}
+    return ClusterConfig(
+        MappingProxyType(inputs), values.get("policy") or Policy("daly"), str(path)
+    )
+
+
+def load_cluster(path: Path | str) -> ClusterConfig:
+    """Read and validate a cluster file; raises ConfigError naming each key and line."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(
+            path, [ConfigProblem("", None, "file not found; see docs/report.md for the keys")]
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(path, [ConfigProblem("", None, f"cannot read the file: {exc}")]) from None
+    return parse_cluster(text, path.absolute())
+
+
+# --------------------------------------------------------------------------- the model
+
+
+def daly_interval(delta_s: float, mtbf_s: float) -> float:
+    """Daly's higher-order optimum compute time between checkpoints, seconds."""
+    if delta_s >= 2.0 * mtbf_s:
+        return mtbf_s
+    x = delta_s / (2.0 * mtbf_s)
+    return math.sqrt(2.0 * delta_s * mtbf_s) * (1.0 + math.sqrt(x) / 3.0 + x / 9.0) - delta_s
+
+
+def lost_fraction(interval_s: float, delta_s: float, mtbf_s: float, restart_s: float) -> float:
+    """Expected fraction of wall time not spent on new work (Daly's complete model)."""
+    if interval_s <= 0:
+        # τ -> 0 with δ = 0: only restarts are lost
+        return 1.0 - math.exp(-restart_s / mtbf_s)
+    wall_per_work = (
+        mtbf_s
+        * math.exp(restart_s / mtbf_s)
+        * math.expm1((interval_s + delta_s) / mtbf_s)
+        / interval_s
+    )
+    return 1.0 - 1.0 / wall_per_work
+
+
+@dataclass(frozen=True)
+class SideMeasurement:
+    """What the runs of one side measured, for the projection.
+
+    delta_s: the stall per checkpoint (mean), None when the side has no checkpoint
+    episodes (`unavailable` says why); delta_basis: what δ is (GPU-wait or wall time of
+    the training thread's checkpoint episodes); host_energy_j_per_checkpoint and its
+    source (rapl | model | unavailable: why); restore_s: the mean measured restore, None
+    when none was recorded.
+    """
+
+    side: str
+    runs: tuple[str, ...]
+    delta_s: float | None
+    delta_basis: str
+    episodes: int
+    codepath: str | None
+    host_energy_j_per_checkpoint: float | None
+    energy_source: str
+    restore_s: float | None
+    unavailable: str | None = None
+
+
+def _assumed(cfg: ClusterConfig, name: str) -> str:
+    i = cfg.inputs[name]
+    shown = f"{i.value:g}" if i.value is not None else f"{i.low:g}-{i.high:g}"
+    span = f"; range {i.low:g}-{i.high:g}" if i.value is not None and i.low != i.high else ""
+    return f"{name} = {shown} {i.unit}".rstrip() + f" ({i.source}{span})"
+
+
+def _runs(m: SideMeasurement) -> str:
+    return ", ".join(m.runs)
+
+
+def _side(cfg: ClusterConfig, m: SideMeasurement, mtbf_s: float) -> dict[str, Any]:
+    if m.delta_s is None:
+        return {"unavailable": m.unavailable or "no checkpoint episodes"}
+    restore = m.restore_s or 0.0
+    restart = cfg.value("restart_s") + restore
+    delta = m.delta_s
+    if cfg.policy.kind == "daly":
+        interval = daly_interval(delta, mtbf_s)
+    else:
+        assert cfg.policy.interval_s is not None
+        interval = cfg.policy.interval_s
+    lost = lost_fraction(interval, delta, mtbf_s, restart)
+    gpus, per_node = cfg.value("gpus"), cfg.value("gpus_per_node")
+    gpu_hours = lost * gpus * HOURS_PER_YEAR
+    gpu_mwh = gpu_hours * cfg.value("gpu_power_w") / 1e6
+    checkpoints = (1.0 - lost) * SECONDS_PER_YEAR / interval if interval > 0 else None
+    host_mwh = (
+        checkpoints * (gpus / per_node) * m.host_energy_j_per_checkpoint / 3.6e9
+        if checkpoints is not None and m.host_energy_j_per_checkpoint is not None
+        else None
+    )
+    it_mwh = gpu_mwh + (host_mwh or 0.0)
+    pue, wue = cfg.inputs["pue"], cfg.inputs["wue_l_per_kwh"]
+    facility = [it_mwh * pue.low, it_mwh * pue.high]
+    water = [it_mwh * 1000.0 * wue.low, it_mwh * 1000.0 * wue.high]
+    measured_delta = (
+        f"delta_s = {delta:.6g} s: {m.delta_basis}, {m.episodes} {m.codepath} episode(s) "
+        f"(runs {_runs(m)})"
+    )
+    measured_restart = (
+        [f"restore_s = {restore:.6g} s: measured restore (runs {_runs(m)}), added to R"]
+        if m.restore_s is not None
+        else []
+    )
+    host_measured = (
+        [
+            f"host_energy_j_per_checkpoint = {m.host_energy_j_per_checkpoint:.6g} J "
+            f"({m.energy_source}; runs {_runs(m)})"
+        ]
+        if m.host_energy_j_per_checkpoint is not None
+        else []
+    )
+    interval_line = {
+        "name": "interval_s",
+        "value": interval,
+        "formula": DALY_FORMULA if cfg.policy.kind == "daly" else f"τ = {cfg.policy.text}",
+        "inputs": {"delta_s": delta, "mtbf_s": mtbf_s},
+        "measured": [measured_delta] if cfg.policy.kind == "daly" else [],
+        "assumed": [_assumed(cfg, "mtbf_h")]
+        if cfg.policy.kind == "daly"
+        else [f"policy = {cfg.policy.text} ({_policy_source(cfg)})"],
+    }
+    lines = [
+        interval_line,
+        {
+            "name": "lost_fraction",
+            "value": lost,
+            "formula": LOST_FORMULA,
+            "inputs": {
+                "interval_s": interval,
+                "delta_s": delta,
+                "mtbf_s": mtbf_s,
+                "restart_s": restart,
+            },
+            "measured": [measured_delta, *measured_restart],
+            "assumed": [_assumed(cfg, "mtbf_h"), _assumed(cfg, "restart_s")]
+            + ([] if m.restore_s is not None else ["restore: not measured, not counted in R"]),
+        },
+        {
+            "name": "gpu_hours_per_year",
+            "value": gpu_hours,
+            "formula": "lost × gpus × 8760 h",
+            "inputs": {"lost_fraction": lost, "gpus": gpus},
+            "measured": [],
+            "assumed": [_assumed(cfg, "gpus")],
+        },
+        {
+            "name": "it_mwh_per_year",
+            "value": it_mwh,
+            "formula": "GPU-h lost × gpu_power_w / 1e6 + host J/checkpoint × gpus/gpus_per_node "
+            "× checkpoints/year / 3.6e9; checkpoints/year = (1 − lost) × 8760 h / τ",
+            "inputs": {
+                "gpu_hours_per_year": gpu_hours,
+                "gpu_power_w": cfg.value("gpu_power_w"),
+                "host_energy_j_per_checkpoint": m.host_energy_j_per_checkpoint,
+                "nodes": gpus / per_node,
+                "checkpoints_per_year": checkpoints,
+            },
+            "measured": host_measured,
+            "assumed": [_assumed(cfg, "gpu_power_w"), _assumed(cfg, "gpus_per_node")]
+            + (
+                []
+                if host_measured
+                else [f"host energy per checkpoint: unavailable ({m.energy_source}), not counted"]
+            ),
+        },
+        {
+            "name": "facility_mwh_per_year",
+            "value": facility,
+            "formula": "IT MWh × PUE",
+            "inputs": {"it_mwh_per_year": it_mwh, "pue": [pue.low, pue.high]},
+            "measured": [],
+            "assumed": [_assumed(cfg, "pue")],
+        },
+        {
+            "name": "water_l_per_year",
+            "value": water,
+            "formula": "IT kWh × WUE",
+            "inputs": {"it_kwh_per_year": it_mwh * 1000.0, "wue_l_per_kwh": [wue.low, wue.high]},
+            "measured": [],
+            "assumed": [_assumed(cfg, "wue_l_per_kwh")],
+        },
+    ]
+    return {
+        "delta_s": delta,
+        "delta_basis": m.delta_basis,
+        "codepath": m.codepath,
+        "episodes": m.episodes,
+        "runs": list(m.runs),
+        "restart_s": restart,
+        "interval_s": interval,
+        "lost_fraction": lost,
+        "gpu_hours_per_year": gpu_hours,
+        "checkpoints_per_year": checkpoints,
+        "it_mwh_per_year": it_mwh,
+        "host_mwh_per_year": host_mwh,
+        "facility_mwh_per_year": facility,
+        "water_l_per_year": water,
+        "lines": lines,
+    }
+
+
+def _policy_source(cfg: ClusterConfig) -> str:
+    return f"given in {cfg.path}" if cfg.path else "default"
+
+
+def _span(a: float, b: float) -> list[float]:
+    return [min(a, b), max(a, b)]
+
+
+def _saved(cfg: ClusterConfig, base: dict[str, Any], cand: dict[str, Any]) -> dict[str, Any]:
+    pue, wue = cfg.inputs["pue"], cfg.inputs["wue_l_per_kwh"]
+    it = base["it_mwh_per_year"] - cand["it_mwh_per_year"]
+    gpu_hours = base["gpu_hours_per_year"] - cand["gpu_hours_per_year"]
+    return {
+        "lost_fraction": base["lost_fraction"] - cand["lost_fraction"],
+        "gpu_hours_per_year": gpu_hours,
+        "it_mwh_per_year": it,
+        "mwh_per_year": _span(it * pue.low, it * pue.high),
+        "water_l_per_year": _span(it * 1000.0 * wue.low, it * 1000.0 * wue.high),
+        "formula": "baseline − candidate, line by line; facility MWh = IT MWh saved × PUE, "
+        "water = IT kWh saved × WUE",
+    }
+
+
+def project(
+    cluster: ClusterConfig,
+    baseline: SideMeasurement,
+    candidate: SideMeasurement,
+    *,
+    caveats: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """The projection section of the report (JSON-ready)."""
+    mtbf_s = cluster.value("mtbf_h") * 3600.0
+    base = _side(cluster, baseline, mtbf_s)
+    cand = _side(cluster, candidate, mtbf_s)
+    both = "unavailable" not in base and "unavailable" not in cand
+    sensitivity = []
+    for factor in (0.5, 2.0):
+        if not both:
+            break
+        b = _side(cluster, baseline, mtbf_s * factor)
+        c = _side(cluster, candidate, mtbf_s * factor)
+        saved = _saved(cluster, b, c)
+        sensitivity.append(
+            {
+                "mtbf_factor": factor,
+                "mtbf_h": cluster.value("mtbf_h") * factor,
+                "baseline_interval_s": b["interval_s"],
+                "candidate_interval_s": c["interval_s"],
+                "baseline_lost_fraction": b["lost_fraction"],
+                "candidate_lost_fraction": c["lost_fraction"],
+                "saved_gpu_hours_per_year": saved["gpu_hours_per_year"],
+                "saved_mwh_per_year": saved["mwh_per_year"],
+            }
+        )
+    return {
+        "inputs": {name: i.to_json() for name, i in cluster.inputs.items()},
+        "policy": {
+            "kind": cluster.policy.kind,
+            "interval_s": cluster.policy.interval_s,
+            "text": cluster.policy.text,
+            "source": _policy_source(cluster),
+        },
+        "cluster_file": cluster.path,
+        "scaling": SCALING,
+        "hours_per_year": HOURS_PER_YEAR,
+        "baseline": base,
+        "candidate": cand,
+        "saved": _saved(cluster, base, cand) if both else None,
+        "sensitivity": sensitivity,
+        "caveats": list(caveats),
+    }

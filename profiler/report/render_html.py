@@ -1,0 +1,546 @@
+"""The report as one self-contained HTML file: no network, no JavaScript, numbers as text.
+
+Charts are inline SVG with stable hooks for tests and users' own tooling:
+- `<svg class="chart" data-chart="codepath-bars" data-metric="cpu_s">`: per codepath one
+  `<rect class="bar" data-side="baseline|candidate" data-codepath=NAME>` each, per
+  measured wall-hour, with a `<line class="whisker">` for each side's 95% interval;
+- `<svg class="chart" data-chart="episode-durations">`: one `<circle class="point"
+  data-side=...>` per checkpoint episode of each side, `<line class="median">` per side;
+- `<svg class="chart" data-chart="window-timeline">`: per run a `<polyline class="series"
+  data-run=...>` and one `<circle class="point">` per window (serialization CPU-seconds
+  per window-second over time since the run started).
+Every string from the inputs (run ids, hostnames, sources, caveats) is escaped.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from profiler.report.render_text import METRIC_LABELS, change_text, fmt, n_text, p_text
+
+COLORS = {"baseline": "#4c72b0", "candidate": "#dd8452"}
+_CSS = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px auto;
+max-width:1100px;color:#222;padding:0 16px}
+h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;margin:6px 0;max-width:100%}
+td,th{padding:3px 10px;border-bottom:1px solid #eee;text-align:left;vertical-align:top;
+overflow-wrap:break-word}th{background:#f6f6f6}td.num{text-align:right;font-variant-numeric:tabular-nums}
+.caveat{background:#fff4e5;border-left:4px solid #e8a33d;padding:6px 10px;margin:6px 0}
+.warning{background:#eef4ff;border-left:4px solid #4c72b0;padding:6px 10px;margin:6px 0}
+.sig{font-weight:600}.ns{color:#666}.src{color:#555;font-size:12px}
+code,.mono{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12.5px;word-break:break-all}
+svg.chart{display:block;margin:8px 0;background:#fcfcfc;border:1px solid #eee}
+svg text{font:11px system-ui,sans-serif;fill:#333}.legend span{display:inline-block;width:12px;
+height:12px;margin:0 4px 0 12px;vertical-align:middle}
+"""
+
+
+def e(value: Any) -> str:
+    """Escape any value for HTML text or a quoted attribute."""
+    return html.escape(str(value), quote=True)
+
+
+def _side_label(report: Mapping[str, Any], side: str) -> str:
+    cp = report["checkpoint"][side].get("codepath")
+    return f"{side} ({cp})" if cp else side
+
+
+def _legend() -> str:
+    return (
+        '<div class="legend">'
+        + "".join(
+            f'<span style="background:{COLORS[s]}"></span>{s}' for s in ("baseline", "candidate")
+        )
+        + "</div>"
+    )
+
+
+# --------------------------------------------------------------------------- charts
+
+
+def bar_rows(report: Mapping[str, Any], metric: str) -> list[tuple[str, Mapping[str, Any]]]:
+    """The codepaths the bar chart of `metric` shows: serialization codepaths with a
+    non-zero value on either side (the test counts two bars per row)."""
+    rows = []
+    for name, metrics in report["codepaths"].items():
+        if name == "other":
+            continue
+        m = metrics[metric]
+        if m.get("baseline") or m.get("candidate"):
+            rows.append((name, m))
+    return rows
+
+
+def _codepath_bars(report: Mapping[str, Any], metric: str) -> str:
+    rows = bar_rows(report, metric)
+    if not rows:
+        return ""
+    label_w, width, row_h, bar_h, top = 110, 760, 44, 15, 26
+    plot_w = width - label_w - 150
+    highs = [
+        v
+        for _n, m in rows
+        for side in ("baseline", "candidate")
+        for v in [m.get(side)] + list(m.get(f"{side}_ci95") or [])
+        if v is not None
+    ]
+    scale = max(highs) or 1.0
+    height = top + row_h * len(rows) + 10
+    unit = rows[0][1]["unit"]
+    parts = [
+        f'<svg class="chart" data-chart="codepath-bars" data-metric="{e(metric)}" '
+        f'width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
+        f'aria-label="{e(METRIC_LABELS[metric])} per wall-hour by codepath">',
+        f'<text x="{label_w}" y="16">{e(METRIC_LABELS[metric])} per measured wall-hour '
+        f"({e(unit)}); whiskers: each side's 95% interval</text>",
+    ]
+    for i, (name, m) in enumerate(rows):
+        y0 = top + i * row_h
+        parts.append(f'<text x="4" y="{y0 + bar_h + 4}">{e(name)}</text>')
+        for j, side in enumerate(("baseline", "candidate")):
+            v = m.get(side) or 0.0
+            y = y0 + j * (bar_h + 2)
+            w = max(0.0, v / scale * plot_w)
+            parts.append(
+                f'<rect class="bar" data-side="{side}" data-codepath="{e(name)}" '
+                f'x="{label_w}" y="{y}" width="{w:.2f}" height="{bar_h}" '
+                f'fill="{COLORS[side]}"><title>{e(side)} {e(name)}: {e(fmt(v))} '
+                f"{e(unit)}</title></rect>"
+            )
+            ci = m.get(f"{side}_ci95")
+            if ci and None not in ci:
+                x1, x2 = label_w + ci[0] / scale * plot_w, label_w + ci[1] / scale * plot_w
+                ym = y + bar_h / 2
+                parts.append(
+                    f'<line class="whisker" x1="{x1:.2f}" x2="{x2:.2f}" y1="{ym}" y2="{ym}" '
+                    f'stroke="#222" stroke-width="1.2"/>'
+                    f'<line x1="{x1:.2f}" x2="{x1:.2f}" y1="{ym - 4}" y2="{ym + 4}" stroke="#222"/>'
+                    f'<line x1="{x2:.2f}" x2="{x2:.2f}" y1="{ym - 4}" y2="{ym + 4}" stroke="#222"/>'
+                )
+            parts.append(f'<text x="{label_w + w + 6:.2f}" y="{y + bar_h - 3}">{e(fmt(v))}</text>')
+        parts.append(f'<text x="{width - 140}" y="{y0 + bar_h + 4}">{e(change_text(m))}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _axis(x0: float, x1: float, y: float, lo: float, hi: float, unit: str) -> str:
+    ticks = []
+    for k in range(5):
+        v = lo + (hi - lo) * k / 4
+        x = x0 + (x1 - x0) * k / 4
+        ticks.append(
+            f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{y}" y2="{y + 4}" stroke="#999"/>'
+            f'<text x="{x:.1f}" y="{y + 16}" text-anchor="middle">{e(fmt(v, 3))}</text>'
+        )
+    return (
+        f'<line x1="{x0}" x2="{x1}" y1="{y}" y2="{y}" stroke="#999"/>'
+        + "".join(ticks)
+        + f'<text x="{x1}" y="{y + 30}" text-anchor="end">{e(unit)}</text>'
+    )
+
+
+def _episode_durations(report: Mapping[str, Any]) -> str:
+    ck = report["checkpoint"]
+    values = {s: list(ck[s].get("stall_values_s") or []) for s in ("baseline", "candidate")}
+    if not any(values.values()):
+        return ""
+    width, label_w, row_h, top = 760, 150, 56, 12
+    x0, x1 = label_w, width - 30
+    hi = max(v for vs in values.values() for v in vs) * 1.05 or 1.0
+    height = top + row_h * 2 + 40
+    parts = [
+        f'<svg class="chart" data-chart="episode-durations" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" role="img" aria-label="checkpoint stall durations">'
+    ]
+    for r, side in enumerate(("baseline", "candidate")):
+        yc = top + r * row_h + row_h / 2
+        parts.append(f'<text x="4" y="{yc + 4}">{e(_side_label(report, side))}</text>')
+        vs = values[side]
+        for i, v in enumerate(vs):
+            # deterministic jitter so equal durations stay visible
+            jitter = ((i * 7919) % 17 - 8) * 1.6
+            x = x0 + v / hi * (x1 - x0)
+            parts.append(
+                f'<circle class="point" data-side="{side}" cx="{x:.2f}" cy="{yc + jitter:.2f}" '
+                f'r="3" fill="{COLORS[side]}" fill-opacity="0.6"><title>{e(fmt(v))} s</title>'
+                "</circle>"
+            )
+        q = ck[side].get("stall_s")
+        if q:
+            for key, cls, style in (
+                ("p50", "median", 'stroke-width="2"'),
+                ("p95", "p95", 'stroke-width="1" stroke-dasharray="3 2"'),
+            ):
+                x = x0 + q[key] / hi * (x1 - x0)
+                parts.append(
+                    f'<line class="{cls}" data-side="{side}" x1="{x:.2f}" x2="{x:.2f}" '
+                    f'y1="{yc - 18}" y2="{yc + 18}" stroke="#111" {style}/>'
+                )
+    parts.append(_axis(x0, x1, top + row_h * 2 + 4, 0.0, hi, "stall per checkpoint, s"))
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _timeline(report: Mapping[str, Any]) -> str:
+    series = [
+        (side, run["run"], run["windows"])
+        for side in ("baseline", "candidate")
+        for run in report["timeline"][side]
+        if run["windows"]
+    ]
+    if not series:
+        return ""
+    width, height, left, right, top, bottom = 760, 260, 60, 20, 14, 46
+    x_hi = max(p["t_s"] + p["wall_s"] for _s, _r, ws in series for p in ws) or 1.0
+    ys = [
+        p["serialization_cpu_s"] / p["wall_s"] for _s, _r, ws in series for p in ws if p["wall_s"]
+    ]
+    y_hi = (max(ys) if ys else 0.0) * 1.1 or 1.0
+    parts = [
+        f'<svg class="chart" data-chart="window-timeline" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" role="img" aria-label="serialization CPU per window">'
+    ]
+
+    def xy(p: Mapping[str, Any]) -> tuple[float, float]:
+        x = left + (p["t_s"] + p["wall_s"] / 2) / x_hi * (width - left - right)
+        rate = p["serialization_cpu_s"] / p["wall_s"] if p["wall_s"] else 0.0
+        return x, height - bottom - rate / y_hi * (height - top - bottom)
+
+    for k in range(5):
+        v = y_hi * k / 4
+        y = height - bottom - v / y_hi * (height - top - bottom)
+        parts.append(
+            f'<line x1="{left}" x2="{width - right}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>'
+            f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{e(fmt(v, 2))}</text>'
+        )
+    for side, run, ws in series:
+        pts = [xy(p) for p in ws]
+        dash = "" if side == "baseline" else ' stroke-dasharray="5 3"'
+        parts.append(
+            f'<polyline class="series" data-side="{side}" data-run="{e(run)}" fill="none" '
+            f'stroke="{COLORS[side]}" stroke-width="1.5"{dash} '
+            f'points="{" ".join(f"{x:.1f},{y:.1f}" for x, y in pts)}"/>'
+        )
+        for (x, y), p in zip(pts, ws, strict=True):
+            parts.append(
+                f'<circle class="point" data-side="{side}" data-run="{e(run)}" cx="{x:.1f}" '
+                f'cy="{y:.1f}" r="2.5" fill="{COLORS[side]}"><title>{e(run)} t={e(fmt(p["t_s"]))}'
+                f" s: {e(fmt(p['serialization_cpu_s']))} CPU-s</title></circle>"
+            )
+    parts.append(_axis(left, width - right, height - bottom, 0.0, x_hi, "seconds since run start"))
+    parts.append(
+        f'<text x="{left}" y="{top - 2}">serialization CPU-s per window-second '
+        "(measured: py-spy + procfs)</text>"
+    )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def _table(head: Sequence[str], rows: Sequence[Sequence[Any]], numeric_from: int = 1) -> str:
+    out = ["<table><tr>", *(f"<th>{e(h)}</th>" for h in head), "</tr>"]
+    for row in rows:
+        out.append("<tr>")
+        for i, cell in enumerate(row):
+            cls = ' class="num"' if i >= numeric_from else ""
+            out.append(f"<td{cls}>{e(cell)}</td>")
+        out.append("</tr>")
+    out.append("</table>")
+    return "".join(out)
+
+
+def _change_cell(m: Mapping[str, Any]) -> str:
+    cls = "sig" if m.get("significant") else "ns"
+    return f'<td class="{cls}">{e(change_text(m))}</td>'
+
+
+def _metric_table(rows: Sequence[tuple[str, str, Mapping[str, Any]]], unit_note: str) -> str:
+    out = [
+        "<table><tr><th>codepath</th><th>metric</th><th>baseline</th><th>candidate</th>"
+        "<th>change [95% CI]</th><th>p (Holm)</th><th>n</th><th>source</th></tr>"
+    ]
+    for name, label, m in rows:
+        src = m.get("source") or {}
+        src_text = (
+            src.get("baseline")
+            if src.get("baseline") == src.get("candidate")
+            else f"baseline {src.get('baseline')}; candidate {src.get('candidate')}"
+        )
+        out.append(
+            f"<tr><td>{e(name)}</td><td>{e(label)}</td><td class=num>{e(fmt(m['baseline']))}</td>"
+            f"<td class=num>{e(fmt(m['candidate']))}</td>{_change_cell(m)}"
+            f"<td class=num>{e(p_text(m))}</td><td class=num>{e(n_text(m))}</td>"
+            f'<td class="src">{e(src_text)}</td></tr>'
+        )
+    out.append(f'</table><p class="src">{e(unit_note)}</p>')
+    return "".join(out)
+
+
+def _sides(report: Mapping[str, Any]) -> str:
+    rows = []
+    for side in ("baseline", "candidate"):
+        s = report[side]
+        rows.append(
+            [
+                side,
+                ", ".join(s["runs"]),
+                s["windows"],
+                s["blocks"],
+                fmt(s["wall_s"]),
+                s["episodes"] if s["episodes"] is not None else s["episodes_note"],
+                s["checkpoint_codepath"] or "-",
+                fmt(s["durable"]),
+                s["energy_source"],
+                s["gpu_source"],
+            ]
+        )
+    head = [
+        "side",
+        "runs",
+        "windows",
+        "blocks",
+        "measured s",
+        "episodes",
+        "checkpoints via",
+        "durable",
+        "energy source",
+        "GPU source",
+    ]
+    hosts = []
+    for side in ("baseline", "candidate"):
+        for h in report[side]["hosts"]:
+            host = h["host"]
+            gpus = host.get("gpus") or []
+            names = ", ".join(str(g.get("name")) for g in gpus if isinstance(g, dict)) or "none"
+            hosts.append(
+                [
+                    side,
+                    h["run"],
+                    host.get("hostname"),
+                    host.get("cpu_model"),
+                    host.get("sockets"),
+                    names,
+                    host.get("kernel"),
+                    ", ".join(report[side]["serwatt_version"]),
+                    ", ".join(fmt(r) for r in report[side]["rate_hz"]),
+                ]
+            )
+    return _table(head, rows, numeric_from=2) + _table(
+        ["side", "run", "hostname", "CPU", "sockets", "GPUs", "kernel", "serwatt", "rate Hz"],
+        hosts,
+        numeric_from=99,
+    )
+
+
+def _checkpoint(report: Mapping[str, Any]) -> str:
+    ck = report["checkpoint"]
+    b, c = ck["baseline"], ck["candidate"]
+    out = []
+    if ck.get("note"):
+        out.append(f'<p class="warning">{e(ck["note"])}</p>')
+
+    def q(side: Mapping[str, Any], key: str) -> str:
+        s = side.get("stall_s")
+        return fmt(s[key]) if s else "-"
+
+    rows = [
+        ["checkpoints through", b["codepath"] or "-", c["codepath"] or "-"],
+        ["chosen by", b["chosen_by"], c["chosen_by"]],
+        ["episodes", b["episodes"], c["episodes"]],
+        ["stall p50 s", q(b, "p50"), q(c, "p50")],
+        ["stall p95 s", q(b, "p95"), q(c, "p95")],
+        ["stall max s", q(b, "max"), q(c, "max")],
+        ["CPU s per checkpoint", fmt(b["cpu_s_per_checkpoint"]), fmt(c["cpu_s_per_checkpoint"])],
+        [
+            "GPU-wait s per checkpoint",
+            fmt(b["gpu_wait_s_per_checkpoint"]),
+            fmt(c["gpu_wait_s_per_checkpoint"]),
+        ],
+        ["durable", fmt(b["durable"]), fmt(c["durable"])],
+        ["timed to ±", fmt(b["resolution_s"]), fmt(c["resolution_s"])],
+        ["source", b["source"], c["source"]],
+    ]
+    out.append(_table(["", "baseline", "candidate"], rows, numeric_from=99))
+    metrics = [
+        (f"{b['codepath']} → {c['codepath']}", label, ck[key])
+        for key, label in (("stall_s", "stall s"), ("cpu_s", "CPU s"), ("gpu_wait_s", "GPU-wait s"))
+        if ck.get(key)
+    ]
+    if metrics:
+        out.append(_metric_table(metrics, "per checkpoint episode (mean); n = episodes"))
+    return "".join(out)
+
+
+def _projection(p: Mapping[str, Any] | None) -> str:
+    if p is None:
+        return "<p>No cluster projection (no cluster file given).</p>"
+    out = [f'<p class="warning">Scaling assumption: {e(p["scaling"])}</p>']
+    out += [f'<p class="caveat">{e(c)}</p>' for c in p.get("caveats") or []]
+    b, c, s = p["baseline"], p["candidate"], p.get("saved")
+    if s is None:
+        for name, side in (("baseline", b), ("candidate", c)):
+            if "unavailable" in side:
+                out.append(f"<p>{e(name)}: not projected: {e(side['unavailable'])}</p>")
+    else:
+        keys = [
+            ("stall δ s", "delta_s", None),
+            ("interval τ s", "interval_s", None),
+            ("lost fraction", "lost_fraction", "lost_fraction"),
+            ("GPU-hours / year", "gpu_hours_per_year", "gpu_hours_per_year"),
+            ("IT MWh / year", "it_mwh_per_year", "it_mwh_per_year"),
+            ("facility MWh / year", "facility_mwh_per_year", "mwh_per_year"),
+            ("water L / year", "water_l_per_year", "water_l_per_year"),
+        ]
+        rows = [[label, fmt(b[k]), fmt(c[k]), fmt(s[sk]) if sk else ""] for label, k, sk in keys]
+        out.append(_table(["", "baseline", "candidate", "saved"], rows))
+        sens = [
+            [
+                f"x{x['mtbf_factor']:g}",
+                fmt(x["mtbf_h"]),
+                fmt(x["baseline_lost_fraction"]),
+                fmt(x["candidate_lost_fraction"]),
+                fmt(x["saved_gpu_hours_per_year"]),
+                fmt(x["saved_mwh_per_year"]),
+            ]
+            for x in p["sensitivity"]
+        ]
+        out.append("<h3>Sensitivity to MTBF</h3>")
+        out.append(
+            _table(
+                [
+                    "MTBF",
+                    "h",
+                    "baseline lost",
+                    "candidate lost",
+                    "saved GPU-h/yr",
+                    "saved facility MWh/yr",
+                ],
+                sens,
+            )
+        )
+        out.append("<h3>Each line: formula, inputs, measured and assumed</h3>")
+        lines = []
+        for side_name, side in (("baseline", b), ("candidate", c)):
+            for line in side["lines"]:
+                lines.append(
+                    [
+                        side_name,
+                        line["name"],
+                        fmt(line["value"]),
+                        line["formula"],
+                        "; ".join(f"{k}={fmt(v)}" for k, v in line["inputs"].items()),
+                        "; ".join(line["measured"]) or "-",
+                        "; ".join(line["assumed"]) or "-",
+                    ]
+                )
+        out.append(
+            _table(
+                ["side", "line", "value", "formula", "inputs", "measured", "assumed"],
+                lines,
+                numeric_from=99,
+            )
+        )
+    inputs = [
+        [
+            name,
+            fmt(i["value"]) if i["value"] is not None else fmt(i["range"]),
+            i["unit"],
+            fmt(i["range"]),
+            i["source"],
+        ]
+        for name, i in p["inputs"].items()
+    ]
+    inputs.append(["policy", p["policy"]["text"], "", "", p["policy"]["source"]])
+    out.append("<h3>Assumptions</h3>")
+    out.append(_table(["input", "value", "unit", "range", "source"], inputs, numeric_from=99))
+    return "".join(out)
+
+
+def render_html(report: Mapping[str, Any]) -> str:
+    """The whole report as one HTML document (a string)."""
+    base, cand = report["baseline"], report["candidate"]
+    title = f"serwatt A/B: {', '.join(base['runs'])} vs {', '.join(cand['runs'])}"
+    body = [f"<h1>{e(title)}</h1>"]
+    body.append(
+        f'<p class="mono">schema {e(report["schema"])} · receipt {e(report["receipt"])}</p>'
+    )
+    for c in report["caveats"]:
+        body.append(f'<p class="caveat">Caveat: {e(c)}</p>')
+    for w in report["warnings"]:
+        body.append(f'<p class="warning">Too few samples: {e(w["message"])}</p>')
+    body.append("<h2>Runs, hosts and sources</h2>")
+    body.append(_sides(report))
+
+    body.append("<h2>Checkpoint cost</h2>")
+    body.append(_checkpoint(report))
+    body.append(
+        f"<h3>Stall per checkpoint, both sides</h3>{_legend()}{_episode_durations(report)}"
+        '<p class="src">each point is one checkpoint episode of the training thread '
+        "(measured: py-spy); solid line p50, dashed p95</p>"
+    )
+
+    body.append("<h2>Per codepath</h2>")
+    for metric in ("cpu_s", "energy_j", "gpu_wait_s"):
+        chart = _codepath_bars(report, metric)
+        if chart:
+            rows = bar_rows(report, metric)
+            src = rows[0][1]["source"]
+            body.append(
+                f"{_legend()}{chart}"
+                f'<p class="src">source: baseline {e(src["baseline"])}; '
+                f"candidate {e(src['candidate'])}</p>"
+            )
+    table_rows = []
+    for name, metrics in [*report["codepaths"].items(), ("total", report["total"])]:
+        for metric, m in metrics.items():
+            if m.get("baseline") or m.get("candidate"):
+                table_rows.append((name, METRIC_LABELS[metric], m))
+    body.append(
+        _metric_table(table_rows, "per measured wall-hour; n = blocks of consecutive windows")
+    )
+
+    body.append(f"<h2>Serialization CPU per window, over time</h2>{_legend()}{_timeline(report)}")
+
+    body.append("<h2>Cluster projection</h2>")
+    body.append(_projection(report.get("projection")))
+
+    body.append("<h2>Receipts</h2>")
+    body.append(
+        f"<p>Report receipt: <code>{e(report['receipt'])}</code> — BLAKE3 over the canonical "
+        "form of every run, window and episode used; it proves the inputs are unchanged, "
+        "not who wrote them.</p>"
+    )
+    files = report.get("checkpoint_files")
+    if files is not None:
+        body.append(
+            _table(
+                ["checkpoint files", "value"],
+                [
+                    [k, fmt(v) if not isinstance(v, (dict, list)) else str(v)]
+                    for k, v in files.items()
+                ],
+                numeric_from=99,
+            )
+        )
+    st = report["statistics"]
+    body.append("<h2>Method</h2>")
+    body.append(
+        "<p>"
+        + e(
+            f"{st['blocking']}; {st['bootstrap']}; {st['test']}; Holm over "
+            f"{st['family_size']} tests, significant when the corrected p < {st['alpha']:g}. "
+            "A change that is not significant shows as ~ (no significant change)."
+        )
+        + "</p>"
+    )
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{e(title)}</title><style>{_CSS}</style></head><body>"
+        + "\n".join(body)
+        + "</body></html>\n"
+    )

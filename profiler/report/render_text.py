@@ -1,0 +1,304 @@
+"""The report as a terminal table, readable in 100 columns.
+
+A change that is not significant (Holm-corrected p >= 0.05) prints as `~  no significant
+change`, never as a percentage or a direction. Codepaths that are zero on both sides are
+left out of the table (the JSON keeps them) and the table says how many.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+WIDTH = 100
+METRIC_LABELS = {"cpu_s": "CPU s", "energy_j": "energy J", "gpu_wait_s": "GPU-wait s"}
+
+
+def fmt(x: Any, digits: int = 4) -> str:
+    """A number in at most `digits` significant digits; '-' for None."""
+    if x is None:
+        return "-"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, str):
+        return x
+    if isinstance(x, (list, tuple)):
+        return "–".join(fmt(v, digits) for v in x)
+    x = float(x)
+    if x != 0 and (abs(x) >= 1e6 or abs(x) < 10 ** -(digits - 1)):
+        return f"{x:.{digits - 1}e}"
+    if abs(x) >= 10**digits:
+        return f"{x:.0f}"
+    return f"{x:.{digits}g}"
+
+
+def change_text(m: Mapping[str, Any]) -> str:
+    """'-12.3% [-15.0, -9.1]' when significant, '~  no significant change' when not."""
+    if m.get("p") is None:
+        return "not tested"
+    if not m.get("significant"):
+        return "~  no significant change"
+    if m.get("ratio") is None:
+        return "new (baseline 0)"
+    ci = m.get("change_pct_ci95")
+    shown = m["display"]
+    if ci and None not in ci:
+        shown += f" [{ci[0]:+.1f}, {ci[1]:+.1f}]"
+    return shown
+
+
+def p_text(m: Mapping[str, Any]) -> str:
+    return fmt(m.get("p_holm"), 2) if m.get("p_holm") is not None else "-"
+
+
+def n_text(m: Mapping[str, Any]) -> str:
+    n = m.get("n") or [0, 0]
+    return f"{n[0]}+{n[1]}"
+
+
+def _wrap(prefix: str, text: str) -> list[str]:
+    return textwrap.wrap(
+        text, WIDTH, initial_indent=prefix, subsequent_indent=" " * len(prefix)
+    ) or [prefix.rstrip()]
+
+
+def _host_line(side: Mapping[str, Any]) -> str:
+    hosts = side.get("hosts") or []
+    if not hosts:
+        return "-"
+    h = hosts[0]["host"]
+    gpus = h.get("gpus") or []
+    gpu_text = ", ".join(sorted({str(g.get("name")) for g in gpus if isinstance(g, dict)}))
+    return (
+        f"{h.get('hostname')}: {h.get('cpu_model')} ({h.get('sockets')} socket(s)), "
+        f"GPUs: {gpu_text + f' x{len(gpus)}' if gpus else 'none'}; kernel {h.get('kernel')}"
+    )
+
+
+def _table(rows: Sequence[Sequence[str]], widths: Sequence[int]) -> list[str]:
+    out = []
+    for row in rows:
+        cells = [
+            c.ljust(w) if i < len(widths) - 1 else c
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ]
+        out.append(" ".join(cells).rstrip())
+    return out
+
+
+def _side_line(name: str, s: Mapping[str, Any]) -> list[str]:
+    episodes = s["episodes_note"] if s.get("episodes") is None else f"{s['episodes']} episodes"
+    ck = s.get("checkpoint_codepath")
+    durable = {True: "durable", False: "not durable", None: "-"}.get(
+        s.get("durable"), s.get("durable")
+    )
+    text = (
+        f"{', '.join(s['runs'])}: {s['windows']} windows, {s['blocks']} blocks, "
+        f"{fmt(s['wall_s'])} s measured; {episodes}; "
+        + (f"checkpoints through {ck} ({s['checkpoints']}, {durable})" if ck else "no checkpoints")
+    )
+    return _wrap(f"{name:<10}", text)
+
+
+def render_text(report: Mapping[str, Any]) -> str:
+    """The whole report as text lines of at most 100 columns (long free text wraps)."""
+    lines: list[str] = [
+        f"serwatt A/B report ({report['schema']})",
+        f"receipt   {report['receipt']}",
+    ]
+    base, cand = report["baseline"], report["candidate"]
+    lines += _side_line("baseline", base) + _side_line("candidate", cand)
+    lines += _wrap("host      ", _host_line(base))
+    if _host_line(cand) != _host_line(base):
+        lines += _wrap("          ", _host_line(cand))
+    lines += _wrap(
+        "sources   ",
+        f"CPU: measured (py-spy samples weighted by procfs thread CPU); energy: baseline "
+        f"{base['energy_source']}, candidate {cand['energy_source']}; GPU-wait: baseline "
+        f"{base['gpu_source']}, candidate {cand['gpu_source']}",
+    )
+    if report["caveats"]:
+        lines += ["", "CAVEATS"]
+        for c in report["caveats"]:
+            lines += _wrap("  ! ", c)
+    if report["warnings"]:
+        lines += ["", "WARNINGS"]
+        for w in report["warnings"]:
+            lines += _wrap("  ! ", w["message"])
+
+    lines += ["", *_checkpoint_lines(report)]
+    lines += ["", *_codepath_lines(report)]
+    if report.get("projection"):
+        lines += ["", *_projection_lines(report["projection"])]
+    if report.get("checkpoint_files") is not None:
+        lines += ["", "CHECKPOINT FILES (.many receipt chain)"]
+        for k, v in report["checkpoint_files"].items():
+            lines += _wrap(f"  {k}: ", fmt(v) if not isinstance(v, (dict, list)) else str(v))
+    st = report["statistics"]
+    lines += [""] + _wrap(
+        "method    ",
+        f"{st['blocking']}; {st['bootstrap']}; {st['test']}; Holm over "
+        f"{st['family_size']} tests, significant when corrected p < {st['alpha']:g}",
+    )
+    return "\n".join(lines) + "\n"
+
+
+def _checkpoint_lines(report: Mapping[str, Any]) -> list[str]:
+    ck = report["checkpoint"]
+    b, c = ck["baseline"], ck["candidate"]
+    out = ["CHECKPOINT COST (per checkpoint, training thread)"]
+    if ck.get("stall_s") is None:
+        out += _wrap("  ", ck.get("note") or "not compared")
+    head = [
+        "",
+        f"baseline ({b['codepath'] or '-'})",
+        f"candidate ({c['codepath'] or '-'})",
+        "change [95% CI]",
+        "p Holm",
+        "n",
+    ]
+    widths = [18, 17, 17, 27, 8, 7]
+
+    def q(side: Mapping[str, Any]) -> str:
+        s = side.get("stall_s")
+        return "/".join(fmt(s[k], 3) for k in ("p50", "p95", "max")) if s else "-"
+
+    rows = [head, ["episodes", str(b["episodes"]), str(c["episodes"]), "", "", ""]]
+    rows.append(["stall p50/p95/max", q(b), q(c), "", "", ""])
+    for key, label in (
+        ("stall_s", "stall mean s"),
+        ("cpu_s", "CPU s"),
+        ("gpu_wait_s", "GPU-wait s"),
+    ):
+        m = ck.get(key)
+        if m:
+            rows.append(
+                [
+                    label,
+                    fmt(m["baseline"]),
+                    fmt(m["candidate"]),
+                    change_text(m),
+                    p_text(m),
+                    n_text(m),
+                ]
+            )
+    d = ck["durability"]
+    rows.append(
+        [
+            "durable",
+            fmt(d["baseline"]),
+            fmt(d["candidate"]),
+            "" if d["same"] else "differs: see caveats",
+            "",
+            "",
+        ]
+    )
+    res = b.get("resolution_s") or c.get("resolution_s")
+    out += ["  " + line for line in _table(rows, widths)]
+    if res:
+        out.append(f"  durations timed to ± one sampling period ({fmt(res, 3)} s)")
+    return out
+
+
+def _codepath_lines(report: Mapping[str, Any]) -> list[str]:
+    out = ["PER CODEPATH (per measured wall-hour; totals and per-checkpoint figures in the JSON)"]
+    widths = [11, 10, 13, 13, 27, 8, 7]
+    rows = [["codepath", "metric", "baseline/h", "candidate/h", "change [95% CI]", "p Holm", "n"]]
+    omitted = 0
+    entries = list(report["codepaths"].items()) + [("total", report["total"])]
+    for name, metrics in entries:
+        shown = False
+        for metric, m in metrics.items():
+            if not (m.get("baseline") or m.get("candidate")):
+                continue
+            rows.append(
+                [
+                    name if not shown else "",
+                    METRIC_LABELS[metric],
+                    fmt(m["baseline"]),
+                    fmt(m["candidate"]),
+                    change_text(m),
+                    p_text(m),
+                    n_text(m),
+                ]
+            )
+            shown = True
+        if not shown:
+            omitted += 1
+    out += ["  " + line for line in _table(rows, widths)]
+    if omitted:
+        out.append(f"  ({omitted} codepath(s) zero on both sides not shown)")
+    return out
+
+
+def _projection_lines(p: Mapping[str, Any]) -> list[str]:
+    out = ["CLUSTER PROJECTION (every input measured or assumed, as named)"]
+    out += _wrap("  scaling: ", p["scaling"])
+    for c in p.get("caveats") or []:
+        out += _wrap("  ! ", c)
+    b, c = p["baseline"], p["candidate"]
+    if "unavailable" in b or "unavailable" in c:
+        for name, side in (("baseline", b), ("candidate", c)):
+            if "unavailable" in side:
+                out += _wrap("  ", f"{name}: not projected: {side['unavailable']}")
+        return out
+    s = p["saved"]
+    rows = [
+        ["", "baseline", "candidate", "saved"],
+        ["stall δ s", fmt(b["delta_s"]), fmt(c["delta_s"]), ""],
+        ["interval τ s", fmt(b["interval_s"]), fmt(c["interval_s"]), ""],
+        [
+            "lost fraction",
+            fmt(b["lost_fraction"]),
+            fmt(c["lost_fraction"]),
+            fmt(s["lost_fraction"]),
+        ],
+        [
+            "GPU-h / year",
+            fmt(b["gpu_hours_per_year"]),
+            fmt(c["gpu_hours_per_year"]),
+            fmt(s["gpu_hours_per_year"]),
+        ],
+        [
+            "IT MWh / year",
+            fmt(b["it_mwh_per_year"]),
+            fmt(c["it_mwh_per_year"]),
+            fmt(s["it_mwh_per_year"]),
+        ],
+        [
+            "facility MWh / year",
+            fmt(b["facility_mwh_per_year"], 3),
+            fmt(c["facility_mwh_per_year"], 3),
+            fmt(s["mwh_per_year"], 3),
+        ],
+        [
+            "water L / year",
+            fmt(b["water_l_per_year"], 3),
+            fmt(c["water_l_per_year"], 3),
+            fmt(s["water_l_per_year"], 3),
+        ],
+    ]
+    out += ["  " + line for line in _table(rows, [20, 22, 22, 22])]
+    for sens in p["sensitivity"]:
+        out += _wrap(
+            "  ",
+            f"sensitivity: MTBF x{sens['mtbf_factor']:g} ({fmt(sens['mtbf_h'])} h): lost "
+            f"{fmt(sens['baseline_lost_fraction'])} -> {fmt(sens['candidate_lost_fraction'])}, "
+            f"saved {fmt(sens['saved_gpu_hours_per_year'])} GPU-h/year, "
+            f"{fmt(sens['saved_mwh_per_year'], 3)} facility MWh/year",
+        )
+    for line in b["lines"][:2]:
+        out += _wrap("  formula: ", f"{line['name']}: {line['formula']}")
+    measured = dict.fromkeys(
+        m for side in (b, c) for line in side["lines"] for m in line["measured"]
+    )
+    for m in measured:
+        out += _wrap("  measured: ", m)
+    for name, i in p["inputs"].items():
+        shown = fmt(i["value"]) if i["value"] is not None else fmt(i["range"])
+        out += _wrap(
+            "  assumed: ", f"{name} = {shown} {i['unit']} ({i['source']}; range {fmt(i['range'])})"
+        )
+    out += _wrap("  assumed: ", f"policy = {p['policy']['text']} ({p['policy']['source']})")
+    return out

@@ -1,0 +1,262 @@
+"""Validating a YAML file with every problem placed: its key path and its line.
+
+One implementation for every YAML file serwatt reads from a user: the daemon config
+(profiler.service.config) and the report's cluster file (profiler.report.projection).
+Imports nothing from profiler, so any layer may use it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+@dataclass(frozen=True)
+class ConfigProblem:
+    key_path: str  # e.g. "targets[0].match.cmdline"
+    line: int | None  # 1-based line in the file, None when the problem has no place
+    message: str
+
+    def __str__(self) -> str:
+        where = f"line {self.line}: " if self.line is not None else ""
+        return f"{where}{self.key_path or '<document>'}: {self.message}"
+
+
+class ConfigError(Exception):
+    """A config that must not be used. `problems` lists every problem found, in file order."""
+
+    def __init__(self, path: Path | str, problems: list[ConfigProblem]) -> None:
+        self.path = Path(path)
+        self.problems = problems
+        lines = [f"{self.path}: {len(problems)} problem(s):"]
+        lines += [
+            f"  {self.path}:{p.line if p.line is not None else '-'}: "
+            f"{p.key_path or '<document>'}: {p.message}"
+            for p in problems
+        ]
+        super().__init__("\n".join(lines))
+
+
+class YamlChecker:
+    """Walks the composed YAML node tree, converting values and collecting problems."""
+
+    def __init__(self, loader: yaml.SafeLoader, base_dir: Path) -> None:
+        self.loader = loader
+        self.base_dir = base_dir
+        self.problems: list[ConfigProblem] = []
+
+    def problem(self, path: str, node: yaml.Node | None, message: str) -> None:
+        line = node.start_mark.line + 1 if node is not None else None
+        self.problems.append(ConfigProblem(path, line, message))
+
+    def value(self, node: yaml.Node) -> Any:
+        return self.loader.construct_object(node, deep=True)
+
+    def mapping(
+        self, path: str, node: yaml.Node, allowed: tuple[str, ...] | None
+    ) -> dict[str, yaml.Node] | None:
+        """Keys of a mapping node -> value nodes; reports unknown (unless `allowed` is None:
+        any key, e.g. environment variable names) and duplicate keys."""
+        if isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null":
+            return {}
+        if not isinstance(node, yaml.MappingNode):
+            self.problem(path, node, f"must be a mapping, got {node_kind(node, self)}")
+            return None
+        out: dict[str, yaml.Node] = {}
+        for key_node, value_node in node.value:
+            key = self.value(key_node) if isinstance(key_node, yaml.ScalarNode) else None
+            key_path = join_key(path, key)
+            if not isinstance(key, str):
+                self.problem(key_path, key_node, "keys must be strings")
+                continue
+            if key in out:
+                self.problem(key_path, key_node, "duplicate key (YAML would keep only the last)")
+                continue
+            if allowed is not None and key not in allowed:
+                hint = _closest(key, allowed)
+                self.problem(
+                    key_path,
+                    key_node,
+                    f"unknown key {key!r}"
+                    + (f" (did you mean {hint!r}?)" if hint else "")
+                    + f"; allowed here: {', '.join(allowed)}",
+                )
+                continue
+            out[key] = value_node
+        return out
+
+    def number(
+        self,
+        path: str,
+        node: yaml.Node,
+        *,
+        integer: bool = False,
+        minimum: float | None = None,
+        maximum: float | None = None,
+        exclusive_minimum: bool = False,
+        nullable: bool = False,
+    ) -> Any:
+        value: Any = self.value(node) if isinstance(node, yaml.ScalarNode) else node
+        if value is None and nullable:
+            return None
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or (integer and not isinstance(value, int))
+        ):
+            want = "an integer" if integer else "a number"
+            if nullable:
+                want += " or null"
+            self.problem(path, node, f"must be {want}, got {node_kind(node, self)}")
+            return INVALID
+        if value != value or value in (float("inf"), float("-inf")):
+            self.problem(path, node, "must be a finite number")
+            return INVALID
+        if minimum is not None:
+            if exclusive_minimum and value <= minimum:
+                self.problem(path, node, f"must be greater than {minimum:g}, got {value}")
+                return INVALID
+            if not exclusive_minimum and value < minimum:
+                self.problem(path, node, f"must be at least {minimum:g}, got {value}")
+                return INVALID
+        if maximum is not None and value > maximum:
+            self.problem(path, node, f"must be at most {maximum:g}, got {value}")
+            return INVALID
+        return value if integer else float(value)
+
+    def string(self, path: str, node: yaml.Node, *, nullable: bool = False) -> Any:
+        value = self.value(node) if isinstance(node, yaml.ScalarNode) else node
+        if value is None and nullable:
+            return None
+        if not isinstance(value, str) or not isinstance(node, yaml.ScalarNode):
+            self.problem(
+                path,
+                node,
+                f"must be a string{' or null' if nullable else ''}, got "
+                f"{node_kind(node, self)} (quote it)",
+            )
+            return INVALID
+        if not value:
+            self.problem(path, node, "must not be empty")
+            return INVALID
+        return value
+
+    def regex(self, path: str, node: yaml.Node) -> Any:
+        pattern = self.string(path, node, nullable=True)
+        if pattern is None or pattern is INVALID:
+            return pattern
+        try:
+            return re.compile(pattern)
+        except re.error as exc:
+            self.problem(
+                path,
+                node,
+                f"bad regular expression {pattern!r}: {exc} "
+                "(single-quote regexes in YAML so backslashes stay literal)",
+            )
+            return INVALID
+
+    def path_value(self, path: str, node: yaml.Node, *, nullable: bool = False) -> Any:
+        value = self.string(path, node, nullable=nullable)
+        if value is None or value is INVALID:
+            return value
+        p = Path(value).expanduser()
+        return p if p.is_absolute() else (self.base_dir / p)
+
+    def choice(self, path: str, node: yaml.Node, choices: Mapping[Any, str]) -> Any:
+        value = self.value(node) if isinstance(node, yaml.ScalarNode) else INVALID
+        for key, result in choices.items():
+            if type(key) is type(value) and key == value:
+                return result
+        shown = ", ".join(
+            ("true" if k is True else "false" if k is False else str(k)) for k in choices
+        )
+        self.problem(path, node, f"must be one of {shown}, got {node_kind(node, self)}")
+        return INVALID
+
+
+INVALID: Any = object()  # a value that failed validation (already reported)
+
+
+def node_kind(node: yaml.Node, checker: YamlChecker) -> str:
+    if isinstance(node, yaml.MappingNode):
+        return "a mapping"
+    if isinstance(node, yaml.SequenceNode):
+        return "a list"
+    value = checker.value(node)
+    if value is None:
+        return "null"
+    return f"{type(value).__name__} {value!r}"
+
+
+_PLAIN_KEY = re.compile(r"^[A-Za-z0-9_@:/+-][A-Za-z0-9_.@:/+-]*$")
+
+
+def join_key(path: str, key: object) -> str:
+    """`a.b` for plain keys; `a['odd key']` (repr) for keys with spaces, dots or newlines,
+    so a problem always prints on one line and names the key unambiguously."""
+    if isinstance(key, str) and _PLAIN_KEY.match(key):
+        return f"{path}.{key}" if path else key
+    return f"{path}[{key!r}]"
+
+
+def _closest(key: str, allowed: tuple[str, ...]) -> str | None:
+    found = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
+def check_yaml(
+    text: str, source_path: Path, check: Callable[[YamlChecker, yaml.Node | None], Any]
+) -> tuple[Any, Any, yaml.Node | None]:
+    """Compose YAML text into nodes and run `check(checker, root)` over them.
+
+    Returns (what check returned, the plain document, the root node); raises ConfigError
+    listing every problem, each with its key path and line. Shared by every YAML file
+    serwatt validates (the daemon config, the report's cluster file).
+    """
+    try:
+        loader = yaml.SafeLoader(text)
+    except yaml.YAMLError as exc:  # e.g. a control character: the reader refuses at once
+        raise ConfigError(
+            source_path, [ConfigProblem("", None, f"not valid YAML: {exc}")]
+        ) from None
+    try:
+        try:
+            root = loader.get_single_node()
+        except yaml.MarkedYAMLError as exc:
+            mark = exc.problem_mark or exc.context_mark
+            line = mark.line + 1 if mark is not None else None
+            msg = " ".join(s for s in (exc.context, exc.problem) if s)
+            raise ConfigError(
+                source_path, [ConfigProblem("", line, f"not valid YAML: {msg}")]
+            ) from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(
+                source_path, [ConfigProblem("", None, f"not valid YAML: {exc}")]
+            ) from None
+        checker = YamlChecker(loader, source_path.parent)
+        try:
+            values = check(checker, root)
+            raw = loader.construct_document(root) if root is not None else None
+        except yaml.constructor.ConstructorError as exc:
+            mark = exc.problem_mark
+            raise ConfigError(
+                source_path,
+                [
+                    ConfigProblem(
+                        "", mark.line + 1 if mark else None, f"bad YAML value: {exc.problem}"
+                    )
+                ],
+            ) from None
+    finally:
+        loader.dispose()
+    problems = sorted(checker.problems, key=lambda p: p.line or 0)
+    if problems:
+        raise ConfigError(source_path, problems)
+    return values, raw, root

@@ -1,0 +1,324 @@
+"""build_report on synthetic runs: A/A, a large constructed difference, comparability,
+durability, schema-1 records, minimum-n warnings, the contract and receipts."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from typing import Any
+
+import pytest
+
+from profiler.report import (
+    REPORT_SCHEMA,
+    InputError,
+    ReportRefused,
+    build_report,
+    default_cluster,
+    receipt,
+    render_text,
+    verify_receipt,
+)
+from profiler.report.inputs import CodepathFigures, RunInput
+from tests.report_synth import HOST, make_run
+
+
+def _aa() -> tuple[list[RunInput], list[RunInput]]:
+    base = [make_run("base-1", seed=1), make_run("base-2", seed=2)]
+    cand = [make_run("base-3", seed=3), make_run("base-4", seed=4)]
+    return base, cand
+
+
+def _ab() -> tuple[list[RunInput], list[RunInput]]:
+    base = [make_run("torch-1", seed=1), make_run("torch-2", seed=2)]
+    cand = [
+        make_run("many-1", seed=3, codepath="many", ckpt_cpu_s=0.25, stall_s=0.2),
+        make_run("many-2", seed=4, codepath="many", ckpt_cpu_s=0.25, stall_s=0.2),
+    ]
+    return base, cand
+
+
+def _all_metrics(report: dict[str, Any]) -> list[dict[str, Any]]:
+    out = [m for cp in report["codepaths"].values() for m in cp.values()]
+    out += list(report["total"].values())
+    out += [report["checkpoint"][k] for k in ("stall_s", "cpu_s") if report["checkpoint"].get(k)]
+    return out
+
+
+def test_aa_reports_no_significant_change_anywhere() -> None:
+    report = build_report(*_aa())
+    stall = report["checkpoint"]["stall_s"]
+    assert stall["significant"] is False
+    assert stall["display"] == "~" and stall["verdict"] == "no significant change"
+    assert stall["ci95"][0] < 1.0 < stall["ci95"][1]
+    tested = [m for m in _all_metrics(report) if m["p"] is not None]
+    assert len(tested) >= 5
+    for m in tested:
+        assert not m["significant"] and m["display"] == "~"
+        assert "faster" not in json.dumps(m)
+    assert report["comparable"] is True and report["caveats"] == []
+
+
+def test_a_large_constructed_difference_is_significant_with_an_interval_excluding_1() -> None:
+    report = build_report(*_ab())
+    ck = report["checkpoint"]
+    assert ck["baseline"]["codepath"] == "torch" and ck["candidate"]["codepath"] == "many"
+    assert ck["baseline"]["chosen_by"] == "most episode wall time on the main thread"
+    stall = ck["stall_s"]
+    assert stall["significant"] is True and stall["verdict"] == "lower"
+    assert stall["ratio"] == pytest.approx(0.25, rel=0.1)
+    assert stall["ci95"][1] < 1.0
+    assert stall["display"].startswith("-7")
+    assert stall["n"] == [ck["baseline"]["episodes"], ck["candidate"]["episodes"]]
+    cpu = ck["cpu_s"]
+    assert cpu["significant"] and cpu["ci95"][1] < 1.0
+    # the torch codepath vanishes on the candidate, the many codepath appears
+    assert report["codepaths"]["torch"]["cpu_s"]["verdict"] == "lower"
+    assert report["codepaths"]["many"]["cpu_s"]["display"] == "new"
+    total = report["total"]["cpu_s"]
+    assert total["significant"] and total["ratio"] < 1.0 and total["ci95"][1] < 1.0
+
+
+def test_holm_is_applied_across_the_whole_report() -> None:
+    report = build_report(*_ab())
+    tested = [m for m in _all_metrics(report) if m["p"] is not None]
+    assert report["statistics"]["family_size"] == len(tested)
+    for m in tested:
+        assert m["p_holm"] >= m["p"]
+        assert m["significant"] == (m["p_holm"] < 0.05)
+
+
+def test_the_contract_names_are_there_and_the_document_is_strict_json() -> None:
+    report = build_report(*_ab(), cluster=default_cluster())
+    assert report["schema"] == REPORT_SCHEMA == "serwatt.report/1"
+    assert report["receipt"].startswith("rcpt_") and len(report["receipt"]) == 5 + 64
+    assert report["baseline"]["runs"] == ["torch-1", "torch-2"]
+    for key in ("baseline", "candidate", "ratio", "ci95", "p", "n", "significant"):
+        assert key in report["codepaths"]["torch"]["cpu_s"]
+    for side in ("baseline", "candidate"):
+        c = report["checkpoint"][side]
+        for key in ("codepath", "episodes", "stall_s", "cpu_s_per_checkpoint"):
+            assert key in c
+        assert set(c["stall_s"]) >= {"p50", "p95", "max"}
+        p = report["projection"][side]
+        for key in ("delta_s", "interval_s", "lost_fraction", "gpu_hours_per_year"):
+            assert isinstance(p[key], float)
+    assert set(report["checkpoint"]["stall_s"]) >= {"ratio", "ci95", "p", "significant"}
+    mtbf = report["projection"]["inputs"]["mtbf_h"]
+    assert mtbf["value"] == 3.093 and mtbf["source"].startswith("assumed")
+    saved = report["projection"]["saved"]
+    assert saved["gpu_hours_per_year"] > 0
+    assert len(saved["mwh_per_year"]) == 2 and len(saved["water_l_per_year"]) == 2
+    json.dumps(report, allow_nan=False)
+
+
+def test_every_figure_names_its_source() -> None:
+    base, cand = _ab()
+    cand = [dataclasses.replace(make_run("many-x", energy_source="unavailable"))]
+    cand = [dataclasses.replace(cand[0], energy_reason="permission: energy_uj is root-only")]
+    report = build_report(base, cand, allow_mismatch=True)
+    torch = report["codepaths"]["torch"]
+    assert torch["cpu_s"]["source"]["baseline"].startswith("measured")
+    assert torch["energy_j"]["source"]["baseline"] == "model (windows' energy source)"
+    assert torch["energy_j"]["source"]["candidate"] == (
+        "unavailable: permission: energy_uj is root-only"
+    )
+    assert torch["energy_j"]["verdict"] == "not tested: unavailable on candidate"
+    assert torch["gpu_wait_s"]["source"]["baseline"] == "unavailable: no NVML library"
+
+
+def test_mismatches_are_refused_naming_each() -> None:
+    base, cand = _aa()
+    other_host = dict(HOST, kernel="6.8.0-40-generic")
+    cand = [
+        make_run("base-3", seed=3, host=other_host, rate_hz=100.0),
+        make_run("base-4", seed=4),
+    ]
+    with pytest.raises(ReportRefused) as info:
+        build_report(base, cand)
+    fields = [m.field for m in info.value.mismatches]
+    assert fields == ["host.kernel", "rate_hz"]
+    text = str(info.value)
+    assert "host.kernel differs: 6.1.0-18-amd64 (base-1, base-2, base-4); 6.8.0-40-generic" in text
+    assert "rate_hz differs" in text
+    report = build_report(base, cand, allow_mismatch=True)
+    assert report["comparable"] is False
+    assert len(report["caveats"]) == 2 and report["caveats"][0].startswith("not comparable")
+
+
+def test_gpu_names_are_compared_as_a_multiset() -> None:
+    h100 = dict(HOST, gpus=[{"index": 0, "name": "H100"}, {"index": 1, "name": "A100"}])
+    swapped = dict(HOST, gpus=[{"index": 0, "name": "A100"}, {"index": 1, "name": "H100"}])
+    one = dict(HOST, gpus=[{"index": 0, "name": "H100"}])
+    build_report([make_run("a", host=h100)], [make_run("b", host=swapped)])
+    with pytest.raises(ReportRefused, match="host.gpus differs"):
+        build_report([make_run("a", host=h100)], [make_run("b", host=one)])
+
+
+def test_durability_difference_is_a_caveat_and_qualifies_the_verdict() -> None:
+    base, cand = _ab()
+    base = [make_run(r.run_id, seed=i, durable=False) for i, r in enumerate(base)]
+    report = build_report(base, cand)
+    d = report["checkpoint"]["durability"]
+    assert d == {"baseline": False, "candidate": True, "same": False}
+    assert any("differ in durability" in c for c in report["caveats"])
+    assert report["checkpoint"]["stall_s"]["verdict"] == (
+        "lower, but durability differs (baseline False, candidate True)"
+    )
+
+
+def test_a_schema_1_side_says_it_has_no_episodes() -> None:
+    base, cand = _ab()
+    base = [make_run("old-1", seed=1, episodes=False), make_run("old-2", seed=2, episodes=False)]
+    report = build_report(base, cand, cluster=default_cluster())
+    assert report["baseline"]["episodes"] is None
+    assert report["baseline"]["episodes_note"] == "no episodes recorded (schema 1)"
+    assert report["checkpoint"]["baseline"]["note"] == "no episodes recorded (schema 1)"
+    assert report["checkpoint"]["stall_s"] is None
+    assert "no checkpoint episodes on baseline" in report["checkpoint"]["note"]
+    assert report["projection"]["baseline"] == {"unavailable": "no episodes recorded (schema 1)"}
+    # the window comparison still stands
+    assert report["total"]["cpu_s"]["significant"]
+
+
+def test_too_few_blocks_and_episodes_warn_with_the_needed_n() -> None:
+    base = [make_run("b", windows=6, every_s=10.0, seed=1)]
+    cand = [make_run("c", windows=6, every_s=10.0, seed=2, stall_s=0.1)]
+    report = build_report(base, cand)
+    by_scope = {w["scope"]: w for w in report["warnings"]}
+    # 6 windows -> L = 2 -> 3 blocks per side: 2/C(6,3) = 0.1 can never be < 0.05
+    assert by_scope["windows"]["n"] == [3, 3]
+    assert by_scope["windows"]["needed_per_side"] == 4
+    assert "one run of 8 windows makes 4 blocks" in by_scope["windows"]["message"]
+    assert by_scope["checkpoint"]["n"] == [3, 3]
+    assert report["checkpoint"]["stall_s"]["significant"] is False
+
+
+def test_explicit_checkpoint_codepaths_override_the_choice() -> None:
+    base, cand = _ab()
+    report = build_report(
+        base, cand, checkpoint_codepaths={"baseline": "torch", "candidate": "json"}
+    )
+    assert report["checkpoint"]["candidate"]["codepath"] == "json"
+    assert report["checkpoint"]["candidate"]["chosen_by"] == "given"
+    assert report["checkpoint"]["candidate"]["episodes"] == 0
+    with pytest.raises(InputError, match="checkpoint_codepaths"):
+        build_report(base, cand, checkpoint_codepaths={"baseline": "other"})
+
+
+def test_a_run_on_both_sides_is_refused() -> None:
+    run = make_run("same")
+    with pytest.raises(InputError, match="given twice"):
+        build_report([run], [run])
+
+
+def test_checkpoint_files_are_carried_as_given() -> None:
+    chain = {"files": 3, "verified": 3, "head": "abc", "length": 3, "first_break": None}
+    report = build_report(*_ab(), checkpoints=chain)
+    assert report["checkpoint_files"] == chain
+
+
+# --------------------------------------------------------------------------- receipts
+
+
+def test_the_receipt_verifies_when_nothing_changed() -> None:
+    base, cand = _ab()
+    report = build_report(base, cand)
+    again_base, again_cand = _ab()  # rebuilt from scratch: equal inputs
+    assert verify_receipt(report, again_base, again_cand) == []
+    assert report["receipt"] == build_report(again_base, again_cand)["receipt"]
+
+
+def _replace_window(run: RunInput, i: int, **changes: Any) -> RunInput:
+    windows = list(run.windows)
+    windows[i] = dataclasses.replace(windows[i], **changes)
+    return dataclasses.replace(run, windows=tuple(windows))
+
+
+def _replace_episode(run: RunInput, i: int, **changes: Any) -> RunInput:
+    assert run.episodes is not None
+    episodes = list(run.episodes)
+    episodes[i] = dataclasses.replace(episodes[i], **changes)
+    return dataclasses.replace(run, episodes=tuple(episodes))
+
+
+def test_the_receipt_changes_when_any_input_changes() -> None:
+    base, cand = _ab()
+    original = receipt(base, cand)
+    run = base[0]
+    w0 = run.windows[0]
+    torch = w0.codepaths["torch"]
+    changed = [
+        dataclasses.replace(run, serwatt_version="0.1.1"),
+        dataclasses.replace(run, host=dict(run.host, hostname="node-b")),
+        dataclasses.replace(run, rate_hz=49.0),
+        dataclasses.replace(run, ended_at=run.ended_at + 1),
+        dataclasses.replace(run, restore_s=(1.5,)),
+        dataclasses.replace(run, episodes=None),
+        _replace_window(run, 0, cpu_s=w0.cpu_s + 1e-9),
+        _replace_window(run, 3, energy_source="rapl"),
+        _replace_window(
+            run,
+            0,
+            codepaths=dict(
+                w0.codepaths, torch=dataclasses.replace(torch, samples=torch.samples + 1)
+            ),
+        ),
+        _replace_episode(run, 0, wall_s=run.episodes[0].wall_s + 0.001),  # type: ignore[index]
+        _replace_episode(run, 1, durable=False),
+        _replace_episode(run, 2, main_thread=False),
+    ]
+    seen = {original}
+    for new in changed:
+        r = receipt([new, base[1]], cand)
+        assert r not in seen
+        seen.add(r)
+    # which side a run is on, and the order of runs, are inputs too
+    assert receipt(cand, base) != original
+    assert receipt([base[1], base[0]], cand) != original
+    report = build_report(base, cand)
+    problems = verify_receipt(report, [changed[6], base[1]], cand)
+    assert len(problems) == 1 and problems[0].startswith("receipt mismatch")
+    problems = verify_receipt(report, base[:1], cand)
+    assert any("baseline runs differ" in p for p in problems)
+    assert verify_receipt({"receipt": None}, base, cand)[0].startswith("the report has no receipt")
+
+
+def test_the_receipt_does_not_depend_on_int_or_float_spelling() -> None:
+    a = CodepathFigures(samples=3, cpu_s=1, wall_s=2, energy_j=None, gpu_wait_s=0)
+    b = CodepathFigures(samples=3, cpu_s=1.0, wall_s=2.0, energy_j=None, gpu_wait_s=0.0)
+    assert a == b
+    base, cand = _ab()
+    run = _replace_window(base[0], 0, codepaths={"json": a})
+    same = _replace_window(base[0], 0, codepaths={"json": b})
+    assert receipt([run], cand) == receipt([same], cand)
+
+
+def test_hostile_inputs_are_refused_on_construction() -> None:
+    run = make_run("x")
+    with pytest.raises(InputError, match="cpu_s must be finite"):
+        _replace_window(run, 0, cpu_s=float("nan"))
+    with pytest.raises(InputError, match="unknown codepath 'evil'"):
+        _replace_window(run, 0, codepaths={"evil": run.windows[0].codepaths["torch"]})
+    with pytest.raises(InputError, match="energy_source must be one of"):
+        dataclasses.replace(run, energy_source="guess")
+    with pytest.raises(InputError, match="end .* is before start"):
+        _replace_episode(run, 0, end=0.0)
+
+
+# --------------------------------------------------------------------------- terminal table
+
+
+def test_the_terminal_table_fits_100_columns_and_never_says_faster() -> None:
+    aa = render_text(build_report(*_aa(), cluster=default_cluster()))
+    assert max(len(line) for line in aa.splitlines()) <= 100
+    stall_line = next(line for line in aa.splitlines() if line.strip().startswith("stall mean"))
+    assert "~  no significant change" in stall_line
+    assert "faster" not in aa and "slower" not in aa
+    assert "the stall change is not significant" in aa
+    ab = render_text(build_report(*_ab(), cluster=default_cluster()))
+    stall_line = next(line for line in ab.splitlines() if line.strip().startswith("stall mean"))
+    assert re.search(r"-7\d\.\d% \[-\d+\.\d, -\d+\.\d\]", stall_line)
+    assert "scaling: one node's measured stall" in ab
+    assert max(len(line) for line in ab.splitlines()) <= 100

@@ -1,0 +1,158 @@
+"""The report's statistics on cases whose answers are known."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from profiler.report import stats
+from profiler.report.inputs import CodepathFigures, WindowInput
+
+
+def _ci(c: stats.Comparison) -> tuple[float, float]:
+    assert c.ci95 is not None and c.ci95[0] is not None and c.ci95[1] is not None
+    return c.ci95[0], c.ci95[1]
+
+
+def test_identical_constant_samples_give_p_1_ratio_1_and_an_interval_holding_1() -> None:
+    c = stats.compare([2.0] * 6, [2.0] * 6)
+    assert c.p == 1.0
+    assert c.ratio == 1.0
+    lo, hi = _ci(c)
+    assert lo <= 1.0 <= hi
+
+
+def test_identical_varied_samples_give_p_1_and_an_interval_holding_1() -> None:
+    values = [3.1, 2.4, 5.0, 4.2, 3.3, 2.9, 4.8, 3.7]
+    c = stats.compare(values, list(reversed(values)))
+    assert c.p == 1.0
+    assert c.ratio == pytest.approx(1.0)
+    lo, hi = _ci(c)
+    assert lo < 1.0 < hi
+    assert c.ci_method == "BCa"
+
+
+def test_shifted_samples_are_significant_with_an_interval_excluding_1() -> None:
+    rng = np.random.default_rng(7)
+    base = rng.normal(10.0, 0.5, 10)
+    cand = base * 0.5  # exactly half of every baseline value
+    c = stats.compare(base, cand)
+    assert c.ratio == pytest.approx(0.5)
+    # fully separated samples of 10 + 10: the exact two-sided p is 2 / C(20, 10)
+    assert c.p is not None and c.p < 0.001
+    lo, hi = _ci(c)
+    assert hi < 1.0 and lo < 0.5 < hi
+
+
+def test_weights_make_the_side_value_a_ratio_of_sums() -> None:
+    # blocks of 10 s and 30 s: 5 J in the first, 30 J in the second -> 35 J / 40 s
+    c = stats.compare([5.0, 30.0], [5.0, 30.0], [10.0, 30.0], [10.0, 30.0])
+    assert c.baseline == pytest.approx(35.0 / 40.0)
+    assert c.ratio == pytest.approx(1.0)
+    assert stats.side_value([5.0, 30.0], [10.0, 30.0]) == pytest.approx(0.875)
+
+
+def test_bootstrap_is_reproducible() -> None:
+    a, b = [1.0, 2.5, 3.0, 2.2, 1.9], [2.0, 3.5, 2.8, 4.1, 3.3]
+    assert stats.compare(a, b) == stats.compare(a, b)
+
+
+def test_zero_on_both_sides_is_not_tested() -> None:
+    c = stats.compare([0.0, 0.0, 0.0], [0.0, 0.0])
+    assert c.p is None and c.ratio is None
+    assert c.note == "not tested: zero on both sides"
+
+
+def test_one_observation_per_side_has_no_interval() -> None:
+    c = stats.compare([1.0], [3.0])
+    assert c.ci95 is None and "at least 2" in (c.note or "")
+    assert c.p == 1.0  # one against one: nothing can be significant
+
+
+@pytest.mark.parametrize(("n", "m"), [(1, 1), (2, 3), (3, 3), (4, 4), (5, 5), (3, 5), (1, 39)])
+def test_min_p_is_two_over_the_number_of_rank_arrangements(n: int, m: int) -> None:
+    assert stats.min_p(n, m) == pytest.approx(min(1.0, 2.0 / math.comb(n + m, n)))
+
+
+def test_minimum_sizes_match_the_exact_distribution() -> None:
+    assert stats.min_p(4, 4) == pytest.approx(0.0286, abs=1e-4)  # benchstat's figure
+    assert stats.min_p(5, 5) == pytest.approx(0.0079, abs=1e-4)
+    assert stats.needed_per_side() == 4
+    assert stats.needed_n(3) == 5  # 2/C(8,3) = 0.0357; 2/C(7,3) = 0.057
+    assert stats.needed_n(1) == 40  # 2/(n+1) < 0.05 first at n = 40
+    assert stats.needed_n(0) is None
+
+
+def test_too_few_samples_warn_with_the_needed_n() -> None:
+    w = stats.power_warning(3, 3, "blocks")
+    assert w is not None
+    assert w.needed_per_side == 4
+    assert (w.needed_baseline, w.needed_candidate) == (5, 5)
+    assert "needs at least 4 per side" in w.message
+    assert stats.power_warning(4, 4, "blocks") is None
+    lopsided = stats.power_warning(1, 20, "episodes")
+    assert lopsided is not None and lopsided.needed_baseline == 2  # 2/C(22,2) = 0.0087
+
+
+def test_fully_separated_minimum_samples_reach_significance() -> None:
+    # the needed size really is enough: four fully separated blocks per side
+    c = stats.compare([1.0, 1.1, 1.2, 1.3], [2.0, 2.1, 2.2, 2.3])
+    assert c.p is not None and c.p < 0.05
+    c3 = stats.compare([1.0, 1.1, 1.2], [2.0, 2.1, 2.2])
+    assert c3.p is not None and c3.p >= 0.05
+
+
+def test_holm_against_hand_worked_tables() -> None:
+    # sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1 = 0.02, 0.03, 0.06, 0.04 -> running max
+    assert stats.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    # sorted 0.001, 0.012, 0.04, 0.2, 0.3 times 5..1 = 0.005, 0.048, 0.12, 0.4, 0.3 -> 0.4
+    got = stats.holm([0.001, 0.2, 0.012, 0.04, 0.3])
+    assert got == pytest.approx([0.005, 0.4, 0.048, 0.12, 0.4])
+    # untested entries stay None and do not count in the family (m = 2 here)
+    got = stats.holm([None, 0.5, None, 0.01])
+    assert got[0] is None and got[2] is None
+    assert got[1] == pytest.approx(0.5) and got[3] == pytest.approx(0.02)
+    # adjusted p caps at 1: 0.7 x 3 = 2.1
+    assert stats.holm([0.7, 0.9, 0.8]) == pytest.approx([1.0, 1.0, 1.0])
+
+
+def _window(t: float, pid: int | None = 1) -> WindowInput:
+    return WindowInput(
+        started_at=t,
+        ended_at=t + 5.0,
+        cpu_s=1.0,
+        codepaths={"pickle": CodepathFigures(10, 0.5, 0.5)},
+        pid=pid,
+    )
+
+
+@pytest.mark.parametrize(
+    ("n", "length", "count"),
+    [(1, 1, 1), (2, 1, 2), (8, 2, 4), (27, 3, 9), (30, 3, 10), (64, 4, 16), (100, 5, 20)],
+)
+def test_block_rule(n: int, length: int, count: int) -> None:
+    assert stats.block_length(n) == length
+    assert stats.block_count(n) == count
+
+
+def test_blocks_are_consecutive_per_pid_and_keep_every_window() -> None:
+    windows = [_window(5.0 * i, pid=1) for i in range(10)] + [
+        _window(5.0 * i + 1, pid=2) for i in range(3)
+    ]
+    blocks = stats.block_windows(list(reversed(windows)))
+    assert sum(len(b) for b in blocks) == 13
+    for block in blocks:
+        assert len({w.pid for w in block}) == 1
+        starts = [w.started_at for w in block]
+        assert starts == sorted(starts)
+    # pid 1: 10 windows, L = 2 -> 5 blocks; pid 2: 3 windows, L = 1 -> 3 blocks
+    assert sorted(len(b) for b in blocks) == [1, 1, 1, 2, 2, 2, 2, 2]
+
+
+def test_windows_for_blocks_is_the_fewest_windows() -> None:
+    for k in (1, 4, 7, 10):
+        n = stats.windows_for_blocks(k)
+        assert stats.block_count(n) >= k
+        assert stats.block_count(n - 1) < k
