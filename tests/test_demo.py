@@ -13,7 +13,8 @@ REPO = Path(__file__).resolve().parents[1]
 def test_demo_profiles_every_kind_of_work(tmp_path: Path) -> None:
     out = tmp_path / "demo.json"
     r = subprocess.run(
-        [sys.executable, "-m", "profiler", "demo", "--workload", "mixed", "--duration", "8", "--json", str(out)],
+        [sys.executable, "-m", "profiler", "demo", "--workload", "mixed", "--duration", "8",
+         "--json", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=180,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
@@ -41,7 +42,8 @@ def test_a_failing_sampler_is_an_error_line_not_a_traceback(tmp_path: Path) -> N
     broken.chmod(0o755)
     t0 = time.monotonic()
     r = subprocess.run(
-        [sys.executable, "-m", "profiler", "demo", "--workload", "mixed", "--duration", "60", "--pyspy", str(broken)],
+        [sys.executable, "-m", "profiler", "demo", "--workload", "mixed", "--duration", "60",
+         "--pyspy", str(broken)],
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert r.returncode == 1, r.stderr

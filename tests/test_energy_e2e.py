@@ -112,7 +112,8 @@ def test_demo_reads_rapl_from_path_sysfs(tmp_path: Path) -> None:
     adv = Advancer(tree.root)
     try:
         r = _serwatt(
-            "demo", "--workload", "mixed", "--duration", "3", "--path.sysfs", str(tree.root), "--nvml", "off",
+            "demo", "--workload", "mixed", "--duration", "3",
+            "--path.sysfs", str(tree.root), "--nvml", "off",
             "--json", str(out),
         )  # fmt: skip
     finally:

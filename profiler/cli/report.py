@@ -142,9 +142,12 @@ def _verify(args: argparse.Namespace) -> int:
         raise UsageError(f"--verify {args.verify}: cannot read a report: {exc}") from None
     if not isinstance(report, dict) or report.get("schema") != "serwatt.report/1":
         raise UsageError(f"--verify {args.verify}: not a serwatt.report/1 document")
-    ids = {side: (report.get(side) or {}).get("runs") for side in ("baseline", "candidate")}
-    if not all(isinstance(v, list) and all(isinstance(i, str) for i in v) for v in ids.values()):
-        raise UsageError(f"--verify {args.verify}: the report does not name its runs")
+    ids: dict[str, list[str]] = {}
+    for side in ("baseline", "candidate"):
+        named = (report.get(side) or {}).get("runs")
+        if not (isinstance(named, list) and all(isinstance(i, str) for i in named)):
+            raise UsageError(f"--verify {args.verify}: the report does not name its {side} runs")
+        ids[side] = named
     with _open(args) as rec:
         try:
             baseline = load_runs(rec, ids["baseline"])
