@@ -7,8 +7,9 @@ slice at the thread's next accounting point: the tick, or a system call that rea
 thread's runtime, such as `clock_gettime(CLOCK_THREAD_CPUTIME_ID)` behind
 `time.thread_time()`. py-spy then runs right after that system call and finds the
 thread runnable (`R`, so "active") at that line. Measured on the 2-vCPU reference VM
-(docs/sampling.md): with two busy threads, 8% of on-CPU samples sat on `thread_time()`
-lines that really cost ~0.2%, and bench/accuracy.py missed its 3 pp goal by 2-4 pp.
+(docs/sampling.md): with two busy threads and default scheduling, 8% of on-CPU samples
+sit on `thread_time()` lines that really cost ~0.2%, and bench/accuracy.py misses its
+3 pp goal by 2-4 pp.
 
 What serwatt does to every py-spy thread, through sched_setattr(2):
 - a custom slice of 0.1 ms (Linux 6.12+; the kernel's minimum). A waking task with
@@ -19,8 +20,8 @@ What serwatt does to every py-spy thread, through sched_setattr(2):
 
 Both keep py-spy in the normal (fair) class. A waking py-spy still goes to an idle CPU
 when there is one, so it takes nothing from the targets on a node with spare CPUs.
-SCHED_FIFO also fixed the accuracy, but a real-time task wakes on the CPU it last used
-and preempts whatever runs there. It took 3.8-4.5% of a busy target's time at 100 Hz,
+SCHED_FIFO fixes the accuracy too, but a real-time task wakes on the CPU it last used
+and preempts whatever runs there: it takes 3.8-4.5% of a busy target's time at 100 Hz,
 against 0.2% for this scheme.
 
 Measured, two-thread bench/accuracy.py max error: default scheduling 5.2-6.8 pp; both

@@ -13,12 +13,12 @@ the labelled CPU model (collectors/cpu_model), so every figure carries its sourc
     status = tracker.probe()          # {"rapl": CollectorStatus(up, reason, detail), ...}
     tracker.start()
     we = tracker.window(report.started_at, report.ended_at)       # WindowEnergy
-    ta = tracker.attribute(report, we)                            # TargetAttribution
+    aw = attribute(report, we)     # AttributedWindow (profiler.attribution.window)
     tracker.stop()
 
-`EnergyObserver` plugs the tracker into a `serwatt profile` session (observer
-protocol of profiler/session.py) and fills `energy`, `gpus` and each codepath's
-`energy_j`, `gpu_wait_s` and `gpu_idle_j` in the profile document.
+A `serwatt profile` session attributes each window against its tracker, and its
+`EnergySink` (profiler/profile/energy_sink.py) fills `energy`, `gpus` and each
+codepath's `energy_j`, `gpu_wait_s` and `gpu_idle_j` in the profile document.
 """
 
 from __future__ import annotations

@@ -475,8 +475,8 @@ class _Entry:
 # and version (st_dev, st_ino, mtime_ns, size). Targets' frames name their files through
 # /proc/<pid>/root, so each process of a job, and each restart, is a new path to the same
 # inode, and the daemon keeps one classifier (one SourceCache) per concurrent window:
-# without this, one file was parsed once per (process, classifier) pair and the daemon's
-# RSS kept growing as processes came and went (docs/daemon.md). Weak values: an index
+# without this, one file would be parsed once per (process, classifier) pair and the
+# daemon's RSS would grow as processes come and go (docs/daemon.md). Weak values: an index
 # lives as long as some cache holds it.
 _SHARED: weakref.WeakValueDictionary[tuple[int, int, int, int], SourceIndex] = (
     weakref.WeakValueDictionary()

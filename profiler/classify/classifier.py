@@ -1,10 +1,10 @@
 """Codepath classification: which serializer, if any, a stack sample is inside.
 
-Rules (profiler/rules.py, built-ins in configs/codepaths.yaml) come in three layers:
+Rules (profiler/classify/rules.py, built-ins in configs/codepaths.yaml) come in three layers:
 
 - python: a Python frame by file path suffix + function name, on any frame;
 - native: a native frame by shared-object basename + symbol (py-spy --native);
-- callsite: a Python frame's source line calls a serializer (profiler/callsite.py).
+- callsite: a Python frame's source line calls a serializer (profiler/classify/callsite.py).
   It applies to the innermost Python frame (a C serializer has no frame of its own:
   its caller at the call line is the leaf), and to a caller whose callee is a
   serializer *callback* (`persistent_id`, `__reduce_ex__`, ...): the C serializer
@@ -64,7 +64,7 @@ class ClassifierStats:
     samples: int = 0
     stack_cache_hits: int = 0
     # source files this classifier needed parsed: parsed here, or reused from another
-    # path or cache in the process (profiler/callsite.py _SHARED)
+    # path or cache in the process (profiler/classify/callsite.py _SHARED)
     source_parses: int = 0
     callsite_lookups: int = 0
     sources_unavailable: int = 0
@@ -120,7 +120,7 @@ class Classifier:
     def from_files(cls, paths: Iterable[Path], **options: Any) -> Classifier:
         """Built-in rules plus user rule files; user rules are tried first on a frame.
 
-        Raises profiler.rules.RuleError naming file, line and reason for a bad file.
+        Raises profiler.classify.rules.RuleError naming file, line and reason for a bad file.
         """
         return cls(load_rules(list(paths), builtin=True), **options)
 
@@ -382,7 +382,7 @@ class Classifier:
         return Explanation(got, i, how)
 
 
-# --- `python -m profiler.classify`: explain what the rules make of a live stack ------
+# --- `python -m profiler.classify.classifier`: explain what the rules make of a live stack ------
 
 
 def _frames_from_dump(thread: dict[str, Any]) -> tuple[Frame, ...]:
@@ -397,8 +397,8 @@ def _frames_from_dump(thread: dict[str, Any]) -> tuple[Frame, ...]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Explain the classification of every thread of one py-spy snapshot.
 
-    python -m profiler.classify --pid PID [--rules FILE]...     (runs py-spy dump)
-    python -m profiler.classify DUMP.json [--proc-root DIR]     (`py-spy dump --json` output)
+    python -m profiler.classify.classifier --pid PID [--rules FILE]...  (runs py-spy dump)
+    python -m profiler.classify.classifier DUMP.json [--proc-root DIR]  (`py-spy dump --json`)
     """
     import argparse
     import json

@@ -3,7 +3,7 @@
 A rule file is YAML (schema `serwatt.codepaths/1`, see configs/codepaths.yaml) with:
 
 - `rules`: a list of rules. Each rule has an `id` (unique across every loaded file),
-  a `codepath` from the closed set in profiler.codepaths (never `other`: that is what
+  a `codepath` from the closed set in profiler.classify.codepaths (never `other`: that is what
   unmatched samples get), an optional `confidence` (`high` default, or `low`), and
   exactly one `layer`:
   - `python`: a Python frame matches by `file` (path-suffix patterns) and `function`
@@ -401,7 +401,9 @@ def builtin_rules_path() -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Check rule files: `python -m profiler.rules FILE...` (exit 0, or 78 with file:line)."""
+    """Check rule files: `python -m profiler.classify.rules FILE...`.
+
+    Exit 0, or 78 with file:line for each problem."""
     import sys
 
     paths = list(sys.argv[1:] if argv is None else argv)

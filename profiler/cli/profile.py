@@ -71,7 +71,7 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
         "--path.procfs", dest="procfs", type=Path, default=Path("/proc"), metavar="DIR",
         help="procfs root (default /proc)",
     )  # fmt: skip
-    # energy and GPU-wait (profiler/energy.py, docs/energy.md)
+    # energy and GPU-wait (profiler/attribution/tracker.py, docs/energy.md)
     parser.add_argument(
         "--path.sysfs", dest="sysfs", type=Path, default=Path("/sys"), metavar="DIR",
         help="sysfs root for RAPL powercap zones (default /sys)",

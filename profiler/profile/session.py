@@ -214,7 +214,7 @@ class ProfileSession:
         self.acc = Accumulator()
         self.targets: dict[int, TargetStats] = {}
         self._lock = threading.Lock()
-        # a StopEvent wakes the blocked py-spy windows at once (collectors/pyspy.py)
+        # a StopEvent wakes the blocked py-spy windows at once (collectors/pyspy/runner.py)
         self._stop = StopEvent()
         self._workers: dict[int, threading.Thread] = {}
         self._root_error: SamplingError | None = None

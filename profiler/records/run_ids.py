@@ -16,7 +16,7 @@ def format_start_time(epoch_s: float) -> str:
 def render_run_id(
     template: str, *, target: str, pid: int, start_time: float, unit: str | None, host: str
 ) -> str:
-    """Fill a `run` template (placeholders validated by profiler.config) into a safe id."""
+    """Fill a `run` template (placeholders validated by profiler.service.config) into a safe id."""
     rendered = template.format(
         target=target,
         pid=pid,

@@ -1,7 +1,7 @@
 """Run records: every window of every target, in one crash-safe SQLite file.
 
 A *run* is what one run id names (a target's `run` template, rendered by
-profiler.discovery): usually one training process, or several ranks that render
+profiler.service.discovery): usually one training process, or several ranks that render
 the same id. Each run holds the host fingerprint, the config it was recorded under,
 the energy/GPU sources, and one row per sampling window with per-codepath
 counters (samples, cpu_s, wall_s, low-confidence samples, energy_j and its source,

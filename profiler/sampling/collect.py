@@ -9,7 +9,7 @@
 3. CPU snapshot after; a thread's CPU delta is measured from the first to the last
    snapshot;
 4. each sample classified; each thread's CPU delta spread over its samples
-   (profiler.weighting); every codepath of CODEPATHS filled, plus the timeline.
+   (profiler.sampling.weighting); every codepath of CODEPATHS filled, plus the timeline.
 """
 
 from __future__ import annotations

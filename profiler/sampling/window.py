@@ -1,7 +1,7 @@
 """What one sampling window of one target yields, after classification and CPU weighting.
 
 This is the hand-off between sampling (collectors/pyspy + collectors/procstat +
-profiler/classify + profiler/weighting) and everything downstream: energy and
+profiler/classify + profiler/sampling/weighting) and everything downstream: energy and
 GPU-wait attribution (profiler/attribution), the ledger and exporter, the
 recorder, and the `serwatt profile` table.
 """
@@ -39,7 +39,7 @@ class TimedLabel:
     thread_id: int
     codepath: str
     active: bool | None = None
-    cpu_s: float = 0.0  # this sample's share of its thread's measured CPU (profiler/weighting)
+    cpu_s: float = 0.0  # this sample's share of its thread's measured CPU (sampling/weighting.py)
     low_confidence: bool = False
 
 

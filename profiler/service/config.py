@@ -31,7 +31,7 @@ from profiler.yamlcheck import (
     node_kind,
 )
 
-# Placeholders a target's `run` template may use (rendered by profiler.discovery).
+# Placeholders a target's `run` template may use (rendered by profiler.service.discovery).
 RUN_PLACEHOLDERS: tuple[str, ...] = ("unit", "start_time", "target", "pid", "host")
 DEFAULT_RUN_TEMPLATE = "{target}-{start_time}-{pid}"
 LOG_LEVELS: tuple[str, ...] = ("debug", "info", "warning", "error")
@@ -74,7 +74,7 @@ class Config:
     window_s: float = 10.0
     rescan_s: float = 5.0
     max_concurrent_samplers: int = 8
-    cpu_budget_cores: float | None = None  # profiler/budget.py; None: always sample_rate_hz
+    cpu_budget_cores: float | None = None  # profiler/service/budget.py; None: always sample_rate_hz
     sampler_priority: str = "auto"  # 'auto' | 'required' | 'off' (collectors/sched.py)
     targets: tuple[TargetSpec, ...] = ()
     rapl: str = "auto"  # 'auto' | 'required' | 'off'

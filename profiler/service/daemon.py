@@ -68,9 +68,9 @@ CPU_POLL_S = 0.5
 # Two py-spys per window, like `serwatt profile`. The on-CPU one (no --idle, at the
 # window's rate) carries the CPU: with only the --idle run, a thread that works 2 ms
 # and sleeps 18 ms has 90% of its samples on the sleep line, and weighting by a CPU
-# series polled every CPU_POLL_S cannot tell them apart, so the daemon put 89% of the
-# bench target's CPU in `other` (profile: 3%; docs/daemon.md "A window is two py-spy
-# runs"). The --idle run (every thread at every tick) gives samples their times, wall
+# series polled every CPU_POLL_S cannot tell them apart, so the --idle run alone puts
+# 89% of the bench target's CPU in `other` (profile: 3%; docs/daemon.md "A window is two
+# py-spy runs"). The --idle run (every thread at every tick) gives samples their times, wall
 # seconds and GPU-wait; NVML's busy samples are 1/6-1 s apart, so IDLE_RUN_RATE_HZ is
 # plenty for lining them up, and at 10 Hz it adds ~a fifth of a 50 Hz run's cost.
 ON_CPU_RUN = True
@@ -100,7 +100,7 @@ def setup_logging(level: str) -> None:
 class _Tracked:
     """A discovered process the daemon samples (keyed by pid and start time)."""
 
-    proc: Any  # profiler.discovery.DiscoveredProcess
+    proc: Any  # profiler.service.discovery.DiscoveredProcess
     python: str = "unknown"
     last_sampled_at: float = 0.0
     retry_at: float = 0.0  # do not sample before this (monotonic s) after a refusal

@@ -31,7 +31,7 @@ _UNUSED_REASONS = frozenset({"not_needed", "off"})
 
 
 class EnergySide:
-    """The daemon's use of the energy tracker (profiler/energy.py): one tracker for the
+    """The daemon's use of the energy tracker (profiler/attribution/tracker.py): one tracker for the
     node, one reading per slot, split over the slot's target windows.
 
     All windows of a slot are attributed against the slot's single energy reading:

@@ -1,7 +1,7 @@
 """The daemon's ledger: monotonic counters, published as immutable snapshots.
 
-The sampling side (profiler/daemon) is the only writer. It adds what each window
-measured and then publishes a snapshot; the Prometheus side (profiler/exporter)
+The sampling side (profiler/service/daemon.py) is the only writer. It adds what each window
+measured and then publishes a snapshot; the Prometheus side (profiler/service/exporter.py)
 only ever reads the latest snapshot, so a scrape never computes, never blocks on
 sampling and never sees a half-applied window.
 
@@ -10,7 +10,7 @@ series, once created, is never dropped while the daemon lives: a target that lef
 the config keeps its totals and shows `up 0`, so `rate()` stays correct.
 
 Labels are bounded by construction: `target` must be a registered (configured)
-target name, `codepath` must belong to profiler.codepaths.CODEPATHS, `gpu` is an
+target name, `codepath` must belong to profiler.classify.codepaths.CODEPATHS, `gpu` is an
 index, `source` and `kind` are short identifiers. A pid appears only in the
 per-target process list (the `serwatt_target_info` metric).
 """

@@ -23,7 +23,7 @@ class SamplingJob:
     pid: int
     window_s: float
     started_mono: float
-    # wakes the window's py-spy supervision at once when set (collectors/pyspy.py)
+    # wakes the window's py-spy supervision at once when set (collectors/pyspy/runner.py)
     stop: threading.Event = field(default_factory=StopEvent)
     done: threading.Event = field(default_factory=threading.Event)
     report: WindowReport | None = None
