@@ -15,12 +15,15 @@ $(BIN)/serwatt: pyproject.toml
 	$(BIN)/pip install -q 'torch==2.13.0' || echo "torch not installed: torch tests will fail"
 	touch $@
 
-# Debian packages the tests use: a real Prometheus server (+ promtool) and systemd-analyze.
+# Debian packages the tests use: a real Prometheus server (+ promtool), systemd-analyze,
+# and Chromium (headless) to open the A/B report's HTML page.
 system-deps:
 	@command -v prometheus >/dev/null && command -v promtool >/dev/null || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null)
 	@command -v systemd-analyze >/dev/null || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd >/dev/null)
+	@command -v chromium >/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
 
 demo: $(BIN)/serwatt
 	$(BIN)/serwatt demo

@@ -43,6 +43,8 @@ from profiler.report import build_report, default_cluster, render_html, render_t
 from profiler.report.from_records import load_runs
 
 SIDES = (("baseline", "torch"), ("candidate", "many"))
+TRAIN_WINDOW_S = 2.0
+MIXED_WINDOW_S = 5.0  # the `serwatt profile` default
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -66,9 +68,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="train: where the run records, checkpoints and report go (default runs/demo)",
     )  # fmt: skip
     add_common_options(parser)
+    # The A/B needs windows enough to block for its statistics: shorter ones by default.
+    parser.set_defaults(window=None)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.window is None:
+        args.window = TRAIN_WINDOW_S if args.workload == "train" else MIXED_WINDOW_S
     validate_common(args)
     if args.workload == "mixed":
         return _mixed(args)
