@@ -260,5 +260,7 @@ def test_chain_head_names_head_length_and_first_break(
     assert head.first_break is not None and str(paths[2]) in head.first_break
     # A file that does not verify ends the chain too.
     os.truncate(paths[0], 4096)
-    assert chain_head(paths) == (None, 0, chain_head(paths).first_break)
-    assert str(paths[0]) in (chain_head(paths).first_break or "")
+    broken = chain_head(paths)
+    assert broken.head is None and broken.length == 0
+    assert broken.first_break is not None and str(paths[0]) in broken.first_break
+    assert "truncated" in broken.first_break
