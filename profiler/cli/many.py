@@ -1,29 +1,65 @@
-"""`serwatt many inspect FILE` and `serwatt many verify FILE...`.
+"""`serwatt many inspect FILE`, `serwatt many verify FILE...` and `serwatt many keygen NAME`.
 
-inspect: header, receipts and one line per slot (no data is read).
+inspect: header, receipts, signature and one line per slot (no tensor data is read). Text
+from the file is escaped and long names are cut with their true length, so a hostile file
+cannot drive the terminal or blow up the output; `--json` is strict JSON.
 verify: rehash every slot, recompute each receipt and, for several files, check that each
-file's prev_receipt links to the file before it. Exit 0 when sound, 1 naming each problem.
+file's prev_receipt links to the file before it; `--key` also requires every file to be
+signed by that Ed25519 key, `--head` that the chain ends at an anchored receipt.
+keygen: write an Ed25519 key pair for signing checkpoints.
+
+Exit codes: 0 sound, 1 problems found or a file unreadable (one line each, naming the file),
+2 usage (missing file, not a regular file, bad key file or arguments).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import stat
 import sys
+from typing import Any
 
 from profiler.cli.main import UsageError
 from profiler.exitcodes import EXIT_OK, EXIT_RUNTIME
-from profiler.many.format import HEADER_DIRTY, VERSION_MAJOR, ManyFormatError
+from profiler.many.format import (
+    HEADER_DIRTY,
+    VERSION_MAJOR,
+    ManyFormatError,
+    display_name,
+    escape_text,
+)
 from profiler.many.reader import load
+from profiler.many.receipt import Receipt
+from profiler.many.signing import (
+    generate_signing_key,
+    key_id,
+    load_public_key,
+)
 from profiler.many.verify import verify, verify_chain
+
+# Text-mode column width for names; longer names are cut with a marker and their length.
+_NAME_COLUMN = 48
+
+
+def _safe(text: str) -> str:
+    """Paths and messages for the terminal: non-printable characters escaped. Names inside
+    messages are already escaped (`show_name`), so backslashes pass through."""
+    return escape_text(text, backslash=False)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="many_command", metavar="ACTION")
     p_inspect = sub.add_parser("inspect", help="print a .many file's header and slot table")
     p_inspect.add_argument("file")
-    p_inspect.add_argument("--json", action="store_true", help="print one JSON document")
+    p_inspect.add_argument(
+        "--json",
+        action="store_true",
+        help="print one strict JSON document (non-finite metadata numbers become the strings "
+        '"NaN", "Infinity", "-Infinity")',
+    )
     p_verify = sub.add_parser(
         "verify", help="check slot hashes, receipts and (for several files) the receipt chain"
     )
@@ -33,14 +69,43 @@ def configure(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="verify files independently; do not require each to link to the one before",
     )
+    p_verify.add_argument(
+        "--key",
+        metavar="PUB",
+        help="Ed25519 public key file (PEM, ssh-ed25519 line or 64 hex digits): every file "
+        "must be signed by it; an unsigned or otherwise signed file fails",
+    )
+    p_verify.add_argument(
+        "--head",
+        metavar="RECEIPT",
+        help="rcpt_… anchored outside the files (e.g. in a run record): the last file must "
+        "carry it",
+    )
+    p_keygen = sub.add_parser(
+        "keygen", help="write an Ed25519 key pair for signing: NAME (private) and NAME.pub"
+    )
+    p_keygen.add_argument("name", metavar="NAME")
+
+
+def _say(path: str, message: str, *, file: Any = None) -> None:
+    print(f"{_safe(path)}: {_safe(message)}", file=file or sys.stdout)
 
 
 def _require_files(paths: list[str]) -> None:
+    """Missing files and files of the wrong kind are usage errors; anything else that stops a
+    file from being read is reported by the reader, as that file's problem."""
     for p in paths:
-        if not os.path.exists(p):
-            raise UsageError(f"{p}: no such file")
-        if os.path.isdir(p):
-            raise UsageError(f"{p}: is a directory; pass .many files")
+        try:
+            mode = os.stat(p).st_mode
+        except FileNotFoundError:
+            raise UsageError(f"{_safe(p)}: no such file") from None
+        except OSError:
+            continue
+        if stat.S_ISDIR(mode):
+            raise UsageError(f"{_safe(p)}: is a directory; pass .many files")
+        if not stat.S_ISREG(mode):
+            kind = "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "not a regular file"
+            raise UsageError(f"{_safe(p)}: is {kind}, not a .many file")
 
 
 def _human(n: int) -> str:
@@ -52,16 +117,62 @@ def _human(n: int) -> str:
     return f"{n} B"
 
 
+def _finite(value: Any) -> Any:
+    """A copy of a decoded JSON value with NaN and ±Infinity as strings (strict JSON has no
+    such numbers). Iterative: the table's nesting depth is the file's choice."""
+
+    def scalar(v: Any) -> Any:
+        if isinstance(v, float) and not math.isfinite(v):
+            return "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity")
+        return v
+
+    if not isinstance(value, dict | list):
+        return scalar(value)
+    root: Any = {} if isinstance(value, dict) else []
+    stack: list[tuple[Any, Any]] = [(value, root)]
+    while stack:
+        src, dst = stack.pop()
+        items = src.items() if isinstance(src, dict) else enumerate(src)
+        for k, v in items:
+            if isinstance(v, dict | list):
+                child: Any = {} if isinstance(v, dict) else []
+                stack.append((v, child))
+            else:
+                child = scalar(v)
+            if isinstance(dst, dict):
+                dst[k] = child
+            else:
+                dst.append(child)
+    return root
+
+
 def _inspect(path: str, as_json: bool) -> int:
     try:
         ckpt = load(path)
         slots = ckpt.slots()
+        try:
+            sig = ckpt.signature
+            sig_doc: dict[str, object] | None = (
+                None
+                if sig is None
+                else {
+                    "algorithm": "ed25519",
+                    "public_key": sig.public_key.hex(),
+                    "valid": sig.valid,
+                }
+            )
+        except ManyFormatError as exc:
+            sig_doc = {"error": "; ".join(exc.problems)}
     except ManyFormatError as exc:
         for problem in exc.problems:
-            print(f"{path}: {problem}", file=sys.stderr)
+            _say(path, problem, file=sys.stderr)
+        return EXIT_RUNTIME
+    except OSError as exc:
+        _say(path, f"cannot read: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_RUNTIME
     h = ckpt.header
     state_bytes = sum(s.length for s in slots)
+    metadata = _finite(ckpt.metadata)
     doc: dict[str, object] = {
         "file": path,
         "format": f"{VERSION_MAJOR}.{h.version_minor}",
@@ -69,9 +180,10 @@ def _inspect(path: str, as_json: bool) -> int:
         "prev_receipt": str(ckpt.prev_receipt) if ckpt.prev_receipt else None,
         "commit_seq": h.commit_seq,
         "dirty": bool(h.flags & HEADER_DIRTY),
+        "signature": sig_doc,
         "file_bytes": h.file_length,
         "state_bytes": state_bytes,
-        "metadata": ckpt.metadata,
+        "metadata": metadata,
         "slots": [
             {
                 "index": s.index,
@@ -89,50 +201,109 @@ def _inspect(path: str, as_json: bool) -> int:
     }
     ckpt.close()
     if as_json:
-        print(json.dumps(doc, indent=2))
+        try:
+            # ensure_ascii: names reach the terminal as \\u escapes, never as raw controls.
+            print(json.dumps(doc, indent=2, allow_nan=False))
+        except RecursionError:
+            _say(path, "metadata is nested too deeply to print as JSON", file=sys.stderr)
+            return EXIT_RUNTIME
         return EXIT_OK
-    print(f"file          {path}")
+    print(f"file          {_safe(path)}")
     print(f"format        .many {doc['format']}")
     print(f"receipt       {doc['receipt']}")
     print(f"prev_receipt  {doc['prev_receipt'] or '(none: first in chain)'}")
     print(f"commit_seq    {h.commit_seq}{'  DIRTY (uncommitted updates)' if doc['dirty'] else ''}")
+    if sig_doc is None:
+        print("signature     (none)")
+    elif "error" in sig_doc:
+        print(f"signature     malformed: {_safe(str(sig_doc['error']))}")
+    else:
+        state = "matches the stored receipt" if sig_doc["valid"] else "DOES NOT MATCH the receipt"
+        print(
+            f"signature     {key_id(bytes.fromhex(str(sig_doc['public_key'])))} {state} "
+            "(verify --key PUB proves data and signer)"
+        )
     print(
         f"size          {_human(h.file_length)} on disk, {_human(state_bytes)} of tensors "
         f"in {len(slots)} slots"
     )
     if ckpt.metadata:
-        print(f"metadata      {json.dumps(ckpt.metadata)[:200]}")
+        # json.dumps escapes every control and non-ASCII character: printable as it is.
+        print(f"metadata      {json.dumps(metadata)[:200]}")
     print()
-    width = max([len(s.name) for s in slots] + [4])
+    shown = [display_name(s.name, _NAME_COLUMN) for s in slots]
+    width = max([len(n) for n in shown] + [4])
     print(
         f"{'#':>4}  {'name':<{width}}  {'dtype':<10} {'shape':<18} {'bytes':>12}  rw  gen  blake3"
     )
-    for s in slots:
+    for s, name in zip(slots, shown, strict=True):
         digest = s.hash.hex()[:16] if s.hashed else "(none)"
         shape = "x".join(map(str, s.shape)) or "scalar"
         print(
-            f"{s.index:>4}  {s.name:<{width}}  {s.dtype:<10} {shape:<18} {s.length:>12}  "
+            f"{s.index:>4}  {name:<{width}}  {s.dtype:<10} {shape:<18} {s.length:>12}  "
             f"{s.rights_text}  {s.generation:>3}  {digest}"
         )
     return EXIT_OK
 
 
+def _verify(args: argparse.Namespace) -> int:
+    key = None
+    if args.key:
+        try:
+            key = load_public_key(args.key)
+        except OSError as exc:
+            raise UsageError(f"{_safe(args.key)}: cannot read the key: {exc.strerror}") from None
+        except ValueError as exc:
+            raise UsageError(_safe(str(exc))) from None
+    head = None
+    if args.head:
+        if args.no_chain:
+            raise UsageError("--head checks a chain; drop --no-chain")
+        try:
+            head = Receipt.parse(args.head)
+        except ValueError as exc:
+            raise UsageError(_safe(str(exc))) from None
+    _require_files(args.files)
+    if (len(args.files) > 1 and not args.no_chain) or head is not None:
+        problems = verify_chain(args.files, key=key, head=head)
+    else:
+        problems = [f"{p}: {msg}" for p in args.files for msg in verify(p, key=key)]
+    for problem in problems:
+        print(_safe(problem))
+    if problems:
+        print(f"FAILED: {len(problems)} problem(s)", file=sys.stderr)
+        return EXIT_RUNTIME
+    what = "file" if len(args.files) == 1 else "files and their receipt chain"
+    signed = "" if key is None else f", each signed by {key_id(key.public_bytes_raw())}"
+    print(f"ok: {len(args.files)} {what} verified{signed}")
+    return EXIT_OK
+
+
+def _keygen(name: str) -> int:
+    try:
+        private, public = generate_signing_key(name)
+    except FileExistsError as exc:
+        raise UsageError(_safe(str(exc))) from None
+    except OSError as exc:
+        _say(name, f"cannot write the key: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_RUNTIME
+    pub = load_public_key(public)
+    print(f"private key  {_safe(str(private))}  (mode 0600: keep it secret, sign with it)")
+    print(f"public key   {_safe(str(public))}  {key_id(pub.public_bytes_raw())}")
+    print(f"verify with  serwatt many verify --key {_safe(str(public))} FILE...")
+    return EXIT_OK
+
+
 def run(args: argparse.Namespace) -> int:
+    """Usage errors are UsageError: the dispatcher prints them and exits 2."""
     if args.many_command == "inspect":
         _require_files([args.file])
         return _inspect(args.file, args.json)
     if args.many_command == "verify":
-        _require_files(args.files)
-        if len(args.files) > 1 and not args.no_chain:
-            problems = verify_chain(args.files)
-        else:
-            problems = [f"{p}: {msg}" for p in args.files for msg in verify(p)]
-        for problem in problems:
-            print(problem)
-        if problems:
-            print(f"FAILED: {len(problems)} problem(s)", file=sys.stderr)
-            return EXIT_RUNTIME
-        what = "file" if len(args.files) == 1 else "files and their receipt chain"
-        print(f"ok: {len(args.files)} {what} verified")
-        return EXIT_OK
-    raise UsageError("choose an action: serwatt many inspect FILE | serwatt many verify FILE...")
+        return _verify(args)
+    if args.many_command == "keygen":
+        return _keygen(args.name)
+    raise UsageError(
+        "choose an action: serwatt many inspect FILE | serwatt many verify FILE... | "
+        "serwatt many keygen NAME"
+    )

@@ -18,13 +18,15 @@ from profiler.many.format import (
 )
 from profiler.many.reader import Checkpoint, RightsError, SlotInfo, load
 from profiler.many.receipt import Receipt
-from profiler.many.verify import verify, verify_chain
+from profiler.many.signing import generate_signing_key, load_public_key, load_signing_key
+from profiler.many.verify import ChainHead, chain_head, verify, verify_chain
 from profiler.many.writer import save
 
 __all__ = [
     "RIGHT_READ",
     "RIGHT_WRITE",
     "Arena",
+    "ChainHead",
     "Checkpoint",
     "Handle",
     "ManyError",
@@ -33,7 +35,11 @@ __all__ = [
     "RightsError",
     "SlotInfo",
     "StaleHandleError",
+    "chain_head",
+    "generate_signing_key",
     "load",
+    "load_public_key",
+    "load_signing_key",
     "save",
     "verify",
     "verify_chain",

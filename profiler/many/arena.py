@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import struct
+import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -22,14 +23,16 @@ from profiler.many.format import (
     DTYPES,
     HEADER_DIRTY,
     HEADER_SIZE,
-    PAGE_SIZE,
+    MINOR_SIGNED,
     RIGHT_READ,
     RIGHT_WRITE,
+    SIGNATURE_BLOCK_SIZE,
     SLOT_HASHED,
     ManyError,
 )
-from profiler.many.reader import RightsError, SlotInfo, open_mapped
+from profiler.many.reader import RightsError, SlotInfo, open_checked, require_intact
 from profiler.many.receipt import Receipt
+from profiler.many.signing import coerce_signing_key, signature_block
 from profiler.many.writer import layout_sources, slot_source, write_file
 
 _FLAGS_AT = 28  # byte offset of the header `flags` field (FORMAT.md)
@@ -60,7 +63,9 @@ class Arena:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
-        self._mm, self._parsed = open_mapped(self.path, writable=True)
+        opened = open_checked(self.path, writable=True)
+        self._fd, self._mm, self._parsed = opened.fd, opened.mm, opened.parsed
+        self._close_fd = weakref.finalize(self, os.close, opened.fd)
         self._index = {name: i for i, name in enumerate(self._parsed.table.names)}
         self._dirty_slots: set[int] = set()
         self._closed = False
@@ -74,6 +79,7 @@ class Arena:
         prev: Receipt | str | None = None,
         metadata: Mapping[str, Any] | None = None,
         rights: Mapping[str, str | int] | None = None,
+        signing_key: Any = None,
     ) -> Arena:
         """Lay out a zero-filled arena (a sparse file) and open it.
 
@@ -81,7 +87,14 @@ class Arena:
         shape and dtype are used (their values are not written).
         """
         items = specs.items() if isinstance(specs, Mapping) else specs
-        write_file(path, layout_sources(items), prev=prev, metadata=metadata, rights=rights)
+        write_file(
+            path,
+            layout_sources(items),
+            prev=prev,
+            metadata=metadata,
+            rights=rights,
+            signing_key=signing_key,
+        )
         return cls(path)
 
     # -- reading ----------------------------------------------------------
@@ -128,6 +141,7 @@ class Arena:
         dtype = DTYPES[int(d["dtype"])][1]
         if int(d["length"]) == 0:
             return np.empty(shape, dtype=dtype)
+        require_intact(self._fd, self._parsed.header, self.path)
         start = self._parsed.header.state_offset + int(d["offset"])
         return np.ndarray(shape, dtype=dtype, buffer=self._mm, offset=start)
 
@@ -161,6 +175,7 @@ class Arena:
                 f"cannot update it in place with {DTYPES[src.code][0]} {list(src.shape)} "
                 "(in-place updates keep the layout; use save() for a new layout)"
             )
+        require_intact(self._fd, self._parsed.header, self.path)
         self._mark_dirty()
         length = src.length
         digest = blake3.blake3().digest() if length == 0 else None
@@ -185,10 +200,31 @@ class Arena:
             self._mm[_FLAGS_AT : _FLAGS_AT + 4] = struct.pack("<I", flags)
             self._parsed.header = replace(self._parsed.header, flags=flags)
 
-    def commit(self) -> Receipt:
-        """Make the updates durable and seal them with a new receipt chained to the old one."""
+    def commit(self, *, signing_key: Any = None) -> Receipt:
+        """Make the updates durable and seal them with a new receipt chained to the old one.
+
+        `signing_key` (an Ed25519 private key) signs the new receipt. Without it, a signature
+        the file carried is cleared (it signed the old receipt), so the file reads as unsigned
+        rather than as signed wrongly.
+        """
         self._check_open()
+        key = None if signing_key is None else coerce_signing_key(signing_key)
+        require_intact(self._fd, self._parsed.header, self.path)
         header = self._parsed.header
+        sig_at = header.state_offset - SIGNATURE_BLOCK_SIZE
+        minor = header.version_minor
+        if key is not None and minor < MINOR_SIGNED:
+            # A 1.0 file can be signed when its padding has room for the block (every file
+            # this writer lays out does); the block's bytes are padding, so they are zero.
+            room = sig_at >= header.table_end and not any(self._mm[sig_at : header.state_offset])
+            if not room:
+                raise ManyError(
+                    f"{self.path}: no room for a signature: its name table ends at "
+                    f"{header.table_end}, within {SIGNATURE_BLOCK_SIZE} bytes of the state "
+                    f"region at {header.state_offset} (a writer before format 1.1 laid it out); "
+                    "save it again with save(..., signing_key=key)"
+                )
+            minor = MINOR_SIGNED
         # Data and descriptors reach the disk before the header that vouches for them.
         for i in sorted(self._dirty_slots):
             d = self._parsed.desc[i]
@@ -206,11 +242,18 @@ class Arena:
                 flags=header.flags & ~HEADER_DIRTY,
                 commit_seq=header.commit_seq + 1,
                 prev_receipt=header.receipt,
+                version_minor=minor,
             ).with_receipt(descriptors)
         finally:
             descriptors.release()
         self._mm[0:HEADER_SIZE] = new.pack()
-        self._mm.flush(0, PAGE_SIZE)
+        # A crash between the header and the block leaves a signature over the old receipt:
+        # `verify` reports it as not matching, never as sound.
+        if key is not None:
+            self._mm[sig_at : header.state_offset] = signature_block(key, new.receipt)
+        elif minor >= MINOR_SIGNED and any(self._mm[sig_at : header.state_offset]):
+            self._mm[sig_at : header.state_offset] = bytes(SIGNATURE_BLOCK_SIZE)
+        self._mm.flush(0, header.state_offset)
         self._parsed.header = new
         self._dirty_slots.clear()
         return Receipt(new.receipt)
@@ -226,6 +269,7 @@ class Arena:
         self._closed = True
         self._parsed.desc = None  # type: ignore[assignment]
         self._mm.flush()
+        self._close_fd()
         try:
             self._mm.close()
         except BufferError:

@@ -1,8 +1,10 @@
-"""Byte layout of the `.many` arena (see FORMAT.md): header, descriptors, name table, receipts.
+"""Byte layout of the `.many` arena (see FORMAT.md): header, descriptors, name table, receipts,
+signature block.
 
 Pure parsing and packing: nothing here opens files. Every check on untrusted bytes raises
 `ManyFormatError` naming the field, and never allocates more than O(slot count) memory,
-where the slot count is itself bounded by the file size.
+where the slot count is itself bounded by the file size. Text from the file (slot names)
+reaches messages only through `show_name`, which escapes and bounds it.
 """
 
 from __future__ import annotations
@@ -18,7 +20,11 @@ import numpy as np
 
 MAGIC = b"\x89MANY\r\n\x1a"
 VERSION_MAJOR = 1
-VERSION_MINOR = 0
+# The newest minor version this code knows. 1.1 gives meaning to the last
+# SIGNATURE_BLOCK_SIZE bytes before the state region; a writer marks a file 1.1 only when it
+# signs it, so unsigned files stay plain 1.0 files.
+VERSION_MINOR = 1
+MINOR_SIGNED = 1
 HEADER_SIZE = 256
 HASHED_HEADER_SIZE = 192  # header bytes covered by the receipt (everything before `receipt`)
 DESCRIPTOR_SIZE = 64
@@ -26,6 +32,17 @@ PAGE_SIZE = 4096
 MAX_NDIM = 32
 RECEIPT_DOMAIN = b"serwatt.many.receipt.v1\0"
 ZERO_DIGEST = bytes(32)
+
+# Signature block (version 1.1): the last 128 bytes before `state_offset`.
+SIGNATURE_BLOCK_SIZE = 128
+SIGNATURE_MAGIC = b"MANYSIG1"
+SIGNATURE_DOMAIN = b"serwatt.many.signature.v1\0"
+SIG_ED25519 = 1
+_SIGNATURE = struct.Struct("<8sH6s32s64s16s")
+assert _SIGNATURE.size == SIGNATURE_BLOCK_SIZE
+
+# Names longer than this are cut in messages and listings (with their true length).
+NAME_DISPLAY_LIMIT = 64
 
 # header flags
 HEADER_DIRTY = 1
@@ -92,6 +109,53 @@ def round_up(n: int, to: int = PAGE_SIZE) -> int:
     return (n + to - 1) // to * to
 
 
+_ESCAPES = {"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"}
+
+
+def escape_text(text: str, *, backslash: bool = True) -> str:
+    """`text` with every non-printable character (controls, escapes, bidi overrides, lone
+    surrogates) written as a Python-style escape: safe for a terminal. With `backslash`, a
+    backslash is doubled too, so the escaped form is unambiguous; without it, text that is
+    already escaped (a message quoting names) passes through unchanged."""
+    if text.isprintable() and (not backslash or "\\" not in text):
+        return text
+    out = []
+    for ch in text:
+        if ch == "\\" and not backslash:
+            out.append(ch)
+        elif ch in _ESCAPES:
+            out.append(_ESCAPES[ch])
+        elif ch.isprintable():
+            out.append(ch)
+        else:
+            code = ord(ch)
+            out.append(
+                f"\\x{code:02x}"
+                if code < 0x100
+                else f"\\u{code:04x}"
+                if code < 0x10000
+                else f"\\U{code:08x}"
+            )
+    return "".join(out)
+
+
+def display_name(name: str, limit: int = NAME_DISPLAY_LIMIT) -> str:
+    """A slot name for a terminal: escaped, and cut to about `limit` characters with a marker
+    naming its true length (so listing N names costs O(N * limit), not O(N * longest))."""
+    shown = escape_text(name[: limit + 1])
+    if len(name) <= limit and len(shown) <= limit:
+        return shown
+    marker = f"…[{len(name)} chars]"
+    return shown[: max(limit - len(marker), 8)] + marker
+
+
+def show_name(name: object) -> str:
+    """A slot name quoted for an error message: escaped and bounded."""
+    if not isinstance(name, str):
+        return escape_text(str(name)[:NAME_DISPLAY_LIMIT])
+    return f"'{display_name(name)}'"
+
+
 @dataclass(frozen=True)
 class Header:
     """The 256-byte file header, decoded. Field meanings: FORMAT.md."""
@@ -107,7 +171,18 @@ class Header:
     commit_seq: int = 0
     flags: int = 0
     receipt: bytes = ZERO_DIGEST
-    version_minor: int = VERSION_MINOR
+    version_minor: int = 0
+
+    @property
+    def table_end(self) -> int:
+        return self.table_offset + self.table_length
+
+    @property
+    def signature_offset(self) -> int | None:
+        """Where the signature block lies, or None in a 1.0 file (which has none)."""
+        if self.version_minor >= MINOR_SIGNED:
+            return self.state_offset - SIGNATURE_BLOCK_SIZE
+        return None
 
     def pack(self) -> bytes:
         return _HEADER.pack(
@@ -177,7 +252,10 @@ def parse_header(raw: bytes, file_size: int) -> Header:
         reserved2,
     ) = _HEADER.unpack_from(raw)
     if magic != MAGIC:
-        raise ManyFormatError(f"bad magic {magic!r}: not a .many file (expected {MAGIC!r})")
+        # The file's own bytes are not echoed: they are the attacker's text.
+        raise ManyFormatError(
+            f"bad magic: not a .many file (the first 8 bytes are not {MAGIC.hex(' ')})"
+        )
     if major != VERSION_MAJOR:
         raise ManyFormatError(
             f"unsupported format version {major}.{minor}: this reader reads {VERSION_MAJOR}.x"
@@ -221,6 +299,11 @@ def parse_header(raw: bytes, file_size: int) -> Header:
         problems.append(
             f"state region ends at {state_offset + state_length}, not at file_length {file_length}"
         )
+    if minor >= MINOR_SIGNED and table_offset + table_length > state_offset - SIGNATURE_BLOCK_SIZE:
+        problems.append(
+            f"version 1.{minor} file: the name table ends at {table_offset + table_length}, "
+            f"inside the {SIGNATURE_BLOCK_SIZE}-byte signature block before {state_offset}"
+        )
     if problems:
         raise ManyFormatError(problems)
     return Header(
@@ -263,8 +346,16 @@ def parse_table(raw: bytes, header: Header) -> Table:
     if blake3.blake3(raw).digest() != header.table_hash:
         raise ManyFormatError("name table hash does not match header table_hash (table corrupt)")
     try:
-        doc = json.loads(raw)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        # Decoded here, strictly: json.loads(bytes) would also accept UTF-16 and UTF-32.
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ManyFormatError(
+            f"name table is not UTF-8 (the format requires UTF-8 JSON): {exc.reason} "
+            f"at byte {exc.start}"
+        ) from None
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError) as exc:
         raise ManyFormatError(f"name table is not valid UTF-8 JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise ManyFormatError("name table must be a JSON object")
@@ -282,12 +373,12 @@ def parse_table(raw: bytes, header: Header) -> Table:
     # set(map(type, ...)) keeps this check in C: it runs on every load.
     if set(map(type, names)) - {str} or "" in names:
         i = next(i for i, x in enumerate(names) if type(x) is not str or not x)
-        raise ManyFormatError(f"name table slot {i} has no name (got {str(names[i])[:40]!r})")
+        raise ManyFormatError(f"name table slot {i} has no name (got {show_name(names[i])})")
     if len(set(names)) != n:
         seen: set[str] = set()
         for x in names:
             if x in seen:
-                raise ManyFormatError(f"name table has duplicate slot name {x!r}")
+                raise ManyFormatError(f"name table has duplicate slot name {show_name(x)}")
             seen.add(x)
     return Table(names, shapes, metadata)
 
@@ -300,7 +391,7 @@ def check_shape(shape: Any, code: int, length: int, where: str) -> tuple[int, ..
         or not all(type(d) is int and 0 <= d < 2**63 for d in shape)
     ):
         raise ManyFormatError(
-            f"{where}: shape {str(shape)[:80]} is not a list of at most {MAX_NDIM} "
+            f"{where}: shape {escape_text(str(shape)[:80])} is not a list of at most {MAX_NDIM} "
             "non-negative integers"
         )
     count = 1
@@ -348,7 +439,7 @@ def check_descriptors(desc: np.ndarray, header: Header, table: Table) -> None:
     problems: list[str] = []
     if bad.any():
         for i in np.flatnonzero(bad)[:10]:
-            d, where = desc[i], f"slot {i} {names[i]!r}"
+            d, where = desc[i], f"slot {i} {show_name(names[i])}"
             if bad_code[i]:
                 problems.append(f"{where}: unknown dtype code {int(d['dtype'])}")
                 continue
@@ -380,7 +471,8 @@ def check_descriptors(desc: np.ndarray, header: Header, table: Table) -> None:
     for k in overlapping[:10]:
         a, b = int(nonempty[k]), int(nonempty[k + 1])
         problems.append(
-            f"slot {a} {names[a]!r} and slot {b} {names[b]!r} overlap in the state region"
+            f"slot {a} {show_name(names[a])} and slot {b} {show_name(names[b])} overlap in the "
+            "state region"
         )
     if problems:
         raise ManyFormatError(problems)
@@ -391,11 +483,44 @@ def check_all_shapes(desc: np.ndarray, table: Table) -> list[str]:
     for i, shape in enumerate(table.shapes):
         try:
             check_shape(
-                shape, int(desc[i]["dtype"]), int(desc[i]["length"]), f"slot {i} {table.names[i]!r}"
+                shape,
+                int(desc[i]["dtype"]),
+                int(desc[i]["length"]),
+                f"slot {i} {show_name(table.names[i])}",
             )
         except ManyFormatError as exc:
             problems.extend(exc.problems)
     return problems
+
+
+def pack_signature_block(public_key: bytes, signature: bytes) -> bytes:
+    """The 128-byte signature block of FORMAT.md for an Ed25519 key and signature."""
+    return _SIGNATURE.pack(SIGNATURE_MAGIC, SIG_ED25519, bytes(6), public_key, signature, bytes(16))
+
+
+def parse_signature_block(raw: bytes) -> tuple[bytes, bytes] | None:
+    """(public key, signature) from a signature block; None when the block is all zero."""
+    if not any(raw):
+        return None
+    magic, algorithm, reserved1, public_key, signature, reserved2 = _SIGNATURE.unpack(raw)
+    if magic != SIGNATURE_MAGIC:
+        raise ManyFormatError(
+            "signature block is neither zero nor a signature (its first 8 bytes are not "
+            f"{SIGNATURE_MAGIC.decode()!r})"
+        )
+    problems = []
+    if algorithm != SIG_ED25519:
+        problems.append(f"signature block: unknown algorithm {algorithm} (1 = Ed25519)")
+    if any(reserved1) or any(reserved2):
+        problems.append("signature block: reserved bytes are not zero")
+    if problems:
+        raise ManyFormatError(problems)
+    return public_key, signature
+
+
+def signed_message(receipt: bytes) -> bytes:
+    """What an Ed25519 signature of a checkpoint signs: a domain tag and the receipt digest."""
+    return SIGNATURE_DOMAIN + receipt
 
 
 def rights_from(value: str | int) -> int:

@@ -1,8 +1,9 @@
 """`load`: map a `.many` file and rebind its descriptors to zero-copy views.
 
-Cost is O(slots): the header, the descriptor arena and the name table are read and checked;
-tensor bytes stay on disk (or in the page cache) until a view is touched. Nothing in the file
-is executed: the only decoder is `json.loads` on the bounded name table.
+Cost is O(slots): the header, the descriptor arena and the name table are read (with pread)
+and checked; tensor bytes stay on disk (or in the page cache) until a view is touched.
+Nothing in the file is executed: the only decoder is `json.loads` on the bounded name table.
+Only regular files are opened, without blocking: a FIFO or device path is refused.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import mmap
 import os
 import stat
+import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +24,7 @@ from profiler.many.format import (
     HEADER_DIRTY,
     HEADER_SIZE,
     RIGHT_READ,
+    SIGNATURE_BLOCK_SIZE,
     SLOT_HASHED,
     ZERO_DIGEST,
     Header,
@@ -32,10 +35,13 @@ from profiler.many.format import (
     check_descriptors,
     check_shape,
     parse_header,
+    parse_signature_block,
     parse_table,
     rights_text,
+    show_name,
 )
 from profiler.many.receipt import Receipt
+from profiler.many.signing import SignatureInfo, signature_valid
 
 
 class RightsError(ManyError, PermissionError):
@@ -64,11 +70,17 @@ class SlotInfo:
 
 @dataclass
 class Parsed:
-    """A checked file: header, table and the descriptor arena as a structured array."""
+    """A checked file: header, table and the descriptor arena as a structured array.
+
+    `header_bytes` are the 256 header bytes as read (the receipt is recomputed over them);
+    `signature_block` the 128 bytes before the state region in a 1.1 file (None in 1.0).
+    """
 
     header: Header
     table: Table
     desc: np.ndarray
+    header_bytes: bytes = b""
+    signature_block: bytes | None = None
 
     def shape(self, i: int) -> tuple[int, ...]:
         """Slot i's shape, checked against its descriptor (raises ManyFormatError)."""
@@ -77,7 +89,7 @@ class Parsed:
             self.table.shapes[i],
             int(d["dtype"]),
             int(d["length"]),
-            f"slot {i} {self.table.names[i]!r}",
+            f"slot {i} {show_name(self.table.names[i])}",
         )
 
     def slot(self, i: int) -> SlotInfo:
@@ -95,64 +107,149 @@ class Parsed:
             hash=bytes(d["hash"]),
         )
 
+    def signature(self) -> SignatureInfo | None:
+        """The file's signature, checked against its stored receipt (None when unsigned).
 
-def parse_mapped(
-    buf: Any, file_size: int, path: str | None = None, *, all_shapes: bool = False
-) -> Parsed:
-    """Check header, table and descriptors of a mapped (or in-memory) file image.
+        Raises ManyFormatError when the signature block is malformed.
+        """
+        if self.signature_block is None:
+            return None
+        found = parse_signature_block(self.signature_block)
+        if found is None:
+            return None
+        public_key, signature = found
+        return SignatureInfo(
+            public_key, signature_valid(public_key, signature, self.header.receipt)
+        )
 
+
+def _kind(mode: int) -> str:
+    for test, what in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return what
+    return "not a regular file"
+
+
+def open_regular(path: str, *, writable: bool = False) -> tuple[int, int]:
+    """(fd, size) of `path` opened for positional reads, if it is a regular file.
+
+    A FIFO, device or socket is refused from `stat` before anything opens it, and the opened
+    descriptor is checked again (the path may have been swapped in between). `O_NONBLOCK`
+    keeps open(2) itself from waiting for a FIFO's writer in that window. Raises
+    ManyFormatError naming the path and what it is, or OSError when it cannot be opened.
+    """
+    mode = os.stat(path).st_mode
+    if not stat.S_ISREG(mode):
+        raise ManyFormatError(f"is {_kind(mode)}, not a .many file", path)
+    flags = (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
+    fd = os.open(path, flags)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ManyFormatError(f"is {_kind(st.st_mode)}, not a .many file", path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st.st_size
+
+
+def pread_exact(fd: int, length: int, offset: int) -> bytes:
+    """`length` bytes at `offset`; ManyFormatError when the file ends first (it shrank)."""
+    chunks = [b""]
+    got = 0
+    while got < length:
+        chunk = os.pread(fd, min(length - got, 1 << 30), offset + got)
+        if not chunk:
+            raise ManyFormatError(
+                f"truncated while being read: the file ends at byte {offset + got}, "
+                f"before byte {offset + length} that its header promised"
+            )
+        chunks.append(chunk)
+        got += len(chunk)
+    return chunks[1] if len(chunks) == 2 else b"".join(chunks)
+
+
+def read_parsed(fd: int, size: int, path: str | None = None, *, all_shapes: bool = False) -> Parsed:
+    """Read (with pread, never through a mapping) and check header, table and descriptors.
+
+    Reading never maps the file, so a file truncated meanwhile is an error, not a SIGBUS.
     Each slot's shape is checked when the slot is first bound (`Parsed.shape`), which keeps
     `load` to a few vectorized passes; `all_shapes=True` checks them all now.
     """
     try:
-        header = parse_header(bytes(buf[:HEADER_SIZE]), file_size)
-        table = parse_table(
-            bytes(buf[header.table_offset : header.table_offset + header.table_length]), header
-        )
-        desc = np.frombuffer(
-            buf, dtype=DESCRIPTOR_DTYPE, count=header.slot_count, offset=HEADER_SIZE
-        )
+        head = pread_exact(fd, HEADER_SIZE, 0) if size >= HEADER_SIZE else b""
+        header = parse_header(head, size)
+        rest = pread_exact(fd, header.table_end - HEADER_SIZE, HEADER_SIZE)
+        table = parse_table(rest[header.table_offset - HEADER_SIZE :], header)
+        desc = np.frombuffer(rest, dtype=DESCRIPTOR_DTYPE, count=header.slot_count)
         check_descriptors(desc, header, table)
         if all_shapes:
             problems = check_all_shapes(desc, table)
             if problems:
                 raise ManyFormatError(problems)
+        sig_at = header.signature_offset
+        block = None if sig_at is None else pread_exact(fd, SIGNATURE_BLOCK_SIZE, sig_at)
     except ManyFormatError as exc:
         if path and exc.path is None:
             raise ManyFormatError(exc.problems, path) from None
         raise
-    return Parsed(header, table, desc)
+    return Parsed(header, table, desc, head, block)
+
+
+@dataclass
+class OpenFile:
+    """A checked `.many` file: its descriptor, its mapping and its parsed structure."""
+
+    fd: int
+    mm: mmap.mmap
+    parsed: Parsed
+
+
+def open_checked(
+    path: str | os.PathLike[str], *, writable: bool = False, all_shapes: bool = False
+) -> OpenFile:
+    """Open, check and map `path`. With `writable`, the descriptor arena in `parsed.desc` is a
+    view of the shared mapping (an `Arena` rewrites descriptors through it)."""
+    path = os.fspath(path)
+    fd, size = open_regular(path, writable=writable)
+    try:
+        parsed = read_parsed(fd, size, path, all_shapes=all_shapes or writable)
+        mm = mmap.mmap(fd, size, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
+    except BaseException:
+        os.close(fd)
+        raise
+    if writable:
+        parsed.desc = np.frombuffer(
+            mm, dtype=DESCRIPTOR_DTYPE, count=parsed.header.slot_count, offset=HEADER_SIZE
+        )
+    return OpenFile(fd, mm, parsed)
 
 
 def open_mapped(
     path: str | os.PathLike[str], *, writable: bool = False, all_shapes: bool = False
 ) -> tuple[mmap.mmap, Parsed]:
-    path = os.fspath(path)
-    flags = (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC
-    if os.path.isdir(path):
-        raise ManyFormatError("is a directory, not a .many file", path)
-    fd = os.open(path, flags)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ManyFormatError("not a regular file: a .many checkpoint must be mappable", path)
-        size = st.st_size
-        if size < HEADER_SIZE:
-            raise ManyFormatError(
-                f"truncated: file is {size} bytes, smaller than the {HEADER_SIZE}-byte header", path
-            )
-        mm = mmap.mmap(fd, size, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
-    finally:
-        os.close(fd)
-    try:
-        parsed = parse_mapped(mm, size, path, all_shapes=all_shapes or writable)
-    except BaseException:
-        try:
-            mm.close()
-        except BufferError:
-            pass  # the failed parse's traceback still holds a view; GC unmaps it
-        raise
-    return mm, parsed
+    """`open_checked` for callers that do not keep the descriptor (the mapping stays valid)."""
+    opened = open_checked(path, writable=writable, all_shapes=all_shapes)
+    os.close(opened.fd)
+    return opened.mm, opened.parsed
+
+
+def require_intact(fd: int, header: Header, path: str) -> None:
+    """Refuse to touch a mapping whose file has shrunk: a page past the end is a SIGBUS."""
+    size = os.fstat(fd).st_size
+    if size < header.file_length:
+        raise ManyFormatError(
+            f"truncated to {size} bytes under this reader (its header says "
+            f"{header.file_length}): touching its pages now would crash the process with "
+            "SIGBUS; load the file again",
+            path,
+        )
 
 
 class Checkpoint(Mapping[str, np.ndarray]):
@@ -160,14 +257,21 @@ class Checkpoint(Mapping[str, np.ndarray]):
 
     Views are built on first access (O(1) each) and are read-only: they point into a
     read-only shared mapping of the file. `torch(name)` gives a tensor over a private
-    (copy-on-write) mapping, so writing to it never touches the file. `close()` drops the
-    mapping; views still alive keep it mapped until they are freed.
+    (copy-on-write) mapping of the same open file, so writing to it never touches the file,
+    and a file saved over the same path later is never mixed in. `close()` drops the mapping
+    and the descriptor; views still alive keep their mapping until they are freed.
+
+    The file stays open for the checkpoint's life. Binding a view first checks that the file
+    has not shrunk; a view bound before someone truncates the file in place faults (SIGBUS)
+    when touched (FORMAT.md, "Readers and truncation").
     """
 
-    def __init__(self, path: str, mm: mmap.mmap, parsed: Parsed) -> None:
+    def __init__(self, path: str, mm: mmap.mmap, parsed: Parsed, fd: int) -> None:
         self.path = path
         self._mm: mmap.mmap | None = mm
         self._cow: mmap.mmap | None = None
+        self._fd = fd
+        self._close_fd = weakref.finalize(self, os.close, fd)
         self._parsed = parsed
         self._index = dict(zip(parsed.table.names, range(len(parsed.table.names)), strict=True))
         self._views: dict[str, np.ndarray] = {}
@@ -193,6 +297,21 @@ class Checkpoint(Mapping[str, np.ndarray]):
     @property
     def dirty(self) -> bool:
         return bool(self._parsed.header.flags & HEADER_DIRTY)
+
+    @property
+    def signature(self) -> SignatureInfo | None:
+        """The signature over this file's stored receipt, or None when it is unsigned.
+
+        `valid` says the signature matches the stored receipt under the embedded key; only
+        `verify(path, key=...)` also proves the receipt matches the data and the key is yours.
+        """
+        return self._parsed.signature()
+
+    @property
+    def signer(self) -> bytes | None:
+        """The raw 32-byte Ed25519 public key this file is signed with, or None."""
+        sig = self.signature
+        return None if sig is None else sig.public_key
 
     def slots(self) -> list[SlotInfo]:
         return [self._parsed.slot(i) for i in range(len(self._index))]
@@ -220,21 +339,28 @@ class Checkpoint(Mapping[str, np.ndarray]):
         try:
             return self._index[name]
         except KeyError:
-            raise KeyError(f"{name!r} is not a slot of {self.path}") from None
+            raise KeyError(f"{show_name(name)} is not a slot of {self.path}") from None
+
+    def _readable(self, name: str) -> int:
+        i = self._slot_index(name)
+        if not int(self._parsed.desc[i]["rights"]) & RIGHT_READ:
+            raise RightsError(
+                f"slot {show_name(name)} of {self.path} does not grant the read right"
+            )
+        return i
 
     def _view(self, name: str) -> np.ndarray:
         if self._mm is None:
             raise ValueError(f"{self.path} is closed")
-        i = self._slot_index(name)
+        i = self._readable(name)
         d = self._parsed.desc[i]
-        if not int(d["rights"]) & RIGHT_READ:
-            raise RightsError(f"slot {name!r} of {self.path} does not grant the read right")
         dtype = DTYPES[int(d["dtype"])][1]
         shape = self._parsed.shape(i)
         if int(d["length"]) == 0:
             arr = np.empty(shape, dtype=dtype)
             arr.flags.writeable = False
             return arr
+        require_intact(self._fd, self._parsed.header, self.path)
         return np.ndarray(
             shape,
             dtype=dtype,
@@ -243,27 +369,26 @@ class Checkpoint(Mapping[str, np.ndarray]):
         )
 
     def torch(self, name: str) -> Any:
-        """The slot as a torch tensor over a private copy-on-write mapping (bfloat16 restored)."""
+        """The slot as a torch tensor over a private copy-on-write mapping (bfloat16 restored).
+
+        The mapping is of the file opened at load (its descriptor, not its name), so the tensor
+        holds the same bytes as the numpy view even after another save over the same path.
+        """
         import torch
 
-        i = self._slot_index(name)
+        if self._mm is None:
+            raise ValueError(f"{self.path} is closed")
+        i = self._readable(name)
         d = self._parsed.desc[i]
-        if not int(d["rights"]) & RIGHT_READ:
-            raise RightsError(f"slot {name!r} of {self.path} does not grant the read right")
         code = int(d["dtype"])
         tdtype = getattr(torch, DTYPES[code][0])
         shape = self._parsed.shape(i)
         length = int(d["length"])
         if length == 0:
             return torch.empty(shape, dtype=tdtype)
+        require_intact(self._fd, self._parsed.header, self.path)
         if self._cow is None:
-            if self._mm is None:
-                raise ValueError(f"{self.path} is closed")
-            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                self._cow = mmap.mmap(fd, len(self._mm), access=mmap.ACCESS_COPY)
-            finally:
-                os.close(fd)
+            self._cow = mmap.mmap(self._fd, len(self._mm), access=mmap.ACCESS_COPY)
         raw = torch.frombuffer(
             self._cow,
             dtype=torch.uint8,
@@ -282,6 +407,7 @@ class Checkpoint(Mapping[str, np.ndarray]):
 
     def close(self) -> None:
         self._views.clear()
+        self._close_fd()
         for attr in ("_mm", "_cow"):
             m = getattr(self, attr)
             setattr(self, attr, None)
@@ -304,16 +430,17 @@ class Checkpoint(Mapping[str, np.ndarray]):
 def load(path: str | os.PathLike[str], *, verify: bool = False) -> Checkpoint:
     """Map `path` and return a `Checkpoint` (O(slots); tensor pages are read when touched).
 
-    With `verify=True` every slot is rehashed and the receipt recomputed first; any problem
-    raises `ManyFormatError` listing them.
+    With `verify=True` every slot is rehashed and the receipt recomputed first, reading the
+    same open file with pread (so a truncation meanwhile is reported, not a crash); any
+    problem raises `ManyFormatError` listing them.
     """
     path = os.fspath(path)
-    mm, parsed = open_mapped(path)
-    ckpt = Checkpoint(path, mm, parsed)
+    opened = open_checked(path)
+    ckpt = Checkpoint(path, opened.mm, opened.parsed, opened.fd)
     if verify:
-        from profiler.many.verify import check_mapped
+        from profiler.many.verify import check_open_file
 
-        problems = check_mapped(mm, parsed)
+        problems = check_open_file(opened.fd, opened.parsed)
         if problems:
             ckpt.close()
             raise ManyFormatError(problems, path)

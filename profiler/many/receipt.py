@@ -12,7 +12,9 @@ _RECEIPT_RE = re.compile(r"rcpt_([0-9a-f]{64})")
 class Receipt:
     """A checkpoint receipt: BLAKE3 over (previous receipt, header, descriptor arena).
 
-    `str(receipt)` is the written form `rcpt_<hex>`; `digest` is the 32 raw bytes.
+    `str(receipt)` is the written form `rcpt_<hex>`; `digest` is the 32 raw bytes. A receipt
+    proves consistency, not authenticity: anyone can recompute it after editing a file. A
+    signature over it (FORMAT.md, signature block) is what proves who wrote the checkpoint.
     """
 
     digest: bytes

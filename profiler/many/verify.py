@@ -1,35 +1,107 @@
-"""`verify` and `verify_chain`: prove a `.many` file (or a run's chain of them) is sound.
+"""`verify`, `verify_chain` and `chain_head`: prove a `.many` file (or a run's chain of them)
+is sound, and, given a public key, that it is authentic.
 
 Structure, bounds and overlaps are checked by the parser; this module adds what costs a
-pass over the data: every slot hash, the receipt, and the links between receipts.
+pass over the data: every slot hash, the zero bytes around the slots, the receipt, the
+signature and the links between receipts. Everything is read with pread into one bounded
+buffer, never through a mapping: a file truncated while it is verified is a reported
+problem, not a SIGBUS.
+
+What a receipt proves: the file is consistent (its bytes, descriptors, table and previous
+receipt hash to the receipt it carries). Anyone can recompute it after editing a file, so it
+proves nothing about who wrote the file. A signature verified against a key you hold does.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import Any, NamedTuple
 
 import blake3
+import numpy as np
 
 from profiler.many.format import (
     HEADER_DIRTY,
-    HEADER_SIZE,
     SLOT_HASHED,
     ZERO_DIGEST,
     ManyFormatError,
     check_all_shapes,
     receipt_digest,
+    show_name,
 )
-from profiler.many.reader import Parsed, open_mapped
+from profiler.many.reader import Parsed, open_regular, read_parsed
 from profiler.many.receipt import Receipt
+from profiler.many.signing import key_id, public_key_bytes
 
 # Large slots are hashed with BLAKE3's own threads; small ones are not worth the hand-off.
 _THREADED_MIN_BYTES = 4 << 20
+# One read buffer of at most this size serves every slot and gap.
+_READ_CHUNK = 4 << 20
+# At most this many zero-region problems are listed one by one.
+_MAX_LISTED = 10
 
 
-def check_mapped(buf: Any, parsed: Parsed) -> list[str]:
-    """Problems with the slot hashes, the receipt and the dirty flag of a parsed file."""
+class _Shrank(Exception):
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+
+class _Reads:
+    """Positional reads of one file through one reusable buffer."""
+
+    def __init__(self, fd: int, largest: int) -> None:
+        self.fd = fd
+        self.buf = memoryview(bytearray(max(1, min(_READ_CHUNK, largest))))
+
+    def chunks(self, start: int, length: int) -> Iterator[memoryview]:
+        pos, end = start, start + length
+        while pos < end:
+            got = os.preadv(self.fd, [self.buf[: min(len(self.buf), end - pos)]], pos)
+            if got <= 0:
+                raise _Shrank(pos)
+            yield self.buf[:got]
+            pos += got
+
+    def zero(self, start: int, length: int) -> bool:
+        return not any(
+            np.count_nonzero(np.frombuffer(c, np.uint8)) for c in self.chunks(start, length)
+        )
+
+
+class _ZeroRegions:
+    """Collects the regions the format says are zero and are not."""
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+        self.count = 0
+
+    def add(self, start: int, end: int, where: str) -> None:
+        self.count += 1
+        if self.count <= _MAX_LISTED:
+            self.problems.append(
+                f"bytes [{start}, {end}) {where} are not zero (the format requires zeros there: "
+                "data hidden outside every slot, or a damaged file)"
+            )
+
+    def done(self) -> list[str]:
+        if self.count > _MAX_LISTED:
+            self.problems.append(f"… and {self.count - _MAX_LISTED} more non-zero regions")
+        return self.problems
+
+
+def _hash_mismatch(i: int, name: str, stored: bytes, data: bytes) -> str | None:
+    if stored == data:
+        return None
+    return (
+        f"slot {i} {show_name(name)}: content hash mismatch "
+        f"(descriptor {stored.hex()[:16]}…, data {data.hex()[:16]}…)"
+    )
+
+
+def check_open_file(fd: int, parsed: Parsed, *, key: Any = None) -> list[str]:
+    """Problems with the slot hashes, zero regions, receipt, signature and dirty flag of an
+    open, parsed file (`key`: the public key every file must be signed with, or None)."""
     header, desc, names = parsed.header, parsed.desc, parsed.table.names
     problems = check_all_shapes(desc, parsed.table)
     if header.flags & HEADER_DIRTY:
@@ -37,96 +109,241 @@ def check_mapped(buf: Any, parsed: Parsed) -> list[str]:
             "uncommitted in-place updates: an Arena wrote slots after the last commit "
             "(call Arena.commit(), or the writer crashed)"
         )
-    view = memoryview(buf)
+    lengths = desc["length"]
+    reads = _Reads(fd, int(lengths.max()) if len(lengths) else 0)
+    zeros = _ZeroRegions()
+    slot_problems: dict[int, str] = {}
+    base = header.state_offset
     try:
+        sig_at = header.signature_offset
+        pad_end = header.state_offset if sig_at is None else sig_at
+        if pad_end > header.table_end and not reads.zero(
+            header.table_end, pad_end - header.table_end
+        ):
+            zeros.add(
+                header.table_end,
+                pad_end,
+                "in the padding between the name table and the state region",
+            )
         for i in range(header.slot_count):
             d = desc[i]
-            name = names[i]
             if not int(d["flags"]) & SLOT_HASHED:
-                problems.append(
-                    f"slot {i} {name!r}: no content hash (saved with hash=False); "
+                slot_problems[i] = (
+                    f"slot {i} {show_name(names[i])}: no content hash (saved with hash=False); "
                     "its bytes cannot be verified"
                 )
-                continue
-            start = header.state_offset + int(d["offset"])
-            data = view[start : start + int(d["length"])]
-            threads = blake3.blake3.AUTO if len(data) >= _THREADED_MIN_BYTES else 1
-            got = blake3.blake3(data, max_threads=threads).digest()
-            del data
-            if got != bytes(d["hash"]):
-                problems.append(
-                    f"slot {i} {name!r}: content hash mismatch "
-                    f"(descriptor {bytes(d['hash']).hex()[:16]}…, data {got.hex()[:16]}…)"
+                if any(bytes(d["hash"])):
+                    slot_problems[i] += "; and its hash field is not zero"
+            elif int(d["length"]) == 0:
+                mismatch = _hash_mismatch(i, names[i], bytes(d["hash"]), blake3.blake3().digest())
+                if mismatch:
+                    slot_problems[i] = mismatch
+        # One sweep in offset order: each slot's bytes are hashed, the bytes between slots
+        # and after the last one must be zero. Non-empty slots do not overlap (the parser).
+        nonempty = np.flatnonzero(lengths)
+        order = nonempty[np.argsort(desc["offset"][nonempty], kind="stable")]
+        pos, prev = 0, -1
+        for i in map(int, order):
+            off, length = int(desc[i]["offset"]), int(desc[i]["length"])
+            if off > pos and not reads.zero(base + pos, off - pos):
+                where = (
+                    "before the first slot"
+                    if prev < 0
+                    else f"in the gap after slot {prev} {show_name(names[prev])}"
                 )
-        want = receipt_digest(
-            view[:HEADER_SIZE], view[HEADER_SIZE : HEADER_SIZE + 64 * header.slot_count]
+                zeros.add(base + pos, base + off, where)
+            if int(desc[i]["flags"]) & SLOT_HASHED:
+                threads = blake3.blake3.AUTO if length >= _THREADED_MIN_BYTES else 1
+                h = blake3.blake3(max_threads=threads)
+                for chunk in reads.chunks(base + off, length):
+                    h.update(chunk)
+                mismatch = _hash_mismatch(i, names[i], bytes(desc[i]["hash"]), h.digest())
+                if mismatch:
+                    slot_problems[i] = mismatch
+            pos, prev = off + length, i
+        if pos < header.state_length and not reads.zero(base + pos, header.state_length - pos):
+            where = (
+                f"after the last slot, {prev} {show_name(names[prev])},"
+                if prev >= 0
+                else "in the state region, which no slot uses,"
+            )
+            zeros.add(base + pos, header.file_length, where)
+    except _Shrank as exc:
+        problems.append(
+            f"truncated while being verified: the file ended at byte {exc.at}, before the "
+            f"{header.file_length} bytes its header says; the bytes past it were not checked"
         )
-    finally:
-        view.release()
+    problems.extend(slot_problems[i] for i in sorted(slot_problems))
+    problems.extend(zeros.done())
+    size = os.fstat(fd).st_size
+    if size != header.file_length:
+        what = "truncated" if size < header.file_length else "grew"
+        problems.append(
+            f"{what} while being verified: the file is now {size} bytes, its header says "
+            f"{header.file_length}"
+        )
+    want = receipt_digest(parsed.header_bytes, desc.tobytes())
     if want != header.receipt:
         problems.append(
             f"receipt mismatch: header says {Receipt(header.receipt)} but the header and "
             f"descriptors hash to {Receipt(want)}"
         )
+    problems.extend(_signature_problems(parsed, key))
     return problems
 
 
-def verify(path: str | os.PathLike[str]) -> list[str]:
-    """Every problem with the file at `path` (empty when it is sound). Never raises on bad files."""
-    path = os.fspath(path)
+def _signature_problems(parsed: Parsed, key: Any) -> list[str]:
     try:
-        mm, parsed = open_mapped(path)
+        sig = parsed.signature()
     except ManyFormatError as exc:
         return list(exc.problems)
-    except OSError as exc:
-        return [f"cannot read: {exc.strerror or exc}"]
+    problems = []
+    if sig is not None and not sig.valid:
+        problems.append(
+            f"signature does not match the receipt under its key {sig.key_id}: the file "
+            "changed after it was signed, or the signature is forged"
+        )
+    if key is not None:
+        want = public_key_bytes(key)
+        if sig is None:
+            problems.append(
+                f"not signed (a key was given: every file must be signed by {key_id(want)})"
+            )
+        elif sig.public_key != want:
+            problems.append(f"signed by a different key ({sig.key_id}), not {key_id(want)}")
+    return problems
+
+
+class _Checked(NamedTuple):
+    problems: list[str]
+    receipt: Receipt | None
+    prev: Receipt | None
+
+
+def _check_path(path: str, key: Any) -> _Checked:
     try:
-        return check_mapped(mm, parsed)
+        fd, size = open_regular(path)
+    except ManyFormatError as exc:
+        return _Checked(list(exc.problems), None, None)
+    except OSError as exc:
+        return _Checked([f"cannot read: {exc.strerror or exc}"], None, None)
+    try:
+        parsed = read_parsed(fd, size)
+        problems = check_open_file(fd, parsed, key=key)
+    except ManyFormatError as exc:
+        return _Checked(list(exc.problems), None, None)
+    except OSError as exc:
+        return _Checked([f"cannot read: {exc.strerror or exc}"], None, None)
     finally:
-        parsed.desc = None  # type: ignore[assignment]  # release the buffer export first
-        try:
-            mm.close()
-        except BufferError:
-            pass
+        os.close(fd)
+    h = parsed.header
+    prev = None if h.prev_receipt == ZERO_DIGEST else Receipt(h.prev_receipt)
+    return _Checked(problems, Receipt(h.receipt), prev)
+
+
+def verify(path: str | os.PathLike[str], *, key: Any = None) -> list[str]:
+    """Every problem with the file at `path` (empty when it is sound). Never raises on bad files.
+
+    With `key` (an Ed25519 public key object or its 32 raw bytes), the file must also be
+    signed by that key over its receipt. Without it, a file that is signed must carry a
+    signature that matches its receipt, and an unsigned file can still be sound: soundness
+    without a key means consistency, not authorship.
+    """
+    if key is not None:
+        public_key_bytes(key)  # a bad key is the caller's error: raise before reading
+    return _check_path(os.fspath(path), key).problems
 
 
 def read_receipts(path: str | os.PathLike[str]) -> tuple[Receipt, Receipt | None]:
     """(receipt, prev_receipt) of a file, checking its structure but not its data."""
-    mm, parsed = open_mapped(path)
-    header = parsed.header
-    parsed.desc = None  # type: ignore[assignment]
+    path = os.fspath(path)
+    fd, size = open_regular(path)
     try:
-        mm.close()
-    except BufferError:
-        pass
+        header = read_parsed(fd, size, path).header
+    finally:
+        os.close(fd)
     prev = None if header.prev_receipt == ZERO_DIGEST else Receipt(header.prev_receipt)
     return Receipt(header.receipt), prev
 
 
-def verify_chain(paths: Sequence[str | os.PathLike[str]]) -> list[str]:
+def _link_problem(pa: str, pb: str, a: _Checked, b: _Checked) -> str | None:
+    if a.receipt is None or b.receipt is None:
+        return f"link {pa} -> {pb}: cannot check, a file is unreadable"
+    if b.prev != a.receipt:
+        return (
+            f"link {pa} -> {pb}: prev_receipt is {b.prev or 'empty (chain start)'} "
+            f"but {pa} has receipt {a.receipt}"
+        )
+    return None
+
+
+def verify_chain(
+    paths: Sequence[str | os.PathLike[str]],
+    *,
+    key: Any = None,
+    head: Receipt | str | bytes | None = None,
+) -> list[str]:
     """Problems with each file (prefixed by its path) and with each link between them.
 
     Link k -> k+1 holds when file k+1's prev_receipt equals file k's receipt. The first file
     may start mid-chain (non-zero prev_receipt): that is reported nowhere, since a chain can
-    be checked in pieces.
+    be checked in pieces. `key`: every file must be signed by it (see `verify`). `head`: a
+    receipt anchored outside the files (e.g. in a run record); the last file must carry it,
+    which catches files dropped from the end or a chain rolled back to an older head.
     """
-    problems: list[str] = []
-    receipts: list[tuple[Receipt, Receipt | None] | None] = []
-    for p in paths:
-        p = os.fspath(p)
-        problems.extend(f"{p}: {msg}" for msg in verify(p))
-        try:
-            receipts.append(read_receipts(p))
-        except (ManyFormatError, OSError):
-            receipts.append(None)
-    for k in range(1, len(paths)):
-        a, b = receipts[k - 1], receipts[k]
-        pa, pb = os.fspath(paths[k - 1]), os.fspath(paths[k])
-        if a is None or b is None:
-            problems.append(f"link {pa} -> {pb}: cannot check, a file is unreadable")
-        elif b[1] != a[0]:
+    if key is not None:
+        public_key_bytes(key)
+    anchored = Receipt.coerce(head)
+    names = [os.fspath(p) for p in paths]
+    checked = [_check_path(p, key) for p in names]
+    problems = [f"{p}: {msg}" for p, c in zip(names, checked, strict=True) for msg in c.problems]
+    for k in range(1, len(names)):
+        link = _link_problem(names[k - 1], names[k], checked[k - 1], checked[k])
+        if link:
+            problems.append(link)
+    if anchored is not None:
+        if not names:
+            problems.append(f"chain head: no files, but the anchored head is {anchored}")
+        elif checked[-1].receipt != anchored:
             problems.append(
-                f"link {pa} -> {pb}: prev_receipt is {b[1] or 'empty (chain start)'} "
-                f"but {pa} has receipt {a[0]}"
+                f"chain head: the last file {names[-1]} has receipt "
+                f"{checked[-1].receipt or '(unreadable)'}, not the anchored head {anchored} "
+                "(files missing from the end, or the chain was rolled back or replaced)"
             )
     return problems
+
+
+class ChainHead(NamedTuple):
+    """How far a chain is sound from its first file: the receipt of the last sound file
+    (None when even the first fails), how many files that is, and what broke it (None when
+    every file and link is sound)."""
+
+    head: Receipt | None
+    length: int
+    first_break: str | None
+
+
+def chain_head(paths: Sequence[str | os.PathLike[str]], *, key: Any = None) -> ChainHead:
+    """The head of the longest sound prefix of a chain of files, to anchor outside them.
+
+    Store `head` (e.g. in a run record) when a run ends; later,
+    `verify_chain(paths, key=..., head=stored)` proves the files are still that chain. Each
+    file is verified in full (with `key`, its signature too) and each link checked; the walk
+    stops at the first problem.
+    """
+    if key is not None:
+        public_key_bytes(key)
+    names = [os.fspath(p) for p in paths]
+    head: Receipt | None = None
+    previous: _Checked | None = None
+    for k, p in enumerate(names):
+        c = _check_path(p, key)
+        if c.problems:
+            more = f" (and {len(c.problems) - 1} more)" if len(c.problems) > 1 else ""
+            return ChainHead(head, k, f"{p}: {c.problems[0]}{more}")
+        if previous is not None:
+            link = _link_problem(names[k - 1], p, previous, c)
+            if link:
+                return ChainHead(head, k, link)
+        head, previous = c.receipt, c
+    return ChainHead(head, len(names), None)

@@ -23,7 +23,9 @@ from profiler.many.format import (
     DESCRIPTOR_DTYPE,
     DTYPES,
     HEADER_SIZE,
+    MINOR_SIGNED,
     PAGE_SIZE,
+    SIGNATURE_BLOCK_SIZE,
     SLOT_HASHED,
     ZERO_DIGEST,
     Header,
@@ -32,6 +34,7 @@ from profiler.many.format import (
     round_up,
 )
 from profiler.many.receipt import Receipt
+from profiler.many.signing import coerce_signing_key, signature_block
 
 # Linux moves at most 0x7ffff000 bytes per write call; stay well under it.
 _WRITE_CHUNK = 1 << 30
@@ -168,10 +171,12 @@ def write_file(
     metadata: Mapping[str, Any] | None = None,
     rights: Mapping[str, str | int] | None = None,
     hash: bool = True,
+    signing_key: Any = None,
 ) -> Receipt:
     """Lay out `sources` and write them to `path` atomically. Returns the new receipt."""
     path = os.fspath(path)
     prev_r = Receipt.coerce(prev)
+    key = None if signing_key is None else coerce_signing_key(signing_key)
     meta = dict(metadata or {})
     try:
         json.dumps(meta, allow_nan=False)
@@ -196,7 +201,8 @@ def write_file(
     state_length = offset
     table = encode_table(names, [s.shape for s in sources], meta)
     table_offset = HEADER_SIZE + 64 * n
-    state_offset = round_up(table_offset + len(table), PAGE_SIZE)
+    # Room for a signature block is always left, so an Arena can sign a later commit.
+    state_offset = round_up(table_offset + len(table) + SIGNATURE_BLOCK_SIZE, PAGE_SIZE)
     file_length = state_offset + state_length
 
     directory = os.path.dirname(os.path.abspath(path))
@@ -236,10 +242,16 @@ def write_file(
             file_length=file_length,
             table_hash=blake3.blake3(table).digest(),
             prev_receipt=prev_r.digest if prev_r else ZERO_DIGEST,
+            # An unsigned file is a plain 1.0 file; signing gives the block its 1.1 meaning.
+            version_minor=MINOR_SIGNED if key is not None else 0,
         )
         desc_bytes = desc.tobytes()
         header = header.with_receipt(desc_bytes)
         _pwrite_all(fd, header.pack() + desc_bytes + table, 0)
+        if key is not None:
+            _pwrite_all(
+                fd, signature_block(key, header.receipt), state_offset - SIGNATURE_BLOCK_SIZE
+            )
         os.fsync(fd)
     except BaseException:
         os.close(fd)
@@ -269,6 +281,7 @@ def save(
     metadata: Mapping[str, Any] | None = None,
     rights: Mapping[str, str | int] | None = None,
     hash: bool = True,
+    signing_key: Any = None,
 ) -> Receipt:
     """Write `state` (names -> numpy arrays or CPU torch tensors) to `path` as a `.many` file.
 
@@ -276,12 +289,22 @@ def save(
     the same directory, fsync, rename, fsync the directory). `prev` links this checkpoint to
     the previous one's receipt; `metadata` is any JSON object; `rights` maps names to "r",
     "rw" (default) or "w"; `hash=False` skips the slot hashes (the receipt still covers the
-    descriptors, but `verify` will report the bytes as unverifiable).
+    descriptors, but `verify` will report the bytes as unverifiable). `signing_key` (an
+    Ed25519 private key, see `load_signing_key`) signs the receipt: `verify(path, key=pub)`
+    then proves the file was written by the key's holder, not only that it is consistent.
     """
     if not isinstance(state, Mapping):
         raise TypeError(f"state must be a mapping of names to tensors, not {type(state).__name__}")
     sources = [slot_source(name, value) for name, value in state.items()]
-    return write_file(path, sources, prev=prev, metadata=metadata, rights=rights, hash=hash)
+    return write_file(
+        path,
+        sources,
+        prev=prev,
+        metadata=metadata,
+        rights=rights,
+        hash=hash,
+        signing_key=signing_key,
+    )
 
 
 def layout_sources(specs: Iterable[tuple[str, Any]]) -> list[SlotSource]:
