@@ -9,6 +9,11 @@
    and after touching every page (psutil).
 4. Hash throughput on 256 MiB in memory: BLAKE3 (one thread, and its own threads) against
    SHA-256 (hashlib), the reason FORMAT.md chose BLAKE3.
+5. The allocator shim and the seccomp filter (tests/proofs/) on `Arena.update` after
+   warm-up: C allocator calls per update (CPython's allocator, then PYTHONMALLOC=malloc so
+   every Python object is counted), tracemalloc net and peak, and whether N updates survive
+   a filter that kills on mmap/munmap/brk/mremap. `--proof-target module:factory` points the
+   same runs at any other step factory (see docs/many.md, "Non-allocation proofs").
 
 Arenas are sparse files (Arena.create lays out holes), so 4 GiB costs no disk writes; every
 figure is about memory, not speed. Files are deleted at the end.
@@ -163,11 +168,54 @@ def _timed(fn) -> float:  # type: ignore[no-untyped-def]
     return time.perf_counter() - t0
 
 
+def shim_figures(workdir: Path, target: str, n: int) -> dict:
+    from tests.proofs.harness import build_shim, run_child
+
+    shim = build_shim(workdir)
+    out: dict = {"target": target, "n": n}
+    for label, pm in (("CPython allocator", None), ("PYTHONMALLOC=malloc", "malloc")):
+        base = run_child(
+            "tests.proofs.targets:empty", "count", workdir=workdir, n=n, shim=shim, python_malloc=pm
+        )
+        r = run_child(target, "count", workdir=workdir, n=n, shim=shim, python_malloc=pm)
+        if r.result is None or base.result is None:
+            print(f"  {label}: child failed (rc {r.returncode}): {r.stderr[-500:]}")
+            continue
+        counts = {k: v for k, v in r.result["counts"].items() if v and k != "free"}
+        base_total = sum(v for k, v in base.result["counts"].items() if k != "free")
+        total = sum(counts.values())
+        out[label] = {"counts": counts, "per_call": (total - base_total) / n}
+        print(
+            f"  {label:<20} {total:>7} allocator calls in {n} calls ({counts}); "
+            f"empty loop {base_total}; per call {(total - base_total) / n:.3f}"
+        )
+        for e in r.result["events"][1:6]:  # event 0: the loop's own iterator
+            print(f"      {e['kind']} {e['size']:>5} B  {' < '.join(e['stack'][:3])}")
+    tm = run_child(target, "tracemalloc", workdir=workdir, n=n)
+    if tm.result is not None:
+        out["tracemalloc"] = {k: tm.result[k] for k in ("net", "net_after_gc", "peak")}
+        print(
+            f"  tracemalloc over {n} calls: net {tm.result['net']} B, after gc.collect "
+            f"{tm.result['net_after_gc']} B, peak {tm.result['peak']} B"
+        )
+    sec = run_child(target, "seccomp", workdir=workdir, n=n)
+    ctl = run_child("tests.proofs.targets:empty", "seccomp-control", workdir=workdir, n=1)
+    out["seccomp"] = {"survived": sec.survived, "signal": sec.signal, "control": ctl.signal}
+    verdict = "survived" if sec.survived else f"KILLED ({sec.signal})"
+    print(
+        f"  seccomp kill filter: {n} calls {verdict}; "
+        f"control (one mmap after the filter): {ctl.signal or 'not killed'}"
+    )
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dir", type=Path, default=Path("/tmp/serwatt-proofs"))
     p.add_argument("--sizes-mb", default="16,1024,4096")
     p.add_argument("--json", type=Path)
+    p.add_argument("--proof-target", default="tests.proofs.targets:arena_update")
+    p.add_argument("--proof-n", type=int, default=10_000)
     args = p.parse_args()
     sizes = [int(s) for s in args.sizes_mb.split(",")]
     args.dir.mkdir(parents=True, exist_ok=True)
@@ -181,6 +229,8 @@ def main() -> int:
         out["load"] = load_figures(args.dir, [s for s in sizes if s >= 1024] or sizes)
         print("4. hash throughput, 256 MiB in memory:")
         out["hash"] = hash_figures()
+        print(f"5. allocator shim, tracemalloc and seccomp on {args.proof_target}:")
+        out["proofs"] = shim_figures(args.dir, args.proof_target, args.proof_n)
     finally:
         shutil.rmtree(args.dir, ignore_errors=True)
     if args.json:

@@ -14,12 +14,13 @@ import struct
 import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import blake3
 import numpy as np
 
 from profiler.many.format import (
+    BFLOAT16,
     DTYPES,
     HEADER_DIRTY,
     HEADER_SIZE,
@@ -37,13 +38,23 @@ from profiler.many.writer import layout_sources, slot_source, write_file
 
 _FLAGS_AT = 28  # byte offset of the header `flags` field (FORMAT.md)
 _THREADED_MIN_BYTES = 4 << 20
+_EMPTY_DIGEST = blake3.blake3().digest()
+
+
+class _SlotViews(NamedTuple):
+    """One slot's views into the shared mapping, made on its first update and kept."""
+
+    typed: np.ndarray  # the slot's dtype and shape
+    flat: np.ndarray  # the same bytes as uint8[length]
+    bytes: memoryview  # of `flat`, for the hasher
+    shape: tuple[int, ...]
 
 
 class StaleHandleError(ManyError):
     """The handle was taken at an older generation than the slot now holds."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Handle:
     """A capability to one slot at one generation (from `Arena.handle` or `Arena.update`)."""
 
@@ -67,8 +78,29 @@ class Arena:
         self._fd, self._mm, self._parsed = opened.fd, opened.mm, opened.parsed
         self._close_fd = weakref.finalize(self, os.close, opened.fd)
         self._index = {name: i for i, name in enumerate(self._parsed.table.names)}
+        n = len(self._index)
         self._dirty_slots: set[int] = set()
         self._closed = False
+        # The update path reuses, per arena, one single-thread hasher and, per slot, its views
+        # into the mapping (typed and bytes): after a slot's first update, updating it builds
+        # neither (tests/test_many_proofs.py counts what an update still allocates).
+        self._hasher = blake3.blake3(max_threads=1)
+        self._views: list[_SlotViews | None] = [None] * n
+        # Rights, dtype codes and lengths never change in place; the generation, flags and
+        # hash fields are written through memoryviews of the descriptor arena, which (unlike
+        # numpy field access on a structured row) build no objects per store.
+        desc = self._parsed.desc
+        self._rights = [int(r) for r in desc["rights"]]
+        self._codes = [int(c) for c in desc["dtype"]]
+        self._lengths = [int(x) for x in desc["length"]]
+        self._hashed_flags = [int(f) | SLOT_HASHED for f in desc["flags"]]
+        arena_bytes = memoryview(self._mm)[HEADER_SIZE : HEADER_SIZE + 64 * n]
+        self._desc_bytes = arena_bytes
+        self._desc_u64 = arena_bytes.cast("Q")  # generation of slot i at 8*i + 3
+        self._desc_u16 = arena_bytes.cast("H")  # flags of slot i at 32*i + 11
+        self._hash_at = [slice(64 * i + 32, 64 * i + 64) for i in range(n)]
+        self._generation_at = [8 * i + 3 for i in range(n)]
+        self._flags_at = [32 * i + 11 for i in range(n)]
 
     @classmethod
     def create(
@@ -129,7 +161,7 @@ class Arena:
             raise KeyError(f"{name!r} is not a slot of {self.path}") from None
 
     def _require(self, i: int, right: int, what: str) -> None:
-        if not int(self._parsed.desc[i]["rights"]) & right:
+        if not self._rights[i] & right:
             raise RightsError(
                 f"slot {self._parsed.table.names[i]!r} of {self.path} does not grant the {what} "
                 "right (rights are set at save time: save(..., rights={name: 'rw'}))"
@@ -154,7 +186,7 @@ class Arena:
         """
         if isinstance(target, Handle):
             i = self._slot(target.name)
-            current = int(self._parsed.desc[i]["generation"])
+            current = self._desc_u64[self._generation_at[i]]
             if target.generation != current:
                 raise StaleHandleError(
                     f"handle for {target.name!r} is at generation {target.generation} but the "
@@ -166,33 +198,64 @@ class Arena:
             name = target
             i = self._slot(name)
         self._require(i, RIGHT_WRITE, "write")
-        src = slot_source(name, value)
-        d = self._parsed.desc[i]
-        if src.code != int(d["dtype"]) or src.shape != self._parsed.shape(i):
-            have = f"{DTYPES[int(d['dtype'])][0]} {list(self._parsed.shape(i))}"
-            raise ValueError(
-                f"slot {name!r} holds {have}; "
-                f"cannot update it in place with {DTYPES[src.code][0]} {list(src.shape)} "
-                "(in-place updates keep the layout; use save() for a new layout)"
-            )
-        require_intact(self._fd, self._parsed.header, self.path)
-        self._mark_dirty()
-        length = src.length
-        digest = blake3.blake3().digest() if length == 0 else None
-        if length and src.data is not None:
-            start = self._parsed.header.state_offset + int(d["offset"])
-            dst = np.ndarray((length,), dtype=np.uint8, buffer=self._mm, offset=start)
-            np.copyto(dst, src.data)
-            threads = blake3.blake3.AUTO if length >= _THREADED_MIN_BYTES else 1
-            digest = blake3.blake3(dst, max_threads=threads).digest()
-            del dst
-        # The descriptor array is a view of the mapped file: these stores are the
-        # in-place rewrite of the slot's 64-byte descriptor line.
-        d["hash"] = digest
-        d["flags"] = int(d["flags"]) | SLOT_HASHED
-        d["generation"] = int(d["generation"]) + 1
+        views = self._views[i]
+        if views is None and self._lengths[i]:
+            views = self._views[i] = self._bind(i)
+        if (
+            views is not None
+            and type(value) is np.ndarray
+            and value.dtype is views.typed.dtype
+            and self._codes[i] != BFLOAT16
+            and value.shape == views.shape
+            and value.flags.c_contiguous
+        ):
+            # The slot's own dtype, shape and layout: copied straight in, no byte views made.
+            # Its views were bound after a size check (_bind); a truncation since then is the
+            # documented hazard of every bound view (FORMAT.md "Readers and truncation"),
+            # and checking again here would cost the update its allocation-free path.
+            self._mark_dirty()
+            np.copyto(views.typed, value)
+            digest = self._digest(views, self._lengths[i])
+        else:
+            src = slot_source(name, value)
+            if src.code != self._codes[i] or src.shape != self._parsed.shape(i):
+                have = f"{DTYPES[self._codes[i]][0]} {list(self._parsed.shape(i))}"
+                raise ValueError(
+                    f"slot {name!r} holds {have}; "
+                    f"cannot update it in place with {DTYPES[src.code][0]} {list(src.shape)} "
+                    "(in-place updates keep the layout; use save() for a new layout)"
+                )
+            require_intact(self._fd, self._parsed.header, self.path)
+            self._mark_dirty()
+            if views is None or src.data is None:
+                digest = _EMPTY_DIGEST
+            else:
+                np.copyto(views.flat, src.data)
+                digest = self._digest(views, self._lengths[i])
+        # The descriptor arena is mapped from the file: these stores are the in-place
+        # rewrite of the slot's 64-byte descriptor line.
+        self._desc_bytes[self._hash_at[i]] = digest
+        self._desc_u16[self._flags_at[i]] = self._hashed_flags[i]
+        at = self._generation_at[i]
+        generation = self._desc_u64[at] + 1
+        self._desc_u64[at] = generation
         self._dirty_slots.add(i)
-        return Handle(name, i, int(d["generation"]))
+        return Handle(name, i, generation)
+
+    def _bind(self, i: int) -> _SlotViews:
+        require_intact(self._fd, self._parsed.header, self.path)
+        typed = self._view(i)
+        flat = typed.reshape(-1).view(np.uint8)
+        return _SlotViews(typed, flat, flat.data, typed.shape)
+
+    def _digest(self, views: _SlotViews, length: int) -> bytes:
+        # Hashing a memoryview made once: exporting it again costs no numpy buffer info.
+        if length >= _THREADED_MIN_BYTES:
+            return blake3.blake3(views.bytes, max_threads=blake3.blake3.AUTO).digest()
+        hasher = self._hasher
+        hasher.reset()
+        hasher.update(views.bytes)
+        return hasher.digest()
 
     def _mark_dirty(self) -> None:
         if not self._dirty_slots and not self._parsed.header.flags & HEADER_DIRTY:
@@ -267,6 +330,12 @@ class Arena:
         if self._closed:
             return
         self._closed = True
+        for views in self._views:  # the cached slot views export the mapping's buffer
+            if views is not None:
+                views.bytes.release()
+        self._views = []
+        for view in (self._desc_u64, self._desc_u16, self._desc_bytes):
+            view.release()
         self._parsed.desc = None  # type: ignore[assignment]
         self._mm.flush()
         self._close_fd()

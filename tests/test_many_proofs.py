@@ -1,0 +1,148 @@
+"""The three non-allocation proofs for `Arena.update` after warm-up, each in a child process
+(tests/proofs/: a trap or a seccomp kill ends the child, not pytest):
+
+1+3. An LD_PRELOAD shim (tests/proofs/alloc_shim.c, compiled here with the system cc)
+     counts every C allocator call between two markers and, in trap mode, aborts at the
+     first one. With CPython's own allocator, an update reaches malloc exactly once: the
+     80-byte Py_buffer that pyo3 boxes when blake3-py's `update()` takes the slot's buffer.
+     With PYTHONMALLOC=malloc every Python object goes through malloc too, so the shim also
+     counts CPython's objects: 5 per update (listed in docs/many.md), none retained.
+     tracemalloc over the same loop: nothing retained, a peak of a few hundred bytes.
+2.   A seccomp filter (hand-built BPF, kill on mmap/munmap/brk/mremap) installed after
+     warm-up: 10 000 updates run to the end.
+
+Each proof has a control that the same measurement does catch an allocation.
+"""
+
+from __future__ import annotations
+
+import platform
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.proofs.harness import build_shim, run_child
+from tests.proofs.seccomp import ARCHES, build_filter
+
+UPDATE = "tests.proofs.targets:arena_update"
+EMPTY = "tests.proofs.targets:empty"
+ALLOCATING = "tests.proofs.targets:allocating"
+RETAINING = "tests.proofs.targets:retaining"
+N = 10_000
+ALLOC_KINDS = (
+    "malloc",
+    "calloc",
+    "realloc",
+    "reallocarray",
+    "posix_memalign",
+    "aligned_alloc",
+    "memalign",
+    "valloc",
+    "pvalloc",
+)
+
+needs_linux_tools = pytest.mark.skipif(
+    shutil.which("cc") is None or platform.machine() not in ARCHES,
+    reason="needs the system C compiler and a seccomp syscall table for this machine",
+)
+pytestmark = needs_linux_tools
+
+
+@pytest.fixture(scope="module")
+def shim(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_shim(tmp_path_factory.mktemp("shim"))
+
+
+def _allocs(counts: dict[str, int]) -> dict[str, int]:
+    return {k: counts[k] for k in ALLOC_KINDS if counts[k]}
+
+
+def test_shim_sees_nothing_in_the_empty_loop_and_every_call_of_an_allocating_one(
+    shim: Path, tmp_path: Path
+) -> None:
+    empty = run_child(EMPTY, "count", workdir=tmp_path, n=N, shim=shim)
+    assert empty.returncode == 0, empty.stderr
+    assert _allocs(empty.result["counts"]) == {}  # the harness itself allocates nothing
+    control = run_child(ALLOCATING, "count", workdir=tmp_path, n=1000, shim=shim)
+    assert control.returncode == 0, control.stderr
+    assert _allocs(control.result["counts"]) == {"malloc": 1000}
+    assert control.result["events"][0]["size"] > 1 << 20
+    assert any("PyByteArray" in f for f in control.result["events"][0]["stack"])
+
+
+@pytest.mark.parametrize("by", ["name", "handle"])
+def test_update_reaches_the_c_allocator_only_in_blake3s_buffer_box(
+    shim: Path, tmp_path: Path, by: str
+) -> None:
+    r = run_child(UPDATE, "count", workdir=tmp_path, n=N, shim=shim, kwargs={"by": by})
+    assert r.returncode == 0, r.stderr
+    assert _allocs(r.result["counts"]) == {"malloc": N}, r.result["counts"]
+    assert r.result["counts"]["free"] == N
+    for event in r.result["events"]:
+        assert event["size"] == 80  # sizeof(Py_buffer), boxed by pyo3's PyBuffer::get
+        assert event["stack"][0].startswith("blake3."), event["stack"]
+
+
+def test_python_objects_per_update_counted_through_malloc(shim: Path, tmp_path: Path) -> None:
+    """PYTHONMALLOC=malloc: each Python object is a malloc the shim sees. 1000 updates over
+    16 slots after 200 warm-up updates keep every generation under 257 (cached ints)."""
+    n = 1000
+    base = run_child(EMPTY, "count", workdir=tmp_path, n=n, shim=shim, python_malloc="malloc")
+    r = run_child(UPDATE, "count", workdir=tmp_path, n=n, shim=shim, python_malloc="malloc")
+    assert base.returncode == 0 and r.returncode == 0, r.stderr
+    per_run = base.result["counts"]["malloc"]  # the loop's itertools.repeat object
+    assert _allocs(base.result["counts"]) == {"malloc": per_run}
+    counts = _allocs(r.result["counts"])
+    assert counts == {"malloc": 5 * n + per_run + 1}, counts  # +1: the first update's frame
+    # Event 0 is the loop's repeat object, event 6 a one-off of the first update; between
+    # them and after, one update each: value.shape's int, value.flags, blake3's Py_buffer
+    # box, the digest bytes, the returned Handle.
+    events = r.result["events"]
+    for window in (events[1:6], events[7:12], events[12:17]):
+        assert [e["size"] for e in window] == [32, 32, 80, 65, 56], events[:17]
+
+
+def test_trap_aborts_at_the_first_allocation(shim: Path, tmp_path: Path) -> None:
+    assert run_child(EMPTY, "trap", workdir=tmp_path, n=N, shim=shim).returncode == 0
+    control = run_child(ALLOCATING, "trap", workdir=tmp_path, n=10, shim=shim)
+    assert control.signal == "SIGABRT" and "trapped malloc" in control.stderr
+    r = run_child(UPDATE, "trap", workdir=tmp_path, n=N, shim=shim)
+    assert r.signal == "SIGABRT" and "trapped malloc" in r.stderr  # blake3's one malloc
+
+
+def test_tracemalloc_net_zero_and_peak_bounded(tmp_path: Path) -> None:
+    empty = run_child(EMPTY, "tracemalloc", workdir=tmp_path, n=N)
+    r = run_child(UPDATE, "tracemalloc", workdir=tmp_path, n=N)
+    assert empty.returncode == 0 and r.returncode == 0, r.stderr
+    # Nothing retained beyond what the empty loop leaves (tracemalloc's own bookkeeping).
+    assert r.result["net_after_gc"] <= empty.result["net_after_gc"], (r.result, empty.result)
+    assert r.result["peak"] < 1024, r.result  # a few transient objects, not a slot (256 KiB)
+    control = run_child(RETAINING, "tracemalloc", workdir=tmp_path, n=N)
+    assert control.result["net_after_gc"] >= 64 * N
+
+
+def test_seccomp_update_loop_survives_10000_updates(tmp_path: Path) -> None:
+    r = run_child(UPDATE, "seccomp", workdir=tmp_path, n=N)
+    assert r.survived, (r.returncode, r.signal, r.stderr[-2000:])
+    assert r.stdout.strip() == f"SURVIVED {N}"
+
+
+def test_seccomp_filter_kills_on_mmap(tmp_path: Path) -> None:
+    r = run_child(EMPTY, "seccomp-control", workdir=tmp_path, n=1)
+    assert r.signal == "SIGSYS" and "NOT KILLED" not in r.stdout, (r.returncode, r.stdout)
+    # A 1 MiB buffer is above glibc's mmap threshold: malloc maps it, and dies for it.
+    # (No warm-up: once glibc has freed a mapped chunk it raises its threshold and serves
+    # the next ones from the heap, which is why the proofs warm up first.)
+    r = run_child(ALLOCATING, "seccomp", workdir=tmp_path, n=10, warmup=0)
+    assert r.signal == "SIGSYS"
+
+
+def test_seccomp_filter_checks_the_architecture() -> None:
+    for arch, table in ARCHES.items():
+        prog = build_filter(arch)
+        assert len(prog) % 8 == 0
+        first_k = int.from_bytes(prog[12:16], "little")  # instruction 1: JEQ audit_arch
+        assert first_k == table["audit_arch"]
+        ks = {int.from_bytes(prog[i + 4 : i + 8], "little") for i in range(0, len(prog), 8)}
+        assert {table[s] for s in ("mmap", "munmap", "brk", "mremap")} <= ks
