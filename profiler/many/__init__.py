@@ -5,11 +5,15 @@
 - `load(path, *, verify=False) -> Checkpoint`: mmap + O(slots) rebind to zero-copy views.
 - `Arena`: a live file mapped shared; `update` a slot in place, `commit` a new receipt.
 - `verify(path)`, `verify_chain(paths)`: lists of problems (empty when sound).
+- `save_state(path, tree)` / `load_state(path)`: whole nested checkpoints (dicts, lists,
+  tuples of tensors and JSON scalars); `torch_compat.save/load`: the torch.save drop-in.
+- `Checkpointer(dir)`: asynchronous checkpoints that stall training only for one copy.
 
 Byte layout: FORMAT.md next to this file.
 """
 
 from profiler.many.arena import Arena, Handle, StaleHandleError
+from profiler.many.checkpointer import Checkpointer, CheckpointError, Staged, Written
 from profiler.many.format import (
     RIGHT_READ,
     RIGHT_WRITE,
@@ -18,6 +22,7 @@ from profiler.many.format import (
 )
 from profiler.many.reader import Checkpoint, RightsError, SlotInfo, load
 from profiler.many.receipt import Receipt
+from profiler.many.state import LoadedState, load_state, open_state, save_state
 from profiler.many.verify import verify, verify_chain
 from profiler.many.writer import save
 
@@ -26,15 +31,23 @@ __all__ = [
     "RIGHT_WRITE",
     "Arena",
     "Checkpoint",
+    "CheckpointError",
+    "Checkpointer",
     "Handle",
+    "LoadedState",
     "ManyError",
     "ManyFormatError",
     "Receipt",
     "RightsError",
     "SlotInfo",
+    "Staged",
     "StaleHandleError",
+    "Written",
     "load",
+    "load_state",
+    "open_state",
     "save",
+    "save_state",
     "verify",
     "verify_chain",
 ]
