@@ -119,7 +119,8 @@ def test_a_failed_background_write_surfaces_at_the_next_call(tmp_path: Path) -> 
     d = tmp_path / "ckpts"
     cp = Checkpointer(d)
     cp.checkpoint(_state(0))
-    cp.wait()
+    first = cp.wait()
+    assert first is not None
     shutil.rmtree(d)  # the next background write cannot create its temp file
     staged = cp.checkpoint(_state(1))  # staging succeeds; the write fails later
     with pytest.raises(CheckpointError, match="failed") as info:
@@ -131,7 +132,7 @@ def test_a_failed_background_write_surfaces_at_the_next_call(tmp_path: Path) -> 
     cp.close()
     assert_same_tree(load_state(after.path, verify=True), _state(3))
     # The failed checkpoint is not in the chain: the next file links to checkpoint 0's receipt.
-    assert load(after.path).prev_receipt is not None
+    assert load(after.path).prev_receipt == first.receipt
 
 
 def test_errors_in_on_written_and_at_close_are_not_lost(tmp_path: Path) -> None:
@@ -147,6 +148,29 @@ def test_errors_in_on_written_and_at_close_are_not_lost(tmp_path: Path) -> None:
         cp.close()
     with pytest.raises(ValueError, match="closed"):
         cp.checkpoint(_state(2))
+
+
+def test_a_checkpoint_in_flight_at_interpreter_exit_is_finished(tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        """
+        import sys
+        import numpy as np
+        from profiler.many.checkpointer import Checkpointer
+
+        cp = Checkpointer(sys.argv[1])
+        staged = cp.checkpoint({"w": np.full(8 << 20, 3.0), "k": 1})  # 64 MiB to write
+        print(staged.path, flush=True)
+        """
+    )
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)], env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    path = out.stdout.strip()
+    assert verify(path) == []
+    got = load_state(path)
+    assert got["k"] == 1 and float(got["w"].min()) == 3.0 == float(got["w"].max())
 
 
 def test_bad_states_are_refused_on_the_callers_thread(tmp_path: Path) -> None:

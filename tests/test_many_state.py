@@ -415,15 +415,12 @@ def test_node_count_bound(tmp_path: Path) -> None:
     assert len(load_state(tmp_path / "wide.many")) == 5002
 
 
-def test_json_nested_past_the_recursion_limit_is_a_format_error(tmp_path: Path) -> None:
-    """100 000 nested lists in the table: refused as ManyFormatError, not a RecursionError."""
-    depth = 100_000
-    bomb = '{"l":[' * depth + "]}" * depth
-    path = tmp_path / "bomb.many"
-    write_file(path, [slot_source("s0", np.zeros(4))], metadata={"pad": "x" * (len(bomb) + 64)})
+def _forge_table(path: Path, root: str) -> None:
+    """A sound file whose state tree's root is the given raw JSON text (table re-sealed)."""
+    write_file(path, [slot_source("s0", np.zeros(4))], metadata={"pad": "x" * (len(root) + 64)})
     raw = bytearray(path.read_bytes())
     h = parse_header(bytes(raw[:HEADER_SIZE]), len(raw))
-    doc = '{"version":1,"root":' + bomb + "}"
+    doc = '{"version":1,"root":' + root + "}"
     table = (
         '{"names":["s0"],"shapes":[[4]],"metadata":{"' + STATE_KEY + '":' + doc + "}}"
     ).encode()
@@ -433,8 +430,22 @@ def test_json_nested_past_the_recursion_limit_is_a_format_error(tmp_path: Path) 
     h = h.with_receipt(bytes(raw[HEADER_SIZE : HEADER_SIZE + 64]))
     raw[:HEADER_SIZE] = h.pack()
     path.write_bytes(bytes(raw))
+
+
+def test_json_nested_past_the_recursion_limit_is_a_format_error(tmp_path: Path) -> None:
+    """100 000 nested lists in the table: refused as ManyFormatError, not a RecursionError."""
+    depth = 100_000
+    _forge_table(tmp_path / "bomb.many", '{"l":[' * depth + "]}" * depth)
     with pytest.raises(ManyFormatError, match="not valid UTF-8 JSON"):
-        load_state(path)
+        load_state(tmp_path / "bomb.many")
+
+
+def test_json_nan_and_infinity_literals_are_refused(tmp_path: Path) -> None:
+    for literal in ("NaN", "Infinity", "-Infinity"):
+        _forge_table(tmp_path / "nan.many", '{"l":[{"N":0},' + literal + "]}")
+        assert verify(tmp_path / "nan.many") == []  # sound as .many: only the tree is bad
+        with pytest.raises(ManyFormatError, match=r"at \[1\]: a non-finite float must be"):
+            load_state(tmp_path / "nan.many")
 
 
 def test_plain_many_files_and_foreign_files_are_explained(tmp_path: Path) -> None:

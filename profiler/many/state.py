@@ -424,7 +424,11 @@ class _Builder:
         if self.nodes > self.max_nodes:
             raise self.fail(f"more than {self.max_nodes} nodes (max_nodes=)", path)
         t = type(n)
-        if n is None or t is bool or t is str or t is int or t is float:
+        if n is None or t is bool or t is str or t is int:
+            return n
+        if t is float:
+            if not math.isfinite(n):  # Python's json reads NaN/Infinity, which JSON lacks
+                raise self.fail('a non-finite float must be written {"f": ...}', path)
             return n
         if t is not dict:
             raise self.fail(f"a bare JSON {t.__name__} is not a node (containers are tagged)", path)
