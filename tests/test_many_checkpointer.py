@@ -91,6 +91,15 @@ def test_staging_is_reused_until_the_layout_changes(
     assert_same_tree(load_state(d.path), {"w": torch.ones(101, dtype=torch.float64), "n": 4})
 
 
+def test_prepare_allocates_staging_before_the_first_checkpoint(tmp_path: Path) -> None:
+    with Checkpointer(tmp_path) as cp:
+        assert cp.prepare(_state(0)) is True
+        assert cp.prepare(_state(1)) is False  # same layout
+        staged = cp.checkpoint(_state(2))
+    assert staged.reallocated is False
+    assert_same_tree(load_state(staged.path), _state(2))
+
+
 def test_the_next_checkpoint_waits_for_the_one_in_flight_and_says_how_long(
     tmp_path: Path,
 ) -> None:

@@ -85,6 +85,9 @@ class _Staging:
             total += round_up(s.length)
         self.nbytes = total
         self.mm = mmap.mmap(-1, max(total, mmap.PAGESIZE))
+        # Fault every page in now: otherwise the first copy into the arena pays the kernel's
+        # zero-fill page faults on the training thread.
+        np.frombuffer(self.mm, dtype=np.uint8)[:: mmap.PAGESIZE] = 0
         self.lengths = [s.length for s in flat.slots]
         self.codes = [s.code for s in flat.slots]
         self.shapes = [s.shape for s in flat.slots]
@@ -210,18 +213,7 @@ class Checkpointer:
             t1 = time.perf_counter()
             flat = flatten(state, max_depth=self.max_depth, max_nodes=self.max_nodes, devices=True)
             meta = state_metadata(flat.doc, metadata)
-            reallocated = self._staging is None or self._staging.layout != flat.layout
-            if reallocated:
-                if self._staging is not None:
-                    log.info(
-                        "many checkpointer %s: state layout changed (%d -> %d slots); "
-                        "reallocating the staging arena",
-                        self.directory,
-                        len(self._staging.layout),
-                        len(flat.layout),
-                    )
-                self._staging = None  # drop the old arena before mapping the new one
-                self._staging = _Staging(flat)
+            reallocated = self._ensure_staging(flat)
             staging = self._staging
             assert staging is not None
             staging.copy_in(flat)
@@ -246,6 +238,29 @@ class Checkpointer:
                 stall_s=t2 - t0,
                 reallocated=reallocated,
             )
+
+    def prepare(self, state: Any) -> bool:
+        """Allocate (and fault in) the staging arena for `state`'s layout without checkpointing,
+        so the first `checkpoint()` pays only the copy. True if it (re)allocated."""
+        with self._call_lock:
+            self._wait_idle()
+            flat = flatten(state, max_depth=self.max_depth, max_nodes=self.max_nodes, devices=True)
+            return self._ensure_staging(flat)
+
+    def _ensure_staging(self, flat: FlatState) -> bool:
+        if self._staging is not None and self._staging.layout == flat.layout:
+            return False
+        if self._staging is not None:
+            log.info(
+                "many checkpointer %s: state layout changed (%d -> %d slots); "
+                "reallocating the staging arena",
+                self.directory,
+                len(self._staging.layout),
+                len(flat.layout),
+            )
+        self._staging = None  # drop the old arena before mapping the new one
+        self._staging = _Staging(flat)
+        return True
 
     def wait(self) -> Written | None:
         """Block until no checkpoint is in flight; the last durable checkpoint (None if none).
