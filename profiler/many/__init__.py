@@ -5,11 +5,15 @@
 - `load(path, *, verify=False) -> Checkpoint`: mmap + O(slots) rebind to zero-copy views.
 - `Arena`: a live file mapped shared; `update` a slot in place, `commit` a new receipt.
 - `verify(path)`, `verify_chain(paths)`: lists of problems (empty when sound).
+- `save_state(path, tree)` / `load_state(path)`: whole nested checkpoints (dicts, lists,
+  tuples of tensors and JSON scalars); `torch_compat.save/load`: the torch.save drop-in.
+- `Checkpointer(dir)`: asynchronous checkpoints that stall training only for one copy.
 
 Byte layout: FORMAT.md next to this file.
 """
 
 from profiler.many.arena import Arena, Handle, StaleHandleError
+from profiler.many.checkpointer import Checkpointer, CheckpointError, Staged, Written
 from profiler.many.format import (
     RIGHT_READ,
     RIGHT_WRITE,
@@ -19,6 +23,7 @@ from profiler.many.format import (
 from profiler.many.reader import Checkpoint, RightsError, SlotInfo, load
 from profiler.many.receipt import Receipt
 from profiler.many.signing import generate_signing_key, load_public_key, load_signing_key
+from profiler.many.state import LoadedState, load_state, open_state, save_state
 from profiler.many.verify import ChainHead, chain_head, verify, verify_chain
 from profiler.many.writer import save
 
@@ -28,19 +33,27 @@ __all__ = [
     "Arena",
     "ChainHead",
     "Checkpoint",
+    "CheckpointError",
+    "Checkpointer",
     "Handle",
+    "LoadedState",
     "ManyError",
     "ManyFormatError",
     "Receipt",
     "RightsError",
     "SlotInfo",
+    "Staged",
     "StaleHandleError",
+    "Written",
     "chain_head",
     "generate_signing_key",
     "load",
     "load_public_key",
     "load_signing_key",
+    "load_state",
+    "open_state",
     "save",
+    "save_state",
     "verify",
     "verify_chain",
 ]

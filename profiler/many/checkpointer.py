@@ -1,0 +1,418 @@
+"""`Checkpointer`: asynchronous checkpoints whose training stall is one copy into staging.
+
+`checkpoint(state)` flattens the state tree, copies every tensor into a preallocated staging
+arena laid out like the file's state region (page-aligned slots), hands the job to a
+background thread and returns. The thread hashes the staging bytes, writes them to a temp
+file, fsyncs it, renames it to `<prefix>-<seq>.many`, fsyncs the directory and chains the
+receipt to the previous checkpoint's. The arena is reused while the layout (dtype and shape
+of every slot) stays the same, so a steady training loop allocates no tensor memory per
+checkpoint. One checkpoint is in flight at most: the staging arena is the only copy, so the
+next `checkpoint()` waits for the previous write and reports how long.
+
+Crash safety is the writer's: a file appears under its final name only after its bytes are
+fsynced, so a SIGKILL at any moment leaves every earlier checkpoint complete and verifiable.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import mmap
+import os
+import re
+import threading
+import time
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from profiler.many.format import DTYPES, ManyError, ManyFormatError, round_up
+from profiler.many.reader import load
+from profiler.many.receipt import Receipt
+from profiler.many.state import MAX_DEPTH, MAX_NODES, FlatState, flatten, load_state, state_metadata
+from profiler.many.writer import SlotSource, write_file
+
+log = logging.getLogger(__name__)
+
+_SEQ_DIGITS = 8
+
+
+class CheckpointError(ManyError):
+    """A background checkpoint write failed; `__cause__` is the original exception."""
+
+
+@dataclass(frozen=True)
+class Staged:
+    """What `checkpoint()` did on the caller's thread. Times are `time.perf_counter` seconds.
+
+    `stall_s` is the whole time the call blocked: `waited_s` (for the previous checkpoint's
+    background write, which owns the staging arena until it is done) plus `copy_s` (flattening
+    the tree and copying every tensor into staging, including any reallocation).
+    """
+
+    path: str  # where the checkpoint will be once durable (`wait()`)
+    seq: int
+    nbytes: int
+    waited_s: float
+    copy_s: float
+    stall_s: float
+    reallocated: bool  # the staging arena was (re)allocated: first checkpoint or a new layout
+
+
+@dataclass(frozen=True)
+class Written:
+    """A checkpoint the background thread made durable."""
+
+    path: str
+    seq: int
+    receipt: Receipt
+    write_s: float  # background time: hash + write + fsync + rename + directory fsync
+    metadata: dict[str, Any]  # the metadata= given to checkpoint() (without the tree)
+
+
+class _Staging:
+    """Page-aligned anonymous memory laid out like a `.many` state region for one layout."""
+
+    def __init__(self, flat: FlatState) -> None:
+        self.layout = flat.layout
+        self.offsets: list[int] = []
+        total = 0
+        for s in flat.slots:
+            self.offsets.append(total)
+            total += round_up(s.length)
+        self.nbytes = total
+        self.mm = mmap.mmap(-1, max(total, mmap.PAGESIZE))
+        # Fault every page in now: otherwise the first copy into the arena pays the kernel's
+        # zero-fill page faults on the training thread.
+        np.frombuffer(self.mm, dtype=np.uint8)[:: mmap.PAGESIZE] = 0
+        self.lengths = [s.length for s in flat.slots]
+        self.codes = [s.code for s in flat.slots]
+        self.shapes = [s.shape for s in flat.slots]
+        self.bytes = [
+            np.frombuffer(self.mm, dtype=np.uint8, count=n, offset=o)
+            for n, o in zip(self.lengths, self.offsets, strict=True)
+        ]
+        self._numpy: dict[int, np.ndarray] = {}
+        self._torch: dict[int, Any] = {}
+
+    def numpy_view(self, i: int) -> np.ndarray:
+        v = self._numpy.get(i)
+        if v is None:
+            v = self._numpy[i] = (
+                self.bytes[i].view(DTYPES[self.codes[i]][1]).reshape(self.shapes[i])
+            )
+        return v
+
+    def torch_view(self, i: int) -> Any:
+        v = self._torch.get(i)
+        if v is None:
+            import torch
+
+            dtype = getattr(torch, DTYPES[self.codes[i]][0])
+            if self.lengths[i]:
+                raw = torch.frombuffer(
+                    self.mm, dtype=torch.uint8, count=self.lengths[i], offset=self.offsets[i]
+                )
+                v = raw.view(dtype).reshape(self.shapes[i])
+            else:
+                v = torch.empty(self.shapes[i], dtype=dtype)
+            self._torch[i] = v
+        return v
+
+    def copy_in(self, flat: FlatState) -> None:
+        torch_slots = [i for i, s in enumerate(flat.slots) if s.kind == "torch"]
+        if torch_slots:
+            import torch
+
+            with torch.no_grad():
+                for i in torch_slots:
+                    self.torch_view(i).copy_(flat.slots[i].value)
+        for i, s in enumerate(flat.slots):
+            if s.kind == "numpy" and s.length:
+                np.copyto(self.numpy_view(i), s.value, casting="equiv")
+
+
+@dataclass
+class _Job:
+    path: str
+    seq: int
+    sources: list[SlotSource]
+    metadata: dict[str, Any]  # name-table metadata: the caller's plus the tree
+    user_metadata: dict[str, Any]
+
+
+class Checkpointer:
+    """Asynchronous, chained `.many` checkpoints of a state tree into `directory`.
+
+    Files are `<prefix>-<seq>.many` (seq zero-padded to 8 digits, counting on from the newest
+    file already there). `keep=N` deletes all but the newest N after each successful write.
+    `on_written(Written)` runs on the background thread after each durable checkpoint; if it
+    raises, the error surfaces like a failed write. Call `checkpoint()` from one thread.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        prefix: str = "ckpt",
+        keep: int | None = None,
+        hash: bool = True,
+        on_written: Callable[[Written], None] | None = None,
+        max_depth: int = MAX_DEPTH,
+        max_nodes: int = MAX_NODES,
+    ) -> None:
+        if not prefix or "/" in prefix or os.sep in prefix or prefix.startswith("."):
+            raise ValueError(f"prefix {prefix!r} must be a plain file-name prefix")
+        if keep is not None and keep < 1:
+            raise ValueError(f"keep={keep}: keep at least the newest checkpoint (keep >= 1)")
+        self.directory = os.fspath(directory)
+        self.prefix = prefix
+        self.keep = keep
+        self.hash = hash
+        self.on_written = on_written
+        self.max_depth = max_depth
+        self.max_nodes = max_nodes
+        os.makedirs(self.directory, exist_ok=True)
+        self._name_re = re.compile(re.escape(prefix) + rf"-(\d{{{_SEQ_DIGITS},}})\.many")
+        self._tmp_re = re.compile(
+            r"\." + re.escape(prefix) + rf"-\d{{{_SEQ_DIGITS},}}\.many\.tmp-(\d+)-[0-9a-f]{{8}}"
+        )
+        self._remove_dead_temps()
+        existing = self.checkpoints()
+        self._seq = existing[-1][0] + 1 if existing else 0
+        self._prev = self._newest_receipt(existing)
+        self._staging: _Staging | None = None
+        self._cond = threading.Condition()
+        self._call_lock = threading.Lock()
+        self._job: _Job | None = None
+        self._error: BaseException | None = None
+        self._last: Written | None = None
+        self._closing = False
+        self._closed = False
+        self._worker = threading.Thread(
+            target=self._run, name=f"many-checkpointer-{prefix}", daemon=True
+        )
+        self._worker.start()
+        # An in-flight checkpoint is finished at interpreter exit, not dropped with the thread.
+        atexit.register(_finish_at_exit, weakref.ref(self))
+
+    # -- the caller's side ------------------------------------------------------------------
+    def checkpoint(self, state: Any, *, metadata: Mapping[str, Any] | None = None) -> Staged:
+        """Copy `state` into staging and start writing it in the background.
+
+        Blocks while the previous checkpoint is still being written, then for the copy.
+        Raises `CheckpointError` first if the previous background write failed (that
+        checkpoint was not written; this one is not started).
+        """
+        with self._call_lock:
+            t0 = time.perf_counter()
+            self._wait_idle()
+            t1 = time.perf_counter()
+            flat = flatten(state, max_depth=self.max_depth, max_nodes=self.max_nodes, devices=True)
+            meta = state_metadata(flat.doc, metadata)
+            reallocated = self._ensure_staging(flat)
+            staging = self._staging
+            assert staging is not None
+            staging.copy_in(flat)
+            seq = self._seq
+            self._seq += 1
+            path = os.path.join(self.directory, f"{self.prefix}-{seq:0{_SEQ_DIGITS}d}.many")
+            sources = [
+                SlotSource(s.name, s.shape, s.code, s.length, staging.bytes[i])
+                for i, s in enumerate(flat.slots)
+            ]
+            job = _Job(path, seq, sources, meta, dict(metadata or {}))
+            t2 = time.perf_counter()
+            with self._cond:
+                self._job = job
+                self._cond.notify_all()
+            return Staged(
+                path=path,
+                seq=seq,
+                nbytes=flat.nbytes,
+                waited_s=t1 - t0,
+                copy_s=t2 - t1,
+                stall_s=t2 - t0,
+                reallocated=reallocated,
+            )
+
+    def prepare(self, state: Any) -> bool:
+        """Allocate (and fault in) the staging arena for `state`'s layout without checkpointing,
+        so the first `checkpoint()` pays only the copy. True if it (re)allocated."""
+        with self._call_lock:
+            self._wait_idle()
+            flat = flatten(state, max_depth=self.max_depth, max_nodes=self.max_nodes, devices=True)
+            return self._ensure_staging(flat)
+
+    def _ensure_staging(self, flat: FlatState) -> bool:
+        if self._staging is not None and self._staging.layout == flat.layout:
+            return False
+        if self._staging is not None:
+            log.info(
+                "many checkpointer %s: state layout changed (%d -> %d slots); "
+                "reallocating the staging arena",
+                self.directory,
+                len(self._staging.layout),
+                len(flat.layout),
+            )
+        self._staging = None  # drop the old arena before mapping the new one
+        self._staging = _Staging(flat)
+        return True
+
+    def wait(self) -> Written | None:
+        """Block until no checkpoint is in flight; the last durable checkpoint (None if none).
+
+        Raises `CheckpointError` if the background write failed.
+        """
+        with self._call_lock:
+            self._wait_idle()
+            return self._last
+
+    def _wait_idle(self) -> None:
+        if self._closed:
+            raise ValueError(f"checkpointer for {self.directory} is closed")
+        with self._cond:
+            while self._job is not None:
+                self._cond.wait()
+            err, self._error = self._error, None
+        if err is not None:
+            raise CheckpointError(
+                f"a background checkpoint in {self.directory} failed: {err}"
+            ) from err
+
+    def close(self) -> None:
+        """Finish the checkpoint in flight (raising its error, if any) and stop the thread."""
+        if self._closed:
+            return
+        try:
+            self.wait()
+        finally:
+            with self._cond:
+                self._closing = True
+                self._cond.notify_all()
+            self._worker.join()
+            self._closed = True
+            self._staging = None
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- finding and restoring checkpoints ----------------------------------------------------
+    def checkpoints(self) -> list[tuple[int, str]]:
+        """(seq, path) of every complete checkpoint of this prefix in the directory, oldest
+        first."""
+        out = []
+        for entry in os.scandir(self.directory):
+            m = self._name_re.fullmatch(entry.name)
+            if m and entry.is_file(follow_symlinks=False):
+                out.append((int(m.group(1)), entry.path))
+        return sorted(out)
+
+    def latest(self) -> str | None:
+        """Path of the newest checkpoint (highest seq), or None when there is none."""
+        existing = self.checkpoints()
+        return existing[-1][1] if existing else None
+
+    def restore(self, *, verify: bool = True, as_numpy: bool = False) -> Any:
+        """The newest checkpoint's state tree (mapped, copy-on-write), or None when there is none.
+
+        With `verify=True` (the default) every byte is rehashed first; a damaged file raises
+        `ManyFormatError` naming it (older checkpoints are in `checkpoints()`).
+        """
+        path = self.latest()
+        if path is None:
+            return None
+        return load_state(path, verify=verify, as_numpy=as_numpy)
+
+    # -- the background side ----------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._job is None and not self._closing:
+                    self._cond.wait()
+                if self._job is None:
+                    return
+                job = self._job
+            error: BaseException | None = None
+            try:
+                written = self._write(job)
+            except BaseException as exc:  # surfaced at the next call, never dropped
+                error = exc
+            with self._cond:
+                if error is None:
+                    self._last = written
+                else:
+                    self._error = error
+                self._job = None
+                self._cond.notify_all()
+
+    def _write(self, job: _Job) -> Written:
+        t0 = time.perf_counter()
+        receipt = write_file(
+            job.path, job.sources, prev=self._prev, metadata=job.metadata, hash=self.hash
+        )
+        self._prev = receipt
+        written = Written(job.path, job.seq, receipt, time.perf_counter() - t0, job.user_metadata)
+        if self.keep is not None:
+            for _, old in self.checkpoints()[: -self.keep]:
+                try:
+                    os.unlink(old)
+                except FileNotFoundError:
+                    pass
+        if self.on_written is not None:
+            self.on_written(written)
+        return written
+
+    # -- directory housekeeping ---------------------------------------------------------------
+    def _remove_dead_temps(self) -> None:
+        """Delete temp files left by writers of this prefix that were killed mid-write."""
+        for entry in os.scandir(self.directory):
+            m = self._tmp_re.fullmatch(entry.name)
+            if not m:
+                continue
+            pid = int(m.group(1))
+            try:
+                os.kill(pid, 0)
+                continue  # that writer is alive (or its pid was reused): leave its file
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                continue
+            try:
+                os.unlink(entry.path)
+            except FileNotFoundError:
+                pass
+
+    def _newest_receipt(self, existing: list[tuple[int, str]]) -> Receipt | None:
+        """The chain continues from the newest readable checkpoint already in the directory."""
+        for _, path in reversed(existing):
+            try:
+                ckpt = load(path)
+            except (ManyFormatError, OSError) as exc:
+                log.warning(
+                    "many checkpointer: skipping unreadable %s for the chain: %s", path, exc
+                )
+                continue
+            receipt = ckpt.receipt
+            ckpt.close()
+            return receipt
+        return None
+
+    def __repr__(self) -> str:
+        return f"<Checkpointer {self.directory} prefix={self.prefix!r} next_seq={self._seq}>"
+
+
+def _finish_at_exit(ref: weakref.ref[Checkpointer]) -> None:
+    cp = ref()
+    if cp is None or cp._closed:
+        return
+    try:
+        cp.close()
+    except Exception as exc:
+        log.error("many checkpointer %s: the last checkpoint failed at exit: %s", cp.directory, exc)

@@ -1,0 +1,193 @@
+"""`save` / `load` with torch.save / torch.load's signatures, writing `.many` state files.
+
+A training script switches with one line:
+
+    from profiler.many import torch_compat as ckpt
+    ckpt.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "iter_num": i}, path)
+    state = ckpt.load(path, map_location="cpu")
+
+Scope (docs/many.md, "Whole checkpoints" has the full list): what `save_state` stores (dicts,
+OrderedDicts, lists, tuples; tensors, numpy arrays, JSON scalars) and nothing else: no
+pickled objects, so no modules, optimizers, dataclasses, torch.Size, torch.dtype or custom
+classes. Paths are mapped copy-on-write (nothing read until touched); file objects are read
+into memory. `weights_only` is accepted and makes no difference: the format can hold nothing
+that `weights_only=True` would refuse to run, because it can hold no code at all.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import struct
+import tempfile
+from collections.abc import Callable, Mapping
+from typing import IO, Any
+
+from profiler.many.format import HEADER_SIZE, MAGIC, ManyFormatError
+from profiler.many.receipt import Receipt
+from profiler.many.state import open_state, save_state
+
+FileLike = str | os.PathLike[str] | IO[bytes]
+# Reading a file object in bounded pieces: a hostile header's file_length cannot make one
+# read allocate more than this before the bytes are actually there.
+_READ_CHUNK = 64 << 20
+_FILE_LENGTH = struct.Struct("<Q")  # header field file_length at offset 72 (FORMAT.md)
+_ZIP_MAGIC = b"PK\x03\x04"
+_PICKLE_PROTO = b"\x80"
+
+
+def save(
+    obj: Any,
+    f: FileLike,
+    pickle_module: Any = None,
+    pickle_protocol: int | None = None,
+    _use_new_zipfile_serialization: bool = True,
+    _disable_byteorder_record: bool = False,
+    *,
+    prev: Receipt | str | bytes | None = None,
+    metadata: Mapping[str, Any] | None = None,
+) -> Receipt:
+    """Write `obj` to `f` (a path, or a binary file object written at its position) as `.many`.
+
+    The torch.save arguments after `f` are accepted for signature compatibility; nothing is
+    pickled, so `pickle_module` must be None or the `pickle` module. To a path the write is
+    atomic (temp file, fsync, rename, directory fsync). Returns the checkpoint's receipt.
+    """
+    _check_pickle_module(pickle_module)
+    if isinstance(f, str | os.PathLike):
+        return save_state(f, obj, prev=prev, metadata=metadata)
+    if not hasattr(f, "write"):
+        raise TypeError(f"f must be a path or a binary file object, not {type(f).__name__}")
+    # The writer lays files out on disk (holes, pwrite); a file object gets a copy of that file.
+    with tempfile.TemporaryDirectory(prefix="many-save-") as tmp:
+        path = os.path.join(tmp, "state.many")
+        receipt = save_state(path, obj, prev=prev, metadata=metadata)
+        with open(path, "rb") as src:
+            shutil.copyfileobj(src, f, _READ_CHUNK)
+    return receipt
+
+
+def load(
+    f: FileLike,
+    map_location: Any = None,
+    pickle_module: Any = None,
+    *,
+    weights_only: bool | None = None,
+    mmap: bool | None = None,
+    verify: bool = False,
+    **pickle_load_args: Any,
+) -> Any:
+    """Read a state saved by `save` (or `many.save_state`) from a path or binary file object.
+
+    `map_location`: None, "cpu", a torch.device or device string (tensors are moved there
+    with `.to`), a dict mapping saved locations to new ones (every tensor was saved from
+    "cpu", so only its "cpu" entry matters), or a callable `(storage, location) -> storage
+    or None` as in torch.load. `weights_only` and `mmap` are accepted and change nothing
+    (paths are always mapped, file objects always read); `pickle_module` must be None or
+    `pickle`; `pickle_load_args` may only be `encoding`, which is ignored (there is no
+    pickle). `verify=True` (not in torch.load) rehashes every byte first.
+    """
+    del weights_only, mmap
+    _check_pickle_module(pickle_module)
+    unknown = set(pickle_load_args) - {"encoding"}
+    if unknown:
+        raise TypeError(
+            f"load() got unsupported pickle_load_args {sorted(unknown)}: nothing is unpickled"
+        )
+    hook = _location_hook(map_location)
+    if isinstance(f, str | os.PathLike):
+        try:
+            return open_state(f, verify=verify, tensor_hook=hook).tree
+        except ManyFormatError as exc:
+            raise _explain_foreign(exc, _peek(os.fspath(f))) from None
+    if not hasattr(f, "read"):
+        raise TypeError(f"f must be a path or a binary file object, not {type(f).__name__}")
+    image = _read_image(f)
+    try:
+        return open_state(image, verify=verify, tensor_hook=hook).tree
+    except ManyFormatError as exc:
+        raise _explain_foreign(exc, bytes(image[:8])) from None
+
+
+def _check_pickle_module(pickle_module: Any) -> None:
+    if pickle_module is not None and pickle_module is not pickle:
+        raise TypeError(
+            "pickle_module is not supported: .many stores no pickles (tensors and JSON only)"
+        )
+
+
+def _read_image(f: IO[bytes]) -> bytearray:
+    """One `.many` image from the file object's position, leaving it just past the image."""
+    head = f.read(HEADER_SIZE)
+    if not isinstance(head, bytes | bytearray):
+        raise TypeError("f must be opened in binary mode ('rb')")
+    image = bytearray(head)
+    if len(head) == HEADER_SIZE and head[:8] == MAGIC:
+        want = _FILE_LENGTH.unpack_from(head, 72)[0]
+        while len(image) < want:
+            piece = f.read(min(_READ_CHUNK, want - len(image)))
+            if not piece:
+                break
+            image += piece
+    return image
+
+
+def _peek(path: str) -> bytes:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(8)
+    except OSError:
+        return b""
+
+
+def _explain_foreign(exc: ManyFormatError, head: bytes) -> ManyFormatError:
+    """The error, with the likely cause added when the file is a torch.save file."""
+    if head.startswith(_ZIP_MAGIC) or head.startswith(_PICKLE_PROTO):
+        hint = (
+            "this looks like a torch.save file (zip or pickle), not .many: read it with "
+            "torch.load, then save it again with torch_compat.save to convert it"
+        )
+        return ManyFormatError([*exc.problems, hint], exc.path)
+    return exc
+
+
+def _location_hook(map_location: Any) -> Callable[[Any], Any] | None:
+    """map_location as a per-slot tensor hook (None when tensors stay where they are mapped)."""
+    if map_location is None:
+        return None
+    import torch
+
+    if isinstance(map_location, Mapping):
+        target = map_location.get("cpu", "cpu")
+        return _location_hook(target)
+    if isinstance(map_location, str | torch.device):
+        device = torch.device(map_location)
+        if device.type == "cpu":
+            return None
+        return lambda t: t.to(device)
+    if callable(map_location):
+        fn = map_location
+
+        def hook(t: Any) -> Any:
+            storage = t.untyped_storage()
+            moved = fn(storage, "cpu")
+            if moved is None or moved is storage:
+                return t
+            if not isinstance(moved, torch.UntypedStorage | torch.TypedStorage):
+                raise TypeError(
+                    f"map_location callable returned {type(moved).__name__}, not a storage or None"
+                )
+            if isinstance(moved, torch.TypedStorage):
+                moved = moved.untyped()
+            out = torch.empty((0,), dtype=t.dtype, device=moved.device)
+            return out.set_(moved, 0, t.shape, t.stride())
+
+        return hook
+    raise TypeError(
+        "map_location must be None, a device string, a torch.device, a dict or a callable, "
+        f"not {type(map_location).__name__}"
+    )
+
+
+__all__ = ["load", "save"]
