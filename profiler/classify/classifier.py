@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from collectors import procstat
 from collectors.samples import Frame, Sample
 from profiler.classify.callsite import CallsitePrefilter, LineCalls, SourceCache, source_path
 from profiler.classify.codepaths import OTHER, Classification
@@ -263,17 +264,14 @@ class Classifier:
         key = str(proc_root)
         if key in self._start_times:
             return self._start_times[key]
-        start: float | None = None
+        # The stat beside proc_root (<procfs>/<pid>/root), the boot time from our procfs.
+        pid_dir = proc_root.parent
+        start: float | None
         try:
-            stat = (proc_root.parent / "stat").read_text()
-            ticks = int(stat.rsplit(")", 1)[1].split()[19])
-            btime = None
-            for line in (self._proc_fs / "stat").read_text().splitlines():
-                if line.startswith("btime "):
-                    btime = int(line.split()[1])
-            if btime is not None:
-                start = btime + ticks / os.sysconf("SC_CLK_TCK")
-        except (OSError, ValueError, IndexError):
+            start = procstat.start_time_s(
+                int(pid_dir.name), pid_dir.parent, boot_s=procstat.boot_time_s(self._proc_fs)
+            )
+        except (OSError, ValueError, procstat.ProcessGone, procstat.NotProcfs):
             start = None
         self._start_times[key] = start
         return start
