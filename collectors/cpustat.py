@@ -22,6 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from collectors.status import CollectorStatus
+
+REASON_UNREADABLE = "unreadable"
+
 
 @dataclass(frozen=True)
 class CpuTimes:
@@ -89,12 +93,14 @@ class CpuStat:
         self._clock = clock
         self.user_hz = user_hz or os.sysconf("SC_CLK_TCK")
 
-    def probe(self) -> tuple[bool, str | None]:
+    def probe(self) -> CollectorStatus:
         try:
             self.read()
         except (OSError, CpuStatError, ValueError) as exc:
-            return False, f"cannot read {self.procfs_root / 'stat'}: {exc}"
-        return True, None
+            return CollectorStatus(
+                False, REASON_UNREADABLE, f"cannot read {self.procfs_root / 'stat'}: {exc}"
+            )
+        return CollectorStatus(True)
 
     def read(self) -> CpuTimes:
         t = self._clock()

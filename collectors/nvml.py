@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from collectors.series import interpolate
+from collectors.status import CollectorStatus
 
 # NVML return codes (nvml.h), so translation does not need pynvml imported.
 NVML_ERROR_UNINITIALIZED = 1
@@ -268,10 +269,9 @@ class GpuInfo:
 
 
 @dataclass(frozen=True)
-class NvmlStatus:
-    available: bool
-    reason: str | None = None
-    detail: str | None = None
+class NvmlStatus(CollectorStatus):
+    """Whether NVML can be used (up when at least one GPU is), and every GPU it lists."""
+
     gpus: tuple[GpuInfo, ...] = ()
 
 
@@ -432,7 +432,7 @@ class NvmlCollector:
     def poll(self) -> None:
         """Collect new samples, energy and pids from every usable GPU."""
         status = self.probe()
-        if not status.available or self._backend is None:
+        if not status.up or self._backend is None:
             return
         with self._lock:
             for g in self._gpus:

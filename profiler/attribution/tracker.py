@@ -36,6 +36,7 @@ from collectors.cpustat import CpuStat
 from collectors.nvml import REASON_OFF, GpuWindow, NvmlBackend, NvmlCollector
 from collectors.rapl import DEFAULT_MAX_POWER_W, RaplCollector
 from collectors.series import CumulativeSeries
+from collectors.status import CollectorStatus
 
 MODES = ("auto", "required", "off")
 POLL_CAP_S = 0.25  # RAPL is read at least this often, for window edges, whatever the range
@@ -57,13 +58,6 @@ GPU_WAIT_METHOD = (
 
 class EnergyUnavailableError(Exception):
     """A collector the operator marked `required` is not available. Says the fix."""
-
-
-@dataclass(frozen=True)
-class CollectorStatus:
-    up: bool
-    reason: str | None = None
-    detail: str | None = None
 
 
 @dataclass(frozen=True)
@@ -170,9 +164,9 @@ class EnergyTracker:
             out["rapl"] = CollectorStatus(False, REASON_OFF, "RAPL disabled by configuration")
         else:
             rs = self.rapl.probe()
-            out["rapl"] = CollectorStatus(rs.available, rs.reason, rs.detail)
-        ok, why = self.cpustat.probe()
-        out["cpustat"] = CollectorStatus(ok, None if ok else "unreadable", why)
+            out["rapl"] = CollectorStatus(rs.up, rs.reason, rs.detail)
+        out["cpustat"] = self.cpustat.probe()
+        ok = out["cpustat"].up
         if out["rapl"].up:
             out["cpu_model"] = CollectorStatus(False, "not_needed", "RAPL measures energy")
         else:
@@ -187,11 +181,11 @@ class EnergyTracker:
         else:
             ns = self.nvml.probe()
             detail = ns.detail
-            if ns.available:
+            if ns.up:
                 detail = "; ".join(
                     f"gpu {g.index} {g.name}: " + ("up" if g.up else f"{g.reason}") for g in ns.gpus
                 )
-            out["nvml"] = CollectorStatus(ns.available, ns.reason, detail)
+            out["nvml"] = CollectorStatus(ns.up, ns.reason, detail)
         return out
 
     @property

@@ -63,7 +63,7 @@ def gpus_from_nvml(status: Any) -> tuple[list[dict[str, Any]], str]:
         {"index": g.index, "uuid": g.uuid, "name": g.name, "up": g.up, "reason": g.reason}
         for g in status.gpus
     ]
-    if status.available or gpus:
+    if status.up or gpus:
         return gpus, "nvml"
     return [], f"unavailable: {status.reason}" + (f" ({status.detail})" if status.detail else "")
 
