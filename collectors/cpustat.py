@@ -42,8 +42,9 @@ class CpuTimes:
 
 
 @dataclass(frozen=True)
-class CpuDelta:
-    """CPU seconds between two reads; `utilisation` is busy / total, in [0, 1]."""
+class NodeCpuDelta:
+    """Node-wide CPU seconds (all CPUs) between two reads; `utilisation` is busy / total,
+    in [0, 1]."""
 
     wall_s: float
     busy_s: float
@@ -109,8 +110,8 @@ class CpuStat:
         return CpuTimes(t=t, busy_s=busy, total_s=total, ncpu=ncpu)
 
 
-def cpu_delta(a: CpuTimes, b: CpuTimes) -> CpuDelta:
-    return CpuDelta(
+def cpu_delta(a: CpuTimes, b: CpuTimes) -> NodeCpuDelta:
+    return NodeCpuDelta(
         wall_s=max(0.0, b.t - a.t),
         busy_s=max(0.0, b.busy_s - a.busy_s),
         total_s=max(0.0, b.total_s - a.total_s),

@@ -66,8 +66,8 @@ class CpuSnapshot:
 
 
 @dataclass(frozen=True)
-class CpuDelta:
-    """Per-thread CPU seconds used between two snapshots of one process."""
+class ThreadCpuDelta:
+    """Per-thread CPU seconds one process used between two snapshots of it."""
 
     pid: int
     started_at: float
@@ -179,7 +179,7 @@ def snapshot(pid: int, procfs: Path = Path("/proc")) -> CpuSnapshot:
     return CpuSnapshot(pid=pid, t=t, threads=threads)
 
 
-def delta(before: CpuSnapshot, after: CpuSnapshot) -> CpuDelta:
+def delta(before: CpuSnapshot, after: CpuSnapshot) -> ThreadCpuDelta:
     """CPU seconds per thread between two snapshots of the same process.
 
     Threads born during the interval count from zero. Threads that died during the
@@ -205,7 +205,7 @@ def delta(before: CpuSnapshot, after: CpuSnapshot) -> CpuDelta:
             prev_ticks = prev.stat_ticks if prev else 0
             per_tid[tid] = max(0, th.stat_ticks - prev_ticks) / CLOCK_TICKS_PER_S
     exited = tuple(sorted(set(before.threads) - set(after.threads)))
-    return CpuDelta(
+    return ThreadCpuDelta(
         pid=after.pid,
         started_at=before.t,
         ended_at=after.t,

@@ -87,7 +87,7 @@ class RawWindow:
     procfs: Path
     window: WindowSamples
     snapshots: tuple[procstat.CpuSnapshot, ...]
-    cpu: procstat.CpuDelta
+    cpu: procstat.ThreadCpuDelta
     exited: bool
     python: str | None
 
