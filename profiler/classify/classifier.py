@@ -24,7 +24,12 @@ source-derived caches.
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
+import shutil
+import subprocess
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +39,7 @@ from collectors import procstat
 from collectors.samples import Frame, Sample
 from profiler.classify.callsite import CallsitePrefilter, LineCalls, SourceCache, source_path
 from profiler.classify.codepaths import OTHER, Classification
-from profiler.classify.rules import PatternSet, Rule, RuleSet, load_rules
+from profiler.classify.rules import PatternSet, Rule, RuleError, RuleSet, load_rules
 
 _MEMO_MAX = 1 << 17
 
@@ -398,14 +403,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     python -m profiler.classify --pid PID [--rules FILE]...     (runs py-spy dump)
     python -m profiler.classify DUMP.json [--proc-root DIR]     (`py-spy dump --json` output)
     """
-    import argparse
-    import json
-    import shutil
-    import subprocess
-    import sys
-
-    from profiler.classify.rules import RuleError
-
     parser = argparse.ArgumentParser(
         prog="python -m profiler.classify", description=(main.__doc__ or "").splitlines()[0]
     )

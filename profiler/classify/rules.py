@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -402,8 +403,6 @@ def builtin_rules_path() -> Path:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Check rule files: `python -m profiler.rules FILE...` (exit 0, or 78 with file:line)."""
-    import sys
-
     paths = list(sys.argv[1:] if argv is None else argv)
     if not paths:
         print("usage: python -m profiler.rules FILE.yaml...", file=sys.stderr)

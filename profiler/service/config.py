@@ -11,6 +11,7 @@ The documented shape, with every default, is `configs/serwatt.example.yaml`.
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import re
 import string
@@ -324,8 +325,6 @@ def _join_key(path: str, key: object) -> str:
 
 
 def _closest(key: str, allowed: tuple[str, ...]) -> str | None:
-    import difflib
-
     found = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
     return found[0] if found else None
 
