@@ -106,6 +106,10 @@ class ProcStat:
     stime_ticks: int
     start_ticks: int  # clock ticks after boot
 
+    def started_at(self, boot_s: float) -> float:
+        """Start time in epoch seconds, given the node's boot time (`boot_time_s`)."""
+        return boot_s + self.start_ticks / CLOCK_TICKS_PER_S
+
 
 def parse_stat(text: str) -> ProcStat:
     """Parse a stat line. comm may hold spaces and parentheses, so the fields start after
@@ -231,8 +235,7 @@ def start_time_s(pid: int, procfs: Path = Path("/proc"), *, boot_s: float | None
         st = parse_stat(_read(procfs / str(pid) / "stat"))
     except (FileNotFoundError, ProcessLookupError) as exc:
         raise ProcessGone(f"no such process: {pid}") from exc
-    boot = boot_time_s(procfs) if boot_s is None else boot_s
-    return boot + st.start_ticks / CLOCK_TICKS_PER_S
+    return st.started_at(boot_time_s(procfs) if boot_s is None else boot_s)
 
 
 def process_info(pid: int, procfs: Path = Path("/proc")) -> ProcessInfo:
@@ -241,14 +244,12 @@ def process_info(pid: int, procfs: Path = Path("/proc")) -> ProcessInfo:
         st = proc.stat()
         cmdline = tuple(proc.argv())
         exe = proc.exe()
-    except ProcessUnreadable as exc:
-        raise ProcessGone(f"no such process: {pid} ({exc})") from exc
     except ProcessGone as exc:
         raise ProcessGone(f"no such process: {pid}") from exc
     return ProcessInfo(
         pid=pid,
         ppid=st.ppid,
-        start_time_s=boot_time_s(procfs) + st.start_ticks / CLOCK_TICKS_PER_S,
+        start_time_s=st.started_at(boot_time_s(procfs)),
         cmdline=cmdline,
         exe=exe,
         comm=st.comm,

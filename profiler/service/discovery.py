@@ -149,8 +149,7 @@ def discover(
             if spec is None:
                 continue
             st = proc.stat()
-            ppid, start_ticks = st.ppid, st.start_ticks
-            if st.flags & PF_KTHREAD or pid == 2 or ppid == 2:
+            if st.flags & PF_KTHREAD or pid == 2 or st.ppid == 2:
                 count("kernel_thread")
                 continue
             if _is_serwatt_or_pyspy(proc):
@@ -160,7 +159,7 @@ def discover(
                 count("not_python")
                 continue
             units = _units(proc)
-            start_time = boot_s + start_ticks / procstat.CLOCK_TICKS_PER_S
+            start_time = st.started_at(boot_s)
             unit = units[0] if units else None
             found.append(
                 DiscoveredProcess(
@@ -178,7 +177,7 @@ def discover(
                         unit=unit,
                         host=host,
                     ),
-                    ppid=ppid,
+                    ppid=st.ppid,
                 )
             )
         except procstat.ProcessGone:
