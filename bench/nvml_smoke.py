@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     for g in status.gpus:
         state = "up" if g.up else f"unavailable: {g.reason}: {g.detail}"
         print(f"gpu {g.index}: {g.name} {g.uuid} {state}")
-    if not status.available:
+    if not status.up:
         print(f"nvml_smoke: NVML unavailable: {status.reason}: {status.detail}", file=sys.stderr)
         return 1
 

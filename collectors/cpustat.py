@@ -22,6 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from collectors.status import CollectorStatus
+
+REASON_UNREADABLE = "unreadable"
+
 
 @dataclass(frozen=True)
 class CpuTimes:
@@ -38,8 +42,9 @@ class CpuTimes:
 
 
 @dataclass(frozen=True)
-class CpuDelta:
-    """CPU seconds between two reads; `utilisation` is busy / total, in [0, 1]."""
+class NodeCpuDelta:
+    """Node-wide CPU seconds (all CPUs) between two reads; `utilisation` is busy / total,
+    in [0, 1]."""
 
     wall_s: float
     busy_s: float
@@ -89,12 +94,14 @@ class CpuStat:
         self._clock = clock
         self.user_hz = user_hz or os.sysconf("SC_CLK_TCK")
 
-    def probe(self) -> tuple[bool, str | None]:
+    def probe(self) -> CollectorStatus:
         try:
             self.read()
         except (OSError, CpuStatError, ValueError) as exc:
-            return False, f"cannot read {self.procfs_root / 'stat'}: {exc}"
-        return True, None
+            return CollectorStatus(
+                False, REASON_UNREADABLE, f"cannot read {self.procfs_root / 'stat'}: {exc}"
+            )
+        return CollectorStatus(True)
 
     def read(self) -> CpuTimes:
         t = self._clock()
@@ -103,8 +110,8 @@ class CpuStat:
         return CpuTimes(t=t, busy_s=busy, total_s=total, ncpu=ncpu)
 
 
-def cpu_delta(a: CpuTimes, b: CpuTimes) -> CpuDelta:
-    return CpuDelta(
+def cpu_delta(a: CpuTimes, b: CpuTimes) -> NodeCpuDelta:
+    return NodeCpuDelta(
         wall_s=max(0.0, b.t - a.t),
         busy_s=max(0.0, b.busy_s - a.busy_s),
         total_s=max(0.0, b.total_s - a.total_s),

@@ -27,13 +27,15 @@ unavailable-with-reason values. mJ and mW never leave this module.
 
 from __future__ import annotations
 
-import bisect
 import statistics
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from collectors.series import interpolate
+from collectors.status import CollectorStatus
 
 # NVML return codes (nvml.h), so translation does not need pynvml imported.
 NVML_ERROR_UNINITIALIZED = 1
@@ -267,10 +269,9 @@ class GpuInfo:
 
 
 @dataclass(frozen=True)
-class NvmlStatus:
-    available: bool
-    reason: str | None = None
-    detail: str | None = None
+class NvmlStatus(CollectorStatus):
+    """Whether NVML can be used (up when at least one GPU is), and every GPU it lists."""
+
     gpus: tuple[GpuInfo, ...] = ()
 
 
@@ -302,20 +303,6 @@ class GpuWindow:
     pids: frozenset[int] = frozenset()
     sample_period_s: float | None = None
     clock: ClockCalibration | None = None
-
-
-def interpolate_cumulative(points: Sequence[tuple[float, float]], t: float) -> float | None:
-    """Cumulative value at t by linear interpolation between polls; None outside them."""
-    if not points or t < points[0][0] or t > points[-1][0]:
-        return None
-    times = [p[0] for p in points]
-    i = bisect.bisect_left(times, t)
-    if times[i] == t:
-        return points[i][1]
-    (t0, v0), (t1, v1) = points[i - 1], points[i]
-    if t1 == t0:
-        return v1
-    return v0 + (v1 - v0) * (t - t0) / (t1 - t0)
 
 
 def clip_intervals(
@@ -445,7 +432,7 @@ class NvmlCollector:
     def poll(self) -> None:
         """Collect new samples, energy and pids from every usable GPU."""
         status = self.probe()
-        if not status.available or self._backend is None:
+        if not status.up or self._backend is None:
             return
         with self._lock:
             for g in self._gpus:
@@ -569,8 +556,8 @@ class NvmlCollector:
                 ivs = clip_intervals(g.intervals, start, end)
                 covered = sum(iv.t1 - iv.t0 for iv in ivs)
                 idle = sum(iv.idle_s for iv in ivs)
-                e0 = interpolate_cumulative(g.energy_points, start)
-                e1 = interpolate_cumulative(g.energy_points, end)
+                e0 = interpolate(g.energy_points, start)
+                e1 = interpolate(g.energy_points, end)
                 energy = None if e0 is None or e1 is None else max(0.0, e1 - e0)
                 pts = tuple(p for p in g.energy_points if start - 5.0 <= p[0] <= end + 5.0)
                 pids: set[int] = set()

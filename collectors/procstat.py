@@ -1,4 +1,5 @@
-"""Per-thread CPU time and process facts from procfs.
+"""Per-thread CPU time and process facts from procfs: serwatt's one reader of
+/proc/<pid> (stat, cmdline, exe, environ, cgroup, maps, mem, task/*) and of the boot time.
 
 Terms:
 - *CPU seconds* of a thread: time the kernel ran it on a CPU (user + system).
@@ -17,7 +18,9 @@ from __future__ import annotations
 
 import os
 import re
+import struct
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +29,14 @@ CLOCK_TICKS_PER_S: int = os.sysconf("SC_CLK_TCK")
 
 class ProcessGone(Exception):
     """The process (or all its threads) vanished while being read."""
+
+
+class ProcessUnreadable(Exception):
+    """procfs refused to let this process read a live process's file (not root, hidepid)."""
+
+
+class NotProcfs(RuntimeError):
+    """The procfs root given is not a procfs (its stat has no btime line)."""
 
 
 @dataclass(frozen=True)
@@ -55,8 +66,8 @@ class CpuSnapshot:
 
 
 @dataclass(frozen=True)
-class CpuDelta:
-    """Per-thread CPU seconds used between two snapshots of one process."""
+class ThreadCpuDelta:
+    """Per-thread CPU seconds one process used between two snapshots of it."""
 
     pid: int
     started_at: float
@@ -83,11 +94,41 @@ class ProcessInfo:
     comm: str
 
 
-def _parse_stat(text: str) -> tuple[str, list[str]]:
-    """Split a stat line into (comm, fields after comm). comm may hold spaces and ')'."""
+@dataclass(frozen=True)
+class ProcStat:
+    """The fields of /proc/<pid>/stat (or a task's stat) that serwatt uses."""
+
+    comm: str  # may hold spaces and ')'
+    state: str  # R, S, D, Z, X, ...
+    ppid: int
+    flags: int  # PF_* bits (PF_KTHREAD: a kernel thread)
+    utime_ticks: int
+    stime_ticks: int
+    start_ticks: int  # clock ticks after boot
+
+    def started_at(self, boot_s: float) -> float:
+        """Start time in epoch seconds, given the node's boot time (`boot_time_s`)."""
+        return boot_s + self.start_ticks / CLOCK_TICKS_PER_S
+
+
+def parse_stat(text: str) -> ProcStat:
+    """Parse a stat line. comm may hold spaces and parentheses, so the fields start after
+    the LAST ')'. ValueError for a line that is not a whole stat (a process exiting)."""
     lpar = text.index("(")
     rpar = text.rindex(")")
-    return text[lpar + 1 : rpar], text[rpar + 2 :].split()
+    fields = text[rpar + 2 :].split()
+    if len(fields) < 20:
+        raise ValueError(f"stat line has {len(fields)} fields after comm, need >= 20")
+    # fields[0] is stat field 3 (state); utime, stime, starttime are fields 14, 15, 22.
+    return ProcStat(
+        comm=text[lpar + 1 : rpar],
+        state=fields[0],
+        ppid=int(fields[1]),
+        flags=int(fields[6]),
+        utime_ticks=int(fields[11]),
+        stime_ticks=int(fields[12]),
+        start_ticks=int(fields[19]),
+    )
 
 
 def _read(path: Path) -> str:
@@ -97,10 +138,7 @@ def _read(path: Path) -> str:
 
 def read_thread(pid: int, tid: int, procfs: Path = Path("/proc")) -> ThreadCpu:
     task = procfs / str(pid) / "task" / str(tid)
-    comm, fields = _parse_stat(_read(task / "stat"))
-    # fields[0] is state (stat field 3); utime/stime are stat fields 14/15.
-    state = fields[0]
-    ticks = int(fields[11]) + int(fields[12])
+    st = parse_stat(_read(task / "stat"))
     sched_ns: int | None
     wait_ns: int | None
     try:
@@ -109,7 +147,12 @@ def read_thread(pid: int, tid: int, procfs: Path = Path("/proc")) -> ThreadCpu:
     except (FileNotFoundError, IndexError, ValueError):
         sched_ns = wait_ns = None
     return ThreadCpu(
-        tid=tid, comm=comm, stat_ticks=ticks, sched_ns=sched_ns, state=state, wait_ns=wait_ns
+        tid=tid,
+        comm=st.comm,
+        stat_ticks=st.utime_ticks + st.stime_ticks,
+        sched_ns=sched_ns,
+        state=st.state,
+        wait_ns=wait_ns,
     )
 
 
@@ -140,7 +183,7 @@ def snapshot(pid: int, procfs: Path = Path("/proc")) -> CpuSnapshot:
     return CpuSnapshot(pid=pid, t=t, threads=threads)
 
 
-def delta(before: CpuSnapshot, after: CpuSnapshot) -> CpuDelta:
+def delta(before: CpuSnapshot, after: CpuSnapshot) -> ThreadCpuDelta:
     """CPU seconds per thread between two snapshots of the same process.
 
     Threads born during the interval count from zero. Threads that died during the
@@ -166,7 +209,7 @@ def delta(before: CpuSnapshot, after: CpuSnapshot) -> CpuDelta:
             prev_ticks = prev.stat_ticks if prev else 0
             per_tid[tid] = max(0, th.stat_ticks - prev_ticks) / CLOCK_TICKS_PER_S
     exited = tuple(sorted(set(before.threads) - set(after.threads)))
-    return CpuDelta(
+    return ThreadCpuDelta(
         pid=after.pid,
         started_at=before.t,
         ended_at=after.t,
@@ -179,43 +222,47 @@ def delta(before: CpuSnapshot, after: CpuSnapshot) -> CpuDelta:
 
 
 def boot_time_s(procfs: Path = Path("/proc")) -> float:
+    """When the node booted, epoch seconds (the `btime` line of <procfs>/stat)."""
     for line in _read(procfs / "stat").splitlines():
         if line.startswith("btime "):
             return float(line.split()[1])
-    raise ValueError(f"no btime line in {procfs / 'stat'}")
+    raise NotProcfs(f"{procfs}/stat has no btime line: is {procfs} a procfs?")
+
+
+def start_time_s(pid: int, procfs: Path = Path("/proc"), *, boot_s: float | None = None) -> float:
+    """When `pid` started, epoch seconds. boot_s: the node's boot time when already known."""
+    try:
+        st = parse_stat(_read(procfs / str(pid) / "stat"))
+    except (FileNotFoundError, ProcessLookupError) as exc:
+        raise ProcessGone(f"no such process: {pid}") from exc
+    return st.started_at(boot_time_s(procfs) if boot_s is None else boot_s)
 
 
 def process_info(pid: int, procfs: Path = Path("/proc")) -> ProcessInfo:
-    base = procfs / str(pid)
+    proc = ProcessFiles(pid, procfs)
     try:
-        comm, fields = _parse_stat(_read(base / "stat"))
-        raw_cmdline = _read(base / "cmdline")
-    except (FileNotFoundError, ProcessLookupError) as exc:
+        st = proc.stat()
+        cmdline = tuple(proc.argv())
+        exe = proc.exe()
+    except ProcessGone as exc:
         raise ProcessGone(f"no such process: {pid}") from exc
-    ppid = int(fields[1])
-    start_ticks = int(fields[19])  # stat field 22: starttime, ticks since boot
-    try:
-        exe: str | None = os.readlink(base / "exe")
-    except OSError:
-        exe = None
-    cmdline = tuple(a for a in raw_cmdline.split("\0") if a)
     return ProcessInfo(
         pid=pid,
-        ppid=ppid,
-        start_time_s=boot_time_s(procfs) + start_ticks / CLOCK_TICKS_PER_S,
+        ppid=st.ppid,
+        start_time_s=st.started_at(boot_time_s(procfs)),
         cmdline=cmdline,
         exe=exe,
-        comm=comm,
+        comm=st.comm,
     )
 
 
 def exists(pid: int, procfs: Path = Path("/proc")) -> bool:
     """True while the pid exists and is not a zombie."""
     try:
-        _, fields = _parse_stat(_read(procfs / str(pid) / "stat"))
+        st = parse_stat(_read(procfs / str(pid) / "stat"))
     except (FileNotFoundError, ProcessLookupError, ValueError):
         return False
-    return fields[0] not in ("Z", "X")
+    return st.state not in ("Z", "X")
 
 
 def _live_parents(procfs: Path) -> dict[int, int]:
@@ -228,11 +275,11 @@ def _live_parents(procfs: Path) -> dict[int, int]:
         if not name.isdigit():
             continue
         try:
-            _, fields = _parse_stat(_read(procfs / name / "stat"))
+            st = parse_stat(_read(procfs / name / "stat"))
         except (FileNotFoundError, ProcessLookupError, ValueError):
             continue
-        if fields[0] not in ("Z", "X"):
-            parent_of[int(name)] = int(fields[1])
+        if st.state not in ("Z", "X"):
+            parent_of[int(name)] = st.ppid
     return parent_of
 
 
@@ -256,8 +303,170 @@ def descendants(pid: int, procfs: Path = Path("/proc")) -> list[int]:
     return out
 
 
-_LIBPYTHON = re.compile(r"libpython(\d+\.\d+)(t?)[\w.]*\.so")
-_PYTHON_EXE = re.compile(r"python(\d+(?:\.\d+)?)?(t?)$")
+def thread_comm(pid: int, tid: int, procfs: Path = Path("/proc")) -> str | None:
+    """A thread's kernel name (at most 15 bytes); None when it cannot be read."""
+    try:
+        return _read(procfs / str(pid) / "task" / str(tid) / "comm").strip()
+    except OSError:
+        return None
+
+
+def read_mem_u32(
+    pid: int, addresses: Sequence[int], procfs: Path = Path("/proc")
+) -> dict[int, int]:
+    """Signed 32-bit little-endian values at `addresses` of `pid`'s memory
+    (/proc/<pid>/mem, needs ptrace access); addresses that cannot be read are left out."""
+    out: dict[int, int] = {}
+    try:
+        fd = os.open(procfs / str(pid) / "mem", os.O_RDONLY)
+    except OSError:
+        return out
+    try:
+        for addr in addresses:
+            try:
+                raw = os.pread(fd, 4, addr)
+            except OSError:
+                continue
+            if len(raw) == 4:
+                out[addr] = struct.unpack("<i", raw)[0]
+    finally:
+        os.close(fd)
+    return out
+
+
+def effective_capabilities(procfs: Path = Path("/proc"), pid: int | str = "self") -> int | None:
+    """The CapEff bit mask of `pid` (default: this process); None when unreadable."""
+    try:
+        for line in _read(procfs / str(pid) / "status").splitlines():
+            if line.startswith("CapEff:"):
+                return int(line.split()[1], 16)
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+class ProcessFiles:
+    """Lazily read, cached files of one process, for scans over every pid.
+
+    Each read raises ProcessGone (the process exited, or the entry is not a readable
+    file) or ProcessUnreadable (permission). Paths are plain strings and reads plain
+    open(): pathlib costs more than the read itself over a thousand processes.
+    """
+
+    def __init__(self, pid: int, procfs: Path | str = Path("/proc")) -> None:
+        self.pid = pid
+        self.dir = f"{procfs}/{pid}"
+        self._stat: ProcStat | None = None
+        self._argv: list[str] | None = None
+        self._exe: tuple[str | None] | None = None
+        self._cgroup: list[str] | None = None
+        self._environ: dict[str, str] | None = None
+
+    def read(self, name: str) -> bytes:
+        try:
+            with open(f"{self.dir}/{name}", "rb") as f:
+                return f.read()
+        except (FileNotFoundError, ProcessLookupError, NotADirectoryError) as exc:
+            raise ProcessGone(f"process {self.pid}: {name} is gone") from exc
+        except PermissionError as exc:
+            raise ProcessUnreadable(f"process {self.pid}: {name}: permission denied") from exc
+        except OSError as exc:  # ESRCH and friends from a process exiting under us
+            raise ProcessGone(f"process {self.pid}: {name}: {exc}") from exc
+
+    def stat(self) -> ProcStat:
+        """ValueError when the stat line is cut short (the process is exiting)."""
+        if self._stat is None:
+            self._stat = parse_stat(self.read("stat").decode("utf-8", "replace"))
+        return self._stat
+
+    def argv(self) -> list[str]:
+        """The command line; empty for kernel threads and zombies."""
+        if self._argv is None:
+            raw = self.read("cmdline")
+            self._argv = [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a]
+        return self._argv
+
+    def exe(self) -> str | None:
+        """The resolved executable; None for kernel threads, zombies and when not allowed.
+        A binary replaced on disk (an upgrade) reads as its old path, not "... (deleted)"."""
+        if self._exe is None:
+            try:
+                target: str | None = os.readlink(f"{self.dir}/exe")
+            except FileNotFoundError:
+                if not os.path.exists(self.dir):
+                    raise ProcessGone(f"process {self.pid} is gone") from None
+                target = None
+            except OSError:
+                target = None
+            if target and target.endswith(" (deleted)"):
+                target = target[: -len(" (deleted)")]
+            self._exe = (target,)
+        return self._exe[0]
+
+    def cgroup_paths(self) -> list[str]:
+        """The cgroup path of every hierarchy in /proc/<pid>/cgroup."""
+        if self._cgroup is None:
+            paths = []
+            for line in self.read("cgroup").decode("utf-8", "replace").splitlines():
+                parts = line.split(":", 2)
+                if len(parts) == 3:
+                    paths.append(parts[2])
+            self._cgroup = paths
+        return self._cgroup
+
+    def environ(self) -> dict[str, str]:
+        """The environment the process started with (later setenv calls do not show)."""
+        if self._environ is None:
+            env = {}
+            for item in self.read("environ").split(b"\0"):
+                key, sep, value = item.partition(b"=")
+                if sep:
+                    env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+            self._environ = env
+        return self._environ
+
+    def python_kind(self) -> PythonKind:
+        """Whether the process runs CPython; see `python_kind`. ProcessGone when it
+        exits while being read."""
+        exe = self.exe()
+        # The kernel's exe link wins; argv[0] is whatever the parent chose, so it counts
+        # only when the link cannot be read.
+        if exe is not None:
+            name, evidence = os.path.basename(exe), f"exe {exe}"
+        else:
+            try:
+                argv = self.argv()
+            except ProcessUnreadable:
+                argv = []
+            name = os.path.basename(argv[0]) if argv else ""
+            evidence = f"argv[0] {argv[0] if argv else '?'} (exe unreadable)"
+        m = _PYTHON_NAME.match(name)
+        if m:
+            return PythonKind(True, _major_minor(m.group(1)), "t" in m.group(2), evidence)
+        # Embedded interpreters (uwsgi, a C++ launcher) show Python only in their mappings.
+        try:
+            maps = self.read("maps")
+        except ProcessUnreadable:
+            maps = b""
+        lm = _LIBPYTHON.search(maps)
+        if lm:
+            return PythonKind(
+                True,
+                _major_minor(lm.group(1).decode()),
+                b"t" in lm.group(2),
+                f"maps {lm.group(0)[1:].decode()}",
+            )
+        return PythonKind(False, None, False, f"{evidence} maps no libpython")
+
+
+# python, python3, python3.11, python3.11.7, python3.13t (free-threaded), python3.7m
+_PYTHON_NAME = re.compile(r"^python(\d+(?:\.\d+)*)?([a-z]*)$")
+_LIBPYTHON = re.compile(rb"/libpython(\d+(?:\.\d+)*)([a-z]*)\.so")
+_FULL_VERSION = re.compile(r"(\d+\.\d+\.\d+)")
+
+
+def _major_minor(version: str | None) -> str | None:
+    return ".".join(version.split(".")[:2]) if version else None
 
 
 @dataclass(frozen=True)
@@ -271,25 +480,27 @@ class PythonKind:
 
 
 def python_kind(pid: int, procfs: Path = Path("/proc")) -> PythonKind:
-    """Guess from the exe name and mapped libpython whether `pid` runs CPython.
+    """Guess from the exe name (argv[0] when the exe link is unreadable) and a mapped
+    libpython whether `pid` runs CPython. Never raises: a process that is gone is not
+    Python.
 
     This is a pre-check only: py-spy has the final word (it reads the interpreter's
     memory). Free-threaded builds name themselves `python3.13t` / `libpython3.13t.so`.
     """
-    base = procfs / str(pid)
     try:
-        exe = os.readlink(base / "exe")
-    except OSError:
+        return ProcessFiles(pid, procfs).python_kind()
+    except (ProcessGone, ProcessUnreadable) as exc:
+        return PythonKind(False, None, False, f"unreadable: {exc}")
+
+
+def python_version(pid: int, procfs: Path = Path("/proc")) -> str | None:
+    """ "3.11.7" when the executable's path names it (pyenv, venvs), else "3.11" from
+    `python_kind`, else None."""
+    try:
+        exe = ProcessFiles(pid, procfs).exe() or ""
+    except ProcessGone:
         exe = ""
-    exe_name = os.path.basename(exe)
-    m = _PYTHON_EXE.search(exe_name)
-    if m and exe_name.startswith("python"):
-        return PythonKind(True, m.group(1), m.group(2) == "t", f"exe {exe}")
-    try:
-        maps = _read(base / "maps")
-    except OSError:
-        maps = ""
-    lm = _LIBPYTHON.search(maps)
-    if lm:
-        return PythonKind(True, lm.group(1), lm.group(2) == "t", f"maps {lm.group(0)}")
-    return PythonKind(False, None, False, f"exe {exe or '?'} maps no libpython")
+    m = _FULL_VERSION.search(exe)
+    if m:
+        return m.group(1)
+    return python_kind(pid, procfs).version

@@ -32,6 +32,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from collectors.status import CollectorStatus
+
 UJ_PER_J = 1_000_000
 
 # Generous per-zone power ceiling used to derive the poll period: the largest server
@@ -102,12 +104,10 @@ class SkippedZone:
 
 
 @dataclass(frozen=True)
-class RaplStatus:
-    """Whether RAPL can be read, and if not, why (reason code + a sentence with the fix)."""
+class RaplStatus(CollectorStatus):
+    """Whether RAPL can be read, and if not, why (reason: None | no_powercap | permission |
+    unsupported, detail: a sentence with the fix); when up, the zones read."""
 
-    available: bool
-    reason: str | None = None  # None | no_powercap | permission | unsupported
-    detail: str | None = None
     zones: tuple[RaplZone, ...] = ()
     skipped: tuple[SkippedZone, ...] = ()
     poll_period_s: float | None = None  # longest safe period between reads
@@ -292,7 +292,7 @@ class RaplCollector:
     def read(self) -> RaplReading:
         """Read every counted zone once and return cumulative, wrap-corrected joules."""
         status = self.probe()
-        if not status.available:
+        if not status.up:
             raise RaplError(f"RAPL unavailable: {status.reason}: {status.detail}")
         with self._lock:
             t = self._clock()

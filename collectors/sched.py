@@ -79,14 +79,9 @@ def nice_problem(procfs: Path = Path("/proc")) -> str | None:
     # RLIMIT_NICE n allows nice down to 20 - n
     if soft == resource.RLIM_INFINITY or 20 - soft <= NICE:
         return None
-    try:
-        for line in (procfs / "self" / "status").read_text().splitlines():
-            if line.startswith("CapEff:"):
-                if int(line.split()[1], 16) >> CAP_SYS_NICE & 1:
-                    return None
-                break
-    except (OSError, ValueError, IndexError):
-        pass
+    caps = procstat.effective_capabilities(procfs)
+    if caps is not None and caps >> CAP_SYS_NICE & 1:
+        return None
     return "nice -20 not allowed (no CAP_SYS_NICE, RLIMIT_NICE below 40)"
 
 

@@ -8,12 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from collectors.series import interpolate
 from profiler.attribution.apportion import (
     IdleSpan,
     attribute_energy,
     attribute_gpu_wait,
     gpus_used_by,
-    interpolate,
 )
 from profiler.classify.codepaths import CODEPATHS
 from profiler.sampling.window import TimedLabel

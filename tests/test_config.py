@@ -16,7 +16,7 @@ from profiler.service.config import (
     RUN_PLACEHOLDERS,
     ConfigError,
     load_config,
-    split_listen,
+    parse_listen,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -359,13 +359,13 @@ def test_config_error_message_names_file_line_and_key(tmp_path: Path) -> None:
     assert f"{path}:1: window_s: must be at least 1, got 0" in str(info.value)
 
 
-def test_split_listen() -> None:
-    assert split_listen("0.0.0.0:1") == ("0.0.0.0", 1)
-    assert split_listen("node-1.example:65535") == ("node-1.example", 65535)
-    assert split_listen("[fe80::1]:9977") == ("fe80::1", 9977)
+def test_parse_listen() -> None:
+    assert parse_listen("0.0.0.0:1") == ("0.0.0.0", 1)
+    assert parse_listen("node-1.example:65535") == ("node-1.example", 65535)
+    assert parse_listen("[fe80::1]:9977") == ("fe80::1", 9977)
     for bad in ("", "x", "a:0", "[::1]9977", "[zz]:1", "a:-1"):
         with pytest.raises(ValueError):
-            split_listen(bad)
+            parse_listen(bad)
 
 
 def test_raw_is_the_parsed_yaml(tmp_path: Path) -> None:

@@ -49,7 +49,8 @@ def test_bad_proc_stat_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "stat").write_text("intr 1 2 3\n")
     with pytest.raises(CpuStatError, match="no aggregate 'cpu ' line"):
         CpuStat(tmp_path).read()
-    ok, reason = CpuStat(tmp_path / "missing").probe()
+    status = CpuStat(tmp_path / "missing").probe()
+    ok, reason = status.up, status.detail
     assert not ok and "missing/stat" in (reason or "")
 
 

@@ -45,7 +45,7 @@ def _replay(name: str, poll_every_s: float, duration_s: float, **kw: object):
 
 def test_checkpoint_stall_idle_seconds_match_the_timeline() -> None:
     clock, fake, col, status = _replay("h200_checkpoint_stall", 0.5, 16.0)
-    assert status.available and status.gpus[0].name == "NVIDIA H200"
+    assert status.up and status.gpus[0].name == "NVIDIA H200"
     cal = col.clock_calibration
     assert cal is not None and cal.domain == "boottime"
     assert cal.offset_s == pytest.approx(fake.boot_epoch)
@@ -83,7 +83,7 @@ def test_empty_buffer_while_busy_is_not_counted_idle() -> None:
 
 def test_gpu_lost_mid_run_keeps_earlier_data() -> None:
     clock, fake, col, status = _replay("two_gpus_one_lost", 0.5, 8.0)
-    assert status.available and [g.up for g in status.gpus] == [True, True]
+    assert status.up and [g.up for g in status.gpus] == [True, True]
     assert col.clock_calibration is not None and col.clock_calibration.domain == "epoch"
     before = col.window(fake.start + 1.0, fake.start + 3.0)
     assert before[1].up and before[1].covered_s > 0
@@ -109,7 +109,7 @@ def test_pre_volta_energy_is_integrated_power() -> None:
 
 def test_mig_is_unavailable_with_reason() -> None:
     _, _, col, status = _replay("a100_mig", 0.5, 1.0)
-    assert not status.available
+    assert not status.up
     assert (status.gpus[0].up, status.gpus[0].reason) == (False, REASON_MIG)
     assert "MIG" in (status.gpus[0].detail or "")
     assert col.window(0, 1)[0].reason == REASON_MIG
@@ -123,7 +123,7 @@ def test_init_errors_become_reasons(code: int, reason: str) -> None:
     tl["driver"]["init_error"] = code
     fake = ReplayNvmlBackend(tl)
     status = NvmlCollector(fake).probe()
-    assert (status.available, status.reason) == (False, reason)
+    assert (status.up, status.reason) == (False, reason)
     assert "nvmlInit" in (status.detail or "")
 
 
@@ -131,9 +131,9 @@ def test_real_backend_on_this_machine_says_no_driver() -> None:
     # No GPU or driver here: the real pynvml backend must say so, not crash or report 0.
     status = NvmlCollector().probe()
     if Path("/dev/nvidiactl").exists():  # a GPU node: the real backend must find GPUs
-        assert status.available and status.gpus, status.detail
+        assert status.up and status.gpus, status.detail
         return
-    assert (status.available, status.reason) == (False, REASON_NO_DRIVER)
+    assert (status.up, status.reason) == (False, REASON_NO_DRIVER)
     assert "libnvidia-ml" in (status.detail or "")
 
 

@@ -32,7 +32,7 @@ def test_two_sockets_map_zones_to_packages_by_name(tmp_path: Path) -> None:
     tree = build_powercap(tmp_path)  # intel-rapl:0 is package-1, intel-rapl:1 is package-0
     c = RaplCollector(tmp_path)
     st_ = c.probe()
-    assert st_.available, st_.detail
+    assert st_.up, st_.detail
     kinds = {z.zone_id: (z.kind, z.package) for z in st_.zones}
     assert kinds == {
         "intel-rapl:0": ("package", 1),
@@ -84,7 +84,7 @@ def test_missing_max_skips_zone_with_reason(tmp_path: Path) -> None:
     (tree.zone_dir("intel-rapl:0:0") / "max_energy_range_uj").unlink()
     c = RaplCollector(tmp_path)
     st_ = c.probe()
-    assert st_.available
+    assert st_.up
     assert [s.zone_id for s in st_.skipped] == ["intel-rapl:0:0"]
     assert "max_energy_range_uj unreadable" in st_.skipped[0].reason
     c.read()
@@ -99,7 +99,7 @@ def test_all_packages_without_max_is_unsupported_not_zero(tmp_path: Path) -> Non
         (tree.zone_dir(z) / "max_energy_range_uj").write_text("garbage\n")
     c = RaplCollector(tmp_path)
     st_ = c.probe()
-    assert (st_.available, st_.reason) == (False, REASON_UNSUPPORTED)
+    assert (st_.up, st_.reason) == (False, REASON_UNSUPPORTED)
     assert "max_energy_range_uj unreadable" in (st_.detail or "")
     with pytest.raises(RaplError, match="unsupported"):
         c.read()
@@ -107,7 +107,7 @@ def test_all_packages_without_max_is_unsupported_not_zero(tmp_path: Path) -> Non
 
 def test_no_powercap_and_unsupported_are_distinct(tmp_path: Path) -> None:
     st_ = RaplCollector(tmp_path / "sys").probe()
-    assert (st_.available, st_.reason) == (False, REASON_NO_POWERCAP)
+    assert (st_.up, st_.reason) == (False, REASON_NO_POWERCAP)
     assert "no powercap sysfs" in (st_.detail or "")
     (tmp_path / "sys" / "class" / "powercap").mkdir(parents=True)
     st_ = RaplCollector(tmp_path / "sys").probe()
@@ -155,7 +155,7 @@ c = RaplCollector(sys.argv[1])
 os.setgid(65534)
 os.setuid(65534)  # drop root for real: the kernel, not us, refuses the read
 s = c.probe()
-print(json.dumps({"available": s.available, "reason": s.reason, "detail": s.detail}))
+print(json.dumps({"available": s.up, "reason": s.reason, "detail": s.detail}))
 """
 
 
@@ -186,7 +186,7 @@ def test_eacces_on_energy_uj_is_permission_not_zero_watts() -> None:
         assert got["reason"] == REASON_PERMISSION
         assert "CVE-2020-8694" in got["detail"] and "intel-rapl:0" in got["detail"]
         # as root the same tree reads fine
-        assert RaplCollector(base).probe().available
+        assert RaplCollector(base).probe().up
     finally:
         shutil.rmtree(base)
 

@@ -6,8 +6,6 @@ pthread_t otherwise (<3.11 in nonblocking mode); see collectors/pyspy/runner.py.
 
 from __future__ import annotations
 
-import os
-import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,25 +22,6 @@ class ThreadMapping:
     tid_of: dict[str, int]  # track label -> kernel tid
     method: dict[str, str]  # track label -> "pyspy" | "pthread" | "main" | "comm"
     unmapped: tuple[str, ...]
-
-
-def _read_mem_u32(pid: int, addresses: Sequence[int], procfs: Path) -> dict[int, int]:
-    out: dict[int, int] = {}
-    try:
-        fd = os.open(procfs / str(pid) / "mem", os.O_RDONLY)
-    except OSError:
-        return out
-    try:
-        for addr in addresses:
-            try:
-                raw = os.pread(fd, 4, addr)
-            except OSError:
-                continue
-            if len(raw) == 4:
-                out[addr] = struct.unpack("<i", raw)[0]
-    finally:
-        os.close(fd)
-    return out
 
 
 # glibc x86-64 keeps `pid_t tid` at 0x2d0 in struct pthread (2.28-2.39); the offset is
@@ -65,7 +44,7 @@ def map_threads(
         if live:
             for offset in _PTHREAD_TID_OFFSETS:
                 addrs = [tr.pthread_id + offset for tr in pending if tr.pthread_id is not None]
-                values = _read_mem_u32(pid, addrs, procfs)
+                values = procstat.read_mem_u32(pid, addrs, procfs)
                 if len(values) != len(pending):
                     if not values:
                         break  # /proc/<pid>/mem unreadable: no point scanning
@@ -88,9 +67,8 @@ def map_threads(
         if pending:
             comms: dict[str, list[int]] = {}
             for t in live - set(tid_of.values()):
-                try:
-                    name = (procfs / str(pid) / "task" / str(t) / "comm").read_text().strip()
-                except OSError:
+                name = procstat.thread_comm(pid, t, procfs)
+                if name is None:
                     continue
                 comms.setdefault(name, []).append(t)
             for tr in pending:

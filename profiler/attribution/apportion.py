@@ -39,11 +39,11 @@ GPU's energy over the same pieces times their idle fraction.
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from collectors.series import interpolate
 from profiler.classify.codepaths import CODEPATHS, SERIALIZATION_CODEPATHS
 from profiler.sampling.window import TimedLabel
 
@@ -131,17 +131,6 @@ class GpuWaitAttribution:
     unattributed_s: float  # idle while no target sample covered the instant
     idle_energy_j: Mapping[str, float] | None  # GPU energy during wait_s, per codepath
     unattributed_idle_energy_j: float | None
-
-
-def interpolate(points: Sequence[tuple[float, float]], t: float) -> float | None:
-    """Cumulative value at t by linear interpolation; None outside the points."""
-    if not points or t < points[0][0] or t > points[-1][0]:
-        return None
-    i = bisect.bisect_left(points, (t, -math.inf))
-    if i < len(points) and points[i][0] == t:
-        return points[i][1]
-    (t0, v0), (t1, v1) = points[i - 1], points[i]
-    return v1 if t1 == t0 else v0 + (v1 - v0) * (t - t0) / (t1 - t0)
 
 
 def attribute_gpu_wait(

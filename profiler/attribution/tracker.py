@@ -23,12 +23,11 @@ codepath's `energy_j`, `gpu_wait_s` and `gpu_idle_j` in the profile document.
 
 from __future__ import annotations
 
-import bisect
 import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +35,8 @@ from collectors.cpu_model import CpuPowerModel
 from collectors.cpustat import CpuStat
 from collectors.nvml import REASON_OFF, GpuWindow, NvmlBackend, NvmlCollector
 from collectors.rapl import DEFAULT_MAX_POWER_W, RaplCollector
+from collectors.series import CumulativeSeries
+from collectors.status import CollectorStatus
 
 MODES = ("auto", "required", "off")
 POLL_CAP_S = 0.25  # RAPL is read at least this often, for window edges, whatever the range
@@ -57,13 +58,6 @@ GPU_WAIT_METHOD = (
 
 class EnergyUnavailableError(Exception):
     """A collector the operator marked `required` is not available. Says the fix."""
-
-
-@dataclass(frozen=True)
-class CollectorStatus:
-    up: bool
-    reason: str | None = None
-    detail: str | None = None
 
 
 @dataclass(frozen=True)
@@ -93,48 +87,6 @@ class WindowEnergy:
     @property
     def wall_s(self) -> float:
         return max(0.0, self.end - self.start)
-
-
-def _interp(times: list[float], values: list[float], t: float) -> float | None:
-    if not times or t < times[0] or t > times[-1]:
-        return None
-    i = bisect.bisect_left(times, t)
-    if times[i] == t:
-        return values[i]
-    t0, t1 = times[i - 1], times[i]
-    v0, v1 = values[i - 1], values[i]
-    return v1 if t1 == t0 else v0 + (v1 - v0) * (t - t0) / (t1 - t0)
-
-
-class _Series:
-    """Time-ordered cumulative readings with linear interpolation."""
-
-    def __init__(self, names: Iterable[str]) -> None:
-        self.t: deque[float] = deque()
-        self.v: dict[str, deque[float]] = {n: deque() for n in names}
-
-    def add(self, t: float, **values: float) -> None:
-        if self.t and t <= self.t[-1]:
-            return  # keep strictly increasing time
-        self.t.append(t)
-        for k, dq in self.v.items():
-            dq.append(values[k])
-
-    def prune(self, horizon: float) -> None:
-        while len(self.t) > 2 and self.t[1] < horizon:
-            self.t.popleft()
-            for dq in self.v.values():
-                dq.popleft()
-
-    def delta(self, name: str, a: float, b: float) -> float | None:
-        times = list(self.t)
-        vals = list(self.v[name])
-        va, vb = _interp(times, vals, a), _interp(times, vals, b)
-        return None if va is None or vb is None else vb - va
-
-    @property
-    def last_t(self) -> float | None:
-        return self.t[-1] if self.t else None
 
 
 class EnergyTracker:
@@ -170,9 +122,9 @@ class EnergyTracker:
         self.nvml = NvmlCollector(nvml_backend, clock=clock)
         self._model: CpuPowerModel | None = None
         self._status: dict[str, CollectorStatus] | None = None
-        self._rapl_series = _Series(("package", "dram", "psys"))
-        self._per_package: dict[int, _Series] = {}
-        self._cpu_series = _Series(("busy", "total"))
+        self._rapl_series = CumulativeSeries(("package", "dram", "psys"))
+        self._per_package: dict[int, CumulativeSeries] = {}
+        self._cpu_series = CumulativeSeries(("busy", "total"))
         self._rapl_errors = 0
         self.rapl_wraps = 0  # counter wraps corrected so far, all zones
         self.max_rapl_gap_s = 0.0  # longest time between two RAPL reads
@@ -212,9 +164,9 @@ class EnergyTracker:
             out["rapl"] = CollectorStatus(False, REASON_OFF, "RAPL disabled by configuration")
         else:
             rs = self.rapl.probe()
-            out["rapl"] = CollectorStatus(rs.available, rs.reason, rs.detail)
-        ok, why = self.cpustat.probe()
-        out["cpustat"] = CollectorStatus(ok, None if ok else "unreadable", why)
+            out["rapl"] = CollectorStatus(rs.up, rs.reason, rs.detail)
+        out["cpustat"] = self.cpustat.probe()
+        ok = out["cpustat"].up
         if out["rapl"].up:
             out["cpu_model"] = CollectorStatus(False, "not_needed", "RAPL measures energy")
         else:
@@ -229,11 +181,11 @@ class EnergyTracker:
         else:
             ns = self.nvml.probe()
             detail = ns.detail
-            if ns.available:
+            if ns.up:
                 detail = "; ".join(
                     f"gpu {g.index} {g.name}: " + ("up" if g.up else f"{g.reason}") for g in ns.gpus
                 )
-            out["nvml"] = CollectorStatus(ns.available, ns.reason, detail)
+            out["nvml"] = CollectorStatus(ns.up, ns.reason, detail)
         return out
 
     @property
@@ -308,7 +260,7 @@ class EnergyTracker:
                     r.t, package=r.package_j, dram=r.dram_j or 0.0, psys=r.psys_j or 0.0
                 )
                 for pkg, j in r.per_package_j.items():
-                    self._per_package.setdefault(pkg, _Series(("j",))).add(r.t, j=j)
+                    self._per_package.setdefault(pkg, CumulativeSeries(("j",))).add(r.t, j=j)
                 self.rapl_wraps = r.wraps
                 if r.errors:
                     self._rapl_errors += 1

@@ -24,16 +24,22 @@ source-derived caches.
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
+import shutil
+import subprocess
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from collectors import procstat
 from collectors.samples import Frame, Sample
 from profiler.classify.callsite import CallsitePrefilter, LineCalls, SourceCache, source_path
 from profiler.classify.codepaths import OTHER, Classification
-from profiler.classify.rules import PatternSet, Rule, RuleSet, load_rules
+from profiler.classify.rules import PatternSet, Rule, RuleError, RuleSet, load_rules
 
 _MEMO_MAX = 1 << 17
 
@@ -263,17 +269,14 @@ class Classifier:
         key = str(proc_root)
         if key in self._start_times:
             return self._start_times[key]
-        start: float | None = None
+        # The stat beside proc_root (<procfs>/<pid>/root), the boot time from our procfs.
+        pid_dir = proc_root.parent
+        start: float | None
         try:
-            stat = (proc_root.parent / "stat").read_text()
-            ticks = int(stat.rsplit(")", 1)[1].split()[19])
-            btime = None
-            for line in (self._proc_fs / "stat").read_text().splitlines():
-                if line.startswith("btime "):
-                    btime = int(line.split()[1])
-            if btime is not None:
-                start = btime + ticks / os.sysconf("SC_CLK_TCK")
-        except (OSError, ValueError, IndexError):
+            start = procstat.start_time_s(
+                int(pid_dir.name), pid_dir.parent, boot_s=procstat.boot_time_s(self._proc_fs)
+            )
+        except (OSError, ValueError, procstat.ProcessGone, procstat.NotProcfs):
             start = None
         self._start_times[key] = start
         return start
@@ -400,14 +403,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     python -m profiler.classify.classifier --pid PID [--rules FILE]...  (runs py-spy dump)
     python -m profiler.classify.classifier DUMP.json [--proc-root DIR]  (`py-spy dump --json`)
     """
-    import argparse
-    import json
-    import shutil
-    import subprocess
-    import sys
-
-    from profiler.classify.rules import RuleError
-
     parser = argparse.ArgumentParser(
         prog="python -m profiler.classify", description=(main.__doc__ or "").splitlines()[0]
     )

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -404,11 +405,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Check rule files: `python -m profiler.classify.rules FILE...`.
 
     Exit 0, or 78 with file:line for each problem."""
-    import sys
-
     paths = list(sys.argv[1:] if argv is None else argv)
     if not paths:
-        print("usage: python -m profiler.rules FILE.yaml...", file=sys.stderr)
+        print("usage: python -m profiler.classify.rules FILE.yaml...", file=sys.stderr)
         return 2
     try:
         rules = load_rules([Path(p) for p in paths], builtin=True)

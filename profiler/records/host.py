@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from collectors.cpu_model import parse_cpuinfo
+from collectors.nvml import NvmlCollector, NvmlStatus
 from profiler import __version__
 
 HOST_SCHEMA = "serwatt.host/1"
@@ -55,7 +56,7 @@ def _memory_bytes(procfs: Path) -> int | None:
     return None
 
 
-def gpus_from_nvml(status: Any) -> tuple[list[dict[str, Any]], str]:
+def gpus_from_nvml(status: NvmlStatus | None) -> tuple[list[dict[str, Any]], str]:
     """GPU list and its source from a collectors.nvml.NvmlStatus (or None: not probed)."""
     if status is None:
         return [], "unavailable: nvml not probed"
@@ -63,15 +64,13 @@ def gpus_from_nvml(status: Any) -> tuple[list[dict[str, Any]], str]:
         {"index": g.index, "uuid": g.uuid, "name": g.name, "up": g.up, "reason": g.reason}
         for g in status.gpus
     ]
-    if status.available or gpus:
+    if status.up or gpus:
         return gpus, "nvml"
     return [], f"unavailable: {status.reason}" + (f" ({status.detail})" if status.detail else "")
 
 
-def probe_nvml() -> Any:
+def probe_nvml() -> NvmlStatus:
     """Probe NVML once for the GPU list; an unusable NVML is a status, never an exception."""
-    from collectors.nvml import NvmlCollector
-
     collector = NvmlCollector()
     try:
         return collector.probe()
@@ -84,7 +83,7 @@ def fingerprint(
     procfs: Path = Path("/proc"),
     sysfs: Path = Path("/sys"),
     os_release: Path = Path("/etc/os-release"),
-    nvml_status: Any = None,
+    nvml_status: NvmlStatus | None = None,
     probe_gpus: bool = False,
 ) -> dict[str, Any]:
     """The host facts for a run record, as a JSON-ready dict.

@@ -15,8 +15,6 @@
 from __future__ import annotations
 
 import math
-import os
-import re
 import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -89,7 +87,7 @@ class RawWindow:
     procfs: Path
     window: WindowSamples
     snapshots: tuple[procstat.CpuSnapshot, ...]
-    cpu: procstat.CpuDelta
+    cpu: procstat.ThreadCpuDelta
     exited: bool
     python: str | None
 
@@ -113,7 +111,7 @@ def collect_window(
         before = procstat.snapshot(pid, procfs)
     except procstat.ProcessGone as exc:
         raise TargetGone(f"no such process: {pid} (it is not running)") from exc
-    python = _python_version(pid, procfs)
+    python = procstat.python_version(pid, procfs)
     poller = _CpuPoller(pid, procfs, poll_s)
     poller.start()
     try:
@@ -300,18 +298,3 @@ def window_time_sigma_s(window: WindowSamples) -> float:
     if window.ticks <= 0:
         return 0.0
     return (window.ended_at - window.started_at) / (2 * math.sqrt(window.ticks))
-
-
-def _python_version(pid: int, procfs: Path) -> str | None:
-    """ "3.11.7" when the executable's path names it (pyenv, venvs), else "3.11"."""
-    try:
-        exe = os.path.realpath(procfs / str(pid) / "exe")
-    except OSError:
-        exe = ""
-    m = re.search(r"(\d+\.\d+\.\d+)", exe)
-    if m:
-        return m.group(1)
-    try:
-        return procstat.python_kind(pid, procfs).version
-    except OSError:
-        return None

@@ -91,43 +91,52 @@ class Config:
 
     @property
     def listen_host(self) -> str:
-        return split_listen(self.listen)[0]
+        return parse_listen(self.listen)[0]
 
     @property
     def listen_port(self) -> int:
-        return split_listen(self.listen)[1]
+        return parse_listen(self.listen)[1]
 
 
-def split_listen(listen: str) -> tuple[str, int]:
-    """'127.0.0.1:9977' -> ('127.0.0.1', 9977); '[::1]:9977' -> ('::1', 9977). Raises ValueError."""
+def parse_listen(listen: str, *, any_port: bool = False) -> tuple[str, int]:
+    """'127.0.0.1:9977' -> ('127.0.0.1', 9977); '[::1]:9977' -> ('::1', 9977).
+
+    The host is an IPv4 address, a bracketed IPv6 address or a host name; the port is
+    1..65535. any_port: also accept port 0 (the kernel picks a free one), for a server
+    started by code (tests); a config file always names its port. ValueError says what
+    is wrong with the address and how to write it.
+    """
     if not isinstance(listen, str):
-        raise ValueError("must be a string HOST:PORT")
+        raise ValueError("listen must be a string HOST:PORT")
     if listen.startswith("["):
         host, sep, port_s = listen[1:].partition("]:")
         if not sep:
-            raise ValueError("an IPv6 address is written [ADDR]:PORT, e.g. '[::1]:9977'")
+            raise ValueError("an IPv6 listen address is written [ADDR]:PORT, e.g. '[::1]:9977'")
         try:
             ipaddress.IPv6Address(host)
         except ValueError:
-            raise ValueError(f"{host!r} is not an IPv6 address") from None
+            raise ValueError(f"listen host {host!r} is not an IPv6 address") from None
     else:
         host, sep, port_s = listen.rpartition(":")
         if not sep:
-            raise ValueError("must be HOST:PORT, e.g. '127.0.0.1:9977' or '0.0.0.0:9977'")
+            raise ValueError("listen must be HOST:PORT, e.g. '127.0.0.1:9977' or '0.0.0.0:9977'")
         if ":" in host:
-            raise ValueError("an IPv6 address is written [ADDR]:PORT, e.g. '[::1]:9977'")
+            raise ValueError("an IPv6 listen address is written [ADDR]:PORT, e.g. '[::1]:9977'")
         if not host:
-            raise ValueError("the host is empty: use '0.0.0.0:PORT' for all interfaces")
+            raise ValueError("the listen host is empty: use '0.0.0.0:PORT' for all interfaces")
         try:
             ipaddress.IPv4Address(host)
         except ValueError:
             if not _HOSTNAME_RE.match(host) or host.replace(".", "").isdigit():
-                raise ValueError(f"{host!r} is neither an IPv4 address nor a host name") from None
+                raise ValueError(
+                    f"listen host {host!r} is neither an IPv4 address nor a host name"
+                ) from None
     if not port_s.isdigit():
-        raise ValueError(f"port {port_s!r} is not a number")
+        raise ValueError(f"listen port {port_s!r} is not a number")
     port = int(port_s)
-    if not 1 <= port <= 65535:
-        raise ValueError(f"port {port} is outside 1..65535")
+    low = 0 if any_port else 1
+    if not low <= port <= 65535:
+        raise ValueError(f"listen port {port} is outside {low}..65535")
     return host, port
 
 
@@ -282,7 +291,7 @@ def _check_document(c: YamlChecker, root: yaml.Node | None) -> dict[str, Any]:
         listen = c.string("listen", keys["listen"])
         if listen is not INVALID:
             try:
-                split_listen(listen)
+                parse_listen(listen)
             except ValueError as exc:
                 c.problem("listen", keys["listen"], f"bad listen address {listen!r}: {exc}")
                 listen = INVALID

@@ -24,12 +24,12 @@ from collections.abc import Iterable, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from collectors import procstat
+from collectors.procstat import ProcessFiles
 from profiler.records.run_ids import render_run_id
 from profiler.service.config import TargetMatch, TargetSpec
 
 PF_KTHREAD = 0x00200000  # include/linux/sched.h: the task is a kernel thread
-_PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)*)?[a-z]*$")  # python, python3.11, python3.13t
-_LIBPYTHON = re.compile(rb"/libpython\d+(\.\d+)*[a-z]*\.so")
 _UNIT_RE = re.compile(r"\.(service|scope|socket|mount|swap|target|timer|path|device)$")
 
 
@@ -45,126 +45,17 @@ class DiscoveredProcess:
     ppid: int | None = None
 
 
-class _Skip(Exception):
-    """This process cannot be a target now; `reason` is counted in stats."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-@dataclass
-class _Proc:
-    """Lazily read facts about one pid; each read may raise _Skip."""
-
-    procfs: Path
-    pid: int
-
-    def __post_init__(self) -> None:
-        # Plain strings and open(): pathlib costs more than the read itself over a
-        # thousand processes every rescan.
-        self.dir = f"{self.procfs}/{self.pid}"
-        self._cache: dict[str, object] = {}
-
-    def _read(self, name: str) -> bytes:
-        try:
-            with open(f"{self.dir}/{name}", "rb") as f:
-                return f.read()
-        except (FileNotFoundError, ProcessLookupError, NotADirectoryError):
-            raise _Skip("vanished") from None
-        except PermissionError:
-            raise _Skip("permission") from None
-        except OSError as exc:  # ESRCH and friends from a process exiting under us
-            raise _Skip("vanished") from exc
-
-    def stat(self) -> tuple[int, int, int]:
-        """(ppid, flags, starttime in clock ticks since boot)."""
-        if "stat" not in self._cache:
-            raw = self._read("stat").decode("utf-8", "replace")
-            # comm may hold spaces and parentheses: the fields start after the LAST ')'.
-            fields = raw[raw.rindex(")") + 2 :].split()
-            self._cache["stat"] = (int(fields[1]), int(fields[6]), int(fields[19]))
-        return self._cache["stat"]  # type: ignore[return-value]
-
-    def argv(self) -> list[str]:
-        if "argv" not in self._cache:
-            raw = self._read("cmdline")
-            self._cache["argv"] = [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a]
-        return self._cache["argv"]  # type: ignore[return-value]
-
-    def exe(self) -> str | None:
-        if "exe" not in self._cache:
-            try:
-                target = os.readlink(f"{self.dir}/exe")
-            except FileNotFoundError:
-                if not os.path.exists(self.dir):
-                    raise _Skip("vanished") from None
-                target = None  # kernel threads and zombies have no exe
-            except (PermissionError, OSError):
-                target = None
-            if target and target.endswith(" (deleted)"):
-                target = target[: -len(" (deleted)")]
-            self._cache["exe"] = target
-        return self._cache["exe"]  # type: ignore[return-value]
-
-    def cgroup_paths(self) -> list[str]:
-        if "cgroup" not in self._cache:
-            paths = []
-            for line in self._read("cgroup").decode("utf-8", "replace").splitlines():
-                parts = line.split(":", 2)
-                if len(parts) == 3:
-                    paths.append(parts[2])
-            self._cache["cgroup"] = paths
-        return self._cache["cgroup"]  # type: ignore[return-value]
-
-    def units(self) -> list[str]:
-        """Every unit named in the cgroup paths, outermost first (slices excluded)."""
-        found: list[str] = []
-        for path in self.cgroup_paths():
-            for part in path.split("/"):
-                if _UNIT_RE.search(part) and part not in found:
-                    found.append(part)
-        return found
-
-    def environ(self) -> dict[str, str]:
-        if "environ" not in self._cache:
-            env = {}
-            for item in self._read("environ").split(b"\0"):
-                key, sep, value = item.partition(b"=")
-                if sep:
-                    env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
-            self._cache["environ"] = env
-        return self._cache["environ"]  # type: ignore[return-value]
-
-    def maps_has_libpython(self) -> bool:
-        try:
-            return bool(_LIBPYTHON.search(self._read("maps")))
-        except _Skip as skip:
-            if skip.reason == "permission":
-                return False
-            raise
+def _units(proc: ProcessFiles) -> list[str]:
+    """Every unit named in the cgroup paths, outermost first (slices excluded)."""
+    found: list[str] = []
+    for path in proc.cgroup_paths():
+        for part in path.split("/"):
+            if _UNIT_RE.search(part) and part not in found:
+                found.append(part)
+    return found
 
 
-def _boot_time(procfs: Path) -> float:
-    for line in (procfs / "stat").read_text().splitlines():
-        if line.startswith("btime "):
-            return float(line.split()[1])
-    raise RuntimeError(f"{procfs}/stat has no btime line: is {procfs} a procfs?")
-
-
-def _is_python(proc: _Proc) -> bool:
-    exe = proc.exe()
-    argv = proc.argv()
-    names = [os.path.basename(exe)] if exe else []
-    if argv:
-        names.append(os.path.basename(argv[0]))
-    if any(_PYTHON_NAME.match(n) for n in names):
-        return True
-    # Embedded interpreters (uwsgi, a C++ launcher) show Python only in their mappings.
-    return proc.maps_has_libpython()
-
-
-def _is_serwatt_or_pyspy(proc: _Proc) -> bool:
+def _is_serwatt_or_pyspy(proc: ProcessFiles) -> bool:
     argv = proc.argv()
     exe = proc.exe()
     if exe and os.path.basename(exe) == "py-spy":
@@ -187,7 +78,7 @@ def _read_pid_file(path: Path) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def _matches(proc: _Proc, match: TargetMatch, pid_file_pid: int | None) -> bool:
+def _matches(proc: ProcessFiles, match: TargetMatch, pid_file_pid: int | None) -> bool:
     if match.pid_file is not None and proc.pid != pid_file_pid:
         return False
     if match.cmdline is not None and not match.cmdline.search(" ".join(proc.argv())):
@@ -196,7 +87,7 @@ def _matches(proc: _Proc, match: TargetMatch, pid_file_pid: int | None) -> bool:
         exe = proc.exe()
         if exe is None or not match.exe.search(exe):
             return False
-    if match.systemd_unit is not None and match.systemd_unit not in proc.units():
+    if match.systemd_unit is not None and match.systemd_unit not in _units(proc):
         return False
     if match.cgroup is not None and not any(match.cgroup.search(p) for p in proc.cgroup_paths()):
         return False
@@ -231,8 +122,7 @@ def discover(
     procfs = Path(procfs)
     excluded = {os.getpid()} if exclude_pids is None else set(exclude_pids)
     host = host if host is not None else socket.gethostname().split(".")[0]
-    boot_s = _boot_time(procfs)
-    ticks_per_s = os.sysconf("SC_CLK_TCK")
+    boot_s = procstat.boot_time_s(procfs)
     pid_files = {
         t.name: _read_pid_file(t.match.pid_file) for t in targets if t.match.pid_file is not None
     }
@@ -246,7 +136,7 @@ def discover(
         if pid in excluded:
             count("self")
             continue
-        proc = _Proc(procfs, pid)
+        proc = ProcessFiles(pid, procfs)
         try:
             # The command line first: empty for kernel threads and zombies, and most
             # processes fail the cheap criteria, so their stat is never read.
@@ -258,18 +148,18 @@ def discover(
             )
             if spec is None:
                 continue
-            ppid, flags, start_ticks = proc.stat()
-            if flags & PF_KTHREAD or pid == 2 or ppid == 2:
+            st = proc.stat()
+            if st.flags & PF_KTHREAD or pid == 2 or st.ppid == 2:
                 count("kernel_thread")
                 continue
             if _is_serwatt_or_pyspy(proc):
                 count("self")
                 continue
-            if not _is_python(proc):
+            if not proc.python_kind().is_python:
                 count("not_python")
                 continue
-            units = proc.units()
-            start_time = boot_s + start_ticks / ticks_per_s
+            units = _units(proc)
+            start_time = st.started_at(boot_s)
             unit = units[0] if units else None
             found.append(
                 DiscoveredProcess(
@@ -287,11 +177,13 @@ def discover(
                         unit=unit,
                         host=host,
                     ),
-                    ppid=ppid,
+                    ppid=st.ppid,
                 )
             )
-        except _Skip as skip:
-            count(skip.reason)
+        except procstat.ProcessGone:
+            count("vanished")
+        except procstat.ProcessUnreadable:
+            count("permission")
         except (ValueError, IndexError):
             count("vanished")  # a half-written stat of an exiting process
     return found

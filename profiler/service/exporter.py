@@ -36,6 +36,7 @@ from prometheus_client.core import (
 from prometheus_client.exposition import choose_encoder
 
 from profiler.classify.codepaths import CODEPATHS
+from profiler.service.config import parse_listen
 from profiler.service.ledger import LedgerSnapshot
 
 log = logging.getLogger(__name__)
@@ -358,18 +359,6 @@ def _sampling_line(snap: LedgerSnapshot) -> str:
 # -- HTTP server -----------------------------------------------------------------
 
 
-def parse_listen(listen: str) -> tuple[str, int]:
-    """'127.0.0.1:9977' or '[::1]:9977' -> (host, port). Raises ValueError."""
-    host, sep, port_text = listen.rpartition(":")
-    if not sep or not port_text.isdigit():
-        raise ValueError(f"listen address {listen!r} must be HOST:PORT, e.g. 127.0.0.1:9977")
-    host = host.strip("[]")
-    port = int(port_text)
-    if not 0 <= port <= 65535:
-        raise ValueError(f"listen port {port} out of range 0..65535")
-    return host, port
-
-
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -381,7 +370,7 @@ class MetricsServer:
     def __init__(
         self, listen: str, registry: CollectorRegistry, get_snapshot: Callable[[], LedgerSnapshot]
     ) -> None:
-        host, port = parse_listen(listen)
+        host, port = parse_listen(listen, any_port=True)
         self.registry = registry
         self._get_snapshot = get_snapshot
         handler = _make_handler(self)
