@@ -397,7 +397,7 @@ def parse_rules_text(text: str, name: str = "<rules>") -> RuleSet:
 
 def builtin_rules_path() -> Path:
     """The packaged rule file (profiler/codepaths.yaml, a link to configs/codepaths.yaml)."""
-    return Path(__file__).with_name("codepaths.yaml")
+    return Path(__file__).parents[1] / "codepaths.yaml"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
