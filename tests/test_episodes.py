@@ -344,15 +344,15 @@ def test_files_that_cannot_call_a_durability_call_are_not_parsed(tmp_path: Path)
 # ------------------------------------------------------------ real py-spy
 
 PLAN = {
-    "pause_s": 0.3,
+    "pause_s": 0.25,
     "sync_mb": 96,
     "checkpoints": [
         {"seconds": 0.3, "durable": False},
-        {"seconds": 0.7, "durable": True},
-        {"seconds": 1.2, "durable": False},
+        {"seconds": 0.6, "durable": True},
+        {"seconds": 1.0, "durable": False},
+        {"seconds": 0.4, "durable": True},
+        {"seconds": 0.7, "durable": False},
         {"seconds": 0.45, "durable": True},
-        {"seconds": 0.9, "durable": False},
-        {"seconds": 0.5, "durable": True},
     ],
 }
 RATE_HZ = 200.0
@@ -448,7 +448,8 @@ def test_known_blocking_dumps_give_their_episodes(tmp_path: Path) -> None:
         count_sigma = math.sqrt(expected / ep.period_s) * ep.period_s
         bound = 1.5 * ep.period_s + COUNT_SIGMAS * count_sigma
         err = ep.wall_s - expected
-        assert -bound - ep.unknown_s <= err <= bound + ep.edge_unknown_s, (k, err, ep, cp)
+        # an episode that began or ended in a gap between windows may be longer than seen
+        assert -bound - ep.edge_unknown_s <= err <= bound, (k, err, ep, cp)
         # pickle.dump is CPU-bound: the episode holds CPU, at most its wall time of it
         assert 0.1 * ep.wall_s < ep.cpu_s <= ep.wall_s + ep.resolution_s, (k, ep)
     syncs = [round(cp["sync_s"] * 1000) for cp in truth if cp["durable"]]
