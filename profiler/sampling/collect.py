@@ -24,6 +24,7 @@ from collectors import procstat
 from collectors.pyspy import PySpy, TargetGone, WindowSamples
 from collectors.samples import Sample
 from profiler.classify.codepaths import Classification
+from profiler.classify.durability import reader_for
 from profiler.sampling.weighting import (
     CpuSeries,
     codepath_windows,
@@ -198,6 +199,7 @@ def finish_window(raw: RawWindow, classifier: ClassifierLike) -> WindowReport:
         cpu_classifications=carrier_labels,
     )
     cpu_of = {id(s): w for s, w in zip(carriers, weighting.cpu_s, strict=True)}
+    durability = reader_for(classifier)
     timeline = tuple(
         TimedLabel(
             t=s.t,
@@ -207,6 +209,7 @@ def finish_window(raw: RawWindow, classifier: ClassifierLike) -> WindowReport:
             active=s.active,
             cpu_s=cpu_of.get(id(s), 0.0),
             low_confidence=c.low_confidence,
+            durability=durability.kind(s.frames, proc_root),
         )
         for s, c in zip(window.samples, labels, strict=True)
     )
@@ -253,6 +256,7 @@ def finish_window(raw: RawWindow, classifier: ClassifierLike) -> WindowReport:
         python=raw.python,
         exited=raw.exited,
         cpu_timeline=cpu_timeline,
+        timeline_period_s=wall_s / window.ticks if window.ticks > 0 else 0.0,
     )
 
 

@@ -41,6 +41,10 @@ class TimedLabel:
     active: bool | None = None
     cpu_s: float = 0.0  # this sample's share of its thread's measured CPU (sampling/weighting.py)
     low_confidence: bool = False
+    # set on timeline samples whose innermost Python frame is at a durability call:
+    # "sync" (os.fsync/fdatasync/sync) or "rename" (os.rename/replace, which pathlib's
+    # rename/replace call); "" otherwise (profiler/classify/durability.py)
+    durability: str = ""
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,9 @@ class WindowReport:
     # the samples that carried the CPU (on-CPU samples when py-spy's second, non-idle
     # run was made, else the timeline's samples), each with its cpu_s
     cpu_timeline: tuple[TimedLabel, ...] = ()
+    # spacing of the timeline's tick times (the --idle run: window wall / its ticks);
+    # 0.0: not known (then 1 / rate_hz)
+    timeline_period_s: float = 0.0
 
     @property
     def wall_s(self) -> float:
