@@ -77,6 +77,9 @@ class Recorder:
     def on_window(self, window: AttributedWindow) -> None:
         self.reports.append(window.report)
 
+    def on_episodes(self, episodes: object) -> None:
+        pass
+
     def finish(self) -> ProfileEnergy:
         pickle_cpu = sum(r.codepaths["pickle"].cpu_s for r in self.reports)
         self.summary = ProfileEnergy(

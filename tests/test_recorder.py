@@ -398,9 +398,9 @@ def test_a_full_disk_fails_the_append_cleanly_and_loses_nothing_committed(
 
 def _episode(**over: object) -> object:
     fields = dict(
-        pid=7, thread=7, codepath="pickle", start=100.0, end=100.8, wall_s=0.8,
-        resolution_s=0.02, unknown_s=0.0, cpu_s=0.75, gpu_wait_s=None, gpu_idle_j=None,
-        main_thread=True, durable=False,
+        pid=7, thread=7, codepath="pickle", start=100.0, end=100.8, wall_s=0.8, period_s=0.02,
+        resolution_s=0.2, unknown_s=0.0, edge_unknown_s=0.0, truncated=False, samples=40,
+        cpu_s=0.75, gpu_wait_s=None, gpu_idle_j=None, main_thread=True, durable=False,
     )  # fmt: skip
     fields.update(over)
     return type("Episode", (), fields)()

@@ -27,12 +27,18 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
+import numpy as np
+
+from profiler.attribution.episodes import Episode
 from profiler.classify.codepaths import CODEPATHS
 from profiler.profile.energy_sink import ProfileEnergy
 from profiler.profile.session import SessionResult
 
 SCHEMA = "serwatt.profile/1"
 MAX_BATCHES = 30
+# The document lists at most this many episodes (the earliest-closed first), then says how
+# many it left out: a day-long profile of a job that pickles every step must stay readable.
+MAX_DOC_EPISODES = 1000
 CI_METHOD = (
     "batch means over time: 1 s CPU bins merged into <= 30 equal batches, ratio estimator, "
     "Student t with K-1 degrees of freedom"
@@ -103,6 +109,37 @@ def add_energy(doc: dict[str, Any], energy: ProfileEnergy) -> dict[str, Any]:
     return doc
 
 
+EPISODE_METHOD = (
+    "a thread's consecutive timeline samples in one codepath, gaps up to 2 ticks tolerated, "
+    "joined across window gaps (stated as unknown_s); a checkpoint's fsync/replace tail on "
+    "the same thread is included and makes it durable; wall_s is within +/- resolution_s "
+    "(95%: sample-count noise of py-spy's Poisson ticks, plus a period and py-spy's lag)"
+)
+
+
+def _episode_counts(episodes: list[Episode], codepath: str) -> dict[str, Any]:
+    """A codepath's episode count and the p50 / p95 / max of their durations."""
+    walls = sorted(ep.wall_s for ep in episodes if ep.codepath == codepath)
+    if not walls:
+        return {"episodes": 0, "episode_wall_s": None}
+    return {
+        "episodes": len(walls),
+        "episode_wall_s": {
+            "p50": round(float(np.percentile(walls, 50)), 6),
+            "p95": round(float(np.percentile(walls, 95)), 6),
+            "max": round(walls[-1], 6),
+        },
+    }
+
+
+def _episode_json(ep: Episode) -> dict[str, Any]:
+    row = {k: getattr(ep, k) for k in ep.__dataclass_fields__}
+    for k, v in row.items():
+        if isinstance(v, float):
+            row[k] = round(v, 6)
+    return row
+
+
 def build_document(result: SessionResult, energy: ProfileEnergy | None = None) -> dict[str, Any]:
     """The serwatt.profile/1 document of a session; `energy`: the energy sink's sections."""
     acc = result.acc
@@ -127,6 +164,7 @@ def build_document(result: SessionResult, energy: ProfileEnergy | None = None) -
             "gpu_wait_s": None,
             "low_confidence_samples": acc.low_conf[cp],
             "low_confidence_share": round(acc.low_conf[cp] / n, 6) if n else 0.0,
+            **_episode_counts(result.episodes, cp),
         }
     root = next((t for t in result.targets if t.pid == result.info.root_pid), None)
     doc: dict[str, Any] = {
@@ -158,6 +196,14 @@ def build_document(result: SessionResult, energy: ProfileEnergy | None = None) -
             "windows": acc.windows,
             "window_failures": dict(sorted(acc.failures.items())),
             "notes": sorted(acc.notes),
+        },
+        "episodes": [_episode_json(ep) for ep in result.episodes[:MAX_DOC_EPISODES]],
+        "episodes_summary": {
+            "total": len(result.episodes),
+            "listed": min(len(result.episodes), MAX_DOC_EPISODES),
+            "dropped": max(0, len(result.episodes) - MAX_DOC_EPISODES),
+            "bound": MAX_DOC_EPISODES,
+            "method": EPISODE_METHOD,
         },
         "targets": [
             {

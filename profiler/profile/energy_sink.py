@@ -194,6 +194,9 @@ class EnergySink:
                 for cp, v in w.idle_energy_j.items():
                     acc.idle_j[cp] += v
 
+    def on_episodes(self, episodes: object) -> None:
+        """Episodes carry their own GPU-wait (the session's); nothing to add here."""
+
     def finish(self) -> ProfileEnergy:
         """The profile's energy sections, once every window has been seen."""
         if self._last is not None:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from profiler.attribution.episodes import Episode
 from profiler.attribution.tracker import EnergyTracker
 from profiler.attribution.window import AttributedWindow
 from profiler.profile.session import SessionInfo
@@ -96,6 +97,10 @@ class RecordSink:
             self.run_id, window.report, energy=window.energy_record(), gpu=window.gpu_record()
         )
         self.windows += 1
+
+    def on_episodes(self, episodes: Sequence[Episode]) -> None:
+        assert self.run_id is not None, "on_start comes first"
+        self.recorder.append_episodes(self.run_id, episodes)
 
     def finish(self) -> None:
         try:

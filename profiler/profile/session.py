@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol, TextIO
 
@@ -40,8 +40,9 @@ from collectors.pyspy import (
     precheck,
 )
 from collectors.samples import SamplerErrors
+from profiler.attribution.episodes import Episode, EpisodeTracker
 from profiler.attribution.tracker import EnergyTracker
-from profiler.attribution.window import AttributedWindow, attribute
+from profiler.attribution.window import AttributedWindow, attribute, used_gpus
 from profiler.classify.codepaths import CODEPATHS
 from profiler.sampling.collect import ClassifierLike, RawWindow, collect_window, finish_window
 from profiler.sampling.window import WindowReport
@@ -53,6 +54,8 @@ class SessionSink(Protocol):
     def on_start(self, info: SessionInfo) -> None: ...
 
     def on_window(self, window: AttributedWindow) -> None: ...
+
+    def on_episodes(self, episodes: Sequence[Episode]) -> None: ...
 
     def finish(self) -> object: ...
 
@@ -154,6 +157,7 @@ class SessionResult:
     ended_at: float
     targets: list[TargetStats]
     acc: Accumulator
+    episodes: list[Episode] = field(default_factory=list)  # in the order they closed
 
 
 class ProfileSession:
@@ -192,6 +196,8 @@ class ProfileSession:
         self.procfs = procfs
         self.tracker = tracker
         self.sinks = list(sinks)
+        self._episode_tracker = EpisodeTracker()
+        self._episodes: list[Episode] = []
         self.follow_children = follow_children
         self.progress = progress
         self.strict_root = strict_root
@@ -319,6 +325,30 @@ class ProfileSession:
                 window = self._attribute(report)
                 for sink in self.sinks:
                     sink.on_window(window)
+                self._close_episodes(self._episode_tracker.add(report))
+
+    def _close_episodes(self, closed: list[Episode]) -> None:
+        """Episodes that closed: their GPU-wait (when NVML sees a GPU the target uses), then
+        every sink."""
+        if not closed:
+            return
+        closed = [self._with_gpu_wait(ep) for ep in closed]
+        self._episodes.extend(closed)
+        for sink in self.sinks:
+            sink.on_episodes(closed)
+
+    def _with_gpu_wait(self, ep: Episode) -> Episode:
+        tracker = self.tracker
+        if tracker is None or not tracker.probe()["nvml"].up:
+            return ep
+        try:
+            gpus = tracker.nvml.window(ep.start, ep.end)
+        except Exception:  # an episode without GPU figures says None, never 0
+            return ep
+        used = [g for g in gpus if g.index in used_gpus(gpus, {ep.pid}) and g.up]
+        if not used:
+            return ep
+        return replace(ep, gpu_wait_s=sum(max(0.0, g.idle_s) for g in used))
 
     def _attribute(self, report: WindowReport) -> AttributedWindow:
         if self.tracker is None:
@@ -417,6 +447,7 @@ class ProfileSession:
             self._print_progress(time.time(), final=True)
         if self.strict_root and self._root_error is not None:
             raise self._root_error
+        self._close_episodes(self._episode_tracker.finish())
         for sink in self.sinks:
             sink.finish()
         return SessionResult(
@@ -424,6 +455,7 @@ class ProfileSession:
             ended_at=time.time(),
             targets=list(self.targets.values()),
             acc=self.acc,
+            episodes=self._episodes,
         )
 
     def _root_running(self) -> bool:

@@ -53,6 +53,7 @@ def render_table(doc: Mapping[str, Any]) -> str:
             line += f"{gj:>12.1f}" if gj is not None else f"{'-':>12}"
         lines.append(line)
     lines.append(f"{'total':<12}{doc['samples']:>9}{doc['cpu_s']:>10.2f}  {'100.0%':<24}")
+    lines.extend(episode_lines(doc))
     s = doc["sampler"]
     lines.append(
         f"CPU-s: measured per-thread CPU (procfs) spread over each thread's samples; "
@@ -74,6 +75,31 @@ def render_table(doc: Mapping[str, Any]) -> str:
         if t.get("error"):
             lines.append(f"target {t['pid']}: not sampled: {t['error']}")
     return "\n".join(lines)
+
+
+def episode_lines(doc: Mapping[str, Any]) -> list[str]:
+    """Per codepath with episodes: how many, and how long the thread was blocked in them."""
+    rows = [(cp, doc["codepaths"][cp]) for cp in CODEPATHS]
+    rows = [(cp, r) for cp, r in rows if r.get("episodes")]
+    if not rows:
+        return ["episodes: none (no thread stayed in a serialization codepath for 2 samples)"]
+    out = [f"{'episodes':<12}{'count':>9}{'p50 s':>10}{'p95 s':>10}{'max s':>10}  durable"]
+    by_cp: dict[str, list[bool]] = {}
+    for ep in doc.get("episodes", []):
+        by_cp.setdefault(ep["codepath"], []).append(bool(ep["durable"]))
+    for cp, r in rows:
+        w = r["episode_wall_s"]
+        durable = by_cp.get(cp, [])
+        out.append(
+            f"{cp:<12}{r['episodes']:>9}{w['p50']:>10.3f}{w['p95']:>10.3f}{w['max']:>10.3f}  "
+            f"{sum(durable)}/{len(durable)}"
+        )
+    summary = doc.get("episodes_summary") or {}
+    if summary.get("dropped"):
+        out.append(
+            f"  ({summary['dropped']} episode(s) beyond the first {summary['bound']} not listed)"
+        )
+    return out
 
 
 def energy_lines(doc: Mapping[str, Any]) -> list[str]:

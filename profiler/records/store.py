@@ -135,20 +135,26 @@ CREATE TABLE IF NOT EXISTS episodes (
     start REAL NOT NULL,            -- epoch s
     end REAL NOT NULL,              -- epoch s
     wall_s REAL NOT NULL,
-    resolution_s REAL NOT NULL,     -- +/- one sampling period of the run that timed it
+    period_s REAL NOT NULL,         -- tick period of the run that timed it
+    resolution_s REAL NOT NULL,     -- 95% half-width of wall_s (profiler/attribution/episodes.py)
     unknown_s REAL NOT NULL,        -- time inside the episode between windows (not sampled)
+    edge_unknown_s REAL NOT NULL,   -- it may have begun/ended this much earlier/later
+    truncated INTEGER NOT NULL,     -- sampling started or stopped while it ran
+    samples INTEGER NOT NULL,
     cpu_s REAL NOT NULL,
     gpu_wait_s REAL,                -- NULL: no GPU data
     gpu_idle_j REAL,
-    main_thread INTEGER NOT NULL,
+    main_thread INTEGER,            -- NULL: the thread's kernel tid was not known
     durable INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS episodes_by_run ON episodes(run_id, start);
 """
 EPISODE_FIELDS = (
-    "pid", "thread", "codepath", "start", "end", "wall_s", "resolution_s", "unknown_s",
-    "cpu_s", "gpu_wait_s", "gpu_idle_j", "main_thread", "durable",
+    "pid", "thread", "codepath", "start", "end", "wall_s", "period_s", "resolution_s",
+    "unknown_s", "edge_unknown_s", "truncated", "samples", "cpu_s", "gpu_wait_s", "gpu_idle_j",
+    "main_thread", "durable",
 )  # fmt: skip
+_EPISODE_BOOLS = ("truncated", "main_thread", "durable")
 
 
 class RecordError(Exception):
@@ -821,7 +827,9 @@ class Recorder:
         out = []
         for r in rows:
             ep = dict(zip(EPISODE_FIELDS, r, strict=True))
-            ep["main_thread"], ep["durable"] = bool(ep["main_thread"]), bool(ep["durable"])
+            for name in _EPISODE_BOOLS:
+                if ep[name] is not None:
+                    ep[name] = bool(ep[name])
             out.append(ep)
         return tuple(out)
 

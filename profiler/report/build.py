@@ -179,6 +179,15 @@ def _durability(episodes: Sequence[EpisodeInput]) -> bool | str | None:
     return f"mixed: {durable} of {len(episodes)} durable"
 
 
+def _makes_durable(value: bool | str | None) -> bool | None:
+    """Whether a side makes its checkpoints durable: an fsync seen in any of them. A
+    checkpoint with no fsync seen is not proof of none (an fsync of d seconds escapes the
+    samples with probability exp(-d/period)), so "mixed" counts as durable."""
+    if value is None:
+        return None
+    return value is not False
+
+
 # --------------------------------------------------------------------------- figures
 
 
@@ -509,8 +518,9 @@ def _checkpoint_section(
             missing
         )
     db, dc = out["baseline"]["durable"], out["candidate"]["durable"]
-    out["durability"] = {"baseline": db, "candidate": dc, "same": db == dc}
-    if base and cand and db != dc:
+    same = _makes_durable(db) == _makes_durable(dc)
+    out["durability"] = {"baseline": db, "candidate": dc, "same": same}
+    if base and cand and not same:
         caveats.append(
             f"checkpoints differ in durability (baseline durable: {db}; candidate durable: "
             f"{dc}): the checkpoint comparison is not like with like, and no side is called "

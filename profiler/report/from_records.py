@@ -83,7 +83,8 @@ def run_input(detail: RunDetail) -> RunInput:
                 cpu_s=e["cpu_s"],
                 gpu_wait_s=e["gpu_wait_s"],
                 gpu_idle_j=e["gpu_idle_j"],
-                main_thread=e["main_thread"],
+                # an unknown thread (no kernel tid) is not taken for the training thread
+                main_thread=bool(e["main_thread"]),
                 durable=e["durable"],
             )
             for e in detail.episodes

@@ -126,7 +126,7 @@ class EpisodeInput:
     """One serialization episode: a thread's uninterrupted stay in one codepath.
 
     pid, thread (OS thread id); codepath; start, end: epoch seconds; wall_s: its
-    duration, timed to ± resolution_s (one sampling period of the run that timed it);
+    duration, within ± resolution_s of the truth (95%; profiler/attribution/episodes.py);
     cpu_s: CPU-seconds the thread spent in it; gpu_wait_s: seconds a GPU the process
     uses was idle during it and gpu_idle_j the joules those GPUs drew meanwhile (None:
     no GPU data); main_thread: the process's main (training) thread; durable: the

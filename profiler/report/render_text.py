@@ -197,7 +197,9 @@ def _checkpoint_lines(report: Mapping[str, Any]) -> list[str]:
     res = b.get("resolution_s") or c.get("resolution_s")
     out += ["  " + line for line in _table(rows, widths)]
     if res:
-        out.append(f"  durations timed to ± one sampling period ({fmt(res, 3)} s)")
+        out.append(
+            f"  durations timed to ± {fmt(res, 3)} s (95%: resolution_s of the episodes, docs/report.md)"
+        )
     return out
 
 

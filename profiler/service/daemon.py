@@ -34,6 +34,7 @@ from typing import Any
 
 from collectors.pyspy import PySpy, SamplingError
 from profiler import __version__
+from profiler.attribution.episodes import Episode, EpisodeTracker
 from profiler.attribution.window import AttributedWindow
 from profiler.classify.codepaths import CODEPATHS
 from profiler.exitcodes import EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME
@@ -142,6 +143,8 @@ class Daemon:
         self._in_flight: set[tuple[int, float]] = set()  # keys with a window running
         self._classifiers: ClassifierPool = None  # type: ignore[assignment]
         self._recorder: Any = None
+        # serialization episodes of every tracked process (its windows come in order)
+        self._episodes = EpisodeTracker()
         self._energy: EnergySide | None = None
         self._pyspy: PySpy = None  # type: ignore[assignment]
         self._server: MetricsServer | None = None
@@ -487,6 +490,7 @@ class Daemon:
                 self._recorder.append_window(
                     j.run_id, report, energy=window.energy_record(), gpu=window.gpu_record()
                 )
+                self._recorder.append_episodes(j.run_id, self._episodes.add(report))
             except Exception as exc:
                 # Counters are still exported; the record says what it missed in the log.
                 failed = exc
@@ -606,6 +610,7 @@ class Daemon:
             return
         run_id = tracked.proc.run_id
         log.info("forgetting %s pid %d (%s)", tracked.proc.target, tracked.proc.pid, reason)
+        self._record_episodes(run_id, self._episodes.finish(tracked.proc.pid))
         if any(t.proc.run_id == run_id for t in self._tracked.values()):
             return  # other ranks still write this run
         if self._open_runs.pop(run_id, None) is not None:
@@ -676,8 +681,16 @@ class Daemon:
 
     # ------------------------------------------------------------------ shutdown
 
+    def _record_episodes(self, run_id: str, episodes: list[Episode]) -> None:
+        try:
+            self._recorder.append_episodes(run_id, episodes)
+        except Exception as exc:
+            log.error("recording episodes of %s failed: %s", run_id, exc)
+
     def _shutdown(self) -> None:
         self.notifier.stopping("stopping: closing runs")
+        for tracked in self._tracked.values():
+            self._record_episodes(tracked.proc.run_id, self._episodes.finish(tracked.proc.pid))
         for run_id in list(self._open_runs):
             try:
                 self._recorder.finish_run(run_id, time.time())
