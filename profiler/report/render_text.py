@@ -198,7 +198,7 @@ def _checkpoint_lines(report: Mapping[str, Any]) -> list[str]:
     out += ["  " + line for line in _table(rows, widths)]
     if res:
         out.append(
-            f"  durations timed to ± {fmt(res, 3)} s (95%: resolution_s of the episodes, docs/report.md)"
+            f"  durations timed to ± {fmt(res, 3)} s (95%; resolution_s, docs/report.md)"
         )
     return out
 
