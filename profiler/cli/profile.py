@@ -102,6 +102,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--record", type=Path, metavar="FILE",
         help="also append this session as a run to a run-record file (see `serwatt runs`)",
     )  # fmt: skip
+    parser.add_argument(
+        "--run-id", metavar="ID",
+        help="with --record: the run's id (default profile-<start time>-<pid>); "
+        "name A/B runs so `serwatt report --baseline ID --candidate ID` reads them",
+    )  # fmt: skip
     parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
 
 
@@ -128,13 +133,27 @@ def prepare_record(args: argparse.Namespace) -> None:
     """Open the --record file before any process starts: a file that is not a run record
     is bad input (exit 2), and nothing in it is touched."""
     path = getattr(args, "record", None)
+    run_id = getattr(args, "run_id", None)
     if path is None:
+        if run_id is not None:
+            raise UsageError("--run-id names the run --record writes: give --record FILE too")
         return
     from profiler.profile.record_sink import RecordSink
+    from profiler.records.run_ids import check_run_id
     from profiler.records.store import RecordError
 
     try:
-        args.record_sink = RecordSink(path, tracker=getattr(args, "tracker", None))
+        if run_id is not None:
+            check_run_id(run_id)
+        args.record_sink = RecordSink(path, run_id=run_id, tracker=getattr(args, "tracker", None))
+        if run_id is not None and args.record_sink.recorder.runs(run_id):
+            args.record_sink.recorder.close()
+            raise UsageError(
+                f"--run-id {run_id}: {path} already holds a run of that id; give another "
+                "(a repeat of an A/B side is a run of its own)"
+            )
+    except ValueError as exc:
+        raise UsageError(f"--run-id: {exc}") from exc
     except RecordError as exc:
         raise UsageError(f"--record {path}: {exc}") from exc
 

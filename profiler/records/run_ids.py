@@ -9,6 +9,15 @@ NO_UNIT = "nounit"
 _RUN_ID_UNSAFE = re.compile(r"[^A-Za-z0-9_.@:+-]")
 
 
+def check_run_id(run_id: str) -> str:
+    """A run id given by hand: 1-128 characters of letters, digits and _.@:+- ."""
+    if not 1 <= len(run_id) <= 128 or _RUN_ID_UNSAFE.search(run_id):
+        raise ValueError(
+            f"run id {run_id[:40]!r} must be 1-128 characters of letters, digits and _.@:+-"
+        )
+    return run_id
+
+
 def format_start_time(epoch_s: float) -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(epoch_s))
 

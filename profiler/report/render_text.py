@@ -197,9 +197,7 @@ def _checkpoint_lines(report: Mapping[str, Any]) -> list[str]:
     res = b.get("resolution_s") or c.get("resolution_s")
     out += ["  " + line for line in _table(rows, widths)]
     if res:
-        out.append(
-            f"  durations timed to ± {fmt(res, 3)} s (95%; resolution_s, docs/report.md)"
-        )
+        out.append(f"  durations timed to ± {fmt(res, 3)} s (95%; resolution_s, docs/report.md)")
     return out
 
 
