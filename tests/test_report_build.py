@@ -80,10 +80,18 @@ def test_a_large_constructed_difference_is_significant_with_an_interval_excludin
     assert total["significant"] and total["ratio"] < 1.0 and total["ci95"][1] < 1.0
 
 
-def test_holm_is_applied_across_the_whole_report() -> None:
+def test_holm_is_applied_within_the_checkpoint_and_the_codepath_families() -> None:
     report = build_report(*_ab())
     tested = [m for m in _all_metrics(report) if m["p"] is not None]
+    primary = [m for k in ("stall_s", "cpu_s", "gpu_wait_s") if (m := report["checkpoint"].get(k))]
+    primary = [m for m in primary if m["p"] is not None]
+    families = report["statistics"]["families"]
+    assert families["checkpoint"] == len(primary) >= 2
+    assert families["codepaths"] == len(tested) - len(primary)
     assert report["statistics"]["family_size"] == len(tested)
+    # within its family: the smallest checkpoint p times the family size (Holm's first step)
+    smallest = min(primary, key=lambda m: m["p"])
+    assert smallest["p_holm"] == pytest.approx(min(1.0, smallest["p"] * len(primary)))
     for m in tested:
         assert m["p_holm"] >= m["p"]
         assert m["significant"] == (m["p_holm"] < 0.05)

@@ -532,8 +532,10 @@ def render_html(report: Mapping[str, Any]) -> str:
     body.append(
         "<p>"
         + e(
-            f"{st['blocking']}; {st['bootstrap']}; {st['test']}; Holm over "
-            f"{st['family_size']} tests, significant when the corrected p < {st['alpha']:g}. "
+            f"{st['blocking']}; {st['bootstrap']}; {st['test']}; Holm within the checkpoint "
+            f"comparison ({st['families']['checkpoint']} tests) and within the codepath table "
+            f"({st['families']['codepaths']} tests), significant when the corrected p < "
+            f"{st['alpha']:g}. "
             "A change that is not significant shows as ~ (no significant change)."
         )
         + "</p>"

@@ -138,8 +138,9 @@ def render_text(report: Mapping[str, Any]) -> str:
     st = report["statistics"]
     lines += [""] + _wrap(
         "method    ",
-        f"{st['blocking']}; {st['bootstrap']}; {st['test']}; Holm over "
-        f"{st['family_size']} tests, significant when corrected p < {st['alpha']:g}",
+        f"{st['blocking']}; {st['bootstrap']}; {st['test']}; Holm within the checkpoint "
+        f"comparison ({st['families']['checkpoint']} tests) and within the codepath table "
+        f"({st['families']['codepaths']} tests), significant when corrected p < {st['alpha']:g}",
     )
     return "\n".join(lines) + "\n"
 

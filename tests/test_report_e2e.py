@@ -1,0 +1,116 @@
+"""The A/B report end to end on real runs: real py-spy profiles of the training workload
+recorded with `serwatt profile --record`, compared by `serwatt report`.
+
+- A/A: two runs of one configuration (torch.save) show no significant change in the
+  checkpoint cost, and each run's episode count equals the checkpoints it wrote.
+- A/B: JSON checkpoints against `.many` ones (JSON costs tens of times the CPU by
+  construction) show a significant change whose interval excludes no change.
+- `--verify` holds on the untouched records and fails once a record changes.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SERWATT = [sys.executable, "-m", "profiler"]
+# run id: (checkpoint format, state MB, sampling Hz). The torch checkpoints take 0.1-0.5 s,
+# so at 100 Hz every one has samples enough to be seen (the episode-count test); the 8 MB
+# `.many` save takes ~20 ms, so the A/B pair is sampled at 200 Hz to see each of its saves.
+RUNS = {
+    "aa-1": ("torch", 96, 100),
+    "aa-2": ("torch", 96, 100),
+    "ab-json": ("json", 8, 200),
+    "ab-many": ("many", 8, 200),
+}
+
+
+def serwatt(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*SERWATT, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dict]]:
+    work = tmp_path_factory.mktemp("ab")
+    db = work / "runs.sqlite"
+    written: dict[str, dict] = {}
+    for run_id, (ckpt, size_mb, rate_hz) in RUNS.items():
+        r = serwatt(
+            "profile", "--rate", str(rate_hz), "--window", "2", "--record", str(db),
+            "--run-id", run_id, "--",
+            sys.executable, "-m", "profiler.workloads.train", "--ckpt", ckpt,
+            "--steps", "12", "--every", "2", "--size", str(size_mb),
+            "--dir", str(work / run_id),
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr[-2000:]
+        summary = next(ln for ln in r.stdout.splitlines() if ln.startswith('{"format"'))
+        written[run_id] = json.loads(summary)
+    return db, written
+
+
+def report(db: Path, baseline: str, candidate: str, out: Path) -> dict:
+    r = serwatt(
+        "report", "--db", str(db), "--baseline", baseline, "--candidate", candidate,
+        "--json", str(out),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    return json.loads(out.read_text())
+
+
+def test_episode_counts_equal_the_checkpoints_written(records, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    db, written = records
+    doc = report(db, "aa-1", "aa-2", tmp_path / "aa.json")
+    for side, run_id in (("baseline", "aa-1"), ("candidate", "aa-2")):
+        ck = doc["checkpoint"][side]
+        assert ck["codepath"] == "torch"
+        assert ck["episodes"] == len(written[run_id]["checkpoints"]) == 6, (side, ck)
+
+
+def test_a_a_shows_no_significant_change_in_checkpoint_cost(records, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    db, _ = records
+    doc = report(db, "aa-1", "aa-2", tmp_path / "aa.json")
+    stall = doc["checkpoint"]["stall_s"]
+    assert stall["significant"] is False and stall["p"] > 0.05, stall
+    assert stall["ci95"][0] <= 1.0 <= stall["ci95"][1], stall
+    text = serwatt("report", "--db", str(db), "--baseline", "aa-1", "--candidate", "aa-2")
+    assert "no significant change" in text.stdout
+
+
+def test_a_b_json_against_many_is_a_significant_change(records, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    db, _ = records
+    doc = report(db, "ab-json", "ab-many", tmp_path / "ab.json")
+    ck = doc["checkpoint"]
+    assert (ck["baseline"]["codepath"], ck["candidate"]["codepath"]) == ("json", "many")
+    for metric in ("stall_s", "cpu_s"):
+        m = ck[metric]
+        assert m["significant"] is True and m["p"] < 0.05, (metric, m)
+        assert m["ci95"][1] < 1.0, (metric, m)  # the interval excludes "no change"
+    assert doc["comparable"] is True and doc["receipt"].startswith("rcpt_")
+
+
+def test_verify_holds_until_a_record_changes(records, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    db, _ = records
+    copy = tmp_path / "copy.sqlite"
+    src = sqlite3.connect(db)
+    dst = sqlite3.connect(copy)
+    src.backup(dst)
+    src.close()
+    report(copy, "ab-json", "ab-many", tmp_path / "ab.json")
+    ok = serwatt("report", "--verify", str(tmp_path / "ab.json"), "--db", str(copy))
+    assert ok.returncode == 0 and "still back every number" in ok.stdout, ok.stderr
+    dst.execute(
+        "UPDATE window_codepaths SET cpu_s = cpu_s + 1 WHERE window_id = "
+        "(SELECT min(window_id) FROM windows WHERE run_id = 'ab-many')"
+    )
+    dst.commit()
+    dst.close()
+    bad = serwatt("report", "--verify", str(tmp_path / "ab.json"), "--db", str(copy))
+    assert bad.returncode == 1 and "receipt mismatch" in bad.stderr, bad.stderr
