@@ -28,15 +28,14 @@ from profiler.cli.profile import (
     document,
     make_classifier,
     make_pyspy,
+    new_session,
     prepare_energy,
     run_session,
-    sinks,
     validate_common,
     write_outputs,
 )
 from profiler.exitcodes import EXIT_OK, EXIT_RUNTIME
 from profiler.profile.record_sink import RecordSink
-from profiler.profile.session import ProfileSession
 from profiler.profile.table import render_table
 from profiler.records.store import Recorder
 from profiler.report import build_report, default_cluster, render_html, render_text
@@ -96,19 +95,8 @@ def _train_side(args: argparse.Namespace, side: str, ckpt: str, record: Path) ->
         record, target="demo", run_id=f"demo-{ckpt}", tracker=args.tracker
     )
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
-    session = ProfileSession(
-        proc.pid,
-        classifier=make_classifier(),
-        rate_hz=args.rate,
-        window_s=args.window,
-        command=" ".join(cmd[1:]),
-        pyspy=make_pyspy(args),
-        procfs=args.procfs,
-        tracker=args.tracker,
-        sinks=sinks(args),
-        follow_children=not args.no_children,
-        root_exit_check=lambda: proc.poll() is not None,
-        on_cpu_run=args.on_cpu_run,
+    session = new_session(
+        args, proc.pid, make_pyspy(args), make_classifier(), command=" ".join(cmd[1:]), proc=proc
     )
     try:
         result = run_session(session, proc)
@@ -161,19 +149,8 @@ def _mixed(args: argparse.Namespace) -> int:
     cmd = [sys.executable, "-m", "profiler.workloads.demo", "--duration", f"{args.duration:g}"]
     print(f"serwatt demo: profiling `{' '.join(cmd)}` at {args.rate:g} Hz", file=sys.stderr)
     proc = subprocess.Popen(cmd)
-    session = ProfileSession(
-        proc.pid,
-        classifier=classifier,
-        rate_hz=args.rate,
-        window_s=args.window,
-        command="python -m profiler.workloads.demo",
-        pyspy=spy,
-        procfs=args.procfs,
-        tracker=args.tracker,
-        sinks=sinks(args),
-        follow_children=not args.no_children,
-        root_exit_check=lambda: proc.poll() is not None,
-        on_cpu_run=args.on_cpu_run,
+    session = new_session(
+        args, proc.pid, spy, classifier, command="python -m profiler.workloads.demo", proc=proc
     )
     try:
         result = run_session(session, proc)

@@ -266,22 +266,41 @@ def run_session(
             signal.signal(sig, handler)
 
 
-def _profile_pid(args: argparse.Namespace, spy: PySpy, classifier: Any) -> int:
-    if args.pid <= 0:
-        raise UsageError(f"no such process: {args.pid}")
-    session = ProfileSession(
-        args.pid,
+def new_session(
+    args: argparse.Namespace,
+    pid: int,
+    spy: PySpy,
+    classifier: Any,
+    *,
+    command: str | None = None,
+    proc: subprocess.Popen[bytes] | None = None,
+    duration_s: float | None = None,
+    root_may_be_wrapper: bool = False,
+) -> ProfileSession:
+    """The session the command-line options describe, over `pid` (the launched `proc`,
+    when serwatt started it: its exit ends the session), for at most `duration_s`."""
+    return ProfileSession(
+        pid,
         classifier=classifier,
         rate_hz=args.rate,
         window_s=args.window,
-        duration_s=args.duration,
+        duration_s=duration_s,
+        command=command,
         pyspy=spy,
         procfs=args.procfs,
         tracker=args.tracker,
         sinks=sinks(args),
         follow_children=not args.no_children,
+        root_exit_check=(lambda: proc.poll() is not None) if proc is not None else None,
+        root_may_be_wrapper=root_may_be_wrapper,
         on_cpu_run=args.on_cpu_run,
     )
+
+
+def _profile_pid(args: argparse.Namespace, spy: PySpy, classifier: Any) -> int:
+    if args.pid <= 0:
+        raise UsageError(f"no such process: {args.pid}")
+    session = new_session(args, args.pid, spy, classifier, duration_s=args.duration)
     try:
         result = run_session(session)
     except BAD_INPUT_ERRORS as exc:
@@ -303,21 +322,15 @@ def _profile_command(args: argparse.Namespace, cmd: list[str], spy: PySpy, class
         proc = subprocess.Popen(cmd)
     except OSError as exc:
         raise UsageError(f"cannot run {exe}: {exc}") from exc
-    session = ProfileSession(
+    session = new_session(
+        args,
         proc.pid,
-        classifier=classifier,
-        rate_hz=args.rate,
-        window_s=args.window,
-        duration_s=args.duration,
+        spy,
+        classifier,
         command=" ".join(cmd),
-        pyspy=spy,
-        procfs=args.procfs,
-        tracker=args.tracker,
-        sinks=sinks(args),
-        follow_children=not args.no_children,
-        root_exit_check=lambda: proc.poll() is not None,
+        proc=proc,
+        duration_s=args.duration,
         root_may_be_wrapper=True,
-        on_cpu_run=args.on_cpu_run,
     )
     try:
         result = run_session(session, proc)
