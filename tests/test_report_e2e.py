@@ -20,14 +20,16 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SERWATT = [sys.executable, "-m", "profiler"]
-# run id: (checkpoint format, state MB, sampling Hz). The torch checkpoints take 0.1-0.5 s,
-# so at 100 Hz every one has samples enough to be seen (the episode-count test); the 8 MB
-# `.many` save takes ~20 ms, so the A/B pair is sampled at 200 Hz to see each of its saves.
+# run id: (checkpoint format, state MB, sampling Hz, window s). The torch checkpoints take
+# 0.1-0.5 s, so at 100 Hz every one has samples enough to be seen, and 10 s windows leave
+# one py-spy restart gap (~0.1-0.3 s, unobserved) in the run, not one every 2 s, so no
+# checkpoint falls into one (the episode-count test). The 8 MB `.many` save takes ~20 ms,
+# so the A/B pair is sampled at 200 Hz to see its saves.
 RUNS = {
-    "aa-1": ("torch", 96, 100),
-    "aa-2": ("torch", 96, 100),
-    "ab-json": ("json", 8, 200),
-    "ab-many": ("many", 8, 200),
+    "aa-1": ("torch", 96, 100, 10),
+    "aa-2": ("torch", 96, 100, 10),
+    "ab-json": ("json", 8, 200, 2),
+    "ab-many": ("many", 8, 200, 2),
 }
 
 
@@ -42,9 +44,9 @@ def records(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, d
     work = tmp_path_factory.mktemp("ab")
     db = work / "runs.sqlite"
     written: dict[str, dict] = {}
-    for run_id, (ckpt, size_mb, rate_hz) in RUNS.items():
+    for run_id, (ckpt, size_mb, rate_hz, window_s) in RUNS.items():
         r = serwatt(
-            "profile", "--rate", str(rate_hz), "--window", "2", "--record", str(db),
+            "profile", "--rate", str(rate_hz), "--window", str(window_s), "--record", str(db),
             "--run-id", run_id, "--",
             sys.executable, "-m", "profiler.workloads.train", "--ckpt", ckpt,
             "--steps", "12", "--every", "2", "--size", str(size_mb),
@@ -114,3 +116,46 @@ def test_verify_holds_until_a_record_changes(records, tmp_path: Path) -> None:  
     dst.close()
     bad = serwatt("report", "--verify", str(tmp_path / "ab.json"), "--db", str(copy))
     assert bad.returncode == 1 and "receipt mismatch" in bad.stderr, bad.stderr
+
+
+def test_runs_that_differ_are_refused_naming_each_mismatch(records, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    db, _ = records
+    # aa-1 was sampled at 100 Hz, ab-many at 200 Hz
+    refused = serwatt("report", "--db", str(db), "--baseline", "aa-1", "--candidate", "ab-many")
+    assert refused.returncode == 2, refused.stderr
+    assert "rate" in refused.stderr and "--allow-mismatch" in refused.stderr, refused.stderr
+    allowed = serwatt(
+        "report", "--db", str(db), "--baseline", "aa-1", "--candidate", "ab-many",
+        "--allow-mismatch", "--json", str(tmp_path / "m.json"),
+    )  # fmt: skip
+    assert allowed.returncode == 0, allowed.stderr
+    doc = json.loads((tmp_path / "m.json").read_text())
+    assert doc["comparable"] is False
+    assert any("rate" in c for c in doc["caveats"]), doc["caveats"]
+
+
+def test_checkpoint_files_and_their_chain_are_part_of_the_report(records, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    db, written = records
+    ckpt_dir = Path(written["ab-many"]["checkpoints"][0]["path"]).parent
+    doc = tmp_path / "ab.json"
+    r = serwatt(
+        "report", "--db", str(db), "--baseline", "ab-json", "--candidate", "ab-many",
+        "--checkpoints", str(ckpt_dir), "--json", str(doc),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    files = json.loads(doc.read_text())["checkpoint_files"]
+    assert files["sound"] is True and files["first_break"] is None, files
+    on_disk = sorted(ckpt_dir.glob("*.many"))  # the workload keeps its newest checkpoints
+    assert files["files"] == files["length"] == len(on_disk) >= 2
+    assert files["head"].startswith("rcpt_")
+    # one flipped byte in a slot's data: the file, and so the chain, is reported broken
+    victim = on_disk[0]
+    data = bytearray(victim.read_bytes())
+    data[-1] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    r = serwatt(
+        "report", "--db", str(db), "--baseline", "ab-json", "--candidate", "ab-many",
+        "--checkpoints", str(ckpt_dir), "--json", str(doc),
+    )  # fmt: skip
+    files = json.loads(doc.read_text())["checkpoint_files"]
+    assert files["sound"] is False and files["first_break"] == str(victim), files

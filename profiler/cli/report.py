@@ -188,7 +188,11 @@ def run(args: argparse.Namespace) -> int:
             checkpoints=checkpoints,
         )
     except ReportRefused as exc:
-        print(f"serwatt report: error: {exc}", file=sys.stderr)
+        print(
+            f"serwatt report: error: {exc}\n"
+            "(--allow-mismatch reports them anyway, each mismatch printed as a caveat)",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     except InputError as exc:
         raise UsageError(str(exc)) from None
