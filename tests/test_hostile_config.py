@@ -10,17 +10,16 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import re2
 
+from profiler import yamlcheck
 from profiler.exitcodes import EXIT_CONFIG
 from profiler.report import load_cluster
 from profiler.service.config import ConfigError, load_config
-from profiler import yamlcheck
 from tests.test_daemon_support import (
     PYTHON,
     REPO,
@@ -131,7 +130,9 @@ def test_python_only_syntax_is_refused_with_the_key_line_and_fix(
     tmp_path: Path, pattern: str, hint: str
 ) -> None:
     cfg = tmp_path / "serwatt.yaml"
-    cfg.write_text(f"log_level: info\ntargets:\n  - name: t\n    match:\n      cmdline: '{pattern}'\n")
+    cfg.write_text(
+        f"log_level: info\ntargets:\n  - name: t\n    match:\n      cmdline: '{pattern}'\n"
+    )
     out = _check_config(cfg)
     assert out.returncode == EXIT_CONFIG, out.stdout + out.stderr
     line = next(ln for ln in out.stderr.splitlines() if "targets[0].match.cmdline" in ln)

@@ -120,9 +120,7 @@ def test_a_client_that_never_finishes_its_request_is_dropped_at_the_deadline(cli
         srv.close()
 
 
-def test_a_client_gone_mid_response_is_a_debug_line_not_a_traceback(
-    clients, caplog, capfd
-) -> None:
+def test_a_client_gone_mid_response_is_a_debug_line_not_a_traceback(clients, caplog, capfd) -> None:
     ledger = _ledger()
     handling = threading.Event()
     proceed = threading.Event()
