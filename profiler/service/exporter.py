@@ -449,6 +449,7 @@ class _HttpServer:
         self._lock = threading.Lock()  # guards _conns and closing their sockets
         self._conns: dict[socket.socket, _Connection] = {}  # in accept order
         self._stopping = threading.Event()
+        self._accept_failing = False  # warn once per run of failed accepts
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._selector = selectors.DefaultSelector()
@@ -461,18 +462,26 @@ class _HttpServer:
 
     def serve(self) -> None:
         while not self._stopping.is_set():
-            for key, _events in self._selector.select(self._wait_s()):
-                if key.fileobj is self._listener:
-                    self._accept()
-                elif key.fileobj is self._wake_r:
-                    self._wake_r.recv(64)
-                else:
-                    self._read(key.data)
-            self._expire(time.monotonic())
+            try:
+                self._serve_once()
+            except Exception:  # a bug here must not leave the endpoint dead
+                log.exception("http: the connection loop failed; going on")
+                time.sleep(0.1)
+
+    def _serve_once(self) -> None:
+        for key, _events in self._selector.select(self._wait_s()):
+            if key.fileobj is self._listener:
+                self._accept()
+            elif key.fileobj is self._wake_r:
+                self._wake_r.recv(64)
+            else:
+                self._read(key.data)
+        self._expire(time.monotonic())
 
     def _wait_s(self) -> float:
         with self._lock:
-            first = min((c.deadline for c in self._conns.values()), default=None)
+            # An expired connection waits for its worker to close it: not a wake-up.
+            first = min((c.deadline for c in self._conns.values() if not c.expired), default=None)
         return 1.0 if first is None else min(1.0, max(0.0, first - time.monotonic()))
 
     def _accept(self) -> None:
@@ -482,9 +491,13 @@ class _HttpServer:
             except BlockingIOError:
                 return
             except OSError as exc:  # EMFILE and friends: the backlog keeps the client
-                log.warning("http: cannot accept a connection: %s", exc)
+                (log.debug if self._accept_failing else log.warning)(
+                    "http: cannot accept a connection: %s", exc
+                )
+                self._accept_failing = True
                 time.sleep(0.05)
                 return
+            self._accept_failing = False
             peer = str(addr[0])
             conn = _Connection(sock, peer, time.monotonic() + self._timeout_s)
             with self._lock:
