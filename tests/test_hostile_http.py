@@ -184,3 +184,30 @@ def test_an_oversized_request_head_is_refused(clients) -> None:
         assert _scrape(srv)[0] == 200
     finally:
         srv.close()
+
+
+def test_a_request_past_its_deadline_in_a_busy_worker_costs_no_cpu(clients) -> None:
+    """A request whose worker is stuck past the connection's deadline: the serving loop
+    must wait for it, not spin (it once woke for the expired deadline at every turn)."""
+    import psutil
+
+    ledger = _ledger()
+    release = threading.Event()
+
+    def stuck_snapshot() -> LedgerSnapshot:
+        release.wait(10)
+        return ledger.snapshot()
+
+    srv = _start(stuck_snapshot, workers=1, connection_timeout_s=0.3)
+    try:
+        for _ in range(2):  # one in the worker, one queued behind it
+            _connect(srv, clients).sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+        time.sleep(0.6)  # both past their deadline
+        me = psutil.Process()
+        before = sum(me.cpu_times()[:2])
+        time.sleep(1.0)
+        used = sum(me.cpu_times()[:2]) - before
+        assert used < 0.1, f"{used:.2f} CPU s in 1 s while waiting for a stuck worker"
+    finally:
+        release.set()
+        srv.close()
