@@ -3,18 +3,55 @@
 One implementation for every YAML file serwatt reads from a user: the daemon config
 (profiler.service.config) and the report's cluster file (profiler.report.projection).
 Imports nothing from profiler, so any layer may use it.
+
+serwatt runs as root, so a file it reads may be hostile: `read_yaml_file` refuses
+anything but a regular file of at most MAX_YAML_BYTES, and `YamlChecker.regex`
+compiles user regexes with RE2, whose matching time is linear in the text.
 """
 
 from __future__ import annotations
 
 import difflib
+import os
 import re
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+import re2
 import yaml
+
+# The largest YAML file serwatt reads (daemon config, cluster file). Real ones are a few
+# KiB; PyYAML holds ~75 bytes of memory per byte of input, so 8 MB took 625 MB and 15 s.
+MAX_YAML_BYTES = 1024 * 1024
+
+
+class Regex(Protocol):
+    """A compiled user regex: `YamlChecker.regex` gives RE2's; tests may pass `re`'s."""
+
+    @property
+    def pattern(self) -> str: ...
+
+    def search(self, text: str) -> object | None: ...
+
+
+def _re2_options() -> Any:
+    options = re2.Options()
+    options.log_errors = False  # the problem is reported with its key and line instead
+    return options
+
+
+_RE2_OPTIONS = _re2_options()
+
+# Python syntax RE2 has no linear-time algorithm for, and the rewrite to suggest.
+_RE2_UNSUPPORTED: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"\\[1-9]|\(\?P="), "backreferences (\\1, (?P=name)) are not supported"),
+    (re.compile(r"\(\?<[=!]"), "lookbehind ((?<=...), (?<!...)) is not supported"),
+    (re.compile(r"\(\?[=!]"), "lookahead ((?=...), (?!...)) is not supported"),
+    (re.compile(r"\\Z"), "write \\z for the end of the text (RE2 has no \\Z)"),
+)
 
 
 @dataclass(frozen=True)
@@ -148,11 +185,19 @@ class YamlChecker:
         return value
 
     def regex(self, path: str, node: yaml.Node) -> Any:
+        """A user regex compiled with RE2 (a Regex): a match runs in time linear in the
+        text, so no pattern can stall the daemon on a hostile command line."""
         pattern = self.string(path, node, nullable=True)
         if pattern is None or pattern is INVALID:
             return pattern
         try:
-            return re.compile(pattern)
+            return re2.compile(pattern, options=_RE2_OPTIONS)
+        except re2.error as re2_exc:
+            why = re2_exc.args[0] if re2_exc.args else re2_exc
+            if isinstance(why, bytes):
+                why = why.decode("utf-8", "replace")
+        try:
+            re.compile(pattern)
         except re.error as exc:
             self.problem(
                 path,
@@ -161,6 +206,16 @@ class YamlChecker:
                 "(single-quote regexes in YAML so backslashes stay literal)",
             )
             return INVALID
+        hints = [hint for found, hint in _RE2_UNSUPPORTED if found.search(pattern)]
+        self.problem(
+            path,
+            node,
+            f"regular expression {pattern!r} is not supported by RE2 ({why}), the "
+            "linear-time engine serwatt matches with so that no pattern can stall discovery: "
+            + "; ".join(hints + ["rewrite the pattern without it" if hints else "simplify it"])
+            + " (RE2 syntax: https://github.com/google/re2/wiki/Syntax)",
+        )
+        return INVALID
 
     def path_value(self, path: str, node: yaml.Node, *, nullable: bool = False) -> Any:
         value = self.string(path, node, nullable=nullable)
@@ -209,6 +264,56 @@ def join_key(path: str, key: object) -> str:
 def _closest(key: str, allowed: tuple[str, ...]) -> str | None:
     found = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
     return found[0] if found else None
+
+
+def read_yaml_file(path: Path, *, missing_hint: str, max_bytes: int = MAX_YAML_BYTES) -> str:
+    """The text of a user's YAML file; raises ConfigError when it cannot be used.
+
+    Refuses, before reading it, anything but a regular file (a FIFO would block the
+    reader, a device would never end) and a file over `max_bytes`; reads at most
+    max_bytes + 1 bytes, so a file growing under us is refused too.
+    """
+
+    def refuse(message: str) -> ConfigError:
+        return ConfigError(path, [ConfigProblem("", None, message)])
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except FileNotFoundError:
+        raise refuse(f"file not found; {missing_hint}") from None
+    except OSError as exc:
+        raise refuse(f"cannot read the file: {exc.strerror or exc}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise refuse("not a regular file (a FIFO, device or directory); give the YAML file")
+        limit = f"serwatt reads YAML files of at most {max_bytes} bytes ({_size(max_bytes)})"
+        if info.st_size > max_bytes:
+            raise refuse(f"the file is {info.st_size} bytes; {limit}: is it the right file?")
+        os.set_blocking(fd, True)
+        chunks: list[bytes] = []
+        left = max_bytes + 1
+        while left > 0:
+            chunk = os.read(fd, left)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError as exc:
+        raise refuse(f"cannot read the file: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > max_bytes:
+        raise refuse(f"the file grew past {max_bytes} bytes while it was read; {limit}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise refuse(f"cannot read the file: not UTF-8 text ({exc})") from None
+
+
+def _size(n: int) -> str:
+    return f"{n / 1024 / 1024:g} MiB" if n >= 1024 * 1024 else f"{n / 1024:g} KiB"
 
 
 def check_yaml(

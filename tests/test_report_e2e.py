@@ -20,17 +20,18 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SERWATT = [sys.executable, "-m", "profiler"]
-# run id: (checkpoint format, state MB, sampling Hz, window s). The torch checkpoints take
-# 0.1-0.5 s, so at 100 Hz every one has samples enough to be seen, and 10 s windows leave
-# one py-spy restart gap (~0.1-0.3 s, unobserved) in the run, not one every 2 s, so no
-# checkpoint falls into one (the episode-count test). The 8 MB `.many` save takes ~20 ms,
-# so the A/B pair is sampled at 200 Hz to see its saves.
+# run id: (checkpoint format, state MB, sampling Hz). The torch checkpoints take 0.1-0.5 s,
+# so at 100 Hz every one has samples enough to be seen; the 8 MB `.many` save takes
+# ~20 ms, so the A/B pair is sampled at 200 Hz to see its saves. WINDOW_S: 10 s windows
+# leave one or two py-spy restart gaps (~0.1-0.3 s each, unobserved) in a run, not one
+# every 2 s, so a checkpoint seldom falls into one.
 RUNS = {
-    "aa-1": ("torch", 96, 100, 10),
-    "aa-2": ("torch", 96, 100, 10),
-    "ab-json": ("json", 8, 200, 2),
-    "ab-many": ("many", 8, 200, 2),
+    "aa-1": ("torch", 96, 100),
+    "aa-2": ("torch", 96, 100),
+    "ab-json": ("json", 8, 200),
+    "ab-many": ("many", 8, 200),
 }
+WINDOW_S = 10
 
 
 def serwatt(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
@@ -44,9 +45,9 @@ def records(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, d
     work = tmp_path_factory.mktemp("ab")
     db = work / "runs.sqlite"
     written: dict[str, dict] = {}
-    for run_id, (ckpt, size_mb, rate_hz, window_s) in RUNS.items():
+    for run_id, (ckpt, size_mb, rate_hz) in RUNS.items():
         r = serwatt(
-            "profile", "--rate", str(rate_hz), "--window", str(window_s), "--record", str(db),
+            "profile", "--rate", str(rate_hz), "--window", str(WINDOW_S), "--record", str(db),
             "--run-id", run_id, "--",
             sys.executable, "-m", "profiler.workloads.train", "--ckpt", ckpt,
             "--steps", "12", "--every", "2", "--size", str(size_mb),

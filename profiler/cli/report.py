@@ -79,10 +79,8 @@ def _record_path(args: argparse.Namespace) -> Path:
 
 
 def _open(args: argparse.Namespace) -> Recorder:
-    try:
-        return Recorder(_record_path(args), readonly=True)
-    except RecordError as exc:
-        raise UsageError(str(exc)) from None
+    """The record file, read-only; a RecordError (missing, damaged) is left to `run`."""
+    return Recorder(_record_path(args), readonly=True)
 
 
 def _load(rec: Recorder, ids: list[str], side: str) -> list[Any]:
@@ -165,6 +163,14 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except RecordError as exc:  # a missing or damaged record: one line naming it and the fix
+        print(f"serwatt report: error: {exc}", file=sys.stderr)
+        return EXIT_RUNTIME
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.verify is not None:
         if args.baseline or args.candidate:
             raise UsageError("--verify takes a report and the records, not --baseline/--candidate")

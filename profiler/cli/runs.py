@@ -229,14 +229,22 @@ def run(args: argparse.Namespace) -> int:
         print(f"serwatt runs: {exc}{hint}", file=sys.stderr)
         return EXIT_RUNTIME
     with rec:
-        if args.runs_command == "list":
-            return _list(rec, args.json)
         try:
-            detail = rec.run(args.run_id, windows=args.windows)
-        except KeyError as exc:
-            raise UsageError(exc.args[0]) from None
-        if args.json:
-            print(json.dumps(detail.to_json(include_windows=args.windows), indent=2))
-        else:
-            print(_show(detail, args.windows))
-        return 0
+            return _run(rec, args)
+        except RecordError as exc:  # a damaged file: one line naming it and the fix
+            print(f"serwatt runs: {exc}", file=sys.stderr)
+            return EXIT_RUNTIME
+
+
+def _run(rec: Recorder, args: argparse.Namespace) -> int:
+    if args.runs_command == "list":
+        return _list(rec, args.json)
+    try:
+        detail = rec.run(args.run_id, windows=args.windows)
+    except KeyError as exc:
+        raise UsageError(exc.args[0]) from None
+    if args.json:
+        print(json.dumps(detail.to_json(include_windows=args.windows), indent=2))
+    else:
+        print(_show(detail, args.windows))
+    return 0

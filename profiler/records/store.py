@@ -18,11 +18,15 @@ force out unrelated dirty data (the job's checkpoint) and stall us behind it: th
 recorder would perturb the very serialization it measures.
 
 The format is versioned (`meta.schema_version`); a file from a newer serwatt is
-refused with a clear error rather than misread.
+refused with a clear error rather than misread. Readers check every value they return
+(its SQL type, JSON of the right shape), so a damaged file (a bad page, a dropped table,
+text in a numeric column, broken JSON) is one RecordError naming the file and the fix
+(`sqlite3 FILE .recover`), never a traceback or a wrong number.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import sqlite3
@@ -159,6 +163,73 @@ _EPISODE_BOOLS = ("truncated", "main_thread", "durable")
 
 class RecordError(Exception):
     """A record file that cannot be used; the message names the file and the fix."""
+
+
+def _damaged(path: Path, detail: str) -> RecordError:
+    detail = detail if len(detail) <= 300 else detail[:300] + "..."
+    return RecordError(
+        f"{path}: damaged run record: {detail}; recover what is left with "
+        f"`sqlite3 {path} .recover | sqlite3 {path}.recovered` and read that file"
+    )
+
+
+def _shown(value: Any) -> str:
+    """A value from the file, for an error line: repr (no control characters), bounded."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+# Readers check every value they hand on: a damaged or hand-edited file may hold text in
+# a REAL column (SQLite keeps what it is given), a blob, or JSON of any shape. Each check
+# raises ValueError naming the column; Recorder._reading turns it into a RecordError.
+
+
+def _number(value: Any, what: str, *, nullable: bool = False) -> float | None:
+    if value is None and nullable:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{what} is {_shown(value)}, not a number")
+    if not math.isfinite(value):
+        raise ValueError(f"{what} is {value}, not a finite number")
+    return float(value)
+
+
+def _real(value: Any, what: str) -> float:
+    out = _number(value, what)
+    assert out is not None
+    return out
+
+
+def _integer(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{what} is {_shown(value)}, not an integer")
+    return value
+
+
+def _text(value: Any, what: str, *, nullable: bool = False) -> Any:
+    if value is None and nullable:
+        return None
+    if not isinstance(value, str):
+        raise ValueError(f"{what} is {_shown(value)}, not text")
+    return value
+
+
+def _json_of(value: Any, what: str, want: type, *, nullable: bool = False) -> Any:
+    """Decoded JSON text of the type `want` (dict or list)."""
+    if value is None and nullable:
+        return None
+    if not isinstance(value, str):
+        raise ValueError(f"{what} is {_shown(value)}, not JSON text")
+    try:
+        decoded = json.loads(value)
+    except RecursionError:
+        raise ValueError(f"{what} is JSON nested too deep to read") from None
+    except ValueError as exc:
+        raise ValueError(f"{what} is not JSON ({exc})") from None
+    if not isinstance(decoded, want):
+        kind = "an object" if want is dict else "a list"
+        raise ValueError(f"{what} is JSON {type(decoded).__name__}, not {kind}")
+    return decoded
 
 
 @dataclass(frozen=True)
@@ -353,6 +424,8 @@ class Recorder:
                     f"{self.path}: cannot open ({text}); check that the directory exists and "
                     "is writable"
                 ) from None
+            if "malformed" in text or "corrupt" in text:
+                raise _damaged(self.path, text) from None
             raise RecordError(
                 f"{self.path}: not a readable serwatt run record ({text}); move it aside or "
                 "point record.dir at a new directory"
@@ -382,7 +455,10 @@ class Recorder:
         rows = dict(self._conn().execute("SELECT key, value FROM meta").fetchall())
         if rows.get("application") != _APPLICATION or "schema_version" not in rows:
             raise RecordError(f"{self.path}: an SQLite file but not a serwatt run record")
-        return int(rows["schema_version"])
+        version = rows["schema_version"]
+        if not (isinstance(version, str) and version.isdigit() and version.isascii()):
+            raise _damaged(self.path, f"meta.schema_version is {_shown(version)}, not a number")
+        return int(version)
 
     def _create(self) -> None:
         with self._tx() as db:
@@ -439,6 +515,26 @@ class Recorder:
                     except sqlite3.Error:
                         pass  # the original error is the one to report
                 raise RecordError(f"{self.path}: write failed: {exc}") from exc
+
+    @contextmanager
+    def _reading(self) -> Iterator[sqlite3.Connection]:
+        """One read under the lock. Whatever a damaged file makes it raise (SQLite's
+        errors: malformed pages, a dropped table, undecodable text; a value of the wrong
+        type) comes out as one RecordError naming the file and the .recover fix."""
+        with self._lock:
+            db = self._conn()
+            try:
+                yield db
+            except sqlite3.DatabaseError as exc:
+                text = " ".join(str(exc).split()) or type(exc).__name__
+                if "locked" in text or "busy" in text:
+                    raise RecordError(
+                        f"{self.path}: locked by another writer for 30 s ({text}); is a stuck "
+                        "serwatt holding it?"
+                    ) from None
+                raise _damaged(self.path, text) from None
+            except (ValueError, TypeError) as exc:
+                raise _damaged(self.path, " ".join(str(exc).split())) from None
 
     def _conn(self) -> sqlite3.Connection:
         if self._db is None:
@@ -657,138 +753,71 @@ class Recorder:
     def runs(self, run_id: str | None = None) -> list[RunSummary]:
         """Every run (or just `run_id`), oldest first."""
         where, params = ("WHERE r.run_id = ?", (run_id,)) if run_id is not None else ("", ())
-        with self._lock:
-            rows = (
-                self._conn()
-                .execute(
-                    "SELECT r.run_id, r.target, r.started_at, r.ended_at, r.last_seen_at,"
-                    " r.serwatt_version, r.windows,"
-                    " (SELECT group_concat(f.value) FROM run_facets f"
-                    "   WHERE f.run_id = r.run_id AND f.kind = 'pid'),"
-                    " (SELECT coalesce(sum(c.samples), 0) FROM run_codepaths c"
-                    "   WHERE c.run_id = r.run_id),"
-                    " r.cpu_s,"
-                    " (SELECT sum(c.energy_j) FROM run_codepaths c WHERE c.run_id = r.run_id),"
-                    " (SELECT group_concat(f.value) FROM run_facets f"
-                    "   WHERE f.run_id = r.run_id AND f.kind = 'energy_source'),"
-                    " (SELECT group_concat(f.value) FROM run_facets f"
-                    "   WHERE f.run_id = r.run_id AND f.kind = 'python'),"
-                    " r.pyspy_samples, r.pyspy_errors"
-                    f" FROM runs r {where} ORDER BY r.started_at, r.run_id",
-                    params,
-                )
-                .fetchall()
-            )
-        return [_summary(row) for row in rows]
+        with self._reading() as db:
+            rows = db.execute(
+                "SELECT r.run_id, r.target, r.started_at, r.ended_at, r.last_seen_at,"
+                " r.serwatt_version, r.windows,"
+                " (SELECT group_concat(f.value) FROM run_facets f"
+                "   WHERE f.run_id = r.run_id AND f.kind = 'pid'),"
+                " (SELECT coalesce(sum(c.samples), 0) FROM run_codepaths c"
+                "   WHERE c.run_id = r.run_id),"
+                " r.cpu_s,"
+                " (SELECT sum(c.energy_j) FROM run_codepaths c WHERE c.run_id = r.run_id),"
+                " (SELECT group_concat(f.value) FROM run_facets f"
+                "   WHERE f.run_id = r.run_id AND f.kind = 'energy_source'),"
+                " (SELECT group_concat(f.value) FROM run_facets f"
+                "   WHERE f.run_id = r.run_id AND f.kind = 'python'),"
+                " r.pyspy_samples, r.pyspy_errors"
+                f" FROM runs r {where} ORDER BY r.started_at, r.run_id",
+                params,
+            ).fetchall()
+            return [_summary(row) for row in rows]
 
     def run(self, run_id: str, *, windows: bool = True) -> RunDetail:
         """One run: summary, host, config, sources, per-codepath totals (kept per run),
         and, when `windows`, every window (a month-long run holds ~260k of them)."""
         found = self.runs(run_id)
         if not found:
-            with self._lock:
-                ids = [r[0] for r in self._conn().execute("SELECT run_id FROM runs LIMIT 11")]
+            with self._reading() as db:
+                ids = [str(r[0]) for r in db.execute("SELECT run_id FROM runs LIMIT 11")]
             known = ", ".join(sorted(ids)[:10]) + (", ..." if len(ids) > 10 else "")
             raise KeyError(f"no run {run_id!r} in {self.path} (recorded: {known or 'none'})")
-        with self._lock:
-            host_json, config_json, sources_json = (
-                self._conn()
-                .execute(
-                    "SELECT host_json, config_json, sources_json FROM runs WHERE run_id = ?",
-                    (run_id,),
-                )
-                .fetchone()
-            )
-            trows = (
-                self._conn()
-                .execute(
-                    "SELECT codepath, samples, cpu_s, wall_s, low_confidence_samples, energy_j,"
-                    " gpu_wait_s, gpu_wait_energy_j FROM run_codepaths WHERE run_id = ?",
-                    (run_id,),
-                )
-                .fetchall()
-            )
+        with self._reading() as db:
+            host_json, config_json, sources_json = db.execute(
+                "SELECT host_json, config_json, sources_json FROM runs WHERE run_id = ?",
+                (run_id,),
+            ).fetchone()
+            trows = db.execute(
+                "SELECT codepath, samples, cpu_s, wall_s, low_confidence_samples, energy_j,"
+                " gpu_wait_s, gpu_wait_energy_j FROM run_codepaths WHERE run_id = ?",
+                (run_id,),
+            ).fetchall()
             wrows = crows = []
             if windows:
-                wrows = (
-                    self._conn()
-                    .execute(
-                        "SELECT window_id, pid, started_at, ended_at, rate_hz, cpu_s, python,"
-                        " exited, pyspy_samples, pyspy_errors, partial_stacks, behind_s,"
-                        " notes_json, energy_json, gpu_json FROM windows WHERE run_id = ?"
-                        " ORDER BY started_at, window_id",
-                        (run_id,),
-                    )
-                    .fetchall()
-                )
-                crows = (
-                    self._conn()
-                    .execute(
-                        "SELECT c.window_id, c.codepath, c.samples, c.cpu_s, c.wall_s,"
-                        " c.low_confidence_samples, c.energy_j, c.energy_source, c.gpu_wait_s,"
-                        " c.gpu_wait_energy_j FROM window_codepaths c JOIN windows w"
-                        " USING (window_id) WHERE w.run_id = ?",
-                        (run_id,),
-                    )
-                    .fetchall()
-                )
-        per_window: dict[int, dict[str, dict[str, Any]]] = {}
-        names = (
-            "samples",
-            "cpu_s",
-            "wall_s",
-            "low_confidence_samples",
-            "energy_j",
-            "energy_source",
-            "gpu_wait_s",
-            "gpu_wait_energy_j",
-        )
-        for wid, cp, *values in crows:
-            per_window.setdefault(wid, {})[cp] = dict(zip(names, values, strict=True))
-        window_records = tuple(
-            WindowRecord(
-                window_id=r[0],
-                pid=r[1],
-                started_at=r[2],
-                ended_at=r[3],
-                rate_hz=r[4],
-                cpu_s=r[5],
-                python=r[6],
-                exited=bool(r[7]),
-                errors={
-                    "pyspy_samples": r[8],
-                    "pyspy_errors": r[9],
-                    "partial_stacks": r[10],
-                    "behind_s": r[11],
-                    "notes": json.loads(r[12]),
-                },
-                energy=None if r[13] is None else json.loads(r[13]),
-                gpu=None if r[14] is None else json.loads(r[14]),
-                codepaths={cp: per_window.get(r[0], {}).get(cp, {}) for cp in CODEPATHS},
+                wrows = db.execute(
+                    "SELECT window_id, pid, started_at, ended_at, rate_hz, cpu_s, python,"
+                    " exited, pyspy_samples, pyspy_errors, partial_stacks, behind_s,"
+                    " notes_json, energy_json, gpu_json FROM windows WHERE run_id = ?"
+                    " ORDER BY started_at, window_id",
+                    (run_id,),
+                ).fetchall()
+                crows = db.execute(
+                    "SELECT c.window_id, c.codepath, c.samples, c.cpu_s, c.wall_s,"
+                    " c.low_confidence_samples, c.energy_j, c.energy_source, c.gpu_wait_s,"
+                    " c.gpu_wait_energy_j FROM window_codepaths c JOIN windows w"
+                    " USING (window_id) WHERE w.run_id = ?",
+                    (run_id,),
+                ).fetchall()
+            detail = RunDetail(
+                summary=found[0],
+                host=_json_of(host_json, f"runs.host_json of run {run_id!r}", dict),
+                config=_json_of(config_json, f"runs.config_json of run {run_id!r}", dict),
+                sources=_json_of(sources_json, f"runs.sources_json of run {run_id!r}", dict),
+                codepaths=_run_codepaths(trows, run_id),
+                windows=_windows(wrows, crows),
+                episodes=self._episodes(db, run_id),
             )
-            for r in wrows
-        )
-        totals = dict.fromkeys(CODEPATHS, CodepathTotals())
-        for cp, samples, cpu_s, wall_s, low, energy_j, wait_s, wait_j in trows:
-            if cp in totals:
-                totals[cp] = CodepathTotals(
-                    samples=samples or 0,
-                    cpu_s=cpu_s or 0.0,
-                    wall_s=wall_s or 0.0,
-                    low_confidence_samples=low or 0,
-                    energy_j=energy_j,  # NULL: no window of the run had energy
-                    gpu_wait_s=wait_s,
-                    gpu_wait_energy_j=wait_j,
-                )
-        return RunDetail(
-            summary=found[0],
-            host=json.loads(host_json),
-            config=json.loads(config_json),
-            sources=json.loads(sources_json),
-            codepaths=totals,
-            windows=window_records,
-            episodes=self.episodes(run_id),
-        )
+        return detail
 
     def append_episodes(self, run_id: str, episodes: Iterable[Any]) -> int:
         """Record closed episodes (objects with the EPISODE_FIELDS attributes) of a run."""
@@ -810,28 +839,151 @@ class Recorder:
 
     def episodes(self, run_id: str) -> tuple[dict[str, Any], ...] | None:
         """A run's episodes in time order; None when it was recorded without detection."""
-        with self._lock:
-            if not self._has_episode_tables():
-                return None
-            db = self._conn()
-            if (
-                db.execute("SELECT 1 FROM episode_runs WHERE run_id = ?", (run_id,)).fetchone()
-                is None
-            ):
-                return None
-            rows = db.execute(
-                f"SELECT {', '.join(EPISODE_FIELDS)} FROM episodes WHERE run_id = ?"
-                " ORDER BY start, episode_id",
-                (run_id,),
-            ).fetchall()
+        with self._reading() as db:
+            return self._episodes(db, run_id)
+
+    def _episodes(self, db: sqlite3.Connection, run_id: str) -> tuple[dict[str, Any], ...] | None:
+        if not self._has_episode_tables():
+            return None
+        if db.execute("SELECT 1 FROM episode_runs WHERE run_id = ?", (run_id,)).fetchone() is None:
+            return None
+        rows = db.execute(
+            f"SELECT {', '.join(EPISODE_FIELDS)} FROM episodes WHERE run_id = ?"
+            " ORDER BY start, episode_id",
+            (run_id,),
+        ).fetchall()
         out = []
         for r in rows:
-            ep = dict(zip(EPISODE_FIELDS, r, strict=True))
-            for name in _EPISODE_BOOLS:
-                if ep[name] is not None:
-                    ep[name] = bool(ep[name])
+            ep: dict[str, Any] = {}
+            for name, value in zip(EPISODE_FIELDS, r, strict=True):
+                what = f"episodes.{name} of run {run_id!r}"
+                if name in ("pid", "thread", "samples"):
+                    ep[name] = _integer(value, what)
+                elif name == "main_thread" and value is None:
+                    ep[name] = None  # the thread's kernel tid was not known
+                elif name in _EPISODE_BOOLS:
+                    ep[name] = bool(_integer(value, what))
+                elif name == "codepath":
+                    ep[name] = _text(value, what)
+                else:
+                    ep[name] = _number(value, what, nullable=name in ("gpu_wait_s", "gpu_idle_j"))
             out.append(ep)
         return tuple(out)
+
+
+_WINDOW_CODEPATH_FIELDS = (
+    "samples",
+    "cpu_s",
+    "wall_s",
+    "low_confidence_samples",
+    "energy_j",
+    "energy_source",
+    "gpu_wait_s",
+    "gpu_wait_energy_j",
+)
+
+
+def _run_codepaths(rows: list[tuple], run_id: str) -> dict[str, CodepathTotals]:
+    totals = dict.fromkeys(CODEPATHS, CodepathTotals())
+    for cp, samples, cpu_s, wall_s, low, energy_j, wait_s, wait_j in rows:
+        if cp not in totals:
+            continue
+        what = f"run_codepaths of run {run_id!r}, {cp}"
+        totals[cp] = CodepathTotals(
+            samples=_integer(samples or 0, f"{what}: samples"),
+            cpu_s=_real(cpu_s or 0.0, f"{what}: cpu_s"),
+            wall_s=_real(wall_s or 0.0, f"{what}: wall_s"),
+            low_confidence_samples=_integer(low or 0, f"{what}: low_confidence_samples"),
+            # NULL: no window of the run had energy / GPU data
+            energy_j=_number(energy_j, f"{what}: energy_j", nullable=True),
+            gpu_wait_s=_number(wait_s, f"{what}: gpu_wait_s", nullable=True),
+            gpu_wait_energy_j=_number(wait_j, f"{what}: gpu_wait_energy_j", nullable=True),
+        )
+    return totals
+
+
+_KINDS: dict[str, tuple[tuple[type, ...], str]] = {
+    "int": ((int,), "an integer"),
+    "real": ((float, int), "a number"),
+    "real?": ((float, int, type(None)), "a number or NULL"),
+    "text": ((str,), "text"),
+    "text?": ((str, type(None)), "text or NULL"),
+}
+_WINDOW_KINDS = (
+    ("window_id", "int"), ("pid", "int"), ("started_at", "real"), ("ended_at", "real"),
+    ("rate_hz", "real"), ("cpu_s", "real"), ("python", "text?"), ("exited", "int"),
+    ("pyspy_samples", "int"), ("pyspy_errors", "int"), ("partial_stacks", "int"),
+    ("behind_s", "real"),
+)  # fmt: skip
+_WINDOW_CODEPATH_KINDS = (
+    ("window_id", "int"), ("codepath", "text"), ("samples", "int"), ("cpu_s", "real"),
+    ("wall_s", "real"), ("low_confidence_samples", "int"), ("energy_j", "real?"),
+    ("energy_source", "text?"), ("gpu_wait_s", "real?"), ("gpu_wait_energy_j", "real?"),
+)  # fmt: skip
+
+
+def _signatures(kinds: tuple[tuple[str, str], ...]) -> frozenset[tuple[type, ...]]:
+    return frozenset(itertools.product(*(_KINDS[kind][0] for _name, kind in kinds)))
+
+
+_WINDOW_SIGNATURES = _signatures(_WINDOW_KINDS)
+_WINDOW_CODEPATH_SIGNATURES = _signatures(_WINDOW_CODEPATH_KINDS)
+
+
+def _check_row(
+    row: tuple,
+    kinds: tuple[tuple[str, str], ...],
+    signatures: frozenset[tuple[type, ...]],
+    table: str,
+) -> None:
+    """Every column of `row` of the SQL type its table declares (a finite number where a
+    number goes; SQLite stores NaN as NULL but keeps infinities). A month-long run reads
+    ~2M such values, so the common case is one set lookup of the row's types."""
+    if (
+        tuple(map(type, row[: len(kinds)])) in signatures
+        and math.inf not in row
+        and -math.inf not in row
+    ):
+        return
+    for value, (name, kind) in zip(row, kinds, strict=False):
+        types, want = _KINDS[kind]
+        if type(value) not in types or (type(value) is float and not math.isfinite(value)):
+            raise ValueError(f"{table} row {_shown(row[0])}: {name} is {_shown(value)}, not {want}")
+
+
+def _windows(wrows: list[tuple], crows: list[tuple]) -> tuple[WindowRecord, ...]:
+    per_window: dict[int, dict[str, dict[str, Any]]] = {}
+    for crow in crows:
+        _check_row(crow, _WINDOW_CODEPATH_KINDS, _WINDOW_CODEPATH_SIGNATURES, "window_codepaths")
+        wid, cp, *values = crow
+        per_window.setdefault(wid, {})[cp] = dict(zip(_WINDOW_CODEPATH_FIELDS, values, strict=True))
+    out = []
+    for r in wrows:
+        _check_row(r, _WINDOW_KINDS, _WINDOW_SIGNATURES, "windows")
+        what = f"windows row {r[0]}"
+        out.append(
+            WindowRecord(
+                window_id=r[0],
+                pid=r[1],
+                started_at=r[2],
+                ended_at=r[3],
+                rate_hz=r[4],
+                cpu_s=r[5],
+                python=r[6],
+                exited=bool(r[7]),
+                errors={
+                    "pyspy_samples": r[8],
+                    "pyspy_errors": r[9],
+                    "partial_stacks": r[10],
+                    "behind_s": r[11],
+                    "notes": _json_of(r[12], f"{what}: notes_json", list),
+                },
+                energy=_json_of(r[13], f"{what}: energy_json", dict, nullable=True),
+                gpu=_json_of(r[14], f"{what}: gpu_json", dict, nullable=True),
+                codepaths={cp: per_window.get(r[0], {}).get(cp, {}) for cp in CODEPATHS},
+            )
+        )
+    return tuple(out)
 
 
 def _summary(row: tuple) -> RunSummary:
@@ -852,20 +1004,29 @@ def _summary(row: tuple) -> RunSummary:
         pyspy_samples,
         pyspy_errors,
     ) = row
+    run_id = _text(run_id, "runs.run_id")
+    what = f"runs row {run_id!r}"
+
+    def facets(value: Any, kind: str) -> list[str]:
+        return _text(value, f"{what}: {kind} facets", nullable=True).split(",") if value else []
+
+    pid_list = facets(pids, "pid")
+    if not all(p.isdigit() and p.isascii() for p in pid_list):
+        raise ValueError(f"{what}: a pid facet is not a number ({_shown(pids)})")
     return RunSummary(
         run_id=run_id,
-        target=target,
-        started_at=started_at,
-        ended_at=ended_at,
-        last_seen_at=last_seen_at,
-        windows=windows,
-        pids=tuple(sorted(int(p) for p in pids.split(","))) if pids else (),
-        samples=samples,
-        cpu_s=cpu_s,
-        energy_j=energy_j,
-        energy_sources=tuple(sorted(sources.split(","))) if sources else (),
-        serwatt_version=version,
-        pythons=tuple(sorted(pythons.split(","))) if pythons else (),
-        pyspy_samples=pyspy_samples,
-        pyspy_errors=pyspy_errors,
+        target=_text(target, f"{what}: target"),
+        started_at=_real(started_at, f"{what}: started_at"),
+        ended_at=_number(ended_at, f"{what}: ended_at", nullable=True),
+        last_seen_at=_real(last_seen_at, f"{what}: last_seen_at"),
+        windows=_integer(windows, f"{what}: windows"),
+        pids=tuple(sorted(int(p) for p in pid_list)),
+        samples=_integer(samples, f"{what}: samples"),
+        cpu_s=_real(cpu_s, f"{what}: cpu_s"),
+        energy_j=_number(energy_j, f"{what}: energy_j", nullable=True),
+        energy_sources=tuple(sorted(facets(sources, "energy_source"))),
+        serwatt_version=_text(version, f"{what}: serwatt_version"),
+        pythons=tuple(sorted(facets(pythons, "python"))),
+        pyspy_samples=_integer(pyspy_samples, f"{what}: pyspy_samples"),
+        pyspy_errors=_integer(pyspy_errors, f"{what}: pyspy_errors"),
     )

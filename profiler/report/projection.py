@@ -44,7 +44,7 @@ from typing import Any
 
 import yaml
 
-from profiler.yamlcheck import INVALID, ConfigError, ConfigProblem, check_yaml
+from profiler.yamlcheck import INVALID, check_yaml, read_yaml_file
 
 HOURS_PER_YEAR = 8760.0
 SECONDS_PER_YEAR = HOURS_PER_YEAR * 3600.0
@@ -275,16 +275,10 @@ def parse_cluster(text: str, path: Path) -> ClusterConfig:
 
 
 def load_cluster(path: Path | str) -> ClusterConfig:
-    """Read and validate a cluster file; raises ConfigError naming each key and line."""
+    """Read and validate a cluster file (a regular file of at most MAX_YAML_BYTES);
+    raises ConfigError naming each key and line."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(
-            path, [ConfigProblem("", None, "file not found; see docs/report.md for the keys")]
-        ) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(path, [ConfigProblem("", None, f"cannot read the file: {exc}")]) from None
+    text = read_yaml_file(path, missing_hint="see docs/report.md for the keys")
     return parse_cluster(text, path.absolute())
 
 

@@ -26,9 +26,11 @@ from profiler.yamlcheck import (
     INVALID,
     ConfigError,
     ConfigProblem,
+    Regex,
     YamlChecker,
     check_yaml,
     node_kind,
+    read_yaml_file,
 )
 
 # Placeholders a target's `run` template may use (rendered by profiler.service.discovery).
@@ -45,10 +47,11 @@ _UNIT_SUFFIXES = (".service", ".scope", ".slice", ".socket", ".mount", ".target"
 class TargetMatch:
     """What a process must look like to be this target; every given criterion must hold."""
 
-    cmdline: re.Pattern[str] | None = None  # searched in the space-joined command line
-    exe: re.Pattern[str] | None = None  # searched in the resolved /proc/<pid>/exe path
+    # Regexes are RE2's (YamlChecker.regex): linear-time, whatever the pattern and text.
+    cmdline: Regex | None = None  # searched in the space-joined command line
+    exe: Regex | None = None  # searched in the resolved /proc/<pid>/exe path
     systemd_unit: str | None = None  # exact unit name, ".service" added when no suffix
-    cgroup: re.Pattern[str] | None = None  # searched in each /proc/<pid>/cgroup path
+    cgroup: Regex | None = None  # searched in each /proc/<pid>/cgroup path
     environ: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     pid_file: Path | None = None  # the pid written in this file
 
@@ -405,14 +408,10 @@ def parse_config(text: str, source_path: Path) -> Config:
 
 
 def load_config(path: Path) -> Config:
-    """Read and validate a config file; raises ConfigError (with every problem) if unusable."""
+    """Read and validate a config file; raises ConfigError (with every problem) if unusable.
+
+    The file must be a regular file of at most MAX_YAML_BYTES (check-config, daemon
+    start and SIGHUP reload all read it here)."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(
-            path, [ConfigProblem("", None, "file not found; see configs/serwatt.example.yaml")]
-        ) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(path, [ConfigProblem("", None, f"cannot read the file: {exc}")]) from None
+    text = read_yaml_file(path, missing_hint="see configs/serwatt.example.yaml")
     return parse_config(text, path.absolute())
