@@ -29,11 +29,17 @@ from collectors.pyspy import (
     TargetGone,
     UnsupportedPython,
 )
+from profiler.attribution.tracker import EnergyTracker, EnergyUnavailableError
+from profiler.classify.classifier import Classifier
 from profiler.cli.main import UsageError
 from profiler.exitcodes import EXIT_OK, EXIT_RUNTIME
 from profiler.profile.document import build_document
+from profiler.profile.energy_sink import EnergySink
+from profiler.profile.record_sink import RecordSink
 from profiler.profile.session import ProfileSession, SessionResult, SessionSink
 from profiler.profile.table import render_table
+from profiler.records.run_ids import check_run_id
+from profiler.records.store import RecordError
 
 BAD_INPUT_ERRORS = (TargetGone, NotPython, UnsupportedPython, PtraceDenied)
 
@@ -138,10 +144,6 @@ def prepare_record(args: argparse.Namespace) -> None:
         if run_id is not None:
             raise UsageError("--run-id names the run --record writes: give --record FILE too")
         return
-    from profiler.profile.record_sink import RecordSink
-    from profiler.records.run_ids import check_run_id
-    from profiler.records.store import RecordError
-
     try:
         if run_id is not None:
             check_run_id(run_id)
@@ -161,9 +163,6 @@ def prepare_record(args: argparse.Namespace) -> None:
 def prepare_energy(args: argparse.Namespace) -> None:
     """Probe energy collectors before any process starts: a `required` one that is
     missing, or a bad --path.sysfs / --tdp, is bad input (exit 2), not a late failure."""
-    from profiler.attribution.tracker import EnergyTracker, EnergyUnavailableError
-    from profiler.profile.energy_sink import EnergySink
-
     sysfs = getattr(args, "sysfs", Path("/sys"))
     if not sysfs.is_dir():
         raise UsageError(f"--path.sysfs {sysfs}: not a directory (give the sysfs root, e.g. /sys)")
@@ -192,8 +191,6 @@ def make_pyspy(args: argparse.Namespace) -> PySpy:
 
 
 def make_classifier() -> Any:
-    from profiler.classify.classifier import Classifier
-
     return Classifier.default()
 
 

@@ -18,6 +18,7 @@ from profiler.cli.main import UsageError
 from profiler.exitcodes import EXIT_RUNTIME
 from profiler.records.host import describe
 from profiler.records.store import RECORD_FILENAME, Recorder, RecordError, RunDetail, RunSummary
+from profiler.service.config import ConfigError, load_config
 
 DEFAULT_RECORD_DIR = Path("/var/lib/serwatt/runs")
 
@@ -49,8 +50,6 @@ def _record_path(args: argparse.Namespace) -> Path:
     if args.db is not None:
         return args.db
     if args.config is not None:
-        from profiler.service.config import ConfigError, load_config
-
         try:
             return load_config(args.config).record_dir / RECORD_FILENAME
         except ConfigError as exc:

@@ -38,10 +38,14 @@ from profiler.attribution.episodes import Episode, EpisodeTracker
 from profiler.attribution.window import AttributedWindow
 from profiler.classify.codepaths import CODEPATHS
 from profiler.exitcodes import EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME
+from profiler.records.host import fingerprint
+from profiler.records.store import Recorder, RecordError
+from profiler.sampling.collect import sample_window
 from profiler.sampling.window import WindowReport
 from profiler.service.budget import RateGovernor
 from profiler.service.collector_health import run_collector
 from profiler.service.config import Config, ConfigError, load_config
+from profiler.service.discovery import discover
 from profiler.service.energy_side import EnergySide, RequiredCollectorMissing
 from profiler.service.exporter import MetricsServer, make_registry
 from profiler.service.ledger import Ledger, TargetProcess
@@ -184,8 +188,6 @@ class Daemon:
         self._wake.set()
 
     def _start(self) -> int:
-        from profiler.records.store import Recorder, RecordError
-
         cfg = self.config
         try:
             self._classifiers = ClassifierPool(cfg)
@@ -382,8 +384,6 @@ class Daemon:
     # ------------------------------------------------------------------ windows
 
     def _start_windows(self) -> list[SamplingJob]:
-        from profiler.sampling.collect import sample_window
-
         cfg = self.config
         now = time.monotonic()
         ready = [t for t in self._tracked.values() if t.retry_at <= now]
@@ -560,8 +560,6 @@ class Daemon:
     # ------------------------------------------------------------------ discovery
 
     def _rescan(self) -> None:
-        from profiler.service.discovery import discover
-
         cfg = self.config
         self._next_rescan = time.monotonic() + cfg.rescan_s
         found = run_collector(
@@ -724,8 +722,6 @@ class _OwnCpu:
 
 
 def _host_fingerprint(config: Config, nvml_status: Any = None) -> dict[str, Any]:
-    from profiler.records.host import fingerprint
-
     return fingerprint(
         procfs=config.path_procfs,
         sysfs=config.path_sysfs,

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from profiler.attribution.tracker import WindowEnergy
+from profiler.attribution.tracker import EnergyTracker, EnergyUnavailableError, WindowEnergy
 from profiler.attribution.window import AttributedWindow, attribute
 from profiler.sampling.window import WindowReport
 from profiler.service.collector_health import Health, run_collector
@@ -42,8 +42,6 @@ class EnergySide:
     """
 
     def __init__(self, config: Config, *, nvml_backend: Any = None) -> None:
-        from profiler.attribution.tracker import EnergyTracker, EnergyUnavailableError
-
         self._tracker = EnergyTracker(
             sysfs_root=config.path_sysfs,
             procfs_root=config.path_procfs,

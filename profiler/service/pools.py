@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from collectors.pyspy import StopEvent
+from profiler.classify.classifier import Classifier
 from profiler.sampling.window import WindowReport
 from profiler.service.config import Config
 
@@ -78,8 +79,6 @@ class ClassifierPool:
         self._lock = threading.Lock()
 
     def _make(self) -> Any:
-        from profiler.classify.classifier import Classifier
-
         if self._rules_files:
             return Classifier.from_files(self._rules_files, proc_fs=self._procfs)
         return Classifier.default(proc_fs=self._procfs)
