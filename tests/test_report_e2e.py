@@ -46,12 +46,16 @@ def records(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, d
     db = work / "runs.sqlite"
     written: dict[str, dict] = {}
     for run_id, (ckpt, size_mb, rate_hz) in RUNS.items():
+        ckpt_dir = work / run_id
+        ckpt_dir.mkdir()
+        # `.many` runs anchor the receipts of the checkpoints they write in their record
+        anchor = ["--checkpoints", str(ckpt_dir)] if ckpt == "many" else []
         r = serwatt(
             "profile", "--rate", str(rate_hz), "--window", str(WINDOW_S), "--record", str(db),
-            "--run-id", run_id, "--",
+            "--run-id", run_id, *anchor, "--",
             sys.executable, "-m", "profiler.workloads.train", "--ckpt", ckpt,
             "--steps", "12", "--every", "2", "--size", str(size_mb),
-            "--dir", str(work / run_id),
+            "--dir", str(ckpt_dir),
         )  # fmt: skip
         assert r.returncode == 0, r.stderr[-2000:]
         summary = next(ln for ln in r.stdout.splitlines() if ln.startswith('{"format"'))
@@ -149,8 +153,10 @@ def test_checkpoint_files_and_their_chain_are_part_of_the_report(records, tmp_pa
     on_disk = sorted(ckpt_dir.glob("*.many"))  # the workload keeps its newest checkpoints
     assert files["files"] == files["length"] == len(on_disk) >= 2
     assert files["head"].startswith("rcpt_")
-    # one flipped byte in a slot's data: the file, and so the chain, is reported broken
-    victim = on_disk[0]
+    assert files["anchored_by"] == ["ab-many"], files  # the run saw that head written
+    # one flipped byte in the newest file's data: the chain is sound up to it, then broken
+    first_head = files["head"]
+    victim = on_disk[-1]
     data = bytearray(victim.read_bytes())
     data[-1] ^= 0xFF
     victim.write_bytes(bytes(data))
@@ -159,4 +165,5 @@ def test_checkpoint_files_and_their_chain_are_part_of_the_report(records, tmp_pa
         "--checkpoints", str(ckpt_dir), "--json", str(doc),
     )  # fmt: skip
     files = json.loads(doc.read_text())["checkpoint_files"]
-    assert files["sound"] is False and files["first_break"] == str(victim), files
+    assert files["sound"] is False and files["first_break"].startswith(f"{victim}: "), files
+    assert files["length"] == len(on_disk) - 1 and files["head"] != first_head, files

@@ -34,6 +34,7 @@ from profiler.cli.profile import (
     validate_common,
     write_outputs,
 )
+from profiler.cli.report import anchored_receipts, checkpoint_chain
 from profiler.exitcodes import EXIT_OK, EXIT_RUNTIME
 from profiler.profile.record_sink import RecordSink
 from profiler.profile.table import render_table
@@ -91,8 +92,9 @@ def _train_side(args: argparse.Namespace, side: str, ckpt: str, record: Path) ->
     ]  # fmt: skip
     print(f"serwatt demo: [{side}: {ckpt}] profiling `{' '.join(cmd[1:])}`", file=sys.stderr)
     prepare_energy(args)  # a fresh tracker and energy sink per side
+    ckpt_dir.mkdir(parents=True)
     args.record_sink = RecordSink(
-        record, target="demo", run_id=f"demo-{ckpt}", tracker=args.tracker
+        record, target="demo", run_id=f"demo-{ckpt}", tracker=args.tracker, checkpoints=ckpt_dir
     )
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
     session = new_session(
@@ -131,7 +133,14 @@ def _train_ab(args: argparse.Namespace) -> int:
             return failed
     with Recorder(record, readonly=True) as rec:
         baseline, candidate = (load_runs(rec, [f"demo-{ckpt}"]) for _, ckpt in SIDES)
-    report = build_report(baseline, candidate, cluster=default_cluster(), allow_mismatch=True)
+        anchored = anchored_receipts(rec, [f"demo-{ckpt}" for _, ckpt in SIDES])
+    report = build_report(
+        baseline,
+        candidate,
+        cluster=default_cluster(),
+        allow_mismatch=True,
+        checkpoints=checkpoint_chain(args.out / "ckpt-many", anchored),
+    )
     print()
     print(render_text(report))
     html = args.out / "report.html"

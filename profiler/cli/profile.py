@@ -109,6 +109,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="also append this session as a run to a run-record file (see `serwatt runs`)",
     )  # fmt: skip
     parser.add_argument(
+        "--checkpoints", type=Path, metavar="DIR",
+        help="with --record: anchor the receipts of the .many checkpoints the job writes in "
+        "DIR in the run record (serwatt report --checkpoints DIR checks the chain against them)",
+    )  # fmt: skip
+    parser.add_argument(
         "--run-id", metavar="ID",
         help="with --record: the run's id (default profile-<start time>-<pid>); "
         "name A/B runs so `serwatt report --baseline ID --candidate ID` reads them",
@@ -140,14 +145,21 @@ def prepare_record(args: argparse.Namespace) -> None:
     is bad input (exit 2), and nothing in it is touched."""
     path = getattr(args, "record", None)
     run_id = getattr(args, "run_id", None)
+    checkpoints = getattr(args, "checkpoints", None)
     if path is None:
         if run_id is not None:
             raise UsageError("--run-id names the run --record writes: give --record FILE too")
+        if checkpoints is not None:
+            raise UsageError("--checkpoints anchors receipts in the record: give --record FILE")
         return
+    if checkpoints is not None and not checkpoints.is_dir():
+        raise UsageError(f"--checkpoints {checkpoints}: not a directory (create it first)")
     try:
         if run_id is not None:
             check_run_id(run_id)
-        args.record_sink = RecordSink(path, run_id=run_id, tracker=getattr(args, "tracker", None))
+        args.record_sink = RecordSink(
+            path, run_id=run_id, tracker=getattr(args, "tracker", None), checkpoints=checkpoints
+        )
         if run_id is not None and args.record_sink.recorder.runs(run_id):
             args.record_sink.recorder.close()
             raise UsageError(

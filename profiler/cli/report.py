@@ -21,8 +21,7 @@ from typing import Any
 from profiler.cli.main import UsageError
 from profiler.cli.runs import DEFAULT_RECORD_DIR
 from profiler.exitcodes import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE
-from profiler.many import verify, verify_chain
-from profiler.many.reader import load
+from profiler.many import chain_head
 from profiler.records.store import RECORD_FILENAME, Recorder, RecordError
 from profiler.report import (
     InputError,
@@ -92,8 +91,19 @@ def _load(rec: Recorder, ids: list[str], side: str) -> list[Any]:
         raise UsageError(f"--{side}: a damaged record in {rec.path}: {exc}") from None
 
 
-def checkpoint_chain(directory: Path) -> dict[str, Any]:
-    """Verify every .many file in a directory (oldest first) and its receipt chain."""
+def anchored_receipts(rec: Recorder, run_ids: list[str]) -> dict[str, list[str]]:
+    """receipt -> the runs whose records anchored it (saw the file written)."""
+    anchored: dict[str, list[str]] = {}
+    for run_id in run_ids:
+        for row in rec.receipts(run_id):
+            anchored.setdefault(row["receipt"], []).append(run_id)
+    return anchored
+
+
+def checkpoint_chain(directory: Path, anchored: dict[str, list[str]]) -> dict[str, Any]:
+    """Verify every .many file in a directory (oldest first) and its receipt chain, and
+    whether the chain's head is a receipt a run anchored in its record (`anchored`:
+    receipt -> the run ids that saw it written)."""
     if not directory.is_dir():
         raise UsageError(f"--checkpoints {directory}: not a directory")
     files = sorted(
@@ -105,24 +115,24 @@ def checkpoint_chain(directory: Path) -> dict[str, Any]:
             f"--checkpoints {directory}: {len(files)} .many files, more than "
             f"{MAX_CHECKPOINT_FILES}; point it at one run's checkpoint directory"
         )
-    problems = {str(p): verify(p) for p in files}
-    links = [m for m in verify_chain([str(p) for p in files]) if "prev_receipt" in m]
-    head = None
-    if files and not problems[str(files[-1])]:
-        with load(files[-1]) as ck:
-            head = str(ck.receipt)
-    first_break = next((p for p, probs in problems.items() if probs), None)
-    if first_break is None and links:
-        first_break = links[0]
+    chain = chain_head([str(p) for p in files])
+    head = str(chain.head) if chain.head is not None else None
     return {
         "dir": str(directory),
         "files": len(files),
-        "sound": not any(problems.values()) and not links,
-        "head": head,
-        "length": len(files),
-        "first_break": first_break,
-        "problems": {p: probs for p, probs in problems.items() if probs},
-        "link_problems": links,
+        "sound": chain.first_break is None,
+        "head": head,  # of the longest sound prefix of the chain
+        "length": chain.length,
+        "first_break": chain.first_break,
+        "anchored_by": anchored.get(head, []) if head is not None else [],
+        "anchor_note": (
+            "the head is a receipt the named run(s) recorded as written: the chain was not cut "
+            "short or rewritten since"
+            if head is not None and anchored.get(head)
+            else "the head is not a receipt any compared run recorded (`serwatt profile "
+            "--checkpoints DIR --record ...` anchors them): a chain cut short or rewritten "
+            "with recomputed hashes would look the same"
+        ),
         "proves": "consistency of each file and link (BLAKE3), not who wrote them",
     }
 
@@ -181,10 +191,13 @@ def _run(args: argparse.Namespace) -> int:
         cluster = load_cluster(args.cluster) if args.cluster is not None else default_cluster()
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
-    checkpoints = checkpoint_chain(args.checkpoints) if args.checkpoints is not None else None
     with _open(args) as rec:
         baseline = _load(rec, args.baseline, "baseline")
         candidate = _load(rec, args.candidate, "candidate")
+        anchored = anchored_receipts(rec, [*args.baseline, *args.candidate])
+    checkpoints = (
+        checkpoint_chain(args.checkpoints, anchored) if args.checkpoints is not None else None
+    )
     try:
         report = build_report(
             baseline,

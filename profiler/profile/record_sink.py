@@ -10,6 +10,8 @@ from typing import Any
 from profiler.attribution.episodes import Episode
 from profiler.attribution.tracker import EnergyTracker
 from profiler.attribution.window import AttributedWindow
+from profiler.many import ManyError
+from profiler.many.verify import read_receipts
 from profiler.profile.session import SessionInfo
 from profiler.records.host import fingerprint
 from profiler.records.run_ids import format_start_time
@@ -34,6 +36,7 @@ class RecordSink:
         tracker: EnergyTracker | None = None,
         host: Mapping | None = None,
         config: Mapping | None = None,
+        checkpoints: Path | None = None,
     ) -> None:
         self.recorder = Recorder(path)
         self.path = self.recorder.path
@@ -45,6 +48,10 @@ class RecordSink:
         self._started = False
         self.windows = 0
         self.errors: list[str] = []
+        # `.many` files of the run, by (path, mtime, size) already anchored: a file rewritten
+        # in place under the same name is a new checkpoint
+        self.checkpoints = checkpoints
+        self._seen: set[tuple[str, int, int]] = set()
 
     def _sources(self) -> dict[str, Any]:
         if self.tracker is None:
@@ -97,14 +104,36 @@ class RecordSink:
             self.run_id, window.report, energy=window.energy_record(), gpu=window.gpu_record()
         )
         self.windows += 1
+        self._anchor_checkpoints()
 
     def on_episodes(self, episodes: Sequence[Episode]) -> None:
         assert self.run_id is not None, "on_start comes first"
         self.recorder.append_episodes(self.run_id, episodes)
 
+    def _anchor_checkpoints(self) -> None:
+        """Store the receipts of the run's `.many` files seen so far (a workload that keeps
+        only its newest checkpoints deletes older ones: each window looks again)."""
+        if self.checkpoints is None or self.run_id is None:
+            return
+        rows = []
+        for path in sorted(self.checkpoints.glob("*.many")):
+            try:
+                st = path.stat()
+                key = (str(path), st.st_mtime_ns, st.st_size)
+                if key in self._seen:
+                    continue
+                receipt, prev = read_receipts(path)
+            except (OSError, ManyError) as exc:  # half-written or hostile: not anchored
+                self.errors.append(f"checkpoint {path}: not anchored: {exc}")
+                continue
+            self._seen.add(key)
+            rows.append((str(receipt), None if prev is None else str(prev), str(path)))
+        self.recorder.append_receipts(self.run_id, rows)
+
     def finish(self) -> None:
         try:
             if self._started and self.run_id is not None:
+                self._anchor_checkpoints()
                 self.recorder.finish_run(self.run_id, time.time())
         finally:
             self.recorder.close()

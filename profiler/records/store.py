@@ -152,6 +152,16 @@ CREATE TABLE IF NOT EXISTS episodes (
     durable INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS episodes_by_run ON episodes(run_id, start);
+-- Receipts of the .many checkpoints a run wrote (`serwatt profile --checkpoints DIR`):
+-- a chain head anchored outside the files, so a chain cut short or rewritten is caught.
+CREATE TABLE IF NOT EXISTS run_receipts (
+    run_id TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
+    receipt TEXT NOT NULL,          -- rcpt_<hex>
+    prev_receipt TEXT,              -- NULL: the first link of its chain
+    path TEXT NOT NULL,             -- where the file was when it was seen
+    seen_at REAL NOT NULL,          -- epoch s
+    PRIMARY KEY (run_id, receipt)
+);
 """
 EPISODE_FIELDS = (
     "pid", "thread", "codepath", "start", "end", "wall_s", "period_s", "resolution_s",
@@ -485,10 +495,10 @@ class Recorder:
                 "UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),)
             )
 
-    def _has_episode_tables(self) -> bool:
+    def _has_table(self, name: str) -> bool:
         row = (
             self._conn()
-            .execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='episodes'")
+            .execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (name,))
             .fetchone()
         )
         return row is not None
@@ -837,13 +847,51 @@ class Recorder:
                 )
         return len(rows)
 
+    def append_receipts(self, run_id: str, receipts: Iterable[tuple[str, str | None, str]]) -> int:
+        """Anchor (receipt, prev_receipt, path) of checkpoint files a run wrote; a receipt
+        already anchored for the run is kept as first seen. Returns how many were new."""
+        rows = [(run_id, r, prev, path, time.time()) for r, prev, path in receipts]
+        if not rows:
+            return 0
+        with self._tx() as db:
+            before = db.total_changes
+            db.executemany(
+                "INSERT OR IGNORE INTO run_receipts(run_id, receipt, prev_receipt, path, seen_at)"
+                " VALUES (?, ?, ?, ?, ?)",
+                rows,
+            )
+            return db.total_changes - before
+
+    def receipts(self, run_id: str) -> tuple[dict[str, Any], ...]:
+        """The checkpoint receipts anchored for a run, in the order they were seen."""
+        with self._reading() as db:
+            if not self._has_table("run_receipts"):
+                return ()
+            rows = db.execute(
+                "SELECT receipt, prev_receipt, path, seen_at FROM run_receipts WHERE run_id = ?"
+                " ORDER BY seen_at, receipt",
+                (run_id,),
+            ).fetchall()
+        out = []
+        for receipt, prev, path, seen_at in rows:
+            what = f"run_receipts of run {run_id!r}"
+            out.append(
+                {
+                    "receipt": _text(receipt, what),
+                    "prev_receipt": None if prev is None else _text(prev, what),
+                    "path": _text(path, what),
+                    "seen_at": _number(seen_at, what),
+                }
+            )
+        return tuple(out)
+
     def episodes(self, run_id: str) -> tuple[dict[str, Any], ...] | None:
         """A run's episodes in time order; None when it was recorded without detection."""
         with self._reading() as db:
             return self._episodes(db, run_id)
 
     def _episodes(self, db: sqlite3.Connection, run_id: str) -> tuple[dict[str, Any], ...] | None:
-        if not self._has_episode_tables():
+        if not self._has_table("episodes"):
             return None
         if db.execute("SELECT 1 FROM episode_runs WHERE run_id = ?", (run_id,)).fetchone() is None:
             return None
