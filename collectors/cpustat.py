@@ -111,8 +111,8 @@ class CpuStat:
 
 
 def cpu_delta(a: CpuTimes, b: CpuTimes) -> NodeCpuDelta:
-    return NodeCpuDelta(
-        wall_s=max(0.0, b.t - a.t),
-        busy_s=max(0.0, b.busy_s - a.busy_s),
-        total_s=max(0.0, b.total_s - a.total_s),
-    )
+    total = max(0.0, b.total_s - a.total_s)
+    # busy <= total in jiffies; in seconds the two differences round apart (a node busy
+    # the whole interval gave busy 2.240000000000691 > total 2.2399999999997817)
+    busy = min(total, max(0.0, b.busy_s - a.busy_s))
+    return NodeCpuDelta(wall_s=max(0.0, b.t - a.t), busy_s=busy, total_s=total)
