@@ -20,6 +20,11 @@ Classification runs on every sample, so results are cached per frame tuple, per
 (file, function) for the python/native layers and per (file, line) for call sites.
 A source change (mtime/size, checked at most every `stat_ttl_s`) drops the
 source-derived caches.
+
+A source the classifier cannot use now or ever is never guessed at: a file still
+loading when the caller's deadline passes (not memoized: asked again next time),
+a file given up as too costly to index, a line whose call names are too deep to
+resolve: the sample is `other`, low confidence (docs/classification.md).
 """
 
 from __future__ import annotations
@@ -37,7 +42,16 @@ from typing import Any
 
 from collectors import procstat
 from collectors.samples import Frame, Sample
-from profiler.classify.callsite import CallsitePrefilter, LineCalls, SourceCache, source_path
+from profiler.classify.callsite import (
+    MAX_NAME_PARTS,
+    NOT_READY,
+    TOO_COSTLY,
+    CallsitePrefilter,
+    LineCalls,
+    SourceCache,
+    SourceIndex,
+    source_path,
+)
 from profiler.classify.codepaths import OTHER, Classification
 from profiler.classify.rules import PatternSet, Rule, RuleError, RuleSet, load_rules
 
@@ -54,6 +68,9 @@ class CallsiteMatch:
     codepath: str | None  # None: two serializers of different codepaths on the line
     rule: Rule | None
     others: int  # non-trivial non-serializer calls (and comprehensions) on the line
+    # why the line's calls are not known (source not ready, too costly, a name too deep
+    # to resolve): the sample is `other`, low confidence
+    unknown: str | None = None
 
 
 @dataclass(frozen=True)
@@ -76,6 +93,10 @@ class ClassifierStats:
     sources_unavailable: int = 0
     # source files read but not parsed: their text cannot hold a call-site match
     sources_prefiltered: int = 0
+    # lookups whose source was still loading at the deadline (not waited for)
+    sources_not_ready: int = 0
+    # source files given up past the CPU budget (callsite.SOURCE_CPU_BUDGET_S)
+    sources_too_costly: int = 0
 
 
 class Classifier:
@@ -114,6 +135,10 @@ class Classifier:
         self._start_times: dict[str, float | None] = {}
         self._proc_fs = proc_fs
         self.stats = ClassifierStats()
+        # the current classify call's deadline (time.monotonic()), and whether a
+        # source it needed was not ready (then nothing derived from it is memoized)
+        self._deadline: float | None = None
+        self._not_ready = False
 
     # -- construction --------------------------------------------------------------
 
@@ -132,13 +157,22 @@ class Classifier:
 
     # -- public --------------------------------------------------------------------
 
-    def classify(self, sample: Sample, *, proc_root: Path | None = None) -> Classification:
-        return self.classify_frames(sample.frames, proc_root=proc_root)
+    def classify(
+        self, sample: Sample, *, proc_root: Path | None = None, deadline: float | None = None
+    ) -> Classification:
+        return self.classify_frames(sample.frames, proc_root=proc_root, deadline=deadline)
 
     def classify_frames(
-        self, frames: Sequence[Frame], *, proc_root: Path | None = None
+        self,
+        frames: Sequence[Frame],
+        *,
+        proc_root: Path | None = None,
+        deadline: float | None = None,
     ) -> Classification:
-        """Classify one stack given leaf first (the order of collectors.samples.Sample)."""
+        """Classify one stack given leaf first (the order of collectors.samples.Sample).
+
+        deadline (time.monotonic()): a source file not loaded by then is not waited
+        for (None: each load is waited on up to callsite.SOURCE_WAIT_S)."""
         self.stats.samples += 1
         sweeps = self._sources.sweeps
         self._sources.revalidate()
@@ -154,7 +188,10 @@ class Classifier:
         if hit is not None:
             self.stats.stack_cache_hits += 1
             return hit
+        self._deadline, self._not_ready = deadline, False
         result = self._walk(frames, proc_root)
+        if self._not_ready:
+            return result  # a later call, with the source loaded, may say more
         if len(self._stacks) >= self._stack_cache_size:
             self._stacks.clear()  # a full reset is cheaper than LRU bookkeeping per sample
         self._stacks[key] = result
@@ -223,21 +260,48 @@ class Classifier:
         if key in self._callsite_memo:
             return self._callsite_memo[key]
         self.stats.callsite_lookups += 1
-        src = self._sources
-        parses, shared, filtered = src.parses, src.shared_hits, src.filtered
-        index, error, _mtime = src.get(path, self._prefilter)
-        self.stats.source_parses += src.parses - parses + src.shared_hits - shared
-        self.stats.sources_prefiltered += self._sources.filtered - filtered
+        index, error = self._source(path, proc_root)
         result: CallsiteMatch | None = None
+        if error == NOT_READY:
+            self._not_ready = True
+            return CallsiteMatch(None, None, 0, unknown=NOT_READY)  # not memoized
         if index is None:
-            if error is not None:
+            if error is not None and error.startswith(TOO_COSTLY):
+                result = CallsiteMatch(None, None, 0, unknown=error)
+            elif error is not None:
                 self.stats.sources_unavailable += 1
         else:
             result = self._match_line(index.calls_at(frame.line), inner_only=inner)
         self._callsite_memo[key] = result
         return result
 
+    def _source(self, path: str, proc_root: Path | None) -> tuple[SourceIndex | None, str | None]:
+        """(index, error) of one source, read inside the target's root, counted."""
+        src = self._sources
+        before = (src.parses, src.shared_hits, src.filtered, src.not_ready, src.too_costly)
+        index, error, _mtime = src.get(
+            path,
+            self._prefilter,
+            root=str(proc_root) if proc_root is not None else None,
+            deadline=self._deadline,
+        )
+        parses, shared, filtered, not_ready, too_costly = before
+        self.stats.source_parses += src.parses - parses + src.shared_hits - shared
+        self.stats.sources_prefiltered += src.filtered - filtered
+        self.stats.sources_not_ready += src.not_ready - not_ready
+        self.stats.sources_too_costly += src.too_costly - too_costly
+        if error == NOT_READY:
+            self._not_ready = True
+        return index, error
+
     def _match_line(self, line_calls: LineCalls, *, inner_only: bool) -> CallsiteMatch | None:
+        if line_calls.unresolved:
+            return CallsiteMatch(
+                None,
+                None,
+                0,
+                unknown=f"cannot resolve a call on the line (a name over {MAX_NAME_PARTS} parts)",
+            )
         matched: list[Rule] = []
         others = 1 if line_calls.comprehension and not inner_only else 0
         for call in line_calls.calls:
@@ -288,15 +352,24 @@ class Classifier:
         path = source_path(frame.filename, proc_root)
         if path is None:
             return False
-        _index, _err, mtime_ns = self._sources.get(path)
+        _index, _err, mtime_ns = self._sources.get(
+            path, root=str(proc_root), deadline=self._deadline
+        )
         start = self._process_start_epoch(proc_root)
         return mtime_ns is not None and start is not None and mtime_ns / 1e9 > start + 1.0
 
     def _walk(self, frames: tuple[Frame, ...], proc_root: Path | None) -> Classification:
         return self._decide(frames, proc_root, why=False).classification
 
-    def explain(self, frames: Sequence[Frame], *, proc_root: Path | None = None) -> Explanation:
+    def explain(
+        self,
+        frames: Sequence[Frame],
+        *,
+        proc_root: Path | None = None,
+        deadline: float | None = None,
+    ) -> Explanation:
         """Which frame decided, through which layer: for people checking a rule."""
+        self._deadline, self._not_ready = deadline, False
         return self._decide(tuple(frames), proc_root)
 
     def _decide(
@@ -363,11 +436,19 @@ class Classifier:
             if path is None:
                 how = "innermost Python frame has no readable source path"
             elif why:
-                # parses a prefiltered file, so a syntax error is still named
-                _index, error, _ = self._sources.get(path)
+                # parses a prefiltered file, so a syntax error is still named (not
+                # counted in the stats: they say what classification needed)
+                _index, error, _ = self._sources.get(
+                    path,
+                    root=str(proc_root) if proc_root is not None else None,
+                    deadline=self._deadline,
+                )
                 if error is not None:
                     how = f"innermost Python frame: {error}"
             return Explanation(OTHER, None, how)
+        if match.unknown is not None:
+            got = Classification("other", None, "low")
+            return Explanation(got, i, f"callsite: {match.unknown}")
         if match.codepath is None or match.rule is None:
             got = Classification("other", None, "low", ambiguous=True)
             return Explanation(got, i, "callsite: the line calls two different serializers")

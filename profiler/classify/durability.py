@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from collectors.samples import Frame
-from profiler.classify.callsite import CallsitePrefilter, SourceCache, source_path
+from profiler.classify.callsite import NOT_READY, CallsitePrefilter, SourceCache, source_path
 
 SYNC = "sync"  # data reaches the disk: os.fsync, os.fdatasync, os.sync
 RENAME = "rename"  # the file is moved into place: os.replace, os.rename
@@ -59,7 +59,8 @@ class DurabilityReader:
     Not thread-safe (one per classifier: `reader_for`). Files are read through the
     target's root like the call-site rules, parsed once (shared with the classifier's
     parses of the same file), and files whose text cannot call any of
-    DURABILITY_CALLS are not parsed at all.
+    DURABILITY_CALLS are not parsed at all. A file still loading at the caller's
+    deadline answers "" and is asked again next time (`not_ready` counts those).
     """
 
     def __init__(self, *, stat_ttl_s: float = 2.0) -> None:
@@ -68,7 +69,13 @@ class DurabilityReader:
         self._generation = self._sources.generation
         self._memo: dict[tuple[str, int], str] = {}
 
-    def kind(self, frames: Sequence[Frame], proc_root: Path | None) -> str:
+    @property
+    def not_ready(self) -> int:
+        return self._sources.not_ready
+
+    def kind(
+        self, frames: Sequence[Frame], proc_root: Path | None, deadline: float | None = None
+    ) -> str:
         """SYNC, RENAME, or "" (no durability call on the innermost Python frame's line)."""
         leaf = next((f for f in frames if not f.is_native), None)
         if leaf is None or leaf.line <= 0:
@@ -85,7 +92,14 @@ class DurabilityReader:
         if hit is not None:
             return hit
         found = ""
-        index, _error, _mtime = self._sources.get(path, self._prefilter)
+        index, error, _mtime = self._sources.get(
+            path,
+            self._prefilter,
+            root=str(proc_root) if proc_root is not None else None,
+            deadline=deadline,
+        )
+        if error == NOT_READY:
+            return ""  # not memoized
         if index is not None:
             for call in index.calls_at(leaf.line).calls:
                 if call.imported and call.name in DURABILITY_CALLS:

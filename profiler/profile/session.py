@@ -44,6 +44,7 @@ from profiler.attribution.episodes import Episode, EpisodeTracker
 from profiler.attribution.tracker import EnergyTracker
 from profiler.attribution.window import AttributedWindow, attribute, used_gpus
 from profiler.classify.codepaths import CODEPATHS
+from profiler.sampling import collect
 from profiler.sampling.collect import ClassifierLike, RawWindow, collect_window, finish_window
 from profiler.sampling.window import WindowReport
 
@@ -316,6 +317,8 @@ class ProfileSession:
                 continue
             with self._lock:
                 self.acc.add(report, self.info.started_at)
+                for kind, n in report.classify_errors.items():
+                    self.acc.failures[kind] = self.acc.failures.get(kind, 0) + n
                 stats.windows += 1
                 stats.python = stats.python or report.python
                 stats.samples += sum(w.samples for w in report.codepaths.values())
@@ -468,7 +471,17 @@ class ProfileSession:
             t.join()
         if self._finisher_thread.is_alive():
             self._raw_q.put(None)
-            self._finisher_thread.join()
+            # Each window's classification is bounded by its deadline; a finisher
+            # that finishes no window in that long (plus slack) is abandoned, not
+            # waited on: the session ends with what it has.
+            while self._finisher_thread.is_alive():
+                done = self.acc.windows + sum(self.acc.failures.values())
+                self._finisher_thread.join(timeout=collect.CLASSIFY_DEADLINE_S + 5.0)
+                if self._finisher_thread.is_alive() and (
+                    self.acc.windows + sum(self.acc.failures.values()) == done
+                ):
+                    self.acc.fail("classify_abandoned")
+                    break
 
     def _progress_every(self) -> float:
         assert self.progress is not None

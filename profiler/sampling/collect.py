@@ -10,12 +10,19 @@
    snapshot;
 4. each sample classified; each thread's CPU delta spread over its samples
    (profiler.sampling.weighting); every codepath of CODEPATHS filled, plus the timeline.
+
+Classification has a deadline per window (CLASSIFY_DEADLINE_S): a source file that is
+not loaded by then (profiler/classify/callsite.py loads files on threads of its own)
+is not waited for; its samples are `other`, low confidence, and the report counts it
+(`classify_errors`: "classify_timeout", "source_too_costly"), so no file a target
+names can hold a sampling thread.
 """
 
 from __future__ import annotations
 
 import math
 import threading
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
@@ -33,9 +40,14 @@ from profiler.sampling.weighting import (
 )
 from profiler.sampling.window import TimedLabel, WindowReport
 
+# The most one window's classification waits for source files to load, in all.
+CLASSIFY_DEADLINE_S = 5.0
+
 
 class ClassifierLike(Protocol):
-    def classify(self, sample: Sample, *, proc_root: Path | None = None) -> Classification: ...
+    def classify(
+        self, sample: Sample, *, proc_root: Path | None = None, deadline: float | None = None
+    ) -> Classification: ...
 
 
 class _CpuPoller:
@@ -147,8 +159,24 @@ def collect_window(
     )
 
 
-def finish_window(raw: RawWindow, classifier: ClassifierLike) -> WindowReport:
-    """The CPU-bound half: classify every sample, weight, aggregate."""
+def _classify_counts(classifier: ClassifierLike, durability: object) -> tuple[int, int]:
+    """(lookups not waited for, files given up as too costly) so far."""
+    stats = getattr(classifier, "stats", None)
+    not_ready = getattr(stats, "sources_not_ready", 0) + getattr(durability, "not_ready", 0)
+    return not_ready, getattr(stats, "sources_too_costly", 0)
+
+
+def finish_window(
+    raw: RawWindow, classifier: ClassifierLike, *, deadline_s: float | None = None
+) -> WindowReport:
+    """The CPU-bound half: classify every sample, weight, aggregate.
+
+    deadline_s: how long classification may wait for source files (None:
+    CLASSIFY_DEADLINE_S); what was not ready by then is counted in the report's
+    `classify_errors`."""
+    deadline = time.monotonic() + (CLASSIFY_DEADLINE_S if deadline_s is None else deadline_s)
+    durability = reader_for(classifier)
+    counts_before = _classify_counts(classifier, durability)
     window, cpu, pid, procfs = raw.window, raw.cpu, raw.pid, raw.procfs
     proc_root: Path | None = procfs / str(pid) / "root"
     if not procstat.exists(pid, procfs):
@@ -156,14 +184,18 @@ def finish_window(raw: RawWindow, classifier: ClassifierLike) -> WindowReport:
         # sources: read them at the same paths on the host (right unless the target
         # lived in another mount namespace).
         proc_root = None
-    labels = [classifier.classify(s, proc_root=proc_root) for s in window.samples]
+    labels = [
+        classifier.classify(s, proc_root=proc_root, deadline=deadline) for s in window.samples
+    ]
     series = _series(list(raw.snapshots), cpu.source == "schedstat")
     on_cpu_tids: set[int | None] = set()
     if window.on_cpu is not None:
         on_cpu_tids = {s.tid for s in window.on_cpu if s.tid is not None}
         carriers = [s for s in window.on_cpu if s.tid is not None]
         n_on_cpu = len(carriers)  # the carriers' prefix that runqueue_weights weighs
-        carrier_labels = [classifier.classify(s, proc_root=proc_root) for s in carriers]
+        carrier_labels = [
+            classifier.classify(s, proc_root=proc_root, deadline=deadline) for s in carriers
+        ]
         # threads with CPU but no on-CPU sample (and unmapped ones) use --idle samples
         for s, c in zip(window.samples, labels, strict=True):
             if s.tid not in on_cpu_tids:
@@ -199,7 +231,6 @@ def finish_window(raw: RawWindow, classifier: ClassifierLike) -> WindowReport:
         cpu_classifications=carrier_labels,
     )
     cpu_of = {id(s): w for s, w in zip(carriers, weighting.cpu_s, strict=True)}
-    durability = reader_for(classifier)
     timeline = tuple(
         TimedLabel(
             t=s.t,
@@ -209,7 +240,7 @@ def finish_window(raw: RawWindow, classifier: ClassifierLike) -> WindowReport:
             active=s.active,
             cpu_s=cpu_of.get(id(s), 0.0),
             low_confidence=c.low_confidence,
-            durability=durability.kind(s.frames, proc_root),
+            durability=durability.kind(s.frames, proc_root, deadline),
         )
         for s, c in zip(window.samples, labels, strict=True)
     )
@@ -244,6 +275,16 @@ def finish_window(raw: RawWindow, classifier: ClassifierLike) -> WindowReport:
         notes.append("target exited: sources read from host paths")
     if cpu.exited_tids:
         notes.append(f"{len(cpu.exited_tids)} thread(s) exited mid-window (their CPU is lost)")
+    not_ready, too_costly = (
+        a - b for a, b in zip(_classify_counts(classifier, durability), counts_before, strict=True)
+    )
+    classify_errors: dict[str, int] = {}
+    if not_ready:
+        classify_errors["classify_timeout"] = 1
+        notes.append("source files not loaded by the classify deadline: samples there `other`")
+    if too_costly:
+        classify_errors["source_too_costly"] = too_costly
+        notes.append(f"{too_costly} source file(s) too costly to index: samples there `other`")
     return WindowReport(
         pid=pid,
         started_at=window.started_at,
@@ -257,6 +298,7 @@ def finish_window(raw: RawWindow, classifier: ClassifierLike) -> WindowReport:
         exited=raw.exited,
         cpu_timeline=cpu_timeline,
         timeline_period_s=wall_s / window.ticks if window.ticks > 0 else 0.0,
+        classify_errors=classify_errors,
     )
 
 

@@ -65,6 +65,10 @@ class WindowReport:
     # spacing of the timeline's tick times (the --idle run: window wall / its ticks);
     # 0.0: not known (then 1 / rate_hz)
     timeline_period_s: float = 0.0
+    # classification that could not use a source file: "classify_timeout" (1: some
+    # file was not loaded by the window's deadline), "source_too_costly" (files given
+    # up past the CPU budget); their samples are `other`, low confidence
+    classify_errors: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def wall_s(self) -> float:

@@ -486,6 +486,10 @@ class Daemon:
                 self.ledger.add_sampler_error(j.target, "bad_report")
                 log.error("window of %s pid %d rejected: %s", j.target, j.pid, exc)
                 continue
+            # sources the classifier could not use (not loaded by the window's
+            # deadline, too costly to index): kinds classify_timeout, source_too_costly
+            for kind, n in report.classify_errors.items():
+                self.ledger.add_sampler_error(j.target, kind, n)
             try:
                 self._recorder.append_window(
                     j.run_id, report, energy=window.energy_record(), gpu=window.gpu_record()
