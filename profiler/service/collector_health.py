@@ -36,8 +36,14 @@ def run_collector(
         ledger.set_collector(name, up=False, duration_s=time.monotonic() - t0, detail=str(exc))
         log.error("collector %s failed: %s", name, exc)
         return None
-    elapsed = time.monotonic() - t0
-    health = judge(value) if judge is not None else {name: (True, "")}
-    for collector, (up, detail) in health.items():
-        ledger.set_collector(collector, up=up, duration_s=elapsed, detail=detail)
+    publish(
+        ledger, judge(value) if judge is not None else {name: (True, "")}, time.monotonic() - t0
+    )
     return value
+
+
+def publish(ledger: Ledger, health: Mapping[str, Health], duration_s: float) -> None:
+    """Set each collector's health from one read that took `duration_s` (run_collector's
+    last step; also the daemon's start-up probe, made before the ledger exists)."""
+    for collector, (up, detail) in health.items():
+        ledger.set_collector(collector, up=up, duration_s=duration_s, detail=detail)

@@ -10,7 +10,7 @@ from typing import Any
 from profiler.attribution.tracker import EnergyTracker, EnergyUnavailableError, WindowEnergy
 from profiler.attribution.window import AttributedWindow, attribute
 from profiler.sampling.window import WindowReport
-from profiler.service.collector_health import Health, run_collector
+from profiler.service.collector_health import Health, publish, run_collector
 from profiler.service.config import Config
 from profiler.service.ledger import Ledger
 
@@ -73,12 +73,15 @@ class EnergySide:
         if self.status["nvml"].up:
             for gpu in self._tracker.nvml.probe().gpus:
                 ledger.declare_gpu(gpu.index)
-        for name, st in self.status.items():
-            if st.reason not in _UNUSED_REASONS:
-                detail = st.detail or ""
-                if not st.up:
-                    detail = f"unavailable: {st.reason}: {detail}"
-                ledger.set_collector(name, up=st.up, duration_s=self._probe_s, detail=detail)
+        health = {
+            name: (
+                st.up,
+                (st.detail or "") if st.up else f"unavailable: {st.reason}: {st.detail or ''}",
+            )
+            for name, st in self.status.items()
+            if st.reason not in _UNUSED_REASONS
+        }
+        publish(ledger, health, self._probe_s)
 
     def sources(self) -> dict[str, Any]:
         return {
