@@ -47,7 +47,8 @@ Cold: after the save is durable each file is fsynced and its pages dropped with
 posix_fadvise(POSIX_FADV_DONTNEED); then mincore(2) (through ctypes, on a fresh read-only
 mapping that touches nothing) counts the file's resident pages. A cold sample counts only
 when at most 1% of the pages are resident; the count of refused samples is printed. Warm:
-the same load right after the cold one (mincore then confirms at least 99% resident).
+the same load right after the cold one (mincore then confirms at least 99% resident; a warm
+sample that is not is refused the same way).
 
 Rounds: one warm-up round (not counted: first-call allocations, imports), then --repeat
 rounds (at least 6), the method order rotated by one each round. Statistics: mean and 95%
@@ -736,14 +737,18 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
     )
     print(
         "| method | training stall | total (durable) | MB written | cold: open | cold: first "
-        "tensor | cold: all bytes | warm: open | warm: first | warm: all bytes | cold refused |"
+        "tensor | cold: all bytes | warm: open | warm: first | warm: all bytes "
+        "| refused cold/warm |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for m, rs in rows.items():
         if not rs:
             continue
         written = col(m, "bytes")
-        refused = sum(1 for r in rs if "cold_resident" in r and "cold_all_s" not in r)
+        refused = "/".join(
+            str(sum(1 for r in rs if f"{t}_resident" in r and f"{t}_all_s" not in r))
+            for t in ("cold", "warm")
+        )
         cells = [
             m,
             fmt_ci(col(m, "stall_s")),
@@ -753,7 +758,7 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
         for temp in ("cold", "warm"):
             for key in ("open_s", "first_s", "all_s"):
                 cells.append(fmt_ci(col(m, f"{temp}_{key}")))
-        cells.append(str(refused) if m not in REFERENCES else "-")
+        cells.append(refused if m not in REFERENCES else "-")
         print("| " + " | ".join(cells) + " |")
 
     def paired(a: str, akey: str, b: str, bkey: str) -> list[float]:
