@@ -115,6 +115,7 @@ class Classifier:
         self._python_rules = rules.layer("python")
         self._native_rules = rules.layer("native")
         self._callsite_rules = rules.layer("callsite")
+        self._inner_wins_ids = frozenset(r.id for r in rules.rules if r.inner_wins)
         self._stack_cache_size = stack_cache_size
         self._sources = SourceCache(stat_ttl_s=stat_ttl_s)
         # Reads a leaf's file before parsing it; None parses every file (the reference
@@ -359,7 +360,7 @@ class Classifier:
         return mtime_ns is not None and start is not None and mtime_ns / 1e9 > start + 1.0
 
     def _walk(self, frames: tuple[Frame, ...], proc_root: Path | None) -> Classification:
-        return self._decide(frames, proc_root, why=False).classification
+        return self._select(frames, proc_root, why=False).classification
 
     def explain(
         self,
@@ -370,7 +371,33 @@ class Classifier:
     ) -> Explanation:
         """Which frame decided, through which layer: for people checking a rule."""
         self._deadline, self._not_ready = deadline, False
-        return self._decide(tuple(frames), proc_root)
+        return self._select(tuple(frames), proc_root)
+
+    def _select(
+        self, frames: tuple[Frame, ...], proc_root: Path | None, *, why: bool = True
+    ) -> Explanation:
+        """The outermost scope decides (`_decide`), unless a frame deeper than the one it
+        chose is matched by an `inner_wins` rule (a storage layer plugged into a framework,
+        such as a `.many` storage writer under DCP's `save`): then the outermost such frame
+        decides. Frames above the chosen one matched no rule, so only deeper ones are
+        looked at."""
+        got = self._decide(frames, proc_root, why=why)
+        k, rule_id = got.frame_index, got.classification.rule_id
+        # Nothing decided (`other`, or two serializers on the leaf line): every python and
+        # native frame was looked at and none matched.
+        if k is None or rule_id is None or rule_id in self._inner_wins_ids:
+            return got
+        for j in range(k - 1, -1, -1):
+            frame = frames[j]
+            rule = self._native_rule(frame) if frame.is_native else self._python_rule(frame)
+            if rule is not None and rule.inner_wins:
+                return Explanation(
+                    Classification(rule.codepath, rule.id, rule.confidence),
+                    j,
+                    f"{'native' if frame.is_native else 'python'}, "
+                    f"inner_wins inside rule {rule_id}'s scope",
+                )
+        return got
 
     def _decide(
         self, frames: tuple[Frame, ...], proc_root: Path | None, *, why: bool = True

@@ -5,6 +5,7 @@ A rule file is YAML (schema `serwatt.codepaths/1`, see configs/codepaths.yaml) w
 - `rules`: a list of rules. Each rule has an `id` (unique across every loaded file),
   a `codepath` from the closed set in profiler.classify.codepaths (never `other`: that is what
   unmatched samples get), an optional `confidence` (`high` default, or `low`), and
+  an optional `inner_wins` (boolean, default false; python and native layers only), and
   exactly one `layer`:
   - `python`: a Python frame matches by `file` (path-suffix patterns) and `function`
     (patterns; default any). A function pattern without a dot matches the last
@@ -17,6 +18,10 @@ A rule file is YAML (schema `serwatt.codepaths/1`, see configs/codepaths.yaml) w
     (patterns on the import-resolved dotted name, e.g. `pickle.dumps`,
     `pickle.Pickler().dump`) or a method in `methods` (patterns on the method name,
     for receivers the source does not resolve, e.g. `SerializeToString`).
+- `inner_wins: true` marks a storage layer that other frameworks plug in: a frame such a
+  rule matches decides the sample even inside another rule's scope (a `.many` storage
+  writer under DCP's `save`, whose own rule would otherwise win as the outermost scope).
+  Among several such frames the outermost decides.
 - `callbacks`: function names (patterns, last component) that a C serializer calls
   back into (`persistent_id`, `__reduce_ex__`, ...): such a frame counts toward the
   serializer called on its caller's line.
@@ -46,12 +51,15 @@ CONFIDENCES = ("high", "low")
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")
 
 _TOP_KEYS = {"schema", "description", "rules", "callbacks", "trivial_calls"}
-_COMMON_KEYS = {"id", "codepath", "layer", "confidence", "description"}
+_COMMON_KEYS = {"id", "codepath", "layer", "confidence", "description", "inner_wins"}
 _LAYER_KEYS = {
     "python": {"file", "function"},
     "native": {"module", "symbol"},
     "callsite": {"calls", "methods"},
 }
+# Layers looked up on every frame of a stack: a call-site rule only ever sees the leaf or
+# a callback's caller, so it cannot be a scope inside another rule's.
+_INNER_WINS_LAYERS = ("python", "native")
 
 
 class RuleError(ValueError):
@@ -128,6 +136,8 @@ class Rule:
     layer: str
     confidence: str
     origin: str  # "file:line", for messages and docs
+    # A storage layer: its frame decides even inside another rule's scope (see the module doc).
+    inner_wins: bool = False
     files: PatternSet | None = None
     functions: FunctionPatterns | None = None
     modules: PatternSet | None = None
@@ -252,6 +262,22 @@ def _rule(path: Path, node: yaml.Node, seen: dict[str, str]) -> Rule:
                 f"confidence must be high or low, not {confidence!r}",
             )
 
+    inner_wins = False
+    if "inner_wins" in fields:
+        node_iw = fields["inner_wins"][1]
+        if not (isinstance(node_iw, yaml.ScalarNode) and node_iw.tag == "tag:yaml.org,2002:bool"):
+            raise RuleError(
+                path, _line(node_iw), f"inner_wins must be true or false in rule {rule_id!r}"
+            )
+        inner_wins = yaml.safe_load(node_iw.value) is True
+        if inner_wins and layer not in _INNER_WINS_LAYERS:
+            raise RuleError(
+                path,
+                _line(node_iw),
+                f"inner_wins applies to python and native rules, not to {layer} rule "
+                f"{rule_id!r} (a call site is only looked at on the leaf frame)",
+            )
+
     def pats(key: str) -> list[str] | None:
         return _patterns(path, fields[key][1], key) if key in fields else None
 
@@ -267,6 +293,7 @@ def _rule(path: Path, node: yaml.Node, seen: dict[str, str]) -> Rule:
             layer,
             confidence,
             origin,
+            inner_wins,
             files=_suffix_patterns(files),
             functions=FunctionPatterns(functions),
         )
@@ -280,6 +307,7 @@ def _rule(path: Path, node: yaml.Node, seen: dict[str, str]) -> Rule:
             layer,
             confidence,
             origin,
+            inner_wins,
             modules=PatternSet(modules or ["*"]),
             symbols=PatternSet(symbols or ["*"]),
         )

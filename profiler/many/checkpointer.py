@@ -340,17 +340,21 @@ class Checkpointer:
                     return
                 job = self._job
             error: BaseException | None = None
+            written: Written | None = None
             try:
                 written = self._write(job)
             except BaseException as exc:  # surfaced at the next call, never dropped
                 error = exc
             with self._cond:
-                if error is None:
+                if written is not None:
                     self._last = written
                 else:
                     self._error = error
                 self._job = None
                 self._cond.notify_all()
+            # The job holds the flattened tree and a view per slot: let it go now, not when
+            # the next checkpoint rebinds these names (until then it is O(slots) of garbage).
+            del job, written, error
 
     def _write(self, job: _Job) -> Written:
         t0 = time.perf_counter()

@@ -58,6 +58,13 @@ uint64_t serwatt_alloc_event_count;
 uint64_t serwatt_alloc_event_kind[SERWATT_EVENTS];
 uint64_t serwatt_alloc_event_size[SERWATT_EVENTS];
 uint64_t serwatt_alloc_event_depth[SERWATT_EVENTS];
+/* The same counts for the thread that called serwatt_alloc_begin() alone, and per event
+ * whether it came from that thread (1) or another one (0): a hot path that hands work to a
+ * background thread is measured on the caller's side apart from the background's. */
+uint64_t serwatt_alloc_counts_begin_thread[K_KINDS];
+uint64_t serwatt_alloc_bytes_begin_thread[K_KINDS];
+uint64_t serwatt_alloc_event_begin_thread[SERWATT_EVENTS];
+uint64_t serwatt_alloc_max_size; /* the largest counted allocation, any thread */
 void *serwatt_alloc_event_frames[SERWATT_EVENTS][SERWATT_DEPTH];
 const int serwatt_alloc_kinds = K_KINDS;
 const int serwatt_alloc_events_max = SERWATT_EVENTS;
@@ -66,17 +73,25 @@ const int serwatt_alloc_depth_max = SERWATT_DEPTH;
 static volatile int armed;
 static int trap;
 static __thread int in_shim; /* backtrace() may allocate on its first call */
+static __thread int on_begin_thread;
 
 const char *serwatt_alloc_kind_name(int k) { return k >= 0 && k < K_KINDS ? kind_names[k] : ""; }
 
 void serwatt_alloc_begin(void) {
     memset(serwatt_alloc_counts, 0, sizeof serwatt_alloc_counts);
     memset(serwatt_alloc_bytes, 0, sizeof serwatt_alloc_bytes);
+    memset(serwatt_alloc_counts_begin_thread, 0, sizeof serwatt_alloc_counts_begin_thread);
+    memset(serwatt_alloc_bytes_begin_thread, 0, sizeof serwatt_alloc_bytes_begin_thread);
     serwatt_alloc_event_count = 0;
+    serwatt_alloc_max_size = 0;
+    on_begin_thread = 1;
     __atomic_store_n(&armed, 1, __ATOMIC_SEQ_CST);
 }
 
-void serwatt_alloc_end(void) { __atomic_store_n(&armed, 0, __ATOMIC_SEQ_CST); }
+void serwatt_alloc_end(void) {
+    __atomic_store_n(&armed, 0, __ATOMIC_SEQ_CST);
+    on_begin_thread = 0;
+}
 
 static void note(int kind, size_t size) {
     if (!__atomic_load_n(&armed, __ATOMIC_RELAXED) || in_shim) return;
@@ -92,12 +107,21 @@ static void note(int kind, size_t size) {
     }
     __atomic_fetch_add(&serwatt_alloc_counts[kind], 1, __ATOMIC_RELAXED);
     __atomic_fetch_add(&serwatt_alloc_bytes[kind], size, __ATOMIC_RELAXED);
+    if (on_begin_thread) {
+        serwatt_alloc_counts_begin_thread[kind]++;
+        serwatt_alloc_bytes_begin_thread[kind] += size;
+    }
     if (kind == K_FREE) return;
+    uint64_t seen = __atomic_load_n(&serwatt_alloc_max_size, __ATOMIC_RELAXED);
+    while (size > seen && !__atomic_compare_exchange_n(&serwatt_alloc_max_size, &seen, size, 0,
+                                                       __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    }
     uint64_t slot = __atomic_fetch_add(&serwatt_alloc_event_count, 1, __ATOMIC_RELAXED);
     if (slot < SERWATT_EVENTS) {
         in_shim = 1;
         serwatt_alloc_event_kind[slot] = (uint64_t)kind;
         serwatt_alloc_event_size[slot] = size;
+        serwatt_alloc_event_begin_thread[slot] = (uint64_t)on_begin_thread;
         serwatt_alloc_event_depth[slot] =
             (uint64_t)backtrace(serwatt_alloc_event_frames[slot], SERWATT_DEPTH);
         in_shim = 0;

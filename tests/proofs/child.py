@@ -61,6 +61,9 @@ def _shim_counts(lib: Any) -> dict[str, Any]:
     names = [lib.serwatt_alloc_kind_name(k).decode() for k in range(kinds)]
     counts = (ctypes.c_uint64 * kinds).in_dll(lib, "serwatt_alloc_counts")
     nbytes = (ctypes.c_uint64 * kinds).in_dll(lib, "serwatt_alloc_bytes")
+    counts_bt = (ctypes.c_uint64 * kinds).in_dll(lib, "serwatt_alloc_counts_begin_thread")
+    nbytes_bt = (ctypes.c_uint64 * kinds).in_dll(lib, "serwatt_alloc_bytes_begin_thread")
+    ev_bt = (ctypes.c_uint64 * events_max).in_dll(lib, "serwatt_alloc_event_begin_thread")
     n_events = ctypes.c_uint64.in_dll(lib, "serwatt_alloc_event_count").value
     ev_kind = (ctypes.c_uint64 * events_max).in_dll(lib, "serwatt_alloc_event_kind")
     ev_size = (ctypes.c_uint64 * events_max).in_dll(lib, "serwatt_alloc_event_size")
@@ -71,10 +74,21 @@ def _shim_counts(lib: Any) -> dict[str, Any]:
     for i in range(min(n_events, events_max)):
         stack = [_symbol(libc, frames[i][j] or 0) for j in range(ev_depth[i])]
         stack = [s for s in stack if "alloc_shim" not in s]
-        events.append({"kind": names[ev_kind[i]], "size": ev_size[i], "stack": stack})
+        events.append(
+            {
+                "kind": names[ev_kind[i]],
+                "size": ev_size[i],
+                "stack": stack,
+                "caller_thread": bool(ev_bt[i]),
+            }
+        )
     return {
         "counts": {names[k]: counts[k] for k in range(kinds)},
         "bytes": {names[k]: nbytes[k] for k in range(kinds)},
+        # the thread that ran the loop alone (the rest came from threads it started)
+        "caller_counts": {names[k]: counts_bt[k] for k in range(kinds)},
+        "caller_bytes": {names[k]: nbytes_bt[k] for k in range(kinds)},
+        "max_size": ctypes.c_uint64.in_dll(lib, "serwatt_alloc_max_size").value,
         "events": events,
     }
 
