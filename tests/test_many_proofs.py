@@ -14,7 +14,7 @@
 Each proof has a control that the same measurement does catch an allocation.
 
 The same three for `Checkpointer.checkpoint` (a 40-slot model + AdamW state, 30 warm-up
-checkpoints), with the caller's thread counted apart from the background writer: 265 C
+checkpoints), with the caller's thread counted apart from the background writer: 25 C
 allocator calls per checkpoint on the caller's side, all freed and none tensor-sized (what
 each one is: CKPT_CALLER_SIZES below), nothing of the checkpointer's retained, and 200
 checkpoints under the seccomp filter.
@@ -189,14 +189,14 @@ def ckpt_dir(tmp_path: Path) -> Iterator[Path]:
 
 # The caller's side of one checkpoint, by allocation size (CPython's allocator, so these are
 # the C allocator calls: objects above 512 bytes and C buffers). Measured and explained:
-# - 110 x (1094 + 1 bytes): the SRE matcher state of `_INT_RE.fullmatch` in
-#   profiler/many/state.py `_escape`, once per str segment of every slot's path (is the key
-#   an integer in disguise?);
-# - 42 x 568 bytes: presized dict key tables; 40 of them (one per tensor) are the 12-entry
-#   dtype table that profiler/many/writer.py `_torch_code` builds on every call;
+# - 10 x (1094 + 1 bytes): the SRE matcher state of `_INT_RE.fullmatch` in
+#   profiler/many/state.py `_escape`, for the path segments that start like an integer
+#   (the model's layer keys "0.weight"...: is the key an integer in disguise?);
+# - 2 x 568 bytes: presized dict key tables (the flattener's);
 # - 2 x 1104 bytes: the flattener's per-call dicts growing past 21 entries;
 # - 1 x 32 bytes: the lock `threading.Condition.wait` allocates for its waiter.
-CKPT_CALLER_SIZES = {1: 110, 32: 1, 568: 42, 1094: 110, 1104: 2}
+# (The dtype table of writer.py `_torch_code`, once rebuilt per tensor, is built once.)
+CKPT_CALLER_SIZES = {1: 10, 32: 1, 568: 2, 1094: 10, 1104: 2}
 
 
 def test_checkpoint_caller_allocations_by_size(shim: Path, ckpt_dir: Path) -> None:
@@ -217,7 +217,7 @@ def test_checkpoint_caller_allocations_by_size(shim: Path, ckpt_dir: Path) -> No
     for e in caller:
         sizes[e["size"]] = sizes.get(e["size"], 0) + 1
     assert sizes == CKPT_CALLER_SIZES, sorted(sizes.items())
-    assert sum(CKPT_CALLER_SIZES.values()) == 265
+    assert sum(CKPT_CALLER_SIZES.values()) == 25
     # The background write: one blake3 hasher object (1968 bytes) per slot among them.
     assert sum(1 for e in background if e["size"] == 1968) >= CKPT_SLOTS
     # No tensor-sized allocation on either thread: the staging arena is reused and the
@@ -240,7 +240,7 @@ def test_checkpoint_allocations_are_the_same_every_checkpoint_and_all_freed(
     )
     assert r.returncode == 0, r.stderr[-2000:]
     caller, total = r.result["caller_counts"], r.result["counts"]
-    assert _allocs(caller) == {"malloc": 265 * n}, caller
+    assert _allocs(caller) == {"malloc": 25 * n}, caller
     assert caller["free"] == caller["malloc"]
     # Both threads together: every block allocated in the loop is freed in it.
     assert total["free"] == total["malloc"] + total["calloc"], total
@@ -270,11 +270,12 @@ def test_checkpoint_tracemalloc_retains_nothing_of_the_checkpointers(ckpt_dir: P
 
 
 def test_checkpoint_survives_seccomp_for_200_checkpoints(ckpt_dir: Path) -> None:
+    # The background write of each checkpoint overlaps the next one's copy, as in training.
     r = run_child(CHECKPOINT, "seccomp", workdir=ckpt_dir, n=CKPT_N, warmup=CKPT_WARMUP)
     assert r.survived, (r.returncode, r.signal, r.stderr[-2000:])
     assert r.stdout.strip() == f"SURVIVED {CKPT_N}"
-    # The checkpoints were written (keep=2): the newest is the last one (seq 229), or the one
-    # before it when the last write was still in flight at the child's _exit.
+    # The checkpoints were written (keep=2): the newest is the last one, or the one before it
+    # when the last write was still in flight at the child's _exit.
     names = sorted(p.name for p in (ckpt_dir / "ckpts").glob("ckpt-*.many"))
     last = CKPT_WARMUP + CKPT_N - 1
     assert names[-1] in (f"ckpt-{last:08d}.many", f"ckpt-{last - 1:08d}.many"), names

@@ -69,7 +69,9 @@ def _escape(key: str) -> str:
     if key == "":
         return "%"
     s = key.replace("%", "%25").replace(".", "%2E")
-    if _INT_RE.fullmatch(s):
+    # only a key that starts like an integer can read as one (the test skips the regex,
+    # which allocates, for the usual names)
+    if (s[0].isdigit() or s[0] == "-") and _INT_RE.fullmatch(s):
         # A string that reads as an integer would collide with an int key: escape its first char.
         s = f"%{ord(s[0]):02X}{s[1:]}"
     return s

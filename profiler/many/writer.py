@@ -57,29 +57,35 @@ class SlotSource:
     data: np.ndarray | None  # 1-D uint8 view of the tensor's memory, C-contiguous
 
 
-def _torch_code(dtype: Any) -> int:
-    import torch
+_TORCH_CODES: dict[Any, int] = {}  # torch dtype -> code, built on first use (torch is optional)
 
-    table = {
-        torch.bool: 1,
-        torch.uint8: 2,
-        torch.int8: 3,
-        torch.int16: 5,
-        torch.int32: 7,
-        torch.int64: 9,
-        torch.float16: 10,
-        torch.float32: 11,
-        torch.float64: 12,
-        torch.bfloat16: BFLOAT16,
-        torch.complex64: 14,
-        torch.complex128: 15,
-    }
-    for name, code in (("uint16", 4), ("uint32", 6), ("uint64", 8)):
-        if hasattr(torch, name):
-            table[getattr(torch, name)] = code
-    if dtype not in table:
+
+def _torch_code(dtype: Any) -> int:
+    if not _TORCH_CODES:
+        import torch
+
+        _TORCH_CODES.update(
+            {
+                torch.bool: 1,
+                torch.uint8: 2,
+                torch.int8: 3,
+                torch.int16: 5,
+                torch.int32: 7,
+                torch.int64: 9,
+                torch.float16: 10,
+                torch.float32: 11,
+                torch.float64: 12,
+                torch.bfloat16: BFLOAT16,
+                torch.complex64: 14,
+                torch.complex128: 15,
+            }
+        )
+        for name, code in (("uint16", 4), ("uint32", 6), ("uint64", 8)):
+            if hasattr(torch, name):
+                _TORCH_CODES[getattr(torch, name)] = code
+    if dtype not in _TORCH_CODES:
         raise TypeError(f"torch dtype {dtype} has no .many dtype code (see FORMAT.md dtype table)")
-    return table[dtype]
+    return _TORCH_CODES[dtype]
 
 
 def slot_source(name: str, value: Any) -> SlotSource:

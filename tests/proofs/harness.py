@@ -90,6 +90,17 @@ def run_child(
             env["SERWATT_ALLOC_TRAP"] = "1"
     if python_malloc:
         env["PYTHONMALLOC"] = python_malloc
+    if mode.startswith("seccomp"):
+        # Memory freed in the loop must stay in the process, or reusing it is a new mmap/brk
+        # the filter kills, and when that happens depends on how threads interleave on a
+        # loaded machine, not on the code: pymalloc unmaps an arena once it empties (so
+        # objects go through malloc here), glibc trims the heap top after large frees and
+        # gives a thread that finds its arena locked a new mmap'd arena. With these off,
+        # what the filter still kills is real growth: more memory than warm-up used.
+        if not python_malloc:
+            env["PYTHONMALLOC"] = "malloc"
+        env["MALLOC_ARENA_MAX"] = "1"
+        env["MALLOC_TRIM_THRESHOLD_"] = str(1 << 40)
     proc = subprocess.run(
         [sys.executable, "-m", "tests.proofs.child", json.dumps(spec)],
         capture_output=True,
