@@ -37,6 +37,7 @@ from profiler.cli.profile import (
 from profiler.cli.report import anchored_receipts, checkpoint_chain
 from profiler.exitcodes import EXIT_OK, EXIT_RUNTIME
 from profiler.profile.record_sink import RecordSink
+from profiler.profile.session import ProfileSession, SessionResult
 from profiler.profile.table import render_table
 from profiler.records.store import Recorder
 from profiler.report import build_report, default_cluster, render_html, render_text
@@ -100,16 +101,9 @@ def _train_side(args: argparse.Namespace, side: str, ckpt: str, record: Path) ->
     session = new_session(
         args, proc.pid, make_pyspy(args), make_classifier(), command=" ".join(cmd[1:]), proc=proc
     )
-    try:
-        result = run_session(session, proc)
-    except (SamplingError, *BAD_INPUT_ERRORS) as exc:
-        proc.kill()
-        proc.wait()
-        print(f"serwatt demo: error: {exc}", file=sys.stderr)
+    result = _run_launched(session, proc)
+    if result is None:
         return EXIT_RUNTIME
-    finally:
-        if proc.poll() is None:
-            proc.wait()
     print(f"\n== {side}: checkpoints through {ckpt} ==")
     print(render_table(document(result, args)))
     if proc.returncode != 0:
@@ -152,6 +146,26 @@ def _train_ab(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _run_launched(session: ProfileSession, proc: subprocess.Popen[bytes]) -> SessionResult | None:
+    """Profile a workload the demo launched; on failure stop it. Bad input (the session
+    refused the target) is a usage error; serwatt's own sampling failing is one error line
+    and None."""
+    try:
+        return run_session(session, proc)
+    except BAD_INPUT_ERRORS as exc:
+        proc.kill()
+        proc.wait()
+        raise UsageError(str(exc)) from exc
+    except SamplingError as exc:
+        proc.kill()
+        proc.wait()
+        print(f"serwatt demo: error: {exc}", file=sys.stderr)
+        return None
+    finally:
+        if proc.poll() is None:
+            proc.wait()
+
+
 def _mixed(args: argparse.Namespace) -> int:
     spy = make_pyspy(args)
     classifier = make_classifier()
@@ -161,21 +175,9 @@ def _mixed(args: argparse.Namespace) -> int:
     session = new_session(
         args, proc.pid, spy, classifier, command="python -m profiler.workloads.demo", proc=proc
     )
-    try:
-        result = run_session(session, proc)
-    except BAD_INPUT_ERRORS as exc:
-        proc.kill()
-        proc.wait()
-        raise UsageError(str(exc)) from exc
-    except SamplingError as exc:
-        # serwatt's own sampling failed (not the user's input): say so, stop the workload
-        proc.kill()
-        proc.wait()
-        print(f"serwatt demo: error: {exc}", file=sys.stderr)
+    result = _run_launched(session, proc)
+    if result is None:
         return EXIT_RUNTIME
-    finally:
-        if proc.poll() is None:
-            proc.wait()
     rc = write_outputs(document(result, args), args)
     if proc.returncode != 0:
         print(f"serwatt demo: the workload exited with {proc.returncode}", file=sys.stderr)
