@@ -45,6 +45,8 @@ def change_text(m: Mapping[str, Any]) -> str:
     shown = m["display"]
     if ci and None not in ci:
         shown += f" [{ci[0]:+.1f}, {ci[1]:+.1f}]"
+    if m.get("note"):  # the U test says a change, the interval still holds none
+        shown += " weak"
     return shown
 
 
