@@ -359,7 +359,7 @@ def test_pyspy_binary_is_injectable(tmp_path: Path, classifier: Classifier) -> N
 
 
 def test_pyspy_runs_without_rust_backtrace(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """RUST_BACKTRACE=1 makes py-spy ~10% costlier (collectors/pyspy.py pyspy_env)."""
+    """RUST_BACKTRACE=1 makes py-spy ~10% costlier (collectors/pyspy/runner.py pyspy_env)."""
     monkeypatch.setenv("RUST_BACKTRACE", "1")
     monkeypatch.setenv("SERWATT_TEST_MARK", "kept")
     p = start("3.12.1", "while True:\n    pass\n", tmp_path)

@@ -142,7 +142,7 @@ def test_end_to_end_through_sample_window(target: tuple[str, Path], kind: str, e
 def test_explain_command_on_a_live_process(
     target: tuple[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`python -m profiler.classify --pid P`: real py-spy dump, reasons per thread."""
+    """`python -m profiler.classify.classifier --pid P`: real py-spy dump, reasons per thread."""
     from profiler.classify.classifier import main
 
     _name, python = target
