@@ -512,7 +512,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     python -m profiler.classify.classifier DUMP.json [--proc-root DIR]  (`py-spy dump --json`)
     """
     parser = argparse.ArgumentParser(
-        prog="python -m profiler.classify.classifier", description=(main.__doc__ or "").splitlines()[0]
+        prog="python -m profiler.classify.classifier",
+        description=(main.__doc__ or "").splitlines()[0],
     )
     src = parser.add_mutually_exclusive_group(required=True)
     src.add_argument("--pid", type=int, help="take one `py-spy dump --json` of this process")
