@@ -3,8 +3,8 @@ recorded with `serwatt profile --record`, compared by `serwatt report`.
 
 - A/A: two runs of one configuration (torch.save) show no significant change in the
   checkpoint cost, and each run's episode count equals the checkpoints it wrote.
-- A/B: JSON checkpoints against `.many` ones (JSON costs tens of times the CPU by
-  construction) show a significant change whose interval excludes no change.
+- A/B: JSON checkpoints against `.many` ones (JSON stalls and costs many times more per
+  checkpoint by construction) show a significant change whose interval excludes no change.
 - `--verify` holds on the untouched records and fails once a record changes.
 """
 
@@ -21,15 +21,18 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SERWATT = [sys.executable, "-m", "profiler"]
 # run id: (checkpoint format, state MB, sampling Hz). The torch checkpoints take 0.1-0.5 s,
-# so at 100 Hz every one has samples enough to be seen; the 8 MB `.many` save takes
-# ~20 ms, so the A/B pair is sampled at 200 Hz to see its saves. WINDOW_S: 10 s windows
-# leave one or two py-spy restart gaps (~0.1-0.3 s each, unobserved) in a run, not one
-# every 2 s, so a checkpoint seldom falls into one.
+# so at 100 Hz every one has samples enough to be seen. The A/B pair gives JSON a 4 MB state
+# and `.many` a 64 MB one: JSON still stalls some 20 times longer per checkpoint with 16 times
+# less data (the difference is large by construction), and the `.many` saves (~0.1 s, a
+# training step apart) are long enough at 200 Hz for each to be its own episode; with an
+# 8 MB state they take ~15 ms, a few ms apart, and two can read as one. WINDOW_S: 10 s
+# windows leave one or two py-spy restart gaps (~0.1-0.3 s each, unobserved) in a run, not
+# one every 2 s, so a checkpoint seldom falls into one.
 RUNS = {
     "aa-1": ("torch", 96, 100),
     "aa-2": ("torch", 96, 100),
-    "ab-json": ("json", 8, 200),
-    "ab-many": ("many", 8, 200),
+    "ab-json": ("json", 4, 200),
+    "ab-many": ("many", 64, 200),
 }
 WINDOW_S = 10
 
