@@ -27,6 +27,7 @@ from profiler.many.state import (
 )
 from profiler.many.writer import slot_source, write_file
 from tests.many_trees import assert_same_tree
+from tests.test_many import NUMPY_DTYPES  # every numpy dtype FORMAT.md lists
 
 TORCH_DTYPES = [
     torch.bool,
@@ -44,22 +45,6 @@ TORCH_DTYPES = [
     torch.float64,
     torch.complex64,
     torch.complex128,
-]
-NUMPY_DTYPES = [
-    np.bool_,
-    np.uint8,
-    np.int8,
-    np.uint16,
-    np.int16,
-    np.uint32,
-    np.int32,
-    np.uint64,
-    np.int64,
-    np.float16,
-    np.float32,
-    np.float64,
-    np.complex64,
-    np.complex128,
 ]
 
 
