@@ -318,6 +318,19 @@ class Restored:
     keep: Any = None  # what must stay alive while the tensors are used (mappings)
 
 
+def touched(tree: Any, t0: float, t_open: float, *, keep: Any = None) -> Restored:
+    """A loaded tree's restore times: its first tensor's pages touched, then all of them."""
+    got = dict(leaves(tree))
+    first = next(v for v in got.values() if isinstance(v, torch.Tensor))
+    touch(first)
+    t_first = time.perf_counter()
+    for v in got.values():
+        if isinstance(v, torch.Tensor):
+            touch(v)
+    t_all = time.perf_counter()
+    return Restored(t_open - t0, t_first - t0, t_all - t0, got, keep=keep)
+
+
 @dataclass
 class Bench:
     state: dict[str, Any]
@@ -455,15 +468,7 @@ def restore(b: Bench, method: str, target: Path) -> Restored:
         t0 = time.perf_counter()
         sd = torch.load(target, weights_only=True)
         t_open = time.perf_counter()
-        got = dict(leaves(sd))
-        first = next(v for v in got.values() if isinstance(v, torch.Tensor))
-        touch(first)
-        t_first = time.perf_counter()
-        for v in got.values():
-            if isinstance(v, torch.Tensor):
-                touch(v)
-        t_all = time.perf_counter()
-        return Restored(t_open - t0, t_first - t0, t_all - t0, got)
+        return touched(sd, t0, t_open)
     if method.startswith("dcp."):
         reset_template(b.template)
         t0 = time.perf_counter()
@@ -501,15 +506,7 @@ def restore(b: Bench, method: str, target: Path) -> Restored:
         else:
             tree = many.load_state(target)
         t_open = time.perf_counter()
-        got = dict(leaves(tree))
-        first = next(v for v in got.values() if isinstance(v, torch.Tensor))
-        touch(first)
-        t_first = time.perf_counter()
-        for v in got.values():
-            if isinstance(v, torch.Tensor):
-                touch(v)
-        t_all = time.perf_counter()
-        return Restored(t_open - t0, t_first - t0, t_all - t0, got, keep=tree)
+        return touched(tree, t0, t_open, keep=tree)
     raise ValueError(f"no restore for {method!r}")
 
 
