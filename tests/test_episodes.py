@@ -459,3 +459,51 @@ def test_known_blocking_dumps_give_their_episodes(tmp_path: Path) -> None:
         f"every fsync of {PLAN['sync_mb']} MiB took under {SURE_TAIL_PERIODS} ticks "
         f"({syncs} ms) on {tmp_path}: too short to be sampled for sure; raise sync_mb"
     )
+
+
+# ------------------------------------------------------------------ pure: GPU per episode
+
+
+def _gpu_window(pids: frozenset[int], *, energy: bool = True, up: bool = True):  # type: ignore[no-untyped-def]
+    from collectors.nvml import GpuWindow, UtilInterval
+
+    # busy 100-101, idle 101-103 (a stall), half busy 103-104; 100 W + 300 W x busy
+    intervals = (
+        UtilInterval(100.0, 101.0, 1.0),
+        UtilInterval(101.0, 103.0, 0.0),
+        UtilInterval(103.0, 104.0, 0.5),
+    )
+    points = ((100.0, 0.0), (101.0, 400.0), (103.0, 600.0), (104.0, 850.0)) if energy else ()
+    return GpuWindow(
+        index=0, uuid=None, name="replay", up=up, reason=None, start=100.0, end=104.0,
+        intervals=intervals, energy_points=points, pids=pids,
+    )  # fmt: skip
+
+
+def _episode(start: float, end: float) -> Episode:
+    return Episode(
+        pid=PID, thread=PID, codepath="torch", start=start, end=end, wall_s=end - start,
+        period_s=P, resolution_s=P, cpu_s=0.0, main_thread=True, durable=False,
+    )  # fmt: skip
+
+
+def test_an_episode_gets_the_gpu_idle_seconds_and_idle_joules_of_its_span() -> None:
+    from profiler.attribution.window import episode_with_gpu
+
+    # 100.5-103.5: busy 0.5 s (no wait), idle 2 s at 100 J/s, half busy 0.5 s
+    ep = episode_with_gpu(_episode(100.5, 103.5), [_gpu_window(frozenset({PID}))])
+    assert ep.gpu_wait_s == pytest.approx(2.0 + 0.5 * 0.5)
+    # idle joules: 200 J over the stall, plus half of 103-103.5's interpolated 125 J
+    assert ep.gpu_idle_j == pytest.approx(200.0 + 0.5 * 125.0)
+
+
+def test_an_episode_without_its_gpu_or_energy_says_unknown_not_zero() -> None:
+    from profiler.attribution.window import episode_with_gpu
+
+    ep = _episode(101.0, 102.0)
+    other_pid = episode_with_gpu(ep, [_gpu_window(frozenset({PID + 1}))])
+    assert other_pid.gpu_wait_s is None and other_pid.gpu_idle_j is None
+    down = episode_with_gpu(ep, [_gpu_window(frozenset({PID}), up=False)])
+    assert down.gpu_wait_s is None and down.gpu_idle_j is None
+    no_energy = episode_with_gpu(ep, [_gpu_window(frozenset({PID}), energy=False)])
+    assert no_energy.gpu_wait_s == pytest.approx(1.0) and no_energy.gpu_idle_j is None

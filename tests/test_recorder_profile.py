@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from profiler.attribution.episodes import Episode
 from profiler.attribution.tracker import EnergyTracker
+from profiler.attribution.window import episode_gpu_reading
 from profiler.classify.classifier import Classifier
 from profiler.classify.codepaths import CODEPATHS
 from profiler.profile.energy_sink import EnergySink
@@ -102,6 +104,31 @@ def test_profile_session_is_recorded_with_model_energy_and_replayed_gpu_wait(
     assert sum(w.gpu is not None for w in detail.windows) >= len(detail.windows) - 1
     total_j = sum(w.energy["package_j"] for w in detail.windows)
     assert 0 < sum(t.energy_j or 0.0 for t in detail.codepaths.values()) <= total_j + 1e-6
+    # Each episode's GPU-wait is the replayed GPU's idle time over its span, within two
+    # NVML utilisation periods (its edges), and its idle joules lie between the GPU's
+    # idle and busy power times that wait (None only where the energy polls stop).
+    nvml_period_s = backend.timeline["gpus"][0]["period_s"]
+    episodes = rec.episodes(summary.run_id) or ()
+    timed = [e for e in episodes if e["gpu_wait_s"] is not None]
+    assert timed, episodes
+    for e in timed:
+        truth = backend.true_idle_s(0, e["start"], e["end"])
+        assert e["gpu_wait_s"] == pytest.approx(truth, abs=2 * nvml_period_s), e
+        if e["gpu_idle_j"] is not None:
+            assert 75.0 * e["gpu_wait_s"] * 0.95 <= e["gpu_idle_j"] <= 640.0 * e["gpu_wait_s"]
+    # An episode 1-3 s into the replay (96% busy throughout, 617.4 W): exact figures, to
+    # the rounding of the driver's mJ counter and us timestamps.
+    t0 = backend.start
+    inside = episode_gpu_reading(
+        tracker,
+        Episode(
+            pid=workload.pid, thread=workload.pid, codepath="json", start=t0 + 1.0,
+            end=t0 + 3.0, wall_s=2.0, period_s=0.02, resolution_s=0.02, cpu_s=0.0,
+            main_thread=True, durable=False,
+        ),
+    )  # fmt: skip
+    assert inside.gpu_wait_s == pytest.approx(2.0 * 0.04, rel=1e-6)
+    assert inside.gpu_idle_j == pytest.approx(2.0 * 0.04 * (75.0 + 565.0 * 0.96), rel=1e-4)
 
 
 def test_profile_session_without_energy_records_unavailable(tmp_path: Path, workload) -> None:  # type: ignore[no-untyped-def]

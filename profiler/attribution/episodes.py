@@ -87,7 +87,8 @@ class Episode:
     durable: an fsync-like call was seen in it (see the module docstring).
     main_thread: the thread is the process's main thread (tid == pid); None when the
         kernel tid is not known.
-    gpu_wait_s, gpu_idle_j: None here; filled from GPU data by the attribution.
+    gpu_wait_s, gpu_idle_j: None here; filled from NVML over [start, end] by
+        profiler.attribution.window.episode_with_gpu (None when no GPU of the pid is seen).
     """
 
     pid: int

@@ -7,10 +7,11 @@ record and the profile document.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from collectors.nvml import GpuWindow
+from collectors.nvml import GpuWindow, clip_intervals
+from collectors.series import interpolate
 from profiler.attribution.apportion import (
     EnergyAttribution,
     GpuWaitAttribution,
@@ -19,7 +20,8 @@ from profiler.attribution.apportion import (
     attribute_gpu_wait,
     gpus_used_by,
 )
-from profiler.attribution.tracker import WindowEnergy
+from profiler.attribution.episodes import Episode
+from profiler.attribution.tracker import EnergyTracker, WindowEnergy
 from profiler.classify.codepaths import CODEPATHS
 from profiler.sampling.window import TimedLabel, WindowReport
 
@@ -86,6 +88,48 @@ def attribute_window(
 
 def used_gpus(gpus: Iterable[GpuWindow], pids: Iterable[int]) -> set[int]:
     return set(gpus_used_by(pids, {g.index: g.pids for g in gpus}))
+
+
+def episode_with_gpu(ep: Episode, gpus: Iterable[GpuWindow]) -> Episode:
+    """The episode with its GPU-wait seconds and GPU idle joules over [start, end].
+
+    `gpus` is an NVML reading spanning the episode. Only GPUs up and listing the
+    episode's pid count. GPU-wait is the idle time of those GPUs while the thread was
+    in the episode; the idle joules are the GPU energy of the idle part of each
+    utilisation interval (energy between its edges, interpolated from the cumulative
+    polls, times its idle fraction). With no such GPU both stay None (unknown, never 0);
+    when the energy polls do not bracket an interval, gpu_idle_j stays None.
+    """
+    readings = list(gpus)
+    used = [g for g in readings if g.up and g.index in used_gpus(readings, {ep.pid})]
+    if not used:
+        return ep
+    wait_s = 0.0
+    idle_j: float | None = 0.0
+    for g in used:
+        for iv in clip_intervals(g.intervals, ep.start, ep.end):
+            idle_frac = 1.0 - min(1.0, max(0.0, iv.busy_frac))
+            wait_s += (iv.t1 - iv.t0) * idle_frac
+            if idle_j is None:
+                continue
+            e0, e1 = interpolate(g.energy_points, iv.t0), interpolate(g.energy_points, iv.t1)
+            if e0 is None or e1 is None:
+                idle_j = None
+            else:
+                idle_j += max(0.0, e1 - e0) * idle_frac
+    return replace(ep, gpu_wait_s=wait_s, gpu_idle_j=idle_j)
+
+
+def episode_gpu_reading(tracker: EnergyTracker, ep: Episode) -> Episode:
+    """`episode_with_gpu` against the tracker's NVML history; the episode unchanged when
+    NVML is not up or cannot give that span (its GPU figures stay None, never 0)."""
+    if not tracker.probe()["nvml"].up:
+        return ep
+    try:
+        gpus = tracker.nvml.window(ep.start, ep.end)
+    except Exception:
+        return ep
+    return episode_with_gpu(ep, gpus)
 
 
 def gpu_wait_for(

@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TextIO
 
@@ -42,7 +42,7 @@ from collectors.pyspy import (
 from collectors.samples import SamplerErrors
 from profiler.attribution.episodes import Episode, EpisodeTracker
 from profiler.attribution.tracker import EnergyTracker
-from profiler.attribution.window import AttributedWindow, attribute, used_gpus
+from profiler.attribution.window import AttributedWindow, attribute, episode_gpu_reading
 from profiler.classify.codepaths import CODEPATHS
 from profiler.sampling import collect
 from profiler.sampling.collect import ClassifierLike, RawWindow, collect_window, finish_window
@@ -335,23 +335,11 @@ class ProfileSession:
         every sink."""
         if not closed:
             return
-        closed = [self._with_gpu_wait(ep) for ep in closed]
+        if self.tracker is not None:
+            closed = [episode_gpu_reading(self.tracker, ep) for ep in closed]
         self._episodes.extend(closed)
         for sink in self.sinks:
             sink.on_episodes(closed)
-
-    def _with_gpu_wait(self, ep: Episode) -> Episode:
-        tracker = self.tracker
-        if tracker is None or not tracker.probe()["nvml"].up:
-            return ep
-        try:
-            gpus = tracker.nvml.window(ep.start, ep.end)
-        except Exception:  # an episode without GPU figures says None, never 0
-            return ep
-        used = [g for g in gpus if g.index in used_gpus(gpus, {ep.pid}) and g.up]
-        if not used:
-            return ep
-        return replace(ep, gpu_wait_s=sum(max(0.0, g.idle_s) for g in used))
 
     def _attribute(self, report: WindowReport) -> AttributedWindow:
         if self.tracker is None:

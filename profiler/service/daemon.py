@@ -494,7 +494,7 @@ class Daemon:
                 self._recorder.append_window(
                     j.run_id, report, energy=window.energy_record(), gpu=window.gpu_record()
                 )
-                self._recorder.append_episodes(j.run_id, self._episodes.add(report))
+                self._recorder.append_episodes(j.run_id, self._with_gpu(self._episodes.add(report)))
             except Exception as exc:
                 # Counters are still exported; the record says what it missed in the log.
                 failed = exc
@@ -683,9 +683,12 @@ class Daemon:
 
     # ------------------------------------------------------------------ shutdown
 
+    def _with_gpu(self, episodes: list[Episode]) -> list[Episode]:
+        return self._energy.with_gpu(episodes) if self._energy is not None else episodes
+
     def _record_episodes(self, run_id: str, episodes: list[Episode]) -> None:
         try:
-            self._recorder.append_episodes(run_id, episodes)
+            self._recorder.append_episodes(run_id, self._with_gpu(episodes))
         except Exception as exc:
             log.error("recording episodes of %s failed: %s", run_id, exc)
 

@@ -7,8 +7,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from profiler.attribution.episodes import Episode
 from profiler.attribution.tracker import EnergyTracker, EnergyUnavailableError, WindowEnergy
-from profiler.attribution.window import AttributedWindow, attribute
+from profiler.attribution.window import AttributedWindow, attribute, episode_gpu_reading
 from profiler.sampling.window import WindowReport
 from profiler.service.collector_health import Health, publish, run_collector
 from profiler.service.config import Config
@@ -120,6 +121,10 @@ class EnergySide:
             if g.up:
                 ledger.add_gpu_idle(g.index, max(0.0, g.idle_s))
         return SlotEnergy(windows)
+
+    def with_gpu(self, episodes: list[Episode]) -> list[Episode]:
+        """The episodes with their GPU-wait and GPU idle joules from the node's NVML."""
+        return [episode_gpu_reading(self._tracker, ep) for ep in episodes]
 
     def _slot_health(self, we: WindowEnergy) -> dict[str, Health]:
         """What one slot reading says of the collectors behind it."""
