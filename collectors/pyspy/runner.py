@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from collectors import procstat, sched
+from collectors.pyspy.chrometrace import parse_chrometrace, timed_changes
 from collectors.pyspy.speedscope import (
     WindowSamples,
     assemble_samples,
@@ -57,6 +58,9 @@ from collectors.pyspy.speedscope import (
 from collectors.pyspy.threads import map_threads
 
 DEFAULT_RATE_HZ = 50.0
+# The timing run's file is read only up to this size (a window's chrometrace of a few
+# busy threads at 400 Hz is a few MB).
+MAX_CHANGES_BYTES = 256 * 1024 * 1024
 PYSPY_FLAGS = ("--nonblocking", "--idle", "--threads", "--full-filenames")
 
 
@@ -201,12 +205,13 @@ class _Run:
         *,
         idle: bool,
         wake: threading.Event | None = None,
+        fmt: str = "speedscope",
     ) -> None:
         self.spy, self.pid, self.duration_s, self.out = spy, pid, duration_s, out
         # set when the supervising loop must look again: banner, end line, end of output
         self.wake = wake if wake is not None else threading.Event()
         self.eof = False
-        self.cmd = spy.command(pid, duration_s=duration_s, rate_hz=rate_hz, output=out)
+        self.cmd = spy.command(pid, duration_s=duration_s, rate_hz=rate_hz, output=out, fmt=fmt)
         if not idle:
             self.cmd.remove("--idle")
         self.lines: list[str] = []
@@ -297,7 +302,7 @@ class _Run:
     def text(self) -> str:
         return "".join(self.lines)
 
-    def finish(self, procfs: Path) -> dict[str, Any]:
+    def finish(self, procfs: Path, *, max_bytes: int | None = None) -> Any:
         if self.proc.poll() is None:
             self.proc.kill()
             self.killed = True
@@ -311,8 +316,12 @@ class _Run:
             )
         if rc != 0 or not self.out.exists():
             raise _classify_failure(self.pid, self.text, procfs)
-        doc: dict[str, Any] = json.loads(self.out.read_text())
-        return doc
+        if max_bytes is not None and self.out.stat().st_size > max_bytes:
+            raise SamplingError(
+                f"py-spy wrote {self.out.stat().st_size} bytes for pid {self.pid}, "
+                f"more than {max_bytes}: not read"
+            )
+        return json.loads(self.out.read_text())
 
 
 class PySpy:
@@ -399,7 +408,15 @@ class PySpy:
                 raise failure
             time.sleep(PROBE_PAUSE_S)
 
-    def command(self, pid: int, *, duration_s: float, rate_hz: float, output: Path) -> list[str]:
+    def command(
+        self,
+        pid: int,
+        *,
+        duration_s: float,
+        rate_hz: float,
+        output: Path,
+        fmt: str = "speedscope",
+    ) -> list[str]:
         rate = max(1, int(round(rate_hz)))
         # -d takes whole seconds; we stop the window ourselves (SIGINT) at duration_s.
         whole = max(1, math.ceil(duration_s) + 1)
@@ -408,7 +425,7 @@ class PySpy:
             "record",
             *PYSPY_FLAGS,
             "--format",
-            "speedscope",
+            fmt,
             "--rate",
             str(rate),
             "--duration",
@@ -429,6 +446,7 @@ class PySpy:
         procfs: Path = Path("/proc"),
         on_cpu_run: bool = False,
         idle_rate_hz: float | None = None,
+        timing_rate_hz: float | None = None,
     ) -> WindowSamples:
         """Sample `pid` for `duration_s` (less if the target exits or `stop_event` is set).
 
@@ -440,6 +458,11 @@ class PySpy:
         That run samples at `rate_hz`; the --idle run (every thread at every tick: the
         samples' times, wall seconds, GPU-wait) at `idle_rate_hz` (None: `rate_hz`).
         Each py-spy costs ~20 ms to start plus ~0.28 ms per sample (docs/daemon.md).
+
+        timing_rate_hz: also run a py-spy in chrometrace format at this rate over the
+        same window (`WindowSamples.changes`: every thread's stack changes, timed to the
+        tick that first showed them; see collectors/pyspy/chrometrace.py). None: no
+        such run. A failure of that run alone costs only the changes (a note says why).
 
         Raises TargetGone, NotPython, UnsupportedPython, PtraceDenied, SamplingError.
         """
@@ -465,6 +488,19 @@ class PySpy:
                         wake=wake,
                     )
                 )
+            timing: _Run | None = None
+            if timing_rate_hz is not None:
+                timing = _Run(
+                    self,
+                    pid,
+                    duration_s,
+                    timing_rate_hz,
+                    Path(tmp) / "changes.json",
+                    idle=True,
+                    wake=wake,
+                    fmt="chrometrace",
+                )
+                runs.append(timing)
             linked = isinstance(stop_event, StopEvent)
             if linked:
                 stop_event.link(wake)  # type: ignore[union-attr]
@@ -483,7 +519,15 @@ class PySpy:
             finally:
                 if linked:
                     stop_event.unlink(wake)  # type: ignore[union-attr]
-            docs = [run.finish(procfs) for run in runs]
+            counted = [run for run in runs if run is not timing]
+            docs = [run.finish(procfs) for run in counted]
+            changes_doc: Any = None
+            changes_problem: str | None = None
+            if timing is not None:
+                try:
+                    changes_doc = timing.finish(procfs, max_bytes=MAX_CHANGES_BYTES)
+                except (SamplingError, ValueError) as exc:
+                    changes_problem = str(exc)
 
         def assemble(i: int) -> WindowSamples:
             # A run's span: py-spy's banner to its end line, else spawn to exit.
@@ -522,6 +566,10 @@ class PySpy:
                     f"--idle-like samples at {rates[1]:g} Hz"
                 )
                 result = replace(cpu, errors=replace(merged, notes=(*merged.notes, note)))
+        if timing is not None:
+            result = self._with_changes(
+                result, timing, changes_doc, changes_problem, rate_hz=timing_rate_hz or 0.0
+            )
         problems = sorted({run.priority_problem for run in runs if run.priority_problem})
         if problems:
             note = (
@@ -533,6 +581,38 @@ class PySpy:
                 result, errors=replace(result.errors, notes=(*result.errors.notes, note))
             )
         return result
+
+    @staticmethod
+    def _with_changes(
+        result: WindowSamples, run: _Run, doc: Any, problem: str | None, *, rate_hz: float
+    ) -> WindowSamples:
+        """The window with the timing run's stack changes, or a note saying why not."""
+        if problem is None:
+            try:
+                trace = parse_chrometrace(doc)
+            except ValueError as exc:
+                problem = f"unreadable chrometrace: {exc}"
+        if problem is not None:
+            note = f"no stack-change timing this window ({problem})"
+            errors = replace(result.errors, notes=(*result.errors.notes, note))
+            return replace(result, errors=errors)
+        # ts counts from py-spy's start (its recorder is made before it attaches), so
+        # the host time of ts 0 is the spawn, give or take py-spy's own start-up (ms).
+        # Not the banner: that is stamped when serwatt's reader thread gets to the line,
+        # which on a loaded node was measured up to 0.35 s late.
+        # The first event is py-spy's first sample, moments before or after its banner:
+        # the banner's stamp bounds how late that anchor can be (0 on a quiet node).
+        anchor = run.spawned_at
+        first_host = anchor + trace.first_ts_s
+        uncertainty = max(0.0, run.marks.get("start", run.exit_at) - first_host)
+        changes = timed_changes(result.pid, trace, result.mapping, host_of=lambda ts: anchor + ts)
+        return replace(
+            result,
+            changes=changes,
+            changes_rate_hz=rate_hz,
+            changes_end=anchor + trace.end_ts_s,
+            changes_clock_s=uncertainty,
+        )
 
     @staticmethod
     def _supervise(

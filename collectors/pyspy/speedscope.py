@@ -152,6 +152,15 @@ class WindowSamples:
     # samples of threads that were on a CPU; None when that run was not made
     on_cpu: tuple[Sample, ...] | None = None
     on_cpu_errors: SamplerErrors | None = None
+    # from a py-spy run in chrometrace format (record_window(timing_rate_hz=...)): each
+    # thread's stack at each change, at host times; a stack holds until the thread's
+    # next change or `changes_end`. None when that run was not made or failed.
+    changes: tuple[Sample, ...] | None = None
+    changes_rate_hz: float = 0.0
+    changes_end: float = 0.0
+    # how far the changes' host times may be off (the same for all of them: one offset
+    # per run; durations inside the window do not depend on it)
+    changes_clock_s: float = 0.0
 
 
 def assemble_samples(

@@ -17,8 +17,14 @@ blocked in it. The timeline of a window (every thread at every tick of py-spy's
   intervals: docs/sampling.md), so the count is Poisson too: an episode of D seconds
   gets D/P samples give or take sqrt(D/P), and `wall_s` is within about 2*sqrt(n)*P of
   the truth (95%, n its samples), plus one period for the edges, plus py-spy's worst
-  reported lag: that is `resolution_s`. One period (`period_s`) is the resolution only
-  of samples that carry their own times.
+  reported lag: that is `resolution_s` of an episode timed by sample counts.
+- A window with a stack-change run (WindowReport.changes: py-spy's chrometrace, each
+  thread's stack at each change, stamped) gives each thread it saw cells that run from
+  one change to the next instead: the same rules then find edges at the first tick
+  that showed them. Each edge is late by an exponential lag of mean one stack-change
+  period, so the duration's error is their difference: within ln(20) periods 95% of the
+  time (CHANGE_EDGES_95). Such an episode's CPU is the thread's measured cumulative CPU
+  between its edges (the counted samples' times are only good to sqrt(n) periods).
 - Windows of one target are back to back with a short unobserved gap between them
   (py-spy restarts). An episode still open at a window's end stays open until the next
   window shows whether it goes on; when it does, it is joined across the gap and the
@@ -49,6 +55,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from collectors.series import interpolate
 from profiler.classify.codepaths import OTHER, SERIALIZATION_CODEPATHS
 from profiler.sampling.window import TimedLabel, WindowReport
 
@@ -63,6 +70,12 @@ TAIL_CODEPATHS: frozenset[str] = frozenset(SERIALIZATION_CODEPATHS)
 # nobody saw.
 MAX_JOIN_GAP_S = 1.0
 
+# 95% half-width of an episode timed by stack changes, in stack-change periods: each
+# edge shows at the first tick after it, a lag exponential with mean one period
+# (py-spy's ticks are Poisson), so the duration's error is the difference of two
+# such lags: Laplace with scale one period, |error| <= ln(20) periods 95% of the time.
+CHANGE_EDGES_95 = math.log(20.0)
+
 _SYNC = "sync"  # profiler.classify.durability.SYNC (sampling's labels carry it)
 _OTHER = OTHER.codepath
 
@@ -76,8 +89,14 @@ class Episode:
         duration (95%) when edge_unknown_s is 0 and it is not truncated.
     period_s: the tick period of the run that timed it (the coarsest, when joined
         across windows of different rates).
-    resolution_s: period_s + 2*sqrt(samples)*period_s (Poisson count noise of its
-        samples) + py-spy's worst reported lag in its windows.
+    resolution_s: timed by sample counts: period_s + 2*sqrt(samples)*period_s (Poisson
+        count noise of its samples) + py-spy's worst reported lag in its windows; timed
+        by stack changes: ln(20)*timing_period_s (95% of the difference of two edge
+        lags, each exponential with mean timing_period_s) + the worst lag, plus, when
+        its edges are in different windows, how far each window's stack-change clock
+        may be off the host's (WindowReport.changes_clock_s).
+    timed_by: "stack changes" when both edges came from the stack-change run (see the
+        module docstring), else "sample counts".
     unknown_s: unobserved time inside the episode (gaps between windows it was
         joined across).
     edge_unknown_s: unobserved time right before its start or after its end (it began
@@ -109,6 +128,9 @@ class Episode:
     samples: int = 0
     gpu_wait_s: float | None = None
     gpu_idle_j: float | None = None
+    timed_by: str = "sample counts"  # or "stack changes"
+    timing_period_s: float | None = None  # the stack-change run's tick period
+    clock_s: float = 0.0  # part of resolution_s: its edges' py-spy clocks against the host
 
 
 _Key = tuple[bool, int]  # (kernel tid known, tid or py-spy thread id)
@@ -131,12 +153,13 @@ def period_s(report: WindowReport) -> float:
 
 
 class _CpuIndex:
-    """Per thread, the CPU-carrying samples of one window as sorted times + prefix sums."""
+    """Per thread, the CPU-carrying samples of one window as sorted times + prefix sums
+    (with `count`, each sample counts 1 instead of its CPU)."""
 
-    def __init__(self, labels: Iterable[TimedLabel]) -> None:
+    def __init__(self, labels: Iterable[TimedLabel], *, count: bool = False) -> None:
         grouped: dict[_Key, list[tuple[float, float]]] = {}
         for lab in labels:
-            grouped.setdefault(_key(lab), []).append((lab.t, lab.cpu_s))
+            grouped.setdefault(_key(lab), []).append((lab.t, 1.0 if count else lab.cpu_s))
         self._by: dict[_Key, tuple[list[float], list[float]]] = {}
         for key, pairs in grouped.items():
             pairs.sort()
@@ -146,7 +169,7 @@ class _CpuIndex:
             self._by[key] = ([t for t, _ in pairs], prefix)
 
     def between(self, key: _Key, lo: float, hi: float) -> float:
-        """CPU of the thread's samples with lo <= t < hi."""
+        """CPU (or count) of the thread's samples with lo <= t < hi."""
         got = self._by.get(key)
         if got is None or hi <= lo:
             return 0.0
@@ -178,10 +201,68 @@ class _Open:
     truncated_start: bool = False
     cpu_s: float = 0.0
     pending_cpu_s: float = 0.0  # CPU after the last sample: inside if it goes on
+    pending_samples: float = 0.0  # --idle samples after the last cell (stack-change cells)
+    # cells from the stack-change run in every window it touched; the period of that run
+    # and how far its clock may be off the host's in the windows of its start and end
+    timed_by_changes: bool = False
+    changes_period: float = 0.0
+    start_clock: float = 0.0
+    end_clock: float = 0.0
+    # the thread's cumulative CPU (s) at its start and its last edge, when measured
+    cpu_at_start: float | None = None
+    cpu_at_end: float | None = None
+
+    def take_cpu(self, cpu: _CpuIndex, ticks: _CpuIndex | None, lo: float, hi: float) -> None:
+        """The thread's CPU (and, for stack-change cells, its --idle samples) in [lo, hi)."""
+        self.cpu_s += cpu.between(self.key, lo, hi)
+        if ticks is not None:
+            self.samples += round(ticks.between(self.key, lo, hi))
 
     def tolerance(self) -> float:
         # GAP_TICKS whole ticks; the half tick absorbs float error in the cell edges
         return (GAP_TICKS + 0.5) * self.period
+
+
+def _cumulative_cpu(report: WindowReport, key: _Key, t: float) -> float | None:
+    """The thread's cumulative CPU seconds at `t` from the window's polls (clamped to
+    them); None when the window has none for it."""
+    has_tid, tid = key
+    points = report.thread_cpu_s.get(tid) if has_tid else None
+    if not points:
+        return None
+    t = min(max(t, points[0][0]), points[-1][0])
+    return interpolate(points, t)
+
+
+_Cell = tuple[float, float, TimedLabel]  # [a, b): where the thread was, and what it was
+
+
+def _cells(
+    report: WindowReport, period: float
+) -> tuple[dict[_Key, list[_Cell]], dict[_Key, tuple[float, float]]]:
+    """Per thread, its window as cells in time order; and, for threads timed by the
+    stack-change run, that run's [first tick, end].
+
+    A sample of the timeline stands for its tick's cell (t +/- period/2); a stack change
+    holds from its time until the thread's next change or the end of that run. A
+    thread the stack-change run saw is timed by it; others by their samples."""
+    cells: dict[_Key, list[_Cell]] = {}
+    timed: dict[_Key, tuple[float, float]] = {}
+    if report.changes:
+        begin = min(lab.t for lab in report.changes)
+        end = max(report.changes_end, max(lab.t for lab in report.changes))
+        by_thread: dict[_Key, list[TimedLabel]] = {}
+        for lab in sorted(report.changes, key=lambda lab: lab.t):
+            by_thread.setdefault(_key(lab), []).append(lab)
+        for key, labs in by_thread.items():
+            nexts = [lab.t for lab in labs[1:]] + [end]
+            cells[key] = [(lab.t, b, lab) for lab, b in zip(labs, nexts, strict=True)]
+            timed[key] = (begin, end)
+    for lab in sorted(report.timeline, key=lambda lab: lab.t):
+        key = _key(lab)
+        if key not in timed:
+            cells.setdefault(key, []).append((lab.t - period / 2, lab.t + period / 2, lab))
+    return cells, timed
 
 
 @dataclass
@@ -189,6 +270,9 @@ class _Target:
     started_at: float
     ended_at: float
     open: dict[_Key, _Open]
+    # where the last window's observation ended for threads timed by stack changes
+    # (that run's end), else its ended_at
+    changes_end: float | None = None
 
 
 class EpisodeTracker:
@@ -236,6 +320,8 @@ class EpisodeTracker:
         closed: list[Episode] = []
         first = target is None
         gap = 0.0
+        cells, timed = _cells(report, period)
+        changes_gap = 0.0  # unobserved time before this window, for stack-change threads
         if target is None:
             target = self._targets[pid] = _Target(report.started_at, report.ended_at, {})
         else:
@@ -246,51 +332,41 @@ class EpisodeTracker:
                     "target's windows in time order"
                 )
             gap = max(0.0, report.started_at - target.ended_at)
+            if timed:
+                seen_until = (
+                    target.changes_end if target.changes_end is not None else target.ended_at
+                )
+                changes_gap = max(0.0, min(b for b, _ in timed.values()) - seen_until)
             for key, carried in list(target.open.items()):
-                carried.pending_unknown_s += gap
+                carried.pending_unknown_s += changes_gap if key in timed else gap
                 if gap > self.max_join_gap_s:
                     closed.append(self._close(carried))
                     del target.open[key]
             target.started_at, target.ended_at = report.started_at, report.ended_at
+        target.changes_end = max((e for _, e in timed.values()), default=None)
         cpu = _CpuIndex(report.cpu_timeline or report.timeline)
+        # stack-change cells are not samples: an episode's samples are then counted here
+        ticks = _CpuIndex(report.timeline, count=True) if timed else None
+        finishing: list[_Open] = []  # closed in this window
+
+        def took(ep: _Open, lo: float, hi: float) -> None:
+            ep.take_cpu(cpu, ticks if ep.key in timed else None, lo, hi)
 
         def close(ep: _Open) -> None:
             if ep.hit_window == seq:
-                lo = ep.start if ep.window == seq else -math.inf
-                ep.cpu_s += cpu.between(ep.key, lo, ep.last_edge)
-            closed.append(self._close(ep))
+                took(ep, ep.start if ep.window == seq else -math.inf, ep.last_edge)
+            finishing.append(ep)
 
-        def open_new(label: TimedLabel, cell_start: float) -> _Open:
-            ep = _Open(
-                pid=pid,
-                key=_key(label),
-                codepath=label.codepath,
-                start=cell_start,
-                last_edge=cell_start + period,
-                period=period,
-                lag=lag,
-                window=seq,
-                hit_window=seq,
-            )
-            if cell_start - report.started_at < period / 2:
-                # its first sample is the window's first tick: it may have begun earlier
-                if first:
-                    ep.truncated_start = True
-                else:
-                    ep.edge_unknown_start = gap
-            self._take(ep, label, period)
-            return ep
-
-        by_thread: dict[_Key, list[TimedLabel]] = {}
-        for lab in sorted(report.timeline, key=lambda lab: lab.t):
-            by_thread.setdefault(_key(lab), []).append(lab)
         cursors: dict[_Key, float] = {}
-        for key, labels in by_thread.items():
+        for key, thread_cells in cells.items():
+            by_changes = key in timed
+            begin, end = timed[key] if by_changes else (report.started_at, report.ended_at)
             cur: _Open | None = target.open.pop(key, None)
-            cursor = report.started_at  # everything before it is accounted for
-            for lab in labels:
-                cell_start = lab.t - period / 2
-                seen = max(0.0, cell_start - cursor)  # ticks without a sample of this thread
+            if cur is not None:
+                cur.timed_by_changes = cur.timed_by_changes and by_changes
+            cursor = begin  # everything before it is accounted for
+            for a, b, lab in thread_cells:
+                seen = max(0.0, a - cursor)  # time without a sample of this thread
                 if cur is not None:
                     same = lab.codepath == cur.codepath
                     tail = (
@@ -302,14 +378,17 @@ class EpisodeTracker:
                         if cur.gap_s + seen <= cur.tolerance():
                             cur.unknown_s += cur.pending_unknown_s
                             cur.cpu_s += cur.pending_cpu_s
+                            cur.samples += round(cur.pending_samples)
                             cur.pending_unknown_s = cur.pending_cpu_s = cur.gap_s = 0.0
+                            cur.pending_samples = 0
                             cur.touches_end = False
-                            cur.last_edge = lab.t + period / 2
+                            cur.last_edge = b
                             cur.period = max(cur.period, period)
                             cur.lag = max(cur.lag, lag)
                             cur.hit_window = seq
-                            self._take(cur, lab, period)
-                            cursor = cur.last_edge
+                            cur.cpu_at_end = _cumulative_cpu(report, key, b) if by_changes else None
+                            self._take(cur, lab, b - a, sample=not by_changes)
+                            cursor = b
                             continue
                         close(cur)
                         cur = None
@@ -317,37 +396,69 @@ class EpisodeTracker:
                         close(cur)
                         cur = None
                     else:
-                        cur.gap_s += seen + period
-                        cursor = lab.t + period / 2
+                        cur.gap_s += seen + (b - a)
+                        cursor = b
                         if cur.gap_s > cur.tolerance():
                             close(cur)
                             cur = None
                         continue
                 if lab.codepath != _OTHER:
-                    cur = open_new(lab, cell_start)
-                cursor = lab.t + period / 2
+                    cur = _Open(
+                        pid=pid,
+                        key=key,
+                        codepath=lab.codepath,
+                        start=a,
+                        last_edge=b,
+                        period=period,
+                        lag=lag,
+                        window=seq,
+                        hit_window=seq,
+                        timed_by_changes=by_changes,
+                        start_clock=report.changes_clock_s if by_changes else 0.0,
+                        cpu_at_start=_cumulative_cpu(report, key, a) if by_changes else None,
+                    )
+                    cur.cpu_at_end = _cumulative_cpu(report, key, b) if by_changes else None
+                    if a - begin < period / 2:
+                        # its first sample is the window's first tick: it may have begun
+                        # earlier
+                        if first:
+                            cur.truncated_start = True
+                        else:
+                            cur.edge_unknown_start = changes_gap if by_changes else gap
+                    self._take(cur, lab, b - a, sample=not by_changes)
+                cursor = b
             if cur is not None:
                 target.open[key] = cur
             cursors[key] = cursor
         # the rest of the window: open episodes whose thread sampled nothing more
         for key, ep in list(target.open.items()):
-            ep.gap_s += max(0.0, report.ended_at - cursors.get(key, report.started_at))
+            begin, end = timed.get(key, (report.started_at, report.ended_at))
+            ep.gap_s += max(0.0, end - cursors.get(key, begin))
             if ep.gap_s > ep.tolerance():
                 del target.open[key]
                 close(ep)
                 continue
             ep.touches_end = ep.gap_s < ep.period / 2
+            counted = ticks if key in timed else None
             if ep.hit_window == seq:
-                lo = ep.start if ep.window == seq else -math.inf
-                ep.cpu_s += cpu.between(key, lo, ep.last_edge)
+                ep.end_clock = report.changes_clock_s if key in timed else 0.0
+                ep.changes_period = max(ep.changes_period, report.changes_period_s)
+                took(ep, ep.start if ep.window == seq else -math.inf, ep.last_edge)
                 ep.pending_cpu_s = cpu.between(key, ep.last_edge, math.inf)
+                ep.pending_samples = counted.between(key, ep.last_edge, math.inf) if counted else 0
             else:
                 ep.pending_cpu_s += cpu.between(key, -math.inf, math.inf)
+                if counted is not None:
+                    ep.pending_samples += counted.between(key, -math.inf, math.inf)
+        for ep in finishing:
+            if ep.hit_window == seq:
+                ep.end_clock = report.changes_clock_s if ep.key in timed else 0.0
+                ep.changes_period = max(ep.changes_period, report.changes_period_s)
         if report.exited:
             # the process ended: its episodes ended with it (where the samples stop)
-            for ep in target.open.values():
-                closed.append(self._close(ep))
+            finishing.extend(target.open.values())
             del self._targets[pid]
+        closed.extend(self._close(ep) for ep in finishing)
         closed.sort(key=lambda e: (e.end, e.thread))
         return closed
 
@@ -367,10 +478,12 @@ class EpisodeTracker:
         return closed
 
     @staticmethod
-    def _take(ep: _Open, label: TimedLabel, period: float) -> None:
-        ep.samples += 1
+    def _take(ep: _Open, label: TimedLabel, width_s: float, *, sample: bool) -> None:
+        """A cell of the episode's own (or its tail's): `sample` when it is one sample."""
+        if sample:
+            ep.samples += 1
         if label.durability:
-            ep.durability_s += period
+            ep.durability_s += width_s
             if label.durability == _SYNC:
                 ep.durable = True
 
@@ -379,16 +492,30 @@ class EpisodeTracker:
         if ep.touches_end and end_unknown == 0.0:
             end_unknown = ep.pending_unknown_s
         has_tid, thread = ep.key
+        start, end = ep.start, ep.last_edge
+        resolution = ep.period * (1.0 + 2.0 * math.sqrt(ep.samples)) + ep.lag
+        timed_by, timing_period, clock = "sample counts", None, 0.0
+        if ep.timed_by_changes and ep.changes_period > 0:
+            if ep.window != ep.hit_window:
+                # edges on two py-spy runs' clocks: each run's offset to the host clock
+                clock = ep.start_clock + ep.end_clock
+            resolution = CHANGE_EDGES_95 * ep.changes_period + ep.lag + clock
+            timed_by, timing_period = "stack changes", ep.changes_period
+        cpu_s = ep.cpu_s
+        if ep.timed_by_changes and ep.cpu_at_start is not None and ep.cpu_at_end is not None:
+            # edges from the stack-change run, samples timed only to sqrt(n) periods: the
+            # thread's own measured CPU between the edges, not the samples' inside them
+            cpu_s = max(0.0, ep.cpu_at_end - ep.cpu_at_start)
         return Episode(
             pid=ep.pid,
             thread=thread,
             codepath=ep.codepath,
-            start=ep.start,
-            end=ep.last_edge,
-            wall_s=ep.last_edge - ep.start,
+            start=start,
+            end=end,
+            wall_s=end - start,
             period_s=ep.period,
-            resolution_s=ep.period * (1.0 + 2.0 * math.sqrt(ep.samples)) + ep.lag,
-            cpu_s=ep.cpu_s,
+            resolution_s=resolution,
+            cpu_s=cpu_s,
             main_thread=(thread == ep.pid) if has_tid else None,
             durable=ep.durable,
             unknown_s=ep.unknown_s,
@@ -396,6 +523,9 @@ class EpisodeTracker:
             truncated=ep.truncated_start or truncated_end,
             durability_s=ep.durability_s,
             samples=ep.samples,
+            timed_by=timed_by,
+            timing_period_s=timing_period,
+            clock_s=clock,
         )
 
 

@@ -40,6 +40,11 @@ from profiler.profile.session import ProfileSession, SessionResult, SessionSink
 from profiler.profile.table import render_table
 from profiler.records.run_ids import check_run_id
 from profiler.records.store import RecordError
+from profiler.sampling.collect import (
+    TIMING_RATE_FACTOR,
+    TIMING_RATE_MAX_HZ,
+    default_timing_rate_hz,
+)
 
 BAD_INPUT_ERRORS = (TargetGone, NotPython, UnsupportedPython, PtraceDenied)
 
@@ -63,6 +68,12 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
         "--no-on-cpu-run", dest="on_cpu_run", action="store_false",
         help="one py-spy per window instead of two (halves py-spy's CPU; CPU shares of "
         "threads that share the GIL become less accurate)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--timing-rate", type=float, default=None, metavar="HZ",
+        help="rate of the py-spy run that times episode edges by stack changes (default: "
+        f"{TIMING_RATE_FACTOR:g}x --rate, at most {TIMING_RATE_MAX_HZ:g} Hz; 0: no such "
+        "run, episodes timed by sample counts)",
     )  # fmt: skip
     parser.add_argument(
         "--pyspy", type=Path, metavar="PATH", help="py-spy binary (default: next to python)"
@@ -124,6 +135,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def validate_common(args: argparse.Namespace) -> None:
     if not (0 < args.rate <= 1000):
         raise UsageError(f"--rate must be between 0 and 1000 Hz, got {args.rate:g}")
+    if args.timing_rate is not None and not (0 <= args.timing_rate <= 1000):
+        raise UsageError(
+            f"--timing-rate must be between 0 (off) and 1000 Hz, got {args.timing_rate:g}"
+        )
     if args.window < 0.5:
         raise UsageError(f"--window must be at least 0.5 s, got {args.window:g}")
     if getattr(args, "duration", None) is not None and args.duration <= 0:
@@ -303,7 +318,15 @@ def new_session(
         root_exit_check=(lambda: proc.poll() is not None) if proc is not None else None,
         root_may_be_wrapper=root_may_be_wrapper,
         on_cpu_run=args.on_cpu_run,
+        timing_rate_hz=timing_rate(args),
     )
+
+
+def timing_rate(args: argparse.Namespace) -> float | None:
+    """The stack-change run's rate from --timing-rate (None: no such run)."""
+    if args.timing_rate is None:
+        return default_timing_rate_hz(args.rate)
+    return args.timing_rate if args.timing_rate > 0 else None
 
 
 def _profile_pid(args: argparse.Namespace, spy: PySpy, classifier: Any) -> int:

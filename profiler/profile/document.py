@@ -112,8 +112,10 @@ def add_energy(doc: dict[str, Any], energy: ProfileEnergy) -> dict[str, Any]:
 EPISODE_METHOD = (
     "a thread's consecutive timeline samples in one codepath, gaps up to 2 ticks tolerated, "
     "joined across window gaps (stated as unknown_s); a checkpoint's fsync/replace tail on "
-    "the same thread is included and makes it durable; wall_s is within +/- resolution_s "
-    "(95%: sample-count noise of py-spy's Poisson ticks, plus a period and py-spy's lag)"
+    "the same thread is included and makes it durable; start and end from the stack-change "
+    "run when timed_by is 'stack changes' (wall_s within +/- resolution_s, 95%: ln(20) "
+    "stack-change periods plus py-spy's lag), else from sample counts (95%: the count noise "
+    "of py-spy's Poisson ticks, plus a period and py-spy's lag)"
 )
 
 

@@ -181,8 +181,12 @@ class ProfileSession:
         root_exit_check: Callable[[], bool] | None = None,
         root_may_be_wrapper: bool = False,
         on_cpu_run: bool = True,
+        timing_rate_hz: float | None = None,
     ) -> None:
-        """strict_root: a SamplingError on the root's first window is raised from run()
+        """timing_rate_hz: the rate of the py-spy run that times episode edges by stack
+        changes (None: none; profiler.sampling.collect.default_timing_rate_hz is what
+        `serwatt profile` uses).
+        strict_root: a SamplingError on the root's first window is raised from run()
         (bad --pid, free-threaded build, no ptrace permission); otherwise it is counted.
         root_may_be_wrapper: a root that is not Python (a shell or wrapper launched by
         `serwatt profile -- CMD`) is not an error: its Python descendants are profiled.
@@ -205,6 +209,7 @@ class ProfileSession:
         self.root_exit_check = root_exit_check
         self.root_may_be_wrapper = root_may_be_wrapper
         self.on_cpu_run = on_cpu_run
+        self.timing_rate_hz = timing_rate_hz
         if command is None:
             try:
                 command = " ".join(procstat.process_info(root_pid, procfs).cmdline)
@@ -265,6 +270,7 @@ class ProfileSession:
                     procfs=self.procfs,
                     stop_event=self._stop,
                     on_cpu_run=self.on_cpu_run,
+                    timing_rate_hz=self.timing_rate_hz,
                 )
             except TargetGone:
                 stats.exited = True

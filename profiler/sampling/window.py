@@ -69,6 +69,16 @@ class WindowReport:
     # file was not loaded by the window's deadline), "source_too_costly" (files given
     # up past the CPU budget); their samples are `other`, low confidence
     classify_errors: Mapping[str, int] = field(default_factory=dict)
+    # each thread's codepath at each change of its stack, from the stack-change run
+    # (collectors/pyspy/chrometrace.py); a label holds until the thread's next change or
+    # `changes_end`. None: no such run this window. changes_period_s: its tick period.
+    changes: tuple[TimedLabel, ...] | None = None
+    changes_period_s: float = 0.0
+    changes_end: float = 0.0
+    changes_clock_s: float = 0.0  # how far their host times may be off (one offset)
+    # each thread's cumulative CPU seconds at the window's CPU polls, (t, s) ascending:
+    # the CPU of a thread between two instants, measured (kernel tid -> points)
+    thread_cpu_s: Mapping[int, tuple[tuple[float, float], ...]] = field(default_factory=dict)
 
     @property
     def wall_s(self) -> float:
