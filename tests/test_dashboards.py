@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ from tests.dashboards import (
     schema_problems,
     variable_queries,
 )
-from tests.test_prometheus_rules import RULES, RULES_TEST, load_rules, rules_of
+from tests.test_prometheus_rules import RULES, RULES_TEST, load_rules, promtool, rules_of
 
 LABELS = {m.name: set(m.labels) for m in METRICS}
 # Labels Prometheus adds at scrape time, and the static per-target labels of the daemon
@@ -260,3 +261,48 @@ def test_dashboards_are_stored_as_grafana_writes_them():
     for path in DASHBOARDS:
         text = path.read_text()
         assert text == json.dumps(json.loads(text), indent=2) + "\n", path.name
+
+
+def _on_the_fleet_fixture(cases: list[dict[str, Any]], tmp_path: Path) -> str:
+    """promtool's output for promql_expr_test `cases` evaluated at 10m on the input
+    series of the rules' `fleet` unit test, with the rules loaded."""
+    tests = yaml.safe_load(RULES_TEST.read_text())
+    tests["rule_files"] = [str(RULES)]
+    (fleet,) = [g for g in tests["tests"] if g["name"] == "fleet"]
+    fleet["alert_rule_test"] = []
+    fleet["promql_expr_test"] = [{"eval_time": "10m", **c} for c in cases]
+    tests["tests"] = [fleet]
+    path = tmp_path / "panels_test.yml"
+    path.write_text(yaml.safe_dump(tests, sort_keys=False))
+    out = subprocess.run(
+        [promtool(), "test", "rules", str(path)], capture_output=True, text=True, timeout=60
+    )
+    return out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("name", ["fleet.json", "ab.json"])
+def test_every_fleet_panel_returns_data_on_the_rules_fixture(name: str, tmp_path: Path):
+    # Each query is expected to return nothing: promtool then reports every query that
+    # returned something, and every one must be reported.
+    queries = panel_queries(DASHBOARD_DIR / name)
+    text = _on_the_fleet_fixture([{"expr": q, "exp_samples": []} for _, q in queries], tmp_path)
+    empty = [(t, q) for t, q in queries if f"expr: {json.dumps(q)}, time: 10m" not in text]
+    assert not empty, f"panels without data on the fixture: {empty}\n{text}"
+
+
+def test_the_ab_differences_on_the_rules_fixture(tmp_path: Path):
+    # The fixture (tests/prometheus/rules_test.yml, `fleet`): torch on node-a, many on
+    # node-b and node-c. Share 0.125 - 0.375; watts per node (1 + 2) / 2 - 15; GPU-wait
+    # share 0.015625 - 0.09375.
+    queries = dict(panel_queries(DASHBOARD_DIR / "ab.json"))
+    expected = {
+        "Share difference (candidate - baseline)": -0.25,
+        "Watts per node difference (candidate - baseline)": -13.5,
+        "GPU-wait share difference (candidate - baseline)": -0.078125,
+    }
+    cases = [
+        {"expr": queries[t], "exp_samples": [{"labels": "{}", "value": v}]}
+        for t, v in expected.items()
+    ]
+    text = _on_the_fleet_fixture(cases, tmp_path)
+    assert "SUCCESS" in text, text
