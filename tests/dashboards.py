@@ -237,6 +237,19 @@ def _schema_v39(doc: Mapping[str, Any]) -> list[str]:
                 problems.append(f"panels {t1!r} and {t2!r} overlap")
 
     known = {n for n in names if isinstance(n, str)} | set(BUILTIN_VALUES)
+    ds_vars = {v.get("name") for v in variables if v.get("type") == "datasource"}
+    refs = [(f"variable {v.get('name')!r}", v.get("datasource")) for v in variables]
+    for panel in all_panels(doc):
+        refs.append((f"panel {panel.get('title')!r}", panel.get("datasource")))
+        refs += [
+            (f"panel {panel.get('title')!r}", t.get("datasource")) for t in panel.get("targets", [])
+        ]
+    for where, ref in refs:
+        uid = ref.get("uid", "") if isinstance(ref, dict) else ""
+        for m in VARIABLE_RE.finditer(uid):
+            name = m.group(1) or m.group(2) or m.group(3)
+            if name not in ds_vars:
+                problems.append(f"{where}: data source ${name} is no datasource variable")
     for panel in all_panels(doc):
         texts = [panel.get("title", ""), panel.get("description", "")]
         texts += [t.get("expr", "") for t in panel.get("targets", [])]

@@ -127,6 +127,7 @@ def _set(doc: dict[str, Any], path: str, value: Any) -> None:
         ("panels.6.targets.0.expr", "topk($top_n, up)", "$top_n is no variable"),
         ("templating.list.1.type", "dropdown", "type 'dropdown' not one of"),
         ("schemaVersion", 41, "schemaVersion 41: no checks for it"),
+        ("panels.2.datasource.uid", "${ds}", "data source $ds is no datasource variable"),
         ("uid", "a uid with spaces", "uid 'a uid with spaces'"),
     ],
 )
