@@ -172,10 +172,17 @@ def test_an_episode_cut_by_a_window_boundary_is_joined_and_the_gap_is_unknown() 
 
 
 def test_the_gap_tolerance_spans_the_window_boundary() -> None:
-    # one `other` tick before the gap and one after: two observed ticks, tolerated
-    assert one([window(0.0, {PID: "ppp."}), window(0.1, {PID: ".pp."})]).unknown_s == (
-        pytest.approx(0.06)
+    # one `other` tick before a 2 ms gap and one after: two ticks and the gap, tolerated
+    assert one([window(0.0, {PID: "ppp."}), window(0.042, {PID: ".pp."})]).unknown_s == (
+        pytest.approx(0.002)
     )
+    # it had left its codepath before a 60 ms gap: the gap is missing ticks, it ended
+    left = episodes_of([window(0.0, {PID: "ppp."}), window(0.1, {PID: ".pp."})])
+    assert [(e.start, e.end) for e in left] == [
+        (pytest.approx(0.0), pytest.approx(0.03)),
+        (pytest.approx(0.11), pytest.approx(0.13)),
+    ]
+    assert all(e.unknown_s == 0 and e.edge_unknown_s == 0 for e in left)
     # three observed ticks: two episodes, neither touching the gap
     eps = episodes_of([window(0.0, {PID: "ppp.."}), window(0.1, {PID: ".pp."})])
     assert len(eps) == 2 and all(e.unknown_s == 0 and e.edge_unknown_s == 0 for e in eps)
@@ -237,14 +244,14 @@ def test_cpu_is_the_threads_cpu_inside_the_span() -> None:
 
 
 def test_cpu_joined_across_windows_counts_the_gap_side_samples_once() -> None:
-    w1 = window(0.0, {PID: "..pp."}, cpu={(PID, 2): 1.0, (PID, 4): 2.0})
+    w1 = window(0.0, {PID: "..ppp"}, cpu={(PID, 2): 1.0, (PID, 4): 2.0})
     w2 = window(0.1, {PID: ".pp..."}, cpu={(PID, 0): 4.0, (PID, 2): 8.0, (PID, 4): 16.0})
     ep = one([w1, w2])
     assert ep.cpu_s == pytest.approx(1.0 + 2.0 + 4.0 + 8.0)
     # not joined: the samples after its end are not its
     w3 = window(0.1, {PID: "....pp"}, cpu={(PID, 0): 4.0})
     first = episodes_of([w1, w3])[0]
-    assert first.cpu_s == pytest.approx(1.0)
+    assert first.cpu_s == pytest.approx(1.0 + 2.0)
 
 
 def test_resolution_takes_the_coarsest_period_and_pyspy_lag() -> None:

@@ -26,11 +26,13 @@ blocked in it. The timeline of a window (every thread at every tick of py-spy's
   time (CHANGE_EDGES_95). Such an episode's CPU is the thread's measured cumulative CPU
   between its edges (the counted samples' times are only good to sqrt(n) periods).
 - Windows of one target are back to back with a short unobserved gap between them
-  (py-spy restarts). An episode still open at a window's end stays open until the next
-  window shows whether it goes on; when it does, it is joined across the gap and the
-  gap is counted in `wall_s` and stated as `unknown_s` (time not observed), not as
-  time outside. An episode that starts right after, or ends right before, a gap may
-  have begun or ended inside it: that is `edge_unknown_s`. Gaps longer than
+  (py-spy restarts). An episode still in its codepath at a window's end stays open until
+  the next window shows whether it goes on; when it does, it is joined across the gap
+  and the gap is counted in `wall_s` and stated as `unknown_s` (time not observed), not
+  as time outside. One that had already left it (its last ticks `other`) counts the gap
+  like missing ticks: it is joined only if they and the gap are within GAP_TICKS. An
+  episode that starts right after, or ends right before, a gap may have begun or ended
+  inside it: that is `edge_unknown_s`. Gaps longer than
   `max_join_gap_s` are never joined across.
 - Like with like: a checkpoint is more than the serializer call. A writer that makes
   its file durable follows it with fsync/fdatasync, os.replace/rename and a directory
@@ -338,10 +340,17 @@ class EpisodeTracker:
                 )
                 changes_gap = max(0.0, min(b for b, _ in timed.values()) - seen_until)
             for key, carried in list(target.open.items()):
-                carried.pending_unknown_s += changes_gap if key in timed else gap
-                if gap > self.max_join_gap_s:
+                unseen = changes_gap if key in timed else gap
+                carried.pending_unknown_s += unseen
+                # one that had already left its codepath counts the gap as missing ticks
+                left = not carried.touches_end
+                if gap > self.max_join_gap_s or (
+                    left and carried.gap_s + unseen > carried.tolerance()
+                ):
                     closed.append(self._close(carried))
                     del target.open[key]
+                elif left:
+                    carried.gap_s += unseen
             target.started_at, target.ended_at = report.started_at, report.ended_at
         target.changes_end = max((e for _, e in timed.values()), default=None)
         cpu = _CpuIndex(report.cpu_timeline or report.timeline)
