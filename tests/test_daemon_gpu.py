@@ -32,6 +32,8 @@ IDLE_W = 75.0  # tests/fixtures/nvml/h200_checkpoint_stall.json
 # NVML energy is polled every NVML_POLL_S (0.5 s) and at each window's end; a poll may
 # come late on a loaded VM, so segments up to 1 s from a window may shape its joules.
 ENERGY_POLL_GAP_S = 2 * NVML_POLL_S
+STAMP_REL = 1e-3
+LAST_SEGMENT_S = 13.0  # the timeline's last segment (92% busy) starts here
 
 
 def test_gpu_idle_and_gpu_wait_reach_the_metrics_and_the_record(tmp_path):
@@ -55,9 +57,12 @@ def test_gpu_idle_and_gpu_wait_reach_the_metrics_and_the_record(tmp_path):
                 m = parse_metrics(generate_latest(registry).decode())
                 idle = total(m, "serwatt_gpu_idle_seconds_total", gpu="0")
                 wait = total(m, "serwatt_gpu_wait_seconds_total", target="trainer", gpu="0")
-                return idle >= 4.0 and wait > 0 and m
+                # and windows that start 1 s into the last, endless busy segment (from
+                # 13 s), so some windows see one replayed segment only, even when slow
+                late = fake.rel() >= LAST_SEGMENT_S + ENERGY_POLL_GAP_S + 4.0
+                return idle >= 4.0 and wait > 0 and late and m
 
-            seen.update(wait_for(waited, 90, "GPU idle >= 4 s and GPU-wait > 0"))
+            seen.update(wait_for(waited, 90, "GPU idle >= 4 s, GPU-wait > 0, 18 s of replay"))
         except BaseException as exc:
             failure.append(exc)
         finally:
@@ -122,10 +127,11 @@ def test_gpu_idle_and_gpu_wait_reach_the_metrics_and_the_record(tmp_path):
         }
         lo_j += min(powers) * ws
         hi_j += max(powers) * ws
+        # (0.1%: each energy point is stamped just before its read; a read preempted by
+        # 0.5 ms on a loaded VM moves the power interpolated over a 0.5 s poll gap by that)
+        lo, hi = min(powers) * (1 - STAMP_REL), max(powers) * (1 + STAMP_REL)
         if len(powers) == 1:
             exact += 1
-            assert abs(wj / ws - min(powers)) <= 1e-3 * min(powers), (a, b, wj / ws, powers)
-        else:
-            assert min(powers) * ws - 1e-6 <= wj <= max(powers) * ws + 1e-6, (a, b, wj, ws)
+        assert lo * ws <= wj <= hi * ws, (a, b, wj / ws, powers)
     assert exact >= 1, "no window inside one replayed segment: the exact check never ran"
-    assert lo_j - 1e-6 <= recorded_j <= hi_j + 1e-6, (lo_j, recorded_j, hi_j)
+    assert lo_j * (1 - STAMP_REL) <= recorded_j <= hi_j * (1 + STAMP_REL), (lo_j, recorded_j, hi_j)
