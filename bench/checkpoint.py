@@ -46,7 +46,13 @@ disk after it is durable, to show that the check catches it.
 Cold: after the save is durable each file is fsynced and its pages dropped with
 posix_fadvise(POSIX_FADV_DONTNEED); then mincore(2) (through ctypes, on a fresh read-only
 mapping that touches nothing) counts the file's resident pages. A cold sample counts only
-when at most 1% of the pages are resident; the count of refused samples is printed. Warm:
+when at most 1% of the pages are resident; a refused one is named in its round's line
+(COLD REFUSED, with the resident share) and counted in the table. Before the rounds a probe
+file says whether --dir can be made cold at all: where it cannot (tmpfs keeps its pages;
+some FUSE and network filesystems ignore the hint) the bench says so at the start and in
+the summary, refuses every cold sample, and the cold goals are "not measured"; with
+--drop-caches (root) it also writes 1 to /proc/sys/vm/drop_caches when the hint left
+pages, which drops the whole machine's clean page cache. Warm:
 the same load right after the cold one (mincore then confirms at least 99% resident; a warm
 sample that is not is refused the same way).
 
@@ -236,20 +242,80 @@ def files_of(target: Path) -> list[Path]:
     return [target]
 
 
-def drop_cache(target: Path) -> float:
-    """fsync and drop every page of the checkpoint's files; the fraction still resident."""
-    resident = total = 0
-    for p in files_of(target):
+DROP_CACHES = Path("/proc/sys/vm/drop_caches")
+
+
+def drop_cache(target: Path, *, drop_caches: bool = False) -> float:
+    """fsync and drop every page of the checkpoint's files; the fraction still resident.
+
+    posix_fadvise(DONTNEED) drops a file's clean pages on disk filesystems; tmpfs (and
+    some FUSE or network filesystems) keep them. With `drop_caches`, pages it left are
+    dropped by writing 1 to /proc/sys/vm/drop_caches (root only; it drops the whole
+    machine's clean page cache). mincore then says what is still resident: the caller
+    refuses the cold sample when that is over COLD_MAX_RESIDENT."""
+    paths = files_of(target)
+    for p in paths:
         fd = os.open(p, os.O_RDONLY)
         try:
             os.fsync(fd)
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
-        r, t = resident_pages(p)
-        resident += r
-        total += t
-    return resident / total if total else 0.0
+    fraction = resident_fraction(target)
+    if fraction > COLD_MAX_RESIDENT and drop_caches:
+        os.sync()
+        DROP_CACHES.write_text("1\n")
+        fraction = resident_fraction(target)
+    return fraction
+
+
+def cold_cache_problem(workdir: Path, *, drop_caches: bool = False) -> str | None:
+    """None when a file written in `workdir` can be made cold (confirmed by mincore);
+    otherwise why not and the fix. Probed once on a 4 MiB file before any round."""
+    probe = workdir / "cold-probe.bin"
+    probe.write_bytes(os.urandom(4 << 20))
+    try:
+        resident_fraction(probe)  # mincore must work here at all
+        fraction = drop_cache(probe, drop_caches=False)
+        if fraction <= COLD_MAX_RESIDENT:
+            return None
+        why = (
+            f"posix_fadvise(DONTNEED) left {fraction:.0%} of a probe file resident in "
+            f"{workdir} ({fs_of(workdir)})"
+        )
+        if not drop_caches:
+            return (
+                f"{why}: cold restores cannot be confirmed cold, so every cold sample will be "
+                "refused (not timed); put --dir on a disk filesystem, or (root) pass "
+                "--drop-caches"
+            )
+        try:
+            fraction = drop_cache(probe, drop_caches=True)
+        except OSError as exc:
+            return f"{why}, and {DROP_CACHES} cannot be written ({exc}): cold samples refused"
+        if fraction > COLD_MAX_RESIDENT:
+            return (
+                f"{why}, and {fraction:.0%} still after {DROP_CACHES} (tmpfs keeps files in "
+                "memory): cold samples refused; put --dir on a disk filesystem"
+            )
+        return None
+    except OSError as exc:
+        return f"mincore/fadvise failed in {workdir}: {exc}: cold samples refused"
+    finally:
+        probe.unlink(missing_ok=True)
+
+
+def fs_of(path: Path) -> str:
+    """'fstype on device (mount point)' of the mount holding `path` ('?' if unknown)."""
+    best, out = "", "?"
+    try:
+        for line in Path("/proc/mounts").read_text().splitlines():
+            dev, mnt, fstype = line.split()[:3]
+            if str(path.resolve()).startswith(mnt) and len(mnt) >= len(best):
+                best, out = mnt, f"{fstype} on {dev} ({mnt})"
+    except OSError:
+        pass
+    return out
 
 
 def resident_fraction(target: Path) -> float:
@@ -535,7 +601,9 @@ def snapshot_into(snapshot: dict[str, Any], state: dict[str, Any]) -> None:
             dst.copy_(src)
 
 
-def one(b: Bench, method: str, snapshot: dict[str, Any], inject: str | None) -> dict[str, Any]:
+def one(
+    b: Bench, method: str, snapshot: dict[str, Any], inject: str | None, drop_caches: bool = False
+) -> dict[str, Any]:
     """Save, check and restore cold and warm with one method; the measured figures."""
     snapshot_into(snapshot, b.state)
     saved = save(b, method)
@@ -552,7 +620,7 @@ def one(b: Bench, method: str, snapshot: dict[str, Any], inject: str | None) -> 
         flip_byte(saved.target)
     for temp in ("cold", "warm"):
         if temp == "cold":
-            resident = drop_cache(saved.target)
+            resident = drop_cache(saved.target, drop_caches=drop_caches)
             row["cold_resident"] = resident
         else:
             resident = resident_fraction(saved.target)
@@ -568,6 +636,8 @@ def one(b: Bench, method: str, snapshot: dict[str, Any], inject: str | None) -> 
             row[f"{temp}_open_s"] = got.open_s
             row[f"{temp}_first_s"] = got.first_s
             row[f"{temp}_all_s"] = got.all_s
+        else:
+            row[f"{temp}_refused"] = f"{resident:.0%} of its pages resident"
         row["leaves"] = leaves_n
         del got
         gc.collect()
@@ -650,12 +720,7 @@ def machine(workdir: Path) -> dict[str, Any]:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemTotal:"):
                 info["mem_gib"] = round(int(line.split()[1]) / 2**20, 1)
-        best = ""
-        for line in Path("/proc/mounts").read_text().splitlines():
-            dev, mnt, fstype = line.split()[:3]
-            if str(workdir.resolve()).startswith(mnt) and len(mnt) >= len(best):
-                best = mnt
-                info["fs"] = f"{fstype} on {dev} ({mnt})"
+        info["fs"] = fs_of(workdir)
     except OSError:
         pass
     return info
@@ -667,7 +732,12 @@ def machine(workdir: Path) -> dict[str, Any]:
 
 
 def run_size(
-    size_mb: int, repeat: int, methods: list[str], base: Path, inject: str | None
+    size_mb: int,
+    repeat: int,
+    methods: list[str],
+    base: Path,
+    inject: str | None,
+    drop_caches: bool = False,
 ) -> dict[str, Any]:
     from profiler import many
 
@@ -691,13 +761,18 @@ def run_size(
     )
     rows: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
     failures: list[str] = []
+    cold_problem = cold_cache_problem(workdir, drop_caches=drop_caches)
+    if cold_problem is None:
+        print(f"  cold restores: pages dropped and confirmed by mincore in {fs_of(workdir)}")
+    else:
+        print(f"  COLD RESTORES NOT MEASURABLE: {cold_problem}", flush=True)
     try:
         for rnd in range(repeat + 1):
             k = rnd % len(methods)
             order = methods[k:] + methods[:k]
             for method in order:
                 try:
-                    row = one(b, method, snapshot, inject)
+                    row = one(b, method, snapshot, inject, drop_caches)
                 except WrongLoad as exc:
                     failures.append(f"round {rnd}: WRONG LOAD: {exc}")
                     print(f"  round {rnd} {method:<22} WRONG LOAD: {exc}", flush=True)
@@ -709,7 +784,12 @@ def run_size(
                     f"  {'warm-up' if rnd == 0 else f'round {rnd}':<8} {method:<22} "
                     f"stall {fmt_t(row['stall_s']):>10}  total {fmt_t(row['total_s']):>10}  "
                     f"cold all {fmt_t(row.get('cold_all_s')):>10}  "
-                    f"warm all {fmt_t(row.get('warm_all_s')):>10}",
+                    f"warm all {fmt_t(row.get('warm_all_s')):>10}"
+                    + "".join(
+                        f"  {t.upper()} REFUSED: {row[f'{t}_refused']}"
+                        for t in ("cold", "warm")
+                        if f"{t}_refused" in row
+                    ),
                     flush=True,
                 )
     finally:
@@ -718,7 +798,7 @@ def run_size(
             b.dcp_stager.close()
         shutil.rmtree(workdir, ignore_errors=True)
     return {"size_mb": size_mb, "bytes": nbytes, "d": d, "tensors": len(tensors),
-            "rows": rows, "failures": failures}  # fmt: skip
+            "rows": rows, "failures": failures, "cold_problem": cold_problem}  # fmt: skip
 
 
 def summarize(res: dict[str, Any]) -> dict[str, Any]:
@@ -769,6 +849,8 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
                 out.append(x / y)
         return out
 
+    if res.get("cold_problem"):
+        print(f"\nCOLD RESTORES NOT MEASURED: {res['cold_problem']}")
     goals: list[dict[str, Any]] = []
 
     def goal(name: str, ratios: list[float], target: float, at_most: bool) -> None:
@@ -817,6 +899,12 @@ def main() -> int:
     ap.add_argument("--methods", help=f"comma-separated subset of {','.join(METHODS)}")
     ap.add_argument("--torch-threads", type=int, help="torch.set_num_threads (default: torch's)")
     ap.add_argument("--inject-wrong-load", metavar="METHOD", help="damage METHOD's checkpoint")
+    ap.add_argument(
+        "--drop-caches",
+        action="store_true",
+        help="root: where posix_fadvise leaves pages resident, also write 1 to "
+        "/proc/sys/vm/drop_caches (drops the whole machine's clean page cache)",
+    )
     args = ap.parse_args()
     if args.repeat < 6:
         ap.error("--repeat must be at least 6 (a 95% interval from fewer rounds is too wide)")
@@ -839,7 +927,9 @@ def main() -> int:
     results = []
     failed = False
     for size in sizes:
-        res = run_size(size, args.repeat, methods, args.dir, args.inject_wrong_load)
+        res = run_size(
+            size, args.repeat, methods, args.dir, args.inject_wrong_load, args.drop_caches
+        )
         res["summary"] = summarize(res)
         results.append(res)
         failed |= bool(res["failures"])

@@ -3,6 +3,7 @@
     .venv/bin/python bench/daemon.py [--targets 8] [--rate 50] [--watch-s 120] [--phase-s 8]
                                      [--pairs 6] [--max-concurrent 16] [--cpu-budget CORES]
                                      [--json FILE]
+    .venv/bin/python bench/daemon.py --recompute FILE
 
 Part 1 (--watch-s): a real `serwatt daemon` watches N real Python targets at --rate Hz
 (10 s windows, two py-spy runs per target: on-CPU and --idle). Measured from /proc via psutil:
@@ -25,8 +26,9 @@ Each target runs a fixed serialization chunk (pickle + json, ~2 ms) then sleeps
 wall and CPU seconds spent in chunks) to a file. Throughput = chunks per wall second
 spent working (includes CPU contention) and chunks per CPU second (in-process
 perturbation only); each ratio is watched / unwatched (1.0 = no slowdown), with a
-95% interval over the watched phases. A goal is MET only when the interval's low end clears
-it; an interval that straddles it is N/A (too noisy on this machine to say).
+95% interval (Student t) over the watched phases: confirmed when the interval's low end
+clears the goal, not met when its high end is below it, undecided when it straddles it.
+`--recompute FILE` recomputes those from an earlier --json output's per-pair ratios.
 
 Goals (issue 4): daemon + py-spy < 10% of one core for 8 targets at 50 Hz, RSS <
 150 MB and flat, throughput ratio >= 0.99.
@@ -49,6 +51,7 @@ import urllib.request
 from pathlib import Path
 
 import psutil
+import scipy.stats
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -141,14 +144,70 @@ def read_progress(path: Path) -> tuple[int, float, float]:
         return 0, 0.0, 0.0
 
 
+THROUGHPUT_GOAL = 0.99  # watched / unwatched throughput
+
+
 def mean_ci95(xs: list[float]) -> tuple[float, float, float]:
-    """Mean and a normal-approximation 95% interval of the mean (pairs are independent
-    draws of the same noisy machine; with few pairs this is optimistic, said in docs)."""
+    """Mean and the Student t 95% interval of the mean (pairs are independent draws of the
+    same noisy machine; with 6 pairs t is 2.571, not the normal 1.96)."""
     m = statistics.fmean(xs)
     if len(xs) < 2:
         return m, float("nan"), float("nan")
-    half = 1.96 * statistics.stdev(xs) / len(xs) ** 0.5
+    half = float(scipy.stats.t.ppf(0.975, len(xs) - 1)) * statistics.stdev(xs) / len(xs) ** 0.5
     return m, m - half, m + half
+
+
+def ratio_verdict(lo: float, hi: float, goal: float = THROUGHPUT_GOAL) -> str:
+    """confirmed: the whole interval clears the goal; not met: the whole interval is
+    below it; undecided: it straddles the goal (or there is no interval)."""
+    if lo != lo or hi != hi:
+        return "undecided"
+    if lo >= goal:
+        return "confirmed"
+    if hi < goal:
+        return "not met"
+    return "undecided"
+
+
+def throughput_figures(wall_ratios: list[float], cpu_ratios: list[float]) -> dict:
+    """The JSON fields and verdicts of the throughput part, from the per-pair ratios."""
+    wall_m, wall_lo, wall_hi = mean_ci95(wall_ratios)
+    cpu_m, cpu_lo, cpu_hi = mean_ci95(cpu_ratios)
+    return dict(
+        throughput_ratio_wall_mean=round(wall_m, 4),
+        throughput_ratio_wall_ci95=[round(wall_lo, 4), round(wall_hi, 4)],
+        throughput_ratio_wall_pairs=[round(r, 4) for r in wall_ratios],
+        throughput_ratio_wall_verdict=ratio_verdict(wall_lo, wall_hi),
+        throughput_ratio_cpu_mean=round(cpu_m, 4),
+        throughput_ratio_cpu_ci95=[round(cpu_lo, 4), round(cpu_hi, 4)],
+        throughput_ratio_cpu_pairs=[round(r, 4) for r in cpu_ratios],
+        throughput_ratio_cpu_verdict=ratio_verdict(cpu_lo, cpu_hi),
+    )
+
+
+def print_throughput(fig: dict) -> None:
+    for part, unit in (("wall", "wall s"), ("cpu", "CPU s ")):
+        lo, hi = fig[f"throughput_ratio_{part}_ci95"]
+        print(
+            f"  throughput ratio watched/unwatched, per {unit}: "
+            f"{fig[f'throughput_ratio_{part}_mean']:.4f} (95% CI {lo:.4f}..{hi:.4f}, Student t, "
+            f"n={len(fig[f'throughput_ratio_{part}_pairs'])}; "
+            f"pairs {fig[f'throughput_ratio_{part}_pairs']}): "
+            f">= {THROUGHPUT_GOAL} {fig[f'throughput_ratio_{part}_verdict']}"
+        )
+
+
+def recompute(path: Path) -> int:
+    """Recompute the throughput intervals and verdicts of an earlier --json output from
+    its per-pair ratios (older outputs used a normal 1.96 interval)."""
+    doc = json.loads(path.read_text())
+    try:
+        wall, cpu = doc["throughput_ratio_wall_pairs"], doc["throughput_ratio_cpu_pairs"]
+    except KeyError as exc:
+        print(f"{path}: no {exc.args[0]} (not a bench/daemon.py --json output)", file=sys.stderr)
+        return 2
+    print_throughput(throughput_figures(wall, cpu))
+    return 0
 
 
 def slope_mb_per_min(points: list[tuple[float, float]]) -> float:
@@ -216,7 +275,15 @@ def main() -> int:
         help="the daemon's cpu_budget_cores (default: none, every window at --rate)",
     )
     ap.add_argument("--json", type=Path, help="also write the figures here")
+    ap.add_argument(
+        "--recompute",
+        type=Path,
+        metavar="JSON",
+        help="only recompute the throughput intervals and verdicts of an earlier --json file",
+    )
     args = ap.parse_args()
+    if args.recompute is not None:
+        return recompute(args.recompute)
 
     tmp = Path(tempfile.mkdtemp(prefix="serwatt-bench-daemon-"))
     marker = f"swbench_{os.getpid()}"
@@ -391,44 +458,25 @@ def main() -> int:
             w, before_u, after_u = measured[i], measured[i - 1], measured[i + 1]
             wall_ratios.append(w[0] / ((before_u[0] + after_u[0]) / 2))
             cpu_ratios.append(w[1] / ((before_u[1] + after_u[1]) / 2))
-        wall_m, wall_lo, wall_hi = mean_ci95(wall_ratios)
-        cpu_m, cpu_lo, cpu_hi = mean_ci95(cpu_ratios)
-        result.update(
-            throughput_ratio_wall_mean=round(wall_m, 4),
-            throughput_ratio_wall_ci95=[round(wall_lo, 4), round(wall_hi, 4)],
-            throughput_ratio_wall_pairs=[round(r, 4) for r in wall_ratios],
-            throughput_ratio_cpu_mean=round(cpu_m, 4),
-            throughput_ratio_cpu_ci95=[round(cpu_lo, 4), round(cpu_hi, 4)],
-            throughput_ratio_cpu_pairs=[round(r, 4) for r in cpu_ratios],
-            loadavg_end=os.getloadavg(),
-        )
-        print(
-            f"  throughput ratio watched/unwatched, per wall s: {wall_m:.4f} "
-            f"(95% CI {wall_lo:.4f}..{wall_hi:.4f}; pairs {result['throughput_ratio_wall_pairs']})"
-        )
-        print(
-            f"  throughput ratio watched/unwatched, per CPU s:  {cpu_m:.4f} "
-            f"(95% CI {cpu_lo:.4f}..{cpu_hi:.4f}; pairs {result['throughput_ratio_cpu_pairs']})"
-        )
-        goals = {
+        fig = throughput_figures(wall_ratios, cpu_ratios)
+        result.update(fig, loadavg_end=os.getloadavg())
+        print_throughput(fig)
+        # One measurement each over the whole run (no interval): met or not met. The
+        # throughput ratios have an interval: confirmed, not met, or undecided.
+        measured_goals = {
             "cpu < 10% of one core": core_pct < 10,
             f"every window at {args.rate:g} Hz": min(r for _, r in rates) >= args.rate,
             "RSS < 150 MB": result["rss_mb_max"] < 150,
             "RSS flat (|slope| < 1 MB/min)": abs(result["rss_slope_mb_per_min"]) < 1,
-            # Met only when the whole interval clears the goal; an interval that
-            # straddles it is reported as not measurable on this machine.
-            "throughput ratio >= 0.99 (wall, CI low end)": wall_lo >= 0.99,
-            "throughput ratio >= 0.99 (CPU, CI low end)": cpu_lo >= 0.99,
         }
+        goals = {name: "met" if ok else "not met" for name, ok in measured_goals.items()}
+        goals[f"throughput ratio >= {THROUGHPUT_GOAL} (wall)"] = fig[
+            "throughput_ratio_wall_verdict"
+        ]
+        goals[f"throughput ratio >= {THROUGHPUT_GOAL} (CPU)"] = fig["throughput_ratio_cpu_verdict"]
         result["goals"] = goals
-        for name, ok in goals.items():
-            verdict = "MET " if ok else "MISS"
-            if "ratio" in name:
-                lo, hi = (wall_lo, wall_hi) if "wall" in name else (cpu_lo, cpu_hi)
-                if not ok and (hi >= 0.99 or hi != hi):
-                    # The interval straddles the goal (or one pair gave none): too noisy.
-                    verdict = "N/A "
-            print(f"  {verdict} {name}")
+        for name, verdict in goals.items():
+            print(f"  {verdict.upper():9} {name}")
         print(f"  load average start {result['loadavg_start']}, end {result['loadavg_end']}")
     finally:
         daemon.send_signal(signal.SIGTERM)

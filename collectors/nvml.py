@@ -494,7 +494,9 @@ class NvmlCollector:
                 g.covered_until = now
             elif rate == 0 and g.covered_until is None:
                 g.covered_until = now  # start of coverage: nothing known before this poll
-        self._poll_energy(b, g, now)
+        # stamped when read: the calls above take ms (more on a loaded host), and an
+        # energy point stamped early skews the power interpolated between two polls
+        self._poll_energy(b, g, self._clock())
         try:
             pids = frozenset(
                 self._call("nvmlDeviceGetComputeRunningProcesses", b.compute_pids, g.handle)

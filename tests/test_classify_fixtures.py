@@ -313,6 +313,18 @@ def test_speedscope_through_the_sampler_parser(classifier: Classifier, proc_root
     assert labels["pickle"] >= 0.8 * len(stacks), labels
 
 
-def test_frames_are_hashable_cache_keys(classifier: Classifier) -> None:
-    f = Frame("dumps", "/x/json/__init__.py", 231)
-    assert classifier.classify_frames((f,)) == classifier.classify_frames((f,))
+def test_frames_are_hashable_cache_keys() -> None:
+    """Equal frames built separately are one cache key: the second stack is a cache hit
+    that returns the first stack's classification, and that classification is right."""
+    classifier = Classifier.default()  # its own, so the hit count starts at 0
+    first = Frame("dumps", "/x/json/__init__.py", 231)
+    second = Frame("dumps", "/x/json/__init__.py", 231)
+    assert first is not second and first == second and hash(first) == hash(second)
+    got = classifier.classify_frames((first,))
+    assert (got.codepath, got.rule_id) == ("json", "json.stdlib"), got
+    assert classifier.stats.stack_cache_hits == 0
+    assert classifier.classify_frames((second,)) is got
+    assert classifier.stats.stack_cache_hits == 1
+    # A different line is a different key (call-site rules depend on the line).
+    classifier.classify_frames((Frame("dumps", "/x/json/__init__.py", 232),))
+    assert classifier.stats.stack_cache_hits == 1

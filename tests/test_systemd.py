@@ -101,6 +101,12 @@ def test_unit_contract() -> None:
     assert s["Restart"] == ["on-failure"]
     assert float(s["WatchdogSec"][0]) > 0
     assert s["RestartPreventExitStatus"] == [str(EXIT_CONFIG)]  # a bad config is not retried
+    # SIGTERM to the daemon only: under the default control-group mode systemd would
+    # SIGTERM the py-spy children too and their last window would be lost (docs/daemon.md).
+    assert s["KillMode"] == ["mixed"]
+    # The daemon's own stop takes < 10 s (tests/test_daemon.py): systemd must not
+    # SIGKILL it before that.
+    assert float(s["TimeoutStopSec"][0]) >= 10
     assert s["ExecStart"] == [f"{INSTALLED_SERWATT} daemon --config /etc/serwatt/serwatt.yaml"]
     assert s["StateDirectory"] == ["serwatt"] and s["ProtectSystem"] == ["strict"]
     assert s["NoNewPrivileges"] == ["yes"] and s["PrivateTmp"] == ["yes"]

@@ -264,12 +264,15 @@ class Daemon:
 
     def _loop(self) -> None:
         mark = _OwnCpu.now()
+        # Each slot starts where the last one ended, so the time spent applying a slot
+        # is in the next one and the node energy counter misses no span.
+        slot_start = time.time()
         while not self._stop_requested:
-            slot_start = time.time()
             jobs = self._start_windows()
             self._wait_slot(jobs, slot_start)
+            slot_end = time.time()
             try:
-                self._apply_slot(jobs, slot_start, time.time())
+                self._apply_slot(jobs, slot_start, slot_end)
             except Exception:
                 # A bug applying one slot must not stop the node's profiling (nor make
                 # systemd restart-loop us): log it loudly and go on with the next slot.
@@ -277,6 +280,7 @@ class Daemon:
             mark = self._account_own_cpu(mark, sampled=bool(jobs))
             self.ledger.publish()
             self.notifier.status(self._status_line())
+            slot_start = slot_end
 
     def _account_own_cpu(self, mark: _OwnCpu, *, sampled: bool) -> _OwnCpu:
         """Count the slot's own CPU and let the budget set the next windows' rate."""
