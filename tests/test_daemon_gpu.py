@@ -135,3 +135,15 @@ def test_gpu_idle_and_gpu_wait_reach_the_metrics_and_the_record(tmp_path):
         assert lo * ws <= wj <= hi * ws, (a, b, wj / ws, powers)
     assert exact >= 1, "no window inside one replayed segment: the exact check never ran"
     assert lo_j * (1 - STAMP_REL) <= recorded_j <= hi_j * (1 + STAMP_REL), (lo_j, recorded_j, hi_j)
+    # The daemon's episodes carry GPU figures over their own spans: idle seconds never
+    # above the replay's over the span (idle is never guessed), joules at least the idle
+    # power's for them.
+    with Recorder.for_dir(tmp_path / "runs", readonly=True) as rec:
+        episodes = rec.episodes(run.run_id) or ()
+    timed = [e for e in episodes if e["gpu_wait_s"] is not None]
+    assert timed, episodes
+    for e in timed:
+        assert e["gpu_wait_s"] <= fake.true_idle_s(0, e["start"], e["end"]) + 1e-3, e
+        if e["gpu_idle_j"] is not None:
+            assert e["gpu_idle_j"] >= IDLE_W * e["gpu_wait_s"] * (1 - STAMP_REL), e
+    assert any(e["gpu_idle_j"] is not None for e in timed), timed
