@@ -241,7 +241,7 @@ def _bounded_read(resp: Any, url: str) -> bytes:
     body = resp.read(MAX_RESPONSE_BYTES + 1)
     if len(body) > MAX_RESPONSE_BYTES:
         raise PrometheusError(
-            f"the answer to {url[:200]} is over {MAX_RESPONSE_BYTES // 2**20} MiB; query a "
+            f"the answer to {url[:200]} is over {MAX_RESPONSE_BYTES} bytes; query a "
             "shorter range, a larger --step or a narrower selector",
             usage=True,
         )
