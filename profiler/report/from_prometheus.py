@@ -414,8 +414,10 @@ def _stamp(t: float) -> str:
     return datetime.fromtimestamp(t, timezone.utc).strftime("%Y%m%dT%H%M%SZ")
 
 
-def load_side(prom: PromQL, side: SideQuery) -> list[RunInput]:
-    """The side's runs (one per scraped target series set), each with its step windows."""
+def load_side(prom: PromQL, side: SideQuery) -> tuple[list[RunInput], list[str]]:
+    """The side's runs (one per scraped target series set), each with its step windows,
+    and the ids of the matched targets that took no samples in the range (left out: a
+    run with no window has nothing to compare)."""
     by_counter = {
         field: prom.range(_with_selector(metric, side.selector), side.start, side.end, side.step_s)
         for metric, field in _COUNTERS
@@ -456,7 +458,8 @@ def load_side(prom: PromQL, side: SideQuery) -> list[RunInput]:
             for t, d in _deltas(s.points).items():
                 fig = steps.setdefault(t, {}).setdefault(cp, {})
                 fig[name] = fig.get(name, 0.0) + d
-    out = []
+    out: list[RunInput] = []
+    idle: list[RunInput] = []
     ids: dict[str, int] = {}
     for key in sorted(runs, key=lambda k: [v for _n, v in k]):
         labels = dict(key)
@@ -468,14 +471,16 @@ def load_side(prom: PromQL, side: SideQuery) -> list[RunInput]:
         if ids[run_id] > 1:  # e.g. two jobs scraping one instance
             run_id += f"#{ids[run_id]}"
         srcs = sources.get(key, set())
-        out.append(_run(side, run_id, labels, runs[key], srcs, key in gpus, rates, versions, node))
+        run = _run(side, run_id, labels, runs[key], srcs, key in gpus, rates, versions, node)
+        (out if run.windows else idle).append(run)
     if not out:
         raise PrometheusError(
-            f"--{side.name}: no target's series under {side.selector} had two scraped points "
-            "in the range; widen the range or lower --step",
+            f"--{side.name}: no target under {side.selector} took samples in two scraped "
+            f"points of the range ({len(idle)} matched but stayed idle); widen the range or "
+            "lower --step",
             usage=True,
         )
-    return out
+    return out, [r.run_id for r in idle]
 
 
 def _run(
@@ -547,8 +552,8 @@ def load_sides(
 ) -> tuple[list[RunInput], list[RunInput], dict[str, Any]]:
     """(baseline runs, candidate runs, the report's `source` section)."""
     prom = PromQL(url, fetch)
-    base = load_side(prom, baseline)
-    cand = load_side(prom, candidate)
+    base, base_idle = load_side(prom, baseline)
+    cand, cand_idle = load_side(prom, candidate)
     source = {
         "kind": "promql",
         "url": prom.url,
@@ -560,8 +565,9 @@ def load_sides(
                 "start": s.start,
                 "end": s.end,
                 "step_s": s.step_s,
+                "idle_targets": idle,
             }
-            for s in (baseline, candidate)
+            for s, idle in ((baseline, base_idle), (candidate, cand_idle))
         },
         "queries": sorted(set(prom.queries)),
         "windows": "counter deltas between consecutive query steps (a drop counts as a reset)",
