@@ -188,6 +188,11 @@ def _verify(args: argparse.Namespace) -> int:
         raise UsageError(f"--verify {args.verify}: cannot read a report: {exc}") from None
     if not isinstance(report, dict) or report.get("schema") != "serwatt.report/1":
         raise UsageError(f"--verify {args.verify}: not a serwatt.report/1 document")
+    if (report.get("source") or {}).get("kind") == "promql":
+        raise UsageError(
+            f"--verify {args.verify}: made from PromQL, not run records; re-run its queries "
+            "(the report's source.sides) to check it"
+        )
     ids: dict[str, list[str]] = {}
     for side in ("baseline", "candidate"):
         named = (report.get(side) or {}).get("runs")
