@@ -252,13 +252,14 @@ def fleet(tmp_path_factory) -> Any:
 
 
 def _record_windows(db: Path) -> list[float]:
-    """CPU-seconds of each window in the record, in commit order."""
+    """CPU-seconds of each of the trainer's windows in the record, in commit order."""
     con = sqlite3.connect(db)
     try:
         rows = con.execute(
             "SELECT w.window_id, SUM(c.cpu_s) FROM windows w"
+            " JOIN runs r ON r.run_id = w.run_id"
             " JOIN window_codepaths c ON c.window_id = w.window_id"
-            " GROUP BY w.window_id ORDER BY w.window_id"
+            " WHERE r.target = 'trainer' GROUP BY w.window_id ORDER BY w.window_id"
         ).fetchall()
     finally:
         con.close()
@@ -269,7 +270,9 @@ def _record_codepath(db: Path, codepath: str) -> float:
     con = sqlite3.connect(db)
     try:
         (total,) = con.execute(
-            "SELECT COALESCE(SUM(cpu_s), 0) FROM window_codepaths WHERE codepath = ?",
+            "SELECT COALESCE(SUM(c.cpu_s), 0) FROM window_codepaths c"
+            " JOIN windows w ON w.window_id = c.window_id JOIN runs r ON r.run_id = w.run_id"
+            " WHERE r.target = 'trainer' AND c.codepath = ?",
             (codepath,),
         ).fetchone()
     finally:
