@@ -35,6 +35,7 @@ from typing import Any
 import pytest
 import yaml
 
+from profiler.cli.main import main
 from profiler.exitcodes import EXIT_RUNTIME, EXIT_USAGE
 from tests.test_daemon_support import DaemonProc, free_port, stop_process, wait_for
 
@@ -493,13 +494,15 @@ def test_report_before_and_after_one_selector(fleet):
         (["--prometheus", "{prom}", "--range", "1m", "--step", "1ms"], EXIT_USAGE, "--step"),
     ],
 )  # fmt: skip
-def test_report_errors_name_the_problem_and_the_fix(fleet, args, code, words):
+def test_report_errors_name_the_problem_and_the_fix(fleet, args, code, words, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", list(sys.argv))  # main() rewrites it
     base = f"http://127.0.0.1:{fleet.prom}"
     args = [a.replace("{prom}", base) for a in args]
     if "--baseline" not in args:
         args += ["--baseline", '{variant="torch"}']
-    args += ["--candidate", '{variant="many"}']
-    proc, out = _report(fleet, fleet.prom, *args)
-    assert proc.returncode == code, (proc.returncode, proc.stderr)
-    assert words in proc.stderr, proc.stderr
-    assert "Traceback" not in proc.stderr and not out.exists()
+    out = fleet.tmp / "refused.json"
+    args += ["--candidate", '{variant="many"}', "--json", str(out)]
+    assert main(["report", *args]) == code  # in-process: the subprocess path runs above
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err, err
+    assert not out.exists()

@@ -527,6 +527,13 @@ def _run(
     else:
         energy_source, reason = source, None
     rate = rates.get(node)
+    if not (isinstance(rate, float) and rate > 0):
+        raise PrometheusError(
+            f"{run_id}: no serwatt_sample_rate_hz series for job {node[0]!r} instance "
+            f"{node[1]!r} in the range; the report compares sampling rates, so keep that "
+            "series (check relabel rules that drop it)",
+            usage=False,
+        )
     started = windows[0].started_at if windows else side.start
     ended = windows[-1].ended_at if windows else side.start
     try:
@@ -534,7 +541,7 @@ def _run(
             run_id=run_id,
             host={"source": "prometheus", "labels": dict(labels)},
             serwatt_version=str(versions.get(node, "unknown")),
-            rate_hz=float(rate) if isinstance(rate, float) and rate > 0 else 1.0,
+            rate_hz=rate,
             energy_source=energy_source,
             energy_reason=reason,
             gpu_source="nvml" if has_gpu else "unavailable: no serwatt_gpu_wait_seconds_total",
