@@ -309,6 +309,12 @@ def test_per_variant_totals_equal_the_records(fleet, store):
     }
     assert all(s["metric"]["job_name"] == "fleet-test" for s in series)
     assert all("variant" not in s["metric"] for s in query(port, "serwatt_build_info"))
+    # The landing page's series count is what the store saw in each scrape.
+    scraped = _by(query(port, 'scrape_samples_scraped{job="serwatt"}'), "instance")
+    for n in fleet.nodes:
+        page = n.daemon.get("/")
+        m = re.search(r"Series exported: (\d+) = ", page)
+        assert m and int(m.group(1)) == scraped[n.instance], (n.instance, scraped, page)
 
 
 def _recording_rules() -> list[tuple[str, str]]:
