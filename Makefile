@@ -16,7 +16,8 @@ $(BIN)/serwatt: pyproject.toml
 	touch $@
 
 # Debian packages the tests use: a real Prometheus server (+ promtool), systemd-analyze,
-# and Chromium (headless) to open the A/B report's HTML page.
+# Chromium (headless) to open the A/B report's HTML page, and VictoriaMetrics (single
+# node) as the long-term store Prometheus remote-writes into (tests/test_fleet.py).
 system-deps:
 	@command -v prometheus >/dev/null && command -v promtool >/dev/null || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null)
@@ -24,6 +25,8 @@ system-deps:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd >/dev/null)
 	@command -v chromium >/dev/null || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
+	@command -v victoria-metrics >/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq victoria-metrics >/dev/null)
 
 demo: $(BIN)/serwatt
 	$(BIN)/serwatt demo

@@ -39,7 +39,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"serwatt check-config: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     if not args.quiet:
-        names = ", ".join(t.name for t in config.targets)
+        names = ", ".join(
+            t.name
+            + (f" {{{', '.join(f'{k}={v}' for k, v in t.labels.items())}}}" if t.labels else "")
+            for t in config.targets
+        )
         print(
             f"{config.source_path}: ok: {len(config.targets)} target(s) ({names}), "
             f"listen {config.listen}, {config.sample_rate_hz:g} Hz, {config.window_s:g} s windows, "

@@ -4,9 +4,15 @@
                    [--json FILE] [--html FILE] [--cluster FILE.yaml] [--checkpoints DIR]
                    [--allow-mismatch]
     serwatt report --verify REPORT.json [--db FILE | --dir DIR]
+    serwatt report --prometheus URL --baseline SELECTOR --candidate SELECTOR --range 30m
+                   [--step 60s] [--json FILE] [--html FILE] [--cluster FILE.yaml]
+    serwatt report --prometheus URL --selector SELECTOR
+                   --baseline-range START..END --candidate-range START..END
 
 Runs come from run records (`serwatt profile --record`, or the daemon's record dir);
-several runs per side are repeats. docs/report.md explains every number.
+several runs per side are repeats. With --prometheus they come from PromQL range
+queries to Prometheus or VictoriaMetrics (profiler/report/from_prometheus.py): one run
+per scraped target, its windows the query's steps. docs/report.md explains every number.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +40,8 @@ from profiler.report import (
     render_text,
     verify_receipt,
 )
+from profiler.report import from_prometheus as promql
+from profiler.report.build import SCHEMA1_NOTE
 from profiler.report.from_records import load_runs
 from profiler.yamlcheck import ConfigError
 
@@ -40,8 +49,37 @@ MAX_CHECKPOINT_FILES = 10_000  # a directory is hostile input too: bound what is
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--baseline", nargs="+", metavar="RUN", help="baseline run id(s)")
-    parser.add_argument("--candidate", nargs="+", metavar="RUN", help="candidate run id(s)")
+    parser.add_argument(
+        "--baseline", nargs="+", metavar="RUN",
+        help="baseline run id(s); with --prometheus one selector, e.g. '{variant=\"torch\"}'",
+    )  # fmt: skip
+    parser.add_argument(
+        "--candidate", nargs="+", metavar="RUN",
+        help="candidate run id(s); with --prometheus one selector, e.g. '{variant=\"many\"}'",
+    )  # fmt: skip
+    prom = parser.add_argument_group("from Prometheus or VictoriaMetrics (PromQL)")
+    prom.add_argument(
+        "--prometheus", metavar="URL",
+        help="the HTTP API root, e.g. http://localhost:9090 or http://localhost:8428",
+    )  # fmt: skip
+    prom.add_argument(
+        "--selector", metavar="SELECTOR",
+        help="the selector of a side that has no --baseline/--candidate of its own "
+        "(before/after a rollout: one selector, two ranges)",
+    )  # fmt: skip
+    prom.add_argument(
+        "--range", dest="time_range", metavar="RANGE",
+        help="both sides' time range: a duration ending now (30m) or START..END "
+        "(RFC 3339, epoch seconds, now, now-1h)",
+    )  # fmt: skip
+    prom.add_argument("--baseline-range", metavar="RANGE", help="the baseline's own range")
+    prom.add_argument("--candidate-range", metavar="RANGE", help="the candidate's own range")
+    prom.add_argument(
+        "--step", metavar="DURATION",
+        help=f"window length: the query step (default: the range / "
+        f"{promql.DEFAULT_WINDOWS}, at least {promql.MIN_DEFAULT_STEP_S:g} s); at least the "
+        "daemon's window_s",
+    )  # fmt: skip
     src = parser.add_mutually_exclusive_group()
     src.add_argument("--db", type=Path, help="a record file (runs.sqlite)")
     src.add_argument(
@@ -150,6 +188,11 @@ def _verify(args: argparse.Namespace) -> int:
         raise UsageError(f"--verify {args.verify}: cannot read a report: {exc}") from None
     if not isinstance(report, dict) or report.get("schema") != "serwatt.report/1":
         raise UsageError(f"--verify {args.verify}: not a serwatt.report/1 document")
+    if (report.get("source") or {}).get("kind") == "promql":
+        raise UsageError(
+            f"--verify {args.verify}: made from PromQL, not run records; re-run its queries "
+            "(the report's source.sides) to check it"
+        )
     ids: dict[str, list[str]] = {}
     for side in ("baseline", "candidate"):
         named = (report.get(side) or {}).get("runs")
@@ -172,32 +215,106 @@ def _verify(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _side_query(args: argparse.Namespace, side: str, now: float) -> promql.SideQuery:
+    given = getattr(args, side)
+    if given is not None and len(given) != 1:
+        raise UsageError(f"--{side}: with --prometheus give one selector, got {len(given)}")
+    selector = given[0] if given else args.selector
+    if selector is None:
+        raise UsageError(
+            f"--{side}: give a selector, e.g. --{side} '{{variant=\"torch\"}}', or --selector "
+            "for both sides"
+        )
+    option = f"--{side}" if given else "--selector"
+    text = getattr(args, f"{side}_range") or args.time_range
+    if text is None:
+        raise UsageError(f"give --range 30m (both sides) or --{side}-range START..END")
+    start, end = promql.parse_range(
+        text, f"--{side}-range" if getattr(args, f"{side}_range") else "--range", now=now
+    )
+    step = promql.parse_duration(args.step, "--step") if args.step else None
+    return promql.SideQuery(
+        name=side,
+        selector=promql.check_selector(selector, option),
+        start=start,
+        end=end,
+        step_s=step if step is not None else promql.default_step(start, end),
+    )
+
+
+def _from_prometheus(args: argparse.Namespace) -> tuple[list[Any], list[Any], dict[str, Any]]:
+    for name in ("db", "dir", "verify", "checkpoints"):
+        if getattr(args, name) is not None:
+            raise UsageError(
+                f"--{name} reads run records; --prometheus reads PromQL: give one of them"
+            )
+    now = time.time()
+    try:
+        base = _side_query(args, "baseline", now)
+        cand = _side_query(args, "candidate", now)
+        if (base.selector, base.start, base.end) == (cand.selector, cand.start, cand.end):
+            raise UsageError(
+                "both sides are the same selector over the same range: give two selectors "
+                "(--baseline, --candidate) or two ranges (--baseline-range, --candidate-range)"
+            )
+        return promql.load_sides(args.prometheus, base, cand)
+    except promql.PrometheusError as exc:
+        if exc.usage:
+            raise UsageError(str(exc)) from None
+        raise _RuntimeFailure(str(exc)) from None
+
+
+class _RuntimeFailure(Exception):
+    """A server or network failure: printed as one line, exit 1."""
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         return _run(args)
+    except _RuntimeFailure as exc:
+        print(f"serwatt report: error: {exc}", file=sys.stderr)
+        return EXIT_RUNTIME
     except RecordError as exc:  # a missing or damaged record: one line naming it and the fix
         print(f"serwatt report: error: {exc}", file=sys.stderr)
         return EXIT_RUNTIME
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.prometheus is None:
+        for flag, value in (
+            ("--selector", args.selector),
+            ("--range", args.time_range),
+            ("--baseline-range", args.baseline_range),
+            ("--candidate-range", args.candidate_range),
+            ("--step", args.step),
+        ):
+            if value is not None:
+                raise UsageError(f"{flag} is for --prometheus URL (PromQL); runs need none")
     if args.verify is not None:
         if args.baseline or args.candidate:
             raise UsageError("--verify takes a report and the records, not --baseline/--candidate")
         return _verify(args)
-    if not args.baseline or not args.candidate:
+    if args.prometheus is None and (not args.baseline or not args.candidate):
         raise UsageError("give --baseline RUN... and --candidate RUN... (see `serwatt runs list`)")
     try:
         cluster = load_cluster(args.cluster) if args.cluster is not None else default_cluster()
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
-    with _open(args) as rec:
-        baseline = _load(rec, args.baseline, "baseline")
-        candidate = _load(rec, args.candidate, "candidate")
-        anchored = anchored_receipts(rec, [*args.baseline, *args.candidate])
-    checkpoints = (
-        checkpoint_chain(args.checkpoints, anchored) if args.checkpoints is not None else None
-    )
+    checkpoints = None
+    if args.prometheus is not None:
+        baseline, candidate, source = _from_prometheus(args)
+        no_episodes = promql.NO_EPISODES_NOTE
+        caveats = [promql.HOST_CAVEAT]
+    else:
+        with _open(args) as rec:
+            baseline = _load(rec, args.baseline, "baseline")
+            candidate = _load(rec, args.candidate, "candidate")
+            anchored = anchored_receipts(rec, [*args.baseline, *args.candidate])
+        checkpoints = (
+            checkpoint_chain(args.checkpoints, anchored) if args.checkpoints is not None else None
+        )
+        source = {"kind": "run records", "file": str(_record_path(args))}
+        no_episodes, caveats = SCHEMA1_NOTE, []
     try:
         report = build_report(
             baseline,
@@ -205,7 +322,10 @@ def _run(args: argparse.Namespace) -> int:
             cluster=cluster,
             allow_mismatch=args.allow_mismatch,
             checkpoints=checkpoints,
+            no_episodes_note=no_episodes,
         )
+        report["source"] = source
+        report["caveats"] += caveats
     except ReportRefused as exc:
         print(
             f"serwatt report: error: {exc}\n"

@@ -68,6 +68,7 @@ class _Side:
     name: str
     runs: tuple[RunInput, ...]
     blocks: tuple[tuple[WindowInput, ...], ...]
+    no_episodes: str = SCHEMA1_NOTE  # what a run without episodes says (the input's kind)
 
     @property
     def windows(self) -> list[WindowInput]:
@@ -159,7 +160,7 @@ def _checkpoint_choice(side: _Side, given: str | None) -> tuple[str | None, str,
     if given is not None:
         return given, "given", any(e.codepath == given for e in main)
     if not side.has_episodes:
-        return None, SCHEMA1_NOTE, False
+        return None, side.no_episodes, False
     pool, how = (main, "main thread") if main else (episodes, "any thread (none on the main)")
     if not pool:
         return None, "no serialization episodes recorded", False
@@ -298,11 +299,11 @@ def _apply_holm(metrics: list[dict[str, Any]]) -> int:
 # --------------------------------------------------------------------------- the report
 
 
-def _side(name: str, runs: Sequence[RunInput]) -> _Side:
+def _side(name: str, runs: Sequence[RunInput], no_episodes: str) -> _Side:
     if not runs:
         raise InputError(f"the {name} side has no runs")
     blocks = tuple(tuple(b) for r in runs for b in stats.block_windows(r.windows))
-    return _Side(name, tuple(runs), blocks)
+    return _Side(name, tuple(runs), blocks, no_episodes)
 
 
 def _side_section(
@@ -320,7 +321,7 @@ def _side_section(
         "energy_source": _energy_source(side),
         "gpu_source": _gpu_source(side),
         "episodes": len(side.episodes) if side.has_episodes else None,
-        "episodes_note": None if side.has_episodes else SCHEMA1_NOTE,
+        "episodes_note": None if side.has_episodes else side.no_episodes,
         "runs_without_episodes": [r.run_id for r in side.runs if r.episodes is None],
         "checkpoint_codepath": choice[0],
         "checkpoints": len(ckpt),
@@ -343,7 +344,7 @@ def _episode_summary(sides: tuple[_Side, _Side]) -> dict[str, Any]:
         entry: dict[str, Any] = {}
         for side in sides:
             if not side.has_episodes:
-                entry[side.name] = {"count": None, "note": SCHEMA1_NOTE}
+                entry[side.name] = {"count": None, "note": side.no_episodes}
                 continue
             eps = [e for e in side.episodes if e.codepath == cp]
             entry[side.name] = {
@@ -385,6 +386,7 @@ def build_report(
     allow_mismatch: bool = False,
     checkpoints: Mapping[str, Any] | None = None,
     checkpoint_codepaths: Mapping[str, str] | None = None,
+    no_episodes_note: str = SCHEMA1_NOTE,
 ) -> dict[str, Any]:
     """The `serwatt.report/1` document.
 
@@ -393,9 +395,14 @@ def build_report(
     comparability.ReportRefused; checkpoints: the `.many` receipt-chain verification
     (head, length, first break), copied into the report as given; checkpoint_codepaths:
     {"baseline": "torch", "candidate": "many"} to name the codepath each side checkpoints
-    through instead of taking the one with the most main-thread episode wall time.
+    through instead of taking the one with the most main-thread episode wall time;
+    no_episodes_note: what a run without episodes says (records: schema 1; other input
+    adapters name what their source lacks).
     """
-    sides = (_side("baseline", baseline), _side("candidate", candidate))
+    sides = (
+        _side("baseline", baseline, no_episodes_note),
+        _side("candidate", candidate, no_episodes_note),
+    )
     ids = [r.run_id for s in sides for r in s.runs]
     dupes = sorted({i for i in ids if ids.count(i) > 1})
     if dupes:
@@ -495,10 +502,10 @@ def _checkpoint_section(
             "durable": _durability(eps),
             "source": "measured: py-spy episodes of the training thread, timed to ± resolution_s"
             if side.has_episodes
-            else f"unavailable: {SCHEMA1_NOTE}",
+            else f"unavailable: {side.no_episodes}",
         }
         if not side.has_episodes:
-            entry["note"] = SCHEMA1_NOTE
+            entry["note"] = side.no_episodes
         elif not eps:
             entry["note"] = "no checkpoint episodes"
         out[side.name] = entry
@@ -621,7 +628,7 @@ def _projection(
                 restore_s=float(np.mean(restores)) if restores else None,
                 unavailable=None
                 if eps
-                else (SCHEMA1_NOTE if not side.has_episodes else "no checkpoint episodes"),
+                else (side.no_episodes if not side.has_episodes else "no checkpoint episodes"),
             )
         )
     notes = []

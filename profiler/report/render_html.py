@@ -18,7 +18,14 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from profiler.report.render_text import METRIC_LABELS, change_text, fmt, n_text, p_text
+from profiler.report.render_text import (
+    METRIC_LABELS,
+    change_text,
+    fmt,
+    input_text,
+    n_text,
+    p_text,
+)
 
 COLORS = {"baseline": "#4c72b0", "candidate": "#dd8452"}
 _CSS = """
@@ -469,6 +476,8 @@ def render_html(report: Mapping[str, Any]) -> str:
     body.append(
         f'<p class="mono">schema {e(report["schema"])} · receipt {e(report["receipt"])}</p>'
     )
+    if (where := input_text(report)) is not None:
+        body.append(f'<p class="input">Input: {e(where)}</p>')
     for c in report["caveats"]:
         body.append(f'<p class="caveat">Caveat: {e(c)}</p>')
     for w in report["warnings"]:

@@ -103,12 +103,30 @@ def _side_line(name: str, s: Mapping[str, Any]) -> list[str]:
     return _wrap(f"{name:<10}", text)
 
 
+def input_text(report: Mapping[str, Any]) -> str | None:
+    """Where the inputs came from (the report's `source`), in one line; None if unsaid."""
+    src = report.get("source")
+    if not isinstance(src, Mapping):
+        return None
+    if src.get("kind") == "promql":
+        sides = src.get("sides") or {}
+        shown = "; ".join(
+            f"{name} {q.get('selector')} over {fmt(q.get('end', 0) - q.get('start', 0))} s "
+            f"in {fmt(q.get('step_s'))} s steps"
+            for name, q in sides.items()
+        )
+        return f"PromQL range queries to {src.get('url')}: {shown}"
+    return f"run records in {src.get('file')}"
+
+
 def render_text(report: Mapping[str, Any]) -> str:
     """The whole report as text lines of at most 100 columns (long free text wraps)."""
     lines: list[str] = [
         f"serwatt A/B report ({report['schema']})",
         f"receipt   {report['receipt']}",
     ]
+    if (where := input_text(report)) is not None:
+        lines += _wrap("input     ", where)
     base, cand = report["baseline"], report["candidate"]
     lines += _side_line("baseline", base) + _side_line("candidate", cand)
     lines += _wrap("host      ", _host_line(base))

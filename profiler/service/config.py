@@ -42,6 +42,21 @@ TARGET_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 _HOSTNAME_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,62})(\.[A-Za-z0-9-]{1,63})*$")
 _UNIT_SUFFIXES = (".service", ".scope", ".slice", ".socket", ".mount", ".target", ".timer")
 
+# `targets[].labels`: static labels on every per-target series. Bounded so that the config
+# bounds the cardinality: each target has one fixed label set, so labels add no series,
+# but their names and values are a fixed, small, checked vocabulary.
+LABEL_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # Prometheus' label-name syntax
+MAX_TARGET_LABELS = 8
+MAX_LABEL_NAME_LEN = 64
+MAX_LABEL_VALUE_LEN = 128
+# Names a config label may not take: serwatt's own labels (a clash would overwrite them),
+# the ones Prometheus attaches at scrape time (`job`, `instance`: it would rename ours to
+# exported_*), and the ones PromQL gives a meaning (`le`, `quantile`).
+RESERVED_LABELS: frozenset[str] = frozenset(
+    {"target", "codepath", "source", "gpu", "pid", "python", "kind", "collector", "part",
+     "version", "job", "instance", "le", "quantile"}
+)  # fmt: skip
+
 
 @dataclass(frozen=True)
 class TargetMatch:
@@ -68,6 +83,8 @@ class TargetSpec:
     name: str
     match: TargetMatch
     run: str = DEFAULT_RUN_TEMPLATE
+    # static labels on every per-target series (checked by _check_labels)
+    labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True)
@@ -176,8 +193,73 @@ def _check_run_template(c: YamlChecker, path: str, node: yaml.Node) -> Any:
     return template
 
 
+def _check_labels(c: YamlChecker, path: str, node: yaml.Node) -> Any:
+    """`targets[i].labels`: {name: value}, each checked against Prometheus' syntax and
+    serwatt's bounds; every problem is reported with its key and line."""
+    keys = c.mapping(path, node, None)
+    if keys is None:
+        return INVALID
+    key_nodes = {
+        c.value(k): k for k, _v in getattr(node, "value", ()) if isinstance(k, yaml.ScalarNode)
+    }
+    out: dict[str, str] = {}
+    bad = False
+    if len(keys) > MAX_TARGET_LABELS:
+        c.problem(
+            path,
+            node,
+            f"{len(keys)} labels, more than {MAX_TARGET_LABELS}: keep the few that select "
+            "series (variant, job_name, ...); put the rest in the run template or a "
+            "Prometheus relabel rule",
+        )
+        bad = True
+    for name, vnode in keys.items():
+        kpath = f"{path}.{name}"
+        knode = key_nodes.get(name, vnode)
+        if len(name) > MAX_LABEL_NAME_LEN or not LABEL_NAME_RE.match(name):
+            c.problem(
+                kpath,
+                knode,
+                f"{name[:80]!r} is not a Prometheus label name: use letters, digits and '_', "
+                f"not starting with a digit, at most {MAX_LABEL_NAME_LEN} characters",
+            )
+            bad = True
+            continue
+        if name.startswith("__"):
+            c.problem(kpath, knode, f"{name!r}: names starting with '__' are Prometheus' own")
+            bad = True
+            continue
+        if name in RESERVED_LABELS:
+            c.problem(
+                kpath,
+                knode,
+                f"{name!r} is a label serwatt or Prometheus sets itself; reserved: "
+                f"{', '.join(sorted(RESERVED_LABELS))}. Pick another name, e.g. 'variant'",
+            )
+            bad = True
+            continue
+        value = c.value(vnode) if isinstance(vnode, yaml.ScalarNode) else None
+        if not isinstance(value, str):
+            c.problem(
+                kpath, vnode, f"must be a string, got {node_kind(vnode, c)} (quote it, e.g. '2')"
+            )
+            bad = True
+            continue
+        if not value or len(value) > MAX_LABEL_VALUE_LEN or not value.isprintable():
+            c.problem(
+                kpath,
+                vnode,
+                f"the value must be 1-{MAX_LABEL_VALUE_LEN} printable characters "
+                f"(an empty value is the same as no label to Prometheus), got {value[:80]!r}",
+            )
+            bad = True
+            continue
+        out[name] = value
+    return INVALID if bad else MappingProxyType(dict(sorted(out.items())))
+
+
 def _check_target(c: YamlChecker, path: str, node: yaml.Node) -> TargetSpec | None:
-    keys = c.mapping(path, node, ("name", "match", "run"))
+    keys = c.mapping(path, node, ("name", "match", "run", "labels"))
     if keys is None:
         return None
     name: Any = INVALID
@@ -195,6 +277,9 @@ def _check_target(c: YamlChecker, path: str, node: yaml.Node) -> TargetSpec | No
     run = DEFAULT_RUN_TEMPLATE
     if "run" in keys:
         run = _check_run_template(c, f"{path}.run", keys["run"])
+    labels: Any = MappingProxyType({})
+    if "labels" in keys:
+        labels = _check_labels(c, f"{path}.labels", keys["labels"])
     if "match" not in keys:
         c.problem(
             f"{path}.match",
@@ -241,9 +326,9 @@ def _check_target(c: YamlChecker, path: str, node: yaml.Node) -> TargetSpec | No
             "pid_file); an empty match would profile every Python process on the node",
         )
         return None
-    if any(v is INVALID for v in values.values()) or name is INVALID or run is INVALID:
+    if any(v is INVALID for v in (*values.values(), name, run, labels)):
         return None
-    return TargetSpec(name=name, match=TargetMatch(**values), run=run)
+    return TargetSpec(name=name, match=TargetMatch(**values), run=run, labels=labels)
 
 
 _TOP_KEYS = (

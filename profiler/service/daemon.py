@@ -221,7 +221,9 @@ class Daemon:
             )
             return EXIT_RUNTIME
         self._host = _host_fingerprint(cfg, self._energy.nvml_status if self._energy else None)
-        self.ledger.set_targets(t.name for t in cfg.targets)
+        self.ledger.set_targets(
+            (t.name for t in cfg.targets), {t.name: t.labels for t in cfg.targets}
+        )
         self._set_sampling()
         if self._energy is not None:
             self._energy.declare(self.ledger)
@@ -677,7 +679,9 @@ class Daemon:
         self._governor.reconfigure(new.cpu_budget_cores, new.sample_rate_hz)
         self._set_sampling()
         setup_logging(new.log_level)
-        self.ledger.set_targets(t.name for t in new.targets)
+        self.ledger.set_targets(
+            (t.name for t in new.targets), {t.name: t.labels for t in new.targets}
+        )
         if self._energy is not None:
             self._energy.declare(self.ledger)
         self._rescan()  # drops processes of removed targets, finds new ones

@@ -215,11 +215,84 @@ def build_families(snap: LedgerSnapshot) -> Iterator[Metric]:
         ("serwatt_cpu_budget_cores", _cpu_budget),
         ("serwatt_build_info", _build_info),
     ]
+    target_labels = {t.name: t.labels for t in snap.targets if t.labels}
     for name, build in builders:
         try:
-            yield build(snap)
+            fam = build(snap)
+            if target_labels and "target" in _SPEC[name].labels:
+                _add_target_labels(fam, target_labels)
+            yield fam
         except Exception:
             log.exception("building %s failed; left out of this scrape", name)
+
+
+def _add_target_labels(fam: Metric, target_labels: Mapping[str, Mapping[str, str]]) -> None:
+    """The config's static labels (targets[].labels) on each of the target's series.
+    They never collide with the family's own labels: the config refuses serwatt's
+    label names (profiler.service.config.RESERVED_LABELS)."""
+    fam.samples[:] = [
+        s._replace(labels={**s.labels, **target_labels.get(s.labels.get("target", ""), {})})
+        for s in fam.samples
+    ]
+
+
+@dataclass(frozen=True)
+class SeriesCount:
+    """The series one node exports now, by the terms of its cardinality formula:
+    targets x (codepaths x (2 + energy sources + 2 x GPUs) + 1) + processes + error
+    series + node series. Static target labels add no term: each target has one fixed
+    label set, so they rename series, never multiply them."""
+
+    targets: int
+    codepaths: int
+    energy_sources: int
+    gpus: int
+    processes: int  # serwatt_target_info: one per sampled process
+    error_series: int  # serwatt_sampler_errors_total: (target, kind) pairs seen so far
+    node: int  # node energy, GPU idle, collectors, own CPU, rate, budget, build info
+
+    @property
+    def per_target(self) -> int:
+        return self.codepaths * (2 + self.energy_sources + 2 * self.gpus) + 1
+
+    @property
+    def total(self) -> int:
+        return self.targets * self.per_target + self.processes + self.error_series + self.node
+
+    def line(self) -> str:
+        return (
+            f"Series exported: {self.total} = {self.targets} target(s) x ({self.codepaths} "
+            f"codepaths x (2 + {self.energy_sources} energy source(s) + 2 x {self.gpus} GPU(s)) "
+            f"+ 1) + {self.processes} process(es) + {self.error_series} sampler-error "
+            f"series + {self.node} node series; target labels add none (one fixed set per "
+            "target)."
+        )
+
+
+def series_count(snap: LedgerSnapshot) -> SeriesCount:
+    """The node's series in terms of the cardinality formula (tests compare `total`
+    with the series in a real /metrics)."""
+    sources = {src for (_t, _cp, src) in snap.energy_j} | set(snap.node_cpu_energy_j)
+    gpus = {g for (_t, _cp, g) in snap.gpu_wait_s} | set(snap.gpu_idle_s)
+    node = (
+        len(snap.node_cpu_energy_j)
+        + len(snap.unattributed_energy_j)
+        + len(snap.gpu_idle_s)
+        + 2 * len(snap.collectors)
+        + len(snap.self_cpu_s)
+        + 1  # serwatt_sample_rate_hz
+        + (snap.cpu_budget_cores is not None)
+        + 1  # serwatt_build_info
+    )
+    return SeriesCount(
+        targets=len(snap.targets),
+        codepaths=len(CODEPATHS),
+        energy_sources=len(sources),
+        gpus=len(gpus),
+        processes=sum(len(t.processes) for t in snap.targets),
+        error_series=len(snap.sampler_errors),
+        node=node,
+    )
 
 
 def _sorted_items(mapping):
@@ -314,8 +387,10 @@ def render_landing_page(snap: LedgerSnapshot, *, listen: str = "") -> str:
             ", ".join(f"pid {p.pid} (Python {e(p.python)})" for p in t.processes) or "none found"
         )
         state = "up" if t.up else ("down" if t.configured else "removed from config")
+        labels = ", ".join(f"{k}={v}" for k, v in t.labels.items()) or "none"
         rows.append(
-            f"<tr><td>{e(t.name)}</td><td class='{'up' if t.up else 'down'}'>{state}</td>"
+            f"<tr><td>{e(t.name)}</td><td>{e(labels)}</td>"
+            f"<td class='{'up' if t.up else 'down'}'>{state}</td>"
             f"<td>{procs}</td><td>{samples}</td><td>{cpu_s:.2f}</td><td>{errors}</td></tr>"
         )
     crows = []
@@ -333,10 +408,11 @@ def render_landing_page(snap: LedgerSnapshot, *, listen: str = "") -> str:
 <p>Per-node serialization profiler. Metrics: <a href="/metrics">/metrics</a>.
 Listening on {e(listen)}. Snapshot taken {age_s:.1f} s ago, {snap.windows} windows recorded.</p>
 <p>{e(_sampling_line(snap))}</p>
+<p class="series">{e(series_count(snap).line())}</p>
 <h2>Targets</h2>
-<table><tr><th>target</th><th>state</th><th>processes</th><th>samples</th><th>CPU s</th>
-<th>sampler errors</th></tr>
-{"".join(rows) or "<tr><td colspan=6>no targets configured</td></tr>"}
+<table><tr><th>target</th><th>labels</th><th>state</th><th>processes</th><th>samples</th>
+<th>CPU s</th><th>sampler errors</th></tr>
+{"".join(rows) or "<tr><td colspan=7>no targets configured</td></tr>"}
 </table>
 <h2>Collectors</h2>
 <table><tr><th>collector</th><th>state</th><th>last duration s</th><th>detail</th></tr>

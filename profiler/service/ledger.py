@@ -43,6 +43,8 @@ class TargetState:
     name: str
     configured: bool  # False once a reload removed it (its totals are kept)
     processes: tuple[TargetProcess, ...]
+    # the config's static labels (targets[].labels), on every per-target series
+    labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
     def up(self) -> bool:
@@ -95,6 +97,7 @@ class Ledger:
         self._clock = clock
         self._configured: dict[str, bool] = {}
         self._processes: dict[str, tuple[TargetProcess, ...]] = {}
+        self._labels: dict[str, Mapping[str, str]] = {}
         self._samples: dict[tuple[str, str], int] = {}
         self._cpu_s: dict[tuple[str, str], float] = {}
         self._energy_j: dict[tuple[str, str, str], float] = {}
@@ -115,18 +118,24 @@ class Ledger:
 
     # -- configuration -------------------------------------------------------------
 
-    def set_targets(self, names: Iterable[str]) -> None:
+    def set_targets(
+        self, names: Iterable[str], labels: Mapping[str, Mapping[str, str]] | None = None
+    ) -> None:
         """Declare the configured targets: every codepath series starts at zero.
 
-        A name that disappears from the config keeps its series (counters must not
-        vanish); it is marked unconfigured and its process list is emptied.
+        labels: per target name, its static labels (targets[].labels, validated by the
+        config). A name that disappears from the config keeps its series (counters must
+        not vanish) and its last labels; it is marked unconfigured and its process list
+        is emptied.
         """
         names = list(names)
+        labels = labels or {}
         with self._lock:
             for name in self._configured:
                 self._configured[name] = False
             for name in names:
                 self._configured[name] = True
+                self._labels[name] = _frozen(dict(sorted(labels.get(name, {}).items())))
                 self._processes.setdefault(name, ())
                 for cp in CODEPATHS:
                     self._samples.setdefault((name, cp), 0)
@@ -290,7 +299,12 @@ class Ledger:
 
     def _build_snapshot(self) -> LedgerSnapshot:
         targets = tuple(
-            TargetState(name, configured, self._processes.get(name, ()))
+            TargetState(
+                name,
+                configured,
+                self._processes.get(name, ()),
+                self._labels.get(name, MappingProxyType({})),
+            )
             for name, configured in sorted(self._configured.items())
         )
         return LedgerSnapshot(
