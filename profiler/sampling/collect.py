@@ -45,8 +45,8 @@ CLASSIFY_DEADLINE_S = 5.0
 
 # The stack-change run that times episode edges samples this many times faster than
 # the counted runs, up to a ceiling: at 4x, an episode's duration is within one sampling
-# period 95% of the time (profiler/attribution/episodes.py). Measured on the reference
-# VM, a py-spy chrometrace run costs 3.5% of a core at 200 Hz and 5.5% at 400 Hz.
+# period 95% of the time (profiler/attribution/episodes.py). The ceiling bounds py-spy's
+# cost, which grows with its rate (docs/daemon.md).
 TIMING_RATE_FACTOR = 4.0
 TIMING_RATE_MAX_HZ = 400.0
 
