@@ -483,7 +483,18 @@ class PySpy:
             finally:
                 if linked:
                     stop_event.unlink(wake)  # type: ignore[union-attr]
-            docs = [run.finish(procfs) for run in runs]
+            # Finish (kill if need be, and reap) every run before raising for one: a run
+            # left behind would be a py-spy nobody waits for, outside the sampler bound.
+            finished: list[dict[str, Any] | SamplingError] = []
+            for run in runs:
+                try:
+                    finished.append(run.finish(procfs))
+                except SamplingError as exc:
+                    finished.append(exc)
+            for outcome in finished:
+                if isinstance(outcome, SamplingError):
+                    raise outcome
+            docs = [d for d in finished if not isinstance(d, SamplingError)]
 
         def assemble(i: int) -> WindowSamples:
             # A run's span: py-spy's banner to its end line, else spawn to exit.
