@@ -7,9 +7,9 @@ bound on py-spy processes holds."
 
 A real daemon (max_concurrent_samplers: 1) samples two real targets; the test SIGSTOPs
 both py-spys of one window, so that window cannot return until the sampler's own kill
-bound (SIGKILL 10 s after its SIGINT, collectors/pyspy/runner.py) reaps them. The daemon
-runs with OVERRUN_S and ABANDON_AFTER_S set to 2 s instead of 15 s (module constants of
-profiler/service/daemon.py, set before it starts), so that the window is abandoned well
+bound (SIGKILL 10 s after its SIGINT, collectors/pyspy/runner.py; 6 s here) reaps them. The
+daemon runs with OVERRUN_S and ABANDON_AFTER_S set to 2 s instead of 15 s (module constants
+of profiler/service/daemon.py, set before it starts), so that the window is abandoned well
 before that kill: the 15 s + 15 s of the real daemon would outlast the kill bound and
 never abandon a stopped py-spy. The claim checked: between the abandonment and the end
 of the stopped py-spys no other window starts, and sampling resumes after.
@@ -39,6 +39,9 @@ from tests.test_daemon_support import (
 )
 
 PATCHED_S = 2.0
+# The sampler's SIGKILL after its SIGINT (10 s by default): still past the abandonment
+# (window end + 2 s + 2 s), so the window is abandoned 2-4 s before its py-spys end.
+KILL_GRACE_S = 6.0
 LIGHT = (
     "import pickle, time\nd = list(range(20000))\n"
     "while True:\n    pickle.dumps(d)\n    time.sleep(0.02)\n"
@@ -53,8 +56,9 @@ class PatchedDaemon(DaemonProc):
         self.log_path = log_path
         self._log = open(log_path, "ab")  # noqa: SIM115 (closed in kill())
         code = (
-            "import profiler.service.daemon as d\n"
+            "import collectors.pyspy.runner as r, profiler.service.daemon as d\n"
             f"d.OVERRUN_S = d.ABANDON_AFTER_S = {PATCHED_S}\n"
+            f"r.PySpy.__init__.__kwdefaults__['kill_grace_s'] = {KILL_GRACE_S}\n"
             "from profiler.cli.main import main\n"
             f"raise SystemExit(main(['daemon', '--config', {str(config_path)!r}]))\n"
         )
