@@ -519,15 +519,30 @@ class PySpy:
             finally:
                 if linked:
                     stop_event.unlink(wake)  # type: ignore[union-attr]
-            counted = [run for run in runs if run is not timing]
-            docs = [run.finish(procfs) for run in counted]
+            # Finish (kill if need be, and reap) every run before raising for one: a run
+            # left behind would be a py-spy nobody waits for, outside the sampler bound.
+            finished: list[Any] = []
+            for run in runs:
+                try:
+                    limit = MAX_CHANGES_BYTES if run is timing else None
+                    finished.append(run.finish(procfs, max_bytes=limit))
+                except (SamplingError, ValueError) as exc:
+                    if run is not timing and not isinstance(exc, SamplingError):
+                        exc = SamplingError(f"py-spy's output for pid {pid} is unreadable: {exc}")
+                    finished.append(exc)
+            counted = [out for run, out in zip(runs, finished, strict=True) if run is not timing]
+            for outcome in counted:
+                if isinstance(outcome, SamplingError):
+                    raise outcome
+            docs = counted
             changes_doc: Any = None
             changes_problem: str | None = None
             if timing is not None:
-                try:
-                    changes_doc = timing.finish(procfs, max_bytes=MAX_CHANGES_BYTES)
-                except (SamplingError, ValueError) as exc:
-                    changes_problem = str(exc)
+                outcome = finished[runs.index(timing)]
+                if isinstance(outcome, Exception):
+                    changes_problem = str(outcome)
+                else:
+                    changes_doc = outcome
 
         def assemble(i: int) -> WindowSamples:
             # A run's span: py-spy's banner to its end line, else spawn to exit.

@@ -11,6 +11,7 @@ or --duration ends (Ctrl-C also ends it; the table is still printed).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -244,7 +245,10 @@ def write_outputs(doc: dict[str, Any], args: argparse.Namespace) -> int:
             tmp.write_text(text)
             os.replace(tmp, args.json)
         except OSError as exc:
-            # lose no data: the document goes to stderr when the file cannot be written
+            # lose no data: the document goes to stderr when the file cannot be written;
+            # a torn temp file (a full disk) would only hold a part of it
+            with contextlib.suppress(OSError):
+                tmp.unlink()
             print(f"serwatt profile: cannot write {args.json}: {exc}", file=sys.stderr)
             print(text, file=sys.stderr)
             return EXIT_RUNTIME

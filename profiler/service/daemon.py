@@ -684,6 +684,12 @@ class Daemon:
         )
         if self._energy is not None:
             self._energy.declare(self.ledger)
+        if new.retention_days != old.retention_days:
+            # at once, not at the next hourly run: a shorter retention is often a full disk
+            try:
+                self._apply_retention()
+            except Exception as exc:
+                log.error("retention in %s failed: %s", new.record_dir, exc)
         self._rescan()  # drops processes of removed targets, finds new ones
         self.ledger.publish()
         log.info("reloaded: %d target(s)", len(new.targets))

@@ -33,12 +33,16 @@ EXPECT = {
     "msgpack_packb": "msgpack",
     "msgpack_unpackb": "msgpack",
     "yaml_dump": "yaml",
+    "yaml_load": "yaml",
     "torch_save": "torch",
     "torch_load": "torch",
     "tensor_copy": "other",
     "numpy_save": "numpy",
+    "numpy_load": "numpy",
     "safetensors_save": "safetensors",
+    "safetensors_load": "safetensors",
     "many_save": "many",
+    "many_load": "many",
     "compute": "other",
 }
 
@@ -237,6 +241,14 @@ def run(kind, max_s):
         while time.time() < deadline:
             text = yaml.safe_dump(data)
         return text
+    if kind == "yaml_load":
+        import yaml
+
+        text = yaml.safe_dump(_data(500))
+        ready()
+        while time.time() < deadline:
+            data = yaml.safe_load(text)
+        return data
     if kind in ("torch_save", "torch_load", "tensor_copy"):
         import copy
 
@@ -268,6 +280,27 @@ def run(kind, max_s):
             np.save(buf, arr)
             np.save(buf, objs, allow_pickle=True)
         return buf
+    if kind == "numpy_load":
+        import numpy as np
+
+        buf = io.BytesIO()
+        np.save(buf, np.arange(2_000_000, dtype=np.float64).reshape(1000, 2000))
+        np.save(buf, np.array([{"k": i} for i in range(2000)], dtype=object), allow_pickle=True)
+        ready()
+        while time.time() < deadline:
+            buf.seek(0)
+            arr = np.load(buf)
+            objs = np.load(buf, allow_pickle=True)
+        return arr, objs
+    if kind == "safetensors_load":
+        import numpy as np
+        from safetensors.numpy import load, save
+
+        blob = save({f"w{i}": np.ones((256, 256), dtype=np.float32) for i in range(100)})
+        ready()
+        while time.time() < deadline:
+            tensors = load(blob)
+        return tensors
     if kind == "safetensors_save":
         import numpy as np
         from safetensors.numpy import save
@@ -290,6 +323,25 @@ def run(kind, max_s):
             ready()
             while time.time() < deadline:
                 many.save(path, state)
+        return None
+    if kind == "many_load":
+        import tempfile
+
+        import numpy as np
+
+        from profiler import many
+
+        state = {f"w{i}": np.full((512, 512), i, dtype=np.float32) for i in range(16)}
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "ckpt.many")
+            many.save(path, state)
+            ready()
+            while time.time() < deadline:
+                # map, bind every slot and check every hash: all of it .many's own work
+                ckpt = many.load(path, verify=True)
+                views = [ckpt[name] for name in ckpt]
+                del views
+                ckpt.close()
         return None
     if kind == "compute":
         ready()

@@ -1,0 +1,150 @@
+"""An abandoned window keeps its concurrency slot until its py-spy really ends.
+
+docs/daemon.md, "Bounded work": "A window that overruns its end by 15 s is told to stop
+(SIGINT to py-spy); one that still has not returned 15 s later is abandoned (counted as
+`window_timeout`); its thread keeps its place in the limit until it really ends, so the
+bound on py-spy processes holds."
+
+A real daemon (max_concurrent_samplers: 1) samples two real targets; the test SIGSTOPs
+both py-spys of one window, so that window cannot return until the sampler's own kill
+bound (SIGKILL 10 s after its SIGINT, collectors/pyspy/runner.py; 6 s here) reaps them. The
+daemon runs with OVERRUN_S and ABANDON_AFTER_S set to 2 s instead of 15 s (module constants
+of profiler/service/daemon.py, set before it starts), so that the window is abandoned well
+before that kill: the 15 s + 15 s of the real daemon would outlast the kill bound and
+never abandon a stopped py-spy. The claim checked: between the abandonment and the end
+of the stopped py-spys no other window starts, and sampling resumes after.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+from tests.test_daemon_support import (
+    PYTHON,
+    REPO,
+    DaemonProc,
+    children_named,
+    config_text,
+    free_port,
+    stop_process,
+    total,
+    wait_for,
+)
+
+PATCHED_S = 2.0
+# The sampler's SIGKILL after its SIGINT (10 s by default): still past the abandonment
+# (window end + 2 s + 2 s), so the window is abandoned 2-4 s before its py-spys end.
+KILL_GRACE_S = 6.0
+LIGHT = (
+    "import pickle, time\nd = list(range(20000))\n"
+    "while True:\n    pickle.dumps(d)\n    time.sleep(0.02)\n"
+)
+
+
+class PatchedDaemon(DaemonProc):
+    """`serwatt daemon` with the overrun and abandon delays shortened."""
+
+    def __init__(self, config_path: Path, port: int, log_path: Path) -> None:
+        self.port = port
+        self.log_path = log_path
+        self._log = open(log_path, "ab")  # noqa: SIM115 (closed in kill())
+        code = (
+            "import collectors.pyspy.runner as r, profiler.service.daemon as d\n"
+            f"d.OVERRUN_S = d.ABANDON_AFTER_S = {PATCHED_S}\n"
+            f"r.PySpy.__init__.__kwdefaults__['kill_grace_s'] = {KILL_GRACE_S}\n"
+            "from profiler.cli.main import main\n"
+            f"raise SystemExit(main(['daemon', '--config', {str(config_path)!r}]))\n"
+        )
+        env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC")}
+        self.proc = subprocess.Popen(
+            [PYTHON, "-c", code], cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT
+        )
+
+
+def _window_dir(pid: int) -> str | None:
+    try:
+        cmd = psutil.Process(pid).cmdline()
+    except psutil.NoSuchProcess:
+        return None
+    return os.path.dirname(cmd[cmd.index("--output") + 1])
+
+
+def test_abandoned_window_holds_its_slot_until_its_pyspy_ends(tmp_path: Path) -> None:
+    works = []
+    for name in ("abandon_a", "abandon_b"):
+        script = tmp_path / f"{name}.py"
+        script.write_text(LIGHT)
+        works.append(subprocess.Popen([PYTHON, str(script)], stdout=subprocess.DEVNULL))
+    port = free_port()
+    cfg = tmp_path / "serwatt.yaml"
+    cfg.write_text(
+        config_text(
+            port=port,
+            record_dir=tmp_path / "runs",
+            targets={"a": "abandon_a", "b": "abandon_b"},
+            window_s=1,
+            rate_hz=10,
+            extra="max_concurrent_samplers: 1\n",
+        )
+    )
+    d = PatchedDaemon(cfg, port, tmp_path / "daemon.log")
+    # (monotonic time, py-spy record pids) every 20 ms, from the stop to the end
+    seen: list[tuple[float, set[int]]] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            seen.append((time.monotonic(), set(children_named(d.pid, "py-spy", "record"))))
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    try:
+        d.wait_metric("serwatt_samples_total", 1, target="a")
+        d.wait_metric("serwatt_samples_total", 1, target="b")
+        # Stop both py-spy runs of the next window (after their banner, as a hang would).
+        first = wait_for(lambda: children_named(d.pid, "py-spy", "record"), 30, "a window")
+        window = _window_dir(first[0])
+        time.sleep(0.3)
+        stopped = {p for p in children_named(d.pid, "py-spy", "record") if _window_dir(p) == window}
+        assert len(stopped) == 2, stopped
+        for p in stopped:
+            os.kill(p, signal.SIGSTOP)
+        watcher.start()
+        m = d.wait_metric("serwatt_sampler_errors_total", 1, timeout_s=30, kind="window_timeout")
+        abandoned_at = time.monotonic()
+        assert stopped <= set(children_named(d.pid, "py-spy", "record")), "ended before abandon"
+        assert total(m, "serwatt_collector_up", collector="pyspy") == 0
+        # The sampler's kill bound ends the stopped py-spys; then sampling resumes.
+        wait_for(
+            lambda: not (stopped & set(children_named(d.pid, "py-spy", "record"))),
+            40,
+            "the stopped py-spys reaped",
+        )
+        before = total(d.metrics(), "serwatt_samples_total")
+        d.wait_metric("serwatt_samples_total", before + 1, timeout_s=30)
+        done.set()
+        watcher.join(timeout=5)
+        log = d.log()
+        assert d.stop()[0] == 0
+    finally:
+        done.set()
+        d.kill()
+        for w in works:
+            stop_process(w)
+    assert f"overran by {PATCHED_S:g}s: stopping it" in log
+    assert "did not return: abandoned" in log
+    gone_at = next(t for t, pids in seen if not (stopped & pids))
+    assert gone_at > abandoned_at + 1, (abandoned_at, gone_at)  # held for a while
+    # While the abandoned window's py-spys lived, no other window started: the limit is 1.
+    others_while_held = {p for t, pids in seen if t < gone_at for p in pids - stopped}
+    assert not others_while_held, others_while_held
+    # And windows started again once they were gone.
+    assert any(pids - stopped for t, pids in seen if t >= gone_at), "sampling never resumed"
+    assert max(len(pids) for _, pids in seen) <= 2  # two py-spy runs per window, limit 1
