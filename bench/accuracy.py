@@ -117,7 +117,7 @@ import torch
 
 truth_path, torch_threads = sys.argv[1], int(sys.argv[2])
 torch.set_num_threads(torch_threads)
-COMPUTE_S = 0.8
+COMPUTE_S = 1.5
 x = torch.randn(1 << 22)
 y = torch.empty_like(x)
 state = {f"layer{i}.weight": torch.randn(256, 256) for i in range(64)}
@@ -138,7 +138,7 @@ while True:
     end = time.perf_counter() + COMPUTE_S
     while time.perf_counter() < end:
         torch.exp(x, out=y)  # at::parallel_for: the OpenMP worker takes half
-    for _ in range(4):
+    for _ in range(8):
         t0 = thread_time()
         torch.save(state, io.BytesIO())
         t1 = thread_time()
