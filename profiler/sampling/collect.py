@@ -2,14 +2,20 @@
 
 `sample_window` is the unit the profile session and the daemon both run:
 
-1. CPU snapshot of every thread of the target (collectors.procstat), and a poller
-   that keeps snapshotting every `poll_s` during the window (a per-thread CPU
-   time series: it lets weighting give CPU to busy moments, not to sleeps);
+1. CPU snapshot of every thread of the target (collectors.procstat, with context-switch
+   counts), and a poller that keeps snapshotting every `poll_s` during the window (a
+   per-thread series of CPU and run-queue wait: it lets weighting give CPU to busy
+   moments, not to sleeps, and to running, not to waiting for a CPU);
 2. one py-spy window (collectors.pyspy), samples timed on the host clock;
-3. CPU snapshot after; a thread's CPU delta is measured from the first to the last
-   snapshot;
-4. each sample classified; each thread's CPU delta spread over its samples
-   (profiler.sampling.weighting); every codepath of CODEPATHS filled, plus the timeline.
+3. CPU snapshot after; a thread's CPU delta, run-queue wait and the voluntary share of
+   its switches are measured from the first to the last snapshot;
+4. each sample classified; each thread's CPU delta spread over its samples by the
+   running part of the time each stands for (profiler.sampling.weighting); every
+   codepath of CODEPATHS filled, plus the timeline.
+
+A procfs that does not parse never crashes a window: threads whose files are odd are
+left out and counted in the notes; a target none of whose threads parse is a
+SamplingError naming the file.
 
 Classification has a deadline per window (CLASSIFY_DEADLINE_S): a source file that is
 not loaded by then (profiler/classify/callsite.py loads files on threads of its own)
