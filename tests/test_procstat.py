@@ -203,3 +203,13 @@ def test_a_thread_whose_stat_does_not_parse_is_left_out_and_named(fake: Path) ->
     (fake / "70" / "task" / "70" / "stat").write_text("not a stat line")
     with pytest.raises(procstat.ProcfsCorrupt, match=r"task/70/stat.*is .* a procfs"):
         procstat.snapshot(70, fake)
+
+
+def test_a_window_on_a_procfs_that_does_not_parse_is_a_sampling_error(fake: Path) -> None:
+    from collectors.pyspy import SamplingError
+    from profiler.sampling.collect import collect_window
+
+    make_proc(fake, 80, {80: (1, 1, None)})
+    (fake / "80" / "task" / "80" / "stat").write_text("\x00" * 50)
+    with pytest.raises(SamplingError, match=r"cannot read the CPU time of process 80: .*stat"):
+        collect_window(80, duration_s=1, rate_hz=10, procfs=fake)
