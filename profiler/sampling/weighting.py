@@ -39,10 +39,10 @@ during the window (`CpuSeries`):
   weight is multiplied by C / (C + q D) over [t_i - h, t_i + h], q the part of D the
   blocking lines did not take (preemption, and what they could not hold), so no
   wait is removed twice; with no blocking line and a stationary wait every weight is
-  equal. A thread that sleeps
-  at a barrier inside compute (an OpenMP join) has a "blocking line" that also runs:
-  the switch counts keep its preemption waits off that line. Without schedstat (no
-  D) every on-CPU weight is 1.
+  equal (q = 1: the C / (C + D) above). A thread that sleeps at a barrier inside
+  compute (an OpenMP join) has a "blocking line" that also runs: the switch counts
+  keep its preemption waits off that line. Without schedstat (no D) every on-CPU
+  weight is 1.
 - **--idle samples** (threads with CPU but no on-CPU sample: py-spy knows no kernel
   tid before Python 3.11, or `--no-on-cpu-run`) stand for wall time: the weight is
   the thread's CPU utilisation (0..1) over [t_i - h, t_i + h]. A thread that slept
