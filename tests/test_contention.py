@@ -111,6 +111,7 @@ def test_waits_after_wakeups_are_taken_off_the_sleep_line(tmp_path: Path) -> Non
     err, err_even = abs(got - truth) * 100, abs(even - truth) * 100
     print(f"serialization: truth {truth:.4f}, serwatt {got:.4f}, even spread {even:.4f}")
     assert err_even > 5, f"no wait after wakeups: {even:.3f} vs {truth:.3f}"
-    # the correction removed 30-60% of the error on the loaded VM (docs/sampling.md
-    # "Under CPU contention"); undone, serwatt's share is the even spread's
-    assert err <= 0.8 * err_even, (got, truth, even)
+    # the correction removed 25-45% of the error on the loaded VM (docs/sampling.md
+    # "Under CPU contention"); undone, serwatt's share is the even spread's, so any
+    # factor under 1 fails then; 0.9 leaves room for this workload's noise
+    assert err <= 0.9 * err_even, (got, truth, even)
