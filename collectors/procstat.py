@@ -9,7 +9,20 @@ Terms:
   `/proc/<pid>/task/<tid>/stat` gives utime+stime in clock ticks (SC_CLK_TCK,
   usually 100/s, so 10 ms resolution). A snapshot reads both; a delta uses
   schedstat only when it is live for the process, else stat, and says which.
+- *Run-queue wait* of a thread: time it was runnable but waiting for a CPU
+  (schedstat field 2, `run_delay`, ns). A thread waits after each switch-out: after a
+  *voluntary* switch (it blocked: a sleep, a lock, a futex) the wait comes when it
+  wakes, at the line it blocked on; after an *involuntary* one (preempted) at the line
+  it was running. `/proc/<pid>/task/<tid>/status` counts both
+  (`voluntary_ctxt_switches`, `nonvoluntary_ctxt_switches`); a snapshot reads them
+  when asked (`switches=True`: the window's first and last snapshot).
 - A *snapshot* is one read of every thread of one process at one host time.
+
+Every file here may be hostile (serwatt runs as root and reads any process's files,
+and the procfs root is a parameter): reads are bounded (`MAX_READ_BYTES`), a value
+that does not parse is a clear error naming the file, and a thread whose files do
+not parse is left out of its snapshot and counted (`CpuSnapshot.unreadable`), so one
+odd thread never stops a window.
 
 Every path is under an injectable procfs root so tests can read a tree in tmp_path.
 """
@@ -25,6 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 CLOCK_TICKS_PER_S: int = os.sysconf("SC_CLK_TCK")
+# The most read of one small procfs file (stat, schedstat, status, comm are < 2 KiB on
+# any real kernel): anything longer is not what the kernel writes there.
+MAX_READ_BYTES = 64 * 1024
 
 
 class ProcessGone(Exception):
@@ -39,6 +55,10 @@ class NotProcfs(RuntimeError):
     """The procfs root given is not a procfs (its stat has no btime line)."""
 
 
+class ProcfsCorrupt(ValueError):
+    """A procfs file holds what the kernel never writes there (too long, unparsable)."""
+
+
 @dataclass(frozen=True)
 class ThreadCpu:
     tid: int
@@ -48,6 +68,8 @@ class ThreadCpu:
     state: str  # R, S, D, ...
     # schedstat run_delay: ns spent runnable but waiting for a CPU (None: no schedstat)
     wait_ns: int | None = None
+    # (voluntary, nonvoluntary) context switches from status; None: not read
+    switches: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -55,6 +77,8 @@ class CpuSnapshot:
     pid: int
     t: float  # host epoch seconds, taken just before the reads
     threads: dict[int, ThreadCpu]
+    # threads listed but left out: their files did not parse (tid, why)
+    unreadable: tuple[tuple[int, str], ...] = ()
 
     @property
     def schedstat_live(self) -> bool:
@@ -78,6 +102,10 @@ class ThreadCpuDelta:
     exited_tids: tuple[int, ...] = ()  # in `before`, gone in `after`: their last CPU is lost
     # seconds each thread waited in a run queue (schedstat run_delay); empty without schedstat
     wait_per_tid_s: dict[int, float] = field(default_factory=dict)
+    # per thread, the part (0..1) of its switch-outs that were voluntary (it blocked):
+    # the part of its run-queue wait spent waking up; only threads with switches in
+    # both snapshots and at least one switch between them
+    wakeup_share_per_tid: dict[int, float] = field(default_factory=dict)
 
     @property
     def total_s(self) -> float:
@@ -131,21 +159,63 @@ def parse_stat(text: str) -> ProcStat:
     )
 
 
-def _read(path: Path) -> str:
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        return fh.read()
+def _read(path: Path | str, limit: int = MAX_READ_BYTES) -> str:
+    """The file's text, at most `limit` bytes; ProcfsCorrupt when it is longer."""
+    with open(path, "rb") as fh:
+        raw = fh.read(limit + 1)
+    if len(raw) > limit:
+        raise ProcfsCorrupt(f"{path}: longer than {limit} bytes, which no kernel writes there")
+    return raw.decode("utf-8", "replace")
 
 
-def read_thread(pid: int, tid: int, procfs: Path = Path("/proc")) -> ThreadCpu:
+def parse_schedstat(text: str) -> tuple[int, int]:
+    """(ns on a CPU, ns waiting in a run queue) from a schedstat line; ValueError when
+    it is not three non-negative integers."""
+    fields = text.split()
+    if len(fields) != 3 or not all(f.isdigit() for f in fields):
+        raise ValueError(f"schedstat is not three non-negative integers: {text[:80]!r}")
+    return int(fields[0]), int(fields[1])
+
+
+def parse_switches(text: str) -> tuple[int, int]:
+    """(voluntary, nonvoluntary) context switches from a status file; ValueError when
+    either line is missing or not a non-negative integer."""
+    found: dict[str, int] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"):
+            v = value.strip()
+            if not v.isdigit():
+                raise ValueError(f"status {key} is not a non-negative integer: {v[:40]!r}")
+            found[key] = int(v)
+    if len(found) != 2:
+        raise ValueError("status has no voluntary_ctxt_switches/nonvoluntary_ctxt_switches")
+    return found["voluntary_ctxt_switches"], found["nonvoluntary_ctxt_switches"]
+
+
+def read_thread(
+    pid: int, tid: int, procfs: Path = Path("/proc"), *, switches: bool = False
+) -> ThreadCpu:
+    """One thread's CPU counters. ProcfsCorrupt (a ValueError) names the file that
+    does not parse; a missing or odd schedstat reads as no schedstat, missing switch
+    counts as None."""
     task = procfs / str(pid) / "task" / str(tid)
-    st = parse_stat(_read(task / "stat"))
+    try:
+        st = parse_stat(_read(task / "stat"))
+    except ValueError as exc:
+        raise ProcfsCorrupt(f"{task / 'stat'}: {exc}") from exc
     sched_ns: int | None
     wait_ns: int | None
     try:
-        fields3 = _read(task / "schedstat").split()
-        sched_ns, wait_ns = int(fields3[0]), int(fields3[1])
-    except (FileNotFoundError, IndexError, ValueError):
+        sched_ns, wait_ns = parse_schedstat(_read(task / "schedstat"))
+    except (FileNotFoundError, ValueError):
         sched_ns = wait_ns = None
+    counts: tuple[int, int] | None = None
+    if switches:
+        try:
+            counts = parse_switches(_read(task / "status"))
+        except (FileNotFoundError, PermissionError, ValueError):
+            counts = None
     return ThreadCpu(
         tid=tid,
         comm=st.comm,
@@ -153,6 +223,7 @@ def read_thread(pid: int, tid: int, procfs: Path = Path("/proc")) -> ThreadCpu:
         sched_ns=sched_ns,
         state=st.state,
         wait_ns=wait_ns,
+        switches=counts,
     )
 
 
@@ -164,23 +235,34 @@ def thread_ids(pid: int, procfs: Path = Path("/proc")) -> set[int]:
         return set()
 
 
-def snapshot(pid: int, procfs: Path = Path("/proc")) -> CpuSnapshot:
-    """Read every thread of `pid`. Threads that exit between listing and reading are skipped."""
+def snapshot(pid: int, procfs: Path = Path("/proc"), *, switches: bool = False) -> CpuSnapshot:
+    """Read every thread of `pid` (with its context-switch counts if `switches`).
+    Threads that exit between listing and reading are skipped; threads whose files do
+    not parse are left out and listed in `unreadable`. ProcfsCorrupt when no thread
+    parses, ProcessGone when the process is gone."""
     t = time.time()
     task_dir = procfs / str(pid) / "task"
     try:
         tids = sorted(int(name) for name in os.listdir(task_dir) if name.isdigit())
-    except (FileNotFoundError, ProcessLookupError) as exc:
+    except (FileNotFoundError, ProcessLookupError, NotADirectoryError) as exc:
         raise ProcessGone(f"process {pid} is gone ({task_dir} missing)") from exc
     threads: dict[int, ThreadCpu] = {}
+    unreadable: list[tuple[int, str]] = []
     for tid in tids:
         try:
-            threads[tid] = read_thread(pid, tid, procfs)
-        except (FileNotFoundError, ProcessLookupError):
+            threads[tid] = read_thread(pid, tid, procfs, switches=switches)
+        except (FileNotFoundError, ProcessLookupError, NotADirectoryError):
             continue
+        except ProcfsCorrupt as exc:
+            unreadable.append((tid, str(exc)))
+    if not threads and unreadable:
+        raise ProcfsCorrupt(
+            f"no thread of process {pid} has a stat serwatt can parse (first: "
+            f"{unreadable[0][1]}); is {procfs} a procfs?"
+        )
     if not threads:
         raise ProcessGone(f"process {pid} has no readable threads")
-    return CpuSnapshot(pid=pid, t=t, threads=threads)
+    return CpuSnapshot(pid=pid, t=t, threads=threads, unreadable=tuple(unreadable))
 
 
 def delta(before: CpuSnapshot, after: CpuSnapshot) -> ThreadCpuDelta:
@@ -196,8 +278,14 @@ def delta(before: CpuSnapshot, after: CpuSnapshot) -> ThreadCpuDelta:
     use_sched = before.schedstat_live and after.schedstat_live
     per_tid: dict[int, float] = {}
     wait: dict[int, float] = {}
+    wakeup: dict[int, float] = {}
     for tid, th in after.threads.items():
         prev = before.threads.get(tid)
+        if th.switches is not None and prev is not None and prev.switches is not None:
+            vol = max(0, th.switches[0] - prev.switches[0])
+            invol = max(0, th.switches[1] - prev.switches[1])
+            if vol + invol > 0:
+                wakeup[tid] = vol / (vol + invol)
         if use_sched:
             now_ns = th.sched_ns or 0
             prev_ns = (prev.sched_ns or 0) if prev else 0
@@ -218,12 +306,14 @@ def delta(before: CpuSnapshot, after: CpuSnapshot) -> ThreadCpuDelta:
         resolution_s=1e-9 if use_sched else 1.0 / CLOCK_TICKS_PER_S,
         exited_tids=exited,
         wait_per_tid_s=wait,
+        wakeup_share_per_tid=wakeup,
     )
 
 
 def boot_time_s(procfs: Path = Path("/proc")) -> float:
     """When the node booted, epoch seconds (the `btime` line of <procfs>/stat)."""
-    for line in _read(procfs / "stat").splitlines():
+    # the node's stat grows with CPUs and interrupts (an `intr` line per IRQ source)
+    for line in _read(procfs / "stat", limit=64 * MAX_READ_BYTES).splitlines():
         if line.startswith("btime "):
             return float(line.split()[1])
     raise NotProcfs(f"{procfs}/stat has no btime line: is {procfs} a procfs?")
@@ -307,7 +397,7 @@ def thread_comm(pid: int, tid: int, procfs: Path = Path("/proc")) -> str | None:
     """A thread's kernel name (at most 15 bytes); None when it cannot be read."""
     try:
         return _read(procfs / str(pid) / "task" / str(tid) / "comm").strip()
-    except OSError:
+    except (OSError, ValueError):
         return None
 
 

@@ -41,9 +41,12 @@ def test_cpu_of_a_work_sleep_loop_goes_to_the_serializers_not_the_sleep_line(tmp
             for cp in ("pickle", "json", "other")
         }
         serialization = cpu["pickle"] + cpu["json"]
-        # Truth is ~95%+ (the loop's CPU is the serializers'); the --idle-only daemon
-        # measured 11%.
-        assert serialization / (serialization + cpu["other"]) > 0.7, cpu
+        share = serialization / (serialization + cpu["other"])
+        # Truth is ~96.5% (the loop's CPU is the serializers'; the --idle-only daemon
+        # measured 11%). The README's figure is 81.5% for eight such targets on an
+        # oversubscribed node; one target here waits less, so it must do at least as
+        # well (measured 92.3% on the loaded 2-CPU VM, load 19).
+        assert share >= 0.815, cpu
         assert d.stop()[0] == 0
     finally:
         d.kill()

@@ -150,3 +150,66 @@ def test_real_busy_and_idle_threads() -> None:
     finally:
         p.kill()
         p.wait()
+
+
+def test_context_switches_give_the_wakeup_share_of_the_wait(fake: Path) -> None:
+    make_proc(fake, 50, {50: (100, 0, 1_000_000_000)})
+    status = fake / "50" / "task" / "50" / "status"
+    status.write_text(
+        "Name:\tpython3\nvoluntary_ctxt_switches:\t10\nnonvoluntary_ctxt_switches:\t5\n"
+    )
+    before = procstat.snapshot(50, fake, switches=True)
+    assert before.threads[50].switches == (10, 5)
+    assert procstat.snapshot(50, fake).threads[50].switches is None  # not read unless asked
+    status.write_text("voluntary_ctxt_switches:\t40\nnonvoluntary_ctxt_switches:\t95\n")
+    (fake / "50" / "task" / "50" / "schedstat").write_text("1500000000 800000000 20\n")
+    d = procstat.delta(before, procstat.snapshot(50, fake, switches=True))
+    assert d.wakeup_share_per_tid == {50: pytest.approx(30 / 120)}
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("schedstat", "12 -3 1\n"),  # negative
+        ("schedstat", "1 2\n"),  # short
+        ("schedstat", "x y z\n"),
+        ("schedstat", "1 2 3 " + "9" * 100_000),  # too long
+        ("status", "voluntary_ctxt_switches:\tlots\nnonvoluntary_ctxt_switches:\t1\n"),
+        ("status", "Name:\tno counts here\n"),
+    ],
+)
+def test_odd_schedstat_or_status_reads_as_absent(fake: Path, name: str, text: str) -> None:
+    make_proc(fake, 60, {60: (7, 3, 1_000)})
+    (fake / "60" / "task" / "60" / name).write_text(text)
+    th = procstat.snapshot(60, fake, switches=True).threads[60]
+    assert th.stat_ticks == 10
+    if name == "schedstat":
+        assert th.sched_ns is None and th.wait_ns is None
+    else:
+        assert th.switches is None and th.sched_ns == 1_000
+
+
+def test_a_thread_whose_stat_does_not_parse_is_left_out_and_named(fake: Path) -> None:
+    make_proc(fake, 70, {70: (1, 1, None), 71: (2, 2, None), 72: (3, 3, None)})
+    (fake / "70" / "task" / "71" / "stat").write_text("71 (x) R garbage\n")
+    (fake / "70" / "task" / "72" / "stat").write_text("7" * (procstat.MAX_READ_BYTES + 1))
+    snap = procstat.snapshot(70, fake)
+    assert set(snap.threads) == {70}
+    reasons = dict(snap.unreadable)
+    assert set(reasons) == {71, 72}
+    assert "task/71/stat" in reasons[71] and "fields" in reasons[71]
+    assert "longer than" in reasons[72]
+    # no thread parses: a clear error naming the file and the likely cause
+    (fake / "70" / "task" / "70" / "stat").write_text("not a stat line")
+    with pytest.raises(procstat.ProcfsCorrupt, match=r"task/70/stat.*is .* a procfs"):
+        procstat.snapshot(70, fake)
+
+
+def test_a_window_on_a_procfs_that_does_not_parse_is_a_sampling_error(fake: Path) -> None:
+    from collectors.pyspy import SamplingError
+    from profiler.sampling.collect import collect_window
+
+    make_proc(fake, 80, {80: (1, 1, None)})
+    (fake / "80" / "task" / "80" / "stat").write_text("\x00" * 50)
+    with pytest.raises(SamplingError, match=r"cannot read the CPU time of process 80: .*stat"):
+        collect_window(80, duration_s=1, rate_hz=10, procfs=fake)

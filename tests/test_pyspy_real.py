@@ -7,6 +7,7 @@ kernel tid) and a 3.12+ one (pyenv); both must exist on the machine."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -173,30 +174,47 @@ PHASES_TARGET = textwrap.dedent(
 )
 
 
+# The median |error| of a sample's host time that README.md and docs/sampling.md claim,
+# at its upper end: 39-57 ms at load 8-9 (bench/accuracy.py --timestamps), up to 139 ms
+# per 4 s window at load 25. Tests run on loaded machines, so the bound is the loaded
+# figure's (67%); at 57 ms it would be 86.5%, which one run in two missed at load 50.
+CLAIMED_MEDIAN_ERROR_S = 0.139
+PHASE_S = 0.5
+
+
+def expected_agreement(median_error_s: float) -> float:
+    """The share of samples whose time falls in the phase their stack shows, when the
+    phase lasts PHASE_S and time errors are normal with that median |error|: a sample
+    is in the wrong phase when its error carries it over a boundary, with probability
+    E|error| / PHASE_S, and E|error| = median / 0.6745 * sqrt(2 / pi) for a normal."""
+    return 1 - median_error_s / 0.6745 * (2 / math.pi) ** 0.5 / PHASE_S
+
+
 def test_sample_times_line_up_with_the_host_clock(tmp_path: Path, classifier: Classifier) -> None:
     """The target switches function every 0.5 s of host time; a sample's estimated
-    time must fall in the phase its stack shows (most of the time: the estimate has an
-    error of up to span/(2*sqrt(N)) mid-window, see docs/sampling.md)."""
+    time must fall in the phase its stack shows as often as the claimed timestamp
+    error allows (see CLAIMED_MEDIAN_ERROR_S and docs/sampling.md)."""
     p = start("3.12.1", PHASES_TARGET, tmp_path)
     try:
         time.sleep(0.5)
         r = sample_window(p.pid, duration_s=4, rate_hz=100, classifier=classifier)
         spy = PySpy()
-        w = spy.record_window(p.pid, duration_s=4, rate_hz=100)
+        windows = [spy.record_window(p.pid, duration_s=4, rate_hz=100) for _ in range(2)]
     finally:
         p.kill()
         p.wait()
     assert r.timeline
     agree = total = 0
-    for s in w.samples:
+    for s in (s for w in windows for s in w.samples):
         leaf = s.frames[0].name if s.frames else ""
         if leaf not in ("phase_a", "phase_b"):
             continue
         total += 1
-        expected = "phase_a" if int(s.t * 2) % 2 == 0 else "phase_b"
+        expected = "phase_a" if int(s.t / PHASE_S) % 2 == 0 else "phase_b"
         agree += leaf == expected
-    assert total > 200
-    assert agree / total > 0.7, f"{agree}/{total} samples in the right phase"
+    assert total > 400
+    bound = expected_agreement(CLAIMED_MEDIAN_ERROR_S)
+    assert agree / total >= bound, f"{agree}/{total} samples in the right phase, < {bound:.3f}"
 
 
 def test_target_exiting_mid_window_yields_samples_so_far(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -12,6 +14,7 @@ from profiler.sampling.weighting import (
     CpuSeries,
     codepath_windows,
     distribute_cpu,
+    runnable_times,
     runqueue_weights,
 )
 
@@ -110,10 +113,9 @@ def loop_window(*, run_s: float, wait_s: float, sleep_s: float, cpu_rate: float 
 def test_waits_after_wakeups_are_taken_off_the_line_the_thread_slept_on() -> None:
     # The bench's shape on an oversubscribed CPU: waits as long as it runs.
     on_cpu, idle = loop_window(run_s=1.0, wait_s=1.0, sleep_s=8.0)
-    prior, taken = runqueue_weights(
-        on_cpu, idle, on_cpu_rate_hz=50, idle_rate_hz=10, wait_per_tid_s={1: 1.0}
-    )
-    assert taken == pytest.approx(1.0)
+    rq = runqueue_weights(on_cpu, idle, on_cpu_rate_hz=50, idle_rate_hz=10, wait_per_tid_s={1: 1.0})
+    prior = rq.weights
+    assert rq.blocking_s == pytest.approx(1.0) and rq.preemption_s == 0
     w = distribute_cpu(on_cpu, {1: 1.0}, prior=prior)
     work = sum(c for c, smp in zip(w.cpu_s, on_cpu, strict=True) if smp.frames == WORK)
     assert work == pytest.approx(1.0)  # all the CPU where it ran
@@ -126,27 +128,24 @@ def test_waits_after_wakeups_are_taken_off_the_line_the_thread_slept_on() -> Non
 
 def test_no_run_queue_wait_or_no_blocking_changes_nothing() -> None:
     on_cpu, idle = loop_window(run_s=1.0, wait_s=0.0, sleep_s=9.0)
-    prior, taken = runqueue_weights(
-        on_cpu, idle, on_cpu_rate_hz=50, idle_rate_hz=10, wait_per_tid_s={1: 0.0}
-    )
-    assert taken == 0 and set(prior) == {1.0}
+    rq = runqueue_weights(on_cpu, idle, on_cpu_rate_hz=50, idle_rate_hz=10, wait_per_tid_s={1: 0.0})
+    assert rq.blocking_s == rq.preemption_s == 0 and set(rq.weights) == {1.0}
     # A busy thread preempted at its work lines: no line is blocked, nothing moves.
     busy_r = [at(1, WORK)] * 500
     busy_i = [at(1, WORK)] * 100
-    prior, taken = runqueue_weights(
+    rq = runqueue_weights(
         busy_r, busy_i, on_cpu_rate_hz=50, idle_rate_hz=10, wait_per_tid_s={1: 3.0}
     )
-    assert taken == 0 and set(prior) == {1.0}
+    assert rq.blocking_s == rq.preemption_s == 0 and set(rq.weights) == {1.0}
 
 
 def test_a_wait_is_never_taken_beyond_the_line_r_state_time() -> None:
     # schedstat says 5 s of waiting, but only 1 s of R-state samples sit on the sleep
     # line: at most that is taken, and the work line keeps all its weight.
     on_cpu, idle = loop_window(run_s=1.0, wait_s=1.0, sleep_s=8.0)
-    prior, taken = runqueue_weights(
-        on_cpu, idle, on_cpu_rate_hz=50, idle_rate_hz=10, wait_per_tid_s={1: 5.0}
-    )
-    assert taken == pytest.approx(1.0)
+    rq = runqueue_weights(on_cpu, idle, on_cpu_rate_hz=50, idle_rate_hz=10, wait_per_tid_s={1: 5.0})
+    prior = rq.weights
+    assert rq.blocking_s == pytest.approx(1.0)
     assert all(p == 1.0 for p, smp in zip(prior, on_cpu, strict=True) if smp.frames == WORK)
     assert all(p == 0.0 for p, smp in zip(prior, on_cpu, strict=True) if smp.frames == SLEEP)
     # every weight 0 for a thread would drop its CPU: distribute_cpu falls back to uniform
@@ -154,3 +153,118 @@ def test_a_wait_is_never_taken_beyond_the_line_r_state_time() -> None:
     assert sum(w.cpu_s) == pytest.approx(0.3)
     with pytest.raises(ValueError, match="align"):
         distribute_cpu([at(1, SLEEP)] * 3, {1: 0.3}, prior=[1.0])
+
+
+# -- run-queue wait everywhere: the local running fraction C / (C + D) --------------
+
+COMPUTE = (Frame("step", "/train.py", 20),)
+SAVE = (Frame("_save", "/torch/serialization.py", 900),)
+
+
+def phased(*, period_s: float = 2.0, save_s: float = 0.5, windows: int = 5, rate: float = 100):
+    """One always-runnable thread over `windows` periods: `save_s` of torch.save running
+    alone (no wait), then compute while an OpenMP thread takes half the CPU (it waits as
+    long as it runs). Returns the on-CPU samples (one per 1/rate of runnable time, at
+    the right times), the series polled every 0.1 s, and the true CPU per phase."""
+    t, cpu, wait = [0.0], [0.0], [0.0]
+    step = 0.1
+    while t[-1] < period_s * windows - 1e-9:
+        now = t[-1] + step
+        saving = (now - 1e-9) % period_s < save_s
+        cpu.append(cpu[-1] + (step if saving else step / 2))
+        wait.append(wait[-1] + (0.0 if saving else step / 2))
+        t.append(now)
+    series = CpuSeries(tuple(t), tuple(cpu), tuple(wait))
+    samples = []
+    n = round(period_s * windows * rate)
+    for k in range(n):
+        when = (k + 0.5) / rate
+        frames = SAVE if when % period_s < save_s else COMPUTE
+        samples.append(Sample(pid=1, tid=1, thread_id=1, thread_name=None, t=when, frames=frames))
+    truth_save = save_s * windows
+    truth_compute = (period_s - save_s) / 2 * windows
+    return samples, series, truth_save, truth_compute
+
+
+def _save_share(samples, cpu_s) -> float:
+    save = sum(c for c, smp in zip(cpu_s, samples, strict=True) if smp.frames == SAVE)
+    return save / sum(cpu_s)
+
+
+def test_compute_that_waits_for_a_cpu_weighs_less_than_a_save_that_ran_alone() -> None:
+    """The issue's case: a thread that is always runnable, preempted in compute by an
+    OpenMP thread, alone on a CPU in torch.save. Its on-CPU samples follow runnable
+    time (save 25% of them), its CPU is 40% save: weighting by the local C / (C + D)
+    gives the CPU share, uniform weighting the runnable share."""
+    samples, series, save_s, compute_s = phased()
+    truth = save_s / (save_s + compute_s)
+    assert truth == pytest.approx(0.4)
+    wait = series.wait_s[-1]
+    rq = runqueue_weights(
+        samples, samples, on_cpu_rate_hz=100, idle_rate_hz=100, wait_per_tid_s={1: wait},
+        series={1: series}, span=(0.0, 10.0), half_width_s=0.1,
+    )  # fmt: skip
+    w = distribute_cpu(samples, {1: save_s + compute_s}, prior=rq.weights)
+    # within h of a phase edge a weight mixes both phases: 1.8 pp here
+    assert _save_share(samples, w.cpu_s) == pytest.approx(truth, abs=0.02)
+    assert rq.blocking_s == 0 and rq.preemption_s == pytest.approx(wait, rel=0.02)
+    # the old weighting (uniform over on-CPU samples away from blocking lines): 25%
+    plain = distribute_cpu(samples, {1: save_s + compute_s})
+    assert _save_share(samples, plain.cpu_s) == pytest.approx(0.25, abs=0.01)
+
+
+def test_a_stationary_wait_moves_no_share() -> None:
+    samples = [at(1, WORK if k % 3 else SLEEP) for k in range(300)]
+    samples = [Sample(1, 1, 1, None, (k + 0.5) / 100, s.frames) for k, s in enumerate(samples)]
+    t = tuple(k / 10 for k in range(31))
+    series = CpuSeries(t, tuple(x * 0.6 for x in t), tuple(x * 0.4 for x in t))
+    rq = runqueue_weights(
+        samples, samples, on_cpu_rate_hz=100, idle_rate_hz=100, wait_per_tid_s={1: 1.2},
+        series={1: series}, span=(0.0, 3.0),
+    )  # fmt: skip
+    assert rq.weights == pytest.approx([0.6] * 300)
+
+
+def test_blocking_lines_take_their_wait_first_and_the_rest_is_not_taken_twice() -> None:
+    # The work/sleep loop again, now with a series: every 0.1 s the thread ran as long
+    # as it waited, so the local fraction is 0.5 everywhere; the wake-up waits at the
+    # sleep line account for all of D, nothing is left to take off the work samples.
+    on_cpu, idle = loop_window(run_s=1.0, wait_s=1.0, sleep_s=8.0)
+    on_cpu = [replace(s, t=(k + 0.5) / 10) for k, s in enumerate(on_cpu)]
+    t = tuple(k / 10 for k in range(101))
+    series = CpuSeries(t, tuple(x / 10 for x in t), tuple(x / 10 for x in t))
+    rq = runqueue_weights(
+        on_cpu, idle, on_cpu_rate_hz=50, idle_rate_hz=10, wait_per_tid_s={1: 1.0},
+        series={1: series}, span=(0.0, 10.0),
+    )  # fmt: skip
+    assert rq.blocking_s == pytest.approx(1.0) and rq.preemption_s == 0
+    w = distribute_cpu(on_cpu, {1: 1.0}, prior=rq.weights)
+    work = sum(c for c, smp in zip(w.cpu_s, on_cpu, strict=True) if smp.frames == WORK)
+    assert work == pytest.approx(1.0)
+
+
+def test_on_cpu_samples_are_placed_on_runnable_time() -> None:
+    # runnable only in [2, 4) of [0, 10): 20 samples go there, not on the last ticks
+    t = tuple(float(k) for k in range(11))
+    cum = tuple(min(2.0, max(0.0, x - 2.0)) for x in t)
+    series = CpuSeries(t, tuple(c * 0.75 for c in cum), tuple(c * 0.25 for c in cum))
+    times = runnable_times(20, series, 0.0, 10.0)
+    assert times is not None and len(times) == 20
+    assert all(2.0 <= x <= 4.0 for x in times) and times == sorted(times)
+    assert times[0] == pytest.approx(2.05) and times[-1] == pytest.approx(3.95)
+    flat = CpuSeries(t, (0.0,) * 11, (0.0,) * 11)
+    assert runnable_times(5, flat, 0.0, 10.0) is None
+
+
+def test_counters_that_run_backwards_or_overshoot_stay_in_range() -> None:
+    # a hostile or corrupt procfs: cumulative values that fall, and more CPU than wall
+    series = CpuSeries((0.0, 1.0, 2.0, 3.0), (0.0, 5.0, 1.0, 9.0), (0.0, -3.0, 2.0, 1.0))
+    times = runnable_times(10, series, 0.0, 3.0)
+    assert times is not None and times == sorted(times)
+    assert all(0.0 <= x <= 3.0 for x in times)
+    for when in (0.5, 1.5, 2.5):
+        f = series.running_fraction(when, 0.5)
+        assert f is None or 0.0 <= f <= 1.0
+        assert 0.0 <= series.utilisation(when, 0.5) <= 1.0
+    with pytest.raises(ValueError, match="one value per time"):
+        CpuSeries((0.0, 1.0), (0.0,))

@@ -2,14 +2,20 @@
 
 `sample_window` is the unit the profile session and the daemon both run:
 
-1. CPU snapshot of every thread of the target (collectors.procstat), and a poller
-   that keeps snapshotting every `poll_s` during the window (a per-thread CPU
-   time series: it lets weighting give CPU to busy moments, not to sleeps);
+1. CPU snapshot of every thread of the target (collectors.procstat, with context-switch
+   counts), and a poller that keeps snapshotting every `poll_s` during the window (a
+   per-thread series of CPU and run-queue wait: it lets weighting give CPU to busy
+   moments, not to sleeps, and to running, not to waiting for a CPU);
 2. one py-spy window (collectors.pyspy), samples timed on the host clock;
-3. CPU snapshot after; a thread's CPU delta is measured from the first to the last
-   snapshot;
-4. each sample classified; each thread's CPU delta spread over its samples
-   (profiler.sampling.weighting); every codepath of CODEPATHS filled, plus the timeline.
+3. CPU snapshot after; a thread's CPU delta, run-queue wait and the voluntary share of
+   its switches are measured from the first to the last snapshot;
+4. each sample classified; each thread's CPU delta spread over its samples by the
+   running part of the time each stands for (profiler.sampling.weighting); every
+   codepath of CODEPATHS filled, plus the timeline.
+
+A procfs that does not parse never crashes a window: threads whose files are odd are
+left out and counted in the notes; a target none of whose threads parse is a
+SamplingError naming the file.
 
 Classification has a deadline per window (CLASSIFY_DEADLINE_S): a source file that is
 not loaded by then (profiler/classify/callsite.py loads files on threads of its own)
@@ -28,12 +34,13 @@ from pathlib import Path
 from typing import Protocol
 
 from collectors import procstat
-from collectors.pyspy import PySpy, TargetGone, WindowSamples
+from collectors.pyspy import PySpy, SamplingError, TargetGone, WindowSamples
 from collectors.samples import Sample
 from profiler.classify.codepaths import Classification
 from profiler.classify.durability import reader_for
 from profiler.sampling.weighting import (
     CpuSeries,
+    RunqueueWeights,
     codepath_windows,
     distribute_cpu,
     runqueue_weights,
@@ -77,8 +84,8 @@ class _CpuPoller:
         while not self._stop.wait(self.poll_s):
             try:
                 self.snapshots.append(procstat.snapshot(self.pid, self.procfs))
-            except procstat.ProcessGone:
-                return
+            except (procstat.ProcessGone, procstat.ProcfsCorrupt):
+                return  # the window keeps the series so far; the last snapshot decides
 
     def start(self) -> None:
         self._thread.start()
@@ -89,17 +96,23 @@ class _CpuPoller:
 
 
 def _series(snaps: list[procstat.CpuSnapshot], use_sched: bool) -> dict[int, CpuSeries]:
-    per: dict[int, tuple[list[float], list[float]]] = {}
+    """Per thread, its cumulative CPU (and, from schedstat, run-queue wait) at each
+    snapshot."""
+    per: dict[int, tuple[list[float], list[float], list[float]]] = {}
     for snap in snaps:
         for tid, th in snap.threads.items():
             if use_sched:
                 v = (th.sched_ns or 0) / 1e9
             else:
                 v = th.stat_ticks / procstat.CLOCK_TICKS_PER_S
-            ts, cs = per.setdefault(tid, ([], []))
+            ts, cs, ws = per.setdefault(tid, ([], [], []))
             ts.append(snap.t)
             cs.append(v)
-    return {tid: CpuSeries(tuple(ts), tuple(cs)) for tid, (ts, cs) in per.items()}
+            ws.append((th.wait_ns or 0) / 1e9)
+    return {
+        tid: CpuSeries(tuple(ts), tuple(cs), tuple(ws) if use_sched else None)
+        for tid, (ts, cs, ws) in per.items()
+    }
 
 
 @dataclass(frozen=True)
@@ -135,9 +148,11 @@ def collect_window(
     run's rate, None for none (PySpy.record_window)."""
     spy = pyspy if pyspy is not None else PySpy()
     try:
-        before = procstat.snapshot(pid, procfs)
+        before = procstat.snapshot(pid, procfs, switches=True)
     except procstat.ProcessGone as exc:
         raise TargetGone(f"no such process: {pid} (it is not running)") from exc
+    except procstat.ProcfsCorrupt as exc:
+        raise SamplingError(f"cannot read the CPU time of process {pid}: {exc}") from exc
     python = procstat.python_version(pid, procfs)
     poller = _CpuPoller(pid, procfs, poll_s)
     poller.start()
@@ -157,9 +172,11 @@ def collect_window(
     snaps = [before, *poller.snapshots]
     exited = window.exited
     try:
-        snaps.append(procstat.snapshot(pid, procfs))
+        snaps.append(procstat.snapshot(pid, procfs, switches=True))
     except procstat.ProcessGone:
         exited = True
+    except procstat.ProcfsCorrupt:
+        pass  # the CPU delta runs to the last snapshot that parsed
     cpu = procstat.delta(before, snaps[-1])
     return RawWindow(
         pid=pid,
@@ -204,6 +221,7 @@ def finish_window(
     ]
     series = _series(list(raw.snapshots), cpu.source == "schedstat")
     thread_cpu_s = {tid: tuple(zip(ser.t, ser.cpu_s, strict=True)) for tid, ser in series.items()}
+    idle_series = series
     on_cpu_tids: set[int | None] = set()
     if window.on_cpu is not None:
         on_cpu_tids = {s.tid for s in window.on_cpu if s.tid is not None}
@@ -217,25 +235,33 @@ def finish_window(
             if s.tid not in on_cpu_tids:
                 carriers.append(s)
                 carrier_labels.append(c)
-        series = {tid: ser for tid, ser in series.items() if tid not in on_cpu_tids}
+        idle_series = {tid: ser for tid, ser in series.items() if tid not in on_cpu_tids}
     else:
         carriers = list(window.samples)
         carrier_labels = labels
         n_on_cpu = 0
-    half_width = max(2 * raw.poll_s, window_time_sigma_s(window))
+    sigma = window_time_sigma_s(window)
+    half_width = max(2 * raw.poll_s, sigma)
     prior: list[float] | None = None
-    runqueue_s = 0.0
-    if window.on_cpu is not None and cpu.wait_per_tid_s:
-        prior, runqueue_s = runqueue_weights(
+    rq: RunqueueWeights | None = None
+    if n_on_cpu:
+        rq = runqueue_weights(
             carriers[:n_on_cpu],
             window.samples,
             on_cpu_rate_hz=raw.rate_hz,
             idle_rate_hz=window.rate_hz,
             wait_per_tid_s=cpu.wait_per_tid_s,
+            wakeup_share_per_tid=cpu.wakeup_share_per_tid,
+            series=series,
+            span=(window.started_at, window.ended_at),
+            half_width_s=max(raw.poll_s, sigma),
         )
-        prior += [1.0] * (len(carriers) - n_on_cpu)
+        prior = [*rq.weights, *([1.0] * (len(carriers) - n_on_cpu))]
+        carriers[:n_on_cpu] = [
+            replace(s, t=t) for s, t in zip(carriers[:n_on_cpu], rq.times, strict=True)
+        ]
     weighting = distribute_cpu(
-        carriers, cpu.per_tid_s, series=series, half_width_s=half_width, prior=prior
+        carriers, cpu.per_tid_s, series=idle_series, half_width_s=half_width, prior=prior
     )
     wall_s = max(0.0, window.ended_at - window.started_at)
     codepaths = codepath_windows(
@@ -295,12 +321,18 @@ def finish_window(
         )
         if window.on_cpu_errors is not None:
             errors = errors.with_run(window.on_cpu_errors)
-    if runqueue_s > 0:
-        notes.append(f"{runqueue_s:.3f} s of run-queue wait taken off blocking lines")
+    if rq is not None and rq.blocking_s + rq.preemption_s > 0:
+        notes.append(
+            f"run-queue wait taken off on-CPU samples: {rq.blocking_s:.3f} s at blocking "
+            f"lines, {rq.preemption_s:.3f} s by local wait"
+        )
     if weighting.unmapped_pool_s > 0:
         notes.append(f"{weighting.unmapped_pool_s:.3f} cpu_s spread over unmapped threads")
     if proc_root is None:
         notes.append("target exited: sources read from host paths")
+    unreadable = {tid for snap in raw.snapshots for tid, _ in snap.unreadable}
+    if unreadable:
+        notes.append(f"{len(unreadable)} thread(s) with unparsable procfs files left out")
     if cpu.exited_tids:
         notes.append(f"{len(cpu.exited_tids)} thread(s) exited mid-window (their CPU is lost)")
     not_ready, too_costly = (

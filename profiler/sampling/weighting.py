@@ -5,44 +5,64 @@ much CPU each thread *used*. The model, per window and per thread:
 
     cpu_s(sample i) = delta_cpu_s(thread) * w_i / sum_j w_j     (j over the thread's samples)
 
-- `delta_cpu_s(thread)` is the thread's measured CPU delta over the window
-  (collectors.procstat: schedstat ns when live, else utime+stime ticks).
-- `w_i` is how busy the thread was around the time of sample i: its measured CPU
-  utilisation (0..1) over [t_i - h, t_i + h], read from a cumulative per-thread CPU
-  series polled during the window. Without a series every w_i is 1 (uniform).
+`delta_cpu_s(thread)` is the thread's measured CPU delta over the window
+(collectors.procstat: schedstat ns when live, else utime+stime ticks). `w_i` is the
+expected part of the time sample i stands for that the thread spent running, read
+from the thread's cumulative CPU (and run-queue wait) series, polled every `poll_s`
+during the window (`CpuSeries`):
 
-When the window has on-CPU samples (a second py-spy run without --idle, which
-drops a thread whose /proc state is not R), a thread's CPU goes to its on-CPU
-samples, uniformly: each is one look at the thread while it ran. This is what
-makes threads sharing the GIL come out right: a thread waiting for the GIL is
-off-CPU at whatever Python line it waits on (often a function entry such as
-json.dumps), and only on-CPU samples exclude those moments. Threads with CPU but no
-on-CPU sample fall back to their --idle samples, weighted as below.
+- **On-CPU samples** (a second py-spy run without --idle, which drops a thread whose
+  /proc state is not R) stand for *runnable* time: running, or waiting in a run
+  queue for a CPU. State R covers both, so on a busy node a thread's on-CPU samples
+  follow its runnable time, not its CPU. Per thread, schedstat gives CPU C and
+  run-queue wait D; the part of a sample's runnable time that was running is
+  C / (C + D) over [t_i - h, t_i + h] (`CpuSeries.running_fraction`). That is the
+  weight, everywhere: compute preempted by an OpenMP thread (a high D) weighs less
+  than a checkpoint that ran alone on a CPU (D ~ 0). speedscope gives an on-CPU
+  run's samples no times of their own (a thread that was not always R has fewer
+  samples than ticks), so a thread's on-CPU samples are placed at the quantiles of
+  its cumulative runnable time C + D (`runnable_times`): they are a Poisson sampling
+  of exactly that time.
+- **Wake-up waits at blocking lines.** After a wakeup a thread waits in the run
+  queue at the line it blocked on (the sleep, the queue get), so when a thread
+  alternates work and sleep faster than the poll, the local fraction cannot tell the
+  two apart. The --idle run shows where the thread was blocked: a leaf line whose
+  wall time (its --idle samples) exceeds its R-state time (its on-CPU samples) by
+  more than twice the Poisson noise of the --idle count is a blocking line, blocked
+  for the difference. A thread waits once after every switch-out: after a voluntary
+  one (it blocked) the wait is a wake-up wait at a blocking line, after an
+  involuntary one (preempted) it is at whatever line ran. /proc counts both, so the
+  wake-up part of the window's wait D is D x voluntary / (voluntary + involuntary)
+  switches (the same mean wait after either kind is assumed). That part goes to the
+  blocking lines, in proportion to their blocked time, at most each line's R-state
+  time (a sample there keeps the rest of its weight). Then every on-CPU sample's
+  weight is multiplied by C / (C + q D) over [t_i - h, t_i + h], q the part of D the
+  blocking lines did not take (preemption, and what they could not hold), so no
+  wait is removed twice; with no blocking line and a stationary wait every weight is
+  equal (q = 1: the C / (C + D) above). A thread that sleeps at a barrier inside
+  compute (an OpenMP join) has a "blocking line" that also runs: the switch counts
+  keep its preemption waits off that line. Without schedstat (no D) every on-CPU
+  weight is 1.
+- **--idle samples** (threads with CPU but no on-CPU sample: py-spy knows no kernel
+  tid before Python 3.11, or `--no-on-cpu-run`) stand for wall time: the weight is
+  the thread's CPU utilisation (0..1) over [t_i - h, t_i + h]. A thread that slept
+  the whole window gives its samples ~0 CPU no matter how many there are; a thread
+  that alternated pickling and sleeping in phases longer than h gives its CPU to the
+  pickling samples.
 
-So an idle sample (thread asleep in a wait) takes CPU only to the extent that the
-thread really used CPU around that moment: a thread that slept the whole window
-gives its samples ~0 CPU no matter how many there are; a thread that alternated
-pickling and sleeping gives its CPU to the pickling samples, not to the sleep
-samples. If every w_i is 0 while delta > 0 (usage too short to show in the series),
-the delta falls back to uniform so no measured CPU is dropped.
+A sample that is one look at a thread while it ran (on-CPU samples) is what makes
+threads sharing the GIL come out right: a thread waiting for the GIL is off-CPU at
+whatever Python line it waits on (often a function entry such as json.dumps), and
+only on-CPU samples exclude those moments.
+
+If every w_i of a thread is 0 while its delta > 0 (usage too short to show in the
+series), the delta falls back to uniform so no measured CPU is dropped.
 
 Threads py-spy saw but serwatt could not map to a kernel tid share a pool: the CPU
 of the process's kernel threads that no sample maps to, spread uniformly over the
 unmapped samples. With no unmapped samples, that CPU (native threads: OpenMP,
 CUDA, NCCL helpers, threads that are not Python) goes to `other`, which is where
 the target's CPU outside every sampled Python stack belongs.
-
-Run-queue wait (`runqueue_weights`). A thread that is runnable but waiting for a CPU
-is in state R, so the on-CPU run samples it too, at the line it will resume at.
-After a wakeup that is the line it blocked on (the sleep, the queue get), so on an
-oversubscribed CPU a thread's CPU leaks onto its blocking lines. Per thread, schedstat
-gives the window's run-queue wait D but not which samples were waits; the --idle run
-shows where the thread was blocked: a leaf line whose wall time (its --idle samples)
-exceeds its R-state time (its on-CPU samples) by more than twice the Poisson noise of
-the --idle count is a blocking line, blocked for the difference. D goes to the
-blocking lines in proportion to that, at most each line's R-state time, and an
-on-CPU sample there keeps the running part of its weight. Waits from preemption (any
-line, in proportion to running) are left where they are: they do not move shares.
 
 Wall seconds per codepath = samples x (window wall time / ticks): time some thread
 spent there, counted per thread (two threads in pickle for 1 s give 2 s).
@@ -61,35 +81,100 @@ from profiler.classify.codepaths import CODEPATHS, Classification
 from profiler.sampling.window import CodepathWindow
 
 
+def _interp(t: Sequence[float], v: Sequence[float], when: float) -> float:
+    """v at `when`, linearly interpolated between the points, clamped to the ends."""
+    if not t:
+        return 0.0
+    if when <= t[0]:
+        return v[0]
+    if when >= t[-1]:
+        return v[-1]
+    i = bisect.bisect_right(t, when)
+    t0, t1 = t[i - 1], t[i]
+    if t1 <= t0:
+        return v[i]
+    return v[i - 1] + (v[i] - v[i - 1]) * (when - t0) / (t1 - t0)
+
+
 @dataclass(frozen=True)
 class CpuSeries:
-    """Cumulative CPU seconds of one thread at host times (both ascending)."""
+    """Cumulative CPU seconds of one thread at host times (ascending), and its
+    cumulative run-queue wait seconds at the same times when schedstat gives them."""
 
     t: tuple[float, ...]
     cpu_s: tuple[float, ...]
+    wait_s: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.cpu_s) != len(self.t) or (
+            self.wait_s is not None and len(self.wait_s) != len(self.t)
+        ):
+            raise ValueError("a CpuSeries needs one value per time")
 
     def at(self, when: float) -> float:
         """Cumulative CPU at `when`, linearly interpolated, clamped to the ends."""
-        if not self.t:
-            return 0.0
-        if when <= self.t[0]:
-            return self.cpu_s[0]
-        if when >= self.t[-1]:
-            return self.cpu_s[-1]
-        i = bisect.bisect_right(self.t, when)
-        t0, t1 = self.t[i - 1], self.t[i]
-        c0, c1 = self.cpu_s[i - 1], self.cpu_s[i]
-        if t1 <= t0:
-            return c1
-        return c0 + (c1 - c0) * (when - t0) / (t1 - t0)
+        return _interp(self.t, self.cpu_s, when)
+
+    def runnable_at(self, when: float) -> float:
+        """Cumulative runnable time (CPU + run-queue wait) at `when`."""
+        wait = _interp(self.t, self.wait_s, when) if self.wait_s is not None else 0.0
+        return self.at(when) + wait
+
+    def _clip(self, lo: float, hi: float) -> tuple[float, float]:
+        if self.t:
+            lo, hi = max(lo, self.t[0]), min(hi, self.t[-1])
+        return lo, hi
 
     def utilisation(self, when: float, half_width_s: float) -> float:
-        lo, hi = when - half_width_s, when + half_width_s
-        lo = max(lo, self.t[0]) if self.t else lo
-        hi = min(hi, self.t[-1]) if self.t else hi
+        """CPU per wall second (0..1) over [when - h, when + h]."""
+        lo, hi = self._clip(when - half_width_s, when + half_width_s)
         if hi <= lo:
             return 0.0
-        return max(0.0, (self.at(hi) - self.at(lo)) / (hi - lo))
+        return min(1.0, max(0.0, (self.at(hi) - self.at(lo)) / (hi - lo)))
+
+    def running_fraction(
+        self, when: float, half_width_s: float, *, wait_part: float = 1.0
+    ) -> float | None:
+        """CPU / (CPU + wait_part x run-queue wait) over [when - h, when + h]: the part
+        of the thread's runnable time that it ran (wait_part: the part of the wait
+        that counts here). None without wait data or runnable time."""
+        if self.wait_s is None:
+            return None
+        lo, hi = self._clip(when - half_width_s, when + half_width_s)
+        if hi <= lo:
+            return None
+        cpu = max(0.0, self.at(hi) - self.at(lo))
+        wait = max(0.0, _interp(self.t, self.wait_s, hi) - _interp(self.t, self.wait_s, lo))
+        runnable = cpu + wait_part * wait
+        if runnable <= 0:
+            return None
+        return cpu / runnable
+
+
+def runnable_times(n: int, series: CpuSeries, start: float, end: float) -> list[float] | None:
+    """Host times of a thread's n on-CPU samples over [start, end]: the k-th at the
+    (k + 0.5)/n quantile of its cumulative runnable time. None when the series shows
+    no runnable time in the span (keep the sampler's own times)."""
+    if n <= 0 or end <= start or len(series.t) < 2:
+        return None
+    inner = [t for t in series.t if start < t < end]
+    ts = [start, *inner, end]
+    rs = [series.runnable_at(t) for t in ts]
+    for i in range(1, len(rs)):  # a hostile or wrapped counter must not run backwards
+        rs[i] = max(rs[i], rs[i - 1])
+    total = rs[-1] - rs[0]
+    if total <= 0:
+        return None
+    out: list[float] = []
+    j = 1
+    for k in range(n):
+        target = rs[0] + total * (k + 0.5) / n
+        while j < len(rs) - 1 and rs[j] < target:
+            j += 1
+        r0, r1 = rs[j - 1], rs[j]
+        t0, t1 = ts[j - 1], ts[j]
+        out.append(t1 if r1 <= r0 else t0 + (t1 - t0) * (target - r0) / (r1 - r0))
+    return out
 
 
 @dataclass(frozen=True)
@@ -99,8 +184,41 @@ class Weighting:
     unsampled_cpu_s: float  # measured CPU no sample could take (goes to `other`)
 
 
+@dataclass(frozen=True)
+class RunqueueWeights:
+    """What `runqueue_weights` gives per on-CPU sample, and the wait it accounted for."""
+
+    weights: tuple[float, ...]  # the running part (0..1) of the runnable time each stands for
+    times: tuple[float, ...]  # each sample's host time (placed on runnable time)
+    blocking_s: float  # run-queue wait taken off blocking lines (wake-up waits)
+    preemption_s: float  # run-queue wait taken off the other samples, by local wait
+
+
 def _leaf_line(s: Sample) -> tuple[str, int] | None:
     return (s.frames[0].filename, s.frames[0].line) if s.frames else None
+
+
+def _blocking_waits(
+    lines: Mapping[tuple[str, int] | None, list[int]],
+    idle_counts: Counter,
+    wait_s: float,
+    on_cpu_rate_hz: float,
+    idle_rate_hz: float,
+) -> dict[tuple[str, int] | None, float]:
+    """Wake-up wait seconds per blocking line (module doc), at most its R-state time."""
+    blocked: dict[tuple[str, int] | None, float] = {}
+    for line, n_idle in idle_counts.items():
+        r_s = len(lines.get(line, ())) / on_cpu_rate_hz
+        b = n_idle / idle_rate_hz - r_s
+        if line is not None and n_idle >= 2 and b > 2 * math.sqrt(n_idle) / idle_rate_hz:
+            blocked[line] = b
+    total_b = sum(blocked.values())
+    out = {}
+    for line, b in blocked.items():
+        n = len(lines.get(line, ()))
+        if n:
+            out[line] = min(n / on_cpu_rate_hz, wait_s * b / total_b)
+    return out
 
 
 def runqueue_weights(
@@ -110,42 +228,66 @@ def runqueue_weights(
     on_cpu_rate_hz: float,
     idle_rate_hz: float,
     wait_per_tid_s: Mapping[int, float],
-) -> tuple[list[float], float]:
-    """Per on-CPU sample, the running part (0..1) of the R-state time it stands for;
-    and the run-queue seconds taken off blocking lines (model in the module doc)."""
+    wakeup_share_per_tid: Mapping[int, float] | None = None,
+    series: Mapping[int, CpuSeries] | None = None,
+    span: tuple[float, float] | None = None,
+    half_width_s: float = 0.1,
+) -> RunqueueWeights:
+    """Per on-CPU sample, the running part (0..1) of the runnable time it stands for,
+    and its time (model in the module doc). wakeup_share_per_tid: the voluntary part
+    of each thread's switch-outs, the most of its wait that blocking lines may take
+    (a thread not in it: all). span: the window's [start, end] on the host clock,
+    where a thread's on-CPU samples are placed on its runnable time (None, or a
+    thread without a series: the samples keep their times)."""
     out = [1.0] * len(on_cpu)
+    times = [s.t for s in on_cpu]
     if on_cpu_rate_hz <= 0 or idle_rate_hz <= 0:
-        return out, 0.0
-    r_lines: dict[int, dict[tuple[str, int] | None, list[int]]] = {}
+        return RunqueueWeights(tuple(out), tuple(times), 0.0, 0.0)
+    by_tid: dict[int, list[int]] = {}
     for i, s in enumerate(on_cpu):
         if s.tid is not None:
-            r_lines.setdefault(s.tid, {}).setdefault(_leaf_line(s), []).append(i)
+            by_tid.setdefault(s.tid, []).append(i)
     idle_counts: dict[int, Counter] = {}
     for s in idle:
-        if s.tid in r_lines:
+        if s.tid in by_tid:
             idle_counts.setdefault(s.tid, Counter())[_leaf_line(s)] += 1
-    taken = 0.0
-    for tid, lines in r_lines.items():
+    blocking = preemption = 0.0
+    for tid, idx in by_tid.items():
+        ser = series.get(tid) if series else None
+        if ser is not None and span is not None:
+            placed = runnable_times(len(idx), ser, *span)
+            if placed is not None:
+                for i, t in zip(idx, placed, strict=True):
+                    times[i] = t
         wait_s = wait_per_tid_s.get(tid, 0.0)
         if wait_s <= 0:
             continue
-        blocked: dict[tuple[str, int] | None, float] = {}
-        for line, n_idle in idle_counts.get(tid, Counter()).items():
-            r_s = len(lines.get(line, ())) / on_cpu_rate_hz
-            b = n_idle / idle_rate_hz - r_s
-            if line is not None and n_idle >= 2 and b > 2 * math.sqrt(n_idle) / idle_rate_hz:
-                blocked[line] = b
-        total_b = sum(blocked.values())
-        for line, b in blocked.items():
-            idx = lines.get(line, [])
-            if not idx:
-                continue
-            r_s = len(idx) / on_cpu_rate_hz
-            d = min(r_s, wait_s * b / total_b)
-            taken += d
-            for i in idx:
-                out[i] = 1.0 - d / r_s
-    return out, taken
+        lines: dict[tuple[str, int] | None, list[int]] = {}
+        for i in idx:
+            lines.setdefault(_leaf_line(on_cpu[i]), []).append(i)
+        share = 1.0 if wakeup_share_per_tid is None else wakeup_share_per_tid.get(tid, 1.0)
+        at_lines = _blocking_waits(
+            lines,
+            idle_counts.get(tid, Counter()),
+            wait_s * min(1.0, max(0.0, share)),
+            on_cpu_rate_hz,
+            idle_rate_hz,
+        )
+        for line, d in at_lines.items():
+            blocking += d
+            for i in lines[line]:
+                out[i] = 1.0 - d * on_cpu_rate_hz / len(lines[line])
+        if ser is None:
+            continue  # no local wait data: the rest of the wait moves no share
+        # every sample's runnable time also holds the part of the local wait that the
+        # blocking lines did not take (preemption): the running part of the rest
+        left = max(0.0, 1.0 - sum(at_lines.values()) / wait_s)
+        for i in idx:
+            f = ser.running_fraction(times[i], half_width_s, wait_part=left)
+            if f is not None:
+                preemption += out[i] * (1.0 - f) / on_cpu_rate_hz
+                out[i] *= f
+    return RunqueueWeights(tuple(out), tuple(times), blocking, preemption)
 
 
 def distribute_cpu(
