@@ -293,6 +293,23 @@ class _Run:
             due.append(now + EXIT_CHECK_S)
         return min(due)
 
+    def close(self) -> None:
+        """Reap py-spy and close its pipe now. A failed window's error holds these
+        objects through a reference cycle (error, traceback, the sampling thread's
+        frame, its job), so leaving the pipe to the garbage collector kept it open
+        for many windows after each failure (bench/soak.py counts the daemon's fds)."""
+        proc = getattr(self, "proc", None)
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        reader = getattr(self, "reader", None)
+        if reader is not None:
+            reader.join(timeout=5)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
     @property
     def text(self) -> str:
         return "".join(self.lines)
@@ -483,7 +500,11 @@ class PySpy:
             finally:
                 if linked:
                     stop_event.unlink(wake)  # type: ignore[union-attr]
-            docs = [run.finish(procfs) for run in runs]
+            try:
+                docs = [run.finish(procfs) for run in runs]
+            finally:
+                for run in runs:
+                    run.close()
 
         def assemble(i: int) -> WindowSamples:
             # A run's span: py-spy's banner to its end line, else spawn to exit.
