@@ -136,8 +136,13 @@ TARGETS: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 
 
+# in every target's command line: this run's own, so soaks running side by side (a CI
+# run beside a long one) never watch each other's targets
+RUN_TOKEN = f"{os.getpid()}-{os.urandom(3).hex()}"
+
+
 def marker(name: str) -> str:
-    return f"soakmark-{name}-"
+    return f"soakmark-{RUN_TOKEN}-{name}-"
 
 
 @dataclass
@@ -421,9 +426,17 @@ def rss_check(samples: list[tuple[float, float, int, int]], goal: float, run_s: 
         "rss_after_warmup_mb": ys[0],
         "rss_last_mb": ys[-1],
         "rss_max_mb": max(r for _, r, _, _ in samples),
+        "rss_mean_mb_by_minute": _by_minute(samples),
     }
     verdict = "confirmed" if hi < goal else "not met" if lo > goal else "undecided"
     return Check("rss", verdict, figures)
+
+
+def _by_minute(samples: list[tuple[float, float, int, int]]) -> list[float]:
+    minutes: dict[int, list[float]] = {}
+    for t, rss, _, _ in samples:
+        minutes.setdefault(int(t // 60), []).append(rss)
+    return [round(sum(v) / len(v), 1) for _, v in sorted(minutes.items())]
 
 
 def idle_check(name: str, before: dict[str, int], after: dict[str, int], keys, run) -> Check:
