@@ -17,9 +17,11 @@ pytest.importorskip("scipy")
 
 REPO = Path(__file__).resolve().parents[1]
 
-# Over 2 minutes after a 1-minute warm-up a leak is only seen when it is large: this
-# bound is the growth that would take the daemon from ~60 MB to the unit's MemoryMax
-# (1 GiB) within a day, 0.7 MB/min; the 30-minute bench holds it to 150 MB over 30 days.
+# RSS slope after a 1-minute warm-up, over 2 minutes: too short to confirm the 30-minute
+# bench's goal (150 MB after 30 days), so the test fails only on a clear leak: the
+# slope's whole 95% interval above 0.7 MB/min (~60 MB to the unit's MemoryMax of 1 GiB
+# in a day). With glibc's default arenas the daemon measured 8.2 MB/min (7.5-8.9) here;
+# with the daemon's 2 arenas 0.32 (0.08-0.57), on a VM at load 20-30.
 RSS_GOAL_MB_PER_MIN = 0.7
 
 
@@ -54,6 +56,7 @@ def test_three_minute_soak_loses_nothing_and_leaks_nothing(tmp_path: Path) -> No
     log = (workdir / "daemon.log").read_text(errors="replace")
     assert set(checks) == {
         "rss",
+        "rss_bound",
         "fds",
         "threads",
         "windows",
@@ -66,6 +69,7 @@ def test_three_minute_soak_loses_nothing_and_leaks_nothing(tmp_path: Path) -> No
         name: (c["verdict"], c["detail"], c["figures"])
         for name, c in checks.items()
         if c["verdict"] not in ("holds", "confirmed")
+        and not (name == "rss" and c["verdict"] == "undecided")
     }
     tail = "\n".join(log.splitlines()[-40:])
     assert not failed, f"{failed}\n--- soak output ---\n{proc.stdout}\n--- daemon log ---\n{tail}"
@@ -77,4 +81,4 @@ def test_three_minute_soak_loses_nothing_and_leaks_nothing(tmp_path: Path) -> No
     assert checks["reloads"]["figures"]["sighups"] >= 2
     endings = checks["kills"]["figures"]["endings"]
     assert {"SIGABRT", "SIGSEGV"} <= set(endings), endings
-    assert proc.returncode == 0, proc.stdout
+    assert proc.returncode in (0, 1), proc.stdout  # 1: an undecided rss slope
