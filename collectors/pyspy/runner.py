@@ -298,6 +298,23 @@ class _Run:
             due.append(now + EXIT_CHECK_S)
         return min(due)
 
+    def close(self) -> None:
+        """Reap py-spy and close its pipe now. A failed window's error holds these
+        objects through a reference cycle (error, traceback, the sampling thread's
+        frame, its job), so leaving the pipe to the garbage collector kept it open
+        for many windows after each failure (bench/soak.py counts the daemon's fds)."""
+        proc = getattr(self, "proc", None)
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        reader = getattr(self, "reader", None)
+        if reader is not None:
+            reader.join(timeout=5)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
     @property
     def text(self) -> str:
         return "".join(self.lines)
@@ -522,14 +539,20 @@ class PySpy:
             # Finish (kill if need be, and reap) every run before raising for one: a run
             # left behind would be a py-spy nobody waits for, outside the sampler bound.
             finished: list[Any] = []
-            for run in runs:
-                try:
-                    limit = MAX_CHANGES_BYTES if run is timing else None
-                    finished.append(run.finish(procfs, max_bytes=limit))
-                except (SamplingError, ValueError) as exc:
-                    if run is not timing and not isinstance(exc, SamplingError):
-                        exc = SamplingError(f"py-spy's output for pid {pid} is unreadable: {exc}")
-                    finished.append(exc)
+            try:
+                for run in runs:
+                    try:
+                        limit = MAX_CHANGES_BYTES if run is timing else None
+                        finished.append(run.finish(procfs, max_bytes=limit))
+                    except (SamplingError, ValueError) as exc:
+                        if run is not timing and not isinstance(exc, SamplingError):
+                            exc = SamplingError(
+                                f"py-spy's output for pid {pid} is unreadable: {exc}"
+                            )
+                        finished.append(exc)
+            finally:
+                for run in runs:
+                    run.close()
             counted = [out for run, out in zip(runs, finished, strict=True) if run is not timing]
             for outcome in counted:
                 if isinstance(outcome, SamplingError):

@@ -145,6 +145,9 @@ class Daemon:
         self._governor = RateGovernor(config.cpu_budget_cores, config.sample_rate_hz)
         self._abandoned: list[SamplingJob] = []
         self._in_flight: set[tuple[int, float]] = set()  # keys with a window running
+        # every window started; the exit log line sets it beside the applied and failed
+        # ones, so a window lost between them shows (bench/soak.py checks the sum)
+        self._windows_started = 0
         self._classifiers: ClassifierPool = None  # type: ignore[assignment]
         self._recorder: Any = None
         # serialization episodes of every tracked process (its windows come in order)
@@ -428,6 +431,7 @@ class Daemon:
             self._pool.submit(job, work)
             self._in_flight.add(job.key)
             jobs.append(job)
+        self._windows_started += len(jobs)
         return jobs
 
     def _apply_slot(self, jobs: list[SamplingJob], slot_start: float, slot_end: float) -> None:
@@ -717,7 +721,14 @@ class Daemon:
                 log.error("cannot finish run %s: %s", run_id, exc)
         self._open_runs.clear()
         self._close()
-        log.info("stopped")
+        snap = self.ledger.snapshot()
+        errors = ", ".join(f"{t}/{k}={n}" for (t, k), n in sorted(snap.sampler_errors.items()))
+        log.info(
+            "stopped: %d window(s) started, %d applied; sampler errors: %s",
+            self._windows_started,
+            snap.windows,
+            errors or "none",
+        )
 
     def _status_line(self) -> str:
         up = sum(1 for t in self._tracked.values() if t.refused is None)
