@@ -111,7 +111,10 @@ def test_waits_after_wakeups_are_taken_off_the_sleep_line(tmp_path: Path) -> Non
     err, err_even = abs(got - truth) * 100, abs(even - truth) * 100
     print(f"serialization: truth {truth:.4f}, serwatt {got:.4f}, even spread {even:.4f}")
     assert err_even > 5, f"no wait after wakeups: {even:.3f} vs {truth:.3f}"
-    # the correction removed 25-45% of the error on the loaded VM (docs/sampling.md
-    # "Under CPU contention"); undone, serwatt's share is the even spread's, so any
-    # factor under 1 fails then; 0.9 leaves room for this workload's noise
-    assert err <= 0.9 * err_even, (got, truth, even)
+    # The same windows weighted both ways: undone, serwatt's share is exactly the even
+    # spread's. The correction moves it toward the truth: by 0.7-3.2 pp on a quiet VM
+    # (load 1-1.4: e.g. 64.0% against 60.7%, truth 97.8%), by 25-45% of the error on a
+    # loaded one (docs/sampling.md "Under CPU contention"). 0.25 pp is clear of float
+    # noise, and of zero, which is what undoing it gives.
+    assert even < truth and got - even >= 0.0025, (got, truth, even)
+    assert err < err_even, (got, truth, even)
