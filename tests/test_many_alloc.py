@@ -23,7 +23,8 @@ REPO = Path(__file__).resolve().parents[1]
 SLOT_ELEMS = 65536  # float32: 256 KiB per slot
 
 
-def _update_peak(arena: Arena, values: list[np.ndarray]) -> int:
+def update_peak(arena: Arena, values: list[np.ndarray]) -> int:
+    """tracemalloc peak of updating slots s0..s(n-1) to `values` in place, then one commit."""
     arena.update("s0", values[0])  # first-call caches (numpy, blake3) are not per-update cost
     arena.commit()
     tracemalloc.start()
@@ -48,7 +49,7 @@ def test_in_place_update_allocates_o_k_independent_of_state_size(tmp_path: Path)
         with Arena.create(path, {f"s{i}": ((SLOT_ELEMS,), np.float32) for i in range(n)}) as arena:
             for k in (1, 16):
                 values = [np.full(SLOT_ELEMS, j + 1, dtype=np.float32) for j in range(k)]
-                peaks[(total_mib, k)] = _update_peak(arena, values)
+                peaks[(total_mib, k)] = update_peak(arena, values)
             arena.commit()
         assert verify(path) == []
         path.unlink()

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from profiler.many import Arena, verify
+from tests.test_many_alloc import update_peak
 
 REPO = Path(__file__).resolve().parents[1]
 SLOT_ELEMS = 65536  # float32: 256 KiB per slot, as bench/many_proofs.py
@@ -30,17 +31,7 @@ GIB4 = 4 << 30
 
 def _update_peak(arena: Arena, k: int) -> int:
     """tracemalloc peak of updating slots s0..s(k-1) in place, then one commit."""
-    values = [np.full(SLOT_ELEMS, j + 1, dtype=np.float32) for j in range(k)]
-    arena.update("s0", values[0])  # first-call caches (numpy, blake3) are not per-update cost
-    arena.commit()
-    tracemalloc.start()
-    try:
-        for j, v in enumerate(values):
-            arena.update(f"s{j}", v)
-        arena.commit()
-        return tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    return update_peak(arena, [np.full(SLOT_ELEMS, j + 1, dtype=np.float32) for j in range(k)])
 
 
 def test_update_of_k_slots_at_4_gib_allocates_as_at_16_mib(tmp_path: Path) -> None:

@@ -22,14 +22,18 @@ whose `E` does not close the frame on top is refused.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from collectors.pyspy.speedscope import partial_flags
 from collectors.pyspy.threads import ThreadMapping
 from collectors.samples import Frame, Sample
+
+if TYPE_CHECKING:
+    from collectors.pyspy.speedscope import WindowSamples
 
 # 10 s windows at 400 Hz of a few busy threads are ~10^5 events; far past that the file
 # is not a window of a training process.
@@ -191,3 +195,39 @@ def timed_changes(
             )
     out.sort(key=lambda s: s.t)
     return tuple(out)
+
+
+@dataclass(frozen=True)
+class RawChanges:
+    """A stack-change run's output as read, with what timing it needs: the host time of
+    its ts 0 (py-spy's spawn) and when its banner was seen (bounds how late that is)."""
+
+    text: str
+    anchor: float
+    banner_at: float
+    rate_hz: float
+
+
+def resolve_changes(window: WindowSamples) -> WindowSamples:
+    """The window with its stack-change run parsed into `changes` (or, when the output
+    is not a py-spy chrometrace, a note saying why and no changes)."""
+    raw = window.changes_raw
+    if raw is None:
+        return window
+    try:
+        trace = parse_chrometrace(json.loads(raw.text))
+    except ValueError as exc:  # json.JSONDecodeError is one
+        note = f"no stack-change timing this window (unreadable chrometrace: {exc})"
+        errors = replace(window.errors, notes=(*window.errors.notes, note))
+        return replace(window, errors=errors, changes_raw=None)
+    anchor = raw.anchor
+    # the first event is py-spy's first sample, moments before or after its banner
+    uncertainty = max(0.0, raw.banner_at - (anchor + trace.first_ts_s))
+    return replace(
+        window,
+        changes=timed_changes(window.pid, trace, window.mapping, host_of=lambda ts: anchor + ts),
+        changes_rate_hz=raw.rate_hz,
+        changes_end=anchor + trace.end_ts_s,
+        changes_clock_s=uncertainty,
+        changes_raw=None,
+    )

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from collectors import procstat, sched
-from collectors.pyspy.chrometrace import parse_chrometrace, timed_changes
+from collectors.pyspy.chrometrace import RawChanges
 from collectors.pyspy.speedscope import (
     WindowSamples,
     assemble_samples,
@@ -319,7 +319,7 @@ class _Run:
     def text(self) -> str:
         return "".join(self.lines)
 
-    def finish(self, procfs: Path, *, max_bytes: int | None = None) -> Any:
+    def finish(self, procfs: Path, *, max_bytes: int | None = None, raw: bool = False) -> Any:
         if self.proc.poll() is None:
             self.proc.kill()
             self.killed = True
@@ -338,7 +338,8 @@ class _Run:
                 f"py-spy wrote {self.out.stat().st_size} bytes for pid {self.pid}, "
                 f"more than {max_bytes}: not read"
             )
-        return json.loads(self.out.read_text())
+        text = self.out.read_text()
+        return text if raw else json.loads(text)
 
 
 class PySpy:
@@ -542,8 +543,11 @@ class PySpy:
             try:
                 for run in runs:
                     try:
-                        limit = MAX_CHANGES_BYTES if run is timing else None
-                        finished.append(run.finish(procfs, max_bytes=limit))
+                        if run is timing:  # read now, parsed off the sampling path
+                            text = run.finish(procfs, max_bytes=MAX_CHANGES_BYTES, raw=True)
+                            finished.append(text)
+                        else:
+                            finished.append(run.finish(procfs))
                     except (SamplingError, ValueError) as exc:
                         if run is not timing and not isinstance(exc, SamplingError):
                             exc = SamplingError(
@@ -622,35 +626,27 @@ class PySpy:
 
     @staticmethod
     def _with_changes(
-        result: WindowSamples, run: _Run, doc: Any, problem: str | None, *, rate_hz: float
+        result: WindowSamples, run: _Run, text: Any, problem: str | None, *, rate_hz: float
     ) -> WindowSamples:
-        """The window with the timing run's stack changes, or a note saying why not."""
-        if problem is None:
-            try:
-                trace = parse_chrometrace(doc)
-            except ValueError as exc:
-                problem = f"unreadable chrometrace: {exc}"
+        """The window with the timing run's output, to be parsed by `resolve_changes`
+        off the sampling path (parsing a window's events takes a good part of a second
+        on a busy target, and windows must stay back to back), or a note saying why not.
+
+        ts counts from py-spy's start (its recorder is made before it attaches), so the
+        host time of ts 0 is the spawn, give or take py-spy's own start-up (ms). Not the
+        banner: that is stamped when serwatt's reader thread gets to the line, which on a
+        loaded node was measured up to 0.35 s late; it bounds how late the anchor can be."""
         if problem is not None:
             note = f"no stack-change timing this window ({problem})"
             errors = replace(result.errors, notes=(*result.errors.notes, note))
             return replace(result, errors=errors)
-        # ts counts from py-spy's start (its recorder is made before it attaches), so
-        # the host time of ts 0 is the spawn, give or take py-spy's own start-up (ms).
-        # Not the banner: that is stamped when serwatt's reader thread gets to the line,
-        # which on a loaded node was measured up to 0.35 s late.
-        # The first event is py-spy's first sample, moments before or after its banner:
-        # the banner's stamp bounds how late that anchor can be (0 on a quiet node).
-        anchor = run.spawned_at
-        first_host = anchor + trace.first_ts_s
-        uncertainty = max(0.0, run.marks.get("start", run.exit_at) - first_host)
-        changes = timed_changes(result.pid, trace, result.mapping, host_of=lambda ts: anchor + ts)
-        return replace(
-            result,
-            changes=changes,
-            changes_rate_hz=rate_hz,
-            changes_end=anchor + trace.end_ts_s,
-            changes_clock_s=uncertainty,
+        raw = RawChanges(
+            text=str(text),
+            anchor=run.spawned_at,
+            banner_at=run.marks.get("start", run.exit_at),
+            rate_hz=rate_hz,
         )
+        return replace(result, changes_raw=raw)
 
     @staticmethod
     def _supervise(

@@ -161,6 +161,9 @@ class WindowSamples:
     # how far the changes' host times may be off (the same for all of them: one offset
     # per run; durations inside the window do not depend on it)
     changes_clock_s: float = 0.0
+    # that run's output as read, until collectors.pyspy.chrometrace.resolve_changes
+    # parses it into the fields above (off the sampling path)
+    changes_raw: Any = None
 
 
 def assemble_samples(

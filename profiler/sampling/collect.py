@@ -35,6 +35,7 @@ from typing import Protocol
 
 from collectors import procstat
 from collectors.pyspy import PySpy, SamplingError, TargetGone, WindowSamples
+from collectors.pyspy.chrometrace import resolve_changes
 from collectors.samples import Sample
 from profiler.classify.codepaths import Classification
 from profiler.classify.durability import reader_for
@@ -209,7 +210,7 @@ def finish_window(
     deadline = time.monotonic() + (CLASSIFY_DEADLINE_S if deadline_s is None else deadline_s)
     durability = reader_for(classifier)
     counts_before = _classify_counts(classifier, durability)
-    window, cpu, pid, procfs = raw.window, raw.cpu, raw.pid, raw.procfs
+    window, cpu, pid, procfs = resolve_changes(raw.window), raw.cpu, raw.pid, raw.procfs
     proc_root: Path | None = procfs / str(pid) / "root"
     if not procstat.exists(pid, procfs):
         # /proc/<pid>/root died with the target; the call-site rules still need its
