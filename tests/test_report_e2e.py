@@ -27,16 +27,17 @@ SERWATT = [sys.executable, "-m", "profiler"]
 # and `.many` a 64 MB one: JSON still stalls some 20 times longer per checkpoint with 16 times
 # less data (the difference is large by construction), and the `.many` saves (~0.1 s, a
 # training step apart) are long enough at 200 Hz for each to be its own episode; with an
-# 8 MB state they take ~15 ms, a few ms apart, and two can read as one. WINDOW_S: 10 s
-# windows leave one or two py-spy restart gaps (~0.1-0.3 s each, unobserved) in a run, not
-# one every 2 s, so a checkpoint seldom falls into one.
+# 8 MB state they take ~15 ms, a few ms apart, and two can read as one. WINDOW_S: each run
+# is one window (torch's import takes ~8-10 s, then 12 steps in ~3 s), so no checkpoint can
+# fall into a py-spy restart gap (0.1-0.4 s, unobserved); with 10 s windows the one
+# boundary fell among the checkpoints, and a fresh-clone CI run lost two of six to it.
 RUNS = {
     "aa-1": ("torch", 96, 100),
     "aa-2": ("torch", 96, 100),
     "ab-json": ("json", 4, 200),
     "ab-many": ("many", 64, 200),
 }
-WINDOW_S = 10
+WINDOW_S = 60
 
 
 def serwatt(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
