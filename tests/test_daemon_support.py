@@ -176,7 +176,10 @@ class DaemonProc:
         *,
         notify: NotifyListener | None = None,
         watchdog_usec: int | None = None,
+        argv: list[str] | None = None,
     ) -> None:
+        """argv: the daemon's command line instead of `serwatt daemon --config FILE`
+        (e.g. tests/replayed_daemon.py, the daemon with NVML replayed)."""
         env = dict(os.environ)
         env.pop("NOTIFY_SOCKET", None)
         env.pop("WATCHDOG_USEC", None)
@@ -188,7 +191,7 @@ class DaemonProc:
         self.log_path = log_path
         self._log = open(log_path, "ab")  # noqa: SIM115 (closed in wait())
         self.proc = subprocess.Popen(
-            [PYTHON, "-m", "profiler", "daemon", "--config", str(config_path)],
+            argv or [PYTHON, "-m", "profiler", "daemon", "--config", str(config_path)],
             cwd=REPO,
             env=env,
             stdout=self._log,
