@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from collectors.pyspy.speedscope import partial_flags
+from collectors.pyspy.speedscope import label_thread_id, partial_flags
 from collectors.pyspy.threads import ThreadMapping
 from collectors.samples import Frame, Sample
 
@@ -179,7 +179,7 @@ def timed_changes(
     out: list[Sample] = []
     for th in trace.threads:
         tid = mapping.tid_of.get(th.label)
-        thread_id = int(th.label, 16) if th.label.lower().startswith("0x") else (tid or 0)
+        thread_id = label_thread_id(th.label)
         stacks = [c.frames for c in th.changes]
         for change, partial in zip(th.changes, partial_flags(stacks), strict=True):
             out.append(

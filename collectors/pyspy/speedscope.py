@@ -31,6 +31,18 @@ class ThreadTrack:
     def pthread_id(self) -> int | None:
         return int(self.label, 16) if self.label.lower().startswith("0x") else None
 
+    @property
+    def thread_id(self) -> int:
+        return label_thread_id(self.label)
+
+
+def label_thread_id(label: str) -> int:
+    """Sample.thread_id for a py-spy thread label: the pthread_t of a hex label, else the
+    kernel tid it names (0 when it is neither)."""
+    if label.lower().startswith("0x"):
+        return int(label, 16)
+    return int(label) if label.isdigit() else 0
+
 
 _PROFILE_NAME = re.compile(r'^Thread (\S+)(?: "(.*)")?$')
 _PSEUDO_FRAME = re.compile(r"^(thread \(|process \d+:)")
@@ -188,13 +200,12 @@ def assemble_samples(
         idx = tick_indices(len(tr.stacks), n_ticks, alive_at_end=alive)
         flags = partial_flags(tr.stacks)
         partial_total += sum(flags)
-        thread_id = tr.pthread_id if tr.pthread_id is not None else (tr.os_tid or 0)
         for k, stack, partial in zip(idx, tr.stacks, flags, strict=True):
             samples.append(
                 Sample(
                     pid=pid,
                     tid=tid,
-                    thread_id=thread_id,
+                    thread_id=tr.thread_id,
                     thread_name=tr.name,
                     t=times[k],
                     frames=stack,

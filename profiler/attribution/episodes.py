@@ -361,9 +361,15 @@ class EpisodeTracker:
         def took(ep: _Open, lo: float, hi: float) -> None:
             ep.take_cpu(cpu, ticks if ep.key in timed else None, lo, hi)
 
+        def took_last(ep: _Open) -> None:
+            """What this window, the one of its last cell, adds to the episode's figures."""
+            took(ep, ep.start if ep.window == seq else -math.inf, ep.last_edge)
+            timed_here = ep.key in timed
+            ep.cpu_at_end = _cumulative_cpu(report, ep.key, ep.last_edge) if timed_here else None
+
         def close(ep: _Open) -> None:
             if ep.hit_window == seq:
-                took(ep, ep.start if ep.window == seq else -math.inf, ep.last_edge)
+                took_last(ep)
             finishing.append(ep)
 
         cursors: dict[_Key, float] = {}
@@ -395,7 +401,6 @@ class EpisodeTracker:
                             cur.period = max(cur.period, period)
                             cur.lag = max(cur.lag, lag)
                             cur.hit_window = seq
-                            cur.cpu_at_end = _cumulative_cpu(report, key, b) if by_changes else None
                             self._take(cur, lab, b - a, sample=not by_changes)
                             cursor = b
                             continue
@@ -426,7 +431,6 @@ class EpisodeTracker:
                         start_clock=report.changes_clock_s if by_changes else 0.0,
                         cpu_at_start=_cumulative_cpu(report, key, a) if by_changes else None,
                     )
-                    cur.cpu_at_end = _cumulative_cpu(report, key, b) if by_changes else None
                     if a - begin < period / 2:
                         # its first sample is the window's first tick: it may have begun
                         # earlier
@@ -452,7 +456,7 @@ class EpisodeTracker:
             if ep.hit_window == seq:
                 ep.end_clock = report.changes_clock_s if key in timed else 0.0
                 ep.changes_period = max(ep.changes_period, report.changes_period_s)
-                took(ep, ep.start if ep.window == seq else -math.inf, ep.last_edge)
+                took_last(ep)
                 ep.pending_cpu_s = cpu.between(key, ep.last_edge, math.inf)
                 ep.pending_samples = counted.between(key, ep.last_edge, math.inf) if counted else 0
             else:
