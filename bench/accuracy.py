@@ -188,7 +188,7 @@ def timestamps(args: argparse.Namespace) -> int:
 
     from collectors.pyspy import PySpy
 
-    spy = PySpy()
+    spy = PySpy(priority=args.sampler_priority)
     proc = subprocess.Popen([sys.executable, "-c", PHASES])
     errors: list[float] = []
     agree = total = 0
@@ -230,8 +230,11 @@ def profile_once(
     busy: int = 0,
 ) -> tuple[dict[str, float], dict]:
     """One profiled run: (true shares, serwatt's profile document)."""
+    from collectors.pyspy import PySpy
     from profiler.profile.document import build_document
     from profiler.profile.session import ProfileSession
+
+    spy = PySpy(priority=args.sampler_priority)
 
     with tempfile.TemporaryDirectory() as tmp:
         wl = Path(tmp) / "accuracy_workload.py"
@@ -253,7 +256,7 @@ def profile_once(
             # warm the classifier's per-file caches outside the measured interval
             ProfileSession(
                 proc.pid, classifier=classifier, rate_hz=args.rate, window_s=2,
-                duration_s=2, follow_children=False, progress=None,
+                duration_s=2, follow_children=False, progress=None, pyspy=spy,
             ).run()  # fmt: skip
             os.kill(proc.pid, signal.SIGUSR1)
             session = ProfileSession(
@@ -265,6 +268,8 @@ def profile_once(
                 follow_children=False,
                 progress=None,
                 on_cpu_run=args.on_cpu_run,
+                pyspy=spy,
+                timing_rate_hz=timing_rate_hz(args),
             )
             result = session.run()
             os.kill(proc.pid, signal.SIGUSR1)
@@ -275,6 +280,15 @@ def profile_once(
                 p.wait()
         lines = [json.loads(x) for x in truth.read_text().splitlines()]
     return truth_shares(lines[0], lines[1], keys), build_document(result)
+
+
+def timing_rate_hz(args: argparse.Namespace) -> float | None:
+    """The stack-change run's rate, as `serwatt profile` chooses it (0: none)."""
+    from profiler.sampling.collect import default_timing_rate_hz
+
+    if args.timing_rate is None:
+        return default_timing_rate_hz(args.rate)
+    return args.timing_rate or None
 
 
 def interval(values: list[float]) -> tuple[float, float, float]:
@@ -351,6 +365,20 @@ def main() -> int:
         help="one py-spy per window (CPU on --idle samples)",
     )
     ap.add_argument(
+        "--timing-rate",
+        type=float,
+        default=None,
+        metavar="HZ",
+        help="the stack-change run (default: `serwatt profile`'s, 4x --rate up to 400 Hz; "
+        "0: none, so on-CPU samples are placed without the phase timeline)",
+    )
+    ap.add_argument(
+        "--sampler-priority",
+        choices=("auto", "required", "off"),
+        default="auto",
+        help="py-spy's scheduling (collectors/sched.py); off shows what it is worth",
+    )
+    ap.add_argument(
         "--timestamps",
         action="store_true",
         help="instead: measure the error of per-sample host timestamps",
@@ -367,7 +395,9 @@ def main() -> int:
     load = os.getloadavg()
     print(
         f"accuracy: {args.rate:g} Hz, {args.duration:g} s per run, {args.window:g} s windows, "
-        f"on-CPU run {'on' if args.on_cpu_run else 'off'}, {args.repeats} repeats, "
+        f"on-CPU run {'on' if args.on_cpu_run else 'off'}, stack-change run "
+        f"{timing_rate_hz(args) or 0:g} Hz, sampler priority "
+        f"{args.sampler_priority}, {args.repeats} repeats, "
         f"{os.cpu_count()} CPUs, load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at start"
     )
     if args.contention is None:

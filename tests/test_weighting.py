@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -12,6 +13,7 @@ from collectors.samples import Frame, Sample
 from profiler.classify.codepaths import CODEPATHS, Classification
 from profiler.sampling.weighting import (
     CpuSeries,
+    Phases,
     codepath_windows,
     distribute_cpu,
     runnable_times,
@@ -211,6 +213,55 @@ def test_compute_that_waits_for_a_cpu_weighs_less_than_a_save_that_ran_alone() -
     # the old weighting (uniform over on-CPU samples away from blocking lines): 25%
     plain = distribute_cpu(samples, {1: save_s + compute_s})
     assert _save_share(samples, plain.cpu_s) == pytest.approx(0.25, abs=0.01)
+
+
+def phase_changes(period_s: float = 2.0, save_s: float = 0.5, windows: int = 5):
+    """What the stack-change run gives for `phased()`'s thread: (time, codepath)."""
+    out = []
+    for w in range(windows):
+        out += [(w * period_s, "torch"), (w * period_s + save_s, "other")]
+    return out
+
+
+def test_the_stack_change_timeline_keeps_each_weight_in_its_own_phase() -> None:
+    """With the phases' edges known to a tick (the stack-change run), a sample's
+    running part is taken over its own phase only: the 1.8 pp mixing above goes, and a
+    sample whose placed time fell on the wrong side of an edge (placement is off by
+    ~0.1 s) is moved back into its phase before it is weighed."""
+    samples, series, save_s, compute_s = phased()
+    truth = save_s / (save_s + compute_s)
+    phases = {1: Phases.from_changes(phase_changes(), 10.0)}
+    codepaths = ["torch" if smp.frames == SAVE else "other" for smp in samples]
+    wait = series.wait_s[-1]
+
+    def share(on_cpu, **kw) -> float:
+        rq = runqueue_weights(
+            on_cpu, on_cpu, on_cpu_rate_hz=100, idle_rate_hz=100, wait_per_tid_s={1: wait},
+            series={1: series}, half_width_s=0.1, **kw,
+        )  # fmt: skip
+        return _save_share(
+            on_cpu, distribute_cpu(on_cpu, {1: save_s + compute_s}, prior=rq.weights).cpu_s
+        )
+
+    assert share(samples, phases=phases, codepaths=codepaths) == pytest.approx(truth, abs=1e-3)
+    # every sample's time 0.08 s late: a save sample near its end now sits in compute
+    late = [replace(smp, t=smp.t + 0.08) for smp in samples]
+    without = share(late)
+    assert abs(without - truth) > 0.02
+    assert share(late, phases=phases, codepaths=codepaths) == pytest.approx(truth, abs=1e-3)
+    with pytest.raises(ValueError, match="align"):
+        share(samples, phases=phases, codepaths=codepaths[:-1])
+
+
+def test_phases_from_changes_and_placement() -> None:
+    ph = Phases.from_changes([(0.0, "a"), (1.0, "a"), (2.0, "b"), (3.0, "a"), (9.0, "b")], 5.0)
+    assert ph.spans == {"a": ((0.0, 3.0), (2.0, 5.0)), "b": ((2.0,), (3.0,))}
+    assert ph.place(1.5, "a", 0.3) == (1.5, 0.0, 2.0)  # inside: kept
+    assert ph.place(2.2, "a", 0.3) == (2.0, 0.0, 2.0)  # just after a span: its end
+    assert ph.place(2.9, "a", 0.3) == (3.0, 3.0, 5.0)  # just before one: its start
+    assert ph.place(2.5, "a", 0.3) == (2.5, -math.inf, math.inf)  # too far from either
+    assert ph.place(1.0, "json", 0.3) == (1.0, -math.inf, math.inf)  # never on the stack
+    assert Phases.from_changes([], 5.0).spans == {}
 
 
 def test_a_stationary_wait_moves_no_share() -> None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
@@ -41,6 +42,7 @@ from profiler.classify.codepaths import Classification
 from profiler.classify.durability import reader_for
 from profiler.sampling.weighting import (
     CpuSeries,
+    Phases,
     RunqueueWeights,
     codepath_windows,
     distribute_cpu,
@@ -241,6 +243,18 @@ def finish_window(
         carriers = list(window.samples)
         carrier_labels = labels
         n_on_cpu = 0
+    # stack changes (the timing run): a stack cut short is no change, so it is left out
+    changes = tuple(
+        TimedLabel(
+            t=s.t,
+            tid=s.tid,
+            thread_id=s.thread_id,
+            codepath=classifier.classify(s, proc_root=proc_root, deadline=deadline).codepath,
+            durability=durability.kind(s.frames, proc_root, deadline),
+        )
+        for s in window.changes or ()
+        if not s.partial
+    )
     sigma = window_time_sigma_s(window)
     half_width = max(2 * raw.poll_s, sigma)
     prior: list[float] | None = None
@@ -256,6 +270,8 @@ def finish_window(
             series=series,
             span=(window.started_at, window.ended_at),
             half_width_s=max(raw.poll_s, sigma),
+            phases=_phases(changes, window.changes_end) if window.changes is not None else None,
+            codepaths=[c.codepath for c in carrier_labels[:n_on_cpu]],
         )
         prior = [*rq.weights, *([1.0] * (len(carriers) - n_on_cpu))]
         carriers[:n_on_cpu] = [
@@ -286,18 +302,6 @@ def finish_window(
             durability=durability.kind(s.frames, proc_root, deadline),
         )
         for s, c in zip(window.samples, labels, strict=True)
-    )
-    # stack changes (the timing run): a stack cut short is no change, so it is left out
-    changes = tuple(
-        TimedLabel(
-            t=s.t,
-            tid=s.tid,
-            thread_id=s.thread_id,
-            codepath=classifier.classify(s, proc_root=proc_root, deadline=deadline).codepath,
-            durability=durability.kind(s.frames, proc_root, deadline),
-        )
-        for s in window.changes or ()
-        if not s.partial
     )
     cpu_timeline = tuple(
         TimedLabel(
@@ -406,6 +410,15 @@ def sample_window(
         timing_rate_hz=timing_rate_hz,
     )
     return finish_window(raw, classifier)
+
+
+def _phases(changes: Sequence[TimedLabel], end: float) -> dict[int, Phases]:
+    """Each mapped thread's codepath spans from the stack-change run."""
+    by_tid: dict[int, list[tuple[float, str]]] = {}
+    for c in changes:
+        if c.tid is not None:
+            by_tid.setdefault(c.tid, []).append((c.t, c.codepath))
+    return {tid: Phases.from_changes(sorted(ch), end) for tid, ch in by_tid.items()}
 
 
 def window_time_sigma_s(window: WindowSamples) -> float:

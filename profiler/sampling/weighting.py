@@ -133,14 +133,23 @@ class CpuSeries:
         return min(1.0, max(0.0, (self.at(hi) - self.at(lo)) / (hi - lo)))
 
     def running_fraction(
-        self, when: float, half_width_s: float, *, wait_part: float = 1.0
+        self,
+        when: float,
+        half_width_s: float,
+        *,
+        wait_part: float = 1.0,
+        within: tuple[float, float] | None = None,
     ) -> float | None:
-        """CPU / (CPU + wait_part x run-queue wait) over [when - h, when + h]: the part
-        of the thread's runnable time that it ran (wait_part: the part of the wait
-        that counts here). None without wait data or runnable time."""
+        """CPU / (CPU + wait_part x run-queue wait) over [when - h, when + h] (cut to
+        `within` when that leaves a span): the part of the thread's runnable time that it
+        ran (wait_part: the part of the wait that counts here). None without wait data
+        or runnable time."""
         if self.wait_s is None:
             return None
-        lo, hi = self._clip(when - half_width_s, when + half_width_s)
+        lo, hi = when - half_width_s, when + half_width_s
+        if within is not None and max(lo, within[0]) < min(hi, within[1]):
+            lo, hi = max(lo, within[0]), min(hi, within[1])
+        lo, hi = self._clip(lo, hi)
         if hi <= lo:
             return None
         cpu = max(0.0, self.at(hi) - self.at(lo))
@@ -175,6 +184,47 @@ def runnable_times(n: int, series: CpuSeries, start: float, end: float) -> list[
         t0, t1 = ts[j - 1], ts[j]
         out.append(t1 if r1 <= r0 else t0 + (t1 - t0) * (target - r0) / (r1 - r0))
     return out
+
+
+@dataclass(frozen=True)
+class Phases:
+    """One thread's codepath from instant to instant, from the stack-change run (every
+    change stamped to a tick): the spans where each codepath was on the thread's stack."""
+
+    spans: Mapping[str, tuple[tuple[float, ...], tuple[float, ...]]]  # codepath -> (starts, ends)
+
+    @classmethod
+    def from_changes(cls, changes: Sequence[tuple[float, str]], end: float) -> Phases:
+        """changes: (host time, codepath) at each change of the thread's stack, in time
+        order; the last holds until `end`."""
+        starts: dict[str, list[float]] = {}
+        ends: dict[str, list[float]] = {}
+        current: tuple[float, str] | None = None
+        for t, cp in [*changes, (end, "")]:
+            if current is not None and (cp != current[1] or t >= end):
+                if t > current[0]:
+                    starts.setdefault(current[1], []).append(current[0])
+                    ends.setdefault(current[1], []).append(min(t, end))
+                current = None
+            if current is None and t < end:
+                current = (t, cp)
+        return cls({cp: (tuple(starts[cp]), tuple(ends[cp])) for cp in starts})
+
+    def place(self, when: float, codepath: str, max_shift_s: float) -> tuple[float, float, float]:
+        """(time, span start, span end): `when` if it falls in a span of `codepath`, else
+        the nearest edge of one within max_shift_s; (when, -inf, inf) when none is."""
+        starts, ends = self.spans.get(codepath, ((), ()))
+        i = bisect.bisect_right(starts, when) - 1
+        if i >= 0 and when < ends[i]:
+            return when, starts[i], ends[i]
+        best = (when, -math.inf, math.inf)
+        gap = max_shift_s
+        if i >= 0 and when - ends[i] <= gap:  # the span before ended just before
+            gap = when - ends[i]
+            best = (ends[i], starts[i], ends[i])
+        if i + 1 < len(starts) and starts[i + 1] - when <= gap:
+            best = (starts[i + 1], starts[i + 1], ends[i + 1])
+        return best
 
 
 @dataclass(frozen=True)
@@ -232,15 +282,23 @@ def runqueue_weights(
     series: Mapping[int, CpuSeries] | None = None,
     span: tuple[float, float] | None = None,
     half_width_s: float = 0.1,
+    phases: Mapping[int, Phases] | None = None,
+    codepaths: Sequence[str] | None = None,
 ) -> RunqueueWeights:
     """Per on-CPU sample, the running part (0..1) of the runnable time it stands for,
     and its time (model in the module doc). wakeup_share_per_tid: the voluntary part
     of each thread's switch-outs, the most of its wait that blocking lines may take
     (a thread not in it: all). span: the window's [start, end] on the host clock,
     where a thread's on-CPU samples are placed on its runnable time (None, or a
-    thread without a series: the samples keep their times)."""
+    thread without a series: the samples keep their times). phases (per tid) with
+    codepaths (aligned with on_cpu): a placed sample is moved into the nearest span
+    where the thread was in the sample's codepath (at most 3 half-widths away), and
+    its running part is taken over that span only, so no weight mixes two phases."""
+    if codepaths is not None and len(codepaths) != len(on_cpu):
+        raise ValueError("codepaths must align with on_cpu")
     out = [1.0] * len(on_cpu)
     times = [s.t for s in on_cpu]
+    within: list[tuple[float, float] | None] = [None] * len(on_cpu)
     if on_cpu_rate_hz <= 0 or idle_rate_hz <= 0:
         return RunqueueWeights(tuple(out), tuple(times), 0.0, 0.0)
     by_tid: dict[int, list[int]] = {}
@@ -259,6 +317,13 @@ def runqueue_weights(
             if placed is not None:
                 for i, t in zip(idx, placed, strict=True):
                     times[i] = t
+        ph = phases.get(tid) if phases and codepaths is not None else None
+        if ph is not None and codepaths is not None:
+            for i in idx:
+                t, lo, hi = ph.place(times[i], codepaths[i], 3 * half_width_s)
+                times[i] = t
+                if math.isfinite(lo):
+                    within[i] = (lo, hi)
         wait_s = wait_per_tid_s.get(tid, 0.0)
         if wait_s <= 0:
             continue
@@ -283,7 +348,7 @@ def runqueue_weights(
         # blocking lines did not take (preemption): the running part of the rest
         left = max(0.0, 1.0 - sum(at_lines.values()) / wait_s)
         for i in idx:
-            f = ser.running_fraction(times[i], half_width_s, wait_part=left)
+            f = ser.running_fraction(times[i], half_width_s, wait_part=left, within=within[i])
             if f is not None:
                 preemption += out[i] * (1.0 - f) / on_cpu_rate_hz
                 out[i] *= f
