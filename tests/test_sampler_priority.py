@@ -2,12 +2,15 @@
 py-spy and read back from the kernel.
 
 The accuracy effect itself (samples no longer gathering after the target's system
-calls) is a benchmark, bench/accuracy.py --threads 2: it depends on how busy the
-machine is, so no test here asserts it.
+calls) is measured by bench/accuracy.py --threads 2 (--sampler-priority off beside
+auto); one 30 s run of that bench's workload here guards it: the README's 3 pp goal for
+two busy threads, which default scheduling misses (docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -21,6 +24,7 @@ import pytest
 
 from collectors import procstat, sched
 from collectors.pyspy import PySpy
+from profiler.classify.classifier import Classifier
 from profiler.service.config import ConfigError, parse_config
 from tests.test_daemon_support import PYTHON, config_text, free_port
 from tests.test_pyspy_real import pyspy_children
@@ -247,3 +251,39 @@ def test_profile_required_without_the_privilege_is_a_usage_error() -> None:
     assert out.returncode == 2, out.stdout + out.stderr
     assert "sampler priority is required but not allowed" in out.stderr
     assert "--sampler-priority off" in out.stderr
+
+
+def _accuracy_bench():
+    """bench/accuracy.py as a module (it is a script, not a package)."""
+    spec = importlib.util.spec_from_file_location("bench_accuracy", REPO / "bench" / "accuracy.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.skipif(not KERNEL_HAS_SLICES, reason="the 0.1 ms slice needs Linux 6.12")
+def test_samples_do_not_gather_after_the_targets_system_calls() -> None:
+    """The regression test of the sampler's scheduling: two busy threads timing their
+    own pickle/json/protobuf/msgpack calls with time.thread_time() (bench/accuracy.py's
+    mix workload, 30 s of 5 s windows at 100 Hz, as `serwatt profile` samples). With
+    py-spy at default priority its wake-ups follow the target's system calls, so the
+    lines after the thread_time() calls (`other`) get too many samples: `other`
+    +5.2 to +6.2 pp in four 30 s runs on the quiet development VM, +0.9 and +1.8 pp
+    with the slice and nice -20 (docs/benchmarks.md). Asserted: `other` within the
+    README's 3 pp goal. (The serializers' own errors vary more from run to run at
+    30 s, up to 3.4 pp: the bench gives their interval.)"""
+    bench = _accuracy_bench()
+    args = argparse.Namespace(
+        rate=100.0, window=5.0, duration=30.0, on_cpu_run=True, sampler_priority="auto",
+        timing_rate=None,
+    )  # fmt: skip
+    true, doc = bench.profile_once(
+        args, Classifier.default(), script=bench.WORKLOAD, script_args=["2"],
+        keys=bench.MIX_CODEPATHS,
+    )  # fmt: skip
+    errors = {
+        cp: round((doc["codepaths"][cp]["share"] - true[cp]) * 100, 2)
+        for cp in (*bench.MIX_CODEPATHS, "other")
+    }
+    assert abs(errors["other"]) <= 3.0, errors
