@@ -22,7 +22,12 @@ during the window (`CpuSeries`):
   run's samples no times of their own (a thread that was not always R has fewer
   samples than ticks), so a thread's on-CPU samples are placed at the quantiles of
   its cumulative runnable time C + D (`runnable_times`): they are a Poisson sampling
-  of exactly that time.
+  of exactly that time. Placed so, a sample's time is still off by ~0.1 s (the
+  sqrt(n) of its rank), so near a phase edge C / (C + D) mixes both phases and pulls
+  every weight toward the mean. When the window has a stack-change run (profile's
+  timing run: every change of a thread's stack stamped to a tick), each sample is
+  moved into the nearest span where its thread was in the sample's codepath, and
+  C / (C + D) is taken over that span only (`Phases`).
 - **Wake-up waits at blocking lines.** After a wakeup a thread waits in the run
   queue at the line it blocked on (the sleep, the queue get), so when a thread
   alternates work and sleep faster than the poll, the local fraction cannot tell the
