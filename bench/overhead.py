@@ -8,7 +8,10 @@ throughput per phase from the target's own counter. Interleaving cancels slow
 drifts of a shared, noisy machine; the ratio of each B to the mean of its
 neighbouring A phases is reported (mean and spread).
 
-    .venv/bin/python bench/overhead.py [--rate 100] [--phase 6] [--pairs 5]
+    .venv/bin/python bench/overhead.py [--rate 100] [--phase 6] [--pairs 5] [--timing-rate HZ]
+
+The profiled phases run what `serwatt profile` runs by default: the counted py-spy
+runs and the stack-change run (--timing-rate 0 leaves it out).
 
 Each ratio is printed with a 95% confidence interval of its mean over the pairs
 (Student t): the goal is confirmed only when the interval's lower end is >= 0.99,
@@ -84,10 +87,24 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=100.0)
     ap.add_argument("--phase", type=float, default=6.0, help="seconds per phase")
     ap.add_argument("--pairs", type=int, default=5, help="number of A/B pairs")
+    ap.add_argument(
+        "--timing-rate",
+        type=float,
+        default=None,
+        metavar="HZ",
+        help="the stack-change run, as `serwatt profile --timing-rate` (default: profile's "
+        "own, 4x --rate up to 400 Hz; 0: none)",
+    )
     args = ap.parse_args()
 
     from profiler.classify.classifier import Classifier
     from profiler.profile.session import ProfileSession
+    from profiler.sampling.collect import default_timing_rate_hz
+
+    if args.timing_rate is None:
+        timing_rate_hz: float | None = default_timing_rate_hz(args.rate)
+    else:
+        timing_rate_hz = args.timing_rate or None
 
     classifier = Classifier.default()
     proc = subprocess.Popen([sys.executable, "-c", TARGET], stdout=subprocess.PIPE, text=True)
@@ -140,6 +157,7 @@ def main() -> int:
             ProfileSession(
                 proc.pid, classifier=classifier, rate_hz=args.rate, window_s=args.phase,
                 duration_s=args.phase, follow_children=False, progress=None,
+                timing_rate_hz=timing_rate_hz,
             ).run()  # fmt: skip
             phases.append(("B", rate(t0 + 0.3, time.time() - 0.1, w0)))
         t0, w0 = time.time(), schedstat()
@@ -161,7 +179,8 @@ def main() -> int:
     a = [r for k, r in phases if k == "A"]
     b = [r for k, r in phases if k == "B"]
     print(
-        f"overhead: {args.rate:g} Hz, {args.pairs} pairs of {args.phase:g} s phases; "
+        f"overhead: {args.rate:g} Hz, stack-change run {timing_rate_hz or 0:g} Hz, "
+        f"{args.pairs} pairs of {args.phase:g} s phases; "
         f"unprofiled {statistics.mean(a):.1f} ops/s (sd {statistics.stdev(a):.1f}), "
         f"profiled {statistics.mean(b):.1f} ops/s"
     )
