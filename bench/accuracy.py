@@ -284,11 +284,9 @@ def profile_once(
 
 def timing_rate_hz(args: argparse.Namespace) -> float | None:
     """The stack-change run's rate, as `serwatt profile` chooses it (0: none)."""
-    from profiler.sampling.collect import default_timing_rate_hz
+    from profiler.sampling.collect import timing_rate_hz as rule
 
-    if args.timing_rate is None:
-        return default_timing_rate_hz(args.rate)
-    return args.timing_rate or None
+    return rule(args.timing_rate, args.rate)
 
 
 def interval(values: list[float]) -> tuple[float, float, float]:

@@ -99,12 +99,9 @@ def main() -> int:
 
     from profiler.classify.classifier import Classifier
     from profiler.profile.session import ProfileSession
-    from profiler.sampling.collect import default_timing_rate_hz
+    from profiler.sampling.collect import timing_rate_hz as timing_rule
 
-    if args.timing_rate is None:
-        timing_rate_hz: float | None = default_timing_rate_hz(args.rate)
-    else:
-        timing_rate_hz = args.timing_rate or None
+    timing_rate_hz = timing_rule(args.timing_rate, args.rate)
 
     classifier = Classifier.default()
     proc = subprocess.Popen([sys.executable, "-c", TARGET], stdout=subprocess.PIPE, text=True)

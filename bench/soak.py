@@ -440,10 +440,9 @@ def rss_check(
     ys = np.array([r for _, r in pts])
     fit = stats.linregress(xs, ys)
     resid = ys - (fit.intercept + fit.slope * xs)
-    r1 = float(np.corrcoef(resid[:-1], resid[1:])[0, 1]) if resid.std() > 0 else 0.0
-    r1 = max(0.0, r1)
-    n_eff = max(3.0, len(pts) * (1 - r1) / (1 + r1))
-    se = fit.stderr * (len(pts) / n_eff) ** 0.5 if n_eff < len(pts) else fit.stderr
+    r1 = max(0.0, float(np.corrcoef(resid[:-1], resid[1:])[0, 1])) if resid.std() > 0 else 0.0
+    n_eff = max(3.0, len(pts) * (1 - r1) / (1 + r1))  # at most len(pts): r1 >= 0
+    se = fit.stderr * (len(pts) / n_eff) ** 0.5
     half = stats.t.ppf(0.975, n_eff - 2) * se
     slope = float(fit.slope)
     lo, hi = slope - float(half), slope + float(half)

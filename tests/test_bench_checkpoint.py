@@ -5,8 +5,6 @@ is said so and its cold samples refused, and intervals and verdicts are Student 
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 import shutil
 import subprocess
 import sys
@@ -15,25 +13,20 @@ from pathlib import Path
 
 import pytest
 
+from tests.benches import load_bench
+
 pytest.importorskip("torch")
 pytest.importorskip("safetensors")
 pytest.importorskip("scipy")
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-@functools.cache
-def _bench():
-    """bench/checkpoint.py as a module (it is a script, not a package)."""
-    spec = importlib.util.spec_from_file_location("bench_checkpoint", BENCH)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
-
-
 BENCH = REPO / "bench" / "checkpoint.py"
+
+
+def _bench():
+    return load_bench("checkpoint")
+
+
 SHM = Path("/dev/shm")
 
 

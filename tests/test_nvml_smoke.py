@@ -6,30 +6,18 @@ utilisation data are undecided. The verdict runs on the real NvmlCollector."""
 from __future__ import annotations
 
 import copy
-import importlib.util
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from collectors.nvml import NvmlCollector
+from tests.benches import load_bench
 from tests.nvml_replay import FakeClock, ReplayNvmlBackend
 
-REPO = Path(__file__).resolve().parents[1]
 PID = 4711
 
 
-def _smoke():
-    spec = importlib.util.spec_from_file_location("nvml_smoke", REPO / "bench" / "nvml_smoke.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
-
-
-smoke = _smoke()
+smoke = load_bench("nvml_smoke")
 
 # One H100-like GPU: busy from 1 s to 5 s of the replay (the burn), then idle; the driver
 # keeps adding 0% samples while idle (buffer on).

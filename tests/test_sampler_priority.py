@@ -10,7 +10,6 @@ two busy threads, which default scheduling misses (docs/benchmarks.md).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import subprocess
@@ -26,6 +25,7 @@ from collectors import procstat, sched
 from collectors.pyspy import PySpy
 from profiler.classify.classifier import Classifier
 from profiler.service.config import ConfigError, parse_config
+from tests.benches import load_bench
 from tests.test_daemon_support import PYTHON, config_text, free_port
 from tests.test_pyspy_real import pyspy_children
 from tests.test_systemd import as_nobody
@@ -253,15 +253,6 @@ def test_profile_required_without_the_privilege_is_a_usage_error() -> None:
     assert "--sampler-priority off" in out.stderr
 
 
-def _accuracy_bench():
-    """bench/accuracy.py as a module (it is a script, not a package)."""
-    spec = importlib.util.spec_from_file_location("bench_accuracy", REPO / "bench" / "accuracy.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.mark.skipif(not KERNEL_HAS_SLICES, reason="the 0.1 ms slice needs Linux 6.12")
 def test_samples_do_not_gather_after_the_targets_system_calls() -> None:
     """The regression test of the sampler's scheduling: two busy threads timing their
@@ -273,7 +264,7 @@ def test_samples_do_not_gather_after_the_targets_system_calls() -> None:
     with the slice and nice -20 (docs/benchmarks.md). Asserted: `other` within the
     README's 3 pp goal. (The serializers' own errors vary more from run to run at
     30 s, up to 3.4 pp: the bench gives their interval.)"""
-    bench = _accuracy_bench()
+    bench = load_bench("accuracy")
     args = argparse.Namespace(
         rate=100.0, window=5.0, duration=30.0, on_cpu_run=True, sampler_priority="auto",
         timing_rate=None,

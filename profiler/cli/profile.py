@@ -44,7 +44,7 @@ from profiler.records.store import RecordError
 from profiler.sampling.collect import (
     TIMING_RATE_FACTOR,
     TIMING_RATE_MAX_HZ,
-    default_timing_rate_hz,
+    timing_rate_hz,
 )
 
 BAD_INPUT_ERRORS = (TargetGone, NotPython, UnsupportedPython, PtraceDenied)
@@ -322,15 +322,8 @@ def new_session(
         root_exit_check=(lambda: proc.poll() is not None) if proc is not None else None,
         root_may_be_wrapper=root_may_be_wrapper,
         on_cpu_run=args.on_cpu_run,
-        timing_rate_hz=timing_rate(args),
+        timing_rate_hz=timing_rate_hz(args.timing_rate, args.rate),
     )
-
-
-def timing_rate(args: argparse.Namespace) -> float | None:
-    """The stack-change run's rate from --timing-rate (None: no such run)."""
-    if args.timing_rate is None:
-        return default_timing_rate_hz(args.rate)
-    return args.timing_rate if args.timing_rate > 0 else None
 
 
 def _profile_pid(args: argparse.Namespace, spy: PySpy, classifier: Any) -> int:

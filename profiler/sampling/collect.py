@@ -66,6 +66,14 @@ def default_timing_rate_hz(rate_hz: float) -> float:
     return max(rate_hz, min(TIMING_RATE_FACTOR * rate_hz, TIMING_RATE_MAX_HZ))
 
 
+def timing_rate_hz(requested_hz: float | None, rate_hz: float) -> float | None:
+    """The stack-change run's rate from a `--timing-rate` value: None asks for the
+    default at `rate_hz`, 0 for no such run (None)."""
+    if requested_hz is None:
+        return default_timing_rate_hz(rate_hz)
+    return requested_hz if requested_hz > 0 else None
+
+
 class ClassifierLike(Protocol):
     def classify(
         self, sample: Sample, *, proc_root: Path | None = None, deadline: float | None = None
@@ -270,7 +278,7 @@ def finish_window(
             series=series,
             span=(window.started_at, window.ended_at),
             half_width_s=max(raw.poll_s, sigma),
-            phases=_phases(changes, window.changes_end) if window.changes is not None else None,
+            phases=_phases(changes, window.changes_end),
             codepaths=[c.codepath for c in carrier_labels[:n_on_cpu]],
         )
         prior = [*rq.weights, *([1.0] * (len(carriers) - n_on_cpu))]

@@ -322,7 +322,7 @@ def runqueue_weights(
             if placed is not None:
                 for i, t in zip(idx, placed, strict=True):
                     times[i] = t
-        ph = phases.get(tid) if phases and codepaths is not None else None
+        ph = phases.get(tid) if phases else None
         if ph is not None and codepaths is not None:
             for i in idx:
                 t, lo, hi = ph.place(times[i], codepaths[i], 3 * half_width_s)
