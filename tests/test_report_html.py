@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 
 from profiler.report import build_report, default_cluster, render_html
-from profiler.report.render_html import bar_rows
 from tests.report_synth import HOST, make_run
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / ".artifacts"
@@ -116,14 +115,29 @@ def test_the_browser_renders_every_chart_with_the_expected_marks(
     bar_charts = [str(m) for c, m in dom.charts if c == "codepath-bars"]
     assert bar_charts == ["cpu_s", "energy_j"]  # no GPU data: no GPU-wait chart
     for metric in bar_charts:
-        rows = bar_rows(report, metric)
-        assert [name for name, _m in rows] == ["torch", "many"]
         chart = f"codepath-bars:{metric}"
-        assert dom.count("rect", "bar", chart) == 2 * len(rows)
-        for side in ("baseline", "candidate"):
-            assert dom.count("rect", "bar", chart, data_side=side) == len(rows)
-        # a whisker per side and codepath whose interval exists
-        assert dom.count("line", "whisker", chart) == 2 * len(rows)
+        bars = {
+            (a["data-codepath"], a["data-side"]): float(a["width"] or "nan")
+            for t, a, c in dom.elements
+            if t == "rect" and c == chart and "bar" in (a.get("class") or "").split()
+        }
+        # The inputs' checkpoint codepaths, in the table's order: torch on the baseline
+        # runs, `.many` on the candidate runs (`other` is no serialization: no bar).
+        assert sorted(bars) == sorted(
+            (cp, side) for cp in ("torch", "many") for side in ("baseline", "candidate")
+        ), bars
+        assert dom.count("rect", "bar", chart) == 4
+        order = [a["data-codepath"] for t, a, c in dom.elements if c == chart and t == "rect"]
+        assert order[::2] == ["torch", "many"], order
+        # Each bar's length is its side's figure in the report, on one scale: torch is only
+        # on the baseline, many only on the candidate.
+        assert bars[("torch", "candidate")] == bars[("many", "baseline")] == 0.0, bars
+        figures = report["codepaths"]
+        want = figures["many"][metric]["candidate"] / figures["torch"][metric]["baseline"]
+        got = bars[("many", "candidate")] / bars[("torch", "baseline")]
+        assert abs(got - want) < 0.01 / bars[("many", "candidate")], (got, want)
+        # a whisker per side and codepath: each side's interval
+        assert dom.count("line", "whisker", chart) == 4
 
     ck = report["checkpoint"]
     for side in ("baseline", "candidate"):
