@@ -29,7 +29,7 @@ exactly the profiled interval. serwatt profiles it through the real pipeline
   Goal: <= 1.5 pp per codepath, with and without contention.
 
 The verdict comes from repeats, never from one run: per repeat the worst codepath's
-|error| (pp), and a 95% Student t interval (scipy.stats.t) of its mean over the
+|error| (pp), and a 95% Student t interval (profiler/intervals.py) of its mean over the
 repeats: `confirmed` when the interval lies under the goal, `not met` when it lies
 over it, `undecided` otherwise. The signed error per codepath (its mean and interval:
 the bias) is printed beside it.
@@ -49,6 +49,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from profiler.intervals import NOT_MET, mean_interval, verdict  # noqa: E402
 
 WORKLOAD = r"""
 import json, pickle, signal, sys, threading, time
@@ -289,29 +291,6 @@ def timing_rate_hz(args: argparse.Namespace) -> float | None:
     return rule(args.timing_rate, args.rate)
 
 
-def interval(values: list[float]) -> tuple[float, float, float]:
-    """Mean and its 95% Student t interval (nan bounds with fewer than 2 values)."""
-    from scipy import stats
-
-    n = len(values)
-    mean = sum(values) / n
-    if n < 2:
-        return mean, float("nan"), float("nan")
-    se = stats.sem(values)
-    if se == 0:
-        return mean, mean, mean
-    half = float(stats.t.ppf(0.975, n - 1)) * se
-    return mean, mean - half, mean + half
-
-
-def verdict(lo: float, hi: float, goal: float) -> str:
-    if hi <= goal:
-        return "confirmed"
-    if lo > goal:
-        return "not met"
-    return "undecided"
-
-
 def report(label: str, runs: list[tuple[dict, dict]], keys: tuple[str, ...], goal: float) -> str:
     """Print one condition's repeats and return its verdict."""
     cps = (*keys, "other")
@@ -322,16 +301,20 @@ def report(label: str, runs: list[tuple[dict, dict]], keys: tuple[str, ...], goa
         worst.append(max(abs(doc["codepaths"][cp]["share"] - true[cp]) * 100 for cp in cps))
     for cp in cps:
         errs = [(doc["codepaths"][cp]["share"] - true[cp]) * 100 for true, doc in runs]
-        m, lo, hi = interval(errs)
+        bias = mean_interval(errs)
+        lo, hi = bias.bounds()
         t_mean = 100 * sum(true[cp] for true, _ in runs) / len(runs)
         s_mean = 100 * sum(doc["codepaths"][cp]["share"] for _, doc in runs) / len(runs)
-        print(f"{cp:<10}{t_mean:>7.2f}%{s_mean:>8.2f}%{m:>+12.2f} [{lo:+.2f}, {hi:+.2f}]")
-    m, lo, hi = interval(worst)
-    v = verdict(lo, hi, goal)
+        print(
+            f"{cp:<10}{t_mean:>7.2f}%{s_mean:>8.2f}%{bias.estimate:>+12.2f} [{lo:+.2f}, {hi:+.2f}]"
+        )
+    error = mean_interval(worst)
+    v = verdict(error, at_most=goal)
+    lo, hi = error.bounds()
     per_run = ", ".join(f"{w:.2f}" for w in worst)
     print(
-        f"worst codepath |error| per repeat: {per_run} pp; mean {m:.2f} pp "
-        f"(95% CI {lo:.2f}-{hi:.2f}); goal <= {goal:g} pp: {v}"
+        f"worst codepath |error| per repeat: {per_run} pp; mean {error.estimate:.2f} pp "
+        f"(95% CI {lo:.2f}-{hi:.2f}, {error.method}); goal <= {goal:g} pp: {v}"
     )
     return v
 
@@ -412,7 +395,7 @@ def main() -> int:
         goal = 2.0 if args.threads == 1 else 3.0
         v = report(f"mix, {args.threads} busy thread(s)", runs, MIX_CODEPATHS, goal)
         print(f"load {os.getloadavg()[0]:.2f} at end")
-        return 0 if v != "not met" else 1
+        return 0 if v != NOT_MET else 1
     names = [c for c in args.conditions.split(",") if c]
     unknown = set(names) - set(CONDITIONS)
     if unknown:
@@ -443,7 +426,7 @@ def main() -> int:
         label = f"{c} ({args.contention if busy else 0} busy processes, torch threads {threads})"
         verdicts.append(report(label, by_cond[c], CONTENTION_CODEPATHS, 1.5))
     print(f"load {os.getloadavg()[0]:.2f} at end")
-    return 0 if "not met" not in verdicts else 1
+    return 0 if NOT_MET not in verdicts else 1
 
 
 if __name__ == "__main__":

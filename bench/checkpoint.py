@@ -58,7 +58,7 @@ sample that is not is refused the same way).
 
 Rounds: one warm-up round (not counted: first-call allocations, imports), then --repeat
 rounds (at least 6), the method order rotated by one each round. Statistics: mean and 95%
-interval (Student t, scipy.stats.t) over rounds; goals use per-round ratios (same round, so
+interval (Student t, profiler/intervals.py) over rounds; goals use per-round ratios (same round, so
 neighbours and disk state are shared), as the geometric mean with the t interval of the mean
 log ratio. Verdicts: CONFIRMED when the whole interval meets the goal, NOT MET when none of
 it does, undecided otherwise.
@@ -94,7 +94,16 @@ sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from scipy import stats  # noqa: E402
+
+from profiler.intervals import (  # noqa: E402
+    CONFIRMED,
+    NOT_MET,
+    UNDECIDED,
+    Interval,
+    geometric_mean_interval,
+    mean_interval,
+    verdict,
+)
 
 METHODS = (
     "torch.save",
@@ -651,28 +660,16 @@ def one(
 # ------------------------------------------------------------------------------------------
 
 
-def t_interval(xs: list[float]) -> tuple[float, float, float]:
-    """Mean and its two-sided 95% Student t interval."""
-    n = len(xs)
-    m = float(np.mean(xs))
-    if n < 2:
-        return m, float("nan"), float("nan")
-    half = float(stats.t.ppf(0.975, n - 1)) * float(np.std(xs, ddof=1)) / math.sqrt(n)
-    return m, m - half, m + half
+# how the tables print each verdict of profiler/intervals.py
+VERDICT_TEXT = {CONFIRMED: "CONFIRMED", NOT_MET: "NOT MET", UNDECIDED: "undecided"}
 
 
-def ratio_interval(ratios: list[float]) -> tuple[float, float, float]:
-    """Geometric mean of per-round ratios and its 95% interval (t on the mean log ratio)."""
-    m, lo, hi = t_interval([math.log(r) for r in ratios])
-    return math.exp(m), math.exp(lo), math.exp(hi)
-
-
-def verdict(lo: float, hi: float, goal: float, at_most: bool) -> str:
-    if math.isnan(lo) or math.isnan(hi):
+def verdict_text(iv: Interval, goal: float, at_most: bool) -> str:
+    """The goal's verdict read off the interval of the ratio's geometric mean."""
+    if not iv.has_interval:
         return "undecided (too few rounds)"
-    if at_most:
-        return "CONFIRMED" if hi <= goal else "NOT MET" if lo > goal else "undecided"
-    return "CONFIRMED" if lo >= goal else "NOT MET" if hi < goal else "undecided"
+    claim = {"at_most": goal} if at_most else {"at_least": goal}
+    return VERDICT_TEXT[verdict(iv, **claim)]
 
 
 def fmt_t(x: float | None) -> str:
@@ -684,9 +681,10 @@ def fmt_t(x: float | None) -> str:
 def fmt_ci(xs: list[float]) -> str:
     if not xs:
         return "-"
-    m, lo, hi = t_interval(xs)
-    if math.isnan(lo):
-        return fmt_t(m)
+    iv = mean_interval(xs)
+    if iv.lo is None or iv.hi is None:
+        return fmt_t(iv.estimate)
+    m, lo, hi = iv.estimate, iv.lo, iv.hi
     return f"{fmt_t(m)} ({fmt_t(max(lo, 0.0))}-{fmt_t(hi)})"
 
 
@@ -857,9 +855,11 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
         if len(ratios) < 2:
             goals.append({"goal": name, "verdict": "not measured", "rounds": len(ratios)})
             return
-        g, lo, hi = ratio_interval(ratios)
-        goals.append({"goal": name, "ratio": g, "lo": lo, "hi": hi, "rounds": len(ratios),
-                      "verdict": verdict(lo, hi, target, at_most)})  # fmt: skip
+        iv = geometric_mean_interval(ratios)
+        lo, hi = iv.bounds()
+        goals.append({"goal": name, "ratio": iv.estimate, "lo": lo, "hi": hi,
+                      "rounds": len(ratios),
+                      "verdict": verdict_text(iv, target, at_most)})  # fmt: skip
 
     dcp_async = "dcp.async_save"
     if rows.get("dcp.async_save-fresh") and rows.get(dcp_async):

@@ -1,16 +1,18 @@
 """What the daemon costs: CPU and RSS while it watches N targets, and their throughput.
 
     .venv/bin/python bench/daemon.py [--targets 8] [--rate 50] [--watch-s 120] [--phase-s 8]
-                                     [--pairs 6] [--max-concurrent 16] [--cpu-budget CORES]
-                                     [--json FILE]
+                                     [--pairs 6] [--window-s 10] [--max-concurrent 16]
+                                     [--cpu-budget CORES] [--json FILE]
     .venv/bin/python bench/daemon.py --recompute FILE
 
 Part 1 (--watch-s): a real `serwatt daemon` watches N real Python targets at --rate Hz
-(10 s windows, two py-spy runs per target: on-CPU and --idle). Measured from /proc via psutil:
+(--window-s windows, two py-spy runs per target: on-CPU and --idle). Measured from /proc via
+psutil:
   - CPU, % of one core: the daemon's own CPU + its py-spy children's (reaped children
     through cutime/cstime, live ones directly), over the whole run; and per target;
   - RSS of the daemon process, sampled every 2 s: first/last 30 s means, per 30 s, and
-    the least-squares slope (MB per minute); py-spy children's RSS reported apart.
+    the least-squares slope (MB per minute) with its 95% interval, widened for the
+    samples' autocorrelation (profiler/intervals.py); py-spy children's RSS reported apart.
   - with --cpu-budget: the rate the daemon's windows ran at (its serwatt_sample_rate_hz,
     read every 2 s), and the daemon's own account of its CPU
     (serwatt_self_cpu_seconds_total) next to the one measured from /proc.
@@ -31,7 +33,7 @@ clears the goal, not met when its high end is below it, undecided when it stradd
 `--recompute FILE` recomputes those from an earlier --json output's per-pair ratios.
 
 Goals (issue 4): daemon + py-spy < 10% of one core for 8 targets at 50 Hz, RSS <
-150 MB and flat, throughput ratio >= 0.99.
+150 MB and flat (|slope| <= 1 MB/min, read off its interval), throughput ratio >= 0.99.
 """
 
 from __future__ import annotations
@@ -51,9 +53,11 @@ import urllib.request
 from pathlib import Path
 
 import psutil
-import scipy.stats
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from profiler.intervals import SlopeInterval, mean_interval, slope_interval, verdict  # noqa: E402
 
 TARGET = textwrap.dedent(
     """
@@ -90,6 +94,7 @@ def write_config(
     port: int,
     record_dir: Path,
     rate: float,
+    window_s: float,
     pattern: str,
     max_concurrent: int,
     cpu_budget: float | None,
@@ -97,7 +102,7 @@ def write_config(
     path.write_text(
         f'listen: "127.0.0.1:{port}"\n'
         f"sample_rate_hz: {rate}\n"
-        "window_s: 10\n"
+        f"window_s: {window_s:g}\n"
         "rescan_s: 5\n"
         f"max_concurrent_samplers: {max_concurrent}\n"
         f"cpu_budget_cores: {'null' if cpu_budget is None else cpu_budget}\n"
@@ -145,52 +150,31 @@ def read_progress(path: Path) -> tuple[int, float, float]:
 
 
 THROUGHPUT_GOAL = 0.99  # watched / unwatched throughput
-
-
-def mean_ci95(xs: list[float]) -> tuple[float, float, float]:
-    """Mean and the Student t 95% interval of the mean (pairs are independent draws of the
-    same noisy machine; with 6 pairs t is 2.571, not the normal 1.96)."""
-    m = statistics.fmean(xs)
-    if len(xs) < 2:
-        return m, float("nan"), float("nan")
-    half = float(scipy.stats.t.ppf(0.975, len(xs) - 1)) * statistics.stdev(xs) / len(xs) ** 0.5
-    return m, m - half, m + half
-
-
-def ratio_verdict(lo: float, hi: float, goal: float = THROUGHPUT_GOAL) -> str:
-    """confirmed: the whole interval clears the goal; not met: the whole interval is
-    below it; undecided: it straddles the goal (or there is no interval)."""
-    if lo != lo or hi != hi:
-        return "undecided"
-    if lo >= goal:
-        return "confirmed"
-    if hi < goal:
-        return "not met"
-    return "undecided"
+RSS_FLAT_MB_PER_MIN = 1.0  # |RSS slope| over the watch
 
 
 def throughput_figures(wall_ratios: list[float], cpu_ratios: list[float]) -> dict:
     """The JSON fields and verdicts of the throughput part, from the per-pair ratios."""
-    wall_m, wall_lo, wall_hi = mean_ci95(wall_ratios)
-    cpu_m, cpu_lo, cpu_hi = mean_ci95(cpu_ratios)
-    return dict(
-        throughput_ratio_wall_mean=round(wall_m, 4),
-        throughput_ratio_wall_ci95=[round(wall_lo, 4), round(wall_hi, 4)],
-        throughput_ratio_wall_pairs=[round(r, 4) for r in wall_ratios],
-        throughput_ratio_wall_verdict=ratio_verdict(wall_lo, wall_hi),
-        throughput_ratio_cpu_mean=round(cpu_m, 4),
-        throughput_ratio_cpu_ci95=[round(cpu_lo, 4), round(cpu_hi, 4)],
-        throughput_ratio_cpu_pairs=[round(r, 4) for r in cpu_ratios],
-        throughput_ratio_cpu_verdict=ratio_verdict(cpu_lo, cpu_hi),
-    )
+    fig: dict = {}
+    for part, ratios in (("wall", wall_ratios), ("cpu", cpu_ratios)):
+        iv = mean_interval(ratios)
+        fig[f"throughput_ratio_{part}_mean"] = round(iv.estimate, 4)
+        # null without an interval (fewer than 2 pairs): JSON has no nan
+        fig[f"throughput_ratio_{part}_ci95"] = (
+            [round(b, 4) for b in iv.bounds()] if iv.has_interval else None
+        )
+        fig[f"throughput_ratio_{part}_pairs"] = [round(r, 4) for r in ratios]
+        fig[f"throughput_ratio_{part}_verdict"] = verdict(iv, at_least=THROUGHPUT_GOAL)
+    return fig
 
 
 def print_throughput(fig: dict) -> None:
     for part, unit in (("wall", "wall s"), ("cpu", "CPU s ")):
-        lo, hi = fig[f"throughput_ratio_{part}_ci95"]
+        ci = fig[f"throughput_ratio_{part}_ci95"]
+        ci_text = f"95% CI {ci[0]:.4f}..{ci[1]:.4f}, Student t" if ci else "no interval"
         print(
             f"  throughput ratio watched/unwatched, per {unit}: "
-            f"{fig[f'throughput_ratio_{part}_mean']:.4f} (95% CI {lo:.4f}..{hi:.4f}, Student t, "
+            f"{fig[f'throughput_ratio_{part}_mean']:.4f} ({ci_text}, "
             f"n={len(fig[f'throughput_ratio_{part}_pairs'])}; "
             f"pairs {fig[f'throughput_ratio_{part}_pairs']}): "
             f">= {THROUGHPUT_GOAL} {fig[f'throughput_ratio_{part}_verdict']}"
@@ -210,14 +194,10 @@ def recompute(path: Path) -> int:
     return 0
 
 
-def slope_mb_per_min(points: list[tuple[float, float]]) -> float:
-    if len(points) < 2:
-        return 0.0
-    ts = [t for t, _ in points]
-    vs = [v for _, v in points]
-    mt, mv = statistics.fmean(ts), statistics.fmean(vs)
-    den = sum((t - mt) ** 2 for t in ts)
-    return 0.0 if den == 0 else sum((t - mt) * (v - mv) for t, v in points) / den * 60
+def rss_slope(rss: list[tuple[float, float]]) -> SlopeInterval:
+    """The daemon's RSS slope in MB per minute over (s since start, MB) samples 2 s apart,
+    with its interval widened for their autocorrelation (profiler/intervals.py)."""
+    return slope_interval([t / 60 for t, _ in rss], [v for _, v in rss])
 
 
 def scrape(port: int, prefix: str) -> float:
@@ -260,6 +240,7 @@ def main() -> int:
     ap.add_argument("--targets", type=int, default=8)
     ap.add_argument("--rate", type=float, default=50.0)
     ap.add_argument("--watch-s", type=float, default=120.0)
+    ap.add_argument("--window-s", type=float, default=10.0, help="the daemon's window_s")
     ap.add_argument("--phase-s", type=float, default=8.0)
     ap.add_argument("--pairs", type=int, default=6)
     ap.add_argument(
@@ -296,7 +277,10 @@ def main() -> int:
     ]
     port = free_port()
     cfg = tmp / "serwatt.yaml"
-    write_config(cfg, port, tmp / "runs", args.rate, marker, args.max_concurrent, args.cpu_budget)
+    write_config(
+        cfg, port, tmp / "runs", args.rate, args.window_s, marker, args.max_concurrent,
+        args.cpu_budget,
+    )  # fmt: skip
     log = open(tmp / "daemon.log", "wb")  # noqa: SIM115
     daemon = subprocess.Popen(
         [sys.executable, "-m", "profiler", "daemon", "--config", str(cfg)],
@@ -368,6 +352,7 @@ def main() -> int:
         self_pct = 100 * (c1[0] - c0[0]) / (t1 - t0)
         spy_pct = 100 * (c1[1] - c0[1]) / (t1 - t0)
         core_pct = self_pct + spy_pct
+        slope = rss_slope(rss)
         first = [v for t, v in rss if t <= 30]
         last = [v for t, v in rss if t >= (t1 - t0) - 30]
         result.update(
@@ -379,7 +364,8 @@ def main() -> int:
             rss_mb_first30s=round(statistics.fmean(first), 1),
             rss_mb_last30s=round(statistics.fmean(last), 1),
             rss_mb_max=round(max(v for _, v in rss), 1),
-            rss_slope_mb_per_min=round(slope_mb_per_min(rss), 2),
+            rss_slope_mb_per_min=round(slope.estimate, 3),
+            rss_slope_ci95=[round(b, 3) for b in slope.bounds()] if slope.has_interval else None,
             pyspy_rss_mb_max_total=round(max(spy_rss), 1),
             rss_mb_by_30s=[
                 round(statistics.fmean(v for t, v in rss if k * 30 <= t < (k + 1) * 30), 1)
@@ -405,7 +391,8 @@ def main() -> int:
         print(
             f"  daemon RSS: {result['rss_mb_first30s']} MB (first 30 s) -> "
             f"{result['rss_mb_last30s']} MB (last 30 s), max {result['rss_mb_max']} MB, "
-            f"slope {result['rss_slope_mb_per_min']} MB/min; py-spy children up to "
+            f"slope {result['rss_slope_mb_per_min']} MB/min (95% CI "
+            f"{result['rss_slope_ci95'] or slope.why_none}); py-spy children up to "
             f"{result['pyspy_rss_mb_max_total']} MB total ({spies_max} at once)"
         )
         print(f"  daemon RSS per 30 s: {result['rss_mb_by_30s']} MB")
@@ -461,22 +448,24 @@ def main() -> int:
         fig = throughput_figures(wall_ratios, cpu_ratios)
         result.update(fig, loadavg_end=os.getloadavg())
         print_throughput(fig)
-        # One measurement each over the whole run (no interval): met or not met. The
-        # throughput ratios have an interval: confirmed, not met, or undecided.
+        # One measurement each over the whole run (no interval): met or not met. The RSS
+        # slope and the throughput ratios have an interval: confirmed, not met, or undecided.
         measured_goals = {
             "cpu < 10% of one core": core_pct < 10,
             f"every window at {args.rate:g} Hz": min(r for _, r in rates) >= args.rate,
             "RSS < 150 MB": result["rss_mb_max"] < 150,
-            "RSS flat (|slope| < 1 MB/min)": abs(result["rss_slope_mb_per_min"]) < 1,
         }
         goals = {name: "met" if ok else "not met" for name, ok in measured_goals.items()}
+        goals[f"RSS flat (|slope| <= {RSS_FLAT_MB_PER_MIN:g} MB/min)"] = verdict(
+            slope, at_least=-RSS_FLAT_MB_PER_MIN, at_most=RSS_FLAT_MB_PER_MIN
+        )
         goals[f"throughput ratio >= {THROUGHPUT_GOAL} (wall)"] = fig[
             "throughput_ratio_wall_verdict"
         ]
         goals[f"throughput ratio >= {THROUGHPUT_GOAL} (CPU)"] = fig["throughput_ratio_cpu_verdict"]
         result["goals"] = goals
-        for name, verdict in goals.items():
-            print(f"  {verdict.upper():9} {name}")
+        for name, v in goals.items():
+            print(f"  {v.upper():9} {name}")
         print(f"  load average start {result['loadavg_start']}, end {result['loadavg_end']}")
     finally:
         daemon.send_signal(signal.SIGTERM)

@@ -42,6 +42,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from profiler import intervals  # noqa: E402
+from profiler.intervals import Interval, mean_interval  # noqa: E402
+
 TARGET = r"""
 import json, pickle, sys, time
 d = {str(i): [i, float(i), "x" * 8] for i in range(800)}
@@ -58,28 +61,23 @@ while True:
 """
 
 
-# two-sided 95% Student t quantiles by degrees of freedom (1..30); 1.96 beyond
-T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-       2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-       2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)  # fmt: skip
+GOAL = 0.99  # profiled / unprofiled throughput
 
 
-def mean_ci95(xs: list[float]) -> tuple[float, float, float]:
-    """Mean of xs and the 95% confidence interval of that mean."""
-    m = statistics.mean(xs)
-    if len(xs) < 2:
-        return m, float("nan"), float("nan")
-    t = T95[len(xs) - 2] if len(xs) - 1 <= len(T95) else 1.96
-    half = t * statistics.stdev(xs) / len(xs) ** 0.5
-    return m, m - half, m + half
+def verdict(iv: Interval) -> str:
+    """The goal's verdict read off the interval of the mean ratio (profiler/intervals.py)."""
+    v = intervals.verdict(iv, at_least=GOAL)
+    if v == intervals.UNDECIDED:
+        why = iv.why_none or f"the interval contains {GOAL:g}"
+        return f"goal >= {GOAL:g} undecided ({why})"
+    return f"goal >= {GOAL:g} {v.upper()}"
 
 
-def verdict(lo: float, hi: float, goal: float = 0.99) -> str:
-    if lo >= goal:
-        return "goal >= 0.99 CONFIRMED"
-    if hi < goal:
-        return "goal >= 0.99 NOT MET"
-    return "goal >= 0.99 undecided (the interval contains 0.99)"
+def ci_text(iv: Interval) -> str:
+    if not iv.has_interval:
+        return f"no 95% CI: {iv.why_none}"
+    lo, hi = iv.bounds()
+    return f"95% CI {lo:.4f}..{hi:.4f}, {iv.method}"
 
 
 def main() -> int:
@@ -182,25 +180,25 @@ def main() -> int:
         f"profiled {statistics.mean(b):.1f} ops/s"
     )
     print("per-pair ratio B/mean(A neighbours): " + ", ".join(f"{x:.3f}" for x in ratios))
-    mean, lo, hi = mean_ci95(ratios)
+    ratio = mean_interval(ratios)
     print(
-        f"throughput ratio profiled/unprofiled: {mean:.4f} (95% CI {lo:.4f}..{hi:.4f}; "
-        f"min {min(ratios):.3f}, max {max(ratios):.3f}): {verdict(lo, hi)}"
+        f"throughput ratio profiled/unprofiled: {ratio.estimate:.4f} ({ci_text(ratio)}; "
+        f"min {min(ratios):.3f}, max {max(ratios):.3f}): {verdict(ratio)}"
     )
-    smean, slo, shi = mean_ci95(share_ratios)
+    share = mean_interval(share_ratios)
     wait_a = [wait_share[i] * 100 for i, (k, _) in enumerate(phases) if k == "A"]
     wait_b = [wait_share[i] * 100 for i, (k, _) in enumerate(phases) if k == "B"]
     print(
-        f"factor 1, target CPU share of wall, profiled/unprofiled: {smean:.4f} "
-        f"(95% CI {slo:.4f}..{shi:.4f}); run-queue wait (schedstat) "
+        f"factor 1, target CPU share of wall, profiled/unprofiled: {share.estimate:.4f} "
+        f"({ci_text(share)}); run-queue wait (schedstat) "
         f"unprofiled {statistics.mean(wait_a):.2f}% of wall, profiled "
         f"{statistics.mean(wait_b):.2f}%"
     )
-    cmean, clo, chi = mean_ci95(cpu_ratios)
+    eff_ratio = mean_interval(cpu_ratios)
     print(
         "factor 2, ops per target CPU-second, profiled/unprofiled: "
         + ", ".join(f"{x:.3f}" for x in cpu_ratios)
-        + f"; mean {cmean:.4f} (95% CI {clo:.4f}..{chi:.4f}): {verdict(clo, chi)}"
+        + f"; mean {eff_ratio.estimate:.4f} ({ci_text(eff_ratio)}): {verdict(eff_ratio)}"
     )
     return 0
 

@@ -14,16 +14,14 @@ The sender's own counters give the figure:
                        / increase(prometheus_remote_storage_samples_total)
 
 over --blocks consecutive blocks of --block-s seconds after a warm-up, with a Student t
-95% interval over the blocks (scipy). docs/scaling.md sizes remote_write with it.
+95% interval over the blocks (profiler/intervals.py). docs/scaling.md sizes remote_write with it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,11 +29,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-from scipy import stats
-
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from profiler.intervals import mean_interval  # noqa: E402
 from tests.test_daemon_support import (  # noqa: E402
     free_port,
     start_daemon,
@@ -136,13 +133,9 @@ def main() -> None:
         stop_process(advancer)
         shutil.rmtree(tmp, ignore_errors=True)
 
-    n = len(per_block)
-    mean = statistics.fmean(per_block)
-    half = (
-        float(stats.t.ppf(0.975, n - 1)) * statistics.stdev(per_block) / math.sqrt(n)
-        if n > 1
-        else math.inf
-    )
+    iv = mean_interval(per_block)
+    n, mean = iv.n, iv.estimate
+    lo, hi = iv.bounds()
     result = {
         "series_per_node": series,
         "nodes": args.nodes,
@@ -150,7 +143,7 @@ def main() -> None:
         "blocks": n,
         "block_s": args.block_s,
         "bytes_per_sample": mean,
-        "ci95": [mean - half, mean + half],
+        "ci95": [lo, hi] if iv.has_interval else None,
         "per_block": per_block,
         "samples_failed": failed,
         "prometheus": subprocess.run(
@@ -158,7 +151,7 @@ def main() -> None:
         ).stdout.split("\n")[0],
     }
     print(
-        f"remote_write: {mean:.2f} bytes/sample (95% CI {mean - half:.2f}-{mean + half:.2f}, "
+        f"remote_write: {mean:.2f} bytes/sample (95% CI {lo:.2f}-{hi:.2f}, "
         f"{n} blocks of {args.block_s:g} s), {args.nodes} x {series} series at "
         f"{args.scrape_s:g} s scrapes, {failed:g} samples failed"
     )

@@ -21,7 +21,7 @@ Checks, each printed with its figures and a verdict:
   rss       least-squares slope of the daemon's RSS after a warm-up (--rss-warmup-min;
             default the first third of the run, at most 5 min), sampled every 2 s, with
             its 95% Student t interval widened for the samples' autocorrelation (RSS swings
-            over minutes; see rss_check). Goal --rss-goal-mb-per-min; the default 0.0025
+            over minutes; profiler/intervals.py). Goal --rss-goal-mb-per-min; the default 0.0025
             MB/min keeps a ~40 MB daemon under the documented 150 MB after 30 days.
             confirmed: the interval's top is under the goal; not met: its bottom is over
             it; undecided otherwise. An interval that holds 0 means no growth was seen,
@@ -74,15 +74,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import psutil
-from scipy import stats
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tests.test_daemon_support import (  # noqa: E402 (needs REPO on the path)
+from profiler.intervals import slope_interval, verdict  # noqa: E402 (needs REPO on the path)
+from tests.test_daemon_support import (  # noqa: E402
     DaemonProc,
     children_named,
     config_text,
@@ -426,39 +425,28 @@ def rss_check(
 ) -> Check:
     """The slope of RSS after the warm-up (default: the first third of the run, at most
     5 min), with a 95% interval that allows for the samples' autocorrelation: RSS moves
-    in swings of minutes, so 2-s samples are far from independent. The least-squares
-    standard error is widened by the lag-1 autocorrelation r of the residuals, to an
-    effective sample count n (1 - r) / (1 + r) (Santer et al. 2000, J. Geophys. Res.
-    105, 7337), and the t quantile takes that count less 2 as its degrees of freedom."""
+    in swings of minutes, so 2-s samples are far from independent (slope_interval in
+    profiler/intervals.py widens it to the residuals' effective sample count)."""
     if warmup_s is None:
         warmup_s = min(300.0, run_s / 3)
     pts = [(t, rss) for t, rss, _, _ in samples if t >= warmup_s]
     figures: dict[str, Any] = {"warmup_s": warmup_s, "n": len(pts), "goal_mb_per_min": goal}
     if len(pts) < 10:
         return Check("rss", "undecided", figures, "fewer than 10 samples after the warm-up")
-    xs = np.array([t / 60 for t, _ in pts])
-    ys = np.array([r for _, r in pts])
-    fit = stats.linregress(xs, ys)
-    resid = ys - (fit.intercept + fit.slope * xs)
-    r1 = max(0.0, float(np.corrcoef(resid[:-1], resid[1:])[0, 1])) if resid.std() > 0 else 0.0
-    n_eff = max(3.0, len(pts) * (1 - r1) / (1 + r1))  # at most len(pts): r1 >= 0
-    se = fit.stderr * (len(pts) / n_eff) ** 0.5
-    half = stats.t.ppf(0.975, n_eff - 2) * se
-    slope = float(fit.slope)
-    lo, hi = slope - float(half), slope + float(half)
+    slope = slope_interval([t / 60 for t, _ in pts], [r for _, r in pts])
+    lo, hi = slope.bounds()
     figures |= {
-        "slope_mb_per_min": slope,
+        "slope_mb_per_min": slope.estimate,
         "ci95": [lo, hi],
-        "lag1_autocorrelation": r1,
-        "effective_n": n_eff,
+        "lag1_autocorrelation": slope.lag1_autocorrelation,
+        "effective_n": slope.effective_n,
         "rss_first_mb": samples[0][1],
-        "rss_after_warmup_mb": float(ys[0]),
-        "rss_last_mb": float(ys[-1]),
+        "rss_after_warmup_mb": pts[0][1],
+        "rss_last_mb": pts[-1][1],
         "rss_max_mb": max(r for _, r, _, _ in samples),
         "rss_mean_mb_by_minute": _by_minute(samples),
     }
-    verdict = "confirmed" if hi < goal else "not met" if lo > goal else "undecided"
-    return Check("rss", verdict, figures)
+    return Check("rss", verdict(slope, at_most=goal), figures, slope.why_none or "")
 
 
 def _by_minute(samples: list[tuple[float, float, int, int]]) -> list[float]:

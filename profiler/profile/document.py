@@ -31,6 +31,7 @@ import numpy as np
 
 from profiler.attribution.episodes import Episode
 from profiler.classify.codepaths import CODEPATHS
+from profiler.intervals import t_quantile
 from profiler.profile.energy_sink import ProfileEnergy
 from profiler.profile.session import SessionResult
 
@@ -43,19 +44,6 @@ CI_METHOD = (
     "batch means over time: 1 s CPU bins merged into <= 30 equal batches, ratio estimator, "
     "Student t with K-1 degrees of freedom"
 )
-
-# two-sided 95% Student t quantiles, df = 1..30
-_T975 = (
-    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
-)  # fmt: skip
-
-
-def t975(df: int) -> float:
-    if df < 1:
-        raise ValueError("df must be >= 1")
-    return _T975[df - 1] if df <= len(_T975) else 1.96
 
 
 def batches(
@@ -89,7 +77,7 @@ def share_ci95(batch_rows: list[dict[str, float]], codepath: str) -> tuple[float
     r = sum(c) / total
     xbar = total / k
     var = sum((ci - r * xi) ** 2 for ci, xi in zip(c, x, strict=True)) / (k * (k - 1))
-    half = t975(k - 1) * math.sqrt(var) / xbar
+    half = t_quantile(k - 1) * math.sqrt(var) / xbar
     return (max(0.0, r - half), min(1.0, r + half))
 
 
