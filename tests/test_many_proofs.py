@@ -3,21 +3,25 @@
 
 1+3. An LD_PRELOAD shim (tests/proofs/alloc_shim.c, compiled here with the system cc)
      counts every C allocator call between two markers and, in trap mode, aborts at the
-     first one. With CPython's own allocator, an update reaches malloc exactly once: the
-     80-byte Py_buffer that pyo3 boxes when blake3-py's `update()` takes the slot's buffer.
-     With PYTHONMALLOC=malloc every Python object goes through malloc too, so the shim also
-     counts CPython's objects: 5 per update (listed in docs/many.md), none retained.
+     first one. With CPython's own allocator, an update reaches malloc only through its one
+     blake3 hash (pyo3 boxes the Py_buffer it takes from the slot's memoryview). With
+     PYTHONMALLOC=malloc every Python object goes through malloc too, so the shim also counts
+     CPython's objects: an update makes what its named calls make (DEPENDENCY_CALLS in
+     tests/proofs/targets.py, each measured alone on the installed numpy, blake3 and
+     CPython), and nothing more, none retained.
      tracemalloc over the same loop: nothing retained, a peak of a few hundred bytes.
 2.   A seccomp filter (hand-built BPF, kill on mmap/munmap/brk/mremap) installed after
      warm-up: 10 000 updates run to the end.
 
+What each named call allocates belongs to its library and moves with its version; how many
+of each call an update or a checkpoint makes is serwatt's, and that is what is asserted.
 Each proof has a control that the same measurement does catch an allocation.
 
 The same three for `Checkpointer.checkpoint` (a 40-slot model + AdamW state, 30 warm-up
-checkpoints), with the caller's thread counted apart from the background writer: 25 C
-allocator calls per checkpoint on the caller's side, all freed and none tensor-sized (what
-each one is: CKPT_CALLER_SIZES below), nothing of the checkpointer's retained, and 200
-checkpoints under the seccomp filter.
+checkpoints), with the caller's thread counted apart from the background writer: per
+checkpoint on the caller's side, 10 integer-key matches, one condition wait and 4 dict tables
+(CKPT_CALLER_CALLS below), all freed and none tensor-sized, nothing of the checkpointer's
+retained, and 200 checkpoints under the seccomp filter.
 """
 
 from __future__ import annotations
@@ -80,36 +84,90 @@ def test_shim_sees_nothing_in_the_empty_loop_and_every_call_of_an_allocating_one
     assert any("PyByteArray" in f for f in control.result["events"][0]["stack"])
 
 
+CALL = "tests.proofs.targets:dependency_call"
+
+
+def _count(
+    shim: Path,
+    tmp_path: Path,
+    target: str,
+    n: int,
+    python_malloc: str | None = None,
+    kwargs: dict[str, str] | None = None,
+) -> dict[str, int]:
+    r = run_child(
+        target, "count", workdir=tmp_path, n=n, shim=shim, python_malloc=python_malloc,
+        kwargs=kwargs,
+    )  # fmt: skip
+    assert r.returncode == 0 and r.result is not None, r.stderr[-2000:]
+    return r.result["counts"]
+
+
+def _per_call(
+    shim: Path, tmp_path: Path, calls: tuple[str, ...], n: int, python_malloc: str | None = None
+) -> dict[str, dict[str, int]]:
+    """Allocator calls (by kind, frees apart) that n of each named call makes beyond the
+    empty loop, each measured alone in its own child."""
+    base = _count(shim, tmp_path, EMPTY, n, python_malloc=python_malloc)
+    out = {}
+    for call in calls:
+        counts = _count(shim, tmp_path, CALL, n, python_malloc=python_malloc, kwargs={"call": call})
+        out[call] = {k: counts[k] - base[k] for k in (*ALLOC_KINDS, "free")}
+    return out
+
+
+def _beyond(counts: dict[str, int], base: dict[str, int]) -> dict[str, int]:
+    return {k: counts[k] - base[k] for k in (*ALLOC_KINDS, "free")}
+
+
+def _sum(parts: list[dict[str, int]]) -> dict[str, int]:
+    return {k: sum(p[k] for p in parts) for k in (*ALLOC_KINDS, "free")}
+
+
+def _owner(stack: list[str]) -> str:
+    """The first library in a backtrace that is not CPython's or libc's: who asked."""
+    for frame in stack:
+        lib = frame.split(":")[0].split("+")[0]
+        if not lib.startswith(("libpython", "libc.", "python")):
+            return lib.split(".")[0]
+    return "python"
+
+
 @pytest.mark.parametrize("by", ["name", "handle"])
-def test_update_reaches_the_c_allocator_only_in_blake3s_buffer_box(
+def test_update_reaches_the_c_allocator_only_in_its_one_blake3_hash(
     shim: Path, tmp_path: Path, by: str
 ) -> None:
+    hash_only = _per_call(shim, tmp_path, ("blake3_hash",), N)["blake3_hash"]
     r = run_child(UPDATE, "count", workdir=tmp_path, n=N, shim=shim, kwargs={"by": by})
     assert r.returncode == 0, r.stderr
-    assert _allocs(r.result["counts"]) == {"malloc": N}, r.result["counts"]
-    assert r.result["counts"]["free"] == N
+    # N updates reach the C allocator exactly as N blake3 hashes of a slot do: one hash per
+    # update (serwatt's), and what a hash allocates is blake3's (one boxed Py_buffer in
+    # blake3 1.0: pyo3's PyBuffer::get).
+    assert _allocs(r.result["counts"]) == _allocs(hash_only), (r.result["counts"], hash_only)
+    assert r.result["counts"]["free"] == hash_only["free"]
     for event in r.result["events"]:
-        assert event["size"] == 80  # sizeof(Py_buffer), boxed by pyo3's PyBuffer::get
-        assert event["stack"][0].startswith("blake3."), event["stack"]
+        assert _owner(event["stack"]) == "blake3", event["stack"]
 
 
-def test_python_objects_per_update_counted_through_malloc(shim: Path, tmp_path: Path) -> None:
+# The named calls one `Arena.update` of a matching array makes (arena.py `update`), once
+# each: the shape and layout checks read `value.shape` and `value.flags`, the slot is hashed
+# once, and the new generation's `Handle` is returned.
+UPDATE_CALLS = ("ndarray_shape", "ndarray_flags", "blake3_hash", "handle")
+
+
+def test_python_objects_per_update_are_its_named_calls(shim: Path, tmp_path: Path) -> None:
     """PYTHONMALLOC=malloc: each Python object is a malloc the shim sees. 1000 updates over
     16 slots after 200 warm-up updates keep every generation under 257 (cached ints)."""
     n = 1000
-    base = run_child(EMPTY, "count", workdir=tmp_path, n=n, shim=shim, python_malloc="malloc")
-    r = run_child(UPDATE, "count", workdir=tmp_path, n=n, shim=shim, python_malloc="malloc")
-    assert base.returncode == 0 and r.returncode == 0, r.stderr
-    per_run = base.result["counts"]["malloc"]  # the loop's itertools.repeat object
-    assert _allocs(base.result["counts"]) == {"malloc": per_run}
-    counts = _allocs(r.result["counts"])
-    assert counts == {"malloc": 5 * n + per_run + 1}, counts  # +1: the first update's frame
-    # Event 0 is the loop's repeat object, event 6 a one-off of the first update; between
-    # them and after, one update each: value.shape's int, value.flags, blake3's Py_buffer
-    # box, the digest bytes, the returned Handle.
-    events = r.result["events"]
-    for window in (events[1:6], events[7:12], events[12:17]):
-        assert [e["size"] for e in window] == [32, 32, 80, 65, 56], events[:17]
+    parts = _per_call(shim, tmp_path, UPDATE_CALLS, n, python_malloc="malloc")
+    base = _count(shim, tmp_path, EMPTY, n, python_malloc="malloc")
+    update = _beyond(_count(shim, tmp_path, UPDATE, n, python_malloc="malloc"), base)
+    # Each named call allocates something (so each term can be told apart from nothing)...
+    for call in UPDATE_CALLS:
+        assert parts[call]["malloc"] >= n, (call, parts[call])
+    # ... and an update allocates what its calls do, once each, and nothing of its own.
+    assert update == _sum([parts[c] for c in UPDATE_CALLS]), (update, parts)
+    assert update["free"] >= update["malloc"] - 1, update  # the first call's frame stays
 
 
 def test_trap_aborts_at_the_first_allocation(shim: Path, tmp_path: Path) -> None:
@@ -187,19 +245,31 @@ def ckpt_dir(tmp_path: Path) -> Iterator[Path]:
         shutil.rmtree(d, ignore_errors=True)
 
 
-# The caller's side of one checkpoint, by allocation size (CPython's allocator, so these are
-# the C allocator calls: objects above 512 bytes and C buffers). Measured and explained:
-# - 10 x (1094 + 1 bytes): the SRE matcher state of `_INT_RE.fullmatch` in
-#   profiler/many/state.py `_escape`, for the path segments that start like an integer
-#   (the model's layer keys "0.weight"...: is the key an integer in disguise?);
-# - 2 x 568 bytes: presized dict key tables (the flattener's);
-# - 2 x 1104 bytes: the flattener's per-call dicts growing past 21 entries;
-# - 1 x 32 bytes: the lock `threading.Condition.wait` allocates for its waiter.
+# The caller's side of one checkpoint (CPython's allocator, so these are the C allocator
+# calls: objects above 512 bytes and C buffers), by the call that makes them:
+# - `_INT_RE.fullmatch` in profiler/many/state.py `_escape`, once for each of the 10 path
+#   segments that start like an integer (the model's "0.weight"...: an integer in disguise?);
+# - `threading.Condition.wait`, once: `Checkpointer.wait` for the background write;
+# - 4 dict tables above the small-object threshold, the flattener's (2 presized, 2 grown
+#   past 21 entries): these are serwatt's dicts, counted as tables.
 # (The dtype table of writer.py `_torch_code`, once rebuilt per tensor, is built once.)
-CKPT_CALLER_SIZES = {1: 10, 32: 1, 568: 2, 1094: 10, 1104: 2}
+CKPT_CALLER_CALLS = {"int_key_match": 10, "condition_wait": 1}
+CKPT_CALLER_DICT_TABLES = 4
 
 
-def test_checkpoint_caller_allocations_by_size(shim: Path, ckpt_dir: Path) -> None:
+def _ckpt_caller_mallocs(shim: Path, tmp_path: Path) -> int:
+    """C allocator calls the caller's side of one checkpoint makes, from its named calls."""
+    per = _per_call(shim, tmp_path, tuple(CKPT_CALLER_CALLS), 100)
+    for call in CKPT_CALLER_CALLS:
+        assert per[call]["malloc"] > 0 and per[call]["free"] == per[call]["malloc"], per
+    for call in CKPT_CALLER_CALLS:
+        assert _allocs(per[call]) == {"malloc": per[call]["malloc"]}, per  # malloc alone
+    named = sum(times * per[c]["malloc"] // 100 for c, times in CKPT_CALLER_CALLS.items())
+    return named + CKPT_CALLER_DICT_TABLES
+
+
+def test_checkpoint_caller_allocations_are_its_named_calls(shim: Path, ckpt_dir: Path) -> None:
+    expected = _ckpt_caller_mallocs(shim, ckpt_dir)
     r = run_child(
         CHECKPOINT,
         "count",
@@ -213,13 +283,10 @@ def test_checkpoint_caller_allocations_by_size(shim: Path, ckpt_dir: Path) -> No
     caller = [e for e in r.result["events"] if e["caller_thread"]]
     background = [e for e in r.result["events"] if not e["caller_thread"]]
     assert len(r.result["events"]) < 512  # every event of the checkpoint was recorded
-    sizes: dict[int, int] = {}
-    for e in caller:
-        sizes[e["size"]] = sizes.get(e["size"], 0) + 1
-    assert sizes == CKPT_CALLER_SIZES, sorted(sizes.items())
-    assert sum(CKPT_CALLER_SIZES.values()) == 25
-    # The background write: one blake3 hasher object (1968 bytes) per slot among them.
-    assert sum(1 for e in background if e["size"] == 1968) >= CKPT_SLOTS
+    assert _allocs(r.result["caller_counts"]) == {"malloc": expected}, r.result["caller_counts"]
+    assert len(caller) == expected
+    # The background write hashes each slot there: blake3's allocations, one or more a slot.
+    assert sum(1 for e in background if _owner(e["stack"]) == "blake3") >= CKPT_SLOTS
     # No tensor-sized allocation on either thread: the staging arena is reused and the
     # bytes go from it to pwrite.
     assert r.result["max_size"] < CKPT_WEIGHT_BYTES, r.result["max_size"]
@@ -229,6 +296,7 @@ def test_checkpoint_allocations_are_the_same_every_checkpoint_and_all_freed(
     shim: Path, ckpt_dir: Path
 ) -> None:
     n = 50
+    expected = _ckpt_caller_mallocs(shim, ckpt_dir)
     r = run_child(
         CHECKPOINT,
         "count",
@@ -240,7 +308,7 @@ def test_checkpoint_allocations_are_the_same_every_checkpoint_and_all_freed(
     )
     assert r.returncode == 0, r.stderr[-2000:]
     caller, total = r.result["caller_counts"], r.result["counts"]
-    assert _allocs(caller) == {"malloc": 25 * n}, caller
+    assert _allocs(caller) == {"malloc": expected * n}, caller
     assert caller["free"] == caller["malloc"]
     # Both threads together: every block allocated in the loop is freed in it.
     assert total["free"] == total["malloc"] + total["calloc"], total

@@ -105,3 +105,58 @@ def checkpointer(
 
         return step_wait
     return lambda: cp.checkpoint(state)
+
+
+# The calls into CPython, numpy and blake3 that one `Arena.update` or one checkpoint makes,
+# each alone as a step on the same kind of objects. What each costs in allocations belongs to
+# the dependency (and moves with its version); how many of each an update or a checkpoint
+# makes is serwatt's, and that is what the proofs assert.
+DEPENDENCY_CALLS = (
+    "ndarray_shape",  # numpy: `value.shape == views.shape`, the shape check
+    "ndarray_flags",  # numpy: `value.flags.c_contiguous`, the layout check
+    "blake3_hash",  # blake3: reset, update(the slot's memoryview), digest
+    "handle",  # serwatt's own result object, `Handle(name, index, generation)`
+    "int_key_match",  # CPython re: `_INT_RE.fullmatch` of an escaped layer key
+    "condition_wait",  # CPython threading: `Condition.wait`, its waiter lock
+)
+
+
+def dependency_call(workdir: Path, *, call: str, elems: int = 65536) -> Callable[[], object]:
+    """One of DEPENDENCY_CALLS per step, as `arena_update` / `checkpointer` make it."""
+    import threading
+
+    import blake3
+
+    from profiler.many import Handle
+    from profiler.many.state import _INT_RE
+
+    value = np.full(elems, 1, dtype=np.float32)
+    slot = np.zeros(elems, dtype=np.float32)
+    if call == "ndarray_shape":
+        shape = slot.shape
+        return lambda: value.shape == shape
+    if call == "ndarray_flags":
+        return lambda: value.flags.c_contiguous
+    if call == "blake3_hash":
+        hasher = blake3.blake3(max_threads=1)
+        buffer = slot.reshape(-1).view(np.uint8).data
+
+        def step_hash() -> object:
+            hasher.reset()
+            hasher.update(buffer)
+            return hasher.digest()
+
+        return step_hash
+    if call == "handle":
+        return lambda: Handle("s0", 0, 7)
+    if call == "int_key_match":
+        return lambda: _INT_RE.fullmatch("0%2Eweight")
+    if call == "condition_wait":
+        cond = threading.Condition()
+
+        def step_wait() -> object:
+            with cond:
+                return cond.wait(timeout=0)
+
+        return step_wait
+    raise ValueError(f"call must be one of {DEPENDENCY_CALLS}, not {call!r}")
