@@ -19,8 +19,14 @@ What Prometheus does not carry, and what the report then says:
 The serwatt version and sampling rate come from `serwatt_build_info` and
 `serwatt_sample_rate_hz` of the same job and instance.
 
-The HTTP response is hostile input: its size is bounded (MAX_RESPONSE_BYTES), its shape
-checked (status, resultType matrix, label maps of strings, [time, "value"] pairs of
+The server is hostile too. Each request has a total deadline (REQUEST_DEADLINE_S: a
+socket timeout bounds one recv only, so a server dripping a byte at a time would hold a
+request for ever), and the report's queries together have one (REPORT_DEADLINE_S). The
+answer's size is bounded (MAX_RESPONSE_BYTES), and so is what parsing it may build: the
+JSON values it can hold are counted in the raw bytes first (MAX_JSON_VALUES, derived from
+the series, label and point bounds), since json.loads builds a Python object per value
+(a 63 MB answer of empty series took 1.7 GB) before any bound could look at it. Its shape
+is checked (status, resultType matrix, label maps of strings, [time, "value"] pairs of
 finite numbers), and series and points are bounded. Every failure is a
 `PrometheusError` whose message names the problem and the fix; `usage` says whether it
 is the caller's input (exit 2) or the server/network (exit 1).
@@ -28,6 +34,7 @@ is the caller's input (exit 2) or the server/network (exit 1).
 
 from __future__ import annotations
 
+import http.client
 import json
 import math
 import re
@@ -41,13 +48,21 @@ from datetime import datetime, timezone
 from typing import Any
 
 from profiler.classify.codepaths import CODEPATHS
+from profiler.report.deadline_http import deadline_opener
 from profiler.report.inputs import CodepathFigures, InputError, RunInput, WindowInput
 
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024  # one query's JSON; more is refused, not parsed
+MAX_ERROR_BODY_BYTES = 64 * 1024  # of an HTTP error's body, only its message is shown
 MAX_SERIES = 20_000  # series in one response
 MAX_POINTS = 11_000  # points per series: Prometheus' own limit per query_range series
+MAX_ANSWER_POINTS = 1_000_000  # points of all series of one response together
+MAX_LABELS = 64  # labels of one series
 MAX_LABEL_TEXT = 1024  # characters of one label name or value
-HTTP_TIMEOUT_S = 30.0
+REQUEST_DEADLINE_S = 30.0  # one HTTP request, connect to last byte
+REPORT_DEADLINE_S = 300.0  # every query of one report together
+# Epoch seconds a --range may name: RFC 3339's years 0001-9999 less what is before 1970
+# (Prometheus' timestamps are milliseconds since 1970).
+MAX_EPOCH_S = 253_402_300_799.0
 DEFAULT_WINDOWS = 30  # default step: the range in this many windows, and
 MIN_DEFAULT_STEP_S = 60.0  # at least this long (several daemon windows and scrapes)
 
@@ -91,7 +106,15 @@ class PrometheusError(Exception):
 
 def check_url(url: str) -> str:
     """The API root, e.g. http://localhost:9090 (a trailing slash is dropped)."""
-    parts = urllib.parse.urlsplit(url)
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 (reading it checks it: a port that is not 0-65535 raises)
+    except ValueError as exc:
+        raise PrometheusError(
+            f"--prometheus {url!r}: not a URL ({exc}); give the server's API root, e.g. "
+            "http://localhost:9090 or http://[::1]:9090",
+            usage=True,
+        ) from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise PrometheusError(
             f"--prometheus {url!r}: not an http(s) URL with a host; give the server's API "
@@ -164,14 +187,32 @@ def parse_duration(text: str, option: str) -> float:
         pos = m.end()
     if not s or pos != len(s) or total <= 0:
         raise PrometheusError(
-            f"{option} {text!r}: not a duration; write e.g. 30m, 1h30m, 90s or 2d", usage=True
+            f"{option} {text[:40]!r}: not a duration; write e.g. 30m, 1h30m, 90s or 2d",
+            usage=True,
+        )
+    if not total <= MAX_EPOCH_S:  # inf from a 400-digit number, too
+        raise PrometheusError(
+            f"{option} {text[:40]!r}: a duration longer than {MAX_EPOCH_S:.0f} s "
+            "(year 9999); write e.g. 30m, 1h30m, 90s or 2d",
+            usage=True,
         )
     return total
 
 
 def parse_time(text: str, option: str, *, now: float) -> float:
     """Epoch seconds from RFC 3339 (2026-12-01T10:00:00Z), epoch seconds, `now` or
-    `now-DURATION`."""
+    `now-DURATION`; between 1970 and the end of 9999."""
+    t = _parse_time(text, option, now=now)
+    if not 0.0 <= t <= MAX_EPOCH_S:  # NaN and inf too
+        raise PrometheusError(
+            f"{option} {text[:40]!r}: a time outside 1970-01-01..9999-12-31; write RFC 3339 "
+            "(2026-12-01T10:00:00Z), epoch seconds, now or now-30m",
+            usage=True,
+        )
+    return t
+
+
+def _parse_time(text: str, option: str, *, now: float) -> float:
     s = text.strip()
     if s == "now":
         return now
@@ -183,17 +224,17 @@ def parse_time(text: str, option: str, *, now: float) -> float:
         pass
     try:
         parsed = datetime.fromisoformat(s.replace("Z", "+00:00"))
-    except ValueError:
+        if parsed.tzinfo is None:
+            raise PrometheusError(
+                f"{option} {text[:40]!r}: say the time zone (a trailing Z for UTC)", usage=True
+            )
+        return parsed.timestamp()
+    except (ValueError, OverflowError):
         raise PrometheusError(
-            f"{option} {text!r}: not a time; write RFC 3339 (2026-12-01T10:00:00Z), epoch "
-            "seconds, now or now-30m",
+            f"{option} {text[:40]!r}: not a time; write RFC 3339 (2026-12-01T10:00:00Z), "
+            "epoch seconds, now or now-30m",
             usage=True,
         ) from None
-    if parsed.tzinfo is None:
-        raise PrometheusError(
-            f"{option} {text!r}: say the time zone (a trailing Z for UTC)", usage=True
-        )
-    return parsed.timestamp()
 
 
 def parse_range(text: str, option: str, *, now: float) -> tuple[float, float]:
@@ -216,36 +257,58 @@ def default_step(start: float, end: float) -> float:
 # --------------------------------------------------------------------------- HTTP
 
 
-Fetch = Callable[[str], bytes]  # full URL -> response body (tests may pass their own)
+# Full URL, time.monotonic() deadline -> response body; raises TimeoutError when the
+# deadline passes first. (Tests may pass their own.)
+Fetch = Callable[[str, float], bytes]
 
 
-def _http_get(url: str) -> bytes:
+def _http_get(url: str, deadline: float) -> bytes:
     req = urllib.request.Request(url, headers={"Accept": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT_S) as resp:  # noqa: S310
-            return _bounded_read(resp, url)
-    except urllib.error.HTTPError as exc:
-        body = _bounded_read(exc, url) if exc.fp is not None else b""
-        raise _http_error(url, exc.code, body) from None
-    except (urllib.error.URLError, OSError, TimeoutError) as exc:
-        reason = getattr(exc, "reason", exc)
-        root = url.split("/api/v1/", 1)[0]
-        raise PrometheusError(
-            f"cannot reach {root}: {reason}; check the address and that the server is up "
-            f"(curl {root}/api/v1/status/buildinfo)",
-            usage=False,
-        ) from None
+    root = url.split("/api/v1/", 1)[0]
+    with deadline_opener(deadline) as (opener, watchdog):
+        try:
+            left = max(0.001, deadline - time.monotonic())
+            with opener.open(req, timeout=left) as resp:
+                body = _bounded_read(resp, url, MAX_RESPONSE_BYTES)
+                if resp.length:  # what Content-Length promised and did not come
+                    raise http.client.IncompleteRead(body, resp.length)
+                return body
+        except urllib.error.HTTPError as exc:
+            if watchdog.fired:
+                raise TimeoutError("the deadline passed") from None
+            error_body = b""
+            if exc.fp is not None:
+                error_body = exc.read(MAX_ERROR_BODY_BYTES)
+            raise _http_error(url, exc.code, error_body) from None
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+            if watchdog.fired or isinstance(exc, TimeoutError):
+                raise TimeoutError("the deadline passed") from None
+            reason = getattr(exc, "reason", None) or exc
+            if isinstance(exc, http.client.HTTPException):
+                raise PrometheusError(
+                    f"cannot read the answer of {root}: {type(exc).__name__}: "
+                    f"{str(reason)[:200]}; check that the server is healthy",
+                    usage=False,
+                ) from None
+            raise PrometheusError(
+                f"cannot reach {root}: {str(reason)[:200]}; check the address and that the "
+                f"server is up (curl {root}/api/v1/status/buildinfo)",
+                usage=False,
+            ) from None
 
 
-def _bounded_read(resp: Any, url: str) -> bytes:
-    body = resp.read(MAX_RESPONSE_BYTES + 1)
-    if len(body) > MAX_RESPONSE_BYTES:
-        raise PrometheusError(
-            f"the answer to {url[:200]} is over {MAX_RESPONSE_BYTES} bytes; query a "
-            "shorter range, a larger --step or a narrower selector",
-            usage=True,
-        )
-    return bytes(body)
+def _bounded_read(resp: Any, url: str, limit: int) -> bytes:
+    chunks, size = [], 0
+    while chunk := resp.read(min(1 << 20, limit + 1 - size)):
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            raise PrometheusError(
+                f"the answer to {url[:200]} is over {limit} bytes; query a shorter range, a "
+                "larger --step or a narrower selector",
+                usage=True,
+            )
+    return b"".join(chunks)
 
 
 def _http_error(url: str, code: int, body: bytes) -> PrometheusError:
@@ -255,7 +318,7 @@ def _http_error(url: str, code: int, body: bytes) -> PrometheusError:
         doc = json.loads(body)
         if isinstance(doc, dict) and isinstance(doc.get("error"), str):
             message = doc["error"][:500]
-    except ValueError:
+    except (ValueError, RecursionError):
         message = body[:200].decode("utf-8", "replace")
     if code in (400, 422):
         return PrometheusError(
@@ -289,8 +352,33 @@ def _bad(what: str) -> PrometheusError:
     )
 
 
+def max_json_values() -> int:
+    """The JSON values (object keys included) a sound answer within MAX_SERIES,
+    MAX_LABELS and MAX_ANSWER_POINTS can hold: per series its object, two keys, the label
+    map and the values list, two per label; three per point ([t, "v"]); and the envelope."""
+    return MAX_SERIES * (5 + 2 * MAX_LABELS) + 3 * MAX_ANSWER_POINTS + 16
+
+
+def json_values_bound(body: bytes) -> int:
+    """An upper bound on the JSON values (keys included) in `body`, counted without
+    parsing: every value but the outermost follows a `[`, `,` or `:`, every key a `{` or
+    `,` (these bytes inside strings only make the bound looser)."""
+    return sum(body.count(c) for c in (b"[", b"{", b",", b":")) + 1
+
+
 def parse_matrix(body: bytes) -> list[Series]:
-    """A query_range response body -> its series, shape and values checked."""
+    """A query_range response body -> its series, shape and values checked.
+
+    Refused before parsing when it holds more JSON values than a sound answer could:
+    json.loads builds one Python object (50-200 bytes) per value."""
+    value_count = json_values_bound(body)
+    if value_count > max_json_values():
+        raise PrometheusError(
+            f"an answer of {len(body)} bytes holding up to {value_count} JSON values, more than "
+            f"{MAX_SERIES} series of {MAX_LABELS} labels and {MAX_ANSWER_POINTS} points in "
+            "all could; narrow the selector, query a shorter range or a larger --step",
+            usage=True,
+        )
     try:
         doc = json.loads(body)
     except (ValueError, RecursionError):
@@ -312,13 +400,23 @@ def parse_matrix(body: bytes) -> list[Series]:
             f"{len(result)} series in one answer, more than {MAX_SERIES}; narrow the selector",
             usage=True,
         )
-    out = []
+    out: list[Series] = []
+    total = 0
     for item in result:
         if not isinstance(item, dict):
             raise _bad("a series is not an object")
         metric, values = item.get("metric"), item.get("values")
         if not isinstance(metric, dict) or not isinstance(values, list):
             raise _bad("a series lacks its metric labels or values")
+        if len(metric) > MAX_LABELS:
+            raise _bad(f"a series has {len(metric)} labels, more than {MAX_LABELS}")
+        total += len(values)
+        if total > MAX_ANSWER_POINTS:
+            raise PrometheusError(
+                f"more than {MAX_ANSWER_POINTS} points in one answer; narrow the selector, "
+                "query a shorter range or a larger --step",
+                usage=True,
+            )
         for k, v in metric.items():
             if not (isinstance(k, str) and isinstance(v, str)):
                 raise _bad("a label is not a string")
@@ -360,16 +458,27 @@ class SideQuery:
 
 
 class PromQL:
-    """Range queries against one API root."""
+    """Range queries against one API root: each within `request_deadline_s`, all of them
+    within `report_deadline_s` from construction."""
 
-    def __init__(self, url: str, fetch: Fetch | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        fetch: Fetch | None = None,
+        *,
+        request_deadline_s: float = REQUEST_DEADLINE_S,
+        report_deadline_s: float = REPORT_DEADLINE_S,
+    ) -> None:
         self.url = check_url(url)
         self._fetch = fetch or _http_get
         self.queries: list[str] = []  # every expression sent, for the report's source
+        self.request_deadline_s = request_deadline_s
+        self.report_deadline_s = report_deadline_s
+        self._report_deadline = time.monotonic() + report_deadline_s
 
     def range(self, expr: str, start: float, end: float, step_s: float) -> list[Series]:
         points = (end - start) / step_s + 1
-        if points > MAX_POINTS:
+        if not points <= MAX_POINTS:
             raise PrometheusError(
                 f"{points:.0f} points per series (range / step), more than {MAX_POINTS}; "
                 "give a larger --step",
@@ -379,7 +488,26 @@ class PromQL:
         params = urllib.parse.urlencode(
             {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step_s:g}"}
         )
-        return parse_matrix(self._fetch(f"{self.url}/api/v1/query_range?{params}"))
+        request_deadline = time.monotonic() + self.request_deadline_s
+        deadline = min(request_deadline, self._report_deadline)
+        try:
+            body = self._fetch(f"{self.url}/api/v1/query_range?{params}", deadline)
+        except TimeoutError:
+            if deadline < request_deadline:
+                raise PrometheusError(
+                    f"{self.url} did not answer the report's {len(self.queries)} queries "
+                    f"within the {self.report_deadline_s:g} s report deadline; check that "
+                    "the server is healthy, or query a shorter range, a larger --step or a "
+                    "narrower selector",
+                    usage=False,
+                ) from None
+            raise PrometheusError(
+                f"{self.url} did not answer {expr[:100]} within the "
+                f"{self.request_deadline_s:g} s request deadline (a slow or stalled server); "
+                "check that it is healthy, or query a shorter range or a larger --step",
+                usage=False,
+            ) from None
+        return parse_matrix(body)
 
 
 def _with_selector(metric: str, selector: str) -> str:
@@ -555,10 +683,18 @@ def _run(
 
 
 def load_sides(
-    url: str, baseline: SideQuery, candidate: SideQuery, fetch: Fetch | None = None
+    url: str,
+    baseline: SideQuery,
+    candidate: SideQuery,
+    fetch: Fetch | None = None,
+    *,
+    request_deadline_s: float = REQUEST_DEADLINE_S,
+    report_deadline_s: float = REPORT_DEADLINE_S,
 ) -> tuple[list[RunInput], list[RunInput], dict[str, Any]]:
     """(baseline runs, candidate runs, the report's `source` section)."""
-    prom = PromQL(url, fetch)
+    prom = PromQL(
+        url, fetch, request_deadline_s=request_deadline_s, report_deadline_s=report_deadline_s
+    )
     base, base_idle = load_side(prom, baseline)
     cand, cand_idle = load_side(prom, candidate)
     source = {
