@@ -89,6 +89,15 @@ DTYPES: dict[int, tuple[str, np.dtype]] = {
 }
 DTYPE_CODE_BY_NAME: dict[str, int] = {name: code for code, (name, _) in DTYPES.items()}
 BFLOAT16 = 13
+# The dtypes a tensor that requires grad may have (torch refuses requires_grad on the rest).
+GRAD_DTYPE_CODES = frozenset(
+    DTYPE_CODE_BY_NAME[n]
+    for n in ("float16", "float32", "float64", "bfloat16", "complex64", "complex128")
+)
+# numpy and torch index arrays with signed 64-bit sizes and strides: a shape whose extent
+# (every dimension, zeros counted as 1, times the item size) passes this cannot be built,
+# even when a zero dimension makes it hold no bytes.
+MAX_EXTENT_BYTES = 2**63 - 1
 
 
 class ManyError(Exception):
@@ -394,10 +403,18 @@ def check_shape(shape: Any, code: int, length: int, where: str) -> tuple[int, ..
             f"{where}: shape {escape_text(str(shape)[:80])} is not a list of at most {MAX_NDIM} "
             "non-negative integers"
         )
-    count = 1
-    for d in shape:
+    itemsize = DTYPES[code][1].itemsize
+    count, extent = 1, itemsize
+    for d in shape:  # Python ints: no product can wrap
         count *= d
-    want = count * DTYPES[code][1].itemsize
+        extent *= max(d, 1)
+    if extent > MAX_EXTENT_BYTES:
+        raise ManyFormatError(
+            f"{where}: shape {shape} of {DTYPES[code][0]} spans {extent} bytes counting its "
+            f"zero dimensions as 1, more than the {MAX_EXTENT_BYTES} that numpy and torch "
+            "can index: no array can have it"
+        )
+    want = count * itemsize
     if want != length:
         raise ManyFormatError(
             f"{where}: shape {shape} of {DTYPES[code][0]} needs {want} bytes, "

@@ -27,7 +27,9 @@ import numpy as np
 from profiler.many.format import (
     BFLOAT16,
     DTYPES,
+    GRAD_DTYPE_CODES,
     ManyFormatError,
+    show_name,
 )
 from profiler.many.reader import Parsed, open_regular, read_parsed
 from profiler.many.receipt import Receipt
@@ -412,6 +414,7 @@ class _Builder:
         self.max_nodes = max_nodes
         self.nodes = 0
         self.n = parsed.header.slot_count
+        self.slots: dict[int, tuple[int, tuple[int, ...], int, int]] = {}
         self.torch_base: dict[int, Any] = {}
         self.numpy_base: dict[int, np.ndarray] = {}
         self.objects: dict[tuple[int, int], tuple[tuple[Any, ...], Any]] = {}
@@ -495,18 +498,35 @@ class _Builder:
                     path,
                 )
             return seen[1]
-        if kind == "torch":
+        code, shape, offset, length = self._slot(slot)
+        if "rg" in n and code not in GRAD_DTYPE_CODES:
+            raise self.fail(
+                f"requires grad, but slot {slot} holds {DTYPES[code][0]}: only floating point "
+                "and complex tensors can require grad",
+                path,
+            )
+        if not is_tensor and code == BFLOAT16:
+            raise self.fail("a numpy leaf cannot be bfloat16 (numpy has no bfloat16)", path)
+        if "s" in n and shape != ():
+            raise self.fail(f"a numpy scalar needs a 0-d slot, slot {slot} is {shape}", path)
+        if self.buf is None:  # checking only (tree_problems): every check above is done
+            obj = None
+        elif kind == "torch":
             obj = self.torch_leaf(slot, n, path)
         else:
-            obj = self.numpy_leaf(slot, n, is_tensor, path)
+            obj = self.numpy_leaf(slot, n, path)
         self.objects[(slot, v)] = (signature, obj)
         return obj
 
     def _slot(self, slot: int) -> tuple[int, tuple[int, ...], int, int]:
-        d = self.parsed.desc[slot]
-        shape = self.parsed.shape(slot)
-        offset = self.parsed.header.state_offset + int(d["offset"])
-        return int(d["dtype"]), shape, offset, int(d["length"])
+        """(dtype code, checked shape, absolute offset, length) of a slot, checked once."""
+        found = self.slots.get(slot)
+        if found is None:
+            d = self.parsed.desc[slot]
+            shape = self.parsed.shape(slot)
+            offset = self.parsed.header.state_offset + int(d["offset"])
+            found = self.slots[slot] = (int(d["dtype"]), shape, offset, int(d["length"]))
+        return found
 
     def torch_leaf(self, slot: int, n: dict[str, Any], path: Path) -> Any:
         import torch
@@ -533,25 +553,51 @@ class _Builder:
             t.requires_grad_(True)
         return t
 
-    def numpy_leaf(self, slot: int, n: dict[str, Any], is_tensor: bool, path: Path) -> Any:
+    def numpy_leaf(self, slot: int, n: dict[str, Any], path: Path) -> Any:
         base = self.numpy_base.get(slot)
         if base is None:
             code, shape, offset, length = self._slot(slot)
-            if code == BFLOAT16 and not is_tensor:
-                raise self.fail("a numpy leaf cannot be bfloat16 (numpy has no bfloat16)", path)
             dtype = DTYPES[code][1]
             if length == 0:
                 base = np.empty(shape, dtype=dtype)
             else:
                 base = np.ndarray(shape, dtype=dtype, buffer=self.buf, offset=offset)
             self.numpy_base[slot] = base
-        if "s" in n:
-            if base.shape != ():
-                raise self.fail(
-                    f"a numpy scalar needs a 0-d slot, slot {slot} is {base.shape}", path
-                )
-            return base[()]
-        return base.view()
+        return base[()] if "s" in n else base.view()
+
+
+def _build(b: _Builder, doc: Any) -> Any:
+    """The tree of a `many.state` document; every defect is a ManyFormatError."""
+    if type(doc) is not dict or set(doc) != {"version", "root"}:
+        raise ManyFormatError(f"{STATE_KEY!r} must be an object with 'version' and 'root'", b.where)
+    if doc["version"] != TREE_VERSION or type(doc["version"]) is not int:
+        raise ManyFormatError(
+            f"state tree version {str(doc['version'])[:20]} is not {TREE_VERSION}; a newer "
+            "serwatt wrote it: upgrade to read it",
+            b.where,
+        )
+    tree = b.node(doc["root"], (), 0)
+    if len(b.referenced) != b.n:
+        missing = sorted(set(range(b.n)) - b.referenced)[:5]
+        names = [show_name(b.parsed.table.names[i]) for i in missing]
+        raise ManyFormatError(
+            f"slots [{', '.join(names)}] are not referenced by the state tree", b.where
+        )
+    return tree
+
+
+def tree_problems(parsed: Parsed) -> list[str]:
+    """What `load_state` would refuse in a parsed file's state tree (empty when the file has
+    none, or a sound one): the same walk as loading, with every check and no tensor built.
+    The default bounds apply, so a tree that needs a larger `max_nodes=` is reported."""
+    doc = parsed.table.metadata.get(STATE_KEY)
+    if doc is None:
+        return []
+    try:
+        _build(_Builder(None, parsed, "", True, None, MAX_DEPTH, MAX_NODES), doc)
+    except ManyFormatError as exc:
+        return exc.problems
+    return []
 
 
 def _open_image(source: str | os.PathLike[str] | bytearray | memoryview) -> tuple[int, str | None]:
@@ -613,20 +659,8 @@ def open_state(
             "not save_state; read it with many.load",
             where,
         )
-    if type(doc) is not dict or set(doc) != {"version", "root"}:
-        raise ManyFormatError(f"{STATE_KEY!r} must be an object with 'version' and 'root'", where)
-    if doc["version"] != TREE_VERSION or type(doc["version"]) is not int:
-        raise ManyFormatError(
-            f"state tree version {str(doc['version'])[:20]} is not {TREE_VERSION}; a newer "
-            "serwatt wrote it: upgrade to read it",
-            where,
-        )
     b = _Builder(buf, parsed, where or "<memory>", as_numpy, tensor_hook, max_depth, max_nodes)
-    tree = b.node(doc["root"], (), 0)
-    if len(b.referenced) != b.n:
-        missing = sorted(set(range(b.n)) - b.referenced)[:5]
-        names = [parsed.table.names[i] for i in missing]
-        raise ManyFormatError(f"slots {names} are not referenced by the state tree", where)
+    tree = _build(b, doc)
     prev = parsed.header.prev_receipt
     return LoadedState(
         tree=tree,

@@ -100,8 +100,9 @@ def _hash_mismatch(i: int, name: str, stored: bytes, data: bytes) -> str | None:
 
 
 def check_open_file(fd: int, parsed: Parsed, *, key: Any = None) -> list[str]:
-    """Problems with the slot hashes, zero regions, receipt, signature and dirty flag of an
-    open, parsed file (`key`: the public key every file must be signed with, or None)."""
+    """Problems with the shapes, slot hashes, zero regions, receipt, signature, dirty flag
+    and state tree of an open, parsed file (`key`: the public key every file must be signed
+    with, or None): every check a loader makes, plus those that need a pass over the data."""
     header, desc, names = parsed.header, parsed.desc, parsed.table.names
     problems = check_all_shapes(desc, parsed.table)
     if header.flags & HEADER_DIRTY:
@@ -189,6 +190,10 @@ def check_open_file(fd: int, parsed: Parsed, *, key: Any = None) -> list[str]:
             f"descriptors hash to {Receipt(want)}"
         )
     problems.extend(_signature_problems(parsed, key))
+    # What load_state needs too: a state tree it can build (state imports this module).
+    from profiler.many.state import tree_problems
+
+    problems.extend(tree_problems(parsed))
     return problems
 
 
