@@ -7,6 +7,7 @@ test_prometheus*.py import it.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -40,6 +41,8 @@ WORKLOAD = textwrap.dedent(
 
 
 def free_port() -> int:
+    """A port free now, which another process may take before the caller binds it: use
+    start_daemon (listen port 0, the bound port read from the daemon's landing line)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -71,7 +74,7 @@ def start_powercap(sysfs: Path, watts: float) -> subprocess.Popen:
 
 def config_text(
     *,
-    port: int,
+    port: int = 0,
     record_dir: Path,
     targets: dict[str, str],
     window_s: float = 2,
@@ -165,21 +168,38 @@ class NotifyListener:
         self._sock.close()
 
 
+# The daemon's landing log line names the address it bound (port 0: the kernel's pick).
+LANDING_RE = re.compile(r"listening on http://(?:\[[^\]]*\]|[^:/\s]+):(\d+)/metrics")
+
+
+def daemon_argv(config_path: Path, **daemon_options: Any) -> list[str]:
+    """`serwatt daemon --config FILE`, or, with daemon_options (Daemon's keywords such as
+    kill_grace_s), the same CLI entry point with those passed to the Daemon."""
+    if not daemon_options:
+        return [PYTHON, "-m", "profiler", "daemon", "--config", str(config_path)]
+    code = (
+        "from pathlib import Path\nfrom profiler.cli.daemon import serve\n"
+        f"raise SystemExit(serve(Path({str(config_path)!r}), **{daemon_options!r}))\n"
+    )
+    return [PYTHON, "-c", code]
+
+
 class DaemonProc:
     """`serwatt daemon --config FILE` as a real child process."""
 
     def __init__(
         self,
         config_path: Path,
-        port: int,
+        port: int | None,
         log_path: Path,
         *,
         notify: NotifyListener | None = None,
         watchdog_usec: int | None = None,
         argv: list[str] | None = None,
     ) -> None:
-        """argv: the daemon's command line instead of `serwatt daemon --config FILE`
-        (e.g. tests/replayed_daemon.py, the daemon with NVML replayed)."""
+        """port: where it listens; None: read from its landing line (a config with
+        `listen: 127.0.0.1:0`). argv: the daemon's command line instead of `serwatt
+        daemon --config FILE` (e.g. tests/replayed_daemon.py, NVML replayed)."""
         env = dict(os.environ)
         env.pop("NOTIFY_SOCKET", None)
         env.pop("WATCHDOG_USEC", None)
@@ -187,11 +207,11 @@ class DaemonProc:
             env["NOTIFY_SOCKET"] = str(notify.path)
         if watchdog_usec is not None:
             env["WATCHDOG_USEC"] = str(watchdog_usec)
-        self.port = port
+        self._port = port
         self.log_path = log_path
-        self._log = open(log_path, "ab")  # noqa: SIM115 (closed in wait())
+        self._log = open(log_path, "ab")  # noqa: SIM115 (closed in kill())
         self.proc = subprocess.Popen(
-            argv or [PYTHON, "-m", "profiler", "daemon", "--config", str(config_path)],
+            argv or daemon_argv(config_path),
             cwd=REPO,
             env=env,
             stdout=self._log,
@@ -201,6 +221,26 @@ class DaemonProc:
     @property
     def pid(self) -> int:
         return self.proc.pid
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            self._port = self.landing_port()
+        return self._port
+
+    def landing_port(self, timeout_s: float = 60) -> int:
+        """The port of the daemon's landing line ("serwatt ... listening on
+        http://HOST:PORT/metrics"), once it has written it."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            found = LANDING_RE.search(self.log())
+            if found:
+                return int(found.group(1))
+            if self.proc.poll() is not None:
+                raise AssertionError(f"daemon exited {self.proc.returncode}:\n{self.log()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no landing line in {timeout_s}s:\n{self.log()}")
+            time.sleep(0.05)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -271,12 +311,26 @@ def stop_process(p: subprocess.Popen) -> None:
     p.wait(timeout=10)
 
 
-def start_daemon(tmp_path: Path, targets: dict[str, str], *, notify=None, watchdog_usec=None, **kw):
-    """A daemon on a free port over `targets` ({name: cmdline pattern}); config_text's
-    keywords pass through. Its config is tmp_path/serwatt.yaml."""
-    port = free_port()
+def start_daemon(
+    tmp_path: Path,
+    targets: dict[str, str],
+    *,
+    notify=None,
+    watchdog_usec=None,
+    daemon_options: dict[str, Any] | None = None,
+    **kw,
+):
+    """A daemon over `targets` ({name: cmdline pattern}) listening on a port the kernel
+    picks (listen port 0), read back from its landing line; config_text's keywords pass
+    through, daemon_options go to the Daemon (daemon_argv). Its config is
+    tmp_path/serwatt.yaml."""
     cfg = tmp_path / "serwatt.yaml"
-    cfg.write_text(config_text(port=port, record_dir=tmp_path / "runs", targets=targets, **kw))
+    cfg.write_text(config_text(record_dir=tmp_path / "runs", targets=targets, **kw))
     return DaemonProc(
-        cfg, port, tmp_path / "daemon.log", notify=notify, watchdog_usec=watchdog_usec
+        cfg,
+        None,
+        tmp_path / "daemon.log",
+        notify=notify,
+        watchdog_usec=watchdog_usec,
+        argv=daemon_argv(cfg, **(daemon_options or {})),
     )

@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from profiler.exitcodes import EXIT_CONFIG
 from profiler.service.config import ConfigError, load_config
@@ -25,14 +26,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    return serve(args.config)
+
+
+def serve(config_path: Path, **daemon_options: Any) -> int:
+    """The daemon over the config at `config_path` until SIGTERM; its exit code.
+    daemon_options: Daemon's keywords (tests shorten the py-spy kill grace and the
+    overrun delays, which the config does not set)."""
     try:
-        config = load_config(args.config)
+        config = load_config(config_path)
     except ConfigError as exc:
         print(f"serwatt daemon: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     setup_logging(config.log_level)
     limit_malloc_arenas()
-    return Daemon(config).run()
+    return Daemon(config, **daemon_options).run()
 
 
 # glibc's mallopt parameter for the arena count (malloc.h)

@@ -111,20 +111,20 @@ class Config:
 
     @property
     def listen_host(self) -> str:
-        return parse_listen(self.listen)[0]
+        return parse_listen(self.listen, any_port=True)[0]
 
     @property
     def listen_port(self) -> int:
-        return parse_listen(self.listen)[1]
+        return parse_listen(self.listen, any_port=True)[1]
 
 
 def parse_listen(listen: str, *, any_port: bool = False) -> tuple[str, int]:
     """'127.0.0.1:9977' -> ('127.0.0.1', 9977); '[::1]:9977' -> ('::1', 9977).
 
     The host is an IPv4 address, a bracketed IPv6 address or a host name; the port is
-    1..65535. any_port: also accept port 0 (the kernel picks a free one), for a server
-    started by code (tests); a config file always names its port. ValueError says what
-    is wrong with the address and how to write it.
+    1..65535. any_port: also accept port 0 (the kernel picks a free one; the daemon logs
+    the port it bound), so tests start daemons side by side without racing for a port.
+    ValueError says what is wrong with the address and how to write it.
     """
     if not isinstance(listen, str):
         raise ValueError("listen must be a string HOST:PORT")
@@ -379,7 +379,7 @@ def _check_document(c: YamlChecker, root: yaml.Node | None) -> dict[str, Any]:
         listen = c.string("listen", keys["listen"])
         if listen is not INVALID:
             try:
-                parse_listen(listen)
+                parse_listen(listen, any_port=True)
             except ValueError as exc:
                 c.problem("listen", keys["listen"], f"bad listen address {listen!r}: {exc}")
                 listen = INVALID

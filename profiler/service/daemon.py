@@ -28,7 +28,6 @@ import os
 import signal
 import sys
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,16 +39,23 @@ from profiler.classify.codepaths import CODEPATHS
 from profiler.exitcodes import EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME
 from profiler.records.host import fingerprint
 from profiler.records.store import Recorder, RecordError
-from profiler.sampling.collect import sample_window
 from profiler.sampling.window import WindowReport
 from profiler.service.budget import RateGovernor
+from profiler.service.clock import Clock, SystemClock
 from profiler.service.collector_health import run_collector
 from profiler.service.config import Config, ConfigError, load_config
 from profiler.service.discovery import discover
 from profiler.service.energy_side import EnergySide, RequiredCollectorMissing
 from profiler.service.exporter import MetricsServer, make_registry
 from profiler.service.ledger import Ledger, TargetProcess
-from profiler.service.pools import ClassifierPool, SamplerPool, SamplingJob
+from profiler.service.pools import (
+    IDLE_RUN_RATE_HZ,  # noqa: F401 (re-exported: the daemon's --idle run rate)
+    ClassifierPool,
+    PySpyWindows,
+    Sampler,
+    SamplerPool,
+    SamplingJob,
+)
 from profiler.service.sdnotify import SdNotifier
 
 log = logging.getLogger("serwatt.daemon")
@@ -64,22 +70,6 @@ OVERRUN_S = 15.0
 ABANDON_AFTER_S = 15.0
 # Retention runs at startup and then this often (runs age by days; hourly is plenty).
 RETENTION_EVERY_S = 3600.0
-# Per-thread CPU snapshots during a window (sample_window's poll_s). Each snapshot
-# reads /proc/<pid>/task/*/stat (+ schedstat) of every thread (~0.14 ms of CPU for a
-# one-thread target, more per thread); at the sampler's 0.1 s default 8 targets cost
-# 1-7% of a core on the reference VM depending on load (docs/daemon.md). 0.5 s
-# still gives 20 points per thread over a 10 s window for the weighting.
-CPU_POLL_S = 0.5
-# Two py-spys per window, like `serwatt profile`. The on-CPU one (no --idle, at the
-# window's rate) carries the CPU: with only the --idle run, a thread that works 2 ms
-# and sleeps 18 ms has 90% of its samples on the sleep line, and weighting by a CPU
-# series polled every CPU_POLL_S cannot tell them apart, so the --idle run alone puts
-# 89% of the bench target's CPU in `other` (profile: 3%; docs/daemon.md "A window is two
-# py-spy runs"). The --idle run (every thread at every tick) gives samples their times, wall
-# seconds and GPU-wait; NVML's busy samples are 1/6-1 s apart, so IDLE_RUN_RATE_HZ is
-# plenty for lining them up, and at 10 Hz it adds ~a fifth of a 50 Hz run's cost.
-ON_CPU_RUN = True
-IDLE_RUN_RATE_HZ = 10.0
 # Retry delay for a process that refused sampling for a reason that may change
 # (ptrace permission, a process that is not Python yet, a sampler failure).
 RETRY_REFUSED_S = 60.0
@@ -111,6 +101,9 @@ class _Tracked:
     retry_at: float = 0.0  # do not sample before this (monotonic s) after a refusal
     refused: str | None = None  # the kind of the last refusal, None when sampling works
     faults: int = 0  # sampler failures in a row (not the target's doing)
+    # the last re-scan did not find it (exited, or its target was removed); forgotten
+    # once no window of it is in flight
+    unmatched: bool = False
 
     @property
     def key(self) -> tuple[int, float]:
@@ -127,11 +120,25 @@ class Daemon:
         *,
         notifier: SdNotifier | None = None,
         nvml_backend: Any = None,
+        clock: Clock | None = None,
+        sampler: Sampler | None = None,
+        kill_grace_s: float | None = None,
+        overrun_s: float = OVERRUN_S,
+        abandon_after_s: float = ABANDON_AFTER_S,
     ) -> None:
         """nvml_backend: a collectors.nvml backend for the energy tracker (None: the real
-        pynvml one); tests replay recorded GPU timelines through it."""
+        pynvml one); tests replay recorded GPU timelines through it. clock: where the
+        daemon reads time and waits (None: the system's); sampler: what runs a window
+        (None: py-spy, PySpyWindows), so the schedule can be tested in fake time.
+        kill_grace_s: how long a py-spy that ignores its SIGINT lives before SIGKILL
+        (None: collectors.pyspy's default). overrun_s, abandon_after_s: see OVERRUN_S."""
         self.config = config
         self._nvml_backend = nvml_backend
+        self._clock: Clock = clock or SystemClock()
+        self._sampler = sampler
+        self._kill_grace_s = kill_grace_s
+        self._overrun_s = overrun_s
+        self._abandon_after_s = abandon_after_s
         self.notifier = notifier or SdNotifier()
         self.ledger = Ledger()
         self._wake = threading.Event()
@@ -153,7 +160,6 @@ class Daemon:
         # serialization episodes of every tracked process (its windows come in order)
         self._episodes = EpisodeTracker()
         self._energy: EnergySide | None = None
-        self._pyspy: PySpy = None  # type: ignore[assignment]
         self._server: MetricsServer | None = None
         self._host: dict[str, Any] = {}
 
@@ -197,17 +203,23 @@ class Daemon:
         except Exception as exc:
             log.error("cannot load codepath rules %s: %s", [str(p) for p in cfg.rules_files], exc)
             return EXIT_CONFIG
-        try:
-            self._pyspy = PySpy(priority=cfg.sampler_priority)
-        except SamplingError as exc:
-            log.error("sampler_priority: %s", exc)
-            return EXIT_CONFIG
-        if self._pyspy.nice_problem:
-            log.warning(
-                "py-spy runs without nice -20 (%s): on a busy node its samples may gather "
-                "after the targets' system calls (docs/sampling.md)",
-                self._pyspy.nice_problem,
-            )
+        if self._sampler is None:
+            try:
+                pyspy = (
+                    PySpy(priority=cfg.sampler_priority)
+                    if self._kill_grace_s is None
+                    else PySpy(priority=cfg.sampler_priority, kill_grace_s=self._kill_grace_s)
+                )
+            except SamplingError as exc:
+                log.error("sampler_priority: %s", exc)
+                return EXIT_CONFIG
+            if pyspy.nice_problem:
+                log.warning(
+                    "py-spy runs without nice -20 (%s): on a busy node its samples may "
+                    "gather after the targets' system calls (docs/sampling.md)",
+                    pyspy.nice_problem,
+                )
+            self._sampler = PySpyWindows(pyspy, cfg.path_procfs)
         try:
             self._energy = EnergySide(cfg, nvml_backend=self._nvml_backend)
         except RequiredCollectorMissing as exc:
@@ -268,14 +280,14 @@ class Daemon:
     # ------------------------------------------------------------------ main loop
 
     def _loop(self) -> None:
-        mark = _OwnCpu.now()
+        mark = _OwnCpu.now(self._clock)
         # Each slot starts where the last one ended, so the time spent applying a slot
         # is in the next one and the node energy counter misses no span.
-        slot_start = time.time()
+        slot_start = self._clock.time()
         while not self._stop_requested:
             jobs = self._start_windows()
             self._wait_slot(jobs, slot_start)
-            slot_end = time.time()
+            slot_end = self._clock.time()
             try:
                 self._apply_slot(jobs, slot_start, slot_end)
             except Exception:
@@ -289,7 +301,7 @@ class Daemon:
 
     def _account_own_cpu(self, mark: _OwnCpu, *, sampled: bool) -> _OwnCpu:
         """Count the slot's own CPU and let the budget set the next windows' rate."""
-        now = _OwnCpu.now()
+        now = _OwnCpu.now(self._clock)
         daemon_s, samplers_s = now.daemon_s - mark.daemon_s, now.samplers_s - mark.samplers_s
         wall_s = now.wall_s - mark.wall_s
         self.ledger.add_self_cpu("daemon", max(0.0, daemon_s))
@@ -318,10 +330,10 @@ class Daemon:
         if self._reload_requested:
             self._reload_requested = False
             self._reload()
-        if time.monotonic() >= self._next_rescan:
+        if self._clock.monotonic() >= self._next_rescan:
             self._rescan()
             self.ledger.publish()
-        if time.monotonic() >= self._next_retention:
+        if self._clock.monotonic() >= self._next_retention:
             try:
                 self._apply_retention()
             except Exception as exc:  # a full disk must not stop the sampling
@@ -329,7 +341,7 @@ class Daemon:
         self.notifier.watchdog()
 
     def _apply_retention(self) -> None:
-        self._next_retention = time.monotonic() + RETENTION_EVERY_S
+        self._next_retention = self._clock.monotonic() + RETENTION_EVERY_S
         days = self.config.retention_days
         deleted = self._recorder.apply_retention(days)
         if deleted:
@@ -338,7 +350,7 @@ class Daemon:
     def _wait(self, timeout_s: float) -> None:
         wd = self.notifier.watchdog_interval_s
         step = min(0.5, wd / 3) if wd else 0.5
-        self._wake.wait(max(0.0, min(step, timeout_s)))
+        self._clock.wait(self._wake, max(0.0, min(step, timeout_s)))
         self._wake.clear()
 
     def _wait_slot(self, jobs: list[SamplingJob], slot_start: float) -> None:
@@ -346,34 +358,35 @@ class Daemon:
         if not jobs:
             # Nothing to sample: an idle slot, ended early as soon as a re-scan or a
             # reload brings a process to sample (new ranks start being sampled at once).
-            end = time.monotonic() + cfg_window
-            while not self._stop_requested and time.monotonic() < end:
+            end = self._clock.monotonic() + cfg_window
+            while not self._stop_requested and self._clock.monotonic() < end:
                 self._tick()
                 if self._pool.free() and any(
-                    t.retry_at <= time.monotonic() for t in self._tracked.values()
+                    t.retry_at <= self._clock.monotonic() for t in self._tracked.values()
                 ):
                     return
-                self._wait(end - time.monotonic())
+                self._wait(end - self._clock.monotonic())
             return
         told_to_stop = False
         while True:
             pending = [j for j in jobs if not j.done.is_set()]
             if not pending:
                 return
-            now = time.monotonic()
+            now = self._clock.monotonic()
             if self._stop_requested:
                 self._stop_jobs(pending)
                 return
-            overrun = [j for j in pending if now > j.started_mono + j.window_s + OVERRUN_S]
+            overrun_s = self._overrun_s
+            overrun = [j for j in pending if now > j.started_mono + j.window_s + overrun_s]
             if overrun and not told_to_stop:
                 for j in overrun:
-                    log.warning("window of pid %d overran by %gs: stopping it", j.pid, OVERRUN_S)
+                    log.warning("window of pid %d overran by %gs: stopping it", j.pid, overrun_s)
                     j.stop.set()
                 told_to_stop = True
             late = [
                 j
                 for j in pending
-                if now > j.started_mono + j.window_s + OVERRUN_S + ABANDON_AFTER_S
+                if now > j.started_mono + j.window_s + overrun_s + self._abandon_after_s
             ]
             if late and len(late) == len(pending):
                 for j in late:
@@ -386,15 +399,15 @@ class Daemon:
     def _stop_jobs(self, pending: list[SamplingJob]) -> None:
         for j in pending:
             j.stop.set()
-        deadline = time.monotonic() + STOP_GRACE_S
+        deadline = self._clock.monotonic() + STOP_GRACE_S
         for j in pending:
-            j.done.wait(max(0.0, deadline - time.monotonic()))
+            self._clock.wait(j.done, max(0.0, deadline - self._clock.monotonic()))
 
     # ------------------------------------------------------------------ windows
 
     def _start_windows(self) -> list[SamplingJob]:
         cfg = self.config
-        now = time.monotonic()
+        now = self._clock.monotonic()
         ready = [t for t in self._tracked.values() if t.retry_at <= now]
         ready.sort(key=lambda t: t.last_sampled_at)
         jobs = []
@@ -406,27 +419,15 @@ class Daemon:
                 run_id=t.proc.run_id,
                 pid=t.proc.pid,
                 window_s=cfg.window_s,
+                rate_hz=self._governor.rate_hz,
                 started_mono=now,
             )
-            classifiers, procfs, rate = self._classifiers, cfg.path_procfs, self._governor.rate_hz
-            spy = self._pyspy
+            # bound now: a reload while the window runs changes neither
+            classifiers, sampler = self._classifiers, self._sampler
 
-            def work(
-                j: SamplingJob, classifiers=classifiers, procfs=procfs, rate=rate, spy=spy
-            ) -> WindowReport:
+            def work(j: SamplingJob, classifiers=classifiers, sampler=sampler) -> WindowReport:
                 with classifiers.borrow() as classifier:
-                    return sample_window(
-                        j.pid,
-                        duration_s=j.window_s,
-                        rate_hz=rate,
-                        classifier=classifier,
-                        procfs=procfs,
-                        stop_event=j.stop,
-                        poll_s=CPU_POLL_S,
-                        on_cpu_run=ON_CPU_RUN,
-                        idle_rate_hz=min(rate, IDLE_RUN_RATE_HZ),
-                        pyspy=spy,
-                    )
+                    return sampler(j, classifier)
 
             self._pool.submit(job, work)
             self._in_flight.add(job.key)
@@ -468,6 +469,7 @@ class Daemon:
                 )
             },
         )
+        self._forget_unmatched()
         self._update_target_processes()
         # (published by the loop, once the slot's own CPU is counted too)
 
@@ -553,7 +555,7 @@ class Daemon:
             level = logging.INFO if tracked.refused == kind else logging.WARNING
             log.log(level, "pid %d (%s): %s: %s", job.pid, job.target, kind, err)
             tracked.refused = kind
-            tracked.retry_at = time.monotonic() + RETRY_REFUSED_S
+            tracked.retry_at = self._clock.monotonic() + RETRY_REFUSED_S
         elif tracked is not None:
             # serwatt's own sampling failed (py-spy killed or crashed): retry at once,
             # then back off while it keeps failing.
@@ -568,14 +570,14 @@ class Daemon:
                 delay,
                 err,
             )
-            tracked.retry_at = time.monotonic() + delay
+            tracked.retry_at = self._clock.monotonic() + delay
         return kind in TARGET_KINDS
 
     # ------------------------------------------------------------------ discovery
 
     def _rescan(self) -> None:
         cfg = self.config
-        self._next_rescan = time.monotonic() + cfg.rescan_s
+        self._next_rescan = self._clock.monotonic() + cfg.rescan_s
         found = run_collector(
             self.ledger,
             "discovery",
@@ -597,11 +599,18 @@ class Daemon:
                 continue
             self._tracked[key] = _Tracked(proc)
             log.info("tracking %s pid %d as run %s", proc.target, proc.pid, proc.run_id)
-        # A process with a window in flight is forgotten once its window is applied
-        # (its samples belong to its run, which must still be open then).
-        for key in [k for k in self._tracked if k not in seen and k not in self._in_flight]:
-            self._forget(key, reason="no longer matches or exited")
+        for key, tracked in self._tracked.items():
+            tracked.unmatched = key not in seen
+        self._forget_unmatched()
         self._update_target_processes()
+
+    def _forget_unmatched(self) -> None:
+        # A process with a window in flight is forgotten once its window is applied
+        # (its samples belong to its run, which must still be open then), before the
+        # next slot could start another.
+        gone = [k for k, t in self._tracked.items() if t.unmatched and k not in self._in_flight]
+        for key in gone:
+            self._forget(key, reason="no longer matches or exited")
 
     def _open_run(self, proc: Any) -> None:
         if proc.run_id in self._open_runs:
@@ -627,7 +636,7 @@ class Daemon:
             return  # other ranks still write this run
         if self._open_runs.pop(run_id, None) is not None:
             try:
-                self._recorder.finish_run(run_id, time.time())
+                self._recorder.finish_run(run_id, self._clock.time())
             except Exception as exc:
                 log.error("cannot finish run %s: %s", run_id, exc)
 
@@ -716,7 +725,7 @@ class Daemon:
             self._record_episodes(tracked.proc.run_id, self._episodes.finish(tracked.proc.pid))
         for run_id in list(self._open_runs):
             try:
-                self._recorder.finish_run(run_id, time.time())
+                self._recorder.finish_run(run_id, self._clock.time())
             except Exception as exc:
                 log.error("cannot finish run %s: %s", run_id, exc)
         self._open_runs.clear()
@@ -748,9 +757,9 @@ class _OwnCpu:
     wall_s: float
 
     @staticmethod
-    def now() -> _OwnCpu:
+    def now(clock: Clock) -> _OwnCpu:
         t = os.times()
-        return _OwnCpu(t.user + t.system, t.children_user + t.children_system, time.monotonic())
+        return _OwnCpu(t.user + t.system, t.children_user + t.children_system, clock.monotonic())
 
 
 def _host_fingerprint(config: Config, nvml_status: Any = None) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""The daemon's two pools: sampling threads (bounded) and classifiers (one per window)."""
+"""The daemon's two pools: sampling threads (bounded) and classifiers (one per window),
+and what a sampling thread runs: the daemon's sampler."""
 
 from __future__ import annotations
 
@@ -6,12 +7,31 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from collectors.pyspy import StopEvent
+from collectors.pyspy import PySpy, StopEvent
 from profiler.classify.classifier import Classifier
+from profiler.sampling.collect import sample_window
 from profiler.sampling.window import WindowReport
 from profiler.service.config import Config
+
+# Per-thread CPU snapshots during a window (sample_window's poll_s). Each snapshot
+# reads /proc/<pid>/task/*/stat (+ schedstat) of every thread (~0.14 ms of CPU for a
+# one-thread target, more per thread); at the sampler's 0.1 s default 8 targets cost
+# 1-7% of a core on the reference VM depending on load (docs/daemon.md). 0.5 s
+# still gives 20 points per thread over a 10 s window for the weighting.
+CPU_POLL_S = 0.5
+# Two py-spys per window, like `serwatt profile`. The on-CPU one (no --idle, at the
+# window's rate) carries the CPU: with only the --idle run, a thread that works 2 ms
+# and sleeps 18 ms has 90% of its samples on the sleep line, and weighting by a CPU
+# series polled every CPU_POLL_S cannot tell them apart, so the --idle run alone puts
+# 89% of the bench target's CPU in `other` (profile: 3%; docs/daemon.md "A window is two
+# py-spy runs"). The --idle run (every thread at every tick) gives samples their times, wall
+# seconds and GPU-wait; NVML's busy samples are 1/6-1 s apart, so IDLE_RUN_RATE_HZ is
+# plenty for lining them up, and at 10 Hz it adds ~a fifth of a 50 Hz run's cost.
+ON_CPU_RUN = True
+IDLE_RUN_RATE_HZ = 10.0
 
 
 @dataclass
@@ -23,6 +43,7 @@ class SamplingJob:
     run_id: str
     pid: int
     window_s: float
+    rate_hz: float  # the on-CPU run's; the --idle run's is min(rate_hz, IDLE_RUN_RATE_HZ)
     started_mono: float
     # wakes the window's py-spy supervision at once when set (collectors/pyspy/runner.py)
     stop: threading.Event = field(default_factory=StopEvent)
@@ -94,3 +115,31 @@ class ClassifierPool:
         finally:
             with self._lock:
                 self._free.append(classifier)
+
+
+# Runs one window of one process on a sampling thread (blocking); raises a
+# collectors.pyspy.SamplingError subclass when the window could not be sampled.
+Sampler = Callable[[SamplingJob, Classifier], WindowReport]
+
+
+@dataclass(frozen=True)
+class PySpyWindows:
+    """The daemon's sampler: a window is two py-spy runs and the target's CPU polls
+    (profiler/sampling/collect.py)."""
+
+    pyspy: PySpy
+    procfs: Path
+
+    def __call__(self, job: SamplingJob, classifier: Classifier) -> WindowReport:
+        return sample_window(
+            job.pid,
+            duration_s=job.window_s,
+            rate_hz=job.rate_hz,
+            classifier=classifier,
+            procfs=self.procfs,
+            stop_event=job.stop,
+            poll_s=CPU_POLL_S,
+            on_cpu_run=ON_CPU_RUN,
+            idle_rate_hz=min(job.rate_hz, IDLE_RUN_RATE_HZ),
+            pyspy=self.pyspy,
+        )
