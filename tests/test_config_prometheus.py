@@ -26,12 +26,23 @@ def test_promtool_accepts_the_scrape_config() -> None:
 
 
 def test_promtool_rejects_a_broken_copy(tmp_path: Path) -> None:
-    broken = tmp_path / "broken.yml"
+    # A copy beside its rules file: the scrape timeout is the only thing wrong with it.
+    shutil.copy(SNIPPET.parent / "serwatt.rules.yml", tmp_path)
+    intact, broken = tmp_path / "intact.yml", tmp_path / "broken.yml"
+    intact.write_text(SNIPPET.read_text())
+    assert "scrape_timeout: 5s" in SNIPPET.read_text()
     broken.write_text(SNIPPET.read_text().replace("scrape_timeout: 5s", "scrape_timeout: 50s"))
-    out = subprocess.run(
-        ["promtool", "check", "config", str(broken)], capture_output=True, text=True
+    ok, bad = (
+        subprocess.run(["promtool", "check", "config", str(path)], capture_output=True, text=True)
+        for path in (intact, broken)
     )
-    assert out.returncode != 0  # a timeout longer than the interval is refused
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    # a timeout longer than the interval is refused, naming the rule and the job
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert (
+        'scrape timeout greater than scrape interval for scrape config with job name "serwatt"'
+        in bad.stdout + bad.stderr
+    ), bad.stdout + bad.stderr
 
 
 def test_scrape_job_matches_the_example_daemon_config() -> None:

@@ -225,14 +225,48 @@ def test_key_files(tmp_path: Path, keys: tuple[Path, Path]) -> None:
         generate_signing_key(tmp_path / "api")
 
 
+def _openssl(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(["openssl", *args], input=stdin, capture_output=True, timeout=60)
+
+
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is not installed")
 def test_openssl_keys_work(tmp_path: Path) -> None:
+    """A key pair made by OpenSSL signs: OpenSSL itself accepts the signature serwatt wrote
+    (and makes the same one: Ed25519 is deterministic), and refuses it with one bit flipped,
+    as `serwatt many verify --key` does."""
     key, pub = tmp_path / "k.pem", tmp_path / "k.pub"
-    subprocess.run(["openssl", "genpkey", "-algorithm", "ed25519", "-out", str(key)], check=True)
-    subprocess.run(["openssl", "pkey", "-in", str(key), "-pubout", "-out", str(pub)], check=True)
+    assert _openssl("genpkey", "-algorithm", "ed25519", "-out", str(key)).returncode == 0
+    assert _openssl("pkey", "-in", str(key), "-pubout", "-out", str(pub)).returncode == 0
     paths = _chain(tmp_path, load_signing_key(key), n=2)
     out = _serwatt("many", "verify", "--key", str(pub), *map(str, paths))
-    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.returncode == 0 and "signed" in out.stdout, out.stdout + out.stderr
+
+    # The signed message and the signature, where profiler/many/FORMAT.md puts them.
+    raw = paths[1].read_bytes()
+    (state_offset,) = struct.unpack_from("<Q", raw, 56)
+    signature = raw[state_offset - SIG_BLOCK + 48 : state_offset - SIG_BLOCK + 112]
+    message = tmp_path / "message"
+    message.write_bytes(b"serwatt.many.signature.v1\0" + load(paths[1]).receipt.digest)
+    sig_file = tmp_path / "sig"
+    sig_file.write_bytes(signature)
+    verify_args = ["pkeyutl", "-verify", "-pubin", "-inkey", str(pub), "-rawin"]
+    verify_args += ["-in", str(message), "-sigfile", str(sig_file)]
+    ok = _openssl(*verify_args)
+    assert ok.returncode == 0 and b"Signature Verified Successfully" in ok.stdout, ok
+    signed = _openssl("pkeyutl", "-sign", "-inkey", str(key), "-rawin", "-in", str(message))
+    assert signed.returncode == 0 and signed.stdout == signature, signed
+
+    # One bit of the signature flipped: OpenSSL refuses it, and so does serwatt.
+    sig_file.write_bytes(bytes([signature[0] ^ 1]) + signature[1:])
+    bad = _openssl(*verify_args)
+    assert bad.returncode != 0 and b"Signature Verification Failure" in bad.stdout, bad
+    tampered = bytearray(raw)
+    tampered[state_offset - SIG_BLOCK + 48] ^= 1
+    paths[1].write_bytes(bytes(tampered))
+    out = _serwatt("many", "verify", "--key", str(pub), *map(str, paths))
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert f"{paths[1]}: signature does not match" in out.stdout, out.stdout
+    assert f"{paths[0]}:" not in out.stdout
 
 
 # -- (d) anchoring a chain head -------------------------------------------------------------
