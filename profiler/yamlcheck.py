@@ -5,23 +5,24 @@ One implementation for every YAML file serwatt reads from a user: the daemon con
 Imports nothing from profiler, so any layer may use it.
 
 serwatt runs as root, so a file it reads may be hostile: `read_yaml_file` refuses
-anything but a regular file of at most MAX_YAML_BYTES, and `YamlChecker.regex`
-compiles user regexes with RE2, whose matching time is linear in the text.
+anything but a regular file of at most MAX_YAML_BYTES, and `compile_regex` (used by
+`YamlChecker.regex` and by the codepath rule files) compiles user regexes with RE2, whose
+matching time is linear in the text.
 """
 
 from __future__ import annotations
 
 import difflib
-import os
 import re
-import stat
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import re2
 import yaml
+
+from profiler import safeio
 
 # The largest YAML file serwatt reads (daemon config, cluster file). Real ones are a few
 # KiB; PyYAML holds ~75 bytes of memory per byte of input, so 8 MB took 625 MB and 15 s.
@@ -52,6 +53,51 @@ _RE2_UNSUPPORTED: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"\(\?[=!]"), "lookahead ((?=...), (?!...)) is not supported"),
     (re.compile(r"\\Z"), "write \\z for the end of the text (RE2 has no \\Z)"),
 )
+
+
+class RegexError(ValueError):
+    """A user regex serwatt will not match with; the message names it and the fix."""
+
+
+def compile_regex(pattern: str) -> Any:
+    """`pattern` compiled with RE2 (a Regex: `search`, `match`, `fullmatch`), so that a
+    match runs in time linear in the text and no pattern can stall serwatt on hostile
+    text (a command line, a frame name). Raises RegexError: a bad regex, or Python syntax
+    RE2 has no linear-time algorithm for, with the rewrite to make."""
+    try:
+        return re2.compile(pattern, options=_RE2_OPTIONS)
+    except re2.error as re2_exc:
+        why = re2_exc.args[0] if re2_exc.args else re2_exc
+        if isinstance(why, bytes):
+            why = why.decode("utf-8", "replace")
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise RegexError(f"bad regular expression {pattern!r}: {exc}") from None
+    hints = [hint for found, hint in _RE2_UNSUPPORTED if found.search(pattern)]
+    raise RegexError(
+        f"regular expression {pattern!r} is not supported by RE2 ({why}), the "
+        "linear-time engine serwatt matches with so that no pattern can stall it: "
+        + "; ".join(hints + ["rewrite the pattern without it" if hints else "simplify it"])
+        + " (RE2 syntax: https://github.com/google/re2/wiki/Syntax)"
+    )
+
+
+def full_match_set(patterns: Sequence[str]) -> Callable[[str], bool]:
+    """A test of whether any of `patterns` (each accepted by compile_regex) matches the
+    whole of a text: one RE2 set, one linear pass. A lone surrogate in the text is
+    matched as `?` (RE2 reads UTF-8)."""
+    for pattern in patterns:
+        compile_regex(pattern)  # raises RegexError, with the reason
+    regex_set = re2.Set.FullMatchSet(_RE2_OPTIONS)
+    for pattern in patterns:
+        regex_set.Add(pattern)
+    regex_set.Compile()
+
+    def match(text: str) -> bool:
+        return regex_set.Match(text.encode("utf-8", "replace")) is not None
+
+    return match
 
 
 @dataclass(frozen=True)
@@ -191,31 +237,11 @@ class YamlChecker:
         if pattern is None or pattern is INVALID:
             return pattern
         try:
-            return re2.compile(pattern, options=_RE2_OPTIONS)
-        except re2.error as re2_exc:
-            why = re2_exc.args[0] if re2_exc.args else re2_exc
-            if isinstance(why, bytes):
-                why = why.decode("utf-8", "replace")
-        try:
-            re.compile(pattern)
-        except re.error as exc:
-            self.problem(
-                path,
-                node,
-                f"bad regular expression {pattern!r}: {exc} "
-                "(single-quote regexes in YAML so backslashes stay literal)",
-            )
+            return compile_regex(pattern)
+        except RegexError as exc:
+            quote = " (single-quote regexes in YAML so backslashes stay literal)"
+            self.problem(path, node, f"{exc}{quote if str(exc).startswith('bad') else ''}")
             return INVALID
-        hints = [hint for found, hint in _RE2_UNSUPPORTED if found.search(pattern)]
-        self.problem(
-            path,
-            node,
-            f"regular expression {pattern!r} is not supported by RE2 ({why}), the "
-            "linear-time engine serwatt matches with so that no pattern can stall discovery: "
-            + "; ".join(hints + ["rewrite the pattern without it" if hints else "simplify it"])
-            + " (RE2 syntax: https://github.com/google/re2/wiki/Syntax)",
-        )
-        return INVALID
 
     def path_value(self, path: str, node: yaml.Node, *, nullable: bool = False) -> Any:
         value = self.string(path, node, nullable=nullable)
@@ -269,51 +295,24 @@ def _closest(key: str, allowed: tuple[str, ...]) -> str | None:
 def read_yaml_file(path: Path, *, missing_hint: str, max_bytes: int = MAX_YAML_BYTES) -> str:
     """The text of a user's YAML file; raises ConfigError when it cannot be used.
 
-    Refuses, before reading it, anything but a regular file (a FIFO would block the
-    reader, a device would never end) and a file over `max_bytes`; reads at most
-    max_bytes + 1 bytes, so a file growing under us is refused too.
+    Read through serwatt's one bounded open (profiler/safeio.py): anything but a regular
+    file (a FIFO would block the reader, a device would never end) and a file over
+    `max_bytes` are refused.
     """
 
     def refuse(message: str) -> ConfigError:
         return ConfigError(path, [ConfigProblem("", None, message)])
 
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
-    except FileNotFoundError:
-        raise refuse(f"file not found; {missing_hint}") from None
-    except OSError as exc:
-        raise refuse(f"cannot read the file: {exc.strerror or exc}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise refuse("not a regular file (a FIFO, device or directory); give the YAML file")
-        limit = f"serwatt reads YAML files of at most {max_bytes} bytes ({_size(max_bytes)})"
-        if info.st_size > max_bytes:
-            raise refuse(f"the file is {info.st_size} bytes; {limit}: is it the right file?")
-        os.set_blocking(fd, True)
-        chunks: list[bytes] = []
-        left = max_bytes + 1
-        while left > 0:
-            chunk = os.read(fd, left)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-    except OSError as exc:
-        raise refuse(f"cannot read the file: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
-    data = b"".join(chunks)
-    if len(data) > max_bytes:
-        raise refuse(f"the file grew past {max_bytes} bytes while it was read; {limit}")
+        data = safeio.read_bounded(path, max_bytes=max_bytes)
+    except safeio.InputFileError as exc:
+        if exc.problem == safeio.NO_SUCH_FILE:
+            raise refuse(f"file not found; {missing_hint}") from None
+        raise refuse(exc.problem) from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise refuse(f"cannot read the file: not UTF-8 text ({exc})") from None
-
-
-def _size(n: int) -> str:
-    return f"{n / 1024 / 1024:g} MiB" if n >= 1024 * 1024 else f"{n / 1024:g} KiB"
 
 
 def check_yaml(

@@ -27,14 +27,18 @@ A rule file is YAML (schema `serwatt.codepaths/1`, see configs/codepaths.yaml) w
   serializer called on its caller's line.
 - `trivial_calls`: call patterns that do not make a call-site line ambiguous (`len`).
 
-A pattern is a shell glob (`fnmatch`, case-sensitive) or, prefixed with `re:`, a
-Python regular expression that must match the whole text. Every error names the
+A pattern is a shell glob (`fnmatch`'s meaning, case-sensitive) or, prefixed with `re:`, a
+regular expression in RE2's syntax (Python's, less backreferences and lookaround) that
+must match the whole text. Every pattern is matched by RE2, in time linear in the text:
+a rule file is not trusted more than the frames it is matched against (`(a+)+$` took
+Python's engine 10 s on a 27-character name). A function or callback pattern prefixed
+`!` excludes: `!<module>` is any function but a module body. A rule file is read like
+the config: a regular file of at most 1 MiB (profiler.yamlcheck). Every error names the
 file, the line and the reason (RuleError).
 """
 
 from __future__ import annotations
 
-import fnmatch
 import re
 import sys
 from collections.abc import Iterable, Sequence
@@ -44,6 +48,13 @@ from pathlib import Path
 import yaml
 
 from profiler.classify.codepaths import CODEPATHS
+from profiler.yamlcheck import (
+    ConfigError,
+    RegexError,
+    compile_regex,
+    full_match_set,
+    read_yaml_file,
+)
 
 SCHEMA = "serwatt.codepaths/1"
 LAYERS = ("python", "native", "callsite")
@@ -73,20 +84,60 @@ class RuleError(ValueError):
         super().__init__(f"{where}: {reason}")
 
 
+_GLOB_CHARS = frozenset("*?[")
+
+
+def glob_regex(glob: str) -> str:
+    """A glob as an RE2 regex with fnmatch's meaning (`*` and `?` match newlines too;
+    `[!...]` negates; an unclosed `[` is literal). fnmatch.translate is not used: its
+    atomic groups are Python-only."""
+    out: list[str] = []
+    i, n = 0, len(glob)
+    while i < n:
+        c = glob[i]
+        i += 1
+        if c == "*":
+            if not out or out[-1] != ".*":
+                out.append(".*")
+        elif c == "?":
+            out.append(".")
+        elif c == "[":
+            j = i + (1 if i < n and glob[i] == "!" else 0)
+            j += 1 if j < n and glob[j] == "]" else 0
+            end = glob.find("]", j)
+            if end < 0:
+                out.append(re.escape(c))
+                continue
+            body = glob[i:end]
+            i = end + 1
+            negate = body.startswith("!")
+            body = body[1:] if negate else body
+            # in RE2's class a backslash, `[` and a leading `^` would mean something else
+            body = body.replace("\\", "\\\\").replace("[", "\\[").replace("^", "\\^")
+            out.append(f"[{'^' if negate else ''}{body}]")
+        else:
+            out.append(re.escape(c))
+    return "(?s:" + "".join(out) + ")"
+
+
 class PatternSet:
-    """Compiled globs / `re:` regexes; `match(text)` is True when any matches all of text."""
+    """Globs and `re:` regexes; `match(text)` is True when any matches all of text.
+    Globs without wildcards are a set lookup; the rest one RE2 set (linear time)."""
 
     def __init__(self, patterns: Sequence[str]) -> None:
         self.patterns = tuple(patterns)
-        parts = []
-        for p in self.patterns:
-            parts.append(p[3:] if p.startswith("re:") else fnmatch.translate(p).removesuffix(r"\Z"))
-        self._re = (
-            re.compile("(?:" + "|".join(f"(?:{x})" for x in parts) + r")\Z") if parts else None
+        self._literals = frozenset(
+            p for p in self.patterns if not p.startswith("re:") and not _GLOB_CHARS & set(p)
         )
+        regexes = [
+            p[3:] if p.startswith("re:") else glob_regex(p)
+            for p in self.patterns
+            if p not in self._literals
+        ]
+        self._match = full_match_set(regexes) if regexes else None
 
     def match(self, text: str) -> bool:
-        return self._re is not None and self._re.match(text) is not None
+        return text in self._literals or (self._match is not None and self._match(text))
 
     def __bool__(self) -> bool:
         return bool(self.patterns)
@@ -96,17 +147,29 @@ class PatternSet:
 
 
 class FunctionPatterns:
-    """Function-name patterns tolerant of pre-3.11 bare names and 3.11+ qualnames."""
+    """Function-name patterns tolerant of pre-3.11 bare names and 3.11+ qualnames.
+    `!PATTERN` excludes what PATTERN matches; with exclusions only, any other name
+    matches."""
 
     def __init__(self, patterns: Sequence[str]) -> None:
         self.patterns = tuple(patterns)
-        last = [p for p in patterns if p.startswith("re:") or "." not in p]
-        dotted = [p for p in patterns if not p.startswith("re:") and "." in p]
+        excluded = [p[1:] for p in patterns if p.startswith("!")]
+        included = [p for p in patterns if not p.startswith("!")]
+        if excluded and not included:
+            included = ["*"]
+        last = [p for p in included if p.startswith("re:") or "." not in p]
+        dotted = [p for p in included if not p.startswith("re:") and "." in p]
         self._last = PatternSet(last)
         self._qual = PatternSet(dotted)
         self._dotted_tail = PatternSet([p.rsplit(".", 1)[1] for p in dotted])
+        self._excluded = FunctionPatterns(excluded) if excluded else None
 
     def match(self, name: str) -> bool:
+        if self._excluded is not None and self._excluded.match(name):
+            return False
+        return self._included(name)
+
+    def _included(self, name: str) -> bool:
         last = name.rsplit(".", 1)[-1]
         if self._last.match(last) or self._last.match(name):
             return True
@@ -189,20 +252,41 @@ def _mapping(path: Path, node: yaml.Node, what: str) -> dict[str, tuple[yaml.Nod
     return out
 
 
-def _patterns(path: Path, node: yaml.Node, what: str) -> list[str]:
+# Lists whose patterns name functions (FunctionPatterns): only these take `!` exclusions.
+_FUNCTION_LISTS = ("function", "callbacks")
+
+
+def _patterns(path: Path, node: yaml.Node, what: str, rule_id: str | None = None) -> list[str]:
     items = node.value if isinstance(node, yaml.SequenceNode) else [node]
+    in_rule = f" in rule {rule_id!r}" if rule_id is not None else ""
     if isinstance(node, yaml.SequenceNode) and not items:
-        raise RuleError(path, _line(node), f"{what} is an empty list")
+        raise RuleError(path, _line(node), f"{what} is an empty list{in_rule}")
     out = []
     for item in items:
         text = _scalar(path, item, what)
-        if text.startswith("re:"):
-            try:
-                re.compile(text[3:])
-            except re.error as exc:
+        pattern = text
+        if text.startswith("!"):
+            if what not in _FUNCTION_LISTS:
                 raise RuleError(
-                    path, _line(item), f"bad regex in {what}: {text[3:]!r}: {exc}"
-                ) from None
+                    path,
+                    _line(item),
+                    f"{what}{in_rule}: {text!r}: exclusions (!PATTERN) are for function "
+                    "patterns only (`function`, `callbacks`); write [!]... for a literal !",
+                )
+            pattern = text[1:]
+        try:
+            compile_regex(pattern[3:] if pattern.startswith("re:") else glob_regex(pattern))
+        except RegexError as exc:
+            hint = (
+                "; `!PATTERN` excludes, e.g. '!<module>' for any function but a module body"
+                if "(?!" in pattern and what in _FUNCTION_LISTS
+                else ""
+            )
+            of_rule = f" of rule {rule_id!r}" if rule_id is not None else ""
+            kind = "regex" if pattern.startswith("re:") else f"glob {pattern!r}"
+            raise RuleError(
+                path, _line(item), f"bad {kind} in {what}{of_rule}: {exc}{hint}"
+            ) from None
         out.append(text)
     return out
 
@@ -279,7 +363,7 @@ def _rule(path: Path, node: yaml.Node, seen: dict[str, str]) -> Rule:
             )
 
     def pats(key: str) -> list[str] | None:
-        return _patterns(path, fields[key][1], key) if key in fields else None
+        return _patterns(path, fields[key][1], key, rule_id) if key in fields else None
 
     origin = f"{path}:{line}"
     if layer == "python":
@@ -393,11 +477,10 @@ def load_rules(paths: Iterable[Path], *, builtin: bool = False) -> RuleSet:
     for path in paths:
         path = Path(path)
         try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise RuleError(path, None, "no such rule file") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise RuleError(path, None, f"cannot read rule file: {exc}") from None
+            text = read_yaml_file(path, missing_hint="no such rule file: check the path")
+        except ConfigError as exc:
+            reason = "; ".join(p.message for p in exc.problems)
+            raise RuleError(path, None, reason.replace("the file", "rule file", 1)) from None
         parsed = _parse(path, text, seen)
         per_file.append(parsed.rules)
         callbacks.extend(parsed.callbacks)
