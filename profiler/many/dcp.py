@@ -17,9 +17,12 @@ with a readable `.metadata.many` whose rank receipts match is a complete checkpo
 
 Nothing here pickles: DCP's `Metadata` is stored as checked JSON (`encode_metadata`,
 `decode_metadata`). DCP's own non-tensor items (BYTE_IO: values DCP serialized with
-`torch.save` into an `io.BytesIO`) are stored as uint8 slots, bytes untouched; on load DCP's
-planner deserializes them itself (DefaultLoadPlanner calls `torch.load(weights_only=False)`
-on them, so a hostile rank file can run code through DCP, not through this module).
+`torch.save` into an `io.BytesIO`) are stored as uint8 slots, bytes untouched. On load DCP's
+planner would unpickle them (DefaultLoadPlanner calls `torch.load(weights_only=False)`), and
+a pickle runs whatever code it names, so the reader hands a byte item to the planner only
+when its caller passes `allow_pickle=True`, and never where the caller's state dict holds a
+tensor (a checkpoint that swaps a tensor for a byte item is forged). Without the opt-in a
+byte item is a `ManyFormatError` naming its key, raised before any slot is read.
 
 Receipts chain per rank: a writer remembers, per instance, the receipt of the file it wrote
 last, and the next save's file names it as `prev_receipt` (`prev=` a previous checkpoint
@@ -46,6 +49,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch.distributed._shard._utils import narrow_tensor_by_index
+from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION
 from torch.distributed.checkpoint.metadata import (
     BytesStorageMetadata,
@@ -69,7 +73,15 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
 
-from profiler.many.format import ManyFormatError
+from profiler.many.format import (
+    DTYPE_CODE_BY_NAME,
+    DTYPES,
+    GRAD_DTYPE_CODES,
+    MAX_EXTENT_BYTES,
+    ManyFormatError,
+    escape_text,
+    show_name,
+)
 from profiler.many.reader import Checkpoint, load
 from profiler.many.receipt import Receipt
 from profiler.many.writer import save
@@ -306,12 +318,26 @@ class ManyStorageReader(StorageReader):
     Each rank file is mapped (no bytes are read until a slot is copied into its target);
     its receipt must equal the one `.metadata.many` records. `verify=True` also rehashes
     every slot of each file it opens (a full read of those files).
+
+    `allow_pickle=True` lets DCP's planner unpickle the checkpoint's byte items (its
+    non-tensor values: ints, dicts, optimizer param_groups), which runs any code a forged
+    file holds: pass it only for a checkpoint you trust. Without it, a plan that reads a
+    byte item is refused. A byte item where the state dict being loaded holds a tensor is
+    refused either way. Neither receipts nor `verify` tell a forged directory from a real
+    one (anyone can recompute them); a signature verified with your key can.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, verify: bool = False) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        verify: bool = False,
+        allow_pickle: bool = False,
+    ) -> None:
         super().__init__()
         self.path = Path(path)
         self.verify = verify
+        self.allow_pickle = allow_pickle
         self.load_id = str(uuid.uuid4())
         self.storage_data: dict[MetadataIndex, ManyStorageInfo] = {}
         self._chunks: dict[tuple[str, tuple[int, ...]], tuple[torch.dtype, tuple[int, ...]]] = {}
@@ -367,6 +393,7 @@ class ManyStorageReader(StorageReader):
         return plans
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        self._refuse_unpickling(plan, planner)
         per_file: dict[str, list[ReadItem]] = {}
         for req in plan.items:
             info = self._info(req)
@@ -388,6 +415,35 @@ class ManyStorageReader(StorageReader):
         fut: Future[None] = Future()
         fut.set_result(None)
         return fut
+
+    def _refuse_unpickling(self, plan: LoadPlan, planner: LoadPlanner) -> None:
+        """Every byte item the plan reads that the caller has not allowed, before any read."""
+        # DefaultLoadPlanner keeps the (flattened) state dict being loaded; a custom planner
+        # without one is checked by allow_pickle alone.
+        held = getattr(planner, "state_dict", None)
+        problems = []
+        for req in plan.items:
+            if req.type != LoadItemType.BYTE_IO:
+                continue
+            fqn = req.dest_index.fqn
+            target = held.get(fqn) if isinstance(held, Mapping) else None
+            if isinstance(target, torch.Tensor | ShardedTensor):
+                problems.append(
+                    f"{show_name(fqn)}: {METADATA_FILE} declares a byte item (a pickle DCP would "
+                    "unpickle) where the state dict being loaded holds a tensor: a forged "
+                    "checkpoint; refused even with allow_pickle=True"
+                )
+            elif not self.allow_pickle:
+                problems.append(
+                    f"{show_name(fqn)}: a DCP byte item (a non-tensor value), which DCP's planner "
+                    "unpickles with torch.load(weights_only=False), running any code the file "
+                    "holds; pass ManyStorageReader(..., allow_pickle=True) only for a "
+                    "checkpoint you trust"
+                )
+            if len(problems) >= 10:
+                break
+        if problems:
+            raise ManyFormatError(problems, str(self.path))
 
     def _info(self, req: ReadItem) -> ManyStorageInfo:
         try:
@@ -457,17 +513,47 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _dtype(name: Any, where: str) -> torch.dtype:
-    value = getattr(torch, name, None) if isinstance(name, str) else None
-    if not isinstance(value, torch.dtype):
-        raise ManyFormatError(f"{where}: {str(name)[:40]!r} is not a torch dtype")
+# The dtypes a rank file's slots can hold, so the only ones a chunk can be read back as:
+# quantized, float8, sub-byte and other torch dtypes are refused at decode time.
+_SLOT_DTYPES = ", ".join(name for name, _ in DTYPES.values())
+
+
+def _dtype(name: Any, where: str) -> tuple[torch.dtype, int]:
+    """(torch dtype, .many dtype code) for a dtype name a slot can hold."""
+    code = DTYPE_CODE_BY_NAME.get(name) if isinstance(name, str) else None
+    value = getattr(torch, name, None) if code is not None else None
+    if code is None or not isinstance(value, torch.dtype):
+        raise ManyFormatError(
+            f"{where}: dtype {escape_text(str(name)[:40])!r} is not a torch dtype a .many slot "
+            f"can hold ({_SLOT_DTYPES})"
+        )
+    return value, code
+
+
+def _dims(value: Any, where: str) -> list[int]:
+    """A list of at most 64 sizes or offsets, each a non-negative 64-bit integer."""
+    if (
+        type(value) is not list
+        or len(value) > 64
+        or not all(type(v) is int and 0 <= v <= MAX_EXTENT_BYTES for v in value)
+    ):
+        raise ManyFormatError(
+            f"{where}: expected a list of at most 64 integers in [0, {MAX_EXTENT_BYTES}], "
+            f"got {escape_text(str(value)[:80])}"
+        )
     return value
 
 
-def _ints(value: Any, where: str) -> list[int]:
-    if type(value) is not list or len(value) > 64 or not all(type(v) is int for v in value):
-        raise ManyFormatError(f"{where}: expected a list of at most 64 integers")
-    return value
+def _check_extent(size: list[int], code: int, where: str) -> None:
+    """Refuse a size torch cannot allocate: sizes and strides are signed 64-bit."""
+    extent = DTYPES[code][1].itemsize
+    for d in size:  # Python ints: no product can wrap
+        extent *= max(d, 1)
+    if extent > MAX_EXTENT_BYTES:
+        raise ManyFormatError(
+            f"{where}: {size} of {DTYPES[code][0]} spans {extent} bytes (zero dimensions "
+            f"counted as 1), more than the {MAX_EXTENT_BYTES} torch can index"
+        )
 
 
 def _encode_value(value: Any, where: str) -> Any:
@@ -606,11 +692,22 @@ def decode_metadata(doc: Any) -> Metadata:
             continue
         fmt = md.get("memory_format")
         if fmt not in _MEMORY_FORMATS:
-            raise ManyFormatError(f"{where}: unknown memory_format {str(fmt)[:20]!r}")
+            raise ManyFormatError(f"{where}: unknown memory_format {escape_text(str(fmt)[:20])!r}")
         requires_grad, pin_memory = md.get("requires_grad"), md.get("pin_memory")
         if not isinstance(requires_grad, bool) or not isinstance(pin_memory, bool):
             raise ManyFormatError(f"{where}: requires_grad and pin_memory must be booleans")
-        size = _ints(md.get("size"), where + " size")
+        dtype, code = _dtype(md.get("dtype"), where)
+        if requires_grad and code not in GRAD_DTYPE_CODES:
+            raise ManyFormatError(
+                f"{where}: requires_grad is true but dtype {DTYPES[code][0]} cannot require "
+                "grad (only floating point and complex tensors can)"
+            )
+        size = _dims(md.get("size"), where + " size")
+        _check_extent(size, code, where + " size")
+        if fmt == "channels_last" and len(size) != 4:
+            raise ManyFormatError(
+                f"{where}: memory_format channels_last needs a 4-D tensor, size is {size}"
+            )
         chunks_doc = md.get("chunks")
         if not isinstance(chunks_doc, list):
             raise ManyFormatError(f"{where}: 'chunks' is not a list")
@@ -618,7 +715,7 @@ def decode_metadata(doc: Any) -> Metadata:
         for c in chunks_doc:
             if not isinstance(c, list) or len(c) != 2:
                 raise ManyFormatError(f"{where}: a chunk is not [offsets, sizes]")
-            offsets, sizes = _ints(c[0], where + " chunk"), _ints(c[1], where + " chunk")
+            offsets, sizes = _dims(c[0], where + " chunk"), _dims(c[1], where + " chunk")
             if len(offsets) != len(size) or len(sizes) != len(size):
                 raise ManyFormatError(f"{where}: chunk rank differs from the tensor's")
             if any(
@@ -627,7 +724,7 @@ def decode_metadata(doc: Any) -> Metadata:
                 raise ManyFormatError(f"{where}: chunk {offsets}+{sizes} lies outside {size}")
             chunks.append(ChunkStorageMetadata(torch.Size(offsets), torch.Size(sizes)))
         properties = TensorProperties(
-            dtype=_dtype(md.get("dtype"), where),
+            dtype=dtype,
             layout=torch.strided,
             requires_grad=requires_grad,
             memory_format=_MEMORY_FORMATS[fmt],
@@ -657,9 +754,11 @@ def decode_metadata(doc: Any) -> Metadata:
             raise ManyFormatError(f"{where}: {exc}") from None
         offset = entry.get("offset")
         index = entry.get("index")
-        if index is not None and type(index) is not int:
-            raise ManyFormatError(f"{where}: 'index' is not an integer")
-        key = MetadataIndex(fqn, None if offset is None else _ints(offset, where), index)
+        if index is not None and (type(index) is not int or not 0 <= index <= MAX_EXTENT_BYTES):
+            raise ManyFormatError(f"{where}: 'index' is not a non-negative 64-bit integer")
+        key = MetadataIndex(
+            fqn, None if offset is None else _dims(offset, where + " offset"), index
+        )
         storage[key] = ManyStorageInfo(file, slot, receipt)
     sm_doc = doc.get("storage_meta")
     storage_meta = None
