@@ -18,6 +18,7 @@ from profiler.service.config import (
     load_config,
     parse_listen,
 )
+from tests.serwatt_cli import serwatt
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "configs" / "serwatt.example.yaml"
@@ -111,6 +112,7 @@ def test_example_config_mentions_every_key_the_loader_accepts() -> None:
 
 
 def test_check_config_passes_on_the_example() -> None:
+    """`python -m profiler check-config` as a user runs it (the others call main())."""
     out = subprocess.run(
         [*SERWATT, "check-config", str(EXAMPLE)], capture_output=True, text=True, cwd=REPO
     )
@@ -118,7 +120,9 @@ def test_check_config_passes_on_the_example() -> None:
     assert "ok: 1 target(s) (trainer)" in out.stdout
 
 
-def test_check_config_reports_all_problems_with_lines_and_exits_78(tmp_path: Path) -> None:
+def test_check_config_reports_all_problems_with_lines_and_exits_78(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = write(
         tmp_path,
         """
@@ -133,9 +137,7 @@ def test_check_config_reports_all_problems_with_lines_and_exits_78(tmp_path: Pat
             run: "{unit}-{start}"
         """,
     )
-    out = subprocess.run(
-        [*SERWATT, "check-config", str(path)], capture_output=True, text=True, cwd=REPO
-    )
+    out = serwatt(capsys, "check-config", str(path))
     assert out.returncode == EXIT_CONFIG == 78
     err = out.stderr
     assert f"{path}:1: listen: bad listen address 'localhost:99999'" in err
@@ -147,13 +149,10 @@ def test_check_config_reports_all_problems_with_lines_and_exits_78(tmp_path: Pat
     assert "6 problem(s)" in err
 
 
-def test_check_config_on_a_missing_file_exits_78(tmp_path: Path) -> None:
-    out = subprocess.run(
-        [*SERWATT, "check-config", str(tmp_path / "nope.yaml")],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-    )
+def test_check_config_on_a_missing_file_exits_78(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = serwatt(capsys, "check-config", str(tmp_path / "nope.yaml"))
     assert out.returncode == 78
     assert "file not found" in out.stderr
 
@@ -385,7 +384,9 @@ rules:
 """
 
 
-def test_rules_files_must_exist_and_load(tmp_path: Path) -> None:
+def test_rules_files_must_exist_and_load(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     (tmp_path / "good.yaml").write_text(GOOD_RULES)
     cfg = write(tmp_path, MINIMAL + "classify:\n  rules_files: [good.yaml, missing.yaml]\n")
     assert problems_of(cfg) == [
@@ -397,15 +398,11 @@ def test_rules_files_must_exist_and_load(tmp_path: Path) -> None:
         )
     ]
     cfg = write(tmp_path, MINIMAL + "classify:\n  rules_files: [good.yaml]\n")
-    ok = subprocess.run(
-        [*SERWATT, "check-config", str(cfg)], capture_output=True, text=True, cwd=REPO
-    )
+    ok = serwatt(capsys, "check-config", str(cfg))
     assert ok.returncode == 0, ok.stderr
     # A rules file that parses as YAML but is not valid rules: check-config loads it as the
     # daemon will and reports the rules error (exit 78) before anything starts.
     (tmp_path / "good.yaml").write_text(GOOD_RULES.replace("codepath: json", "codepath: xml"))
-    bad = subprocess.run(
-        [*SERWATT, "check-config", str(cfg)], capture_output=True, text=True, cwd=REPO
-    )
+    bad = serwatt(capsys, "check-config", str(cfg))
     assert bad.returncode == 78
     assert "classify.rules_files: bad rules file" in bad.stderr and "good.yaml" in bad.stderr

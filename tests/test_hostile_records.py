@@ -17,16 +17,16 @@ from pathlib import Path
 import pytest
 
 from profiler.classify.codepaths import CODEPATHS
-from profiler.cli.main import main
 from profiler.records.host import fingerprint
 from profiler.records.store import Recorder
+from tests.serwatt_cli import serwatt
 from tests.test_recorder import window
 
 REPO = Path(__file__).resolve().parents[1]
 T0 = 1_800_000_000.0
 
 
-def serwatt(*args: str) -> subprocess.CompletedProcess:
+def serwatt_subprocess(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "profiler", *args],
         capture_output=True,
@@ -138,16 +138,6 @@ DAMAGES: dict[str, tuple[Callable[[Path], None], tuple[tuple[str, ...], ...]]] =
 }
 
 
-def _in_process(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
-    """The CLI's entry point in this process (a traceback would be an exception here)."""
-    saved = sys.argv
-    try:
-        code = main(list(argv))
-    finally:
-        sys.argv = saved
-    return code, capsys.readouterr().err
-
-
 def _assert_one_error_line(db: Path, cmd: tuple[str, ...], code: int, stderr: str) -> None:
     lines = stderr.splitlines()
     assert code == 1, (cmd, code, stderr[-2000:])
@@ -161,8 +151,8 @@ def test_the_intact_record_reads(tmp_path: Path, capsys: pytest.CaptureFixture[s
     """The control: every command below works on the record before it is damaged."""
     db = _build(tmp_path / "runs.sqlite")
     for cmd in (LIST, SHOW, SHOW_WINDOWS, SHOW_JSON, REPORT):
-        code, err = _in_process(capsys, *cmd, "--db", str(db))
-        assert code == 0, (cmd, err)
+        ran = serwatt(capsys, *cmd, "--db", str(db))
+        assert ran.returncode == 0, (cmd, ran.stderr)
 
 
 @pytest.mark.parametrize("damage_name", list(DAMAGES))
@@ -173,8 +163,8 @@ def test_a_damaged_record_is_one_error_line(
     db = _build(tmp_path / "runs.sqlite")
     damage(db)
     for cmd in commands:
-        code, err = _in_process(capsys, *cmd, "--db", str(db))
-        _assert_one_error_line(db, cmd, code, err)
+        ran = serwatt(capsys, *cmd, "--db", str(db))
+        _assert_one_error_line(db, cmd, ran.returncode, ran.stderr)
 
 
 @pytest.mark.parametrize(
@@ -186,5 +176,5 @@ def test_python_m_profiler_prints_one_line_too(tmp_path: Path, damage_name: str)
     db = _build(tmp_path / "runs.sqlite")
     damage(db)
     for cmd in commands:
-        out = serwatt(*cmd, "--db", str(db))
+        out = serwatt_subprocess(*cmd, "--db", str(db))
         _assert_one_error_line(db, cmd, out.returncode, out.stderr)

@@ -1,4 +1,4 @@
-"""`serwatt runs list|show` on real record files, as a user runs it."""
+"""`serwatt runs list|show` on real record files."""
 
 from __future__ import annotations
 
@@ -12,14 +12,19 @@ import pytest
 from profiler.classify.codepaths import CODEPATHS
 from profiler.records.host import fingerprint
 from profiler.records.store import RECORD_FILENAME, Recorder
+from tests.serwatt_cli import serwatt
 from tests.test_recorder import window
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def serwatt(*args: str) -> subprocess.CompletedProcess:
+def serwatt_subprocess(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "profiler", *args], capture_output=True, text=True, cwd=REPO
+        [sys.executable, "-m", "profiler", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
     )
 
 
@@ -61,8 +66,8 @@ def record_dir(tmp_path: Path) -> Path:
     return d
 
 
-def test_list_table_and_json(record_dir: Path) -> None:
-    out = serwatt("runs", "list", "--dir", str(record_dir))
+def test_list_table_and_json(record_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = serwatt(capsys, "runs", "list", "--dir", str(record_dir))
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0].split()[:2] == ["RUN", "TARGET"]
@@ -71,15 +76,17 @@ def test_list_table_and_json(record_dir: Path) -> None:
     assert lines[2].split()[:2] == ["eval-b", "eval"] and "running" in lines[2]
     assert "unavailable" in lines[2]  # no energy: said, not printed as 0
 
-    js = serwatt("runs", "list", "--db", str(record_dir / RECORD_FILENAME), "--json")
+    js = serwatt(capsys, "runs", "list", "--db", str(record_dir / RECORD_FILENAME), "--json")
     doc = json.loads(js.stdout)
     assert [r["run_id"] for r in doc["runs"]] == ["trainer-a", "eval-b"]
     assert doc["runs"][0]["pids"] == [11, 12] and doc["runs"][0]["energy_j"] == 15.0
     assert doc["runs"][1]["energy_j"] is None and doc["runs"][1]["ended_at"] is None
 
 
-def test_show_table_and_json_agree_with_the_record(record_dir: Path) -> None:
-    out = serwatt("runs", "show", "trainer-a", "--dir", str(record_dir), "--windows")
+def test_show_table_and_json_agree_with_the_record(
+    record_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = serwatt(capsys, "runs", "show", "trainer-a", "--dir", str(record_dir), "--windows")
     assert out.returncode == 0, out.stderr
     text = out.stdout
     assert "run trainer-a  target trainer" in text and "2 window(s), pids 11, 12" in text
@@ -93,45 +100,52 @@ def test_show_table_and_json_agree_with_the_record(record_dir: Path) -> None:
     assert sum(1 for line in text.splitlines() if line.split()[:1] in (["1"], ["2"])) == 2
 
     doc = json.loads(
-        serwatt("runs", "show", "trainer-a", "--dir", str(record_dir), "--json", "--windows").stdout
+        serwatt(
+            capsys, "runs", "show", "trainer-a", "--dir", str(record_dir), "--json", "--windows"
+        ).stdout
     )
     assert doc["schema"] == "serwatt.run/1" and doc["windows"] == 2
     assert doc["codepaths"]["pickle"]["energy_j"] == 6.0
     assert doc["codepaths"]["json"]["energy_j"] == 1.0
     assert doc["host"]["cpu_model"] and doc["config"] == {"window_s": 10}
     assert [w["pid"] for w in doc["window_list"]] == [11, 12]
-    brief = serwatt("runs", "show", "trainer-a", "--dir", str(record_dir), "--json").stdout
+    brief = serwatt(capsys, "runs", "show", "trainer-a", "--dir", str(record_dir), "--json").stdout
     assert "window_list" not in json.loads(brief)  # windows only when asked for
     assert json.loads(brief)["codepaths"] == doc["codepaths"]
 
 
-def test_config_points_at_the_record_dir(record_dir: Path, tmp_path: Path) -> None:
+def test_config_points_at_the_record_dir(
+    record_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     cfg = tmp_path / "serwatt.yaml"
     cfg.write_text(
         f"targets: [{{name: t, match: {{cmdline: x}}}}]\nrecord: {{dir: {record_dir}}}\n"
     )
-    out = serwatt("runs", "list", "--config", str(cfg))
+    out = serwatt(capsys, "runs", "list", "--config", str(cfg))
     assert out.returncode == 0 and "trainer-a" in out.stdout
     cfg.write_text("targets: 3\n")
-    bad = serwatt("runs", "list", "--config", str(cfg))
+    bad = serwatt(capsys, "runs", "list", "--config", str(cfg))
     assert bad.returncode == 2 and "targets: must be a list" in bad.stderr
 
 
-def test_errors_name_the_problem(record_dir: Path, tmp_path: Path) -> None:
-    missing = serwatt("runs", "list", "--dir", str(tmp_path / "nowhere"))
+def test_errors_name_the_problem(
+    record_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = serwatt(capsys, "runs", "list", "--dir", str(tmp_path / "nowhere"))
     assert missing.returncode == 1
     assert "no such record file" in missing.stderr and "--db FILE" in missing.stderr
     assert not (tmp_path / "nowhere").exists()  # reading never creates
-    unknown = serwatt("runs", "show", "nope", "--dir", str(record_dir))
+    unknown = serwatt(capsys, "runs", "show", "nope", "--dir", str(record_dir))
     assert unknown.returncode == 2
     assert "no run 'nope'" in unknown.stderr and "trainer-a" in unknown.stderr
-    bare = serwatt("runs")
+    bare = serwatt(capsys, "runs")
     assert bare.returncode == 2 and "serwatt runs list" in bare.stderr
-    both = serwatt("runs", "list", "--db", "a", "--dir", "b")
+    both = serwatt(capsys, "runs", "list", "--db", "a", "--dir", "b")
     assert both.returncode == 2 and "not allowed with" in both.stderr
 
 
 def test_empty_record(tmp_path: Path) -> None:
+    """`python -m profiler runs` as a user runs it (the tests above call main() in process)."""
     Recorder.for_dir(tmp_path).close()
-    out = serwatt("runs", "list", "--dir", str(tmp_path))
+    out = serwatt_subprocess("runs", "list", "--dir", str(tmp_path))
     assert out.returncode == 0 and "no runs recorded" in out.stdout
