@@ -3,9 +3,10 @@ something no loader can build: an empty slot with dimensions whose product overf
 `requires_grad` leaf over an integer slot. Every loader must refuse them with a `ManyError`,
 and `verify` (and `serwatt many verify`) must report them: verify checks what load needs.
 
-The property test starts from a sound state file and rewrites its shapes, its tree's leaves
-and its descriptors' dtype codes, then re-seals it (table hash and receipt, as anyone can):
-every loader raises only `ManyError`, and whenever one fails, `verify` lists a problem.
+The property test starts from a sound state file and rewrites its shapes, its tree's leaves,
+its descriptors' dtype codes and its header bytes, then re-seals it (table hash and receipt,
+as anyone can): every loader raises only `ManyError`, and whenever one fails, `verify` lists
+a problem.
 """
 
 from __future__ import annotations
@@ -261,9 +262,10 @@ def _edit_leaf(leaf: dict[str, Any], op: str, arg: int) -> None:
     shape_edits=st.lists(st.tuples(st.integers(0, 11), SHAPES), max_size=3),
     leaf_edits=LEAF_EDITS,
     code_edits=CODES,
+    header_edits=st.lists(st.tuples(st.integers(0, 191), st.integers(0, 255)), max_size=2),
 )
 def test_mutated_state_files_raise_only_many_errors_and_verify_agrees(
-    tmp_path: Path, seed_state: Path, shape_edits, leaf_edits, code_edits
+    tmp_path: Path, seed_state: Path, shape_edits, leaf_edits, code_edits, header_edits
 ) -> None:
     raw = bytearray(seed_state.read_bytes())
     header = parse_header(bytes(raw[:HEADER_SIZE]), len(raw))
@@ -281,6 +283,11 @@ def test_mutated_state_files_raise_only_many_errors_and_verify_agrees(
     path = tmp_path / "m.many"
     path.write_bytes(bytes(raw))
     _forge_table(path, table)
+    if header_edits:  # the hashed header bytes, then re-sealed: its own checks must hold
+        raw = bytearray(path.read_bytes())
+        for pos, value in header_edits:
+            raw[pos] = value
+        path.write_bytes(reseal(raw))
 
     problems = verify(path)
     assert isinstance(problems, list) and all(isinstance(p, str) for p in problems)
