@@ -5,15 +5,15 @@ figures in the doc are the ones the formula and the doc's stated inputs give."""
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 
+import pytest
 from prometheus_client import generate_latest
 
 from profiler.classify.codepaths import CODEPATHS
 from profiler.service.exporter import make_registry
 from profiler.service.ledger import Ledger, TargetProcess
-from tests.test_daemon_support import start_daemon, start_powercap, start_workload, stop_process
+from tests.conftest import DaemonScrape
 from tests.test_prometheus_rules import load_rules, rules_of
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "scaling.md"
@@ -47,23 +47,12 @@ def exposition_series(text: str) -> int:
     return sum(1 for line in text.splitlines() if line and not line.startswith("#"))
 
 
-def test_the_formula_is_a_real_daemons_series_count(tmp_path):
-    sysfs = tmp_path / "sys"
-    advancer = start_powercap(sysfs, 30.0)
-    work = start_workload(tmp_path, "scaling_trainer")
-    d = start_daemon(
-        tmp_path, {"trainer": "scaling_trainer", "absent": "no_such_process_xyz"}, sysfs=sysfs
-    )
-    try:
-        d.wait_metric("serwatt_samples_total", 1, target="trainer")
-        time.sleep(1)  # the recorder's and own-CPU series come with the first slot
-        text = d.get("/metrics")
-        assert d.stop()[0] == 0
-    finally:
-        d.kill()
-        stop_process(work)
-        stop_process(advancer)
-    # No GPU here: NVML is unavailable (its collector is exported, down).
+@pytest.mark.xdist_group("daemon_scrape")
+def test_the_formula_is_a_real_daemons_series_count(daemon_scrape: DaemonScrape) -> None:
+    # Two targets (one with a process, one absent), RAPL, no GPU: NVML is unavailable (its
+    # collector is exported, down).
+    text = daemon_scrape.text
+    assert daemon_scrape.exit_code == 0, daemon_scrape.log
     assert 'serwatt_collector_up{collector="nvml"} 0.0' in text
     assert exposition_series(text) == series_per_node(2, 0, processes=1), text
 

@@ -1,0 +1,63 @@
+"""Fixtures shared across test modules.
+
+Session-scoped fixtures here are per process: under pytest-xdist each worker has its own
+session, so a worker that runs none of a fixture's tests never starts it, and two workers
+that both do start one each.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.test_daemon_support import start_daemon, start_powercap, start_workload, stop_process
+
+
+@dataclass(frozen=True)
+class DaemonScrape:
+    """One /metrics page of a real daemon, and how that daemon ended."""
+
+    text: str
+    pid: int
+    exit_code: int
+    log: str
+
+
+# The first slot's records and the daemon's own CPU: series the page has once a slot
+# after the first window was applied (docs/scaling.md's formula counts them).
+_FIRST_SLOT_SERIES = (
+    'serwatt_collector_up{collector="recorder"}',
+    'serwatt_self_cpu_seconds_total{part="samplers"}',
+)
+
+
+@pytest.fixture(scope="session")
+def daemon_scrape(tmp_path_factory: pytest.TempPathFactory) -> DaemonScrape:
+    """A real daemon over a real workload ("trainer") and a target with no process
+    ("absent"), RAPL from a powercap tree advanced at 30 W, no GPU: its /metrics once
+    every series has come, then a clean stop. For the tests that only read /metrics
+    (test_metrics_contract, test_scaling); everything is stopped before they run."""
+    tmp: Path = tmp_path_factory.mktemp("daemon_scrape")
+    sysfs = tmp / "sys"
+    advancer = start_powercap(sysfs, 30.0)
+    # the workload's marker names this process: each xdist worker's daemon sees its own
+    marker = f"scrape_trainer_{os.getpid()}"
+    work = start_workload(tmp, marker)
+    d = start_daemon(tmp, {"trainer": marker, "absent": "no_such_process_xyz"}, sysfs=sysfs)
+    try:
+        d.wait_metric("serwatt_samples_total", 5, target="trainer")
+        deadline = time.monotonic() + 30
+        text = d.get("/metrics")
+        while not all(s in text for s in _FIRST_SLOT_SERIES) and time.monotonic() < deadline:
+            time.sleep(0.2)
+            text = d.get("/metrics")
+        code, _took = d.stop()
+        return DaemonScrape(text, d.pid, code, d.log())
+    finally:
+        d.kill()
+        stop_process(work)
+        stop_process(advancer)
