@@ -31,9 +31,14 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
+import pytest
+
 from profiler.classify.classifier import Classifier
 from profiler.sampling.collect import sample_window
 from profiler.sampling.window import WindowReport
+
+# measures CPU shares and time: runs alone, after the parallel pass
+pytestmark = pytest.mark.serial
 
 WORKLOADS = Path(__file__).with_name("workloads")
 WINDOWS = 4  # of 5 s, the `serwatt profile` default window

@@ -15,6 +15,9 @@ import pytest
 from profiler.classify.codepaths import CODEPATHS
 from tests.powercap import build_powercap
 
+# measures CPU shares and time: runs alone, after the parallel pass
+pytestmark = pytest.mark.serial
+
 REPO = Path(__file__).resolve().parents[1]
 SERWATT = [sys.executable, "-m", "profiler"]
 WATTS_PER_PACKAGE = 25.0

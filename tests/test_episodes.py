@@ -43,6 +43,9 @@ from profiler.sampling.collect import (
 )
 from profiler.sampling.window import CodepathWindow, TimedLabel, WindowReport
 
+# measures CPU shares and time: runs alone, after the parallel pass
+pytestmark = pytest.mark.serial
+
 REPO = Path(__file__).resolve().parents[1]
 WORKLOAD = REPO / "tests" / "workloads" / "blocking_dumps.py"
 PID = 4242

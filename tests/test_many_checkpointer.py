@@ -100,6 +100,7 @@ def test_prepare_allocates_staging_before_the_first_checkpoint(tmp_path: Path) -
     assert_same_tree(load_state(staged.path), _state(2))
 
 
+@pytest.mark.serial
 def test_the_next_checkpoint_waits_for_the_one_in_flight_and_says_how_long(
     tmp_path: Path,
 ) -> None:

@@ -49,6 +49,7 @@ def check_document(doc: dict) -> None:
     assert {"pyspy_samples", "pyspy_errors", "partial_stacks", "behind_s"} <= set(doc["sampler"])
 
 
+@pytest.mark.serial
 def test_profile_command_returns_its_exit_code_and_writes_the_document(tmp_path: Path) -> None:
     script = tmp_path / "work.py"
     truth_file = tmp_path / "truth.json"

@@ -37,6 +37,9 @@ from profiler.classify.classifier import Classifier
 from profiler.sampling.collect import sample_window
 from tests.workloads.targets import find_interpreter
 
+# measures CPU shares and time: runs alone, after the parallel pass
+pytestmark = pytest.mark.serial
+
 # one CPython before 3.11 (bare frame names, no kernel tid in nonblocking mode) and one
 # 3.12+ (qualnames, native_thread_id); pyenv builds, found like the classification tests'
 CANDIDATES = {"3.10.13": ("3.10.13", "3.10"), "3.12.1": ("3.12.1", "3.13.0", "3.12")}

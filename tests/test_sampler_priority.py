@@ -30,6 +30,9 @@ from tests.test_daemon_support import PYTHON, config_text, free_port
 from tests.test_pyspy_real import pyspy_children
 from tests.test_systemd import as_nobody
 
+# measures CPU shares and time: runs alone, after the parallel pass
+pytestmark = pytest.mark.serial
+
 REPO = Path(__file__).resolve().parents[1]
 # Custom slices arrived in Linux 6.12; on an older kernel every test below checks that
 # serwatt says so instead of checking the slice.
