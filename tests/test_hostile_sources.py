@@ -388,7 +388,7 @@ def _index_and_query_every_line(text: str) -> SourceIndex:
 @pytest.mark.parametrize("kind", sorted(GENERATORS))
 def test_indexing_memory_per_byte_is_bounded(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # tracing is slow: no CPU budget here
-    monkeypatch.setattr(callsite, "SOURCE_CPU_BUDGET_S", 600.0, raising=False)
+    monkeypatch.setattr(callsite, "SOURCE_CPU_BUDGET_S", 600.0)
     gen = GENERATORS[kind]
     for size in SIZES:
         text = gen(size)
@@ -531,12 +531,11 @@ def test_deep_chains_in_bindings_do_not_lose_the_file() -> None:
 def resolver(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Both ways of resolving inside a root: openat2(RESOLVE_IN_ROOT), and the
     component walk used where the kernel lacks openat2 (before 5.6)."""
-    # (getattr/raising=False: the same test runs against a classifier without either)
     if request.param == "walk":
-        monkeypatch.setattr(callsite, "_OPENAT2_OK", False, raising=False)
+        monkeypatch.setattr(callsite, "_OPENAT2_OK", False)
+        assert not callsite.openat2_available()
     else:
-        available = getattr(callsite, "openat2_available", None)
-        assert available is None or available(), "this kernel (6.x) has openat2"
+        assert callsite.openat2_available(), "this kernel (6.x) has openat2"
     return request.param
 
 

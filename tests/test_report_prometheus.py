@@ -5,6 +5,7 @@ shape checks, and the error kinds; and the argument parsers. The fleet test
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -134,10 +135,13 @@ def test_http_errors_say_what_to_fix(server, code, body, words, usage):
 
 
 def test_an_unreachable_server_is_a_runtime_error():
-    port = _Server()
-    port.close()  # nothing listens there now
-    with pytest.raises(fp.PrometheusError, match="cannot reach") as info:
-        fp.PromQL(port.url).range("up", 0, 10, 1)
+    # A port bound and never listened on: connections are refused, and while the socket
+    # is open no other process (a parallel test's server) can take the port.
+    with socket.socket() as reserved:
+        reserved.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{reserved.getsockname()[1]}"
+        with pytest.raises(fp.PrometheusError, match="cannot reach") as info:
+            fp.PromQL(url).range("up", 0, 10, 1)
     assert not info.value.usage
 
 
