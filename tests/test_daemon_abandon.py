@@ -7,12 +7,13 @@ bound on py-spy processes holds."
 
 A real daemon (max_concurrent_samplers: 1) samples two real targets; the test SIGSTOPs
 both py-spys of one window, so that window cannot return until the sampler's own kill
-bound (SIGKILL 10 s after its SIGINT, collectors/pyspy/runner.py; 6 s here) reaps them. The
-daemon runs with OVERRUN_S and ABANDON_AFTER_S set to 2 s instead of 15 s (module constants
-of profiler/service/daemon.py, set before it starts), so that the window is abandoned well
-before that kill: the 15 s + 15 s of the real daemon would outlast the kill bound and
-never abandon a stopped py-spy. The claim checked: between the abandonment and the end
-of the stopped py-spys no other window starts, and sampling resumes after.
+bound (SIGKILL kill_grace_s after its SIGINT, collectors/pyspy/runner.py; 10 s by default,
+5 s here) reaps them. The daemon runs with overrun_s and abandon_after_s of 1.5 s instead
+of 15 s (Daemon's keywords), so that the window is abandoned well before that kill: the
+15 s + 15 s of the real daemon would outlast the kill bound and never abandon a stopped
+py-spy. The claim checked: between the abandonment and the end of the stopped py-spys no
+other window starts, and sampling resumes after. The exact times are checked in fake
+time (tests/test_daemon_schedule.py); this is the real processes' end of it.
 """
 
 from __future__ import annotations
@@ -25,47 +26,26 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from tests.test_daemon_support import (
     PYTHON,
-    REPO,
-    DaemonProc,
     children_named,
-    config_text,
-    free_port,
+    start_daemon,
     stop_process,
     total,
     wait_for,
 )
 
-PATCHED_S = 2.0
-# The sampler's SIGKILL after its SIGINT (10 s by default): still past the abandonment
-# (window end + 2 s + 2 s), so the window is abandoned 2-4 s before its py-spys end.
-KILL_GRACE_S = 6.0
+SHORT_S = 1.5  # overrun_s and abandon_after_s
+# The sampler's SIGKILL after its SIGINT (at the window's end): past the abandonment
+# (window end + 1.5 s + 1.5 s, at the next 0.5 s wake), so the window is abandoned
+# 1.5-2 s before its py-spys end.
+KILL_GRACE_S = 5.0
 LIGHT = (
     "import pickle, time\nd = list(range(20000))\n"
     "while True:\n    pickle.dumps(d)\n    time.sleep(0.02)\n"
 )
-
-
-class PatchedDaemon(DaemonProc):
-    """`serwatt daemon` with the overrun and abandon delays shortened."""
-
-    def __init__(self, config_path: Path, port: int, log_path: Path) -> None:
-        self.port = port
-        self.log_path = log_path
-        self._log = open(log_path, "ab")  # noqa: SIM115 (closed in kill())
-        code = (
-            "import collectors.pyspy.runner as r, profiler.service.daemon as d\n"
-            f"d.OVERRUN_S = d.ABANDON_AFTER_S = {PATCHED_S}\n"
-            f"r.PySpy.__init__.__kwdefaults__['kill_grace_s'] = {KILL_GRACE_S}\n"
-            "from profiler.cli.main import main\n"
-            f"raise SystemExit(main(['daemon', '--config', {str(config_path)!r}]))\n"
-        )
-        env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC")}
-        self.proc = subprocess.Popen(
-            [PYTHON, "-c", code], cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT
-        )
 
 
 def _window_dir(pid: int) -> str | None:
@@ -76,25 +56,25 @@ def _window_dir(pid: int) -> str | None:
     return os.path.dirname(cmd[cmd.index("--output") + 1])
 
 
+@pytest.mark.serial  # orders real-time events a second apart
 def test_abandoned_window_holds_its_slot_until_its_pyspy_ends(tmp_path: Path) -> None:
     works = []
     for name in ("abandon_a", "abandon_b"):
         script = tmp_path / f"{name}.py"
         script.write_text(LIGHT)
         works.append(subprocess.Popen([PYTHON, str(script)], stdout=subprocess.DEVNULL))
-    port = free_port()
-    cfg = tmp_path / "serwatt.yaml"
-    cfg.write_text(
-        config_text(
-            port=port,
-            record_dir=tmp_path / "runs",
-            targets={"a": "abandon_a", "b": "abandon_b"},
-            window_s=1,
-            rate_hz=10,
-            extra="max_concurrent_samplers: 1\n",
-        )
+    d = start_daemon(
+        tmp_path,
+        {"a": "abandon_a", "b": "abandon_b"},
+        window_s=1,
+        rate_hz=10,
+        extra="max_concurrent_samplers: 1\n",
+        daemon_options={
+            "overrun_s": SHORT_S,
+            "abandon_after_s": SHORT_S,
+            "kill_grace_s": KILL_GRACE_S,
+        },
     )
-    d = PatchedDaemon(cfg, port, tmp_path / "daemon.log")
     # (monotonic time, py-spy record pids) every 20 ms, from the stop to the end
     seen: list[tuple[float, set[int]]] = []
     done = threading.Event()
@@ -138,7 +118,7 @@ def test_abandoned_window_holds_its_slot_until_its_pyspy_ends(tmp_path: Path) ->
         d.kill()
         for w in works:
             stop_process(w)
-    assert f"overran by {PATCHED_S:g}s: stopping it" in log
+    assert f"overran by {SHORT_S:g}s: stopping it" in log
     assert "did not return: abandoned" in log
     gone_at = next(t for t, pids in seen if not (stopped & pids))
     assert gone_at > abandoned_at + 1, (abandoned_at, gone_at)  # held for a while

@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from profiler.records.store import Recorder
 from tests.test_daemon_support import start_daemon, stop_process, total
 from tests.workloads.targets import ensure_target
@@ -26,6 +28,7 @@ def _start(marker: str, python: str) -> subprocess.Popen:
     return subprocess.Popen([python, str(ALTERNATING), marker], stdout=subprocess.DEVNULL)
 
 
+@pytest.mark.serial  # CPU shares under contention
 def test_cpu_of_a_work_sleep_loop_goes_to_the_serializers_not_the_sleep_line(tmp_path):
     work = _start("alternating_trainer", sys.executable)
     old = _start("alternating_py310", str(ensure_target("py310")))

@@ -20,7 +20,6 @@ from profiler.service.exporter import make_registry
 from tests.nvml_replay import ReplayNvmlBackend, load_timeline
 from tests.test_daemon_support import (
     config_text,
-    free_port,
     parse_metrics,
     start_workload,
     stop_process,
@@ -40,9 +39,7 @@ def test_gpu_idle_and_gpu_wait_reach_the_metrics_and_the_record(tmp_path):
     work = start_workload(tmp_path, "gpu_trainer")
     cfg_path = tmp_path / "serwatt.yaml"
     cfg_path.write_text(
-        config_text(
-            port=free_port(), record_dir=tmp_path / "runs", targets={"trainer": "gpu_trainer"}
-        )
+        config_text(record_dir=tmp_path / "runs", targets={"trainer": "gpu_trainer"})
     )
     fake = ReplayNvmlBackend(load_timeline("h200_checkpoint_stall"), target_pids=[work.pid])
     daemon = Daemon(load_config(cfg_path), nvml_backend=fake)

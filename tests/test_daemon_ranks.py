@@ -18,7 +18,6 @@ from tests.test_daemon_support import (
     PYTHON,
     DaemonProc,
     config_text,
-    free_port,
     stop_process,
     wait_for,
 )
@@ -50,10 +49,8 @@ def test_ranks_of_one_job_share_a_run_closed_when_the_last_leaves(tmp_path: Path
     ranks = [start_light(tmp_path, f"jobx_rank{i}") for i in range(2)]
     solos = [start_light(tmp_path, f"soloy_proc{i}") for i in range(2)]
     procs: list[subprocess.Popen] = [*ranks, *solos]
-    port = free_port()
     record_dir = tmp_path / "runs"
     text = config_text(
-        port=port,
         record_dir=record_dir,
         targets={"job": "jobx_rank", "solo": "soloy_proc"},
         window_s=1,
@@ -66,7 +63,7 @@ def test_ranks_of_one_job_share_a_run_closed_when_the_last_leaves(tmp_path: Path
     assert "run: '{target}-{host}'" in text
     cfg = tmp_path / "serwatt.yaml"
     cfg.write_text(text)
-    d = DaemonProc(cfg, port, tmp_path / "daemon.log")
+    d = DaemonProc(cfg, None, tmp_path / "daemon.log")  # port 0: read from its landing line
     ranks_pids = {p.pid for p in ranks}
     try:
 

@@ -11,7 +11,6 @@ freeing the space brings it back up, windows are recorded again and the record i
 from __future__ import annotations
 
 import errno
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -20,10 +19,9 @@ import pytest
 
 from tests.test_daemon_support import (
     PYTHON,
-    REPO,
     DaemonProc,
     config_text,
-    free_port,
+    daemon_argv,
     stop_process,
     total,
     wait_for,
@@ -35,24 +33,13 @@ LIGHT = (
 )
 
 
-class DaemonOnTmpfs(DaemonProc):
-    """`serwatt daemon` whose record dir is a private tmpfs of `size`."""
-
-    def __init__(self, config_path: Path, port: int, log_path: Path, record_dir: Path) -> None:
-        self.port = port
-        self.log_path = log_path
-        self._log = open(log_path, "ab")  # noqa: SIM115 (closed in kill())
-        env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC")}
-        script = f'mount -t tmpfs -o size=4m tmpfs {record_dir} || exit 99\nexec "$@"\n'
-        # unshare execs sh, which execs the daemon: one pid throughout
-        self.proc = subprocess.Popen(
-            ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh"]
-            + [PYTHON, "-m", "profiler", "daemon", "--config", str(config_path)],
-            cwd=REPO,
-            env=env,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
+def daemon_on_tmpfs(config_path: Path, log_path: Path, record_dir: Path) -> DaemonProc:
+    """`serwatt daemon` whose record dir is a private tmpfs of 4 MiB (port from its
+    landing line)."""
+    script = f'mount -t tmpfs -o size=4m tmpfs {record_dir} || exit 99\nexec "$@"\n'
+    # unshare execs sh, which execs the daemon: one pid throughout
+    argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh"]
+    return DaemonProc(config_path, None, log_path, argv=argv + daemon_argv(config_path))
 
 
 def _can_mount_private_tmpfs(where: Path) -> str | None:
@@ -94,18 +81,16 @@ def test_recorder_down_on_a_full_disk_and_back_up(tmp_path: Path) -> None:
     script = tmp_path / "recfull_trainer.py"
     script.write_text(LIGHT)
     work = subprocess.Popen([PYTHON, str(script)], stdout=subprocess.DEVNULL)
-    port = free_port()
     cfg = tmp_path / "serwatt.yaml"
     cfg.write_text(
         config_text(
-            port=port,
             record_dir=record_dir,
             targets={"trainer": "recfull_trainer"},
             window_s=1,
             rate_hz=20,
         )
     )
-    d = DaemonOnTmpfs(cfg, port, tmp_path / "daemon.log", record_dir)
+    d = daemon_on_tmpfs(cfg, tmp_path / "daemon.log", record_dir)
     try:
         m = d.wait_metric("serwatt_samples_total", 1, target="trainer")
         assert total(m, "serwatt_collector_up", collector="recorder") == 1

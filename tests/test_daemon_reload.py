@@ -30,7 +30,6 @@ from tests.test_daemon_support import (
     PYTHON,
     DaemonProc,
     children_named,
-    free_port,
     stop_process,
     total,
     wait_for,
@@ -59,7 +58,7 @@ def start_light(tmp_path: Path, marker: str, code: str = LIGHT) -> subprocess.Po
 
 def config(
     *,
-    port: int,
+    port: int = 0,
     record_dir: Path,
     targets: dict[str, str],
     rate_hz: int = 10,
@@ -161,13 +160,12 @@ def _reload(d: DaemonProc, cfg: Path, text: str) -> float:
 
 def test_sampling_keys_and_targets_apply_at_once(tmp_path: Path) -> None:
     works = [start_light(tmp_path, f"hupkeys_t{i}") for i in range(3)]
-    port = free_port()
     record_dir = tmp_path / "runs"
     cfg = tmp_path / "serwatt.yaml"
     targets = {f"t{i}": f"hupkeys_t{i}" for i in range(3)}
-    base = dict(port=port, record_dir=record_dir, targets=targets)
+    base = dict(record_dir=record_dir, targets=targets)
     cfg.write_text(config(**base, rate_hz=10, window_s=1, max_concurrent=1, rescan_s=30))
-    d = DaemonProc(cfg, port, tmp_path / "daemon.log")
+    d = DaemonProc(cfg, None, tmp_path / "daemon.log")  # port 0: read from its landing line
     watch = SpyWatch(d.pid)
     extra: list[subprocess.Popen] = []
     try:
@@ -222,7 +220,6 @@ def test_sampling_keys_and_targets_apply_at_once(tmp_path: Path) -> None:
             d,
             cfg,
             config(
-                port=port,
                 record_dir=record_dir,
                 targets=kept,
                 rate_hz=20,
@@ -269,11 +266,12 @@ def test_rules_log_level_retention_apply_and_startup_keys_wait(tmp_path: Path) -
         '    file: "*/hupother_trainer.py"\n'
         "    function: work\n"
     )
-    port = free_port()
     cfg = tmp_path / "serwatt.yaml"
     base = dict(record_dir=record_dir, targets={"trainer": "hupother_trainer"})
-    cfg.write_text(config(port=port, **base, retention_days=365, log_level="warning"))
-    d = DaemonProc(cfg, port, tmp_path / "daemon.log")
+    # info, not warning: the landing line that names the port is an INFO line
+    cfg.write_text(config(**base, retention_days=365, log_level="info"))
+    d = DaemonProc(cfg, None, tmp_path / "daemon.log")
+    port = d.port
     try:
         m = d.wait_metric("serwatt_samples_total", 5, target="trainer", codepath="pickle")
         assert total(m, "serwatt_samples_total", target="trainer", codepath="msgpack") == 0
@@ -285,7 +283,7 @@ def test_rules_log_level_retention_apply_and_startup_keys_wait(tmp_path: Path) -
         _reload(
             d,
             cfg,
-            config(port=port, **base, retention_days=30, log_level="debug", rules_files=(rules,)),
+            config(**base, retention_days=30, log_level="debug", rules_files=(rules,)),
         )
         with Recorder.for_dir(record_dir, readonly=True) as rec:
             assert "old-run" not in {r.run_id for r in rec.runs()}
@@ -293,7 +291,8 @@ def test_rules_log_level_retention_apply_and_startup_keys_wait(tmp_path: Path) -
         wait_for(lambda: "DEBUG serwatt.daemon: slot used" in d.log(), 20, "debug lines")
 
         # startup-bound keys: logged, the running values kept
-        other_port = free_port()
+        # (nothing listens on port 1 here; the daemon must not move to it)
+        other_port = 1
         other_dir = tmp_path / "other-runs"
         (tmp_path / "sys" / "class").mkdir(parents=True)  # what check-config wants of a sysfs
         changed = config(
@@ -317,6 +316,7 @@ def test_rules_log_level_retention_apply_and_startup_keys_wait(tmp_path: Path) -
         assert "reload: sampler_priority changed ('auto' -> 'off')" in log
         before = total(d.metrics(), "serwatt_samples_total", target="trainer")
         d.wait_metric("serwatt_samples_total", before + 5, target="trainer")  # old port
+        assert d.port == port and f"Listening on 127.0.0.1:{port}." in d.get("/")
         wait_for(lambda: _windows(record_dir) > windows_before, 20, "windows in the old dir")
         assert not other_dir.exists()
         try:

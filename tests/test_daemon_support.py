@@ -209,6 +209,8 @@ class DaemonProc:
             env["WATCHDOG_USEC"] = str(watchdog_usec)
         self._port = port
         self.log_path = log_path
+        # a log may hold earlier daemons' lines (restarts into one file): read after them
+        self._log_start = log_path.stat().st_size if log_path.exists() else 0
         self._log = open(log_path, "ab")  # noqa: SIM115 (closed in kill())
         self.proc = subprocess.Popen(
             argv or daemon_argv(config_path),
@@ -233,7 +235,9 @@ class DaemonProc:
         http://HOST:PORT/metrics"), once it has written it."""
         deadline = time.monotonic() + timeout_s
         while True:
-            found = LANDING_RE.search(self.log())
+            with open(self.log_path, "rb") as f:
+                f.seek(self._log_start)
+                found = LANDING_RE.search(f.read().decode(errors="replace"))
             if found:
                 return int(found.group(1))
             if self.proc.poll() is not None:
