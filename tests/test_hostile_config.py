@@ -24,7 +24,6 @@ from tests.test_daemon_support import (
     PYTHON,
     REPO,
     config_text,
-    free_port,
     start_daemon,
     start_workload,
     stop_process,
@@ -198,7 +197,7 @@ def test_a_fifo_as_the_config_is_refused_not_waited_on(tmp_path: Path) -> None:
 
 def test_the_daemon_refuses_to_start_on_a_config_over_the_limit(tmp_path: Path) -> None:
     cfg = tmp_path / "serwatt.yaml"
-    text = config_text(port=free_port(), record_dir=tmp_path / "runs", targets={"t": "nothing"})
+    text = config_text(record_dir=tmp_path / "runs", targets={"t": "nothing"})
     cfg.write_text(_padded(text, MAX_YAML_BYTES + 1))
     try:
         out = subprocess.run(

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -35,12 +34,6 @@ from profiler.many.dcp import (  # noqa: E402
 )
 
 ROWS_PER_RANK, COLS = 6, 5
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _train(seed: int, steps: int) -> tuple[Any, Any]:
@@ -181,11 +174,9 @@ def _job_two_ranks(rank: int, world: int, out: Path) -> None:
 _JOBS = {"save_load": _job_save_load, "two_ranks": _job_two_ranks}
 
 
-def _worker(rank: int, world: int, port: int, job: str, out: str) -> None:
+def _worker(rank: int, world: int, rendezvous: str, job: str, out: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
-    )
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     try:
         _JOBS[job](rank, world, Path(out))
         dist.barrier()
@@ -203,9 +194,12 @@ def _spawn(job: str, world: int, out: Path) -> None:
 
     multiprocessing.set_forkserver_preload(["torch.distributed.tensor", __name__])
     out.mkdir(parents=True, exist_ok=True)
+    # a file store in the run's own directory: no TCP port for parallel tests to race for
+    rendezvous = out / f".rendezvous-{job}"
+    rendezvous.unlink(missing_ok=True)
     mp.start_processes(
         _worker,
-        args=(world, _free_port(), job, str(out)),
+        args=(world, str(rendezvous), job, str(out)),
         nprocs=world,
         join=True,
         start_method="forkserver",

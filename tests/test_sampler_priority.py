@@ -26,7 +26,7 @@ from collectors.pyspy import PySpy
 from profiler.classify.classifier import Classifier
 from profiler.service.config import ConfigError, parse_config
 from tests.benches import load_bench
-from tests.test_daemon_support import PYTHON, config_text, free_port
+from tests.test_daemon_support import PYTHON, config_text
 from tests.test_pyspy_real import pyspy_children
 from tests.test_systemd import as_nobody
 
@@ -182,7 +182,6 @@ def test_daemon_exits_78_when_priority_is_required_but_not_allowed(tmp_path: Pat
     cfg = tmp_path / "serwatt.yaml"
     cfg.write_text(
         config_text(
-            port=free_port(),
             record_dir=tmp_path / "runs",
             targets={"t": "x"},
             extra="sampler_priority: true\n",
