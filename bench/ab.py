@@ -90,10 +90,17 @@ def main() -> int:
         if not m:
             print(f"  {metric}: not compared ({ck.get('note')})")
             continue
-        lo, hi = m["ci95"] if m["ci95"] else (None, None)
+        # too few episodes: the report gives no interval and says why (its note)
+        ci = (
+            f"95% CI {m['ci95'][0]:.3f}-{m['ci95'][1]:.3f}"
+            if m["ci95"]
+            else (m.get("note") or "no interval")
+        )
+        ratio = "-" if m["ratio"] is None else f"{m['ratio']:.3f}"
+        p_holm = "-" if m["p_holm"] is None else f"{m['p_holm']:.3g}"
         print(
-            f"  {metric} per checkpoint: ratio {m['ratio']:.3f} (95% CI {lo:.3f}-{hi:.3f}), "
-            f"p_holm {m['p_holm']:.3g}, n {m['n'][0]}+{m['n'][1]}: {m['verdict']}"
+            f"  {metric} per checkpoint: ratio {ratio} ({ci}), "
+            f"p_holm {p_holm}, n {m['n'][0]}+{m['n'][1]}: {m['verdict']}"
         )
     print(f"  report: {report_json} (HTML beside it); receipt {doc['receipt']}")
     return 0

@@ -388,11 +388,12 @@ def main() -> int:
             f"({core_pct / args.targets:.3f}% per target): daemon process {self_pct:.2f}%, "
             f"py-spy children {spy_pct:.2f}%"
         )
+        ci = result["rss_slope_ci95"]
+        slope_ci = f"95% CI {ci[0]}..{ci[1]}" if ci else f"no interval: {slope.why_none}"
         print(
             f"  daemon RSS: {result['rss_mb_first30s']} MB (first 30 s) -> "
             f"{result['rss_mb_last30s']} MB (last 30 s), max {result['rss_mb_max']} MB, "
-            f"slope {result['rss_slope_mb_per_min']} MB/min (95% CI "
-            f"{result['rss_slope_ci95'] or slope.why_none}); py-spy children up to "
+            f"slope {result['rss_slope_mb_per_min']} MB/min ({slope_ci}); py-spy children up to "
             f"{result['pyspy_rss_mb_max_total']} MB total ({spies_max} at once)"
         )
         print(f"  daemon RSS per 30 s: {result['rss_mb_by_30s']} MB")

@@ -5,6 +5,10 @@
 #
 #   sudo bench/live_systemd.sh            # needs root, systemd-container, debootstrap
 #   TREE=/var/lib/machines/serwatt-live KEEP_TREE=1 sudo -E bench/live_systemd.sh
+#   bench/live_systemd.sh --dry-run       # no root: writes the installation into TREE
+#                                         # (default a new temporary directory), says
+#                                         # which tools are missing and the command that
+#                                         # would boot it, and exits 0; nothing is booted
 #
 # Checks, each printed as HOLDS / FAILS with what was seen:
 #   ready       the unit (Type=notify) reaches active/running: the daemon sent READY=1;
@@ -27,7 +31,19 @@
 # Exit status: 0 when every check holds, 1 when one fails, 2 when the container cannot boot.
 set -euo pipefail
 
+DRY_RUN=0
+case ${1:-} in
+    "") ;;
+    --dry-run) DRY_RUN=1 ;;
+    *) printf 'usage: %s [--dry-run]\n' "$0" >&2; exit 2 ;;
+esac
+
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+DRY_TREE=""  # the temporary tree a dry run made itself, removed at its end
+if ((DRY_RUN)) && [[ -z ${TREE:-} ]]; then
+    TREE=$(mktemp -d "${TMPDIR:-/tmp}/serwatt-live-dry.XXXXXX")
+    DRY_TREE=$TREE
+fi
 TREE=${TREE:-/var/lib/machines/serwatt-live}
 MACHINE=serwatt-live
 VENV=${VENV:-$(readlink -f "$REPO/.venv")}
@@ -48,11 +64,15 @@ check() { # name verdict detail
 }
 
 for tool in systemd-nspawn debootstrap nsenter; do
-    command -v "$tool" >/dev/null || { say "missing $tool: apt-get install systemd-container debootstrap util-linux"; exit 2; }
+    command -v "$tool" >/dev/null && continue
+    ((DRY_RUN)) && { say "dry run: missing $tool (apt-get install systemd-container debootstrap util-linux)"; continue; }
+    say "missing $tool: apt-get install systemd-container debootstrap util-linux"; exit 2
 done
-[[ $(id -u) == 0 ]] || { say "run as root (systemd-nspawn needs it)"; exit 2; }
+((DRY_RUN)) || [[ $(id -u) == 0 ]] || { say "run as root (systemd-nspawn needs it)"; exit 2; }
 
-if [[ ! -x $TREE/lib/systemd/systemd ]]; then
+if ((DRY_RUN)); then
+    say "dry run: the installation goes into $TREE; no debootstrap, no boot"
+elif [[ ! -x $TREE/lib/systemd/systemd ]]; then
     say "debootstrap bookworm into $TREE (a few minutes)"
     mkdir -p "$(dirname "$TREE")"
     debootstrap --variant=minbase --include=systemd,systemd-sysv,dbus,python3,procps \
@@ -60,7 +80,7 @@ if [[ ! -x $TREE/lib/systemd/systemd ]]; then
 fi
 
 # --- the installation inside the tree -------------------------------------------------
-install -d "$TREE/opt/serwatt/bin" "$TREE/etc/serwatt" "$TREE/etc/systemd/system/serwatt.service.d"
+install -d "$TREE/opt/serwatt/bin" "$TREE/etc/serwatt" "$TREE/etc/systemd/system/serwatt.service.d" "$TREE/root"
 cat >"$TREE/opt/serwatt/bin/serwatt" <<EOF
 #!/bin/sh
 # serwatt from the checkout bound at /opt/serwatt/src, with the venv bound at its own path
@@ -109,6 +129,15 @@ for unit in serwatt.service serwatt-live-target.service; do
     ln -sfn "/etc/systemd/system/$unit" "$TREE/etc/systemd/system/multi-user.target.wants/$unit"
 done
 
+NSPAWN=(systemd-nspawn --boot --register=no --keep-unit --private-network --console=read-only
+    -D "$TREE" --machine="$MACHINE"
+    --bind-ro="$REPO:/opt/serwatt/src" --bind-ro="$VENV" --bind-ro="$PYROOT")
+if ((DRY_RUN)); then
+    say "dry run: would boot: ${NSPAWN[*]}"
+    [[ -n $DRY_TREE && -z ${KEEP_TREE:-} ]] && rm -rf "$DRY_TREE"
+    exit 0
+fi
+
 # --- boot -------------------------------------------------------------------------------
 cleanup() {
     if [[ -n $LEADER ]] && kill -0 "$LEADER" 2>/dev/null; then
@@ -127,10 +156,7 @@ trap cleanup EXIT
 
 # --register=no --keep-unit: no machined or host systemd needed (the host may not run
 # systemd); --private-network: its own loopback, so :9977 cannot clash with the host.
-systemd-nspawn --boot --register=no --keep-unit --private-network --console=read-only \
-    -D "$TREE" --machine="$MACHINE" \
-    --bind-ro="$REPO:/opt/serwatt/src" --bind-ro="$VENV" --bind-ro="$PYROOT" \
-    >"$LOG" 2>&1 &
+"${NSPAWN[@]}" >"$LOG" 2>&1 &
 NSPAWN_PID=$!
 
 for _ in $(seq 1 60); do

@@ -1,14 +1,15 @@
 """Non-allocation figures for the `.many` arena, measured, at sizes too large for the tests.
 
     .venv/bin/python bench/many_proofs.py [--dir /tmp/serwatt-proofs] [--sizes-mb 16,1024,4096]
+                                          [--save-mb 64] [--hash-mb 256] [--proof-n 10000]
 
 1. In-place update of k slots (Arena.update + commit): Python memory allocated (tracemalloc
    peak) for state sizes 16 MiB .. 4 GiB with the same 256 KiB slots; O(k), flat in size.
-2. `save` of a 64 MiB state: tracemalloc peak, against pickle.dumps of the same state.
+2. `save` of a 64 MiB state (--save-mb): tracemalloc peak, against pickle.dumps of it.
 3. `load` of 1 GiB and 4 GiB files in a fresh process: RSS after load + binding every slot,
    and after touching every page (psutil).
-4. Hash throughput on 256 MiB in memory: BLAKE3 (one thread, and its own threads) against
-   SHA-256 (hashlib), the reason FORMAT.md chose BLAKE3.
+4. Hash throughput on 256 MiB in memory (--hash-mb): BLAKE3 (one thread, and its own
+   threads) against SHA-256 (hashlib), the reason FORMAT.md chose BLAKE3.
 5. The allocator shim and the seccomp filter (tests/proofs/) on `Arena.update` after
    warm-up: C allocator calls per update (CPython's allocator, then PYTHONMALLOC=malloc so
    every Python object is counted), tracemalloc net and peak, and whether N updates survive
@@ -97,8 +98,10 @@ def update_figures(sizes_mb: list[int], workdir: Path) -> list[dict]:
     return rows
 
 
-def save_figures(workdir: Path) -> dict:
-    state = {f"t{i}": np.full(1 << 20, i, dtype=np.float32) for i in range(16)}  # 64 MiB
+def save_figures(workdir: Path, size_mb: int = 64) -> dict:
+    # tensors of 4 MiB (1 Mi float32), size_mb / 4 of them
+    state = {f"t{i}": np.full(1 << 20, i, dtype=np.float32) for i in range(max(1, size_mb // 4))}
+    state_bytes = sum(v.nbytes for v in state.values())
     save(workdir / "warm.many", {"x": np.ones(4)})
     tracemalloc.start()
     save(workdir / "s.many", state)
@@ -109,10 +112,10 @@ def save_figures(workdir: Path) -> dict:
     pickle_peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     print(
-        f"  save 64 MiB state: .many tracemalloc peak {mib(many_peak)}; "
+        f"  save {state_bytes >> 20} MiB state: .many tracemalloc peak {mib(many_peak)}; "
         f"pickle.dumps {mib(pickle_peak)}"
     )
-    return {"state_bytes": 64 << 20, "many_peak": many_peak, "pickle_peak": pickle_peak}
+    return {"state_bytes": state_bytes, "many_peak": many_peak, "pickle_peak": pickle_peak}
 
 
 def load_figures(workdir: Path, sizes_mb: list[int]) -> list[dict]:
@@ -141,12 +144,12 @@ def load_figures(workdir: Path, sizes_mb: list[int]) -> list[dict]:
     return rows
 
 
-def hash_figures() -> dict:
+def hash_figures(size_mb: int = 256) -> dict:
     import hashlib
 
     import blake3
 
-    data = np.ones(256 << 20, dtype=np.uint8)
+    data = np.ones(size_mb << 20, dtype=np.uint8)
     out = {}
     for name, fn in (
         ("blake3 1 thread", lambda: blake3.blake3(data.data).digest()),
@@ -157,7 +160,7 @@ def hash_figures() -> dict:
         ("sha256 (hashlib)", lambda: hashlib.sha256(data.data).digest()),
     ):
         best = min(_timed(fn) for _ in range(3))
-        out[name] = (256 / 1024) / best
+        out[name] = (size_mb / 1024) / best
         print(f"  {name:<20} {out[name]:.2f} GiB/s (best of 3)")
     return out
 
@@ -216,6 +219,8 @@ def main() -> int:
     p.add_argument("--json", type=Path)
     p.add_argument("--proof-target", default="tests.proofs.targets:arena_update")
     p.add_argument("--proof-n", type=int, default=10_000)
+    p.add_argument("--save-mb", type=int, default=64, help="the state of part 2")
+    p.add_argument("--hash-mb", type=int, default=256, help="the buffer of part 4")
     args = p.parse_args()
     sizes = [int(s) for s in args.sizes_mb.split(",")]
     args.dir.mkdir(parents=True, exist_ok=True)
@@ -224,11 +229,11 @@ def main() -> int:
         print("1. in-place update of k slots (256 KiB each), Python memory (tracemalloc peak):")
         out["update"] = update_figures(sizes, args.dir)
         print("2. save without intermediate copies:")
-        out["save"] = save_figures(args.dir)
+        out["save"] = save_figures(args.dir, args.save_mb)
         print("3. load RSS (fresh process, psutil):")
         out["load"] = load_figures(args.dir, [s for s in sizes if s >= 1024] or sizes)
-        print("4. hash throughput, 256 MiB in memory:")
-        out["hash"] = hash_figures()
+        print(f"4. hash throughput, {args.hash_mb} MiB in memory:")
+        out["hash"] = hash_figures(args.hash_mb)
         print(f"5. allocator shim, tracemalloc and seccomp on {args.proof_target}:")
         out["proofs"] = shim_figures(args.dir, args.proof_target, args.proof_n)
     finally:

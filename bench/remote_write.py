@@ -1,7 +1,7 @@
 """Bytes per sample that Prometheus' remote_write sends for serwatt's series.
 
     .venv/bin/python bench/remote_write.py [--nodes 50] [--scrape-s 1] [--blocks 8]
-                                           [--block-s 10] [--json FILE]
+                                           [--block-s 10] [--send-deadline-s S] [--json FILE]
 
 A real daemon profiles a real workload (2 targets, a powercap tree at 30 W, so the node
 exports the series of docs/scaling.md's formula). A real Prometheus (Debian's) scrapes it
@@ -75,15 +75,25 @@ def _prometheus(tmp: Path, name: str, config: str, *extra: str) -> tuple[subproc
     return proc, port
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nodes", type=int, default=50)
     ap.add_argument("--scrape-s", type=float, default=1.0)
     ap.add_argument("--warmup-s", type=float, default=20.0)
     ap.add_argument("--blocks", type=int, default=8)
     ap.add_argument("--block-s", type=float, default=10.0)
+    ap.add_argument(
+        "--send-deadline-s",
+        type=float,
+        help="the sender's queue_config.batch_send_deadline (default: Prometheus' own, 5 s); "
+        "shorter sends smaller batches, which compress worse",
+    )
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    queue = ""
+    if args.send_deadline_s is not None:
+        deadline_ms = round(args.send_deadline_s * 1000)
+        queue = f"    queue_config:\n      batch_send_deadline: {deadline_ms}ms\n"
 
     tmp = Path(tempfile.mkdtemp(prefix="serwatt-rw-"))
     advancer = start_powercap(tmp / "sys", 30.0)
@@ -110,7 +120,7 @@ def main() -> None:
             f"global:\n  scrape_interval: {round(args.scrape_s * 1000)}ms\n"
             f"  scrape_timeout: {round(min(args.scrape_s, 5.0) * 1000)}ms\n"
             f"scrape_configs:\n  - job_name: serwatt\n    static_configs:\n{groups}"
-            f"remote_write:\n  - url: http://127.0.0.1:{rport}/api/v1/write\n",
+            f"remote_write:\n  - url: http://127.0.0.1:{rport}/api/v1/write\n{queue}",
         )
         procs.append(sender)
         time.sleep(args.warmup_s)
@@ -133,6 +143,15 @@ def main() -> None:
         stop_process(advancer)
         shutil.rmtree(tmp, ignore_errors=True)
 
+    if not per_block:
+        print(
+            f"remote_write: nothing sent in {args.blocks} blocks of {args.block_s:g} s: "
+            "lengthen --warmup-s (the sender tails its WAL, so it starts seconds after its "
+            "first scrape) or --block-s (beyond batch_send_deadline: 5 s unless "
+            "--send-deadline-s)",
+            file=sys.stderr,
+        )
+        return 1
     iv = mean_interval(per_block)
     n, mean = iv.n, iv.estimate
     lo, hi = iv.bounds()
@@ -157,7 +176,8 @@ def main() -> None:
     )
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,6 +1,7 @@
 """Why py-spy and not a cheaper sampler: CPU per window, and aliasing on a periodic loop.
 
-    .venv/bin/python bench/sampler_choice.py [--austin PATH] [--rounds 2] [--json FILE]
+    .venv/bin/python bench/sampler_choice.py [--austin PATH] [--rounds 2] [--window-s 10]
+                                             [--alias-s 3] [--json FILE]
 
 Austin (austin-dist on PyPI) is the other attach-by-pid Python sampler that needs no
 code in the target. It is not a serwatt dependency: install it anywhere
@@ -8,12 +9,12 @@ code in the target. It is not a serwatt dependency: install it anywhere
 pass --austin /tmp/austv/bin/austin; without it only py-spy is measured.
 
 Part 1, cost: the daemon bench's target (pickle + json ~2 ms, then 18 ms asleep),
-one 10 s window at 50 Hz per sampler, alternating, --rounds times; each sampler's
+one 10 s window (--window-s) at 50 Hz per sampler, alternating, --rounds times; each sampler's
 CPU (user + system of the reaped child) as % of one core.
 
 Part 2, aliasing: a target that is busy in `busy()` for 4 ms at the start of every
 20 ms period (a deadline loop, so the period is exact: 20% of its wall time). Each
-sampler at 50 Hz for 3 s: the share of samples in `busy()`. A sampler on a fixed
+sampler at 50 Hz for 3 s (--alias-s): the share of samples in `busy()`. A sampler on a fixed
 20 ms interval sees one phase of the loop every time (0% or 100%); py-spy draws its
 intervals from an exponential distribution (timer.rs) and sees every phase.
 """
@@ -33,7 +34,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from collectors.pyspy import PYSPY_FLAGS, find_pyspy, pyspy_env  # noqa: E402
+from collectors.pyspy.runner import PYSPY_FLAGS, find_pyspy, pyspy_env  # noqa: E402
 
 COST_TARGET = REPO / "tests" / "workloads" / "alternating.py"
 PERIODIC_TARGET = textwrap.dedent(
@@ -103,6 +104,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--austin", type=Path, help="an austin binary (austin-dist 3.x)")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--window-s", type=int, default=10, help="part 1's window per sampler")
+    ap.add_argument("--alias-s", type=int, default=3, help="part 2's run per sampler")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     pyspy = find_pyspy()
@@ -118,17 +121,20 @@ def main() -> int:
             for s in samplers:
                 out = tmp / f"cost-{s}.out"
                 cmd = (
-                    pyspy_cmd(pyspy, target.pid, 10, out, "speedscope")
+                    pyspy_cmd(pyspy, target.pid, args.window_s, out, "speedscope")
                     if s == "py-spy"
-                    else austin_cmd(args.austin, target.pid, 10, out)
+                    else austin_cmd(args.austin, target.pid, args.window_s, out)
                 )
-                cost[s].append(100 * child_cpu(cmd) / 10)
+                cost[s].append(100 * child_cpu(cmd) / args.window_s)
     finally:
         target.kill()
         target.wait()
     result["cost_pct_of_one_core"] = cost
     for s in samplers:
-        print(f"{s:7s} 10 s at 50 Hz: {', '.join(f'{v:.2f}%' for v in cost[s])} of one core")
+        print(
+            f"{s:7s} {args.window_s} s at 50 Hz: "
+            f"{', '.join(f'{v:.2f}%' for v in cost[s])} of one core"
+        )
 
     (tmp / "periodic.py").write_text(PERIODIC_TARGET)
     target = subprocess.Popen([sys.executable, str(tmp / "periodic.py")])
@@ -140,7 +146,7 @@ def main() -> int:
                 out = tmp / f"alias-{s}.out"
                 if s == "py-spy":
                     subprocess.run(
-                        pyspy_cmd(pyspy, target.pid, 3, out, "raw"),
+                        pyspy_cmd(pyspy, target.pid, args.alias_s, out, "raw"),
                         stdout=subprocess.DEVNULL,
                         stderr=subprocess.DEVNULL,
                         env=pyspy_env(),
@@ -148,7 +154,7 @@ def main() -> int:
                     share, n = share_busy_pyspy(out)
                 else:
                     subprocess.run(
-                        austin_cmd(args.austin, target.pid, 3, out),
+                        austin_cmd(args.austin, target.pid, args.alias_s, out),
                         stdout=subprocess.DEVNULL,
                         stderr=subprocess.DEVNULL,
                     )

@@ -1,0 +1,495 @@
+"""Every bench/ script run at smoke size, in seconds: its output has the bench's shape, and
+each verdict it prints is the one its own printed interval gives (worked out here with
+plain comparisons, not with profiler/intervals.py). Figures are not checked: the benches
+measure them (docs/benchmarks.md), so most of these run beside other tests. The ones whose
+target or workload keeps a CPU busy for more than a few seconds are `serial`.
+bench/checkpoint.py's smoke test is tests/test_bench_checkpoint.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from collectors.nvml import NvmlCollector
+from profiler.intervals import Interval, mean_interval
+from profiler.service.config import load_config
+from tests.benches import BENCH_DIR, load_bench
+from tests.nvml_replay import ReplayNvmlBackend
+
+REPO = BENCH_DIR.parent
+NUM = r"(-?[0-9.]+|nan)"
+VERDICTS = {"confirmed", "not met", "undecided"}
+
+
+def bench(name: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(BENCH_DIR / name), *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def at_least(lo: float, hi: float, goal: float) -> str:
+    """The verdict of `quantity >= goal` from its interval."""
+    return "confirmed" if lo >= goal else "not met" if hi < goal else "undecided"
+
+
+def at_most(lo: float, hi: float, goal: float) -> str:
+    return "confirmed" if hi <= goal else "not met" if lo > goal else "undecided"
+
+
+def band(lo: float, hi: float, low: float, high: float) -> str:
+    if hi < low or lo > high:
+        return "not met"
+    return "confirmed" if lo >= low and hi <= high else "undecided"
+
+
+# ---------------------------------------------------------------------------- record_append
+
+
+def test_record_append_prints_the_mean_per_append_with_its_interval(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ra = load_bench("record_append")
+    out = tmp_path / "fig.json"
+    assert (
+        ra.main(["--windows", "40", "--blocks", "4", "--dir", str(tmp_path), "--json", str(out)])
+        == 0
+    )
+    text = capsys.readouterr().out
+    fig = json.loads(out.read_text())
+    assert fig["windows_stored"] == 40 and fig["blocks"] == 4
+    assert len(fig["wall_s_per_append_by_block"]) == len(fig["cpu_s_per_append_by_block"]) == 4
+    for part in ("wall", "cpu"):
+        lo, hi = fig[f"{part}_s_per_append_ci95"]
+        assert lo <= fig[f"{part}_s_per_append"] <= hi
+        m = re.search(rf"{part} per append:\s+{NUM} ms \(95% CI {NUM}-{NUM}, Student t, 3 df\)",
+                      text, re.I)  # fmt: skip
+        assert m, text
+        assert float(m.group(1)) == pytest.approx(fig[f"{part}_s_per_append"] * 1e3, abs=5e-4)
+    assert fig["bytes_per_window"] > 0
+    assert [p.name for p in tmp_path.iterdir()] == ["fig.json"]  # the record is removed
+
+
+def test_record_append_with_one_block_says_why_it_has_no_interval(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ra = load_bench("record_append")
+    assert ra.main(["--windows", "5", "--blocks", "1", "--dir", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert text.count("(no interval: 1 value: an interval needs 2)") == 2, text
+    with pytest.raises(SystemExit) as exc:
+        ra.main(["--windows", "3", "--blocks", "5", "--dir", str(tmp_path)])
+    assert exc.value.code == 2
+
+
+# ---------------------------------------------------------------------------- overhead
+
+
+@pytest.mark.serial  # its target serializes flat out for ~12 s
+def test_overhead_bench_smoke() -> None:
+    r = bench("overhead.py", "--rate", "20", "--phase", "1", "--pairs", "2", "--timing-rate", "0")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert re.search(r"^per-pair ratio B/mean\(A neighbours\): [0-9.]+, [0-9.]+$", r.stdout, re.M)
+    word = r"goal >= 0\.99 (CONFIRMED|NOT MET|undecided)"
+    lines = {
+        "throughput": rf"^throughput ratio profiled/unprofiled: {NUM} \(95% CI {NUM}\.\.{NUM}, "
+        rf"Student t, 1 df; min [0-9.]+, max [0-9.]+\): {word}",
+        "factor 2": rf"^factor 2, ops per target CPU-second, profiled/unprofiled: .*; mean {NUM} "
+        rf"\(95% CI {NUM}\.\.{NUM}, Student t, 1 df\): {word}",
+    }
+    for name, pattern in lines.items():
+        m = re.search(pattern, r.stdout, re.M)
+        assert m, (name, r.stdout)
+        mean, lo, hi = (float(m.group(i)) for i in (1, 2, 3))
+        assert lo <= mean <= hi
+        assert m.group(4).lower() == at_least(lo, hi, 0.99), m.group(0)
+    assert re.search(r"^factor 1, target CPU share of wall, .*run-queue wait", r.stdout, re.M)
+
+
+def test_overhead_verdict_without_an_interval_says_why() -> None:
+    ov = load_bench("overhead")
+    one = mean_interval([1.2])
+    assert ov.verdict(one) == "goal >= 0.99 undecided (1 value: an interval needs 2)"
+    assert ov.ci_text(one) == "no 95% CI: 1 value: an interval needs 2"
+    assert ov.verdict(Interval(1.0, 0.995, 1.01, 6, 5, "t")) == "goal >= 0.99 CONFIRMED"
+    assert ov.verdict(Interval(0.9, 0.85, 0.95, 6, 5, "t")) == "goal >= 0.99 NOT MET"
+
+
+# ---------------------------------------------------------------------------- daemon
+
+
+def test_daemon_bench_smoke(tmp_path: Path) -> None:
+    fig_path = tmp_path / "daemon.json"
+    r = bench(
+        "daemon.py", "--targets", "1", "--rate", "20", "--watch-s", "6", "--window-s", "1",
+        "--phase-s", "1", "--pairs", "2", "--json", str(fig_path), timeout=180,
+    )  # fmt: skip
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
+    fig = json.loads(fig_path.read_text())
+    goals = fig["goals"]
+    assert list(goals) == [
+        "cpu < 10% of one core",
+        "every window at 20 Hz",
+        "RSS < 150 MB",
+        "RSS flat (|slope| <= 1 MB/min)",
+        "throughput ratio >= 0.99 (wall)",
+        "throughput ratio >= 0.99 (CPU)",
+    ]
+    assert all(goals[g] in ("met", "not met") for g in list(goals)[:3]), goals
+    assert goals["cpu < 10% of one core"] == (
+        "met" if fig["cpu_pct_of_one_core"] < 10 else "not met"
+    )
+    assert goals["RSS < 150 MB"] == ("met" if fig["rss_mb_max"] < 150 else "not met")
+    # three RSS samples 2 s apart: a slope and its interval
+    lo, hi = fig["rss_slope_ci95"]
+    assert lo <= fig["rss_slope_mb_per_min"] <= hi
+    assert goals["RSS flat (|slope| <= 1 MB/min)"] == band(lo, hi, -1.0, 1.0)
+    for part, name in (("wall", "(wall)"), ("cpu", "(CPU)")):
+        lo, hi = fig[f"throughput_ratio_{part}_ci95"]
+        assert len(fig[f"throughput_ratio_{part}_pairs"]) == 2
+        assert lo <= fig[f"throughput_ratio_{part}_mean"] <= hi
+        assert fig[f"throughput_ratio_{part}_verdict"] == at_least(lo, hi, 0.99)
+        assert goals[f"throughput ratio >= 0.99 {name}"] == at_least(lo, hi, 0.99)
+    for name, v in goals.items():
+        assert re.search(rf"^  {re.escape(v.upper())} +{re.escape(name)}$", r.stdout, re.M), name
+    # --recompute reads the per-pair ratios back and gives the same verdicts
+    again = bench("daemon.py", "--recompute", str(fig_path))
+    assert again.returncode == 0, again.stderr
+    said = re.findall(r">= 0\.99 (confirmed|not met|undecided)$", again.stdout, re.M)
+    want = [fig["throughput_ratio_wall_verdict"], fig["throughput_ratio_cpu_verdict"]]
+    assert said == want, again.stdout
+
+
+def test_daemon_bench_recompute_refuses_other_json(tmp_path: Path) -> None:
+    other = tmp_path / "other.json"
+    other.write_text('{"goals": {}}')
+    r = bench("daemon.py", "--recompute", str(other))
+    assert r.returncode == 2
+    assert "no throughput_ratio_wall_pairs (not a bench/daemon.py --json output)" in r.stderr
+
+
+def test_daemon_bench_throughput_without_two_pairs_is_undecided() -> None:
+    fig = load_bench("daemon").throughput_figures([1.01], [0.98])
+    assert fig["throughput_ratio_wall_ci95"] is None
+    assert (
+        fig["throughput_ratio_wall_verdict"] == fig["throughput_ratio_cpu_verdict"] == "undecided"
+    )
+
+
+# ---------------------------------------------------------------------------- accuracy
+
+
+@pytest.mark.serial  # two busy serializer threads' worth of profiling, ~15 s
+def test_accuracy_bench_smoke() -> None:
+    r = bench(
+        "accuracy.py", "--rate", "50", "--duration", "2", "--window", "1", "--repeats", "2",
+        "--timing-rate", "0",
+    )  # fmt: skip
+    assert r.returncode in (0, 1), r.stderr[-3000:]
+    rows = re.findall(
+        rf"^(pickle|json|protobuf|msgpack|other) +{NUM}% +{NUM}% +([+-][0-9.]+|nan) "
+        rf"\[([+-][0-9.]+|nan), ([+-][0-9.]+|nan)\]$",
+        r.stdout,
+        re.M,
+    )
+    assert [row[0] for row in rows] == ["pickle", "json", "protobuf", "msgpack", "other"], r.stdout
+    truth = [float(row[1]) for row in rows]
+    assert sum(truth) == pytest.approx(100.0, abs=0.05)
+    m = re.search(
+        rf"^worst codepath \|error\| per repeat: ([0-9.]+), ([0-9.]+) pp; mean {NUM} pp "
+        rf"\(95% CI {NUM}-{NUM}, Student t, 1 df\); goal <= 2 pp: (confirmed|not met|undecided)$",
+        r.stdout,
+        re.M,
+    )
+    assert m, r.stdout
+    mean, lo, hi = (float(m.group(i)) for i in (3, 4, 5))
+    assert mean == pytest.approx((float(m.group(1)) + float(m.group(2))) / 2, abs=0.006)
+    assert m.group(6) == at_most(lo, hi, 2.0)
+    assert r.returncode == (1 if m.group(6) == "not met" else 0)
+
+
+def test_accuracy_bench_refuses_one_repeat() -> None:
+    r = bench("accuracy.py", "--repeats", "1")
+    assert r.returncode == 2 and "--repeats must be >= 2: the verdict needs an interval" in r.stderr
+
+
+# ---------------------------------------------------------------------------- ab
+
+
+@pytest.mark.serial  # two `serwatt profile` runs of a torch training loop
+def test_ab_bench_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "ab"
+    r = bench(
+        "ab.py", "--repeats", "1", "--steps", "6", "--every", "2", "--size", "1",
+        "--rate", "50", "--out", str(out), timeout=240,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert re.search(
+        r"^1 repeats per side, interleaved, 6 steps, a 1 MB checkpoint", r.stdout, re.M
+    )
+    for side, ckpt in (("baseline", "torch"), ("candidate", "many")):
+        assert re.search(rf"^  {side} +{ckpt}: [0-9]+ checkpoints, stall p50 ", r.stdout, re.M), (
+            side
+        )
+    ck = json.loads((out / "report.json").read_text())["checkpoint"]
+    for metric in ("stall_s", "cpu_s"):
+        m = ck[metric]
+        line = re.search(
+            rf"^  {metric} per checkpoint: ratio .* n (\d+)\+(\d+): (.+)$", r.stdout, re.M
+        )
+        assert line, r.stdout
+        assert [int(line.group(1)), int(line.group(2))] == m["n"]
+        assert line.group(3) == m["verdict"]
+        if m["ci95"] is None:  # too few checkpoints: the report's reason is printed
+            assert f"({m['note']})" in line.group(0)
+    assert (out / "report.html").is_file()
+
+
+# ---------------------------------------------------------------------------- classify_cost
+
+
+def test_classify_cost_bench_smoke() -> None:
+    r = bench("classify_cost.py", "--repeat", "1")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert re.search(r"^samples: [1-9][0-9]* \(mean depth [0-9.]+ frames\), median of 1 runs$",
+                     r.stdout, re.M)  # fmt: skip
+    assert "call-site prefilter: on" in r.stdout
+    labels = [
+        "cold (fresh classifier, parses sources)",
+        "cold, leaves read from host paths",
+        "new stack, warm rule/source caches",
+        "warm (stack cache hit)",
+    ]
+    cases = re.findall(r"^([^:\n]+): +([0-9.]+) us/sample", r.stdout, re.M)
+    assert [c for c, _ in cases] == labels, r.stdout
+    assert all(float(us) > 0 for _, us in cases)
+    parsed = re.search(r"source files parsed (\d+), read but not parsed (\d+)", r.stdout)
+    assert parsed and int(parsed.group(1)) + int(parsed.group(2)) > 0, r.stdout
+
+
+# ---------------------------------------------------------------------------- many_proofs
+
+
+def test_many_proofs_bench_smoke(tmp_path: Path) -> None:
+    work, out = tmp_path / "proofs", tmp_path / "proofs.json"
+    r = bench(
+        "many_proofs.py", "--dir", str(work), "--sizes-mb", "16", "--save-mb", "4",
+        "--hash-mb", "8", "--proof-n", "50", "--json", str(out),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert not work.exists()  # its files are deleted at the end
+    fig = json.loads(out.read_text())
+    assert [(row["state_mib"], row["k"]) for row in fig["update"]] == [
+        (16, k) for k in (1, 2, 16, 64)
+    ]
+    assert fig["save"]["state_bytes"] == 4 << 20
+    assert [row["slots"] for row in fig["load"]] == [200]
+    assert set(fig["hash"]) == {"blake3 1 thread", "blake3 AUTO threads", "sha256 (hashlib)"}
+    proofs = fig["proofs"]
+    assert {"CPython allocator", "PYTHONMALLOC=malloc", "tracemalloc", "seccomp"} <= set(proofs)
+    # the verdict: the update survives the kill-on-mmap filter, and the filter is live
+    assert proofs["seccomp"] == {"survived": True, "signal": None, "control": "SIGSYS"}
+    assert (
+        "seccomp kill filter: 50 calls survived; control (one mmap after the filter): SIGSYS"
+        in r.stdout
+    )
+
+
+# ---------------------------------------------------------------------------- remote_write
+
+
+@pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs Debian's prometheus")
+def test_remote_write_bench_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "rw.json"
+    r = bench(
+        "remote_write.py", "--nodes", "2", "--scrape-s", "0.5", "--warmup-s", "6", "--blocks", "3",
+        "--block-s", "1", "--send-deadline-s", "0.5", "--json", str(out), timeout=180,
+    )  # fmt: skip
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
+    fig = json.loads(out.read_text())
+    assert fig["nodes"] == 2 and fig["series_per_node"] > 0
+    assert 2 <= fig["blocks"] == len(fig["per_block"]) <= 3
+    lo, hi = fig["ci95"]
+    assert lo <= fig["bytes_per_sample"] <= hi and fig["bytes_per_sample"] > 0
+    m = re.search(rf"^remote_write: {NUM} bytes/sample \(95% CI {NUM}-{NUM}, (\d) blocks of 1 s\)",
+                  r.stdout, re.M)  # fmt: skip
+    assert m and int(m.group(4)) == fig["blocks"], r.stdout
+
+
+# ---------------------------------------------------------------------------- sampler_choice
+
+
+def test_sampler_choice_bench_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "sc.json"
+    r = bench("sampler_choice.py", "--rounds", "1", "--window-s", "1", "--alias-s", "1",
+              "--json", str(out))  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    fig = json.loads(out.read_text())
+    assert fig["austin"] is None and Path(fig["pyspy"]).name == "py-spy"
+    assert len(fig["cost_pct_of_one_core"]["py-spy"]) == 1
+    assert len(fig["periodic_busy_share"]["py-spy"]) == 2  # rounds + 1
+    assert all(0 <= s <= 1 for s in fig["periodic_busy_share"]["py-spy"])
+    assert re.search(r"^py-spy  1 s at 50 Hz: [0-9.]+% of one core$", r.stdout, re.M), r.stdout
+    assert "share of samples in busy() (truth 0.20)" in r.stdout
+
+
+# ---------------------------------------------------------------------------- soak
+
+
+def _rss_samples(slope_mb_per_min: float, n: int = 60) -> list[tuple[float, float, int, int]]:
+    # every 2 s, a small alternating wiggle so the slope has a nonzero standard error
+    return [(2.0 * i, 40.0 + slope_mb_per_min * 2.0 * i / 60 + 0.01 * (-1) ** i, 20, 9)
+            for i in range(n)]  # fmt: skip
+
+
+def test_soak_rss_verdicts_come_from_the_slope_interval() -> None:
+    soak = load_bench("soak")
+    grows = soak.rss_check(_rss_samples(1.0), 0.0025, 120.0, warmup_s=0.0)
+    assert grows.verdict == "not met" and grows.figures["ci95"][0] > 0.0025, grows
+    flat = soak.rss_check(_rss_samples(0.0), 0.5, 120.0, warmup_s=0.0)
+    assert flat.verdict == "confirmed" and flat.figures["ci95"][1] <= 0.5, flat
+    lo, hi = flat.figures["ci95"]
+    straddle = soak.rss_check(_rss_samples(0.0), (lo + hi) / 2, 120.0, warmup_s=0.0)
+    assert straddle.verdict == "undecided"
+    short = soak.rss_check(_rss_samples(0.0, n=12), 0.5, 24.0)  # warm-up 8 s leaves 8 samples
+    assert (
+        short.verdict == "undecided" and short.detail == "fewer than 10 samples after the warm-up"
+    )
+
+
+@pytest.mark.serial  # 8 churning Python targets keep more than a CPU busy
+@pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs Debian's prometheus")
+def test_soak_bench_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "soak.json"
+    r = bench(
+        "soak.py", "--minutes", "0.1", "--window-s", "1", "--sighup-s", "2", "--json", str(out),
+        timeout=240,
+    )  # fmt: skip
+    checks = json.loads(out.read_text())
+    names = [c["name"] for c in checks]
+    assert names == ["rss", "rss_bound", "fds", "threads", "windows", "reloads", "prometheus",
+                     "record", "kills"], (names, r.stderr[-3000:])  # fmt: skip
+    for c in checks:
+        allowed = VERDICTS if c["name"] == "rss" else {"holds", "fails"}
+        assert c["verdict"] in allowed, c
+        assert re.search(rf"^{c['name']} +{c['verdict'].upper()} ", r.stdout, re.M), c["name"]
+    # 6 s leaves too few RSS samples after the warm-up: said, not decided
+    assert checks[0]["verdict"] == "undecided" and "fewer than 10 samples" in checks[0]["detail"]
+    assert r.returncode == 1  # an undecided check is not a pass
+    reloads = checks[5]["figures"]
+    assert reloads["sighups"] >= 2 and checks[5]["verdict"] == (
+        "holds" if reloads["reloaded_lines"] == reloads["sighups"] else "fails"
+    )
+
+
+# ---------------------------------------------------------------------------- nvml_smoke
+
+# one GPU busy for the replay's first 2 s, idle after (tests/nvml_replay.py's format)
+REPLAY = {
+    "driver": {"clock": "boottime", "buffer_depth": 120},
+    "gpus": [
+        {
+            "name": "NVIDIA H100 80GB HBM3",
+            "uuid": "GPU-00000000-0000-0000-0000-smoke0000000",
+            "mig": 0,
+            "period_s": 1 / 6,
+            "energy_counter": True,
+            "idle_w": 70.0,
+            "busy_w": 690.0,
+            "pids": ["target"],
+            "segments": [{"until_s": 2.0, "busy": 100}, {"until_s": 1e9, "busy": 0}],
+        }
+    ],
+}
+
+
+def _replayed(monkeypatch: pytest.MonkeyPatch):
+    smoke = load_bench("nvml_smoke")
+    monkeypatch.setattr(
+        smoke,
+        "NvmlCollector",
+        lambda: NvmlCollector(ReplayNvmlBackend(REPLAY, target_pids=[os.getpid()])),
+    )
+    return smoke
+
+
+def test_nvml_smoke_prints_what_the_driver_does(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    smoke = _replayed(monkeypatch)
+    assert smoke.main(["--seconds", "0.6", "--poll-s", "0.2"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^gpu 0: NVIDIA H100 80GB HBM3 GPU-\S+ up$", out, re.M), out
+    assert re.search(r"^clock: domain=boottime offset_s=-?[0-9.]+ newest_sample_lag_s=[0-9.]+$",
+                     out, re.M), out  # fmt: skip
+    m = re.search(r"^gpu 0: sample_period_s=0\.1667 window_s=([0-9.]+) covered_s=[0-9.]+ "
+                  r"busy_s=([0-9.]+) idle_s=[0-9.]+ .* energy_j=\S+ \(\w+\) pids=\[(\d+)\]$",
+                  out, re.M)  # fmt: skip
+    assert m and int(m.group(3)) == os.getpid(), out
+
+
+def test_nvml_smoke_burn_without_cuda_is_undecided_and_says_why(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    smoke = _replayed(monkeypatch)
+    pytest.importorskip("torch")
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is here: the burn would run (bench/nvml_smoke.py --burn)")
+    assert smoke.main(["--seconds", "0.4", "--poll-s", "0.2", "--burn"]) == smoke.EXIT_UNDECIDED
+    out = capsys.readouterr().out
+    assert "burn verdict (gpu None): undecided" in out
+    assert re.search(r"^  the burn did not run: \w+", out, re.M), out
+
+
+# ---------------------------------------------------------------------------- live_systemd.sh
+
+LIVE = BENCH_DIR / "live_systemd.sh"
+
+
+def test_live_systemd_script_parses() -> None:
+    r = subprocess.run(["bash", "-n", str(LIVE)], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+
+
+def test_live_systemd_dry_run_writes_the_installation_and_boots_nothing(tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    env = {**os.environ, "TREE": str(tree)}
+    r = subprocess.run(["bash", str(LIVE), "--dry-run"], capture_output=True, text=True,
+                       timeout=60, env=env)  # fmt: skip
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert re.search(rf"^dry run: would boot: systemd-nspawn --boot .* -D {re.escape(str(tree))} ",
+                     r.stdout, re.M), r.stdout  # fmt: skip
+    system = tree / "etc/systemd/system"
+    assert (system / "serwatt.service").read_bytes() == (
+        REPO / "configs/systemd/serwatt.service"
+    ).read_bytes()
+    drop_in = (system / "serwatt.service.d/live-check.conf").read_text()
+    assert re.search(r"^WatchdogSec=6$", drop_in, re.M), drop_in
+    for unit in ("serwatt.service", "serwatt-live-target.service"):
+        link = system / "multi-user.target.wants" / unit
+        assert os.readlink(link) == f"/etc/systemd/system/{unit}"
+    wrapper = tree / "opt/serwatt/bin/serwatt"
+    assert os.access(wrapper, os.X_OK) and "-m profiler" in wrapper.read_text()
+    cfg = load_config(tree / "etc/serwatt/serwatt.yaml")  # serwatt's own loader accepts it
+    assert [t.name for t in cfg.targets] == ["trainer"] and cfg.window_s == 2
+    assert (tree / "root/serwatt-live-target.py").is_file()
+    assert (tree / "root").stat().st_mode & 0o777 == 0o700
+
+
+def test_live_systemd_refuses_unknown_arguments() -> None:
+    r = subprocess.run(
+        ["bash", str(LIVE), "--boot-now"], capture_output=True, text=True, timeout=30
+    )
+    assert r.returncode == 2 and "usage:" in r.stderr
