@@ -25,10 +25,10 @@ from profiler.service.config import load_config
 from profiler.service.daemon import Daemon
 from tests.dashboards import NODE_DASHBOARD, dashboard_queries
 from tests.nvml_replay import ReplayNvmlBackend, load_timeline
+from tests.ports import prometheus_port
 from tests.test_daemon import SLOT_EDGE_S
 from tests.test_daemon_support import (
     config_text,
-    free_port,
     start_powercap,
     start_workload,
     stop_process,
@@ -53,28 +53,29 @@ def _query(prom_port: int, expr: str, at: float | None = None) -> list[dict]:
 
 
 def _start_prometheus(tmp_path: Path, daemon_port: int) -> tuple[subprocess.Popen, int]:
+    """Prometheus scraping the daemon, on a port the kernel picks (read from its log)."""
     binary = shutil.which("prometheus")
     assert binary, "prometheus missing: `make system-deps` installs Debian's prometheus"
-    port = free_port()
     cfg = tmp_path / "prometheus.yml"
     cfg.write_text(
         f"global:\n  scrape_interval: {SCRAPE_S * 1000:.0f}ms\n  evaluation_interval: 1s\n"
         "scrape_configs:\n  - job_name: serwatt\n    static_configs:\n"
         f"      - targets: ['127.0.0.1:{daemon_port}']\n"
     )
-    log = open(tmp_path / "prometheus.log", "wb")  # noqa: SIM115 (lives as long as the process)
+    log_path = tmp_path / "prometheus.log"
+    log = open(log_path, "wb")  # noqa: SIM115 (lives as long as the process)
     proc = subprocess.Popen(
         [
             binary,
             f"--config.file={cfg}",
             f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
+            "--web.listen-address=127.0.0.1:0",
             "--storage.tsdb.retention.time=1h",
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
     )
-    return proc, port
+    return proc, prometheus_port(proc, log_path)
 
 
 def _record_windows(db_path: Path, target: str) -> list[dict[str, dict[str, float]]]:
@@ -123,11 +124,9 @@ def test_prometheus_scrapes_the_daemon_and_agrees_with_the_record(tmp_path):
     fake_python = tmp_path / "prom_impostor" / "python3"
     shutil.copy("/bin/sleep", fake_python)
     impostor = subprocess.Popen([str(fake_python), "600"])
-    daemon_port = free_port()
     cfg = tmp_path / "serwatt.yaml"
     cfg.write_text(
         config_text(
-            port=daemon_port,
             record_dir=tmp_path / "runs",
             targets={
                 "trainer": "prom_trainer",
@@ -144,12 +143,17 @@ def test_prometheus_scrapes_the_daemon_and_agrees_with_the_record(tmp_path):
     # then have data too. This VM has no GPU.
     gpu = ReplayNvmlBackend(load_timeline("h200_checkpoint_stall"), target_pids=[work.pid])
     daemon = Daemon(load_config(cfg), nvml_backend=gpu)
-    prom, prom_port = _start_prometheus(tmp_path, daemon_port)
     seen: dict = {}
     failure: list[BaseException] = []
+    started: list[subprocess.Popen] = []
 
     def watch() -> None:
         try:
+            # the daemon listens on port 0: Prometheus' scrape target is the port it bound
+            address = wait_for(lambda: daemon.address, 60, "the daemon to listen")
+            seen["daemon_port"] = int(address.rsplit(":", 1)[1])
+            prom, prom_port = _start_prometheus(tmp_path, seen["daemon_port"])
+            started.append(prom)
             node = 'serwatt_node_cpu_energy_joules_total{source="rapl"}'
 
             def ready():
@@ -191,19 +195,21 @@ def test_prometheus_scrapes_the_daemon_and_agrees_with_the_record(tmp_path):
         assert daemon.run() == 0
         watcher.join(timeout=30)
     finally:
-        stop_process(prom)
+        for prom in started:
+            stop_process(prom)
         stop_process(work)
         stop_process(impostor)
         stop_process(advancer)
     if failure:
-        raise AssertionError(f"{failure[0]}\n{(tmp_path / 'prometheus.log').read_text()}")
+        log = tmp_path / "prometheus.log"
+        raise AssertionError(f"{failure[0]}\n{log.read_text() if log.exists() else ''}")
     stored, up, info = seen["stored"], seen["up"], seen["info"]
 
     # Series and labels as the contract says.
     by_name: dict[str, dict[str, float]] = {}
     for s in stored:
         m = s["metric"]
-        assert m["job"] == "serwatt" and m["instance"] == f"127.0.0.1:{daemon_port}"
+        assert m["job"] == "serwatt" and m["instance"] == f"127.0.0.1:{seen['daemon_port']}"
         by_name.setdefault(m["__name__"], {})[m["codepath"]] = float(s["value"][1])
         if m["__name__"] == "serwatt_energy_joules_total":
             assert m["source"] == "rapl"

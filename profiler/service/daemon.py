@@ -188,6 +188,13 @@ class Daemon:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
+    @property
+    def address(self) -> str | None:
+        """HOST:PORT the exporter listens on (with `listen` port 0, the port the kernel
+        picked); None until it listens."""
+        server = self._server
+        return server.address if server is not None else None
+
     def _on_stop(self, signum: int, _frame: Any) -> None:
         self._stop_requested = True
         self._wake.set()
