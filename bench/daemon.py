@@ -42,7 +42,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -58,6 +57,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from profiler.intervals import SlopeInterval, mean_interval, slope_interval, verdict  # noqa: E402
+from tests.ports import listening_port  # noqa: E402
 
 TARGET = textwrap.dedent(
     """
@@ -81,12 +81,6 @@ TARGET = textwrap.dedent(
         time.sleep(0.018)
     """
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_config(
@@ -275,10 +269,9 @@ def main() -> int:
         subprocess.Popen([sys.executable, str(script), str(p)], stdout=subprocess.DEVNULL)
         for p in progress
     ]
-    port = free_port()
     cfg = tmp / "serwatt.yaml"
     write_config(
-        cfg, port, tmp / "runs", args.rate, args.window_s, marker, args.max_concurrent,
+        cfg, 0, tmp / "runs", args.rate, args.window_s, marker, args.max_concurrent,
         args.cpu_budget,
     )  # fmt: skip
     log = open(tmp / "daemon.log", "wb")  # noqa: SIM115
@@ -298,6 +291,8 @@ def main() -> int:
         "loadavg_start": os.getloadavg(),
     }
     try:
+        # listen port 0: the port is the daemon's listening socket (no port handed out)
+        port = listening_port(daemon)
         # Part 1: watch all targets for --watch-s.
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

@@ -81,11 +81,11 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from profiler.intervals import slope_interval, verdict  # noqa: E402 (needs REPO on the path)
+from tests.ports import prometheus_port  # noqa: E402
 from tests.test_daemon_support import (  # noqa: E402
     DaemonProc,
     children_named,
     config_text,
-    free_port,
     wait_for,
 )
 
@@ -371,26 +371,27 @@ def start_prometheus(workdir: Path, daemon_port: int) -> tuple[subprocess.Popen,
     binary = shutil.which("prometheus")
     if binary is None:
         raise SystemExit("prometheus missing: `make system-deps` installs Debian's prometheus")
-    port = free_port()
     cfg = workdir / "prometheus.yml"
     cfg.write_text(
         f"global:\n  scrape_interval: {SCRAPE_S}s\n  scrape_timeout: {SCRAPE_S}s\n"
         "scrape_configs:\n  - job_name: soak\n    static_configs:\n"
         f"      - targets: ['127.0.0.1:{daemon_port}']\n"
     )
-    log = open(workdir / "prometheus.log", "wb")  # noqa: SIM115 (lives as long as the process)
+    log_path = workdir / "prometheus.log"
+    log = open(log_path, "wb")  # noqa: SIM115 (lives as long as the process)
     proc = subprocess.Popen(
         [
             binary,
             f"--config.file={cfg}",
             f"--storage.tsdb.path={workdir / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
+            # port 0: the kernel picks, Prometheus logs it (no port handed out to race for)
+            "--web.listen-address=127.0.0.1:0",
             "--storage.tsdb.retention.time=1d",
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
     )
-    return proc, port
+    return proc, prometheus_port(proc, log_path)
 
 
 def prom_query(port: int, expr: str, at: float) -> list[dict]:
@@ -637,13 +638,12 @@ def run_soak(
     rng = random.Random(seed)
     record_dir = workdir / "runs"
     cfg = workdir / "serwatt.yaml"
-    port = free_port()
-    write_config(cfg, port, record_dir, RATES_HZ[0], window_s)
-    daemon = DaemonProc(cfg, port, workdir / "daemon.log")
+    write_config(cfg, 0, record_dir, RATES_HZ[0], window_s)
+    daemon = DaemonProc(cfg, None, workdir / "daemon.log")  # port 0, read from its landing line
     prom = churn = killer = monitor = None
     try:
         wait_for(lambda: daemon.get("/metrics"), 60, "the daemon's /metrics")
-        prom, prom_port = start_prometheus(workdir, port)
+        prom, prom_port = start_prometheus(workdir, daemon.port)
         prom_since = first_up_at(prom_port)
         before = idle_state(daemon.pid)
         progress(f"idle before: {before}")
@@ -662,7 +662,7 @@ def run_soak(
             now = time.monotonic()
             if now >= next_hup:
                 sighups += 1
-                write_config(cfg, port, record_dir, RATES_HZ[sighups % 2], window_s)
+                write_config(cfg, 0, record_dir, RATES_HZ[sighups % 2], window_s)
                 daemon.signal(signal.SIGHUP)
                 next_hup += sighup_s
             if now - last_report >= 60:
