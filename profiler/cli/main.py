@@ -58,7 +58,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(module.run(args))
     except UsageError as exc:
-        print(f"serwatt {args.command}: error: {exc}", file=sys.stderr)
+        # a message quotes paths, run ids, labels, server text: escaped for the terminal
+        from profiler.many.format import escape_text
+
+        print(f"serwatt {args.command}: error: {escape_text(str(exc), backslash=False)}",
+              file=sys.stderr)  # fmt: skip
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130

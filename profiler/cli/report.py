@@ -29,6 +29,7 @@ from profiler.cli.main import UsageError
 from profiler.cli.runs import DEFAULT_RECORD_DIR
 from profiler.exitcodes import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE
 from profiler.many import chain_head
+from profiler.many.format import escape_text
 from profiler.records.store import RECORD_FILENAME, Recorder, RecordError
 from profiler.report import (
     InputError,
@@ -204,12 +205,12 @@ def _verify(args: argparse.Namespace) -> int:
             baseline = load_runs(rec, ids["baseline"])
             candidate = load_runs(rec, ids["candidate"])
         except (KeyError, InputError) as exc:
-            print(f"serwatt report: not backed: {exc}", file=sys.stderr)
+            print(f"serwatt report: not backed: {_shown(exc)}", file=sys.stderr)
             return EXIT_RUNTIME
     problems = verify_receipt(report, baseline, candidate)
     if problems:
         for p in problems:
-            print(f"serwatt report: not backed: {p}", file=sys.stderr)
+            print(f"serwatt report: not backed: {_shown(p)}", file=sys.stderr)
         return EXIT_RUNTIME
     print(f"{args.verify}: {report['receipt']}: the records still back every number")
     return EXIT_OK
@@ -272,11 +273,17 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _run(args)
     except _RuntimeFailure as exc:
-        print(f"serwatt report: error: {exc}", file=sys.stderr)
+        print(f"serwatt report: error: {_shown(exc)}", file=sys.stderr)
         return EXIT_RUNTIME
     except RecordError as exc:  # a missing or damaged record: one line naming it and the fix
-        print(f"serwatt report: error: {exc}", file=sys.stderr)
+        print(f"serwatt report: error: {_shown(exc)}", file=sys.stderr)
         return EXIT_RUNTIME
+
+
+def _shown(text: object) -> str:
+    """An error for the terminal: it quotes server text, labels, run ids and paths from
+    outside the program, so non-printable characters are escaped."""
+    return escape_text(str(text), backslash=False)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -328,7 +335,7 @@ def _run(args: argparse.Namespace) -> int:
         report["caveats"] += caveats
     except ReportRefused as exc:
         print(
-            f"serwatt report: error: {exc}\n"
+            f"serwatt report: error: {_shown(exc)}\n"
             "(--allow-mismatch reports them anyway, each mismatch printed as a caveat)",
             file=sys.stderr,
         )

@@ -16,6 +16,7 @@ from pathlib import Path
 from profiler.classify.codepaths import CODEPATHS
 from profiler.cli.main import UsageError
 from profiler.exitcodes import EXIT_RUNTIME
+from profiler.many.format import escape_text
 from profiler.records.host import describe
 from profiler.records.store import RECORD_FILENAME, Recorder, RecordError, RunDetail, RunSummary
 from profiler.service.config import ConfigError, load_config
@@ -55,6 +56,12 @@ def _record_path(args: argparse.Namespace) -> Path:
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
     return (args.dir if args.dir is not None else DEFAULT_RECORD_DIR) / RECORD_FILENAME
+
+
+def _shown(text: object) -> str:
+    """A record's text for the terminal (run ids, targets, host fields, sources): a
+    record file is outside input, so non-printable characters are escaped."""
+    return escape_text(str(text), backslash=False)
 
 
 def _utc(t: float | None) -> str:
@@ -115,19 +122,19 @@ def _list(rec: Recorder, as_json: bool) -> int:
         )
         return 0
     if not runs:
-        print(f"{rec.path}: no runs recorded")
+        print(f"{_shown(rec.path)}: no runs recorded")
         return 0
     rows = [
         [
-            s.run_id,
-            s.target,
+            _shown(s.run_id),
+            _shown(s.target),
             _utc(s.started_at),
             "running" if s.ended_at is None else _utc(s.ended_at),
             str(s.windows),
             ",".join(map(str, s.pids[:4])) + ("…" if len(s.pids) > 4 else ""),
             str(s.samples),
             f"{s.cpu_s:.2f}",
-            _energy_text(s.energy_j, s.energy_sources),
+            _shown(_energy_text(s.energy_j, s.energy_sources)),
         ]
         for s in runs
     ]
@@ -160,6 +167,8 @@ def _show(detail: RunDetail, windows: bool) -> str:
     if s.pythons:
         out.append(f"  target Python: {', '.join(s.pythons)}")
     out.append(f"  py-spy: {s.pyspy_samples} samples taken, {s.pyspy_errors} errors")
+    # these lines hold the record's text; the tables below numbers, codepaths and sources
+    out = [_shown(line) for line in out]
     total_cpu = sum(t.cpu_s for t in detail.codepaths.values())
     rows = []
     for cp in CODEPATHS:
@@ -208,7 +217,7 @@ def _show(detail: RunDetail, windows: bool) -> str:
                         f"{w.cpu_s:.3f}",
                         str(sum(c.get("samples", 0) for c in w.codepaths.values())),
                         str(w.errors.get("pyspy_errors", 0)),
-                        "-" if w.energy is None else str(w.energy.get("source")),
+                        "-" if w.energy is None else _shown(w.energy.get("source")),
                     ]
                     for w in detail.windows
                 ],
@@ -225,13 +234,13 @@ def run(args: argparse.Namespace) -> int:
         rec = Recorder(path, readonly=True)
     except RecordError as exc:
         hint = "" if path.exists() else " (give --db FILE, --dir DIR or --config FILE)"
-        print(f"serwatt runs: {exc}{hint}", file=sys.stderr)
+        print(f"serwatt runs: {_shown(exc)}{hint}", file=sys.stderr)
         return EXIT_RUNTIME
     with rec:
         try:
             return _run(rec, args)
         except RecordError as exc:  # a damaged file: one line naming it and the fix
-            print(f"serwatt runs: {exc}", file=sys.stderr)
+            print(f"serwatt runs: {_shown(exc)}", file=sys.stderr)
             return EXIT_RUNTIME
 
 

@@ -1,4 +1,8 @@
-"""The terminal table of a profile document (serwatt.profile/1)."""
+"""The terminal table of a profile document (serwatt.profile/1).
+
+A target's command line, its Python's version, GPU names and error texts come from
+outside the program: every line is printed through escape_text, so an argv of
+`exec -a $'\\x1b]0;...'` shows as that text and does not retitle the terminal."""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from profiler.classify.codepaths import CODEPATHS
+from profiler.many.format import escape_text
 
 
 def _pct(v: float) -> str:
@@ -74,7 +79,7 @@ def render_table(doc: Mapping[str, Any]) -> str:
     for t in doc.get("targets", []):
         if t.get("error"):
             lines.append(f"target {t['pid']}: not sampled: {t['error']}")
-    return "\n".join(lines)
+    return "\n".join(escape_text(line, backslash=False) for line in lines)
 
 
 def episode_lines(doc: Mapping[str, Any]) -> list[str]:

@@ -3,6 +3,10 @@
 A change that is not significant (Holm-corrected p >= 0.05) prints as `~  no significant
 change`, never as a percentage or a direction. Codepaths that are zero on both sides are
 left out of the table (the JSON keeps them) and the table says how many.
+
+Much of a report comes from outside the program (a record's host fields and run ids,
+Prometheus labels, the cluster file): every line is printed through escape_text, so no
+control character or bidi override reaches the terminal raw.
 """
 
 from __future__ import annotations
@@ -10,6 +14,8 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from profiler.many.format import escape_text
 
 WIDTH = 100
 METRIC_LABELS = {"cpu_s": "CPU s", "energy_j": "energy J", "gpu_wait_s": "GPU-wait s"}
@@ -60,9 +66,16 @@ def n_text(m: Mapping[str, Any]) -> str:
 
 
 def _wrap(prefix: str, text: str) -> list[str]:
+    # escaped first, so a newline or an escape in outside text wraps as what is shown
     return textwrap.wrap(
-        text, WIDTH, initial_indent=prefix, subsequent_indent=" " * len(prefix)
+        _shown(text), WIDTH, initial_indent=prefix, subsequent_indent=" " * len(prefix)
     ) or [prefix.rstrip()]
+
+
+def _shown(text: str) -> str:
+    """Text for the terminal: non-printable characters escaped; backslashes pass, since
+    messages quote names already escaped (repr)."""
+    return escape_text(text, backslash=False)
 
 
 def _host_line(side: Mapping[str, Any]) -> str:
@@ -162,7 +175,7 @@ def render_text(report: Mapping[str, Any]) -> str:
         f"comparison ({st['families']['checkpoint']} tests) and within the codepath table "
         f"({st['families']['codepaths']} tests), significant when corrected p < {st['alpha']:g}",
     )
-    return "\n".join(lines) + "\n"
+    return "\n".join(_shown(line) for line in lines) + "\n"
 
 
 def _checkpoint_lines(report: Mapping[str, Any]) -> list[str]:
