@@ -1,7 +1,19 @@
-"""The run-record sink of a `serwatt profile` session: every window into a run record."""
+"""The run-record sink of a `serwatt profile` session: every window into a run record.
+
+With --checkpoints DIR it also anchors the receipts of the run's `.many` files. DIR is
+the job's, so what it holds is hostile: each window lists it once (at most
+MAX_CHECKPOINT_ENTRIES entries), reads only regular files (a planted FIFO would block, a
+link would make root read its target), and reads each file version once: one that is not
+a checkpoint is remembered by (device, inode, size, mtime) like one that is, so 20 000
+junk files cost a read each once, not every window. What is remembered is what DIR holds
+now, and the problems kept are the first MAX_ERROR_MESSAGES of a count printed at the end.
+"""
 
 from __future__ import annotations
 
+import os
+import stat
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -11,11 +23,17 @@ from profiler.attribution.episodes import Episode
 from profiler.attribution.tracker import EnergyTracker
 from profiler.attribution.window import AttributedWindow
 from profiler.many import ManyError
+from profiler.many.format import escape_text
 from profiler.many.verify import read_receipts
 from profiler.profile.session import SessionInfo
 from profiler.records.host import fingerprint
 from profiler.records.run_ids import format_start_time
 from profiler.records.store import Recorder
+
+MAX_ERROR_MESSAGES = 10  # problems kept word for word; the rest are counted
+MAX_CHECKPOINT_ENTRIES = 100_000  # directory entries looked at per window
+
+_FileVersion = tuple[int, int, int, int]  # (st_dev, st_ino, st_size, st_mtime_ns)
 
 
 class RecordSink:
@@ -47,11 +65,15 @@ class RecordSink:
         self._config = dict(config or {})
         self._started = False
         self.windows = 0
-        self.errors: list[str] = []
-        # `.many` files of the run, by (path, mtime, size) already anchored: a file rewritten
-        # in place under the same name is a new checkpoint
+        self.errors: list[str] = []  # the first MAX_ERROR_MESSAGES problems
+        self.energy_failures = 0  # windows recorded without joules
+        self.checkpoint_failures = 0  # file versions in `checkpoints` not anchored
         self.checkpoints = checkpoints
-        self._seen: set[tuple[str, int, int]] = set()
+        # `.many` file versions already read (a file rewritten in place is a new version):
+        # anchored, or not a checkpoint; each lists only versions DIR still holds
+        self._anchored: set[_FileVersion] = set()
+        self._failed: set[_FileVersion] = set()
+        self._over_entries = False
 
     def _sources(self) -> dict[str, Any]:
         if self.tracker is None:
@@ -96,9 +118,8 @@ class RecordSink:
 
     def on_window(self, window: AttributedWindow) -> None:
         if window.failure is not None:  # the window is still recorded, without joules
-            self.errors.append(
-                f"energy for window at {window.report.started_at:.0f}: {window.failure}"
-            )
+            self.energy_failures += 1
+            self._problem(f"energy for window at {window.report.started_at:.0f}: {window.failure}")
         assert self.run_id is not None, "on_start comes first"
         self.recorder.append_window(
             self.run_id, window.report, energy=window.energy_record(), gpu=window.gpu_record()
@@ -110,25 +131,87 @@ class RecordSink:
         assert self.run_id is not None, "on_start comes first"
         self.recorder.append_episodes(self.run_id, episodes)
 
+    def _problem(self, message: str) -> None:
+        if len(self.errors) < MAX_ERROR_MESSAGES:
+            self.errors.append(message)
+
+    def _versions(self, directory: Path) -> list[tuple[Path, _FileVersion, bool]]:
+        """The `*.many` entries of `directory` by name: (path, version, regular file?).
+        Links are not followed (lstat)."""
+        out = []
+        with os.scandir(directory) as entries:
+            for n, entry in enumerate(entries):
+                if n >= MAX_CHECKPOINT_ENTRIES:
+                    if not self._over_entries:
+                        self._over_entries = True
+                        self._problem(
+                            f"checkpoints {directory}: more than {MAX_CHECKPOINT_ENTRIES} "
+                            "entries; each window looks at the first it lists"
+                        )
+                    break
+                if not entry.name.endswith(".many"):
+                    continue
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue  # gone since the listing
+                version = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+                out.append((Path(entry.path), version, stat.S_ISREG(st.st_mode)))
+        out.sort(key=lambda item: item[0].name)
+        return out
+
+    def _refuse(self, version: _FileVersion, message: str) -> None:
+        self._failed.add(version)
+        self.checkpoint_failures += 1
+        self._problem(message)
+
     def _anchor_checkpoints(self) -> None:
         """Store the receipts of the run's `.many` files seen so far (a workload that keeps
         only its newest checkpoints deletes older ones: each window looks again)."""
         if self.checkpoints is None or self.run_id is None:
             return
+        try:
+            listed = self._versions(self.checkpoints)
+        except OSError as exc:
+            self._problem(f"checkpoints {self.checkpoints}: cannot list: {exc}")
+            return
         rows = []
-        for path in sorted(self.checkpoints.glob("*.many")):
+        for path, version, regular in listed:
+            if version in self._anchored or version in self._failed:
+                continue
+            if not regular:  # a FIFO would block the read, a link lead root elsewhere
+                self._refuse(version, f"checkpoint {path}: not anchored: not a regular file")
+                continue
             try:
-                st = path.stat()
-                key = (str(path), st.st_mtime_ns, st.st_size)
-                if key in self._seen:
-                    continue
                 receipt, prev = read_receipts(path)
             except (OSError, ManyError) as exc:  # half-written or hostile: not anchored
-                self.errors.append(f"checkpoint {path}: not anchored: {exc}")
+                self._refuse(version, f"checkpoint {path}: not anchored: {exc}")
                 continue
-            self._seen.add(key)
+            self._anchored.add(version)
             rows.append((str(receipt), None if prev is None else str(prev), str(path)))
+        # what DIR no longer holds is forgotten, so what is remembered follows DIR
+        present = {version for _path, version, _regular in listed}
+        self._anchored &= present
+        self._failed &= present
         self.recorder.append_receipts(self.run_id, rows)
+
+    def remembered_files(self) -> int:
+        """How many file versions are remembered (anchored or not checkpoints)."""
+        return len(self._anchored) + len(self._failed)
+
+    def _print_problems(self) -> None:
+        lines = []
+        if self.checkpoint_failures:
+            lines.append(
+                f"{self.checkpoint_failures} checkpoint file(s) in {self.checkpoints} not "
+                "anchored (not .many checkpoints, half-written, or not regular files)"
+            )
+        if self.energy_failures:
+            lines.append(f"{self.energy_failures} window(s) recorded without energy")
+        if lines:
+            first = f"; first: {self.errors[0]}" if self.errors else ""
+            text = escape_text("; ".join(lines) + first, backslash=False)
+            print(f"serwatt profile: record: {text}", file=sys.stderr)
 
     def finish(self) -> None:
         try:
@@ -137,3 +220,4 @@ class RecordSink:
                 self.recorder.finish_run(self.run_id, time.time())
         finally:
             self.recorder.close()
+            self._print_problems()
