@@ -135,10 +135,13 @@ class RecordSink:
         if len(self.errors) < MAX_ERROR_MESSAGES:
             self.errors.append(message)
 
-    def _versions(self, directory: Path) -> list[tuple[Path, _FileVersion, bool]]:
-        """The `*.many` entries of `directory` by name: (path, version, regular file?).
-        Links are not followed (lstat)."""
-        out = []
+    def _listing(
+        self, directory: Path
+    ) -> tuple[set[_FileVersion], list[tuple[str, _FileVersion, bool]]]:
+        """(every `*.many` version in `directory`, those not read yet by name: (path,
+        version, regular file?)). Links are not followed (lstat)."""
+        present: set[_FileVersion] = set()
+        new = []
         with os.scandir(directory) as entries:
             for n, entry in enumerate(entries):
                 if n >= MAX_CHECKPOINT_ENTRIES:
@@ -156,9 +159,11 @@ class RecordSink:
                 except OSError:
                     continue  # gone since the listing
                 version = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-                out.append((Path(entry.path), version, stat.S_ISREG(st.st_mode)))
-        out.sort(key=lambda item: item[0].name)
-        return out
+                present.add(version)
+                if version not in self._anchored and version not in self._failed:
+                    new.append((entry.path, version, stat.S_ISREG(st.st_mode)))
+        new.sort()
+        return present, new
 
     def _refuse(self, version: _FileVersion, message: str) -> None:
         self._failed.add(version)
@@ -171,14 +176,12 @@ class RecordSink:
         if self.checkpoints is None or self.run_id is None:
             return
         try:
-            listed = self._versions(self.checkpoints)
+            present, new = self._listing(self.checkpoints)
         except OSError as exc:
             self._problem(f"checkpoints {self.checkpoints}: cannot list: {exc}")
             return
         rows = []
-        for path, version, regular in listed:
-            if version in self._anchored or version in self._failed:
-                continue
+        for path, version, regular in new:
             if not regular:  # a FIFO would block the read, a link lead root elsewhere
                 self._refuse(version, f"checkpoint {path}: not anchored: not a regular file")
                 continue
@@ -188,9 +191,8 @@ class RecordSink:
                 self._refuse(version, f"checkpoint {path}: not anchored: {exc}")
                 continue
             self._anchored.add(version)
-            rows.append((str(receipt), None if prev is None else str(prev), str(path)))
+            rows.append((str(receipt), None if prev is None else str(prev), path))
         # what DIR no longer holds is forgotten, so what is remembered follows DIR
-        present = {version for _path, version, _regular in listed}
         self._anchored &= present
         self._failed &= present
         self.recorder.append_receipts(self.run_id, rows)
