@@ -43,6 +43,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -351,16 +352,19 @@ class PySpy:
         *,
         kill_grace_s: float = 10.0,
         priority: str = "auto",
+        on_look: Callable[[], object] | None = None,
     ) -> None:
         """priority: 'auto' | 'required' | 'off': give py-spy a short scheduler slice and
         nice -20 so its samples are not pulled towards the target's system calls
         (collectors/sched.py). 'required' raises SamplingError here when this process
-        may not renice."""
+        may not renice. on_look: called each time a window's supervising loop wakes to
+        look at its py-spy runs (how often it polls is then observable)."""
         if priority not in sched.MODES:
             raise ValueError(f"priority must be one of {sched.MODES}, got {priority!r}")
         self.binary = Path(binary) if binary is not None else find_pyspy()
         self.kill_grace_s = kill_grace_s
         self.priority = priority
+        self.on_look = on_look
         # why py-spy cannot have nice -20 (None: it can, or priority is off)
         self.nice_problem: str | None = None
         if priority != "off":
@@ -533,7 +537,7 @@ class PySpy:
                         run.proc.kill()
                         run.proc.wait()
                     raise
-                self._supervise(runs, wake, stop_event, linked)
+                self._supervise(runs, wake, stop_event, linked, self.on_look)
             finally:
                 if linked:
                     stop_event.unlink(wake)  # type: ignore[union-attr]
@@ -650,7 +654,11 @@ class PySpy:
 
     @staticmethod
     def _supervise(
-        runs: list[_Run], wake: threading.Event, stop_event: threading.Event | None, linked: bool
+        runs: list[_Run],
+        wake: threading.Event,
+        stop_event: threading.Event | None,
+        linked: bool,
+        on_look: Callable[[], object] | None,
     ) -> None:
         """Block until every py-spy has exited (or one was killed), waking only when
         something is due: a deadline, the banner, end of output, a stop request."""
@@ -658,6 +666,8 @@ class PySpy:
             # cleared before looking, so a wake-up during the look is not lost
             wake.clear()
             stop = stop_event is not None and stop_event.is_set()
+            if on_look is not None:
+                on_look()
             due = [run.tick(stop) for run in runs]
             if any(run.killed for run in runs):
                 return
