@@ -86,15 +86,22 @@ def test_gpu_lost_mid_run_keeps_earlier_data() -> None:
     assert status.up and [g.up for g in status.gpus] == [True, True]
     assert col.clock_calibration is not None and col.clock_calibration.domain == "epoch"
     before = col.window(fake.start + 1.0, fake.start + 3.0)
-    assert before[1].up and before[1].covered_s > 0
+    assert before[1].up and before[1].covered_s == pytest.approx(2.0)
     after = col.window(fake.start + 1.0, fake.start + 8.0)
     assert (after[1].up, after[1].reason) == (False, REASON_GPU_LOST)
-    assert after[1].covered_s == pytest.approx(before[1].covered_s + 0.5, abs=0.6)
+    # The fake clock makes the replay exact: GPU 1's samples come each second (each covers
+    # the second before it) until it is lost at 3.5 s, so [1, 8] keeps exactly the samples
+    # of 2 s and 3 s (busy 50%) and nothing after.
+    lost = [(iv.t0 - fake.start, iv.t1 - fake.start, iv.busy_frac) for iv in after[1].intervals]
+    assert lost == [(1.0, 2.0, 0.5), (2.0, 3.0, 0.5)]
+    assert after[1].covered_s == pytest.approx(2.0)
     g0 = after[0]
     assert g0.up and g0.sample_period_s == pytest.approx(1.0)
-    assert g0.idle_s == pytest.approx(
-        fake.true_idle_s(0, fake.start + 1.0, fake.start + 8.0), abs=1.0
-    )
+    assert g0.covered_s == pytest.approx(7.0)
+    # 1-2 s at 70% busy, 2-5 s idle (confirmed), then 100%: the timeline's 0.3 + 3 s.
+    truth = fake.true_idle_s(0, fake.start + 1.0, fake.start + 8.0)
+    assert truth == pytest.approx(3.3)
+    assert g0.idle_s == pytest.approx(truth)
     assert g0.pids == frozenset({TARGET})
     assert after[1].pids == frozenset({999999})
 

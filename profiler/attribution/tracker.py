@@ -105,7 +105,10 @@ class EnergyTracker:
         poll_cap_s: float = POLL_CAP_S,
         nvml_poll_s: float = NVML_POLL_S,
         clock: Callable[[], float] = time.time,
+        nvml_boottime: Callable[[], float] | None = None,
     ) -> None:
+        """nvml_boottime: the host's boot clock for calibrating NVML timestamps (None: the
+        real one); a replayed GPU passes its fake host's, as `clock` is its fake time."""
         for name, mode in (("rapl_mode", rapl_mode), ("nvml_mode", nvml_mode)):
             if mode not in MODES:
                 raise ValueError(f"{name} must be one of {', '.join(MODES)}, got {mode!r}")
@@ -119,7 +122,11 @@ class EnergyTracker:
         self._clock = clock
         self.rapl = RaplCollector(self.sysfs_root, max_power_w=rapl_max_power_w, clock=clock)
         self.cpustat = CpuStat(self.procfs_root, clock=clock)
-        self.nvml = NvmlCollector(nvml_backend, clock=clock)
+        self.nvml = (
+            NvmlCollector(nvml_backend, clock=clock)
+            if nvml_boottime is None
+            else NvmlCollector(nvml_backend, clock=clock, boottime=nvml_boottime)
+        )
         self._model: CpuPowerModel | None = None
         self._status: dict[str, CollectorStatus] | None = None
         self._rapl_series = CumulativeSeries(("package", "dram", "psys"))
