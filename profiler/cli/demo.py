@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from collectors.pyspy import SamplingError
+from profiler.cli.argtypes import Number
 from profiler.cli.main import UsageError
 from profiler.cli.profile import (
     BAD_INPUT_ERRORS,
@@ -54,16 +55,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="train: torch.save against .many, A/B report (default); mixed: the mixed demo",
     )  # fmt: skip
     parser.add_argument(
-        "--duration", type=float, default=20.0, metavar="S",
+        "--duration", type=Number(float, above=0, unit="s"), default=20.0, metavar="S",
         help="mixed workload: how long it runs (default 20)",
     )  # fmt: skip
-    parser.add_argument("--steps", type=int, default=40, help="train: steps per side (default 40)")
     parser.add_argument(
-        "--every", type=int, default=4, help="train: checkpoint every K steps (default 4)"
+        "--steps", type=Number(int, min=1), default=40, help="train: steps per side (default 40)"
     )
     parser.add_argument(
-        "--size", type=float, default=64.0, help="train: checkpoint size in MB (default 64)"
-    )
+        "--every", type=Number(int, min=1), default=4,
+        help="train: checkpoint every K steps (default 4)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--size", type=Number(float, above=0, unit="MB"), default=64.0,
+        help="train: checkpoint size in MB (default 64)",
+    )  # fmt: skip
     parser.add_argument(
         "--out", type=Path, default=Path("runs/demo"), metavar="DIR",
         help="train: where the run records, checkpoints and report go (default runs/demo)",
@@ -113,8 +118,6 @@ def _train_side(args: argparse.Namespace, side: str, ckpt: str, record: Path) ->
 
 
 def _train_ab(args: argparse.Namespace) -> int:
-    if args.steps < 1 or args.every < 1 or not args.size > 0:
-        raise UsageError("--steps, --every and --size must be positive")
     try:
         args.out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

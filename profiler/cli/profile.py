@@ -32,6 +32,7 @@ from collectors.pyspy import (
 )
 from profiler.attribution.tracker import EnergyTracker, EnergyUnavailableError
 from profiler.classify.classifier import Classifier
+from profiler.cli.argtypes import Number
 from profiler.cli.main import UsageError
 from profiler.exitcodes import EXIT_OK, EXIT_RUNTIME
 from profiler.profile.document import build_document
@@ -48,18 +49,20 @@ from profiler.sampling.collect import (
 )
 
 BAD_INPUT_ERRORS = (TargetGone, NotPython, UnsupportedPython, PtraceDenied)
+PID_MAX_LIMIT = 4_194_304  # the kernel's largest pid_max (2**22)
 
 
 def add_common_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--rate", type=float, default=DEFAULT_RATE_HZ, metavar="HZ",
+        "--rate", type=Number(float, above=0, max=1000, unit="Hz"), default=DEFAULT_RATE_HZ,
+        metavar="HZ",
         help=f"samples per second per thread (default {DEFAULT_RATE_HZ:g})",
     )  # fmt: skip
     parser.add_argument(
         "--json", type=Path, metavar="FILE", help="write the serwatt.profile/1 document here"
     )
     parser.add_argument(
-        "--window", type=float, default=5.0, metavar="S",
+        "--window", type=Number(float, min=0.5, unit="s"), default=5.0, metavar="S",
         help="length of one py-spy window in seconds (default 5)",
     )  # fmt: skip
     parser.add_argument(
@@ -71,7 +74,8 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
         "threads that share the GIL become less accurate)",
     )  # fmt: skip
     parser.add_argument(
-        "--timing-rate", type=float, default=None, metavar="HZ",
+        "--timing-rate", type=Number(float, min=0, max=1000, unit="Hz"), default=None,
+        metavar="HZ",
         help="rate of the py-spy run that times episode edges by stack changes (default: "
         f"{TIMING_RATE_FACTOR:g}x --rate, at most {TIMING_RATE_MAX_HZ:g} Hz; 0: no such "
         "run, episodes timed by sample counts)",
@@ -95,7 +99,7 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
         help="sysfs root for RAPL powercap zones (default /sys)",
     )  # fmt: skip
     parser.add_argument(
-        "--tdp", type=float, metavar="W",
+        "--tdp", type=Number(float), metavar="W",  # > 0: prepare_energy, as for a config's
         help="node CPU TDP in watts for the energy model used when RAPL is unavailable",
     )  # fmt: skip
     parser.add_argument(
@@ -113,8 +117,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "serwatt profile [--rate HZ] [--json FILE] [--duration S] -- CMD ARGS...\n"
         "       serwatt profile --pid PID [--duration S] [--json FILE]"
     )
-    parser.add_argument("--pid", type=int, help="attach to this running Python process")
-    parser.add_argument("--duration", type=float, metavar="S", help="stop profiling after S s")
+    parser.add_argument(
+        "--pid", type=Number(int, min=1, max=PID_MAX_LIMIT),
+        help="attach to this running Python process",
+    )  # fmt: skip
+    parser.add_argument(
+        "--duration", type=Number(float, above=0, unit="s"), metavar="S",
+        help="stop profiling after S s",
+    )  # fmt: skip
     add_common_options(parser)
     parser.add_argument(
         "--record", type=Path, metavar="FILE",
@@ -134,16 +144,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def validate_common(args: argparse.Namespace) -> None:
-    if not (0 < args.rate <= 1000):
-        raise UsageError(f"--rate must be between 0 and 1000 Hz, got {args.rate:g}")
-    if args.timing_rate is not None and not (0 <= args.timing_rate <= 1000):
-        raise UsageError(
-            f"--timing-rate must be between 0 (off) and 1000 Hz, got {args.timing_rate:g}"
-        )
-    if args.window < 0.5:
-        raise UsageError(f"--window must be at least 0.5 s, got {args.window:g}")
-    if getattr(args, "duration", None) is not None and args.duration <= 0:
-        raise UsageError(f"--duration must be > 0 seconds, got {args.duration:g}")
+    """What the options' types (profiler/cli/argtypes.py) cannot check alone."""
     if args.json is not None:
         parent = args.json.resolve().parent
         if not parent.is_dir():
@@ -327,8 +328,6 @@ def new_session(
 
 
 def _profile_pid(args: argparse.Namespace, spy: PySpy, classifier: Any) -> int:
-    if args.pid <= 0:
-        raise UsageError(f"no such process: {args.pid}")
     session = new_session(args, args.pid, spy, classifier, duration_s=args.duration)
     try:
         result = run_session(session)
