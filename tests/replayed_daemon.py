@@ -11,8 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from profiler.service.config import load_config
-from profiler.service.daemon import Daemon
+from profiler.cli.daemon import serve
 from tests.nvml_replay import ReplayNvmlBackend, load_timeline
 
 
@@ -25,7 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     backend = ReplayNvmlBackend(load_timeline(args.timeline), target_pids=args.gpu_pid)
-    return Daemon(load_config(args.config), nvml_backend=backend).run()
+    # as `serwatt daemon` runs it (its logging, so its landing line with the bound port)
+    return serve(args.config, nvml_backend=backend)
 
 
 if __name__ == "__main__":

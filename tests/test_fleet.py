@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 import re
 import shutil
 import signal
@@ -37,9 +38,11 @@ from typing import Any
 import pytest
 import yaml
 
-from profiler.cli.main import main
 from profiler.exitcodes import EXIT_RUNTIME, EXIT_USAGE
-from tests.test_daemon_support import DaemonProc, free_port, stop_process, wait_for
+from tests import dashboards
+from tests.ports import listening_port, prometheus_port
+from tests.serwatt_cli import Ran, serwatt
+from tests.test_daemon_support import DaemonProc, stop_process, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 RULES = REPO / "configs" / "prometheus" / "serwatt.rules.yml"
@@ -48,6 +51,11 @@ NODES = (("torch", "torch"), ("torch", "torch"), ("many", "many"))
 TRAIN_S = 30.0  # training time watched after every node has samples
 WINDOW_S = 2
 STEP_S = 4  # the report's window: two daemon windows, four scrapes
+# In the processes' command lines the daemons match: a fleet sees only its own processes,
+# whatever another test process runs beside it.
+MARK = f"fleet{os.getpid()}"
+# One worker runs this module (with --dist loadgroup), so its module fixture is built once.
+pytestmark = pytest.mark.xdist_group("fleet")
 
 
 @dataclass
@@ -97,12 +105,12 @@ def _binary(name: str) -> str:
     return path
 
 
-def _daemon_config(port: int, tmp: Path, i: int, variant: str) -> str:
+def _daemon_config(tmp: Path, i: int, variant: str) -> str:
     # The last node also watches a "sidecar" that py-spy cannot read (not Python), so the
     # fleet has sampler errors for the dashboards' error panels to show.
-    sidecar = "  - name: sidecar\n    match: {cmdline: 'fleet-notpy'}\n" if i == 2 else ""
+    sidecar = f"  - name: sidecar\n    match: {{cmdline: '{MARK}-notpy'}}\n" if i == 2 else ""
     return (
-        f'listen: "127.0.0.1:{port}"\n'
+        'listen: "127.0.0.1:0"\n'  # the kernel picks; the landing line says which
         "sample_rate_hz: 20\n"
         f"window_s: {WINDOW_S}\n"
         "rescan_s: 0.5\n"
@@ -110,7 +118,7 @@ def _daemon_config(port: int, tmp: Path, i: int, variant: str) -> str:
         "cpu_budget_cores: 2\n"  # far above its use: the rate stays; the gauge is exported
         "targets:\n"
         "  - name: trainer\n"
-        f"    match: {{cmdline: 'fleet-ckpt-{i}'}}\n"
+        f"    match: {{cmdline: '{MARK}-ckpt-{i}'}}\n"
         f"    labels: {{variant: {variant}, job_name: fleet-test}}\n"
         f"{sidecar}"
         "collectors:\n"
@@ -121,15 +129,15 @@ def _daemon_config(port: int, tmp: Path, i: int, variant: str) -> str:
     )
 
 
-def _prometheus_config(tmp: Path, daemons: list[int], vm_port: int) -> Path:
+def _prometheus_config(tmp: Path, vm_port: int) -> Path:
+    # The daemons' ports are known only once they listen (port 0): Prometheus, started
+    # first, reads them from a file_sd file written then (it watches the file).
     cfg: dict[str, Any] = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "scrape_configs": [
-            {
-                "job_name": "serwatt",
-                "static_configs": [{"targets": [f"127.0.0.1:{p}" for p in daemons]}],
-            }
+            {"job_name": "serwatt", "file_sd_configs": [{"files": [str(_targets_file(tmp))]}]}
         ],
+        "rule_files": [str(RULES)],
         "remote_write": [
             {
                 "url": f"http://127.0.0.1:{vm_port}/api/v1/write",
@@ -137,11 +145,19 @@ def _prometheus_config(tmp: Path, daemons: list[int], vm_port: int) -> Path:
             }
         ],
     }
-    if RULES.is_file():
-        cfg["rule_files"] = [str(RULES)]
     path = tmp / "prometheus.yml"
     path.write_text(yaml.safe_dump(cfg))
     return path
+
+
+def _targets_file(tmp: Path) -> Path:
+    return tmp / "serwatt-targets.json"
+
+
+def _write_targets(tmp: Path, ports: list[int]) -> None:
+    new = tmp / "serwatt-targets.json.new"
+    new.write_text(json.dumps([{"targets": [f"127.0.0.1:{p}" for p in ports]}]))
+    new.replace(_targets_file(tmp))  # whole, at once: Prometheus never reads half a file
 
 
 def _start(cmd: list[str], log: Path) -> subprocess.Popen:
@@ -163,57 +179,57 @@ def fleet(tmp_path_factory) -> Any:
     procs: list[subprocess.Popen] = []
     daemons: list[DaemonProc] = []
     try:
-        vm_port, prom_port = free_port(), free_port()
-        procs.append(
-            _start(
-                [
-                    _binary("victoria-metrics"),
-                    f"-httpListenAddr=127.0.0.1:{vm_port}",
-                    f"-storageDataPath={tmp / 'vm'}",
-                    "-retentionPeriod=1d",
-                    "-search.latencyOffset=0s",  # show the newest points (default: hide 30 s)
-                    "-search.disableCache",
-                ],
-                tmp / "vm.log",
-            )
+        vm = _start(
+            [
+                _binary("victoria-metrics"),
+                "-httpListenAddr=127.0.0.1:0",
+                f"-storageDataPath={tmp / 'vm'}",
+                "-retentionPeriod=1d",
+                "-search.latencyOffset=0s",  # show the newest points (default: hide 30 s)
+                "-search.disableCache",
+            ],
+            tmp / "vm.log",
         )
+        procs.append(vm)
+        vm_port = listening_port(vm)
         wait_for(lambda: _ready(vm_port, "/health"), 30, "VictoriaMetrics to listen")
-        started_at = time.time()
-        ports = [free_port() for _ in NODES]
-        procs.append(
-            _start(
-                [
-                    _binary("prometheus"),
-                    f"--config.file={_prometheus_config(tmp, ports, vm_port)}",
-                    f"--storage.tsdb.path={tmp / 'tsdb'}",
-                    f"--web.listen-address=127.0.0.1:{prom_port}",
-                    "--storage.tsdb.retention.time=1h",
-                ],
-                tmp / "prometheus.log",
-            )
+        _write_targets(tmp, [])
+        prometheus = _start(
+            [
+                _binary("prometheus"),
+                f"--config.file={_prometheus_config(tmp, vm_port)}",
+                f"--storage.tsdb.path={tmp / 'tsdb'}",
+                "--web.listen-address=127.0.0.1:0",
+                "--storage.tsdb.retention.time=1h",
+            ],
+            tmp / "prometheus.log",
         )
-        impostor = tmp / "fleet-notpy" / "python3"
+        procs.append(prometheus)
+        prom_port = prometheus_port(prometheus, tmp / "prometheus.log")
+        wait_for(lambda: _ready(prom_port, "/-/ready"), 60, "Prometheus to be ready")
+        started_at = time.time()
+        impostor = tmp / f"{MARK}-notpy" / "python3"
         impostor.parent.mkdir()
         shutil.copy("/bin/sleep", impostor)
         procs.append(subprocess.Popen([str(impostor), "600"]))
         nodes = []
-        for i, ((variant, ckpt), port) in enumerate(zip(NODES, ports, strict=True)):
+        for i, (variant, ckpt) in enumerate(NODES):
             cfg = tmp / f"serwatt-{i}.yaml"
-            cfg.write_text(_daemon_config(port, tmp, i, variant))
+            cfg.write_text(_daemon_config(tmp, i, variant))
             work = _start(
                 [sys.executable, "-m", "profiler.workloads.train", "--ckpt", ckpt]
                 + ["--steps", "100000", "--every", "2", "--size", "8"]
-                + ["--dir", str(tmp / f"fleet-ckpt-{i}")],
+                + ["--dir", str(tmp / f"{MARK}-ckpt-{i}")],
                 tmp / f"train-{i}.log",
             )
             procs.append(work)
             # every node's GPU replayed (this machine has none), listing its workload
             replayed = [sys.executable, "-m", "tests.replayed_daemon", "--config", str(cfg)]
             replayed += ["--timeline", "h200_checkpoint_stall", "--gpu-pid", str(work.pid)]
-            d = DaemonProc(cfg, port, tmp / f"daemon-{i}.log", argv=replayed)
+            d = DaemonProc(cfg, None, tmp / f"daemon-{i}.log", argv=replayed)
             daemons.append(d)
             nodes.append(Node(variant, d, work, tmp / f"runs-{i}" / "runs.sqlite"))
-        wait_for(lambda: _ready(prom_port, "/-/ready"), 60, "Prometheus to be ready")
+        _write_targets(tmp, [n.daemon.port for n in nodes])
 
         def every_node_scraped() -> bool:
             got = _by(query(prom_port, "serwatt_samples_total{codepath='other'} > 0"), "instance")
@@ -334,8 +350,6 @@ def _recording_rules() -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize("store", ["prometheus", "victoriametrics"])
 def test_every_recording_rule_has_data(fleet, store):
-    if not RULES.is_file():
-        pytest.skip(f"{RULES.relative_to(REPO)} is not in this tree yet (another branch)")
     port = fleet.prom if store == "prometheus" else fleet.vm
     rules = _recording_rules()
     assert rules, "the rules file records nothing"
@@ -346,10 +360,6 @@ def test_every_recording_rule_has_data(fleet, store):
 
 @pytest.mark.parametrize("store", ["prometheus", "victoriametrics"])
 def test_every_dashboard_panel_has_data(fleet, store):
-    try:
-        from tests import dashboards  # type: ignore[attr-defined]
-    except ImportError:
-        pytest.skip("tests/dashboards.py (panel_queries) is not in this tree yet (another branch)")
     port = fleet.prom if store == "prometheus" else fleet.vm
     checked, empty = 0, []
     for path in dashboards.DASHBOARDS:
@@ -364,10 +374,13 @@ def test_every_dashboard_panel_has_data(fleet, store):
 # --------------------------------------------------------------------------- the report
 
 
-def _report(fleet: Fleet, port: int, *args: str) -> tuple[subprocess.CompletedProcess, Path]:
+def _report(
+    capsys: pytest.CaptureFixture[str], fleet: Fleet, port: int, *args: str
+) -> tuple[Ran, Path]:
+    """`serwatt report --json FILE ARGS` in process (tests/test_report_e2e.py runs the
+    command as a subprocess); its run and the document's path."""
     out = fleet.tmp / f"report-{port}-{len(list(fleet.tmp.glob('report-*')))}.json"
-    cmd = [sys.executable, "-m", "profiler", "report", "--json", str(out), *args]
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=120), out
+    return serwatt(capsys, "report", "--json", str(out), *args), out
 
 
 def _whole_run(fleet: Fleet) -> str:
@@ -390,10 +403,11 @@ def _explained_by_first_scrape(fleet: Fleet, variant: str, got: float) -> bool:
 
 
 @pytest.mark.parametrize("store", ["prometheus", "victoriametrics"])
-def test_report_from_promql_agrees_with_the_records(fleet, store):
+def test_report_from_promql_agrees_with_the_records(fleet, store, capsys):
     port = fleet.prom if store == "prometheus" else fleet.vm
     html = fleet.tmp / f"report-{store}.html"
     proc, out = _report(
+        capsys,
         fleet,
         port,
         "--prometheus", f"http://127.0.0.1:{port}",
@@ -435,10 +449,11 @@ def test_report_from_promql_agrees_with_the_records(fleet, store):
     assert "PromQL range queries to" in page and 'data-chart="codepath-bars"' in page
 
 
-def test_report_before_and_after_one_selector(fleet):
+def test_report_before_and_after_one_selector(fleet, capsys):
     """Two time ranges of one selector: the before/after-a-rollout form."""
     mid = (fleet.started_at + fleet.frozen_at) / 2
     proc, out = _report(
+        capsys,
         fleet,
         fleet.vm,
         "--prometheus", f"http://127.0.0.1:{fleet.vm}",
@@ -473,15 +488,14 @@ def test_report_before_and_after_one_selector(fleet):
         (["--prometheus", "{prom}", "--range", "1m", "--step", "1ms"], EXIT_USAGE, "--step"),
     ],
 )  # fmt: skip
-def test_report_errors_name_the_problem_and_the_fix(fleet, args, code, words, capsys, monkeypatch):
-    monkeypatch.setattr(sys, "argv", list(sys.argv))  # main() rewrites it
+def test_report_errors_name_the_problem_and_the_fix(fleet, args, code, words, capsys):
     base = f"http://127.0.0.1:{fleet.prom}"
     args = [a.replace("{prom}", base) for a in args]
     if "--baseline" not in args:
         args += ["--baseline", '{variant="torch"}']
     out = fleet.tmp / "refused.json"
     args += ["--candidate", '{variant="many"}', "--json", str(out)]
-    assert main(["report", *args]) == code  # in-process: the subprocess path runs above
-    err = capsys.readouterr().err
-    assert words in err and "Traceback" not in err, err
+    ran = serwatt(capsys, "report", *args)
+    assert ran.returncode == code, ran.stderr
+    assert words in ran.stderr and "Traceback" not in ran.stderr, ran.stderr
     assert not out.exists()
