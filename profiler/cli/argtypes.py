@@ -1,4 +1,5 @@
-"""The argparse type of every numeric option: finite numbers within the option's bounds.
+"""The argparse type of every numeric option (finite numbers within the option's bounds),
+and the check of every output-file option.
 
 `float("nan")` parses, and every comparison with NaN is false, so a bound written as
 `if window < 0.5: refuse` let `--window nan` through (and the run profiled nothing);
@@ -11,6 +12,10 @@ from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
+
+from profiler import safeio
+from profiler.cli.main import UsageError
 
 
 class Number:
@@ -57,3 +62,14 @@ class Number:
             raise argparse.ArgumentTypeError(f"must be at least {show(self.min)}, got {text}")
         if self.max is not None and not number <= self.max:
             raise argparse.ArgumentTypeError(f"must be at most {show(self.max)}, got {text}")
+
+
+def check_output_option(option: str, path: Path) -> None:
+    """Raise UsageError now when the output file an option names could not be written
+    safely (profiler/safeio.py), so a run does not do its work and then fail to save it."""
+    try:
+        safeio.check_output_path(path)
+    except safeio.UnsafePathError as exc:  # its message names the path and the fix
+        raise UsageError(f"{option} {exc}") from None
+    except OSError as exc:
+        raise UsageError(f"{option} {path}: {exc.strerror or exc}") from None

@@ -21,7 +21,8 @@ import sys
 from pathlib import Path
 
 from collectors.pyspy import SamplingError
-from profiler.cli.argtypes import Number
+from profiler import safeio
+from profiler.cli.argtypes import Number, check_output_option
 from profiler.cli.main import UsageError
 from profiler.cli.profile import (
     BAD_INPUT_ERRORS,
@@ -122,6 +123,8 @@ def _train_ab(args: argparse.Namespace) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UsageError(f"--out {args.out}: cannot create it: {exc.strerror or exc}") from None
+    # everything the demo writes goes under --out: no other user may be able to plant there
+    check_output_option("--out", args.out / "report.html")
     record = args.out / "runs.sqlite"
     record.unlink(missing_ok=True)  # the demo's own record: one fresh pair of runs
     for side, ckpt in SIDES:
@@ -141,9 +144,13 @@ def _train_ab(args: argparse.Namespace) -> int:
     print()
     print(render_text(report))
     html = args.out / "report.html"
-    html.write_text(render_html(report), encoding="utf-8")
     report_json = args.json if args.json is not None else args.out / "report.json"
-    report_json.write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
+    try:
+        safeio.write_text(html, render_html(report))
+        safeio.write_text(report_json, json.dumps(report, indent=2, allow_nan=False) + "\n")
+    except OSError as exc:
+        print(f"serwatt demo: cannot write the report: {exc}", file=sys.stderr)
+        return EXIT_RUNTIME
     print(f"\nserwatt demo: HTML report: {html.resolve()}")
     print(f"serwatt demo: report JSON: {report_json}; records: {record}")
     return EXIT_OK

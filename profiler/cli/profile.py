@@ -11,7 +11,6 @@ or --duration ends (Ctrl-C also ends it; the table is still printed).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
@@ -30,9 +29,10 @@ from collectors.pyspy import (
     TargetGone,
     UnsupportedPython,
 )
+from profiler import safeio
 from profiler.attribution.tracker import EnergyTracker, EnergyUnavailableError
 from profiler.classify.classifier import Classifier
-from profiler.cli.argtypes import Number
+from profiler.cli.argtypes import Number, check_output_option
 from profiler.cli.main import UsageError
 from profiler.exitcodes import EXIT_OK, EXIT_RUNTIME
 from profiler.profile.document import build_document
@@ -151,6 +151,7 @@ def validate_common(args: argparse.Namespace) -> None:
             raise UsageError(f"--json {args.json}: directory {parent} does not exist")
         if not os.access(parent, os.W_OK):
             raise UsageError(f"--json {args.json}: directory {parent} is not writable")
+        check_output_option("--json", args.json)
     if args.pyspy is not None and not (args.pyspy.is_file() and os.access(args.pyspy, os.X_OK)):
         raise UsageError(f"--pyspy {args.pyspy}: not an executable file")
     prepare_energy(args)
@@ -241,15 +242,10 @@ def write_outputs(doc: dict[str, Any], args: argparse.Namespace) -> int:
     print(render_table(doc))
     if args.json is not None:
         text = json.dumps(doc, indent=2, sort_keys=False) + "\n"
-        tmp = args.json.with_name(args.json.name + ".tmp")
         try:
-            tmp.write_text(text)
-            os.replace(tmp, args.json)
+            safeio.write_text(args.json, text)
         except OSError as exc:
-            # lose no data: the document goes to stderr when the file cannot be written;
-            # a torn temp file (a full disk) would only hold a part of it
-            with contextlib.suppress(OSError):
-                tmp.unlink()
+            # lose no data: the document goes to stderr when the file cannot be written
             print(f"serwatt profile: cannot write {args.json}: {exc}", file=sys.stderr)
             print(text, file=sys.stderr)
             return EXIT_RUNTIME

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from profiler import safeio
+from profiler.cli.argtypes import check_output_option
 from profiler.cli.main import UsageError
 from profiler.cli.runs import DEFAULT_RECORD_DIR
 from profiler.exitcodes import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE
@@ -176,17 +177,11 @@ def checkpoint_chain(directory: Path, anchored: dict[str, list[str]]) -> dict[st
     }
 
 
-def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def _verify(args: argparse.Namespace) -> int:
     try:
-        report = json.loads(args.verify.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"--verify {args.verify}: cannot read a report: {exc}") from None
+        report = safeio.read_json(args.verify)
+    except safeio.InputFileError as exc:
+        raise UsageError(f"--verify {args.verify}: cannot read a report: {exc.problem}") from None
     if not isinstance(report, dict) or report.get("schema") != "serwatt.report/1":
         raise UsageError(f"--verify {args.verify}: not a serwatt.report/1 document")
     if (report.get("source") or {}).get("kind") == "promql":
@@ -303,6 +298,9 @@ def _run(args: argparse.Namespace) -> int:
         return _verify(args)
     if args.prometheus is None and (not args.baseline or not args.candidate):
         raise UsageError("give --baseline RUN... and --candidate RUN... (see `serwatt runs list`)")
+    for option, path in (("--json", args.json), ("--html", args.html)):
+        if path is not None:
+            check_output_option(option, path)
     try:
         cluster = load_cluster(args.cluster) if args.cluster is not None else default_cluster()
     except ConfigError as exc:
@@ -345,9 +343,9 @@ def _run(args: argparse.Namespace) -> int:
     print(render_text(report))
     try:
         if args.json is not None:
-            _write(args.json, json.dumps(report, indent=2, allow_nan=False) + "\n")
+            safeio.write_text(args.json, json.dumps(report, indent=2, allow_nan=False) + "\n")
         if args.html is not None:
-            _write(args.html, render_html(report))
+            safeio.write_text(args.html, render_html(report))
             print(f"serwatt report: HTML report: {args.html}", file=sys.stderr)
     except OSError as exc:
         print(f"serwatt report: cannot write: {exc}", file=sys.stderr)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -96,7 +97,11 @@ def signature_valid(public_key: bytes, signature: bytes, receipt: bytes) -> bool
 
 
 def _read_key_file(path: str | os.PathLike[str]) -> bytes:
-    with open(path, "rb") as f:
+    # O_NONBLOCK and a regular file only: a FIFO would block the open, a device never end
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{os.fspath(path)}: not a regular file (a FIFO, device or directory)")
         raw = f.read(_MAX_KEY_FILE + 1)
     if len(raw) > _MAX_KEY_FILE:
         raise ValueError(f"{os.fspath(path)}: {_MAX_KEY_FILE}+ bytes is too big for a key file")

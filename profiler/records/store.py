@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from profiler import __version__
+from profiler import __version__, safeio
 from profiler.classify.codepaths import CODEPATHS
 from profiler.sampling.window import WindowReport
 
@@ -396,6 +396,15 @@ class Recorder:
                     f"{self.path}: cannot create the record directory {self.path.parent}: "
                     f"{exc.strerror or exc}; set record.dir to a writable directory"
                 ) from None
+        try:
+            # SQLite opens the file and its -journal/-wal/-shm by name, following links:
+            # the directory must be one no other user can plant a link in (readers too,
+            # since a reader may create the -shm), and the file itself no link or device
+            safeio.check_output_path(self.path)
+        except safeio.UnsafePathError as exc:
+            raise RecordError(str(exc)) from None
+        except OSError as exc:
+            raise RecordError(f"{self.path}: cannot open: {exc.strerror or exc}") from None
         self._db: sqlite3.Connection | None = None
         try:
             db = sqlite3.connect(

@@ -1,0 +1,287 @@
+"""The one way serwatt writes an output file and reads a file argument; it runs as root.
+
+Writing (`write_text`, `write_bytes`, `check_output_path`): the directory that will hold
+the file is reached by a walk that follows a symbolic link only where no other user could
+have planted it (the link is ours or root's, in a directory no other user can write), and
+must itself be writable by no other user, unless it is root's or ours with the sticky bit
+(like /tmp). The file is written to a new temp file of a random name, created with
+O_CREAT|O_EXCL|O_NOFOLLOW relative to that directory's fd, fsynced and renamed over the
+final name within the same fd. A final name that is a link, or exists and is not a regular
+file, is refused. So a link another user put at any name serwatt uses is never written
+through, and the file serwatt leaves is root's, whole, with the name it was given. The run
+record (SQLite, which opens its files by name) is checked the same way before it opens.
+
+Reading (`read_bounded`, `read_json`): a regular file only, opened with O_NONBLOCK so a
+FIFO cannot block the open, fstat'd before reading so a device is never read, and read to
+at most its bound + 1 bytes, so a file growing under us is refused too.
+
+Outside the layers, like profiler/exitcodes.py: every layer may import it, profiler/many
+excepted (it stands alone and has its own writer).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import secrets
+import stat
+from pathlib import Path
+from typing import Any
+
+MAX_JSON_BYTES = 64 * 1024 * 1024  # a report of many runs is a few MB; this is not one
+NO_SUCH_FILE = "no such file"  # InputFileError.problem of a missing file
+_MAX_LINK_HOPS = 40  # the kernel's own limit (MAXSYMLINKS)
+_DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FIX = (
+    "write into a directory that only root or you can write (or a root-owned one with the "
+    "sticky bit, like /tmp)"
+)
+
+
+class UnsafePathError(OSError):
+    """An output path another user could redirect; the message names it and the fix.
+
+    An OSError, so that every writer's existing 'cannot write' handling applies to it."""
+
+
+class InputFileError(ValueError):
+    """A file argument that cannot be read as the file it should be: `problem` says why."""
+
+    def __init__(self, path: os.PathLike[str] | str, problem: str) -> None:
+        super().__init__(f"{os.fspath(path)}: {problem}")
+        self.path = Path(path)
+        self.problem = problem
+
+
+def _size(n: int) -> str:
+    return f"{n / 1024 / 1024:g} MiB" if n >= 1024 * 1024 else f"{n / 1024:g} KiB"
+
+
+# ------------------------------------------------------------------------ writing
+
+
+def _dir_problem(info: os.stat_result) -> str | None:
+    """Why another user could change the entries of a directory, or None when none can."""
+    if info.st_uid not in (os.geteuid(), 0):
+        return f"is owned by uid {info.st_uid}"
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not info.st_mode & stat.S_ISVTX:
+        return "other users can write it and it has no sticky bit"
+    return None
+
+
+def _follow_problem(link: os.stat_result, holder: os.stat_result) -> str | None:
+    """Why a symbolic link may have been planted by another user, or None."""
+    if link.st_uid not in (os.geteuid(), 0):
+        return f"is a symbolic link owned by uid {link.st_uid}"
+    if _dir_problem(holder) is not None:
+        return "is a symbolic link in a directory other users can write"
+    return None
+
+
+def _open_dir(directory: Path, shown: Path) -> int:
+    """An O_PATH fd of `directory`, reached without following any link another user could
+    have planted; raises UnsafePathError, or OSError (e.g. a missing directory)."""
+    fd = os.open("/" if directory.is_absolute() else ".", _DIR_FLAGS)
+    pending = list(reversed(directory.parts[1:] if directory.is_absolute() else directory.parts))
+    walked = Path(directory.anchor)
+    hops = 0
+    try:
+        while pending:
+            name = pending.pop()
+            if name in ("", "."):
+                continue
+            try:
+                nfd = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise
+                info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                if not stat.S_ISLNK(info.st_mode):
+                    raise
+                why = _follow_problem(info, os.fstat(fd))
+                if why is not None:
+                    raise UnsafePathError(
+                        f"{shown}: {walked / name} {why}, so it may lead anywhere; give the "
+                        "directory it points to, once you have checked it"
+                    ) from None
+                hops += 1
+                if hops > _MAX_LINK_HOPS:
+                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), str(shown)) from None
+                target = os.readlink(name, dir_fd=fd)
+                if target.startswith("/"):
+                    os.close(fd)
+                    fd = os.open("/", _DIR_FLAGS)
+                    walked = Path("/")
+                pending.extend(reversed(target.split("/")))
+                continue
+            os.close(fd)
+            fd = nfd
+            walked = walked / name
+        why = _dir_problem(os.fstat(fd))
+        if why is not None:
+            raise UnsafePathError(
+                f"{shown}: the directory {directory} {why}, so another user could put a link "
+                f"where serwatt writes; {_FIX}"
+            )
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _check_final(path: Path, dir_fd: int) -> None:
+    if not path.name or path.name in (".", ".."):
+        raise UnsafePathError(f"{path}: not a file name; give the file to write")
+    try:
+        info = os.stat(path.name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(info.st_mode):
+        raise UnsafePathError(
+            f"{path}: is a symbolic link; serwatt does not write through links (another user "
+            "may have planted it): remove it or give another name"
+        )
+    if not stat.S_ISREG(info.st_mode):
+        raise UnsafePathError(
+            f"{path}: not a regular file (a directory, FIFO or device); give a file name"
+        )
+
+
+def _open_checked(path: os.PathLike[str] | str) -> tuple[Path, int]:
+    """(path, an O_PATH fd of its directory) once both pass every check."""
+    path = Path(path)
+    dir_fd = _open_dir(path.parent, path)
+    try:
+        _check_final(path, dir_fd)
+    except BaseException:
+        os.close(dir_fd)
+        raise
+    return path, dir_fd
+
+
+def check_output_path(path: os.PathLike[str] | str) -> None:
+    """Raise UnsafePathError (or OSError) now if `path` could not be written safely:
+    for checking an output option before any work starts."""
+    _path, dir_fd = _open_checked(path)
+    os.close(dir_fd)
+
+
+def write_bytes(path: os.PathLike[str] | str, data: bytes, *, mode: int = 0o666) -> None:
+    """Write `data` to `path` whole (a reader sees the old file or the new one) and durably.
+
+    `mode` is masked by the umask, as open() does. Raises UnsafePathError or OSError; on
+    any failure the temp file is removed and an existing file at `path` is untouched.
+    """
+    path, dir_fd = _open_checked(path)
+    try:
+        for _ in range(100):
+            tmp = f".{path.name[:200]}.{secrets.token_hex(8)}.tmp"
+            try:
+                fd = os.open(
+                    tmp,
+                    os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                    mode,
+                    dir_fd=dir_fd,
+                )
+                break
+            except FileExistsError:
+                continue
+        else:
+            raise UnsafePathError(f"{path}: cannot make a temp file of a new name beside it")
+        try:
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dir_fd)
+            raise
+        # the rename is durable once the directory is; an O_PATH fd cannot be fsynced
+        with contextlib.suppress(OSError):
+            sync_fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
+            try:
+                os.fsync(sync_fd)
+            finally:
+                os.close(sync_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def write_text(path: os.PathLike[str] | str, text: str, *, mode: int = 0o666) -> None:
+    """`write_bytes` of UTF-8 text."""
+    write_bytes(path, text.encode("utf-8"), mode=mode)
+
+
+# ------------------------------------------------------------------------ reading
+
+
+def read_bounded(
+    path: os.PathLike[str] | str, *, max_bytes: int, follow_links: bool = True
+) -> bytes:
+    """The bytes of a regular file of at most `max_bytes`; raises InputFileError.
+
+    `follow_links=False` where a link is not expected: a link is then refused, not read.
+    """
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+    if not follow_links:
+        flags |= os.O_NOFOLLOW
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise InputFileError(path, NO_SUCH_FILE) from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and not follow_links:
+            raise InputFileError(path, "is a symbolic link; give the file itself") from None
+        raise InputFileError(path, f"cannot read the file: {exc.strerror or exc}") from None
+    limit = f"serwatt reads at most {max_bytes} bytes ({_size(max_bytes)}) here"
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise InputFileError(
+                path, "not a regular file (a FIFO, device or directory); give the file itself"
+            )
+        if info.st_size > max_bytes:
+            raise InputFileError(path, f"the file is {info.st_size} bytes; {limit}")
+        os.set_blocking(fd, True)
+        chunks: list[bytes] = []
+        left = max_bytes + 1
+        while left > 0:
+            chunk = os.read(fd, left)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError as exc:
+        raise InputFileError(path, f"cannot read the file: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > max_bytes:
+        raise InputFileError(
+            path, f"the file grew past {max_bytes} bytes while it was read; {limit}"
+        )
+    return data
+
+
+def parse_json(data: bytes, path: os.PathLike[str] | str) -> Any:
+    """The JSON document in `data` (read from `path`); raises InputFileError."""
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise InputFileError(path, "not a usable JSON document: nested too deeply") from None
+    except UnicodeDecodeError as exc:
+        raise InputFileError(path, f"not JSON: not UTF-8 text ({exc.reason})") from None
+    except ValueError as exc:
+        raise InputFileError(path, f"not JSON: {exc}") from None
+
+
+def read_json(path: os.PathLike[str] | str, *, max_bytes: int = MAX_JSON_BYTES) -> Any:
+    """A JSON file argument, bounded and parsed; raises InputFileError."""
+    return parse_json(read_bounded(path, max_bytes=max_bytes), path)
