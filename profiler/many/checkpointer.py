@@ -9,6 +9,14 @@ of every slot) stays the same, so a steady training loop allocates no tensor mem
 checkpoint. One checkpoint is in flight at most: the staging arena is the only copy, so the
 next `checkpoint()` waits for the previous write and reports how long.
 
+With `overlap=True` (and the optimizer that updates the state) the call copies only what the
+next forward pass can change: every tensor that is not a CPU parameter or state tensor of that
+optimizer (module buffers such as BatchNorm's running statistics, the RNG state, numpy arrays)
+and whatever `sync=` names. The optimizer's tensors change only in `optimizer.step()`, so the
+background thread copies them while the next forward and backward passes run, and a step
+pre-hook on the optimizer holds the first `step()` until that copy is done. The file is the
+same, byte for byte, as the one a synchronous checkpoint at the same moment writes.
+
 Crash safety is the writer's: a file appears under its final name only after its bytes are
 fsynced, so a SIGKILL at any moment leaves every earlier checkpoint complete and verifiable.
 """
@@ -32,16 +40,31 @@ import numpy as np
 from profiler.many.format import DTYPES, ManyError, ManyFormatError, round_up
 from profiler.many.reader import load
 from profiler.many.receipt import Receipt
-from profiler.many.state import MAX_DEPTH, MAX_NODES, FlatState, flatten, load_state, state_metadata
+from profiler.many.state import (
+    MAX_DEPTH,
+    MAX_NODES,
+    FlatState,
+    flatten,
+    load_state,
+    state_metadata,
+)
 from profiler.many.writer import SlotSource, write_file
 
 log = logging.getLogger(__name__)
 
 _SEQ_DIGITS = 8
+# The name-table key (covered by the receipt) that says which slots an overlapped checkpoint
+# copied on the background thread.
+OVERLAP_KEY = "many.overlap"
 
 
 class CheckpointError(ManyError):
     """A background checkpoint write failed; `__cause__` is the original exception."""
+
+
+class TornCopyError(ManyError):
+    """`detect_writes=True`: a tensor was written in place while the background thread copied
+    it, so the copy may mix two states; that checkpoint is not written."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +83,8 @@ class Staged:
     copy_s: float
     stall_s: float
     reallocated: bool  # the staging arena was (re)allocated: first checkpoint or a new layout
+    overlapped_slots: int = 0  # slots left to the background copy (overlap=True)
+    overlapped_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -71,6 +96,10 @@ class Written:
     receipt: Receipt
     write_s: float  # background time: hash + write + fsync + rename + directory fsync
     metadata: dict[str, Any]  # the metadata= given to checkpoint() (without the tree)
+    overlap_copy_s: float = 0.0  # overlap=True: the background copy of the optimizer's tensors
+    # overlap=True: how long the first optimizer.step() after the call waited in the step
+    # pre-hook for that copy (0 when the copy was done first). Part of the checkpoint's cost.
+    step_wait_s: float = 0.0
 
 
 class _Staging:
@@ -122,17 +151,23 @@ class _Staging:
             self._torch[i] = v
         return v
 
-    def copy_in(self, flat: FlatState) -> None:
-        torch_slots = [i for i, s in enumerate(flat.slots) if s.kind == "torch"]
+    def copy_in(self, flat: FlatState, skip: frozenset[int] = frozenset()) -> None:
+        """Copy every slot of `flat` but those in `skip` (which `copy_slots` copies later)."""
+        torch_slots = [i for i, s in enumerate(flat.slots) if s.kind == "torch" and i not in skip]
         if torch_slots:
-            import torch
-
-            with torch.no_grad():
-                for i in torch_slots:
-                    self.torch_view(i).copy_(flat.slots[i].value)
+            self.copy_slots(flat, torch_slots)
         for i, s in enumerate(flat.slots):
-            if s.kind == "numpy" and s.length:
+            if s.kind == "numpy" and s.length and i not in skip:
                 np.copyto(self.numpy_view(i), s.value, casting="equiv")
+
+    def copy_slots(self, flat: FlatState, slots: list[int]) -> None:
+        """Copy the torch slots `slots` (torch's copy releases the GIL: the training thread
+        computes meanwhile)."""
+        import torch
+
+        with torch.no_grad():
+            for i in slots:
+                self.torch_view(i).copy_(flat.slots[i].value)
 
 
 @dataclass
@@ -142,6 +177,57 @@ class _Job:
     sources: list[SlotSource]
     metadata: dict[str, Any]  # name-table metadata: the caller's plus the tree
     user_metadata: dict[str, Any]
+    # overlap=True: the slots the background thread copies before writing, from `flat`, and
+    # (detect_writes=True) each one's tensor version counter at the call.
+    flat: FlatState | None = None
+    pending: list[int] | None = None
+    versions: list[int] | None = None
+    copying: bool = False  # the background copy has not finished: step() must wait
+    step_waiting_since: float | None = None
+    step_wait_s: float = 0.0
+    overlap_copy_s: float = 0.0
+
+
+def covered_slots(flat: FlatState, optimizer: Any, sync: Any = ()) -> list[int]:
+    """The slots of `flat` that only `optimizer.step()` changes: CPU torch tensors whose bytes
+    are those of one of the optimizer's parameters or state tensors (a state dict holds them
+    as detached views of the same memory), minus any overlapping a tensor in `sync`. Every
+    other slot (buffers, partial views, copies, other devices) is copied synchronously."""
+    import torch
+
+    extents: dict[int, int] = {}  # start address -> end of every optimizer tensor on the CPU
+
+    def add(t: Any) -> None:
+        if isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.numel():
+            start = t.data_ptr()
+            extents[start] = max(extents.get(start, 0), start + t.numel() * t.element_size())
+
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            add(p)
+    for per_param in optimizer.state.values():
+        if isinstance(per_param, Mapping):
+            for v in per_param.values():
+                add(v)
+    forced: list[tuple[int, int]] = []
+    for t in sync:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"sync= holds tensors to copy synchronously, not {type(t).__name__}")
+        if t.numel():
+            forced.append((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()))
+    out = []
+    for i, s in enumerate(flat.slots):
+        x = s.value
+        if s.kind != "torch" or not s.length or x.device.type != "cpu":
+            continue
+        start = x.data_ptr()
+        end = start + s.length
+        if not x.is_contiguous() or extents.get(start, -1) < end:
+            continue
+        if any(a < end and start < b for a, b in forced):
+            continue
+        out.append(i)
+    return out
 
 
 class Checkpointer:
@@ -192,6 +278,7 @@ class Checkpointer:
         self._last: Written | None = None
         self._closing = False
         self._closed = False
+        self._hook: Any = None  # the optimizer step pre-hook of an overlapped checkpoint
         self._worker = threading.Thread(
             target=self._run, name=f"many-checkpointer-{prefix}", daemon=True
         )
@@ -200,23 +287,53 @@ class Checkpointer:
         atexit.register(_finish_at_exit, weakref.ref(self))
 
     # -- the caller's side ------------------------------------------------------------------
-    def checkpoint(self, state: Any, *, metadata: Mapping[str, Any] | None = None) -> Staged:
+    def checkpoint(
+        self,
+        state: Any,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        optimizer: Any = None,
+        overlap: bool = False,
+        sync: Any = (),
+        detect_writes: bool = False,
+    ) -> Staged:
         """Copy `state` into staging and start writing it in the background.
 
         Blocks while the previous checkpoint is still being written, then for the copy.
         Raises `CheckpointError` first if the previous background write failed (that
         checkpoint was not written; this one is not started).
+
+        `overlap=True` with the `optimizer` that updates `state`: only the slots that are not
+        that optimizer's CPU parameters and state tensors, and those overlapping a tensor in
+        `sync`, are copied before the call returns; the background thread copies the rest,
+        and a step pre-hook holds the first `optimizer.step()` until it is done. Until then
+        nothing but that `step()` may write those tensors in place (docs/many.md);
+        `detect_writes=True` checks every such tensor's version counter after the copy and
+        fails the checkpoint with `TornCopyError` (at the next call) when one moved.
         """
+        if overlap and optimizer is None:
+            raise ValueError(
+                "overlap=True needs optimizer=: its step() is what must wait for the copy"
+            )
         with self._call_lock:
             t0 = time.perf_counter()
             self._wait_idle()
             t1 = time.perf_counter()
             flat = flatten(state, max_depth=self.max_depth, max_nodes=self.max_nodes, devices=True)
+            pending = covered_slots(flat, optimizer, sync) if overlap else []
             meta = state_metadata(flat.doc, metadata)
+            if overlap:
+                if OVERLAP_KEY in meta:
+                    raise ValueError(f"metadata key {OVERLAP_KEY!r} is reserved for overlap=True")
+                meta[OVERLAP_KEY] = {
+                    "overlapped": [flat.slots[i].name for i in pending],
+                    "synchronous": len(flat.slots) - len(pending),
+                    "detect_writes": bool(detect_writes),
+                }
             reallocated = self._ensure_staging(flat)
             staging = self._staging
             assert staging is not None
-            staging.copy_in(flat)
+            staging.copy_in(flat, frozenset(pending))
             seq = self._seq
             self._seq += 1
             path = os.path.join(self.directory, f"{self.prefix}-{seq:0{_SEQ_DIGITS}d}.many")
@@ -225,6 +342,14 @@ class Checkpointer:
                 for i, s in enumerate(flat.slots)
             ]
             job = _Job(path, seq, sources, meta, dict(metadata or {}))
+            overlapped_bytes = 0
+            if pending:
+                job.flat, job.pending, job.copying = flat, pending, True
+                if detect_writes:
+                    job.versions = [flat.slots[i].value._version for i in pending]
+                overlapped_bytes = sum(flat.slots[i].length for i in pending)
+                # Registered before the job is handed over: no step() can slip in between.
+                self._hook = optimizer.register_step_pre_hook(self._before_step)
             t2 = time.perf_counter()
             with self._cond:
                 self._job = job
@@ -237,7 +362,40 @@ class Checkpointer:
                 copy_s=t2 - t1,
                 stall_s=t2 - t0,
                 reallocated=reallocated,
+                overlapped_slots=len(pending),
+                overlapped_bytes=overlapped_bytes,
             )
+
+    def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """The optimizer's step pre-hook: hold step() until the background copy of the
+        tensors it would change is done. Runs on the training thread, so a profiler sees the
+        wait inside profiler/many, as part of the checkpoint's cost."""
+        with self._cond:
+            job = self._job
+            if job is not None and job.copying:
+                job.step_waiting_since = time.perf_counter()
+                while job.copying:
+                    self._cond.wait()
+        self._remove_hook(in_step=True)
+
+    def _remove_hook(self, *, in_step: bool = False) -> None:
+        """Remove the step pre-hook once its copy is done. Only ever on the training thread:
+        torch iterates the hooks in an OrderedDict, and removing an entry while step() walks
+        it raises there. From inside the hook that is safe only when it is the newest entry
+        (it is unless a hook was registered after it); otherwise the next checkpoint(),
+        wait() or close() removes it, and until then it returns at once."""
+        hook = self._hook
+        if hook is None:
+            return
+        with self._cond:
+            if self._job is not None and self._job.copying:
+                return
+        if in_step:
+            hooks = hook.hooks_dict_ref()
+            if hooks is not None and hooks and next(reversed(hooks)) != hook.id:
+                return
+        self._hook = None
+        hook.remove()
 
     def prepare(self, state: Any) -> bool:
         """Allocate (and fault in) the staging arena for `state`'s layout without checkpointing,
@@ -278,6 +436,7 @@ class Checkpointer:
             while self._job is not None:
                 self._cond.wait()
             err, self._error = self._error, None
+        self._remove_hook()
         if err is not None:
             raise CheckpointError(
                 f"a background checkpoint in {self.directory} failed: {err}"
@@ -296,6 +455,7 @@ class Checkpointer:
             self._worker.join()
             self._closed = True
             self._staging = None
+            self._remove_hook()
 
     def __enter__(self) -> Checkpointer:
         return self
@@ -342,9 +502,12 @@ class Checkpointer:
             error: BaseException | None = None
             written: Written | None = None
             try:
+                if job.pending is not None:
+                    self._copy_overlapped(job)
                 written = self._write(job)
             except BaseException as exc:  # surfaced at the next call, never dropped
                 error = exc
+                self._end_copy(job)
             with self._cond:
                 if written is not None:
                     self._last = written
@@ -356,13 +519,58 @@ class Checkpointer:
             # the next checkpoint rebinds these names (until then it is O(slots) of garbage).
             del job, written, error
 
+    def _copy_overlapped(self, job: _Job) -> None:
+        """Copy the slots left to the background, then release the step pre-hook."""
+        assert job.flat is not None and job.pending is not None and self._staging is not None
+        t0 = time.perf_counter()
+        try:
+            self._staging.copy_slots(job.flat, job.pending)
+            job.overlap_copy_s = time.perf_counter() - t0
+            # Checked before step() is released: the step's own writes come after it.
+            if job.versions is not None:
+                moved = [
+                    job.flat.slots[i].name
+                    for i, v in zip(job.pending, job.versions, strict=True)
+                    if job.flat.slots[i].value._version != v
+                ]
+                if moved:
+                    raise TornCopyError(
+                        f"{len(moved)} tensor(s) were written in place while the background "
+                        f"thread copied them (first: {moved[0]!r}); with overlap=True only the "
+                        "optimizer's step() may change them, after it waited. Copy them "
+                        "synchronously (sync=[...]) or move the write after step()"
+                    )
+        finally:
+            self._end_copy(job)
+        # The source tensors are not needed any more; the staging bytes are.
+        job.flat = None
+        job.versions = None
+
+    def _end_copy(self, job: _Job) -> None:
+        with self._cond:
+            if job.copying:
+                job.copying = False
+                if job.step_waiting_since is not None:
+                    job.step_wait_s = time.perf_counter() - job.step_waiting_since
+                self._cond.notify_all()
+
     def _write(self, job: _Job) -> Written:
         t0 = time.perf_counter()
         receipt = write_file(
             job.path, job.sources, prev=self._prev, metadata=job.metadata, hash=self.hash
         )
         self._prev = receipt
-        written = Written(job.path, job.seq, receipt, time.perf_counter() - t0, job.user_metadata)
+        with self._cond:
+            step_wait_s = job.step_wait_s
+        written = Written(
+            job.path,
+            job.seq,
+            receipt,
+            time.perf_counter() - t0,
+            job.user_metadata,
+            overlap_copy_s=job.overlap_copy_s,
+            step_wait_s=step_wait_s,
+        )
         if self.keep is not None:
             for _, old in self.checkpoints()[: -self.keep]:
                 try:
