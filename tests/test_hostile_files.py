@@ -140,3 +140,17 @@ def test_read_bounded_refuses_what_a_file_argument_must_not_be(tmp_path: Path) -
         safeio.parse_json(b"[" * 100_000 + b"]" * 100_000, tmp_path / "deep.json")
     with pytest.raises(safeio.InputFileError, match="not JSON"):
         safeio.parse_json(b"{", tmp_path / "bad.json")
+
+
+def test_classifier_explain_tool_on_a_fifo_and_deep_json(tmp_path: Path, fifo: Path) -> None:
+    def explain(path: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "profiler.classify.classifier", str(path)],
+            cwd=REPO, capture_output=True, text=True, timeout=DEADLINE_S,
+            stdin=subprocess.DEVNULL, preexec_fn=_limit_memory,
+        )  # fmt: skip
+
+    one_error_line(explain(fifo), EXIT_USAGE, str(fifo), "not a regular file")
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    one_error_line(explain(deep), EXIT_USAGE, "nested too deeply")

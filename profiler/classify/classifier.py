@@ -42,6 +42,7 @@ from typing import Any
 
 from collectors import procstat
 from collectors.samples import Frame, Sample
+from profiler import safeio
 from profiler.classify.callsite import (
     MAX_NAME_PARTS,
     NOT_READY,
@@ -541,15 +542,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         text = proc.stdout
         proc_root = proc_root or Path(f"/proc/{args.pid}/root")
     else:
-        try:
-            text = args.dump.read_text()
-        except OSError as exc:
+        try:  # the one bounded open of a file argument: a FIFO or device is refused
+            text = safeio.read_bounded(args.dump, max_bytes=safeio.MAX_JSON_BYTES).decode()
+        except (safeio.InputFileError, UnicodeDecodeError) as exc:
             print(f"error: cannot read {args.dump}: {exc}", file=sys.stderr)
             return 2
     try:
         threads = json.loads(text)
         if not isinstance(threads, list):
             raise ValueError("expected a JSON list of threads")
+    except RecursionError:
+        print("error: not `py-spy dump --json` output: nested too deeply", file=sys.stderr)
+        return 2
     except ValueError as exc:
         print(f"error: not `py-spy dump --json` output: {exc}", file=sys.stderr)
         return 2
