@@ -1,7 +1,10 @@
 """The soak of bench/soak.py, 3 minutes of it: a real daemon over 8 churning targets
 (crashing, not Python, hostile sources), py-spy children SIGKILLed at random, SIGHUPs,
-a real Prometheus scraping. Every check the bench prints is asserted here; the
-30-minute run and its figures are in docs/benchmarks.md."""
+a real Prometheus scraping. Every check that 3 minutes can decide is asserted here: fds and
+threads back to their idle start, windows recorded + failed = windows started, no counter
+reset, the record's integrity, the RSS bound. The RSS slope is left out (--no-rss-slope):
+3 minutes cannot decide it (the 40-minute bench's interval after the caches fill is
+-0.08 to 0.28 MB/min); its figures are in docs/benchmarks.md."""
 
 from __future__ import annotations
 
@@ -20,13 +23,6 @@ pytest.importorskip("scipy")
 
 REPO = Path(__file__).resolve().parents[1]
 
-# RSS slope after a 1-minute warm-up, over 2 minutes: too short to confirm the 30-minute
-# bench's goal (150 MB after 30 days), so the test fails only on a clear leak: the
-# slope's whole 95% interval above 0.7 MB/min (~60 MB to the unit's MemoryMax of 1 GiB
-# in a day). With glibc's default arenas the daemon measured 8.2 MB/min (7.5-8.9) here;
-# with the daemon's 2 arenas 0.32 (0.08-0.57), on a VM at load 20-30.
-RSS_GOAL_MB_PER_MIN = 0.7
-
 
 @pytest.mark.timeout(300)
 def test_three_minute_soak_loses_nothing_and_leaks_nothing(tmp_path: Path) -> None:
@@ -42,8 +38,7 @@ def test_three_minute_soak_loses_nothing_and_leaks_nothing(tmp_path: Path) -> No
             "3",
             "--sighup-s",
             "60",
-            "--rss-goal-mb-per-min",
-            str(RSS_GOAL_MB_PER_MIN),
+            "--no-rss-slope",
             "--workdir",
             str(workdir),
             "--json",
@@ -58,7 +53,6 @@ def test_three_minute_soak_loses_nothing_and_leaks_nothing(tmp_path: Path) -> No
     checks = {c["name"]: c for c in json.loads(out.read_text())}
     log = (workdir / "daemon.log").read_text(errors="replace")
     assert set(checks) == {
-        "rss",
         "rss_bound",
         "fds",
         "threads",
@@ -71,12 +65,14 @@ def test_three_minute_soak_loses_nothing_and_leaks_nothing(tmp_path: Path) -> No
     failed = {
         name: (c["verdict"], c["detail"], c["figures"])
         for name, c in checks.items()
-        if c["verdict"] not in ("holds", "confirmed")
-        and not (name == "rss" and c["verdict"] == "undecided")
+        if c["verdict"] != "holds"
     }
     tail = "\n".join(log.splitlines()[-40:])
     assert not failed, f"{failed}\n--- soak output ---\n{proc.stdout}\n--- daemon log ---\n{tail}"
+    assert proc.returncode == 0, proc.stdout  # every check decided, and each holds
     w = checks["windows"]["figures"]
+    assert w["started"] == w["recorded"] + w["failed"] and w["recorded"] > 0, w
+    assert checks["prometheus"]["figures"]["series_with_resets"] == 0
     # the faults really happened: crashes, not-Python and killed py-spys were all seen
     assert w["errors_by_kind"].get("not_python", 0) >= 1, w
     assert w["errors_by_kind"].get("sampler_failed", 0) >= 1, w
