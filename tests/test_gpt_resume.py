@@ -1,5 +1,6 @@
 """The done-when check of issue 13: a small GPT checkpoints through the torch.save drop-in
-(and through the async Checkpointer), is SIGKILLed after a checkpoint, resumes from the
+(and through the async Checkpointer, copying while the next iteration computes with
+--overlap), is SIGKILLed after a checkpoint, resumes from the
 `.many` file and continues with exactly the losses of an uninterrupted run."""
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from profiler.many import verify, verify_chain
-from profiler.many.checkpointer import Checkpointer
+from profiler.many import load, verify, verify_chain
+from profiler.many.checkpointer import OVERLAP_KEY, Checkpointer
 
 REPO = Path(__file__).resolve().parents[1]
 ITERS, EVERY = 24, 6
@@ -60,11 +61,11 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
     return losses
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("mode", ["sync", "async", "overlap"])
 def test_gpt_killed_after_a_checkpoint_resumes_with_identical_losses(
     tmp_path: Path, reference: dict[int, float], mode: str
 ) -> None:
-    extra = ("--async",) if mode == "async" else ()
+    extra = {"sync": (), "async": ("--async",), "overlap": ("--async", "--overlap")}[mode]
     proc = subprocess.Popen(_cmd(tmp_path, *extra), env=_env(), stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     seen: list[dict[str, Any]] = []
@@ -76,9 +77,13 @@ def test_gpt_killed_after_a_checkpoint_resumes_with_identical_losses(
     proc.wait(timeout=60)
     assert proc.returncode == -signal.SIGKILL
     assert _losses(seen).items() <= reference.items()
-    if mode == "async":
+    if mode != "sync":
         files = [p for _, p in Checkpointer(tmp_path).checkpoints()]
         assert files and verify_chain(files) == []
+        with load(files[-1]) as newest:
+            record = newest.metadata.get(OVERLAP_KEY)
+        # --overlap left the parameters and moments to the background copy; --async did not.
+        assert (record is not None and len(record["overlapped"]) > 100) == (mode == "overlap")
     else:
         assert verify(tmp_path / "ckpt.many") == []
 

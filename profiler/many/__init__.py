@@ -13,7 +13,13 @@ Byte layout: FORMAT.md next to this file.
 """
 
 from profiler.many.arena import Arena, Handle, StaleHandleError
-from profiler.many.checkpointer import Checkpointer, CheckpointError, Staged, Written
+from profiler.many.checkpointer import (
+    Checkpointer,
+    CheckpointError,
+    Staged,
+    TornCopyError,
+    Written,
+)
 from profiler.many.format import (
     RIGHT_READ,
     RIGHT_WRITE,
@@ -44,6 +50,7 @@ __all__ = [
     "SlotInfo",
     "Staged",
     "StaleHandleError",
+    "TornCopyError",
     "Written",
     "chain_head",
     "generate_signing_key",

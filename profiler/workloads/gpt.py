@@ -1,6 +1,7 @@
 """A small GPT (character-level transformer LM, AdamW, CPU) checkpointing through `.many`.
 
-    python -m profiler.workloads.gpt --out-dir DIR [--iters N] [--every K] [--async] [--resume]
+    python -m profiler.workloads.gpt --out-dir DIR [--iters N] [--every K] [--async [--overlap]]
+        [--resume]
 
 The model and training loop follow the usual single-file GPT recipe: token and position
 embeddings, pre-LayerNorm blocks of causal self-attention and an MLP, a language-model head
@@ -13,8 +14,11 @@ nested checkpoint dict
 
 through `profiler.many.torch_compat` (`DIR/ckpt.many`, replaced atomically each time), or with
 `--async` through a `Checkpointer` (`DIR/ckpt-<seq>.many`, written in the background).
-`--resume` loads the newest checkpoint and continues. The text is generated from the seed
-and the batch of iteration i depends only on (seed, i), so a resumed run computes exactly
+`--overlap` (with `--async`) passes the optimizer and `overlap=True`: the parameters and AdamW
+moments are copied while the next iteration's forward and backward run, and its
+`optimizer.step()` waits in a step pre-hook for that copy (the line of each durable checkpoint
+then also says how long: `step_wait_s`). `--resume` loads the newest checkpoint and continues.
+The text is generated from the seed and the batch of iteration i depends only on (seed, i), so a resumed run computes exactly
 the losses of an uninterrupted one.
 
 Each iteration prints one JSON line `{"iter": i, "loss": x}` (the float exactly, as repr);
@@ -222,7 +226,10 @@ def train(args: argparse.Namespace) -> None:
     if args.async_ckpt:
 
         def durable(w: Written) -> None:
-            _emit({"checkpoint": w.metadata["iter_num"], "path": w.path}, lock)
+            line: dict[str, Any] = {"checkpoint": w.metadata["iter_num"], "path": w.path}
+            if args.overlap:
+                line["step_wait_s"] = w.step_wait_s
+            _emit(line, lock)
 
         checkpointer = Checkpointer(out, prefix="ckpt", keep=2, on_written=durable)
     iter_num = 0
@@ -271,7 +278,12 @@ def train(args: argparse.Namespace) -> None:
                 "rng": torch.get_rng_state(),
             }
             if checkpointer is not None:
-                checkpointer.checkpoint(state, metadata={"iter_num": iter_num})
+                checkpointer.checkpoint(
+                    state,
+                    metadata={"iter_num": iter_num},
+                    optimizer=optimizer,
+                    overlap=args.overlap,
+                )
             else:
                 path = os.path.join(out, "ckpt.many")
                 ckpt.save(state, path)
@@ -293,6 +305,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="checkpoint with a background Checkpointer instead of torch_compat.save",
     )
+    p.add_argument(
+        "--overlap",
+        action="store_true",
+        help="with --async: copy the parameters and optimizer state while the next iteration "
+        "computes; its optimizer.step() waits for that copy",
+    )
     return p
 
 
@@ -300,6 +318,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.iters < 1 or args.every < 1:
         print("--iters and --every must be at least 1", file=sys.stderr)
+        return 2
+    if args.overlap and not args.async_ckpt:
+        print("--overlap needs --async (it overlaps the Checkpointer's copy)", file=sys.stderr)
         return 2
     train(args)
     return 0
