@@ -18,8 +18,8 @@ through `profiler.many.torch_compat` (`DIR/ckpt.many`, replaced atomically each 
 moments are copied while the next iteration's forward and backward run, and its
 `optimizer.step()` waits in a step pre-hook for that copy (the line of each durable checkpoint
 then also says how long: `step_wait_s`). `--resume` loads the newest checkpoint and continues.
-The text is generated from the seed and the batch of iteration i depends only on (seed, i), so a resumed run computes exactly
-the losses of an uninterrupted one.
+The text is generated from the seed and the batch of iteration i depends only on (seed, i),
+so a resumed run computes exactly the losses of an uninterrupted one.
 
 Each iteration prints one JSON line `{"iter": i, "loss": x}` (the float exactly, as repr);
 each durable checkpoint prints `{"checkpoint": iter_num, "path": ...}`.
