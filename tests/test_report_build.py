@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from typing import Any
 
@@ -80,21 +81,29 @@ def test_a_large_constructed_difference_is_significant_with_an_interval_excludin
     assert total["significant"] and total["ratio"] < 1.0 and total["ci95"][1] < 1.0
 
 
-def test_holm_is_applied_within_the_checkpoint_and_the_codepath_families() -> None:
+def test_holm_is_applied_within_the_stall_the_secondary_and_the_codepath_families() -> None:
     report = build_report(*_ab())
     tested = [m for m in _all_metrics(report) if m["p"] is not None]
-    primary = [m for k in ("stall_s", "cpu_s", "gpu_wait_s") if (m := report["checkpoint"].get(k))]
-    primary = [m for m in primary if m["p"] is not None]
+    ck = report["checkpoint"]
+    secondary = [m for k in ("cpu_s", "gpu_wait_s", "restore_s") if (m := ck.get(k))]
     families = report["statistics"]["families"]
-    assert families["checkpoint"] == len(primary) >= 2
-    assert families["codepaths"] == len(tested) - len(primary)
+    # the stall is the one primary test: Holm leaves its p as it is
+    assert families["checkpoint"] == 1 and ck["stall_s"]["family"] == "checkpoint"
+    assert ck["stall_s"]["p_adjusted"] == ck["stall_s"]["p"]
+    assert families["checkpoint_secondary"] == len(secondary) >= 1
+    assert families["codepaths"] == len(tested) - 1 - len(secondary)
     assert report["statistics"]["family_size"] == len(tested)
-    # within its family: the smallest checkpoint p times the family size (Holm's first step)
-    smallest = min(primary, key=lambda m: m["p"])
-    assert smallest["p_holm"] == pytest.approx(min(1.0, smallest["p"] * len(primary)))
+    # within its family: the smallest secondary p times the family size (Holm's first step)
+    smallest = min(secondary, key=lambda m: m["p"])
+    assert smallest["p_holm"] == pytest.approx(min(1.0, smallest["p"] * len(secondary)))
     for m in tested:
-        assert m["p_holm"] >= m["p"]
+        assert m["p_holm"] == m["p_adjusted"] >= m["p"]
         assert m["significant"] == (m["p_holm"] < 0.05)
+        assert m["test"] == "permutation test of the ratio of means, two-sided"
+    # the model's energy follows CPU: shown as such, not tested a second time
+    energy = report["codepaths"]["torch"]["energy_j"]
+    assert energy["p"] is None and energy["display"] == "follows CPU (model)"
+    assert all(m["family"] != "codepaths" or "energy" not in m["unit"] for m in tested)
 
 
 def test_the_contract_names_are_there_and_the_document_is_strict_json() -> None:
@@ -195,11 +204,21 @@ def test_too_few_blocks_and_episodes_warn_with_the_needed_n() -> None:
     cand = [make_run("c", windows=6, every_s=10.0, seed=2, stall_s=0.1)]
     report = build_report(base, cand)
     by_scope = {w["scope"]: w for w in report["warnings"]}
-    # 6 windows -> L = 2 -> 3 blocks per side: 2/C(6,3) = 0.1 can never be < 0.05
-    assert by_scope["windows"]["n"] == [3, 3]
-    assert by_scope["windows"]["needed_per_side"] == 4
-    assert "one run of 8 windows makes 4 blocks" in by_scope["windows"]["message"]
+    # 6 windows -> L = 2 -> 3 blocks per side: 2/C(6,3) = 0.1 can never be < 0.05, and
+    # in the codepath family of k tests Holm multiplies the smallest p by k
+    k = report["statistics"]["families"]["codepaths"]
+    windows = by_scope["windows"]
+    assert windows["n"] == [3, 3] and windows["family"] == "codepaths"
+    assert windows["min_attainable_p"] == pytest.approx(min(1.0, k * 0.1))
+    need = next(n for n in range(1, 50) if k * 2 / math.comb(2 * n, n) < 0.05)
+    assert windows["needed_per_side"] == need
+    assert f"Holm family of {k} tests" in windows["message"]
+    assert report["statistics"]["min_attainable_p"]["codepaths"] == pytest.approx(min(1.0, k * 0.1))
     assert by_scope["checkpoint"]["n"] == [3, 3]
+    assert by_scope["checkpoint"]["min_attainable_p"] == pytest.approx(0.1)
+    # below 6 per side: no interval, and the row says why
+    stall = report["checkpoint"]["stall_s"]
+    assert stall["ci95"] is None and "at least 6 per side" in stall["ci_note"]
     assert report["checkpoint"]["stall_s"]["significant"] is False
 
 
@@ -322,11 +341,63 @@ def test_the_terminal_table_fits_100_columns_and_never_says_faster() -> None:
     aa = render_text(build_report(*_aa(), cluster=default_cluster()))
     assert max(len(line) for line in aa.splitlines()) <= 100
     stall_line = next(line for line in aa.splitlines() if line.strip().startswith("stall mean"))
-    assert "~  no significant change" in stall_line
+    # a change that is not significant still shows its interval, p and n
+    assert re.search(r"~ \[-\d+(\.\d+)?, \+\d+(\.\d+)?\] no significant change", stall_line)
     assert "faster" not in aa and "slower" not in aa
     assert "the stall change is not significant" in aa
     ab = render_text(build_report(*_ab(), cluster=default_cluster()))
     stall_line = next(line for line in ab.splitlines() if line.strip().startswith("stall mean"))
-    assert re.search(r"-7\d\.\d% \[-\d+\.\d, -\d+\.\d\]", stall_line)
+    assert re.search(r"-7\d(\.\d)?% \[-\d+(\.\d+)?, -\d+(\.\d+)?\]", stall_line)
+    # at most 3 significant digits in every figure of the stall and projection rows
+    rows = [stall_line] + [ln for ln in ab.splitlines() if "/ year" in ln]
+    for token in (t for ln in rows for t in re.findall(r"\d[\d.]*(?:e[-+]\d+)?", ln)):
+        mantissa = token.split("e")[0]
+        digits = mantissa.replace(".", "").lstrip("0")
+        digits = digits if "." in mantissa else digits.rstrip("0")
+        assert len(digits) <= 3, (token, rows)
     assert "scaling: one node's measured stall" in ab
     assert max(len(line) for line in ab.splitlines()) <= 100
+
+
+def test_skip_warmup_leaves_out_each_runs_first_episodes_and_says_so() -> None:
+    base, cand = _ab()
+    full = build_report(base, cand)
+    skipped = build_report(base, cand, skip_warmup=3)
+    for side in ("baseline", "candidate"):
+        warmup = skipped["checkpoint"][side]["warmup"]
+        assert warmup["skipped"] == 6 and set(warmup["skipped_per_run"].values()) == {3}
+        assert skipped["checkpoint"][side]["episodes"] == full["checkpoint"][side]["episodes"] - 6
+        assert {"trend_p", "lag1_autocorrelation"} <= set(warmup)
+    assert "3 skipped" not in render_text(full) and "6 skipped" in render_text(skipped)
+    with pytest.raises(InputError, match="skip_warmup"):
+        build_report(base, cand, skip_warmup=-1)
+
+
+def test_a_warm_up_is_detected_and_the_episodes_are_blocked() -> None:
+    base, cand = _ab()
+    slow_start = []
+    for run in base:
+        eps = list(run.episodes or ())
+        for i, factor in enumerate((3.0, 2.5, 2.0)):
+            e = eps[i]
+            eps[i] = dataclasses.replace(
+                e, wall_s=e.wall_s * factor, end=e.start + e.wall_s * factor
+            )
+        slow_start.append(dataclasses.replace(run, episodes=tuple(eps)))
+    report = build_report(slow_start, cand)
+    warmup = report["checkpoint"]["baseline"]["warmup"]
+    assert warmup["detected"] and warmup["block_length"] >= 2
+    assert report["checkpoint"]["stall_s"]["n_unit"] == "blocks of episodes"
+    assert any(w.get("side") == "baseline" for w in report["warnings"])
+    assert not report["checkpoint"]["candidate"]["warmup"]["detected"]
+
+
+def test_the_report_says_whether_the_runs_were_interleaved() -> None:
+    base, cand = _ab()  # every run starts at the same t0: the tie keeps the side order
+    shift = [dataclasses.replace(r, started_at=r.started_at + i) for i, r in enumerate(base)]
+    late = [dataclasses.replace(r, started_at=r.started_at + 10 + i) for i, r in enumerate(cand)]
+    assert build_report(shift, late)["interleaving"]["order"] == "AABB"
+    assert "blocked" in build_report(shift, late)["interleaving"]["kind"]
+    mixed = [dataclasses.replace(r, started_at=r.started_at + 0.5 + i) for i, r in enumerate(cand)]
+    got = build_report(shift, mixed)["interleaving"]
+    assert got["order"] == "ABAB" and got["kind"] == "interleaved (ABAB)"

@@ -132,16 +132,45 @@ def test_every_line_names_its_formula_and_what_was_measured_and_assumed() -> Non
         assert out["inputs"][name]["source"].startswith("assumed default")
 
 
-def test_sensitivity_halves_and_doubles_the_mtbf() -> None:
+def test_sensitivity_covers_every_ranged_input_sorted_by_swing() -> None:
     out = project(default_cluster(), _side("baseline", 60.0), _side("candidate", 6.0))
-    half, double = out["sensitivity"]
-    assert (half["mtbf_factor"], double["mtbf_factor"]) == (0.5, 2.0)
-    assert half["mtbf_h"] == pytest.approx(3.093 / 2) and double["mtbf_h"] == pytest.approx(6.186)
-    m = 3.093 * 3600 * 0.5
-    expected = lost_fraction(daly_interval(60.0, m), 60.0, m, 600.0)
-    assert half["baseline_lost_fraction"] == pytest.approx(expected)
-    assert half["saved_gpu_hours_per_year"] > out["saved"]["gpu_hours_per_year"]
-    assert double["saved_gpu_hours_per_year"] < out["saved"]["gpu_hours_per_year"]
+    sens = {e["input"]: e for e in out["sensitivity"]}
+    assert set(sens) == {"mtbf_h", "restart_s", "gpu_power_w", "pue", "wue_l_per_kwh"}
+    swings = [e["relative_swing"] for e in out["sensitivity"]]
+    assert swings == sorted(swings, reverse=True)
+    mtbf = sens["mtbf_h"]
+    assert (mtbf["low"], mtbf["high"]) == (1.547, 6.186)
+    # a shorter MTBF makes every checkpoint stall costlier: more saved
+    assert mtbf["saved_at_low"] > mtbf["saved_at_central"] > mtbf["saved_at_high"]
+    pue = sens["pue"]  # facility MWh is IT MWh x PUE
+    assert pue["saved_at_high"] / pue["saved_at_low"] == pytest.approx(1.58 / 1.1)
+    assert sens["wue_l_per_kwh"]["figure"] == "water_l"
+
+
+def test_lost_parts_sum_to_the_lost_fraction_and_restart_is_1_minus_e_to_minus_r_over_m() -> None:
+    out = project(default_cluster(), _side("baseline", 60.0), _side("candidate", 6.0))
+    for side in ("baseline", "candidate"):
+        p = out[side]
+        parts = p["lost_parts"]
+        assert sum(parts.values()) == pytest.approx(p["lost_fraction"], rel=1e-12)
+        assert parts["restart"] == pytest.approx(1 - math.exp(-600.0 / (3.093 * 3600)))
+        assert min(parts.values()) > 0
+    assert out["baseline"]["lost_parts"]["stall"] > out["candidate"]["lost_parts"]["stall"]
+
+
+def test_saved_figures_carry_the_ratio_interval() -> None:
+    base, cand = _side("baseline", 60.0), _side("candidate", 6.0)
+    out = project(default_cluster(), base, cand, ratio_ci95=(0.05, 0.2))
+    gpu = out["saved"]["gpu_h"]
+    lo, hi = gpu["ci95"]
+    assert lo < gpu["value"] < hi and gpu["display"] is None
+    # the bounds are the saved figure with the candidate's δ at 60 s x 0.2 and x 0.05
+    at = project(default_cluster(), base, _side("candidate", 12.0))["saved"]["gpu_h"]["value"]
+    assert lo == pytest.approx(at)
+    holds = project(default_cluster(), base, cand, ratio_ci95=(0.05, 1.5))["saved"]
+    assert all(holds[k]["display"] == "~" for k in ("gpu_h", "it_mwh", "facility_mwh", "water_l"))
+    none = project(default_cluster(), base, cand)["saved"]["gpu_h"]
+    assert none["ci95"] is None and none["display"] == "~"
 
 
 def test_a_side_without_episodes_has_no_projection() -> None:

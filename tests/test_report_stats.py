@@ -31,7 +31,7 @@ def test_identical_varied_samples_give_p_1_and_an_interval_holding_1() -> None:
     assert c.ratio == pytest.approx(1.0)
     lo, hi = _ci(c)
     assert lo < 1.0 < hi
-    assert c.ci_method == "BCa"
+    assert c.ci_method == "inverted permutation test (scale model)"
 
 
 def test_shifted_samples_are_significant_with_an_interval_excluding_1() -> None:
@@ -65,10 +65,17 @@ def test_zero_on_both_sides_is_not_tested() -> None:
     assert c.note == "not tested: zero on both sides"
 
 
-def test_one_observation_per_side_has_no_interval() -> None:
-    c = stats.compare([1.0], [3.0])
-    assert c.ci95 is None and "at least 2" in (c.note or "")
-    assert c.p == 1.0  # one against one: nothing can be significant
+@pytest.mark.parametrize("n", [1, 3, 5])
+def test_below_six_per_side_there_is_no_interval(n: int) -> None:
+    c = stats.compare([1.0 + i for i in range(n)], [3.0 + i for i in range(n)])
+    assert c.ci95 is None and "needs at least 6 per side" in (c.ci_note or "")
+    assert c.p is not None
+    six = stats.compare([1.0 + i for i in range(6)], [3.0 + i for i in range(6)])
+    assert six.ci95 is not None
+
+
+def test_one_observation_per_side_gives_p_1() -> None:
+    assert stats.compare([1.0], [3.0]).p == 1.0  # one against one: nothing can be significant
 
 
 @pytest.mark.parametrize(("n", "m"), [(1, 1), (2, 3), (3, 3), (4, 4), (5, 5), (3, 5), (1, 39)])
@@ -85,12 +92,71 @@ def test_minimum_sizes_match_the_exact_distribution() -> None:
     assert stats.needed_n(0) is None
 
 
+def test_min_attainable_p_counts_the_holm_family() -> None:
+    # the figures: 4 + 4 gives 2/70 = 0.0286, x2 = 0.057, x8 = 0.229
+    assert stats.min_attainable_p(4, 4, 1) == pytest.approx(2 / 70)
+    assert stats.min_attainable_p(4, 4, 2) == pytest.approx(0.0571, abs=1e-4)
+    assert stats.min_attainable_p(4, 4, 8) == pytest.approx(0.229, abs=1e-3)
+    assert stats.power_warning(4, 4, "episodes", family=2) is not None
+    w = stats.power_warning(4, 4, "blocks", family=8)
+    assert w is not None and "0.229" in w.message and "Holm family of 8" in w.message
+    # 5 + 5: 2/252 = 0.0079, x8 = 0.063 still too big; 6 + 6: 2/924 x 8 = 0.0173
+    assert stats.needed_per_side(family=8) == 6
+    # sampled arrangements: no p below 2 / (N_RESAMPLES + 1)
+    assert stats.min_p(30, 30) == pytest.approx(2 / (stats.N_RESAMPLES + 1))
+
+
+def test_p_is_scipys_permutation_test_of_the_ratio_of_means() -> None:
+    from scipy import stats as sps
+
+    rng = np.random.default_rng(3)
+    base, cand = rng.lognormal(0.0, 1.0, 6), rng.lognormal(0.4, 1.0, 7)  # 1716: exact
+
+    def log_ratio(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
+        return np.log(y.mean(axis=axis)) - np.log(x.mean(axis=axis))
+
+    want = sps.permutation_test(
+        (base, cand), log_ratio, permutation_type="independent", vectorized=True
+    ).pvalue
+    assert stats.compare(base, cand).p == pytest.approx(want, rel=1e-12)
+
+
+def test_the_interval_inverts_the_test_and_ignores_input_order() -> None:
+    rng = np.random.default_rng(11)
+    base, cand = rng.lognormal(0.0, 0.5, 12), rng.lognormal(-0.5, 0.5, 12)
+    c = stats.compare(base, cand)
+    lo, hi = _ci(c)
+    assert lo < c.ratio < hi  # type: ignore[operator]
+    # the bounds are where the test of candidate / r turns significant
+    assert stats.compare(base, cand / (lo * 1.001)).p >= 0.05
+    assert stats.compare(base, cand / (lo * 0.99)).p < 0.05
+    assert stats.compare(base, cand / (hi * 0.999)).p >= 0.05
+    assert stats.compare(base, cand / (hi * 1.01)).p < 0.05
+    assert (c.p < 0.05) == (not lo <= 1.0 <= hi)  # type: ignore[operator]
+    shuffled = stats.compare(rng.permutation(base), rng.permutation(cand))
+    assert shuffled == c
+
+
+def test_serial_dependence_finds_a_warm_up_and_blocks_it() -> None:
+    rng = np.random.default_rng(5)
+    flat = rng.lognormal(0.0, 0.1, 20)
+    assert not stats.serial_dependence(flat).found
+    warm = flat.copy()
+    warm[:4] *= np.array([3.0, 2.6, 2.2, 1.8])  # the first checkpoints 2-3x the rest
+    dep = stats.serial_dependence(warm)
+    assert dep.found and dep.block_length >= 2
+    assert dep.trend_p is not None and dep.trend_p < 0.05
+    assert dep.lag1_autocorrelation is not None and dep.lag1_autocorrelation > 0.3
+    values, weights = stats.block_series(warm, dep.block_length)
+    assert sum(weights) == 20 and sum(values) == pytest.approx(warm.sum())
+
+
 def test_too_few_samples_warn_with_the_needed_n() -> None:
     w = stats.power_warning(3, 3, "blocks")
     assert w is not None
     assert w.needed_per_side == 4
     assert (w.needed_baseline, w.needed_candidate) == (5, 5)
-    assert "needs at least 4 per side" in w.message
+    assert "needs at least 4 per side" in w.message and "attainable p is 0.1" in w.message
     assert stats.power_warning(4, 4, "blocks") is None
     lopsided = stats.power_warning(1, 20, "episodes")
     assert lopsided is not None and lopsided.needed_baseline == 2  # 2/C(22,2) = 0.0087

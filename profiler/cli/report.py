@@ -106,6 +106,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="report runs that are not comparable, with each mismatch as a caveat",
     )  # fmt: skip
     parser.add_argument(
+        "--skip-warmup", type=int, default=0, metavar="N",
+        help="leave out each run's first N checkpoint episodes (page cache and allocator "
+        "warm-up); the report prints what was skipped (default 0)",
+    )  # fmt: skip
+    parser.add_argument(
         "--verify", type=Path, metavar="REPORT.json",
         help="recompute a report's receipt from the records and say whether they still back it",
     )  # fmt: skip
@@ -326,6 +331,7 @@ def _run(args: argparse.Namespace) -> int:
             candidate,
             cluster=cluster,
             allow_mismatch=args.allow_mismatch,
+            skip_warmup=args.skip_warmup,
             checkpoints=checkpoints,
             no_episodes_note=no_episodes,
         )

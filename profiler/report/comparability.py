@@ -88,3 +88,23 @@ def check(runs: Sequence[RunInput], *, allow_mismatch: bool) -> list[Mismatch]:
     if found and not allow_mismatch:
         raise ReportRefused(found)
     return found
+
+
+def interleaving(baseline: Sequence[RunInput], candidate: Sequence[RunInput]) -> dict[str, Any]:
+    """The order the runs started in (A baseline, B candidate): interleaved (ABAB) spreads
+    drift over both sides, blocked (AABB) lets it pass for a difference."""
+    runs = sorted(
+        [(r.started_at, "A", r.run_id) for r in baseline]
+        + [(r.started_at, "B", r.run_id) for r in candidate]
+    )
+    order = "".join(k for _t, k, _id in runs)
+    switches = sum(a != b for a, b in zip(order, order[1:], strict=False))
+    if len(order) <= 2:
+        kind = "one run per side: neither interleaved nor blocked"
+    elif switches == 1:
+        kind = "blocked (AABB): drift between the halves would pass for a difference"
+    elif switches == len(order) - 1:
+        kind = "interleaved (ABAB)"
+    else:
+        kind = "partly interleaved"
+    return {"order": order, "runs": [i for _t, _k, i in runs], "kind": kind}

@@ -76,7 +76,13 @@ class ClusterInput:
             "range": [self.low, self.high],
             "unit": self.unit,
             "source": self.source,
+            "kind": "assumed",
         }
+
+    @property
+    def central(self) -> float:
+        """The value, or a range's midpoint (the central figure of a ranged input)."""
+        return self.value if self.value is not None else 0.5 * (self.low + self.high)
 
 
 @dataclass(frozen=True)
@@ -341,12 +347,26 @@ def _runs(m: SideMeasurement) -> str:
     return ", ".join(m.runs)
 
 
-def _side(cfg: ClusterConfig, m: SideMeasurement, mtbf_s: float) -> dict[str, Any]:
+def lost_parts(
+    interval_s: float, delta_s: float, mtbf_s: float, restart_s: float
+) -> dict[str, float]:
+    """The lost fraction in three parts that sum to it, added in this order: restart
+    (1 − e^{−R/M}, the model with τ → 0 and δ = 0), rework after failures (the model at
+    the same τ with δ = 0, less the restart part) and checkpoint stalls (the rest)."""
+    restart = 1.0 - math.exp(-restart_s / mtbf_s)
+    no_stall = lost_fraction(interval_s, 0.0, mtbf_s, restart_s) if interval_s > 0 else restart
+    total = lost_fraction(interval_s, delta_s, mtbf_s, restart_s)
+    return {"stall": total - no_stall, "rework": no_stall - restart, "restart": restart}
+
+
+def _side(
+    cfg: ClusterConfig, m: SideMeasurement, mtbf_s: float, delta_s: float | None = None
+) -> dict[str, Any]:
     if m.delta_s is None:
         return {"unavailable": m.unavailable or "no checkpoint episodes"}
     restore = m.restore_s or 0.0
     restart = cfg.value("restart_s") + restore
-    delta = m.delta_s
+    delta = m.delta_s if delta_s is None else delta_s
     if cfg.policy.kind == "daly":
         interval = daly_interval(delta, mtbf_s)
     else:
@@ -463,7 +483,12 @@ def _side(cfg: ClusterConfig, m: SideMeasurement, mtbf_s: float) -> dict[str, An
         "restart_s": restart,
         "interval_s": interval,
         "lost_fraction": lost,
+        "lost_parts": lost_parts(interval, delta, mtbf_s, restart),
+        "lost_parts_note": "restart and rework are set by the assumed MTBF and restart_s; "
+        "only the stall part is what serialization causes",
         "gpu_hours_per_year": gpu_hours,
+        "gpu_hours_note": "mostly assumption (restart and rework); the difference between "
+        "the sides is the result",
         "checkpoints_per_year": checkpoints,
         "it_mwh_per_year": it_mwh,
         "host_mwh_per_year": host_mwh,
@@ -496,39 +521,165 @@ def _saved(cfg: ClusterConfig, base: dict[str, Any], cand: dict[str, Any]) -> di
     }
 
 
+def _with(cfg: ClusterConfig, name: str, value: float) -> ClusterConfig:
+    """The config with one input set to `value` (a ranged input collapses to it)."""
+    i = cfg.inputs[name]
+    inputs = dict(cfg.inputs)
+    inputs[name] = ClusterInput(value, value, value, i.unit, i.source)
+    return ClusterConfig(MappingProxyType(inputs), cfg.policy, cfg.path)
+
+
+def _central(cfg: ClusterConfig) -> ClusterConfig:
+    """Every ranged-only input (pue, wue) at its midpoint, for single saved figures."""
+    for name in _RANGED:
+        if cfg.inputs[name].value is None:
+            cfg = _with(cfg, name, cfg.inputs[name].central)
+    return cfg
+
+
+SAVED_FIGURES = ("gpu_h", "it_mwh", "facility_mwh", "water_l")
+
+
+def _saved_figures(
+    cfg: ClusterConfig, base: SideMeasurement, cand: SideMeasurement, cand_delta: float | None
+) -> dict[str, float]:
+    """Saved GPU-h, IT MWh, facility MWh and water L per year at central inputs."""
+    cfg = _central(cfg)
+    mtbf_s = cfg.value("mtbf_h") * 3600.0
+    b = _side(cfg, base, mtbf_s)
+    c = _side(cfg, cand, mtbf_s, cand_delta)
+    it = b["it_mwh_per_year"] - c["it_mwh_per_year"]
+    return {
+        "gpu_h": b["gpu_hours_per_year"] - c["gpu_hours_per_year"],
+        "it_mwh": it,
+        "facility_mwh": it * cfg.value("pue"),
+        "water_l": it * 1000.0 * cfg.value("wue_l_per_kwh"),
+    }
+
+
+def _saved_with_intervals(
+    cfg: ClusterConfig,
+    base: SideMeasurement,
+    cand: SideMeasurement,
+    ratio_ci: tuple[float | None, float | None] | None,
+) -> dict[str, Any]:
+    """Each saved figure with its interval: the candidate's δ at the stall ratio's bounds
+    (δ_baseline × ratio bound), the baseline at its mean. Every figure is monotone in the
+    candidate's δ, so the figures at the ratio's bounds bound the figure (an interval of
+    the ratio mapped through the model); an unbounded or missing ratio interval leaves
+    the figure without one."""
+    central = _saved_figures(cfg, base, cand, None)
+    bounds: list[dict[str, float]] | None = None
+    if ratio_ci is not None and None not in ratio_ci and base.delta_s is not None:
+        bounds = [
+            _saved_figures(cfg, base, cand, base.delta_s * float(r))
+            for r in ratio_ci
+            if r is not None
+        ]
+    out: dict[str, Any] = {}
+    for name in SAVED_FIGURES:
+        ci = None
+        if bounds is not None:
+            ci = _span(bounds[0][name], bounds[1][name])
+        holds_zero = ci is None or ci[0] <= 0.0 <= ci[1]
+        out[name] = {"value": central[name], "ci95": ci, "display": "~" if holds_zero else None}
+    return out
+
+
+def _sensitivity(
+    cfg: ClusterConfig, base: SideMeasurement, cand: SideMeasurement
+) -> list[dict[str, Any]]:
+    """The saved figure at each ranged input's low and high, the others at their central
+    values, sorted by the swing relative to the central figure (largest first). WUE moves
+    only water, so its figure is water; every other input's is facility MWh."""
+    out: list[dict[str, Any]] = []
+    for name, i in cfg.inputs.items():
+        if i.low == i.high:
+            continue
+        figure = "water_l" if name == "wue_l_per_kwh" else "facility_mwh"
+        at = central = _saved_figures(cfg, base, cand, None)[figure]
+        low = _saved_figures(_with(cfg, name, i.low), base, cand, None)[figure]
+        high = _saved_figures(_with(cfg, name, i.high), base, cand, None)[figure]
+        swing = abs(high - low) / abs(at) if at else 0.0
+        out.append(
+            {
+                "input": name,
+                "unit": i.unit,
+                "low": i.low,
+                "high": i.high,
+                "figure": figure,
+                "saved_at_central": central,
+                "saved_at_low": low,
+                "saved_at_high": high,
+                "relative_swing": swing,
+            }
+        )
+    out.sort(key=lambda e: -e["relative_swing"])
+    return out
+
+
+def _measured_inputs(base: SideMeasurement, cand: SideMeasurement) -> dict[str, Any]:
+    """The measured and estimated inputs, labelled like the assumed ones."""
+    out: dict[str, Any] = {}
+    for m in (base, cand):
+        runs = f"runs {_runs(m)}"
+        if m.delta_s is not None:
+            out[f"{m.side}_delta_s"] = {
+                "value": m.delta_s,
+                "range": None,
+                "unit": "s",
+                "source": f"{m.delta_basis}, {m.episodes} {m.codepath} episode(s) ({runs})",
+                "kind": "measured",
+            }
+        if m.restore_s is not None:
+            out[f"{m.side}_restore_s"] = {
+                "value": m.restore_s,
+                "range": None,
+                "unit": "s",
+                "source": f"measured restores ({runs})",
+                "kind": "measured",
+            }
+        if m.host_energy_j_per_checkpoint is not None:
+            model = m.energy_source.startswith("model")
+            out[f"{m.side}_host_energy_j_per_checkpoint"] = {
+                "value": m.host_energy_j_per_checkpoint,
+                "range": None,
+                "unit": "J",
+                "source": f"{m.energy_source} ({runs})"
+                + (": the CPU power model, a function of CPU time" if model else ""),
+                "kind": "estimated" if model else "measured",
+            }
+    return out
+
+
 def project(
     cluster: ClusterConfig,
     baseline: SideMeasurement,
     candidate: SideMeasurement,
     *,
     caveats: tuple[str, ...] = (),
+    ratio_ci95: tuple[float | None, float | None] | None = None,
 ) -> dict[str, Any]:
-    """The projection section of the report (JSON-ready)."""
+    """The projection section of the report (JSON-ready). ratio_ci95: the 95% interval of
+    the candidate's δ over the baseline's, carried to every saved figure."""
     mtbf_s = cluster.value("mtbf_h") * 3600.0
     base = _side(cluster, baseline, mtbf_s)
     cand = _side(cluster, candidate, mtbf_s)
     both = "unavailable" not in base and "unavailable" not in cand
-    sensitivity = []
-    for factor in (0.5, 2.0):
-        if not both:
-            break
-        b = _side(cluster, baseline, mtbf_s * factor)
-        c = _side(cluster, candidate, mtbf_s * factor)
-        saved = _saved(cluster, b, c)
-        sensitivity.append(
-            {
-                "mtbf_factor": factor,
-                "mtbf_h": cluster.value("mtbf_h") * factor,
-                "baseline_interval_s": b["interval_s"],
-                "candidate_interval_s": c["interval_s"],
-                "baseline_lost_fraction": b["lost_fraction"],
-                "candidate_lost_fraction": c["lost_fraction"],
-                "saved_gpu_hours_per_year": saved["gpu_hours_per_year"],
-                "saved_mwh_per_year": saved["mwh_per_year"],
-            }
+    saved = None
+    if both:
+        saved = _saved(cluster, base, cand) | _saved_with_intervals(
+            cluster, baseline, candidate, ratio_ci95
         )
+        saved["interval_basis"] = (
+            "the candidate's δ at the bounds of the stall ratio's 95% interval (the "
+            "baseline's δ at its mean), through the same model; ranged inputs at their "
+            "midpoints (the sensitivity table varies them)"
+        )
+    inputs = {name: i.to_json() for name, i in cluster.inputs.items()}
+    inputs.update(_measured_inputs(baseline, candidate))
     return {
-        "inputs": {name: i.to_json() for name, i in cluster.inputs.items()},
+        "inputs": inputs,
         "policy": {
             "kind": cluster.policy.kind,
             "interval_s": cluster.policy.interval_s,
@@ -540,7 +691,7 @@ def project(
         "hours_per_year": HOURS_PER_YEAR,
         "baseline": base,
         "candidate": cand,
-        "saved": _saved(cluster, base, cand) if both else None,
-        "sensitivity": sensitivity,
+        "saved": saved,
+        "sensitivity": _sensitivity(cluster, baseline, candidate) if both else [],
         "caveats": list(caveats),
     }

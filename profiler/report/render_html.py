@@ -383,6 +383,51 @@ def _checkpoint(report: Mapping[str, Any]) -> str:
     return "".join(out)
 
 
+def _tornado(sens: Sequence[Mapping[str, Any]]) -> str:
+    """Bars of each input's swing, relative to the central saved figure, largest on top."""
+    if not sens:
+        return ""
+    width, label_w, row_h = 640, 140, 20
+    half = (width - label_w - 20) / 2
+    scale = (
+        max(
+            (
+                abs(x[k] / x["saved_at_central"] - 1)
+                for x in sens
+                for k in ("saved_at_low", "saved_at_high")
+                if x["saved_at_central"]
+            ),
+            default=1.0,
+        )
+        or 1.0
+    )
+    mid = label_w + half
+    height = row_h * len(sens) + 24
+    parts = [
+        f'<svg class="chart" data-chart="tornado" width="{width}" height="{height}" '
+        f'role="img" aria-label="sensitivity of the saved figure">',
+        f'<line x1="{mid:.1f}" y1="0" x2="{mid:.1f}" y2="{height - 20}" stroke="#888"/>',
+    ]
+    for i, x in enumerate(sens):
+        y = i * row_h + 4
+        parts.append(f'<text x="4" y="{y + 12}">{e(x["input"])}</text>')
+        for key, fill in (("saved_at_low", "#4c78a8"), ("saved_at_high", "#f58518")):
+            rel = x[key] / x["saved_at_central"] - 1 if x["saved_at_central"] else 0.0
+            w = abs(rel) / scale * half
+            left = mid if rel >= 0 else mid - w
+            parts.append(
+                f'<rect class="bar" data-input="{e(x["input"])}" data-end="{key[9:]}" '
+                f'x="{left:.1f}" y="{y}" width="{w:.1f}" height="{row_h - 6}" fill="{fill}">'
+                f"<title>{e(x['input'])} at {key[9:]}: {e(x['figure'])} {e(fmt(x[key]))}</title>"
+                "</rect>"
+            )
+    parts.append(
+        f'<text x="{mid:.1f}" y="{height - 6}" text-anchor="middle">central saved figure '
+        "(blue: input at low, orange: at high)</text></svg>"
+    )
+    return "".join(parts)
+
+
 def _projection(p: Mapping[str, Any] | None) -> str:
     if p is None:
         return "<p>No cluster projection (no cluster file given).</p>"
@@ -394,41 +439,53 @@ def _projection(p: Mapping[str, Any] | None) -> str:
             if "unavailable" in side:
                 out.append(f"<p>{e(name)}: not projected: {e(side['unavailable'])}</p>")
     else:
+
+        def saved(name: str) -> str:
+            f = s.get(name) or {}
+            ci = f.get("ci95")
+            shown = fmt(f.get("value")) + (f" [{fmt(ci[0])}, {fmt(ci[1])}]" if ci else " [no CI]")
+            return ("~ " if f.get("display") == "~" else "") + shown
+
+        def parts(side: Mapping[str, Any]) -> str:
+            lp = side["lost_parts"]
+            return " / ".join(fmt(lp[k]) for k in ("stall", "rework", "restart"))
+
         keys = [
             ("stall δ s", "delta_s", None),
             ("interval τ s", "interval_s", None),
             ("lost fraction", "lost_fraction", "lost_fraction"),
-            ("GPU-hours / year", "gpu_hours_per_year", "gpu_hours_per_year"),
-            ("IT MWh / year", "it_mwh_per_year", "it_mwh_per_year"),
-            ("facility MWh / year", "facility_mwh_per_year", "mwh_per_year"),
-            ("water L / year", "water_l_per_year", "water_l_per_year"),
+            ("GPU-hours / year (mostly assumption)", "gpu_hours_per_year", "gpu_h"),
+            ("IT MWh / year", "it_mwh_per_year", "it_mwh"),
+            ("facility MWh / year", "facility_mwh_per_year", "facility_mwh"),
+            ("water L / year", "water_l_per_year", "water_l"),
         ]
-        rows = [[label, fmt(b[k]), fmt(c[k]), fmt(s[sk]) if sk else ""] for label, k, sk in keys]
-        out.append(_table(["", "baseline", "candidate", "saved"], rows))
+        rows = [
+            [
+                label,
+                fmt(b[k]),
+                fmt(c[k]),
+                (fmt(s[sk]) if sk == "lost_fraction" else saved(sk)) if sk else "",
+            ]
+            for label, k, sk in keys
+        ]
+        rows.insert(3, ["lost: stall / rework / restart", parts(b), parts(c), ""])
+        out.append(_table(["", "baseline", "candidate", "saved [95% CI]"], rows))
+        out.append(f'<p class="src">{e(s.get("interval_basis", ""))}</p>')
+        out.append("<h3>Sensitivity: the saved figure at each input's low and high</h3>")
+        out.append(_tornado(p["sensitivity"]))
         sens = [
             [
-                f"x{x['mtbf_factor']:g}",
-                fmt(x["mtbf_h"]),
-                fmt(x["baseline_lost_fraction"]),
-                fmt(x["candidate_lost_fraction"]),
-                fmt(x["saved_gpu_hours_per_year"]),
-                fmt(x["saved_mwh_per_year"]),
+                x["input"],
+                f"{fmt(x['low'])}–{fmt(x['high'])} {x['unit']}",
+                x["figure"],
+                fmt(x["saved_at_low"]),
+                fmt(x["saved_at_central"]),
+                fmt(x["saved_at_high"]),
             ]
             for x in p["sensitivity"]
         ]
-        out.append("<h3>Sensitivity to MTBF</h3>")
         out.append(
-            _table(
-                [
-                    "MTBF",
-                    "h",
-                    "baseline lost",
-                    "candidate lost",
-                    "saved GPU-h/yr",
-                    "saved facility MWh/yr",
-                ],
-                sens,
-            )
+            _table(["input", "range", "figure", "saved at low", "central", "saved at high"], sens)
         )
         out.append("<h3>Each line: formula, inputs, measured and assumed</h3>")
         lines = []
@@ -455,16 +512,19 @@ def _projection(p: Mapping[str, Any] | None) -> str:
     inputs = [
         [
             name,
-            fmt(i["value"]) if i["value"] is not None else fmt(i["range"]),
+            i.get("kind", "assumed"),
+            fmt(i["value"], 6) if i["value"] is not None else fmt(i["range"], 6),
             i["unit"],
-            fmt(i["range"]),
+            fmt(i["range"], 6) if i.get("range") is not None else "-",
             i["source"],
         ]
         for name, i in p["inputs"].items()
     ]
-    inputs.append(["policy", p["policy"]["text"], "", "", p["policy"]["source"]])
-    out.append("<h3>Assumptions</h3>")
-    out.append(_table(["input", "value", "unit", "range", "source"], inputs, numeric_from=99))
+    inputs.append(["policy", "assumed", p["policy"]["text"], "", "", p["policy"]["source"]])
+    out.append("<h3>Inputs: measured, estimated, assumed</h3>")
+    out.append(
+        _table(["input", "kind", "value", "unit", "range", "source"], inputs, numeric_from=99)
+    )
     return "".join(out)
 
 

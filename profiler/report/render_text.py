@@ -21,8 +21,9 @@ WIDTH = 100
 METRIC_LABELS = {"cpu_s": "CPU s", "energy_j": "energy J", "gpu_wait_s": "GPU-wait s"}
 
 
-def fmt(x: Any, digits: int = 4) -> str:
-    """A number in at most `digits` significant digits; '-' for None."""
+def fmt(x: Any, digits: int = 3) -> str:
+    """A number in at most `digits` significant digits (3: what the resampling supports);
+    '-' for None. Large numbers are rounded, not cut: 64468 prints as 64500."""
     if x is None:
         return "-"
     if isinstance(x, bool):
@@ -35,29 +36,33 @@ def fmt(x: Any, digits: int = 4) -> str:
     if x != 0 and (abs(x) >= 1e6 or abs(x) < 10 ** -(digits - 1)):
         return f"{x:.{digits - 1}e}"
     if abs(x) >= 10**digits:
-        return f"{x:.0f}"
+        return f"{float(f'{x:.{digits}g}'):.0f}"
     return f"{x:.{digits}g}"
 
 
-def change_text(m: Mapping[str, Any]) -> str:
-    """'-12.3% [-15.0, -9.1]' when significant, '~  no significant change' when not."""
+def _pct_bound(b: float | None) -> str:
+    return "∞" if b is None else f"{float(f'{b:.3g}'):+g}"
+
+
+def change_text(m: Mapping[str, Any], words: bool = True) -> str:
+    """'-12.3% [-15, -9.1]' when significant, '~ [-20, +8.3]' when not (the interval is
+    always shown where there is one; 'no CI' where the counts allow none)."""
     if m.get("p") is None:
-        return "not tested"
+        return str(m.get("display") or "not tested")
+    ci = m.get("change_pct_ci95")
+    interval = f" [{_pct_bound(ci[0])}, {_pct_bound(ci[1])}]" if ci else " no CI"
     if not m.get("significant"):
-        return "~  no significant change"
+        return "~" + interval + (" no significant change" if words else "")
     if m.get("ratio") is None:
         return "new (baseline 0)"
-    ci = m.get("change_pct_ci95")
-    shown = m["display"]
-    if ci and None not in ci:
-        shown += f" [{ci[0]:+.1f}, {ci[1]:+.1f}]"
-    if m.get("note"):  # the U test says a change, the interval still holds none
+    shown = m["display"] + interval
+    if m.get("note"):  # the test says a change, the interval still holds none
         shown += " weak"
     return shown
 
 
 def p_text(m: Mapping[str, Any]) -> str:
-    return fmt(m.get("p_holm"), 2) if m.get("p_holm") is not None else "-"
+    return fmt(m.get("p_holm"), 3) if m.get("p_holm") is not None else "-"
 
 
 def n_text(m: Mapping[str, Any]) -> str:
@@ -160,6 +165,8 @@ def render_text(report: Mapping[str, Any]) -> str:
         for w in report["warnings"]:
             lines += _wrap("  ! ", w["message"])
 
+    if (order := report.get("interleaving")) is not None:
+        lines += _wrap("runs      ", f"started {order['order']}: {order['kind']}")
     lines += ["", *_checkpoint_lines(report)]
     lines += ["", *_codepath_lines(report)]
     if report.get("projection"):
@@ -171,9 +178,12 @@ def render_text(report: Mapping[str, Any]) -> str:
     st = report["statistics"]
     lines += [""] + _wrap(
         "method    ",
-        f"{st['blocking']}; {st['bootstrap']}; {st['test']}; Holm within the checkpoint "
-        f"comparison ({st['families']['checkpoint']} tests) and within the codepath table "
-        f"({st['families']['codepaths']} tests), significant when corrected p < {st['alpha']:g}",
+        f"{st['method']}; {st['test']}; interval: {st['interval']}; {st['blocking']}; Holm "
+        f"within the stall ({st['families']['checkpoint']} test), the checkpoint's secondary "
+        f"figures ({st['families'].get('checkpoint_secondary', 0)} tests) and the codepath "
+        f"table ({st['families']['codepaths']} tests), significant when corrected p < "
+        f"{st['alpha']:g}; smallest attainable corrected p: "
+        + ", ".join(f"{k} {fmt(v)}" for k, v in (st.get("min_attainable_p") or {}).items()),
     )
     return "\n".join(_shown(line) for line in lines) + "\n"
 
@@ -184,15 +194,11 @@ def _checkpoint_lines(report: Mapping[str, Any]) -> list[str]:
     out = ["CHECKPOINT COST (per checkpoint, training thread)"]
     if ck.get("stall_s") is None:
         out += _wrap("  ", ck.get("note") or "not compared")
-    head = [
-        "",
-        f"baseline ({b['codepath'] or '-'})",
-        f"candidate ({c['codepath'] or '-'})",
-        "change [95% CI]",
-        "p Holm",
-        "n",
-    ]
-    widths = [18, 17, 17, 27, 8, 7]
+    out += _wrap(
+        "  ", f"through: baseline {b['codepath'] or '-'}, candidate {c['codepath'] or '-'}"
+    )
+    head = ["", "baseline", "candidate", "change % [95% CI]", "p Holm", "n"]
+    widths = [18, 11, 11, 38, 7, 7]
 
     def q(side: Mapping[str, Any]) -> str:
         s = side.get("stall_s")
@@ -204,6 +210,7 @@ def _checkpoint_lines(report: Mapping[str, Any]) -> list[str]:
         ("stall_s", "stall mean s"),
         ("cpu_s", "CPU s"),
         ("gpu_wait_s", "GPU-wait s"),
+        ("restore_s", "restore s"),
     ):
         m = ck.get(key)
         if m:
@@ -230,6 +237,23 @@ def _checkpoint_lines(report: Mapping[str, Any]) -> list[str]:
     )
     res = b.get("resolution_s") or c.get("resolution_s")
     out += ["  " + line for line in _table(rows, widths)]
+    for name, side in (("baseline", b), ("candidate", c)):
+        w = side.get("warmup")
+        if w:
+            out += _wrap(
+                "  warm-up: ",
+                f"{name}: {w['skipped']} skipped; trend p {fmt(w['trend_p'])}, lag-1 "
+                f"autocorrelation {fmt(w['lag1_autocorrelation'])}: "
+                + (
+                    f"not independent, resampled in blocks of {w['block_length']}"
+                    if w.get("detected")
+                    else "none detected"
+                ),
+            )
+    for key in ("stall_s", "cpu_s", "gpu_wait_s", "restore_s"):
+        m = ck.get(key)
+        if m and m.get("ci_note"):
+            out += _wrap("  ", f"{key}: {m['ci_note']}")
     if res:
         out.append(f"  durations timed to ± {fmt(res, 3)} s (95%; resolution_s, docs/report.md)")
     return out
@@ -252,7 +276,7 @@ def _codepath_lines(report: Mapping[str, Any]) -> list[str]:
                     METRIC_LABELS[metric],
                     fmt(m["baseline"]),
                     fmt(m["candidate"]),
-                    change_text(m),
+                    change_text(m, words=False),
                     p_text(m),
                     n_text(m),
                 ]
@@ -278,8 +302,19 @@ def _projection_lines(p: Mapping[str, Any]) -> list[str]:
                 out += _wrap("  ", f"{name}: not projected: {side['unavailable']}")
         return out
     s = p["saved"]
+
+    def saved(name: str) -> str:
+        f = s.get(name) or {}
+        ci = f.get("ci95")
+        shown = fmt(f.get("value")) + (f" [{fmt(ci[0])}, {fmt(ci[1])}]" if ci else " [no CI]")
+        return ("~ " if f.get("display") == "~" else "") + shown
+
+    def parts(side: Mapping[str, Any]) -> str:
+        lp = side["lost_parts"]
+        return "/".join(fmt(lp[k]) for k in ("stall", "rework", "restart"))
+
     rows = [
-        ["", "baseline", "candidate", "saved"],
+        ["", "baseline", "candidate", "saved [95% CI]"],
         ["stall δ s", fmt(b["delta_s"]), fmt(c["delta_s"]), ""],
         ["interval τ s", fmt(b["interval_s"]), fmt(c["interval_s"]), ""],
         [
@@ -288,51 +323,54 @@ def _projection_lines(p: Mapping[str, Any]) -> list[str]:
             fmt(c["lost_fraction"]),
             fmt(s["lost_fraction"]),
         ],
+        ["  stall/rework/restart", parts(b), parts(c), ""],
         [
-            "GPU-h / year",
+            "GPU-h / year *",
             fmt(b["gpu_hours_per_year"]),
             fmt(c["gpu_hours_per_year"]),
-            fmt(s["gpu_hours_per_year"]),
+            saved("gpu_h"),
         ],
         [
             "IT MWh / year",
             fmt(b["it_mwh_per_year"]),
             fmt(c["it_mwh_per_year"]),
-            fmt(s["it_mwh_per_year"]),
+            saved("it_mwh"),
         ],
         [
             "facility MWh / year",
-            fmt(b["facility_mwh_per_year"], 3),
-            fmt(c["facility_mwh_per_year"], 3),
-            fmt(s["mwh_per_year"], 3),
+            fmt(b["facility_mwh_per_year"]),
+            fmt(c["facility_mwh_per_year"]),
+            saved("facility_mwh"),
         ],
         [
             "water L / year",
-            fmt(b["water_l_per_year"], 3),
-            fmt(c["water_l_per_year"], 3),
-            fmt(s["water_l_per_year"], 3),
+            fmt(b["water_l_per_year"]),
+            fmt(c["water_l_per_year"]),
+            saved("water_l"),
         ],
     ]
-    out += ["  " + line for line in _table(rows, [20, 22, 22, 22])]
-    for sens in p["sensitivity"]:
-        out += _wrap(
-            "  ",
-            f"sensitivity: MTBF x{sens['mtbf_factor']:g} ({fmt(sens['mtbf_h'])} h): lost "
-            f"{fmt(sens['baseline_lost_fraction'])} -> {fmt(sens['candidate_lost_fraction'])}, "
-            f"saved {fmt(sens['saved_gpu_hours_per_year'])} GPU-h/year, "
-            f"{fmt(sens['saved_mwh_per_year'], 3)} facility MWh/year",
-        )
+    out += ["  " + line for line in _table(rows, [24, 20, 20, 30])]
+    out += _wrap("  * ", b.get("gpu_hours_note", ""))
+    out += _wrap("  saved CI: ", s.get("interval_basis", ""))
+    if p["sensitivity"]:
+        out.append("  sensitivity (saved figure at each input's low and high, others central):")
+        for sens in p["sensitivity"]:
+            out += _wrap(
+                "    ",
+                f"{sens['input']} {fmt(sens['low'])}-{fmt(sens['high'])} {sens['unit']}: "
+                f"{sens['figure']} {fmt(sens['saved_at_low'])} to {fmt(sens['saved_at_high'])}"
+                f" (central {fmt(sens['saved_at_central'])})",
+            )
     for line in b["lines"][:2]:
         out += _wrap("  formula: ", f"{line['name']}: {line['formula']}")
-    measured = dict.fromkeys(
-        m for side in (b, c) for line in side["lines"] for m in line["measured"]
-    )
-    for m in measured:
-        out += _wrap("  measured: ", m)
     for name, i in p["inputs"].items():
-        shown = fmt(i["value"]) if i["value"] is not None else fmt(i["range"])
+        # inputs as given (a GPU count is exact), measured ones to 3 digits
+        digits = 3 if i.get("kind") != "assumed" else 6
+        shown = fmt(i["value"], digits) if i["value"] is not None else fmt(i["range"], digits)
+        span = f"; range {fmt(i['range'], digits)}" if i.get("range") is not None else ""
         out += _wrap(
-            "  assumed: ", f"{name} = {shown} {i['unit']} ({i['source']}; range {fmt(i['range'])})"
+            f"  {i.get('kind', 'assumed')}: ",
+            f"{name} = {shown} {i['unit']} ({i['source']}{span})",
         )
     out += _wrap("  assumed: ", f"policy = {p['policy']['text']} ({p['policy']['source']})")
     return out
