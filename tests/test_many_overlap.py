@@ -6,6 +6,11 @@ background copy."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,6 +32,7 @@ from profiler.many.checkpointer import (
 from profiler.many.state import STATE_KEY
 from profiler.workloads.gpt import GPT, GPTConfig, get_batch, make_text
 
+REPO = Path(__file__).resolve().parents[1]
 DELAY_S = 0.3  # the injected copy delay: several steps of the small models below
 
 
@@ -337,3 +343,74 @@ def test_overlap_needs_the_optimizer_and_covers_only_its_cpu_tensors(tmp_path: P
     params = len(list(trainer.model.parameters()))
     assert len(names) == 2 * params  # each parameter and its momentum buffer, not the clones
     assert not any(n.startswith("copies") or "running" in n for n in names)
+
+
+# -- what a profiler sees ----------------------------------------------------------------------
+
+HELD_CHILD = textwrap.dedent(
+    """
+    import sys, threading
+    import torch
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+    from profiler.many.checkpointer import Checkpointer, _Staging
+
+    release = threading.Event()
+    real = _Staging.copy_slots
+
+    def held(self, flat, slots):  # the background copy waits for the parent's go
+        if threading.current_thread() is not threading.main_thread():
+            release.wait(timeout=120)
+        real(self, flat, slots)
+
+    _Staging.copy_slots = held
+    model = torch.nn.Linear(16, 16)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.randn(4, 16)).sum().backward()
+    opt.step()
+    cp = Checkpointer(sys.argv[1])
+    cp.checkpoint({"model": model.state_dict()}, optimizer=opt, overlap=True)
+    register_optimizer_step_pre_hook(lambda *a: print("stepping", flush=True))
+    threading.Thread(target=lambda: (sys.stdin.readline(), release.set()), daemon=True).start()
+    opt.step()  # waits in the hook until the parent writes a line
+    print("stepped", cp.wait().step_wait_s > 0, flush=True)
+    """
+)
+
+
+def test_the_step_wait_is_a_many_sample_on_the_training_thread(tmp_path: Path) -> None:
+    """Real py-spy on a child held in the hook, and serwatt's classifier on its stacks."""
+    pyspy = Path(sys.executable).with_name("py-spy")
+    child = subprocess.Popen(
+        [sys.executable, "-c", HELD_CHILD, str(tmp_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
+    assert child.stdin is not None and child.stdout is not None
+    try:
+        assert child.stdout.readline().strip() == "stepping"
+        dump = tmp_path / "dump.json"
+        for _ in range(50):  # until py-spy sees the main thread inside the hook
+            out = subprocess.run(
+                [str(pyspy), "dump", "--json", "--pid", str(child.pid)],
+                capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+            if "_before_step" in out.stdout:
+                break
+        dump.write_text(out.stdout)
+        main = next(t for t in json.loads(out.stdout) if t.get("thread_name") == "MainThread")
+        assert any(f["name"].endswith("_before_step") for f in main["frames"]), main
+        explained = subprocess.run(
+            [sys.executable, "-m", "profiler.classify.classifier", str(dump)],
+            capture_output=True, text=True, timeout=60, cwd=REPO,
+        )  # fmt: skip
+        assert explained.returncode == 0, explained.stderr
+        line = next(ln for ln in explained.stdout.splitlines() if "'MainThread'" in ln)
+        assert ": many  rule=many.arena" in line, explained.stdout
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "stepped True"
+    finally:
+        child.kill()
+        child.wait(timeout=60)

@@ -1,6 +1,7 @@
 """A small real training loop that checkpoints through one chosen serializer.
 
-    python -m profiler.workloads.train --ckpt {pickle,torch,json,protobuf,msgpack,safetensors,many}
+    python -m profiler.workloads.train
+        --ckpt {pickle,torch,json,protobuf,msgpack,safetensors,many,many-async [--overlap]}
         --steps N --every K --size MB [--dir DIR] [--resume]
 
 The model is a stack of square linear layers trained with Adam on a synthetic regression
@@ -11,6 +12,12 @@ durable the same way for every format (temp file, fsync, rename). `--resume` res
 newest checkpoint in `--dir` and continues from its step. The batch of step s depends only
 on (seed, s), so a resumed run does exactly the training work of an uninterrupted one and
 baseline and `.many` runs are comparable under `serwatt profile`.
+
+`--ckpt many-async` checkpoints through `many.Checkpointer` (`DIR/async-<seq>.many`, one
+checkpoint in flight, written in the background, waited for before exit); with `--overlap`
+the weights and Adam moments are copied while the next step computes and that step's
+`optimizer.step()` waits for the copy (torch backend). Its checkpoint entries say the
+training stall (`save_s`) and that wait (`step_wait_s`) apart, and their sum (`cost_s`).
 
 The summary (one JSON line on stdout) carries `params_blake3`, a hash of the final weights,
 so runs can be checked for equal work.
@@ -34,6 +41,7 @@ import blake3
 import numpy as np
 
 FORMATS = ("pickle", "torch", "json", "protobuf", "msgpack", "safetensors", "many")
+ASYNC_MANY = "many-async"  # many.Checkpointer: not a serializer of its own, .many in background
 EXTENSIONS = {
     "pickle": "pkl",
     "torch": "pt",
@@ -439,7 +447,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m profiler.workloads.train", description=__doc__.splitlines()[0]
     )
-    p.add_argument("--ckpt", choices=FORMATS, required=True, help="checkpoint serializer")
+    p.add_argument(
+        "--ckpt", choices=(*FORMATS, ASYNC_MANY), required=True, help="checkpoint serializer"
+    )
+    p.add_argument(
+        "--overlap",
+        action="store_true",
+        help="with --ckpt many-async: copy weights and optimizer state while the next step "
+        "computes; its optimizer.step() waits for that copy",
+    )
     p.add_argument("--steps", type=int, default=20, help="train until this step (default 20)")
     p.add_argument("--every", type=int, default=5, help="checkpoint every K steps (default 5)")
     p.add_argument("--size", type=float, default=16.0, help="checkpoint size in MB (default 16)")
@@ -476,6 +492,10 @@ def make_trainer(backend: str, width: int, seed: int, threads: int) -> TorchTrai
 def train(args: argparse.Namespace) -> dict[str, Any]:
     if args.steps < 0 or args.every < 1 or args.size <= 0 or args.keep < 0:
         raise UsageError("--steps >= 0, --every >= 1, --size > 0 and --keep >= 0 are required")
+    if args.overlap and args.ckpt != ASYNC_MANY:
+        raise UsageError(f"--overlap overlaps many.Checkpointer's copy: use --ckpt {ASYNC_MANY}")
+    if args.ckpt == ASYNC_MANY:
+        return train_async(args)
     width = width_for(args.size)
     found = checkpoint_paths(args.dir, args.ckpt) if args.resume else []
     if args.resume and not found:
@@ -547,6 +567,84 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "loss": loss,
         "params_blake3": trainer.params_digest(),
         "restored_from": restored,
+        "restore_s": restore_s,
+        "checkpoints": checkpoints,
+    }
+
+
+def train_async(args: argparse.Namespace) -> dict[str, Any]:
+    """--ckpt many-async: the same loop, checkpointing through many.Checkpointer."""
+    from profiler.many.checkpointer import Checkpointer, Written
+    from profiler.many.state import load_state
+
+    width = width_for(args.size)
+    cp = Checkpointer(args.dir, prefix="async", keep=args.keep or None)
+    latest = cp.latest() if args.resume else None
+    if args.resume and latest is None:
+        cp.close()
+        raise UsageError(f"--resume: no {ASYNC_MANY} checkpoint (async-*.many) in {args.dir}")
+    trainer = make_trainer(args.backend, width, args.seed, args.threads)
+    if args.overlap and not isinstance(trainer, TorchTrainer):
+        cp.close()
+        raise UsageError("--overlap waits in a torch optimizer's step(): use --backend torch")
+    start_step, restore_s = 0, None
+    if latest is not None:
+        t0 = time.perf_counter()
+        tree = load_state(latest, verify=True)
+        trainer.restore(tree["tensors"], tree["meta"])
+        restore_s = time.perf_counter() - t0
+        start_step = int(tree["meta"]["step"])
+    durable: dict[str, Written] = {}
+    cp.on_written = lambda w: durable.__setitem__(w.path, w)  # on the background thread
+    checkpoints: list[dict[str, Any]] = []
+    loss = float("nan")
+    try:
+        for step in range(start_step + 1, args.steps + 1):
+            x, y = batch(args.seed, step, width)
+            loss = trainer.step(x, y)
+            if step % args.every:
+                continue
+            tensors, meta = trainer.state()
+            meta = dict(meta, step=step, format=ASYNC_MANY, width=width, backend=trainer.backend)
+            staged = cp.checkpoint(
+                {"tensors": tensors, "meta": meta},
+                metadata={"step": step},
+                optimizer=getattr(trainer, "opt", None),
+                overlap=args.overlap,
+            )
+            checkpoints.append(
+                {
+                    "step": step,
+                    "path": staged.path,
+                    "bytes": staged.nbytes,
+                    "save_s": staged.stall_s,
+                }
+            )
+            print(
+                f"checkpoint step={step} format={ASYNC_MANY} bytes={staged.nbytes} "
+                f"save_s={staged.stall_s:.4f} overlapped_bytes={staged.overlapped_bytes}",
+                file=sys.stderr,
+                flush=True,
+            )
+    finally:
+        cp.close()  # the checkpoint in flight is made durable before the summary
+    for entry in checkpoints:
+        w = durable[entry["path"]]
+        entry["step_wait_s"] = round(w.step_wait_s, 6)
+        entry["cost_s"] = round(entry["save_s"] + w.step_wait_s, 6)
+        entry["save_s"] = round(entry["save_s"], 6)
+        entry["write_s"] = round(w.write_s, 6)
+    return {
+        "format": ASYNC_MANY,
+        "overlap": bool(args.overlap),
+        "backend": trainer.backend,
+        "width": width,
+        "layers": LAYERS,
+        "start_step": start_step,
+        "final_step": max(args.steps, start_step),
+        "loss": loss,
+        "params_blake3": trainer.params_digest(),
+        "restored_from": latest,
         "restore_s": restore_s,
         "checkpoints": checkpoints,
     }
