@@ -493,3 +493,44 @@ def test_live_systemd_refuses_unknown_arguments() -> None:
         ["bash", str(LIVE), "--boot-now"], capture_output=True, text=True, timeout=30
     )
     assert r.returncode == 2 and "usage:" in r.stderr
+
+
+# ------------------------------------------------------------------------ checkpoint_overlap
+
+OVERLAP_METHODS = (
+    "many.Checkpointer",
+    "many.Checkpointer+overlap",
+    "dcp.async_save",
+    "dcp.async_save+staging",
+)
+
+
+@pytest.mark.serial  # a GPT training loop in two regimes, ~10 s of one busy CPU
+def test_checkpoint_overlap_prints_stall_slowdown_and_verdicts_per_regime(tmp_path: Path) -> None:
+    out = tmp_path / "overlap.json"
+    r = bench(
+        "checkpoint_overlap.py", "--size-mb", "2", "--repeat", "2", "--dir", str(tmp_path),
+        "--json", str(out), timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert re.search(rf"^state {NUM} MiB .*; one copy {NUM} ms; 2 rounds", r.stdout, re.M)
+    assert "load average" in r.stdout
+    for regime in ("long", "short"):
+        res = doc[regime]
+        assert all(len(res["samples"][m]) == 2 for m in OVERLAP_METHODS)
+        for m in OVERLAP_METHODS:
+            summary = res["summary"]["methods"][m]
+            stall = mean_interval([x["stall_s"] for x in res["samples"][m]])
+            assert summary["stall_s"] == pytest.approx(stall.estimate)
+            line = rf"^  {re.escape(m)} +stall +{NUM} ms \(95% CI {NUM}-{NUM}\)   step slowdown"
+            assert re.search(line, r.stdout, re.M), r.stdout
+        goals = res["summary"]["goals"]
+        # the 0.1x goal is asked only where forward + backward took at least the copy
+        assert [g["at_most"] for g in goals] == ([0.1] if res["ratio"] >= 1 else []) + [1.0, 1.0]
+        for g in goals:
+            lo, hi = g["ci95"]
+            assert g["verdict"] == at_most(lo, hi, g["at_most"]), g
+            assert f"stall <= {g['at_most']:g}x {g['vs']}'s: ratio" in r.stdout
+            assert f"{g['verdict'].upper()}" in r.stdout
+    assert not [p for p in tmp_path.iterdir() if p.name != "overlap.json"]  # cleaned up
