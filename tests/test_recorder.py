@@ -401,6 +401,7 @@ def _episode(**over: object) -> object:
         pid=7, thread=7, codepath="pickle", start=100.0, end=100.8, wall_s=0.8, period_s=0.02,
         resolution_s=0.2, unknown_s=0.0, edge_unknown_s=0.0, truncated=False, samples=40,
         cpu_s=0.75, gpu_wait_s=None, gpu_idle_j=None, main_thread=True, durable=False,
+        timed_by="stack changes", timing_period_s=0.005, clock_s=0.001, durability_s=0.1,
     )  # fmt: skip
     fields.update(over)
     return type("Episode", (), fields)()
@@ -430,5 +431,10 @@ def test_episodes_round_trip_and_a_version_1_file_says_it_has_none(tmp_path: Pat
         assert eps is not None and [e["start"] for e in eps] == [100.0, 102.0]
         assert eps[0]["main_thread"] is True and eps[1]["durable"] is True
         assert eps[0]["gpu_wait_s"] is None and eps[0]["wall_s"] == 0.8
+        assert (eps[0]["timed_by"], eps[0]["timing_period_s"], eps[0]["durability_s"]) == (
+            "stack changes",
+            0.005,
+            0.1,
+        )
     meta = dict(sqlite3.connect(path).execute("SELECT key, value FROM meta"))
-    assert meta["schema_version"] == str(SCHEMA_VERSION) == "2"
+    assert meta["schema_version"] == str(SCHEMA_VERSION) == "3"

@@ -35,6 +35,7 @@ from profiler.classify.classifier import Classifier
 from profiler.cli.argtypes import Number, check_output_option
 from profiler.cli.main import UsageError
 from profiler.exitcodes import EXIT_OK, EXIT_RUNTIME
+from profiler.profile.checkpoint_sink import CheckpointSink, heuristic_section
 from profiler.profile.document import build_document
 from profiler.profile.energy_sink import EnergySink
 from profiler.profile.record_sink import RecordSink
@@ -132,8 +133,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--checkpoints", type=Path, metavar="DIR",
-        help="with --record: anchor the receipts of the .many checkpoints the job writes in "
-        "DIR in the run record (serwatt report --checkpoints DIR checks the chain against them)",
+        help="the job's checkpoint directory: watched (inotify) from before the command starts "
+        "until it exits, so a checkpoint is a file completed under DIR and a restore a read of "
+        "one; with --record the receipts of its .many files are anchored in the run record "
+        "(serwatt report --checkpoints DIR checks the chain against them)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--checkpoint-glob", metavar="GLOB",
+        help="with --checkpoints: the file names that are checkpoints (fnmatch; default: names "
+        "that do not start with '.' and do not end in '.tmp', so temp files do not count)",
     )  # fmt: skip
     parser.add_argument(
         "--run-id", metavar="ID",
@@ -164,19 +172,34 @@ def prepare_record(args: argparse.Namespace) -> None:
     path = getattr(args, "record", None)
     run_id = getattr(args, "run_id", None)
     checkpoints = getattr(args, "checkpoints", None)
+    glob = getattr(args, "checkpoint_glob", None)
+    if glob is not None and checkpoints is None:
+        raise UsageError("--checkpoint-glob names files under --checkpoints DIR: give it too")
+    if checkpoints is not None:
+        if not checkpoints.is_dir():
+            raise UsageError(f"--checkpoints {checkpoints}: not a directory (create it first)")
+        try:
+            args.checkpoint_sink = CheckpointSink(
+                checkpoints, glob=glob, procfs=getattr(args, "procfs", Path("/proc"))
+            )
+        except OSError as exc:
+            raise UsageError(
+                f"--checkpoints {checkpoints}: cannot watch it ({exc.strerror or exc}); "
+                "check permissions and fs.inotify.max_user_instances"
+            ) from None
     if path is None:
         if run_id is not None:
             raise UsageError("--run-id names the run --record writes: give --record FILE too")
-        if checkpoints is not None:
-            raise UsageError("--checkpoints anchors receipts in the record: give --record FILE")
         return
-    if checkpoints is not None and not checkpoints.is_dir():
-        raise UsageError(f"--checkpoints {checkpoints}: not a directory (create it first)")
     try:
         if run_id is not None:
             check_run_id(run_id)
         args.record_sink = RecordSink(
-            path, run_id=run_id, tracker=getattr(args, "tracker", None), checkpoints=checkpoints
+            path,
+            run_id=run_id,
+            tracker=getattr(args, "tracker", None),
+            checkpoints=checkpoints,
+            checkpoint_sink=getattr(args, "checkpoint_sink", None),
         )
         if run_id is not None and args.record_sink.recorder.runs(run_id):
             args.record_sink.recorder.close()
@@ -227,7 +250,9 @@ def make_classifier() -> Any:
 def sinks(args: argparse.Namespace) -> list[SessionSink]:
     """The session's sinks: energy/GPU attribution for the document, then the record."""
     out: list[SessionSink] = []
-    for sink in (getattr(args, "energy_sink", None), getattr(args, "record_sink", None)):
+    # the checkpoint sink finishes before the record sink, which stores what it matched
+    for name in ("energy_sink", "checkpoint_sink", "record_sink"):
+        sink = getattr(args, name, None)
         if sink is not None:
             out.append(sink)
     return out
@@ -235,7 +260,10 @@ def sinks(args: argparse.Namespace) -> list[SessionSink]:
 
 def document(result: SessionResult, args: argparse.Namespace) -> dict[str, Any]:
     energy_sink = getattr(args, "energy_sink", None)
-    return build_document(result, energy=energy_sink.summary if energy_sink else None)
+    doc = build_document(result, energy=energy_sink.summary if energy_sink else None)
+    checkpoint_sink = getattr(args, "checkpoint_sink", None)
+    doc.update(checkpoint_sink.sections() if checkpoint_sink else heuristic_section())
+    return doc
 
 
 def write_outputs(doc: dict[str, Any], args: argparse.Namespace) -> int:
@@ -346,6 +374,8 @@ def _profile_command(args: argparse.Namespace, cmd: list[str], spy: PySpy, class
         proc = subprocess.Popen(cmd)
     except OSError as exc:
         raise UsageError(f"cannot run {exe}: {exc}") from exc
+    if getattr(args, "checkpoint_sink", None) is not None:
+        args.checkpoint_sink.track(proc.pid)  # a restore at start-up is polled too
     session = new_session(
         args,
         proc.pid,

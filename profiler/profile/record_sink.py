@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from profiler.attribution.episodes import Episode
 from profiler.attribution.tracker import EnergyTracker
@@ -26,6 +26,9 @@ from profiler.many import ManyError
 from profiler.many.format import escape_text
 from profiler.many.verify import read_receipts
 from profiler.profile.session import SessionInfo
+
+if TYPE_CHECKING:
+    from profiler.profile.checkpoint_sink import CheckpointSink
 from profiler.records.host import fingerprint
 from profiler.records.run_ids import format_start_time
 from profiler.records.store import Recorder
@@ -55,6 +58,7 @@ class RecordSink:
         host: Mapping | None = None,
         config: Mapping | None = None,
         checkpoints: Path | None = None,
+        checkpoint_sink: CheckpointSink | None = None,
     ) -> None:
         self.recorder = Recorder(path)
         self.path = self.recorder.path
@@ -69,6 +73,9 @@ class RecordSink:
         self.energy_failures = 0  # windows recorded without joules
         self.checkpoint_failures = 0  # file versions in `checkpoints` not anchored
         self.checkpoints = checkpoints
+        # the watch of `checkpoints`, when the session has one: its matches are stored at
+        # the end, and this sink's own reads of receipts are not taken for the job's
+        self.checkpoint_sink = checkpoint_sink
         # `.many` file versions already read (a file rewritten in place is a new version):
         # anchored, or not a checkpoint; each lists only versions DIR still holds
         self._anchored: set[_FileVersion] = set()
@@ -186,7 +193,11 @@ class RecordSink:
                 self._refuse(version, f"checkpoint {path}: not anchored: not a regular file")
                 continue
             try:
-                receipt, prev = read_receipts(path)
+                if self.checkpoint_sink is not None:
+                    with self.checkpoint_sink.watch.own_open(path):
+                        receipt, prev = read_receipts(path)
+                else:
+                    receipt, prev = read_receipts(path)
             except (OSError, ManyError) as exc:  # half-written or hostile: not anchored
                 self._refuse(version, f"checkpoint {path}: not anchored: {exc}")
                 continue
@@ -196,6 +207,22 @@ class RecordSink:
         self._anchored &= present
         self._failed &= present
         self.recorder.append_receipts(self.run_id, rows)
+
+    def _store_checkpoints(self) -> None:
+        """The checkpoints and restores the watch identified (the checkpoint sink finished
+        first: profiler/cli/profile.py orders the sinks)."""
+        sink = self.checkpoint_sink
+        if sink is None or sink.result is None:
+            return
+        assert self.run_id is not None
+        read_bytes, source = sink.run_read_bytes()
+        self.recorder.append_checkpoints(
+            self.run_id,
+            sink.result,
+            identity=sink.identity(),
+            read_bytes=read_bytes,
+            read_bytes_source=source,
+        )
 
     def remembered_files(self) -> int:
         """How many file versions are remembered (anchored or not checkpoints)."""
@@ -219,6 +246,7 @@ class RecordSink:
         try:
             if self._started and self.run_id is not None:
                 self._anchor_checkpoints()
+                self._store_checkpoints()
                 self.recorder.finish_run(self.run_id, time.time())
         finally:
             self.recorder.close()

@@ -40,9 +40,11 @@ from typing import Any
 
 from profiler import __version__, safeio
 from profiler.classify.codepaths import CODEPATHS
+from profiler.records import checkpoint_rows
 from profiler.sampling.window import WindowReport
 
-SCHEMA_VERSION = 2  # 2 adds serialization episodes; a version 1 file is still read
+SCHEMA_VERSION = 3  # 2 adds serialization episodes, 3 checkpoints by file events
+# (profiler/records/checkpoint_rows.py); older files are upgraded in place
 RECORD_FILENAME = "runs.sqlite"  # the file inside a record dir (config `record.dir`)
 _APPLICATION = "serwatt.runs"
 
@@ -167,7 +169,9 @@ EPISODE_FIELDS = (
     "pid", "thread", "codepath", "start", "end", "wall_s", "period_s", "resolution_s",
     "unknown_s", "edge_unknown_s", "truncated", "samples", "cpu_s", "gpu_wait_s", "gpu_idle_j",
     "main_thread", "durable",
+    *(name for name, _kind in checkpoint_rows.EPISODE_COLUMNS_V3),
 )  # fmt: skip
+_EPISODE_NULLABLE = ("gpu_wait_s", "gpu_idle_j", "timing_period_s", "clock_s", "durability_s")
 _EPISODE_BOOLS = ("truncated", "main_thread", "durable")
 
 
@@ -298,6 +302,8 @@ class RunDetail:
     windows: tuple[WindowRecord, ...] = field(default=())
     # None: the run was recorded without episode detection (a version 1 writer)
     episodes: tuple[Mapping[str, Any], ...] | None = None
+    # None: recorded without a --checkpoints watch (profiler/records/checkpoint_rows.py)
+    checkpoint_events: Mapping[str, Any] | None = None
 
     def to_json(self, *, include_windows: bool = True) -> dict[str, Any]:
         s = self.summary
@@ -484,6 +490,7 @@ class Recorder:
             for stmt in (_SCHEMA + _SCHEMA_V2).split(";"):
                 if stmt.strip():
                     db.execute(stmt)
+            checkpoint_rows.upgrade(db)
             db.executemany(
                 "INSERT OR IGNORE INTO meta(key, value) VALUES (?, ?)",
                 [
@@ -495,11 +502,14 @@ class Recorder:
             )
 
     def _upgrade(self) -> None:
-        """Version 1 -> 2 in place: add the episode tables; earlier runs keep no episodes."""
+        """Older versions in place: 1 -> 2 adds the episode tables (earlier runs keep no
+        episodes), 2 -> 3 the episode fields and the checkpoint tables (earlier runs read as
+        identified by the heuristic). Each statement is idempotent, so one pass does both."""
         with self._tx() as db:
             for stmt in _SCHEMA_V2.split(";"):
                 if stmt.strip():
                     db.execute(stmt)
+            checkpoint_rows.upgrade(db)
             db.execute(
                 "UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),)
             )
@@ -835,6 +845,7 @@ class Recorder:
                 codepaths=_run_codepaths(trows, run_id),
                 windows=_windows(wrows, crows),
                 episodes=self._episodes(db, run_id),
+                checkpoint_events=checkpoint_rows.read(db, run_id),
             )
         return detail
 
@@ -855,6 +866,31 @@ class Recorder:
                     rows,
                 )
         return len(rows)
+
+    def append_checkpoints(
+        self,
+        run_id: str,
+        matched: Any,
+        *,
+        identity: Mapping[str, Any],
+        read_bytes: int | None,
+        read_bytes_source: str,
+    ) -> None:
+        """Record what a --checkpoints watch identified (checkpoint_rows.write)."""
+        with self._tx() as db:
+            checkpoint_rows.write(
+                db,
+                run_id,
+                matched,
+                identity=identity,
+                read_bytes=read_bytes,
+                read_bytes_source=read_bytes_source,
+            )
+
+    def checkpoint_events(self, run_id: str) -> Mapping[str, Any] | None:
+        """A run's checkpoints and restores; None when recorded without a watch."""
+        with self._reading() as db:
+            return checkpoint_rows.read(db, run_id)
 
     def append_receipts(self, run_id: str, receipts: Iterable[tuple[str, str | None, str]]) -> int:
         """Anchor (receipt, prev_receipt, path) of checkpoint files a run wrote; a receipt
@@ -904,9 +940,11 @@ class Recorder:
             return None
         if db.execute("SELECT 1 FROM episode_runs WHERE run_id = ?", (run_id,)).fetchone() is None:
             return None
+        # a version 2 file opened read-only (not upgraded) lacks version 3's columns
+        have = {r[1] for r in db.execute("PRAGMA table_info(episodes)")}
+        columns = ", ".join(n if n in have else f"NULL AS {n}" for n in EPISODE_FIELDS)
         rows = db.execute(
-            f"SELECT {', '.join(EPISODE_FIELDS)} FROM episodes WHERE run_id = ?"
-            " ORDER BY start, episode_id",
+            f"SELECT {columns} FROM episodes WHERE run_id = ? ORDER BY start, episode_id",
             (run_id,),
         ).fetchall()
         out = []
@@ -922,8 +960,10 @@ class Recorder:
                     ep[name] = bool(_integer(value, what))
                 elif name == "codepath":
                     ep[name] = _text(value, what)
+                elif name == "timed_by":
+                    ep[name] = _text(value, what, nullable=True)  # NULL: a version 2 row
                 else:
-                    ep[name] = _number(value, what, nullable=name in ("gpu_wait_s", "gpu_idle_j"))
+                    ep[name] = _number(value, what, nullable=name in _EPISODE_NULLABLE)
             out.append(ep)
         return tuple(out)
 

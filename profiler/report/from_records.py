@@ -11,7 +11,14 @@ from typing import Any
 
 from profiler.classify.codepaths import CODEPATHS
 from profiler.records.store import Recorder, RunDetail
-from profiler.report.inputs import CodepathFigures, EpisodeInput, RunInput, WindowInput
+from profiler.report.inputs import (
+    CheckpointInput,
+    CodepathFigures,
+    EpisodeInput,
+    RestoreInput,
+    RunInput,
+    WindowInput,
+)
 
 ENERGY_SOURCES = ("rapl", "model")
 
@@ -86,9 +93,22 @@ def run_input(detail: RunDetail) -> RunInput:
                 # an unknown thread (no kernel tid) is not taken for the training thread
                 main_thread=bool(e["main_thread"]),
                 durable=e["durable"],
+                unknown_s=e["unknown_s"],
+                edge_unknown_s=e["edge_unknown_s"],
+                truncated=e["truncated"],
+                samples=e["samples"],
+                timed_by=e.get("timed_by"),
+                timing_period_s=e.get("timing_period_s"),
+                clock_s=e.get("clock_s"),
+                durability_s=e.get("durability_s"),
             )
             for e in detail.episodes
         )
+    watched = detail.checkpoint_events
+    checkpoints = restores = None
+    if watched is not None:
+        checkpoints = tuple(CheckpointInput(**c) for c in watched["checkpoints"])
+        restores = tuple(RestoreInput(**r) for r in watched["restores"])
     return RunInput(
         run_id=s.run_id,
         host=dict(detail.host),
@@ -101,6 +121,12 @@ def run_input(detail: RunDetail) -> RunInput:
         ended_at=s.ended_at if s.ended_at is not None else s.last_seen_at,
         windows=windows,
         episodes=episodes,
+        checkpoints=checkpoints,
+        restores=restores or (),
+        restore_s=tuple(r.wall_s for r in restores or () if r.wall_s is not None),
+        unmatched_episodes=watched["unmatched_episodes"] if watched else None,
+        read_bytes=watched["read_bytes"] if watched else None,
+        read_bytes_source=watched["read_bytes_source"] if watched else None,
     )
 
 

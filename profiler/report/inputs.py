@@ -129,8 +129,11 @@ class EpisodeInput:
     duration, within ± resolution_s of the truth (95%; profiler/attribution/episodes.py);
     cpu_s: CPU-seconds the thread spent in it; gpu_wait_s: seconds a GPU the process
     uses was idle during it and gpu_idle_j the joules those GPUs drew meanwhile (None:
-    no GPU data); main_thread: the process's main (training) thread; durable: the
-    checkpoint was made durable (fsync/rename) inside the episode.
+    no GPU data); main_thread: the process's main (training) thread; durable: an fsync
+    was seen inside the episode. The rest as the profile document has them (None: a record
+    from before they were stored): unknown_s, edge_unknown_s (it may have run this much
+    longer, unobserved), truncated (sampling started or stopped inside it), samples,
+    timed_by, timing_period_s, clock_s, durability_s.
     """
 
     pid: int
@@ -145,6 +148,24 @@ class EpisodeInput:
     gpu_idle_j: float | None
     main_thread: bool
     durable: bool
+    unknown_s: float = 0.0
+    edge_unknown_s: float = 0.0
+    truncated: bool = False
+    samples: int | None = None
+    timed_by: str | None = None
+    timing_period_s: float | None = None
+    clock_s: float | None = None
+    durability_s: float | None = None
+
+    @property
+    def stated_resolution_s(self) -> float:
+        """resolution_s widened by the time it may have run unobserved (edge_unknown_s)."""
+        return self.resolution_s + self.edge_unknown_s
+
+    @property
+    def resolved(self) -> bool:
+        """wall_s is within ± resolution_s as stated: no unknown edge, not truncated."""
+        return self.edge_unknown_s == 0.0 and not self.truncated
 
     def __post_init__(self) -> None:
         where = "episode"
@@ -162,11 +183,74 @@ class EpisodeInput:
             raise InputError(f"{where}: end {self.end!r} is before start {self.start!r}")
         for name in ("wall_s", "resolution_s", "cpu_s"):
             _set(self, name, _number(where, name, getattr(self, name)))
-        for name in ("gpu_wait_s", "gpu_idle_j"):
+        for name in ("gpu_wait_s", "gpu_idle_j", "timing_period_s", "clock_s", "durability_s"):
             _set(self, name, _optional(where, name, getattr(self, name)))
-        for name in ("main_thread", "durable"):
+        for name in ("unknown_s", "edge_unknown_s"):
+            _set(self, name, _number(where, name, getattr(self, name)))
+        if self.samples is not None and (
+            isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples < 0
+        ):
+            raise InputError(f"{where}: samples must be a whole number or None")
+        if self.timed_by is not None and not isinstance(self.timed_by, str):
+            raise InputError(f"{where}: timed_by must be text or None")
+        for name in ("main_thread", "durable", "truncated"):
             if not isinstance(getattr(self, name), bool):
                 raise InputError(f"{where}: {name} must be true or false")
+
+
+@dataclass(frozen=True)
+class CheckpointInput:
+    """One checkpoint file a `--checkpoints DIR` watch saw completed
+    (profiler/attribution/checkpoints.py): its writer episode (episode_start on thread_id;
+    None: file event only) and its stall (the main thread's episode: stall_thread,
+    stall_start, stall_s within ± resolution_s); cpu_s_all_threads and async_tail_s None
+    when not known."""
+
+    path: str
+    bytes: int | None
+    event_t: float
+    pid: int | None
+    thread_id: int | None
+    episode_start: float | None
+    stall_thread: int | None
+    stall_start: float | None
+    stall_s: float | None
+    resolution_s: float | None
+    timed_by: str
+    cpu_s_all_threads: float | None
+    async_tail_s: float | None
+
+    def __post_init__(self) -> None:
+        where = f"checkpoint {self.path!r}"
+        _set(self, "event_t", _number(where, "event_t", self.event_t, minimum=None))
+        for name in ("episode_start", "stall_start"):
+            v = getattr(self, name)
+            _set(self, name, None if v is None else _number(where, name, v, minimum=None))
+        for name in ("stall_s", "resolution_s", "cpu_s_all_threads", "async_tail_s"):
+            _set(self, name, _optional(where, name, getattr(self, name)))
+
+
+@dataclass(frozen=True)
+class RestoreInput:
+    """One checkpoint file the run read back: wall_s (None: file event only) within
+    ± resolution_s, read_bytes from storage over it, lazy: a format read on first use."""
+
+    path: str
+    bytes: int | None
+    open_t: float
+    pid: int | None
+    thread_id: int | None
+    wall_s: float | None
+    resolution_s: float | None
+    timed_by: str
+    read_bytes: int | None
+    lazy: bool
+
+    def __post_init__(self) -> None:
+        where = f"restore {self.path!r}"
+        _set(self, "open_t", _number(where, "open_t", self.open_t, minimum=None))
+        for name in ("wall_s", "resolution_s"):
+            _set(self, name, _optional(where, name, getattr(self, name)))
 
 
 @dataclass(frozen=True)
@@ -194,6 +278,12 @@ class RunInput:
     episodes: tuple[EpisodeInput, ...] | None
     restore_s: tuple[float, ...] = ()
     energy_reason: str | None = None
+    # None: recorded without a --checkpoints watch (checkpoints identified by the heuristic)
+    checkpoints: tuple[CheckpointInput, ...] | None = None
+    restores: tuple[RestoreInput, ...] = ()
+    unmatched_episodes: int | None = None
+    read_bytes: int | None = None
+    read_bytes_source: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.run_id, str) or not self.run_id:

@@ -1,0 +1,298 @@
+"""File events under a checkpoint directory, from inotify: which files were completed and
+opened for reading, and when.
+
+A checkpoint is a file a job wrote. inotify says so without guessing: IN_CLOSE_WRITE when a
+file opened for writing is closed, IN_MOVED_TO when a file is renamed into place (the
+atomic temp-file-then-rename every durable writer uses). IN_OPEN marks a read (a restore
+opens its checkpoint) once the same file's IN_CLOSE_NOWRITE shows the open was not for
+writing (an open whose close is IN_CLOSE_WRITE was the writer's); it is stamped at the
+open. inotify events carry no time, so each is stamped with the host
+clock (time.time(), the clock episodes use) when the watch thread reads it: a blocking
+poll on the inotify descriptor, so the stamp is late by the thread's wake-up (under a
+millisecond on an idle host, up to the interpreter's switch interval, 5 ms, when another
+thread holds the GIL, and more on a host with no free CPU). Events read together share
+one stamp.
+
+The directory is the job's, so what it holds is hostile:
+- watches are added for DIR and each directory under it, never through a link
+  (IN_DONT_FOLLOW | IN_ONLYDIR), at most `max_watches`;
+- a directory created or renamed in later is watched as it appears (and what it already
+  holds is listed once, since files may land in it before the watch is added);
+- a renamed directory keeps its watch (inotify watches inodes) and its path follows;
+- at most `max_events` events are kept; the rest are counted in `dropped`, as are the
+  events the kernel itself dropped (IN_Q_OVERFLOW: `overflows`);
+- a file's size is taken with lstat right after the event (None when it is gone, or is
+  not a regular file).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from inotify_simple import INotify, flags
+
+WRITTEN = "written"
+OPENED = "opened"
+MAX_WATCHES = 10_000
+MAX_EVENTS = 200_000
+_POLL_MS = 200  # how often the thread looks at its stop flag while nothing happens
+
+_DIR_MASK = (
+    flags.CLOSE_WRITE
+    | flags.MOVED_TO
+    | flags.MOVED_FROM
+    | flags.CREATE
+    | flags.OPEN
+    | flags.CLOSE_NOWRITE
+    | flags.DELETE_SELF
+    | flags.DONT_FOLLOW
+    | flags.ONLYDIR
+)
+
+
+def default_name_filter(name: str) -> bool:
+    """A checkpoint name: not hidden (`.ckpt.tmp-…`) and not a temp file (`*.tmp`)."""
+    return not name.startswith(".") and not name.endswith(".tmp")
+
+
+def name_filter(glob: str | None) -> Callable[[str], bool]:
+    """The names that count as checkpoints: those matching `glob` (fnmatch, case
+    sensitive, on the file name), or the default rule when `glob` is None."""
+    if glob is None:
+        return default_name_filter
+    return lambda name: fnmatch.fnmatchcase(name, glob)
+
+
+@dataclass(frozen=True)
+class FileEvent:
+    """A file under the watched directory completed (`written`) or opened (`opened`).
+
+    t: epoch seconds when the watch read the event; path: the file's path when it
+    happened; bytes: its size right after (None: gone, or not a regular file)."""
+
+    t: float
+    kind: str
+    path: str
+    bytes: int | None
+
+
+class DirectoryWatch:
+    """An inotify watch of a directory tree, read on a thread of its own.
+
+        watch = DirectoryWatch(Path("ckpt"))
+        watch.start()          # before the job starts: nothing it writes is missed
+        ...
+        events = watch.stop()  # every event, in the order read
+
+    Raises OSError from start() when inotify cannot watch the directory (not one, no
+    permission, inotify instances exhausted)."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        include: Callable[[str], bool] = default_name_filter,
+        max_watches: int = MAX_WATCHES,
+        max_events: int = MAX_EVENTS,
+    ) -> None:
+        self.root = Path(root)
+        self.include = include
+        self.max_watches = max_watches
+        self.max_events = max_events
+        self.dropped = 0  # events not kept (over max_events)
+        self.overflows = 0  # IN_Q_OVERFLOW: the kernel dropped events
+        self.unwatched_dirs = 0  # directories not watched (over max_watches, or vanished)
+        self._events: list[FileEvent] = []
+        self._paths: dict[int, str] = {}  # watch descriptor -> directory path
+        self._own_opens: dict[str, int] = {}  # path -> opens of ours still to be seen
+        self._open: dict[str, list[float]] = {}  # path -> times of opens not yet closed
+        self._open_count = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._inotify: INotify | None = None
+        self._thread: threading.Thread | None = None
+
+    # ---------------------------------------------------------------- control
+
+    def start(self) -> None:
+        self._inotify = INotify()
+        try:
+            self._add_tree(str(self.root), required=True)
+        except OSError:
+            self._inotify.close()
+            self._inotify = None
+            raise
+        self._thread = threading.Thread(target=self._run, name="serwatt-fsevents", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> list[FileEvent]:
+        """Stop watching (after reading what is pending); every event kept, in order."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._inotify is not None:
+            self._drain(timeout_ms=0)
+            self._inotify.close()
+            self._inotify = None
+        # opens never seen closed (the watch ended first) are taken as reads
+        for path, times in sorted(self._open.items()):
+            for t in times:
+                self._keep(FileEvent(t, OPENED, path, _size(path)))
+        self._open.clear()
+        with self._lock:
+            self._events.sort(key=lambda e: e.t)
+        return self.events()
+
+    def events(self) -> list[FileEvent]:
+        with self._lock:
+            return list(self._events)
+
+    @contextmanager
+    def own_open(self, path: str) -> Iterator[None]:
+        """Around an open of `path` by this process (serwatt reading a receipt): that
+        open is not the job's, so the next open event of `path` is not kept."""
+        key = os.path.abspath(path)
+        with self._lock:
+            self._own_opens[key] = self._own_opens.get(key, 0) + 1
+        yield
+
+    # ---------------------------------------------------------------- watches
+
+    def _add_watch(self, path: str, *, required: bool = False) -> bool | None:
+        """Watch a directory: None when it is not watched, True when it already was (a
+        directory renamed inside the tree), False when it is new."""
+        assert self._inotify is not None
+        if len(self._paths) >= self.max_watches:
+            self.unwatched_dirs += 1
+            return None
+        try:
+            wd = self._inotify.add_watch(path, _DIR_MASK)
+        except OSError:
+            if required:
+                raise
+            self.unwatched_dirs += 1
+            return None
+        old = self._paths.get(wd)
+        if old is not None and old != path:
+            # the same inode under a new name: a renamed directory; its subtree follows
+            prefix = old + os.sep
+            for other, p in list(self._paths.items()):
+                if p.startswith(prefix):
+                    self._paths[other] = path + os.sep + p[len(prefix) :]
+        self._paths[wd] = path
+        return old is not None
+
+    def _add_tree(self, top: str, *, required: bool = False, seen_t: float | None = None) -> None:
+        """Watch `top` and every directory under it (links not followed); with `seen_t`,
+        files already there count as written at `seen_t` (they landed before the watch)."""
+        stack = [top]
+        first = True
+        while stack:
+            d = stack.pop()
+            known = self._add_watch(d, required=required and first)
+            first = False
+            if known is None:
+                continue
+            if known:
+                continue  # renamed inside the tree: its files and subdirectories are watched
+            try:
+                with os.scandir(d) as entries:
+                    for entry in entries:
+                        if entry.is_dir(follow_symlinks=False):
+                            stack.append(entry.path)
+                        elif seen_t is not None and self.include(entry.name):
+                            self._keep(FileEvent(seen_t, WRITTEN, entry.path, _size(entry.path)))
+            except OSError:
+                continue
+
+    # ---------------------------------------------------------------- reading
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._drain(timeout_ms=_POLL_MS)
+
+    def _drain(self, *, timeout_ms: int) -> None:
+        assert self._inotify is not None
+        try:
+            raw = self._inotify.read(timeout=timeout_ms)
+        except OSError:
+            return
+        t = time.time()
+        for ev in raw:
+            self._handle(ev.wd, ev.mask, ev.name, t)
+
+    def _handle(self, wd: int, mask: int, name: str, t: float) -> None:
+        if mask & flags.Q_OVERFLOW:
+            self.overflows += 1
+            return
+        if mask & flags.IGNORED:
+            self._paths.pop(wd, None)
+            return
+        directory = self._paths.get(wd)
+        if directory is None or not name:
+            return
+        path = os.path.join(directory, name)
+        if mask & flags.ISDIR:
+            if mask & (flags.CREATE | flags.MOVED_TO):
+                self._add_tree(path, seen_t=t)
+            return
+        if not self.include(name):
+            return
+        if mask & (flags.CLOSE_WRITE | flags.MOVED_TO):
+            if mask & flags.CLOSE_WRITE:
+                self._closed(path)  # that open was the writer's
+            self._keep(FileEvent(t, WRITTEN, path, _size(path)))
+        elif mask & flags.OPEN:
+            key = os.path.abspath(path)
+            with self._lock:
+                own = self._own_opens.get(key, 0)
+                if own:
+                    if own == 1:
+                        del self._own_opens[key]
+                    else:
+                        self._own_opens[key] = own - 1
+                    return
+            if self._open_count >= self.max_events:
+                self.dropped += 1
+                return
+            self._open.setdefault(path, []).append(t)
+            self._open_count += 1
+        elif mask & flags.CLOSE_NOWRITE:
+            opened = self._closed(path)
+            if opened is not None:
+                self._keep(FileEvent(opened, OPENED, path, _size(path)))
+
+    def _closed(self, path: str) -> float | None:
+        """The time of the earliest open of `path` not yet closed, now closed."""
+        times = self._open.get(path)
+        if not times:
+            return None
+        self._open_count -= 1
+        t = times.pop(0)
+        if not times:
+            del self._open[path]
+        return t
+
+    def _keep(self, event: FileEvent) -> None:
+        with self._lock:
+            if len(self._events) >= self.max_events:
+                self.dropped += 1
+                return
+            self._events.append(event)
+
+
+def _size(path: str) -> int | None:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return st.st_size if stat.S_ISREG(st.st_mode) else None
