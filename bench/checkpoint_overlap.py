@@ -164,10 +164,11 @@ class Methods:
         self.async_stager = DefaultStager(StagingOptions(False, False, True, False))
         self.seq = 0
 
-    def checkpoint(self, method: str, loop: Loop) -> tuple[float, float]:
-        """Checkpoint, run the next step as training would; (stall_s, window_s): the
-        training thread's time blocked by the checkpoint, and from the call to the end of
-        the next step. Returns after the checkpoint is durable."""
+    def checkpoint(self, method: str, loop: Loop) -> tuple[float, float, float]:
+        """Checkpoint, run the next step as training would; (call_s, wait_s, window_s): the
+        call, the training thread's wait after it (in the step pre-hook, or on DCP's staging
+        future), and the time from the call to the end of the next step. Returns after the
+        checkpoint is durable."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint import FileSystemWriter
 
@@ -185,7 +186,7 @@ class Methods:
             t2 = time.perf_counter()
             written = cp.wait()
             assert written is not None
-            return t1 - t0 + written.step_wait_s, t2 - t0
+            return t1 - t0, written.step_wait_s, t2 - t0
         self.seq += 1
         d = self.workdir / f"dcp-{self.seq:04d}"
         stager = self.async_stager if method == ANCHOR else self.sync_stager
@@ -212,7 +213,7 @@ class Methods:
         else:
             response.result()
         shutil.rmtree(d, ignore_errors=True)
-        return t1 - t0 + waited[0], t2 - t0
+        return t1 - t0, waited[0], t2 - t0
 
     def close(self) -> None:
         self.plain.close()
@@ -233,17 +234,27 @@ def run_regime(
     loop.batch, loop.tokens = 1, BLOCK
     per_token = forward_backward_s(loop) / BLOCK
     tokens = max(1, round(multiple * copy_s / per_token))
-    loop.batch, loop.tokens = max(1, tokens // BLOCK), min(tokens, BLOCK)
-    fb = forward_backward_s(loop)
+    while True:  # per-token time is not linear at a few tokens: halve until on its side
+        loop.batch, loop.tokens = max(1, tokens // BLOCK), min(tokens, BLOCK)
+        fb = forward_backward_s(loop)
+        if tokens == 1 or (fb >= copy_s) == (multiple >= 1):
+            break
+        tokens = tokens // 2 if multiple < 1 else tokens * 2
     samples: dict[str, list[dict[str, float]]] = {m: [] for m in METHODS}
     for r in range(repeat + 1):  # round 0 is the warm-up, not counted
         order = METHODS[r % len(METHODS) :] + METHODS[: r % len(METHODS)]
         for method in order:
             base = plain_step_s(loop)
-            stall, window = methods.checkpoint(method, loop)
+            call, wait, window = methods.checkpoint(method, loop)
             if r:
                 samples[method].append(
-                    {"stall_s": stall, "slowdown_s": window - base, "plain_step_s": base}
+                    {
+                        "stall_s": call + wait,
+                        "call_s": call,
+                        "wait_s": wait,
+                        "slowdown_s": window - base,
+                        "plain_step_s": base,
+                    }
                 )
     return {
         "batch": loop.batch,
@@ -272,6 +283,12 @@ def summarize(regime: str, res: dict[str, Any]) -> dict[str, Any]:
             "slowdown_ci95": list(slow.bounds()),
         }
         print(f"  {m:26s} stall {ms(stall)}   step slowdown {ms(slow)}")
+        if m in (OVERLAP, ANCHOR):
+            call = mean_interval([x["call_s"] for x in s[m]])
+            wait = mean_interval([x["wait_s"] for x in s[m]])
+            out["methods"][m].update(call_s=call.estimate, wait_s=wait.estimate)
+            what = "step pre-hook" if m == OVERLAP else "staging future"
+            print(f"  {'':26s}   = call {ms(call)} + wait in the {what} {ms(wait)}")
     plain = mean_interval([x["plain_step_s"] for v in s.values() for x in v])
     print(f"  {'a plain step':26s}       {ms(plain)}")
     goals = [(ONE_COPY, 1.0), (ANCHOR, 1.0)]
