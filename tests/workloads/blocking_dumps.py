@@ -9,16 +9,20 @@ Builds a state whose pickling takes about the longest planned time (calibrated o
 machine), prints `ready`, and waits for `go` on stdin. Then, per checkpoint: pause_s of
 non-serialization work and sleep, then one `pickle.dump` of a slice of the state sized
 for `seconds` into a file in DIR. A durable checkpoint also carries `sync_mb` MiB of
-random bytes (so its fsync has data to flush: on a fast disk an fsync of a small file
-is shorter than a sampling tick) and is followed by fsync, os.replace into place and an
-fsync of DIR. Every step is timed with perf_counter. After the last one it pauses,
-prints `done`, waits for a line on stdin (the profiler has stopped sampling, so writing
-the result, itself a json.dump, is not sampled), writes RESULT.json and exits:
+random bytes (so its fsync has data to flush: on a fast disk an fsync of a small file is
+shorter than a sampling tick) and is followed by fsync, os.replace into place and an
+fsync of DIR. Every step is timed with perf_counter, and its CPU with thread_time (the
+main thread's CPU clock, user and system time: what serwatt reads per thread). After the
+last one it pauses, prints `done`, waits for a line on stdin (the profiler has stopped
+sampling, so writing the result, itself a json.dump, is not sampled), writes RESULT.json
+and exits:
 
-    {"checkpoints": [{"dump_s": ..., "sync_s": ..., "total_s": ..., "durable": ...}]}
+    {"checkpoints": [{"dump_s": ..., "sync_s": ..., "total_s": ..., "dump_cpu_s": ...,
+                      "total_cpu_s": ..., "durable": ...}]}
 
 dump_s is the pickle.dump call alone; sync_s the durability tail (0 when not durable);
-total_s the checkpoint from the start of pickle.dump to the end of the tail.
+total_s the checkpoint from the start of pickle.dump to the end of the tail;
+dump_cpu_s and total_cpu_s the thread's CPU over dump_s and total_s.
 """
 
 from __future__ import annotations
@@ -64,10 +68,10 @@ def checkpoint(
 ) -> dict[str, float | bool]:
     tmp = out.with_suffix(".tmp")
     payload = {"state": state, "blob": blob}
-    t0 = time.perf_counter()
+    c0, t0 = time.thread_time(), time.perf_counter()
     with open(tmp, "wb") as f:
         pickle.dump(payload, f, protocol=pickle.HIGHEST_PROTOCOL)
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.thread_time()
         if blob is not None:
             f.flush()
             os.fsync(f.fileno())
@@ -78,11 +82,13 @@ def checkpoint(
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
-    t2 = time.perf_counter()
+    t2, c2 = time.perf_counter(), time.thread_time()
     return {
         "dump_s": t1 - t0,
         "sync_s": t2 - t1 if blob is not None else 0.0,
         "total_s": t2 - t0,
+        "dump_cpu_s": c1 - c0,
+        "total_cpu_s": c2 - c0,
         "durable": blob is not None,
     }
 
