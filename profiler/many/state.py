@@ -240,40 +240,43 @@ class _Flattener:
     def tensor(self, x: Any, path: Path) -> Any:
         import torch
 
-        where = f"state{format_path(path)}"
+        def where() -> str:  # built only for an error: a checkpoint walks every tensor
+            return f"state{format_path(path)}"
+
         if type(x) is not torch.Tensor and type(x) is not torch.nn.Parameter:
             raise TypeError(
-                f"{where}: tensor subclass {type(x).__qualname__} is not supported; "
+                f"{where()}: tensor subclass {type(x).__qualname__} is not supported; "
                 "pass a plain torch.Tensor (tensor.as_subclass(torch.Tensor))"
             )
         if x.layout != torch.strided or x.is_quantized or x.is_nested:
             raise TypeError(
-                f"{where}: only dense (strided) tensors are supported, not {x.layout}"
+                f"{where()}: only dense (strided) tensors are supported, not {x.layout}"
                 f"{' quantized' if x.is_quantized else ''}{' nested' if x.is_nested else ''}"
             )
-        if x.device.type == "meta":
-            raise ValueError(f"{where}: meta tensors have no data to store")
-        if x.device.type != "cpu" and not self.devices:
-            raise ValueError(f"{where} is on {x.device}; move it to the CPU first (tensor.cpu())")
+        device = x.device
+        if device.type == "meta":
+            raise ValueError(f"{where()}: meta tensors have no data to store")
+        if device.type != "cpu" and not self.devices:
+            raise ValueError(f"{where()} is on {device}; move it to the CPU first (tensor.cpu())")
         if x.requires_grad and not x.is_leaf:
             raise ValueError(
-                f"{where}: a non-leaf tensor that requires grad (part of an autograd graph); "
+                f"{where()}: a non-leaf tensor that requires grad (part of an autograd graph); "
                 "store tensor.detach()"
             )
         try:
             code = _torch_code(x.dtype)
         except TypeError as exc:
-            raise TypeError(f"{where}: {exc}") from None
-        shape = tuple(int(d) for d in x.shape)
+            raise TypeError(f"{where()}: {exc}") from None
+        shape = tuple(x.shape)  # torch.Size holds ints
         itemsize = x.element_size()
         nbytes = x.numel() * itemsize
         key = None
         extent = None
         if nbytes:
             ptr = int(x.data_ptr())
-            strides = tuple(int(s) * itemsize for s in x.stride())
+            strides = tuple(s * itemsize for s in x.stride())
             span = sum((n - 1) * s for n, s in zip(shape, strides, strict=True)) + itemsize
-            dev = str(x.device)
+            dev = str(device)
             key = (dev, ptr, shape, strides, code, bool(x.is_conj()), bool(x.is_neg()))
             extent = (dev, ptr, ptr + span)
         slot, v = self.leaf(x, x, "torch", code, shape, nbytes, key, extent, path)
