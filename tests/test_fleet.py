@@ -54,8 +54,6 @@ STEP_S = 4  # the report's window: two daemon windows, four scrapes
 # In the processes' command lines the daemons match: a fleet sees only its own processes,
 # whatever another test process runs beside it.
 MARK = f"fleet{os.getpid()}"
-# One worker runs this module (with --dist loadgroup), so its module fixture is built once.
-pytestmark = pytest.mark.xdist_group("fleet")
 
 
 @dataclass

@@ -7,7 +7,6 @@ import re
 import shutil
 import subprocess
 
-import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -189,7 +188,6 @@ def test_promtool_accepts_the_populated_exposition(tmp_path):
     assert proc.returncode == 0 and not proc.stdout.strip(), proc.stdout + proc.stderr
 
 
-@pytest.mark.xdist_group("daemon_scrape")
 def test_promtool_on_a_real_daemon(daemon_scrape: DaemonScrape) -> None:
     text = daemon_scrape.text
     proc = subprocess.run(

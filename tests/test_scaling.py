@@ -7,7 +7,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pytest
 from prometheus_client import generate_latest
 
 from profiler.classify.codepaths import CODEPATHS
@@ -47,7 +46,6 @@ def exposition_series(text: str) -> int:
     return sum(1 for line in text.splitlines() if line and not line.startswith("#"))
 
 
-@pytest.mark.xdist_group("daemon_scrape")
 def test_the_formula_is_a_real_daemons_series_count(daemon_scrape: DaemonScrape) -> None:
     # Two targets (one with a process, one absent), RAPL, no GPU: NVML is unavailable (its
     # collector is exported, down).
