@@ -34,7 +34,7 @@ def test_busy_and_idle_thread_uniform() -> None:
     assert sum(w.cpu_s[:10]) == pytest.approx(1.0)
     assert all(c == pytest.approx(0.1) for c in w.cpu_s[:10])
     assert all(c == 0 for c in w.cpu_s[10:])  # idle samples take no CPU
-    assert w.unsampled_cpu_s == 0 and w.unmapped_pool_s == 0
+    assert w.unsampled_cpu_s == 0 and w.exited_pool_s == 0
 
 
 def test_series_gives_cpu_to_busy_moments_not_sleeps() -> None:
@@ -58,12 +58,14 @@ def test_flat_series_falls_back_to_uniform_and_keeps_all_cpu() -> None:
     assert w.cpu_s == (pytest.approx(0.01), pytest.approx(0.01))
 
 
-def test_unmapped_threads_share_the_unmatched_pool() -> None:
+def test_unmapped_samples_share_only_exited_threads_cpu() -> None:
+    # 7 and 8 are live threads no sample maps to: their CPU is theirs, not the samples'
     samples = [s(1, 0.1), s(None, 0.1), s(None, 0.2)]
-    w = distribute_cpu(samples, {1: 0.5, 7: 0.3, 8: 0.1})
+    w = distribute_cpu(samples, {1: 0.5, 7: 0.3, 8: 0.1}, exited_cpu_s=0.2)
     assert w.cpu_s[0] == pytest.approx(0.5)
-    assert w.cpu_s[1] == w.cpu_s[2] == pytest.approx(0.2)
-    assert w.unmapped_pool_s == pytest.approx(0.4) and w.unsampled_cpu_s == 0
+    assert w.cpu_s[1] == w.cpu_s[2] == pytest.approx(0.1)
+    assert w.exited_pool_s == pytest.approx(0.2)
+    assert w.unsampled_per_tid_s == {7: pytest.approx(0.3), 8: pytest.approx(0.1)}
 
 
 def test_native_thread_cpu_goes_to_other() -> None:

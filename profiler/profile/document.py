@@ -33,13 +33,22 @@ from profiler.attribution.episodes import Episode
 from profiler.classify.codepaths import CODEPATHS
 from profiler.intervals import t_quantile
 from profiler.profile.energy_sink import ProfileEnergy
-from profiler.profile.session import SessionResult
+from profiler.profile.session import Accumulator, SessionResult
 
 SCHEMA = "serwatt.profile/1"
 MAX_BATCHES = 30
 # The document lists at most this many episodes (the earliest-closed first), then says how
 # many it left out: a day-long profile of a job that pickles every step must stay readable.
 MAX_DOC_EPISODES = 1000
+# The document lists at most this many unmapped threads (the most CPU first).
+MAX_DOC_UNMAPPED_THREADS = 100
+UNMAPPED_METHOD = (
+    "live threads with measured CPU (procfs) that no py-spy sample maps to (native threads: "
+    "OpenMP, CUDA, NCCL helpers; Python threads py-spy could not map), each its own CPU, "
+    "plus exited threads' CPU (the process's CPU less its live threads') that no sample of "
+    "a thread without a live CPU count took; counted in other's cpu_s, never spread over "
+    "other threads' samples"
+)
 CI_METHOD = (
     "batch means over time: 1 s CPU bins merged into <= 30 equal batches, ratio estimator, "
     "Student t with K-1 degrees of freedom"
@@ -130,6 +139,29 @@ def _episode_json(ep: Episode) -> dict[str, Any]:
     return row
 
 
+def unmapped_threads_section(acc: Accumulator) -> dict[str, Any]:
+    """The `unmapped_threads` section: CPU no sample carried, part of `other`'s cpu_s."""
+    rows = sorted(acc.unmapped.items(), key=lambda kv: (-kv[1][1], kv[0]))
+    threads_s = sum(v for _, v in acc.unmapped.values()) + acc.unmapped_untracked_cpu_s
+    total = threads_s + acc.unmapped_exited_cpu_s
+    return {
+        "cpu_s": round(total, 6),
+        "share": round(total / acc.total_cpu_s, 6) if acc.total_cpu_s > 0 else 0.0,
+        "counted_in": "other",
+        "threads_cpu_s": round(threads_s, 6),
+        "exited_cpu_s": round(acc.unmapped_exited_cpu_s, 6),
+        "threads": [
+            {"pid": pid, "tid": tid, "name": name, "cpu_s": round(cpu, 6)}
+            for (pid, tid), (name, cpu) in rows[:MAX_DOC_UNMAPPED_THREADS]
+        ],
+        "threads_total": len(rows),
+        # threads past the session's bound (MAX_UNMAPPED_THREADS): their CPU, unnamed
+        "untracked_cpu_s": round(acc.unmapped_untracked_cpu_s, 6),
+        "threads_listed": min(len(rows), MAX_DOC_UNMAPPED_THREADS),
+        "method": UNMAPPED_METHOD,
+    }
+
+
 def build_document(result: SessionResult, energy: ProfileEnergy | None = None) -> dict[str, Any]:
     """The serwatt.profile/1 document of a session; `energy`: the energy sink's sections."""
     acc = result.acc
@@ -178,6 +210,7 @@ def build_document(result: SessionResult, energy: ProfileEnergy | None = None) -
         "gpus": [],
         "share_ci95_method": CI_METHOD,
         "low_confidence_cpu_share": round(acc.low_conf_cpu_s / total, 6) if total > 0 else 0.0,
+        "unmapped_threads": unmapped_threads_section(acc),
         "sampler": {
             "pyspy_samples": acc.pyspy_samples,
             "pyspy_errors": acc.pyspy_errors,

@@ -49,6 +49,8 @@ from profiler.sampling.collect import ClassifierLike, RawWindow, collect_window,
 from profiler.sampling.window import WindowReport
 
 BIN_S = 1.0  # time resolution of the per-codepath CPU bins used for the share interval
+# A target that starts native threads without end must not grow the session's memory.
+MAX_UNMAPPED_THREADS = 4096
 
 
 class SessionSink(Protocol):
@@ -105,6 +107,12 @@ class Accumulator:
     notes: dict[str, int] = field(default_factory=dict)
     failures: dict[str, int] = field(default_factory=dict)  # SamplingError.kind -> count
     windows: int = 0
+    # the `unmapped threads` row, part of `other`'s CPU: (pid, tid) -> (name, cpu_s) for
+    # at most MAX_UNMAPPED_THREADS threads (the rest summed in unmapped_untracked_cpu_s),
+    # and exited threads' CPU no sample took
+    unmapped: dict[tuple[int, int], tuple[str, float]] = field(default_factory=dict)
+    unmapped_untracked_cpu_s: float = 0.0
+    unmapped_exited_cpu_s: float = 0.0
 
     def add(self, report: WindowReport, origin: float) -> None:
         self.windows += 1
@@ -140,6 +148,13 @@ class Accumulator:
                 b = int((report.started_at - origin) // BIN_S)
                 row = self.bins.setdefault(b, {})
                 row["other"] = row.get("other", 0.0) + residual
+        for th in report.unmapped_threads:
+            where = (report.pid, th.tid)
+            if where in self.unmapped or len(self.unmapped) < MAX_UNMAPPED_THREADS:
+                self.unmapped[where] = (th.name, self.unmapped.get(where, ("", 0.0))[1] + th.cpu_s)
+            else:
+                self.unmapped_untracked_cpu_s += th.cpu_s
+        self.unmapped_exited_cpu_s += report.exited_unsampled_cpu_s
         e: SamplerErrors = report.errors
         self.pyspy_samples += e.pyspy_samples
         self.pyspy_errors += e.pyspy_errors

@@ -57,6 +57,7 @@ def render_table(doc: Mapping[str, Any]) -> str:
             gj = row.get("gpu_idle_j")
             line += f"{gj:>12.1f}" if gj is not None else f"{'-':>12}"
         lines.append(line)
+    lines.extend(unmapped_lines(doc))
     lines.append(f"{'total':<12}{doc['samples']:>9}{doc['cpu_s']:>10.2f}  {'100.0%':<24}")
     lines.extend(episode_lines(doc))
     s = doc["sampler"]
@@ -80,6 +81,22 @@ def render_table(doc: Mapping[str, Any]) -> str:
         if t.get("error"):
             lines.append(f"target {t['pid']}: not sampled: {t['error']}")
     return "\n".join(escape_text(line, backslash=False) for line in lines)
+
+
+def unmapped_lines(doc: Mapping[str, Any], shown: int = 5) -> list[str]:
+    """The `unmapped threads` row under `other` (its CPU is in other's) and its threads."""
+    u = doc.get("unmapped_threads") or {}
+    if not u.get("cpu_s"):
+        return []
+    out = [f"{' unmapped':<12}{'-':>9}{u['cpu_s']:>10.2f}  {_pct(u['share']) + ' (in other)':<24}"]
+    threads = u.get("threads") or []
+    named = ", ".join(f"{t['tid']} {t['name']} {t['cpu_s']:.2f}" for t in threads[:shown])
+    more = u.get("threads_total", len(threads)) - min(len(threads), shown)
+    if named:
+        out.append(f"  unmapped threads (tid name CPU-s): {named}" + (f", +{more}" if more else ""))
+    if u.get("exited_cpu_s"):
+        out.append(f"  exited threads without samples: {u['exited_cpu_s']:.2f} CPU-s")
+    return out
 
 
 def episode_lines(doc: Mapping[str, Any]) -> list[str]:

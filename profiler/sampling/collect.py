@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
@@ -48,7 +48,7 @@ from profiler.sampling.weighting import (
     distribute_cpu,
     runqueue_weights,
 )
-from profiler.sampling.window import TimedLabel, WindowReport
+from profiler.sampling.window import TimedLabel, UnmappedThread, WindowReport
 
 # The most one window's classification waits for source files to load, in all.
 CLASSIFY_DEADLINE_S = 5.0
@@ -88,13 +88,16 @@ class _CpuPoller:
         self.procfs = procfs
         self.poll_s = poll_s
         self.snapshots: list[procstat.CpuSnapshot] = []
+        self.process_cpu_s: list[float | None] = []  # the process's CPU with each snapshot
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="serwatt-cpu-poll", daemon=True)
 
     def _run(self) -> None:
         while not self._stop.wait(self.poll_s):
             try:
-                self.snapshots.append(procstat.snapshot(self.pid, self.procfs))
+                snap = procstat.snapshot(self.pid, self.procfs)
+                self.process_cpu_s.append(_process_cpu_s(self.pid, self.procfs))
+                self.snapshots.append(snap)
             except (procstat.ProcessGone, procstat.ProcfsCorrupt):
                 return  # the window keeps the series so far; the last snapshot decides
 
@@ -139,6 +142,9 @@ class RawWindow:
     cpu: procstat.ThreadCpuDelta
     exited: bool
     python: str | None
+    # the process's CPU over the same snapshots (/proc/<pid>/stat, which keeps exited
+    # threads' CPU); None when either read failed
+    process_cpu_s: float | None = None
 
 
 def collect_window(
@@ -164,6 +170,7 @@ def collect_window(
         raise TargetGone(f"no such process: {pid} (it is not running)") from exc
     except procstat.ProcfsCorrupt as exc:
         raise SamplingError(f"cannot read the CPU time of process {pid}: {exc}") from exc
+    process_before = _process_cpu_s(pid, procfs)
     python = procstat.python_version(pid, procfs)
     poller = _CpuPoller(pid, procfs, poll_s)
     poller.start()
@@ -182,13 +189,19 @@ def collect_window(
         poller.stop()
     snaps = [before, *poller.snapshots]
     exited = window.exited
+    # a target that exits mid-window has its CPU up to its last poll
+    process_after = poller.process_cpu_s[-1] if poller.process_cpu_s else process_before
     try:
         snaps.append(procstat.snapshot(pid, procfs, switches=True))
+        process_after = _process_cpu_s(pid, procfs)
     except procstat.ProcessGone:
         exited = True
     except procstat.ProcfsCorrupt:
         pass  # the CPU delta runs to the last snapshot that parsed
     cpu = procstat.delta(before, snaps[-1])
+    process_cpu: float | None = None
+    if process_before is not None and process_after is not None:
+        process_cpu = max(0.0, process_after - process_before)
     return RawWindow(
         pid=pid,
         rate_hz=rate_hz,
@@ -199,6 +212,70 @@ def collect_window(
         cpu=cpu,
         exited=exited,
         python=python,
+        process_cpu_s=process_cpu,
+    )
+
+
+def _process_cpu_s(pid: int, procfs: Path) -> float | None:
+    """The process's utime + stime (all its threads, exited ones included), or None."""
+    try:
+        st = procstat.ProcessFiles(pid, procfs).stat()
+    except (procstat.ProcessGone, procstat.ProcessUnreadable, ValueError):
+        return None
+    return (st.utime_ticks + st.stime_ticks) / procstat.CLOCK_TICKS_PER_S
+
+
+@dataclass(frozen=True)
+class ExitedCpu:
+    """CPU of the threads that exited during a window, which no live thread's delta holds."""
+
+    # exited threads a snapshot saw and no sample names: their CPU up to their last sighting
+    per_tid_s: dict[int, float]
+    # the rest of the process's CPU (exited threads that samples name, threads no
+    # snapshot saw): one pool for the samples of threads without a live CPU count
+    pool_s: float
+
+
+def exited_threads_cpu(raw: RawWindow, sampled_tids: Iterable[int | None]) -> ExitedCpu:
+    """Exited threads' CPU. One that a snapshot saw and no sample names (an OpenMP worker
+    exiting with the interpreter) keeps its own; the rest of the process's CPU less its
+    threads' is one pool, not per thread: a thread that starts after another exited
+    reuses its pthread_t, and py-spy, which keys threads by it, files the newer thread's
+    samples under the older one's tid. The pool only when a thread is known to have gone
+    (gone from the last snapshot, or sampled with a tid no snapshot kept): otherwise the
+    difference is the two clocks' rounding (ticks against schedstat ns), not a thread."""
+    if not raw.snapshots:
+        return ExitedCpu({}, 0.0)
+    first, last = raw.snapshots[0].threads, raw.snapshots[-1].threads
+    sched = raw.cpu.source == "schedstat"
+
+    def cpu(th: procstat.ThreadCpu) -> float:
+        return (th.sched_ns or 0) / 1e9 if sched else th.stat_ticks / procstat.CLOCK_TICKS_PER_S
+
+    latest = {tid: cpu(th) for snap in raw.snapshots for tid, th in snap.threads.items()}
+    sampled = set(sampled_tids)
+    gone = [tid for tid in latest if tid not in last]
+    per_tid = {
+        tid: max(0.0, latest[tid] - (cpu(first[tid]) if tid in first else 0.0))
+        for tid in gone
+        if tid not in sampled
+    }
+    pool = 0.0
+    known_gone = bool(gone) or any(t is not None and t not in latest for t in sampled)
+    if known_gone and raw.process_cpu_s is not None:
+        pool = max(0.0, raw.process_cpu_s - raw.cpu.total_s - sum(per_tid.values()))
+    return ExitedCpu(per_tid, pool)
+
+
+def unmapped_threads(raw: RawWindow, per_tid_s: Mapping[int, float]) -> tuple[UnmappedThread, ...]:
+    """The live threads with CPU and no sample, named from their last snapshot."""
+    names: dict[int, str] = {}
+    for snap in raw.snapshots:
+        for tid, th in snap.threads.items():
+            names[tid] = th.comm
+    return tuple(
+        UnmappedThread(tid=tid, name=names.get(tid, ""), cpu_s=v)
+        for tid, v in sorted(per_tid_s.items())
     )
 
 
@@ -249,7 +326,7 @@ def finish_window(
         idle_series = {tid: ser for tid, ser in series.items() if tid not in on_cpu_tids}
     else:
         carriers = list(window.samples)
-        carrier_labels = labels
+        carrier_labels = list(labels)
         n_on_cpu = 0
     # stack changes (the timing run): a stack cut short is no change, so it is left out
     changes = tuple(
@@ -265,6 +342,16 @@ def finish_window(
     )
     sigma = window_time_sigma_s(window)
     half_width = max(2 * raw.poll_s, sigma)
+    # a thread the counted runs never caught (one that lived a few ms) but the stack-change
+    # run did: its stack changes are its samples, each weighted by the time it held
+    n_counted = len(carriers)
+    uncounted, held_s = _uncounted_changes(window, {s.tid for s in carriers})
+    uncounted_tids = {s.tid for s in uncounted}
+    carriers.extend(uncounted)
+    carrier_labels.extend(
+        classifier.classify(s, proc_root=proc_root, deadline=deadline) for s in uncounted
+    )
+    idle_series = {tid: ser for tid, ser in idle_series.items() if tid not in uncounted_tids}
     prior: list[float] | None = None
     rq: RunqueueWeights | None = None
     if n_on_cpu:
@@ -281,18 +368,29 @@ def finish_window(
             phases=_phases(changes, window.changes_end),
             codepaths=[c.codepath for c in carrier_labels[:n_on_cpu]],
         )
-        prior = [*rq.weights, *([1.0] * (len(carriers) - n_on_cpu))]
+        prior = [*rq.weights, *([1.0] * (n_counted - n_on_cpu))]
         carriers[:n_on_cpu] = [
             replace(s, t=t) for s, t in zip(carriers[:n_on_cpu], rq.times, strict=True)
         ]
+    seen = [*window.samples, *(window.on_cpu or ()), *(window.changes or ())]
+    exited = exited_threads_cpu(raw, [s.tid for s in seen])
+    per_tid_s = {**exited.per_tid_s, **cpu.per_tid_s}
+    total_cpu_s = sum(per_tid_s.values()) + exited.pool_s
+    if uncounted:
+        prior = [*(prior or [1.0] * n_counted), *held_s]
     weighting = distribute_cpu(
-        carriers, cpu.per_tid_s, series=idle_series, half_width_s=half_width, prior=prior
+        _lone_unmapped_as_main(carriers, pid, per_tid_s),
+        per_tid_s,
+        exited_cpu_s=exited.pool_s,
+        series=idle_series,
+        half_width_s=half_width,
+        prior=prior,
     )
     wall_s = max(0.0, window.ended_at - window.started_at)
     codepaths = codepath_windows(
         labels,
         weighting.cpu_s,
-        total_cpu_s=cpu.total_s,
+        total_cpu_s=total_cpu_s,
         wall_s=wall_s,
         ticks=window.ticks,
         cpu_classifications=carrier_labels,
@@ -339,15 +437,19 @@ def finish_window(
             f"run-queue wait taken off on-CPU samples: {rq.blocking_s:.3f} s at blocking "
             f"lines, {rq.preemption_s:.3f} s by local wait"
         )
-    if weighting.unmapped_pool_s > 0:
-        notes.append(f"{weighting.unmapped_pool_s:.3f} cpu_s spread over unmapped threads")
+    if weighting.exited_pool_s > 0:
+        notes.append(
+            f"{weighting.exited_pool_s:.3f} cpu_s of exited threads on the samples of "
+            "threads without a live CPU count"
+        )
     if proc_root is None:
         notes.append("target exited: sources read from host paths")
     unreadable = {tid for snap in raw.snapshots for tid, _ in snap.unreadable}
     if unreadable:
         notes.append(f"{len(unreadable)} thread(s) with unparsable procfs files left out")
     if cpu.exited_tids:
-        notes.append(f"{len(cpu.exited_tids)} thread(s) exited mid-window (their CPU is lost)")
+        kept = "kept from the process's CPU" if raw.process_cpu_s is not None else "lost"
+        notes.append(f"{len(cpu.exited_tids)} thread(s) exited mid-window (their CPU {kept})")
     not_ready, too_costly = (
         a - b for a, b in zip(_classify_counts(classifier, durability), counts_before, strict=True)
     )
@@ -363,7 +465,7 @@ def finish_window(
         started_at=window.started_at,
         ended_at=window.ended_at,
         rate_hz=raw.rate_hz,
-        cpu_s=cpu.total_s,
+        cpu_s=total_cpu_s,
         codepaths=codepaths,
         timeline=timeline,
         errors=replace(errors, notes=tuple(notes)),
@@ -377,6 +479,8 @@ def finish_window(
         changes_end=window.changes_end,
         changes_clock_s=window.changes_clock_s,
         thread_cpu_s=thread_cpu_s,
+        unmapped_threads=unmapped_threads(raw, weighting.unsampled_per_tid_s),
+        exited_unsampled_cpu_s=weighting.exited_unsampled_s,
     )
 
 
@@ -418,6 +522,40 @@ def sample_window(
         timing_rate_hz=timing_rate_hz,
     )
     return finish_window(raw, classifier)
+
+
+def _lone_unmapped_as_main(
+    carriers: list[Sample], pid: int, per_tid_s: Mapping[int, float]
+) -> list[Sample]:
+    """Samples of one Python thread with no kernel tid, in a process whose main thread
+    (tid == pid, always the interpreter's) has CPU and no sample: that thread is the
+    main thread (a forked child on Python < 3.11, which py-spy names by pthread_t)."""
+    unmapped = {s.thread_id for s in carriers if s.tid is None}
+    if len(unmapped) != 1 or pid not in per_tid_s or any(s.tid == pid for s in carriers):
+        return carriers
+    return [replace(s, tid=pid) if s.tid is None else s for s in carriers]
+
+
+def _uncounted_changes(
+    window: WindowSamples, counted: set[int | None]
+) -> tuple[list[Sample], list[float]]:
+    """The stack-change run's samples of threads with a tid that no counted sample has,
+    and how long each stack held (to its thread's next change, or the end of the run)."""
+    out = sorted(
+        (
+            s
+            for s in window.changes or ()
+            if not s.partial and s.tid is not None and s.tid not in counted
+        ),
+        key=lambda s: s.t,
+    )
+    held = [0.0] * len(out)
+    next_t: dict[int | None, float] = {}
+    for i in range(len(out) - 1, -1, -1):
+        s = out[i]
+        held[i] = max(0.0, next_t.get(s.tid, max(window.changes_end, s.t)) - s.t)
+        next_t[s.tid] = s.t
+    return out, held
 
 
 def _phases(changes: Sequence[TimedLabel], end: float) -> dict[int, Phases]:

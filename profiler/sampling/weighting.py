@@ -63,11 +63,15 @@ only on-CPU samples exclude those moments.
 If every w_i of a thread is 0 while its delta > 0 (usage too short to show in the
 series), the delta falls back to uniform so no measured CPU is dropped.
 
-Threads py-spy saw but serwatt could not map to a kernel tid share a pool: the CPU
-of the process's kernel threads that no sample maps to, spread uniformly over the
-unmapped samples. With no unmapped samples, that CPU (native threads: OpenMP,
-CUDA, NCCL helpers, threads that are not Python) goes to `other`, which is where
-the target's CPU outside every sampled Python stack belongs.
+A live kernel thread that no sample maps to (native threads: OpenMP, CUDA, NCCL
+helpers; a Python thread py-spy could not map) keeps its CPU as its own: it is the
+`unmapped threads` row (`Weighting.unsampled_per_tid_s`), counted in `other`, and
+never spread over other threads' samples (OpenMP workers' CPU once went to a
+checkpoint's short-lived hashing thread that way, 5x its truth). Samples of threads
+with no live CPU count (a thread that started and exited inside the window, or one
+py-spy knows no tid of) share only the CPU of the threads that exited during the
+window (`exited_cpu_s`: the process's CPU, which keeps an exited thread's, less its
+live threads'); what no such sample takes stays in the row as exited threads' CPU.
 
 Wall seconds per codepath = samples x (window wall time / ticks): time some thread
 spent there, counted per thread (two threads in pickle for 1 s give 2 s).
@@ -235,8 +239,15 @@ class Phases:
 @dataclass(frozen=True)
 class Weighting:
     cpu_s: tuple[float, ...]  # per sample, aligned with the input samples
-    unmapped_pool_s: float  # CPU of unmatched kernel threads given to unmapped samples
-    unsampled_cpu_s: float  # measured CPU no sample could take (goes to `other`)
+    exited_pool_s: float  # CPU of exited threads given to samples without a live CPU count
+    # live threads with CPU and no sample (the `unmapped threads` row): tid -> cpu_s
+    unsampled_per_tid_s: Mapping[int, float]
+    exited_unsampled_s: float  # CPU of exited threads that no sample could take
+
+    @property
+    def unsampled_cpu_s(self) -> float:
+        """Measured CPU no sample took (it goes to `other`)."""
+        return sum(self.unsampled_per_tid_s.values()) + self.exited_unsampled_s
 
 
 @dataclass(frozen=True)
@@ -364,11 +375,14 @@ def distribute_cpu(
     samples: Sequence[Sample],
     cpu_per_tid_s: Mapping[int, float],
     *,
+    exited_cpu_s: float = 0.0,
     series: Mapping[int, CpuSeries] | None = None,
     half_width_s: float = 0.25,
     prior: Sequence[float] | None = None,
 ) -> Weighting:
     """Each sample's share of its thread's measured CPU delta (model in the module doc).
+    exited_cpu_s: CPU the window's exited threads used, which no live thread's delta
+    holds; it goes only to samples whose thread has no live delta (uniformly).
     prior: per-sample weights (aligned with samples) for threads without a CPU series,
     e.g. `runqueue_weights`; None: 1 each."""
     if prior is not None and len(prior) != len(samples):
@@ -395,17 +409,20 @@ def distribute_cpu(
         total_w = sum(weights)
         for i, w in zip(idx, weights, strict=True):
             out[i] = delta * w / total_w
-    sampled_tids = {t for t in by_tid if t is not None}
-    leftover = sum(v for t, v in cpu_per_tid_s.items() if t not in sampled_tids)
+    unsampled = {t: v for t, v in cpu_per_tid_s.items() if t not in by_tid and v > 0}
+    exited = max(0.0, exited_cpu_s)
     pool = 0.0
     unmapped = by_tid.get(None, [])
-    if unmapped and leftover > 0:
-        share = leftover / len(unmapped)
+    if unmapped and exited > 0:
         for i in unmapped:
-            out[i] = share
-        pool = leftover
-        leftover = 0.0
-    return Weighting(cpu_s=tuple(out), unmapped_pool_s=pool, unsampled_cpu_s=leftover)
+            out[i] = exited / len(unmapped)
+        pool, exited = exited, 0.0
+    return Weighting(
+        cpu_s=tuple(out),
+        exited_pool_s=pool,
+        unsampled_per_tid_s=unsampled,
+        exited_unsampled_s=exited,
+    )
 
 
 def codepath_windows(

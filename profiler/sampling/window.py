@@ -48,6 +48,17 @@ class TimedLabel:
 
 
 @dataclass(frozen=True)
+class UnmappedThread:
+    """A live thread of the target with CPU in the window and no sample to carry it
+    (a native thread: OpenMP, CUDA, NCCL helpers; a Python thread py-spy could not map).
+    Its CPU is counted in `other` and shown as its own row (sampling/weighting.py)."""
+
+    tid: int
+    name: str  # /proc/<pid>/task/<tid>/comm, as the target set it
+    cpu_s: float
+
+
+@dataclass(frozen=True)
 class WindowReport:
     pid: int
     started_at: float  # epoch seconds
@@ -79,6 +90,11 @@ class WindowReport:
     # each thread's cumulative CPU seconds at the window's CPU polls, (t, s) ascending:
     # the CPU of a thread between two instants, measured (kernel tid -> points)
     thread_cpu_s: Mapping[int, tuple[tuple[float, float], ...]] = field(default_factory=dict)
+    # the CPU no sample carried, part of `other`'s: per live thread (the `unmapped
+    # threads` row), and exited threads' CPU that no sample of a thread without a live
+    # CPU count could take
+    unmapped_threads: tuple[UnmappedThread, ...] = ()
+    exited_unsampled_cpu_s: float = 0.0
 
     @property
     def wall_s(self) -> float:
