@@ -30,6 +30,7 @@ from profiler.many.checkpointer import (
     covered_slots,
 )
 from profiler.many.state import STATE_KEY
+from profiler.many.stepgate import StepGate
 from profiler.workloads.gpt import GPT, GPTConfig, get_batch, make_text
 
 REPO = Path(__file__).resolve().parents[1]
@@ -208,7 +209,7 @@ def test_without_the_hook_the_same_schedule_tears_the_checkpoint(
     tmp_path: Path, slow_copy: threading.Event, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The control: the hook removed, step() runs during the copy and the check fails."""
-    monkeypatch.setattr(Checkpointer, "_before_step", lambda self, opt, args, kwargs: None)
+    monkeypatch.setattr(StepGate, "_before_step", lambda self, opt, args, kwargs: None)
     trainer = gpt_trainer()
     sync, overlapped, written = checkpoint_both(tmp_path, trainer, 3)
     assert slow_copy.is_set() and written.step_wait_s == 0.0

@@ -48,6 +48,7 @@ from profiler.many.state import (
     load_state,
     state_metadata,
 )
+from profiler.many.stepgate import StepGate
 from profiler.many.writer import SlotSource, write_file
 
 log = logging.getLogger(__name__)
@@ -182,9 +183,6 @@ class _Job:
     flat: FlatState | None = None
     pending: list[int] | None = None
     versions: list[int] | None = None
-    copying: bool = False  # the background copy has not finished: step() must wait
-    step_waiting_since: float | None = None
-    step_wait_s: float = 0.0
     overlap_copy_s: float = 0.0
 
 
@@ -278,7 +276,7 @@ class Checkpointer:
         self._last: Written | None = None
         self._closing = False
         self._closed = False
-        self._hook: Any = None  # the optimizer step pre-hook of an overlapped checkpoint
+        self._gate = StepGate()  # holds optimizer.step() during an overlapped copy
         self._worker = threading.Thread(
             target=self._run, name=f"many-checkpointer-{prefix}", daemon=True
         )
@@ -344,12 +342,12 @@ class Checkpointer:
             job = _Job(path, seq, sources, meta, dict(metadata or {}))
             overlapped_bytes = 0
             if pending:
-                job.flat, job.pending, job.copying = flat, pending, True
+                job.flat, job.pending = flat, pending
                 if detect_writes:
                     job.versions = [flat.slots[i].value._version for i in pending]
                 overlapped_bytes = sum(flat.slots[i].length for i in pending)
-                # Registered before the job is handed over: no step() can slip in between.
-                self._hook = optimizer.register_step_pre_hook(self._before_step)
+                # Armed before the job is handed over: no step() can slip in between.
+                self._gate.arm(optimizer)
             t2 = time.perf_counter()
             with self._cond:
                 self._job = job
@@ -365,37 +363,6 @@ class Checkpointer:
                 overlapped_slots=len(pending),
                 overlapped_bytes=overlapped_bytes,
             )
-
-    def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        """The optimizer's step pre-hook: hold step() until the background copy of the
-        tensors it would change is done. Runs on the training thread, so a profiler sees the
-        wait inside profiler/many, as part of the checkpoint's cost."""
-        with self._cond:
-            job = self._job
-            if job is not None and job.copying:
-                job.step_waiting_since = time.perf_counter()
-                while job.copying:
-                    self._cond.wait()
-        self._remove_hook(in_step=True)
-
-    def _remove_hook(self, *, in_step: bool = False) -> None:
-        """Remove the step pre-hook once its copy is done. Only ever on the training thread:
-        torch iterates the hooks in an OrderedDict, and removing an entry while step() walks
-        it raises there. From inside the hook that is safe only when it is the newest entry
-        (it is unless a hook was registered after it); otherwise the next checkpoint(),
-        wait() or close() removes it, and until then it returns at once."""
-        hook = self._hook
-        if hook is None:
-            return
-        with self._cond:
-            if self._job is not None and self._job.copying:
-                return
-        if in_step:
-            hooks = hook.hooks_dict_ref()
-            if hooks is not None and hooks and next(reversed(hooks)) != hook.id:
-                return
-        self._hook = None
-        hook.remove()
 
     def prepare(self, state: Any) -> bool:
         """Allocate (and fault in) the staging arena for `state`'s layout without checkpointing,
@@ -436,7 +403,7 @@ class Checkpointer:
             while self._job is not None:
                 self._cond.wait()
             err, self._error = self._error, None
-        self._remove_hook()
+        self._gate.remove()
         if err is not None:
             raise CheckpointError(
                 f"a background checkpoint in {self.directory} failed: {err}"
@@ -455,7 +422,7 @@ class Checkpointer:
             self._worker.join()
             self._closed = True
             self._staging = None
-            self._remove_hook()
+            self._gate.remove()
 
     def __enter__(self) -> Checkpointer:
         return self
@@ -507,7 +474,7 @@ class Checkpointer:
                 written = self._write(job)
             except BaseException as exc:  # surfaced at the next call, never dropped
                 error = exc
-                self._end_copy(job)
+                self._gate.release()
             with self._cond:
                 if written is not None:
                     self._last = written
@@ -541,18 +508,10 @@ class Checkpointer:
                         "synchronously (sync=[...]) or move the write after step()"
                     )
         finally:
-            self._end_copy(job)
+            self._gate.release()
         # The source tensors are not needed any more; the staging bytes are.
         job.flat = None
         job.versions = None
-
-    def _end_copy(self, job: _Job) -> None:
-        with self._cond:
-            if job.copying:
-                job.copying = False
-                if job.step_waiting_since is not None:
-                    job.step_wait_s = time.perf_counter() - job.step_waiting_since
-                self._cond.notify_all()
 
     def _write(self, job: _Job) -> Written:
         t0 = time.perf_counter()
@@ -560,8 +519,8 @@ class Checkpointer:
             job.path, job.sources, prev=self._prev, metadata=job.metadata, hash=self.hash
         )
         self._prev = receipt
-        with self._cond:
-            step_wait_s = job.step_wait_s
+        # Final here: step() waits only while the copy runs, and the copy came before the write.
+        step_wait_s = self._gate.waited_s if job.pending is not None else 0.0
         written = Written(
             job.path,
             job.seq,
