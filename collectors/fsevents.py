@@ -6,12 +6,13 @@ file opened for writing is closed, IN_MOVED_TO when a file is renamed into place
 atomic temp-file-then-rename every durable writer uses). IN_OPEN marks a read (a restore
 opens its checkpoint) once the same file's IN_CLOSE_NOWRITE shows the open was not for
 writing (an open whose close is IN_CLOSE_WRITE was the writer's); it is stamped at the
-open. inotify events carry no time, so each is stamped with the host
-clock (time.time(), the clock episodes use) when the watch thread reads it: a blocking
-poll on the inotify descriptor, so the stamp is late by the thread's wake-up (under a
-millisecond on an idle host, up to the interpreter's switch interval, 5 ms, when another
-thread holds the GIL, and more on a host with no free CPU). Events read together share
-one stamp.
+open. inotify events carry no time, so each is stamped with the host clock (time.time(),
+the clock episodes use) when the watch reads it: a blocking poll on the inotify
+descriptor, so the stamp is late by the reader's wake-up. In serwatt's own process that
+reader would wait for the GIL behind classification (a json.loads of a py-spy window holds
+it for as long as it takes: stamps 0.15 s late were seen), so `WatchProcess` runs the
+watch in a child process of its own, where nothing else holds its GIL: its stamps are
+late by the scheduler's wake-up only. Events read together share one stamp.
 
 The directory is the job's, so what it holds is hostile:
 - watches are added for DIR and each directory under it, never through a link
@@ -28,8 +29,11 @@ The directory is the job's, so what it holds is hostile:
 from __future__ import annotations
 
 import fnmatch
+import json
 import os
 import stat
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -102,9 +106,11 @@ class DirectoryWatch:
         include: Callable[[str], bool] = default_name_filter,
         max_watches: int = MAX_WATCHES,
         max_events: int = MAX_EVENTS,
+        on_event: Callable[[FileEvent], None] | None = None,
     ) -> None:
         self.root = Path(root)
         self.include = include
+        self.on_event = on_event  # each event kept, as it is kept (on the watch's thread)
         self.max_watches = max_watches
         self.max_events = max_events
         self.dropped = 0  # events not kept (over max_events)
@@ -288,6 +294,127 @@ class DirectoryWatch:
                 self.dropped += 1
                 return
             self._events.append(event)
+        if self.on_event is not None:
+            self.on_event(event)
+
+
+class WatchProcess:
+    """A DirectoryWatch run in a child process (`python -m collectors.fsevents DIR`), so
+    that its stamps do not wait for this process's GIL. Same interface as DirectoryWatch.
+
+    The child writes one JSON line per event and a last line with its counters once its
+    stdin closes (stop()). Raises OSError from start() when the child cannot watch DIR."""
+
+    def __init__(
+        self, root: Path, *, glob: str | None = None, max_events: int = MAX_EVENTS
+    ) -> None:
+        self.root = Path(root)
+        self.glob = glob
+        self.max_events = max_events
+        self.dropped = self.overflows = self.unwatched_dirs = 0
+        self._events: list[FileEvent] = []
+        self._own_opens: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[str] | None = None
+        self._reader: threading.Thread | None = None
+
+    def start(self) -> None:
+        argv = [sys.executable, "-m", "collectors.fsevents", os.fspath(self.root)]
+        if self.glob is not None:
+            argv += ["--glob", self.glob]
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
+        self._proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+        )
+        assert self._proc.stdout is not None
+        first = self._proc.stdout.readline()
+        try:
+            hello = json.loads(first) if first else {}
+        except ValueError:
+            hello = {}
+        if not hello.get("ready"):
+            self._proc.kill()
+            self._proc.wait()
+            raise OSError(hello.get("error") or f"the watch of {self.root} did not start")
+        self._reader = threading.Thread(target=self._read, name="serwatt-fsevents", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        for line in self._proc.stdout:
+            msg = json.loads(line)
+            if "done" in msg:
+                done = msg["done"]
+                self.dropped += int(done["dropped"])
+                self.overflows = int(done["overflows"])
+                self.unwatched_dirs = int(done["unwatched_dirs"])
+                continue
+            ev = FileEvent(float(msg["t"]), str(msg["kind"]), str(msg["path"]), msg["bytes"])
+            with self._lock:
+                if ev.kind == OPENED:
+                    key = os.path.abspath(ev.path)
+                    own = self._own_opens.get(key, 0)
+                    if own:
+                        self._own_opens[key] = own - 1
+                        continue
+                if len(self._events) >= self.max_events:
+                    self.dropped += 1
+                    continue
+                self._events.append(ev)
+
+    def stop(self) -> list[FileEvent]:
+        if self._proc is not None:
+            assert self._proc.stdin is not None
+            self._proc.stdin.close()
+            if self._reader is not None:
+                self._reader.join()
+            self._proc.wait()
+            self._proc = None
+        with self._lock:
+            self._events.sort(key=lambda e: e.t)
+        return self.events()
+
+    def events(self) -> list[FileEvent]:
+        with self._lock:
+            return list(self._events)
+
+    @contextmanager
+    def own_open(self, path: str) -> Iterator[None]:
+        """As DirectoryWatch.own_open."""
+        key = os.path.abspath(path)
+        with self._lock:
+            self._own_opens[key] = self._own_opens.get(key, 0) + 1
+        yield
+
+
+def _child(argv: list[str]) -> int:
+    """The child of WatchProcess: watch argv[0] until stdin closes."""
+    glob = argv[2] if len(argv) >= 3 and argv[1] == "--glob" else None
+    out = sys.stdout
+    lock = threading.Lock()
+
+    def emit(msg: dict) -> None:
+        with lock:
+            out.write(json.dumps(msg) + "\n")
+            out.flush()
+
+    watch = DirectoryWatch(
+        Path(argv[0]),
+        include=name_filter(glob),
+        on_event=lambda e: emit({"t": e.t, "kind": e.kind, "path": e.path, "bytes": e.bytes}),
+    )
+    try:
+        watch.start()
+    except OSError as exc:
+        emit({"error": f"cannot watch {argv[0]}: {exc.strerror or exc}"})
+        return 1
+    emit({"ready": True})
+    sys.stdin.read()  # until the parent closes it
+    watch.stop()
+    emit({"done": {"dropped": watch.dropped, "overflows": watch.overflows,
+                   "unwatched_dirs": watch.unwatched_dirs}})  # fmt: skip
+    return 0
 
 
 def _size(path: str) -> int | None:
@@ -296,3 +423,7 @@ def _size(path: str) -> int | None:
     except OSError:
         return None
     return st.st_size if stat.S_ISREG(st.st_mode) else None
+
+
+if __name__ == "__main__":
+    sys.exit(_child(sys.argv[1:]))

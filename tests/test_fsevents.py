@@ -6,17 +6,23 @@ import os
 import time
 from pathlib import Path
 
-from collectors.fsevents import OPENED, WRITTEN, DirectoryWatch, name_filter
+import pytest
+
+from collectors.fsevents import OPENED, WRITTEN, DirectoryWatch, WatchProcess, name_filter
+
+# the watch in this process, and in the child process `serwatt profile` runs it in
+WATCHES = pytest.mark.parametrize("make", [DirectoryWatch, WatchProcess], ids=["thread", "child"])
 
 
-def _settle(watch: DirectoryWatch, n: int, timeout: float = 5.0) -> None:
+def _settle(watch: DirectoryWatch | WatchProcess, n: int, timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
     while len(watch.events()) < n and time.monotonic() < deadline:
         time.sleep(0.01)
 
 
-def test_completed_files_through_renames_and_new_subdirectories(tmp_path: Path) -> None:
-    watch = DirectoryWatch(tmp_path)
+@WATCHES
+def test_completed_files_through_renames_and_new_subdirectories(tmp_path: Path, make) -> None:
+    watch = make(tmp_path)
     watch.start()
     try:
         t0 = time.time()
@@ -48,10 +54,11 @@ def test_completed_files_through_renames_and_new_subdirectories(tmp_path: Path) 
     assert all(e.kind == WRITTEN and t0 <= e.t <= t1 for e in events)
 
 
-def test_open_is_a_read_and_own_opens_are_not_kept(tmp_path: Path) -> None:
+@WATCHES
+def test_open_is_a_read_and_own_opens_are_not_kept(tmp_path: Path, make) -> None:
     f = tmp_path / "ckpt.pt"
     f.write_bytes(b"x" * 10)
-    watch = DirectoryWatch(tmp_path)
+    watch = make(tmp_path)
     watch.start()
     try:
         with watch.own_open(str(f)):
@@ -109,3 +116,8 @@ def test_events_are_bounded(tmp_path: Path) -> None:
     finally:
         events = watch.stop()
     assert len(events) == 3 and watch.dropped == 7
+
+
+def test_a_directory_that_cannot_be_watched_is_one_error(tmp_path: Path) -> None:
+    with pytest.raises(OSError, match="cannot watch"):
+        WatchProcess(tmp_path / "missing").start()

@@ -402,6 +402,7 @@ def _episode(**over: object) -> object:
         resolution_s=0.2, unknown_s=0.0, edge_unknown_s=0.0, truncated=False, samples=40,
         cpu_s=0.75, gpu_wait_s=None, gpu_idle_j=None, main_thread=True, durable=False,
         timed_by="stack changes", timing_period_s=0.005, clock_s=0.001, durability_s=0.1,
+        host_lag_s=0.02,
     )  # fmt: skip
     fields.update(over)
     return type("Episode", (), fields)()

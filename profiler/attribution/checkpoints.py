@@ -64,10 +64,11 @@ def _direction(ep: Episode) -> str | None:
 
 
 def _spans(ep: Episode, t: float) -> float | None:
-    """How far `t` is outside the episode (0 inside), or None beyond its tolerance."""
+    """How far `t` is outside the episode (0 inside), or None beyond its tolerance; its
+    times may be early against the host's by up to host_lag_s."""
     tol = stated_resolution_s(ep) + STAMP_SLACK_S
-    if ep.start - tol <= t <= ep.end + tol:
-        return max(0.0, ep.start - t, t - ep.end)
+    if ep.start - tol <= t <= ep.end + tol + ep.host_lag_s:
+        return max(0.0, ep.start - t, t - ep.end - ep.host_lag_s)
     return None
 
 
@@ -179,6 +180,7 @@ def _checkpoint(
             for e in encoders
             if e.pid == writer.pid
             and e.main_thread
+            and id(e) not in used
             and writer.start - tol - stated_resolution_s(e) <= e.end <= ev.t + STAMP_SLACK_S
         ]
         stall = max(before, key=lambda e: e.end) if before else None
@@ -187,6 +189,15 @@ def _checkpoint(
     if stall is not None:
         used.add(id(stall))
     begin = timed.start
+    stall_s = stall.wall_s if stall is not None else None
+    resolution = stated_resolution_s(stall) if stall is not None else None
+    timed_by = timed.timed_by
+    if stall is not None and stall.truncated and ev.t < stall.end + stall.host_lag_s:
+        # sampling stopped inside it (the job exits after its last save): its last cell
+        # runs to the end of the run, so it ends at the file event instead
+        stall_s = max(0.0, ev.t - stall.start - stall.host_lag_s / 2)
+        resolution = stall.resolution_s + STAMP_SLACK_S + stall.host_lag_s / 2
+        timed_by = f"{timed_by}, ended at the file event"
     return Checkpoint(
         path=ev.path,
         bytes=ev.bytes,
@@ -195,11 +206,11 @@ def _checkpoint(
         thread_id=writer.thread,
         episode=writer,
         stall=stall,
-        stall_s=stall.wall_s if stall is not None else None,
-        resolution_s=stated_resolution_s(stall) if stall is not None else None,
-        timed_by=timed.timed_by,
+        stall_s=stall_s,
+        resolution_s=resolution,
+        timed_by=timed_by,
         cpu_s_all_threads=cpu_s(writer.pid, begin, max(begin, ev.t)),
-        async_tail_s=max(0.0, ev.t - stall.end) if stall is not None else None,
+        async_tail_s=max(0.0, ev.t - stall.end - stall.host_lag_s) if stall is not None else None,
     )
 
 

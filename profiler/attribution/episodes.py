@@ -133,6 +133,10 @@ class Episode:
     timed_by: str = "sample counts"  # or "stack changes"
     timing_period_s: float | None = None  # the stack-change run's tick period
     clock_s: float = 0.0  # part of resolution_s: its edges' py-spy clocks against the host
+    # how much earlier than the host's its edges' times may be (a stack-change run's ts 0
+    # is taken as its spawn, and py-spy starts later: WindowReport.changes_clock_s); a
+    # duration within one window does not see it, a match against host-clock events does
+    host_lag_s: float = 0.0
 
 
 _Key = tuple[bool, int]  # (kernel tid known, tid or py-spy thread id)
@@ -467,11 +471,18 @@ class EpisodeTracker:
             if ep.hit_window == seq:
                 ep.end_clock = report.changes_clock_s if ep.key in timed else 0.0
                 ep.changes_period = max(ep.changes_period, report.changes_period_s)
+        exiting: set[int] = set()
         if report.exited:
-            # the process ended: its episodes ended with it (where the samples stop)
+            # the process ended: its episodes ended with it (where the samples stop); one
+            # timed by stack changes still in its codepath at the last change was not seen
+            # to end (that cell holds to the run's end, however long after the process
+            # left it), so it is truncated like one sampling stopped in
+            exiting = {
+                id(ep) for ep in target.open.values() if ep.touches_end and ep.timed_by_changes
+            }
             finishing.extend(target.open.values())
             del self._targets[pid]
-        closed.extend(self._close(ep) for ep in finishing)
+        closed.extend(self._close(ep, truncated_end=id(ep) in exiting) for ep in finishing)
         closed.sort(key=lambda e: (e.end, e.thread))
         return closed
 
@@ -539,6 +550,7 @@ class EpisodeTracker:
             timed_by=timed_by,
             timing_period_s=timing_period,
             clock_s=clock,
+            host_lag_s=max(ep.start_clock, ep.end_clock) if timed_by == "stack changes" else 0.0,
         )
 
 

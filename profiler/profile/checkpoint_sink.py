@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from collectors.fsevents import DirectoryWatch, name_filter
+from collectors.fsevents import WatchProcess
 from collectors.proccounters import CPU_SOURCE, ProcessCounters
 from profiler.attribution.checkpoints import (
     LAZY_NOTE,
@@ -101,7 +101,7 @@ class CheckpointSink:
     ) -> None:
         self.directory = Path(directory)
         self.glob = glob
-        self.watch = DirectoryWatch(self.directory, include=name_filter(glob))
+        self.watch = WatchProcess(self.directory, glob=glob)
         self.counters = ProcessCounters(procfs)
         self._episodes: list[Episode] = []
         self.episodes_dropped = 0

@@ -22,6 +22,7 @@ EPISODE_COLUMNS_V3 = (
     ("timing_period_s", "REAL"),  # the stack-change run's tick period
     ("clock_s", "REAL"),  # part of resolution_s: py-spy clocks against the host
     ("durability_s", "REAL"),  # time in fsync/replace calls
+    ("host_lag_s", "REAL"),  # how much earlier than the host's its times may be
 )
 
 SCHEMA_V3 = """

@@ -171,7 +171,9 @@ EPISODE_FIELDS = (
     "main_thread", "durable",
     *(name for name, _kind in checkpoint_rows.EPISODE_COLUMNS_V3),
 )  # fmt: skip
-_EPISODE_NULLABLE = ("gpu_wait_s", "gpu_idle_j", "timing_period_s", "clock_s", "durability_s")
+_EPISODE_NULLABLE = (
+    "gpu_wait_s", "gpu_idle_j", "timing_period_s", "clock_s", "durability_s", "host_lag_s",
+)  # fmt: skip
 _EPISODE_BOOLS = ("truncated", "main_thread", "durable")
 
 

@@ -1,0 +1,61 @@
+"""Checkpoints identified by file events (issue 24 §2, §3): `serwatt profile --checkpoints
+DIR` on the training workload, a save run and a resumed run per format, against the
+workload's own perf_counter figures."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _profile(tmp: Path, name: str, fmt: str, *train: str) -> tuple[dict, dict]:
+    ckpt = tmp / "ckpt"
+    ckpt.mkdir(exist_ok=True)
+    doc = tmp / f"{name}.json"
+    cmd = [
+        sys.executable, "-m", "profiler", "profile", "--rate", "100", "--window", "2",
+        "--checkpoints", str(ckpt), "--json", str(doc), "--",
+        sys.executable, "-m", "profiler.workloads.train", "--ckpt", fmt, "--size", "4",
+        "--dir", str(ckpt), "--keep", "0", "--every", "100", *train,
+    ]  # fmt: skip
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    summary = next(json.loads(line) for line in out.stdout.splitlines() if line.startswith("{"))
+    return json.loads(doc.read_text()), summary
+
+
+@pytest.mark.serial
+@pytest.mark.parametrize("fmt", ["torch", "many"])
+def test_every_file_is_one_checkpoint_and_each_stall_is_the_save(tmp_path: Path, fmt: str) -> None:
+    doc, summary = _profile(tmp_path, "save", fmt, "--steps", "400")
+    saves = {c["path"]: c["save_s"] for c in summary["checkpoints"]}
+    assert doc["checkpoint_identity"]["identified_by"] == "file events"
+    # the checkpoint count is the files written, each once
+    assert sorted(c["path"] for c in doc["checkpoints"]) == sorted(saves)
+    timed = [c for c in doc["checkpoints"] if c["stall_s"] is not None]
+    assert timed, doc["checkpoints"]
+    for c in timed:
+        # no checkpoint is an import, a load or a log line: its writer is a serializer
+        # episode of the main thread of the codepath the format saves through
+        assert c["episode"]["codepath"] == fmt and c["episode"]["main_thread"], c
+        assert abs(c["stall_s"] - saves[c["path"]]) <= c["resolution_s"], c
+    assert doc["restores"] == []  # nothing read back in a run that starts afresh
+
+    doc, summary = _profile(tmp_path, "resume", fmt, "--steps", "500", "--resume")
+    assert [Path(c["path"]).name for c in doc["checkpoints"]] == [
+        Path(c["path"]).name for c in summary["checkpoints"]
+    ]
+    restores = doc["restores"]
+    assert [r["path"] for r in restores] == [summary["restored_from"]], restores
+    r = restores[0]
+    assert r["lazy"] is (fmt == "many")
+    if r["wall_s"] is not None:
+        # the workload's restore_s also holds the model's load_state_dict, after the
+        # decode episode: the episode cannot be longer than it, by its resolution
+        assert r["wall_s"] <= summary["restore_s"] + r["resolution_s"], (r, summary)
