@@ -24,6 +24,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "check-config": ("profiler.cli.check_config", "validate a daemon config file"),
     "runs": ("profiler.cli.runs", "list and show recorded runs"),
     "report": ("profiler.cli.report", "the A/B report: baseline runs against candidate runs"),
+    "ab": ("profiler.cli.ab", "A/B two commands (or torch.save against .many) in one go"),
     "many": ("profiler.cli.many", "inspect and verify .many checkpoints"),
 }
 

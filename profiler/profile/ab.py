@@ -1,0 +1,676 @@
+"""`serwatt ab`: run a baseline and a candidate command N times each under `serwatt profile
+--record`, interleaved, and say what each run did; the report is built from the record.
+
+Each run is a real `python -m profiler profile --record DB --run-id ab-<start>-<side>-<k>
+--checkpoints DIR -- CMD`. The run plan is ABAB... (`interleaved`) or a seeded shuffle
+(`random`), so a load drift over the A/B spreads over both sides instead of reading as a
+difference. Before each run a `prepare` command runs (hyperfine's --prepare).
+
+Checkpoint directories: with `--checkpoints DIR`, a command holding `{dir}` gets a directory
+of its own per run pair (DIR/ab-<start>/<side>-<k>, made here), so no run reads another's
+files; a command without `{dir}` has every run use DIR itself. A file counts as written by
+a run when its (inode, size, mtime) under the directory is new after the run (names that
+start with '.' or end in '.tmp' are temp files, as for `serwatt profile --checkpoint-glob`).
+
+Restore: with `resume_args`, every run is followed by the same command with those arguments
+appended, recorded on the same side as `...-<k>-resumed`. With `cold_restore` the run's
+checkpoint files are fsynced and dropped from the page cache (posix_fadvise DONTNEED) before
+it starts; either way `mincore` then says how much of each file is cached, and the restore
+is labelled `cold`, `warm` or `partly cached (x%)` from the files the resumed run opened.
+That a resumed run read a checkpoint at all is taken from its record: `serwatt profile
+--checkpoints` records every open of a file under DIR for reading (inotify IN_OPEN followed
+by IN_CLOSE_NOWRITE), with serwatt's own receipt reads left out. A resumed run with no such
+open measured no restore, and the A/B stops.
+
+`swap="torch"`: the candidate is the baseline's own command with PYTHONPATH leading to
+profiler/profile/swap (a sitecustomize that replaces torch.save and torch.load with
+profiler.many.torch_compat, in the job and its Python children), set through `env` so the
+profiler itself runs without it. Each candidate run must leave `.many` files (magic bytes);
+after the first baseline run its torch.save files are read for what the drop-in cannot
+write (pickled objects other than tensors, storages and OrderedDicts).
+
+Ctrl-C: the runs are in sessions of their own, so a terminal's Ctrl-C reaches serwatt
+alone; the A/B stops after the current run and says it is partial. A second Ctrl-C
+interrupts the current run too. A run that fails (exit code not 0) stops the A/B with its
+exit code, run id and stderr tail; what the record holds stays.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import mmap
+import os
+import pickletools
+import random
+import shlex
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import time
+import zipfile
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from profiler.exitcodes import EXIT_RUNTIME, EXIT_USAGE
+from profiler.many.format import MAGIC
+from profiler.records.run_ids import format_start_time
+from profiler.records.store import Recorder, RecordError
+
+SIDES = ("baseline", "candidate")
+ORDERS = ("interleaved", "random")
+SWAPS = ("torch",)
+DIR_PLACEHOLDER = "{dir}"
+SWAP_DIR = Path(__file__).resolve().parent / "swap"
+SWAP_ENV = "SERWATT_SWAP"
+TAIL_BYTES = 4096  # of each run's stderr, kept for a failure's message
+MAX_ENTRIES = 100_000  # entries of a checkpoint directory looked at per snapshot
+RESUMED = "resumed"
+
+
+class AbError(Exception):
+    """The A/B cannot go on: one line for the user, and the exit code to leave with."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclass(frozen=True)
+class AbOptions:
+    """What `serwatt ab` was asked; commands are argument lists (shlex-split)."""
+
+    baseline: tuple[str, ...]
+    candidate: tuple[str, ...]  # the baseline's own with swap="torch"
+    repeats: int
+    record: Path
+    order: str = "interleaved"
+    seed: int | None = None
+    swap: str | None = None
+    prepare: tuple[str, ...] = ()
+    resume_args: tuple[str, ...] = ()
+    cold_restore: bool = False
+    checkpoints: Path | None = None
+    python: str = sys.executable  # runs `-m profiler profile`
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    index: int  # 1-based, in the order run
+    side: str
+    k: int  # repeat number on its side, 1-based
+    resumed: bool
+    run_id: str
+    directory: Path | None
+    command: tuple[str, ...]  # the job's, {dir} filled in
+
+
+@dataclass
+class RunOutcome:
+    run: PlannedRun
+    exit_code: int
+    wall_s: float
+    checkpoint_files: int | None  # None: no directory watched
+    many_files: int | None
+    stderr_tail: str
+    restores: int | None = None  # resumed runs: files opened for reading, from the record
+    restore_cache: str | None = None  # cold | warm | partly cached (x%)
+    cached_fraction: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "run_id": self.run.run_id,
+            "side": self.run.side,
+            "k": self.run.k,
+            "resumed": self.run.resumed,
+            "exit_code": self.exit_code,
+            "checkpoint_files": self.checkpoint_files,
+            "many_files": self.many_files,
+            "wall_s": round(self.wall_s, 3),
+            "directory": str(self.run.directory) if self.run.directory is not None else None,
+        }
+        if self.run.resumed:
+            out |= {
+                "restores": self.restores,
+                "restore_cache": self.restore_cache,
+                "cached_fraction": self.cached_fraction,
+            }
+        return out
+
+
+@dataclass
+class AbResult:
+    start: str
+    plan: list[PlannedRun]
+    outcomes: list[RunOutcome] = field(default_factory=list)
+    interrupted: bool = False
+
+    def run_ids(self, side: str) -> list[str]:
+        return [o.run.run_id for o in self.outcomes if o.run.side == side and o.exit_code == 0]
+
+
+def run_order(repeats: int, order: str, seed: int | None) -> list[tuple[str, int]]:
+    """(side, k) for every repeat of both sides in the order they run: ABAB... or a
+    shuffle by `random.Random(seed)`, so one seed always gives one order."""
+    pairs = [(side, k) for k in range(1, repeats + 1) for side in SIDES]
+    if order == "random":
+        random.Random(seed).shuffle(pairs)
+    elif order != "interleaved":
+        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+    return pairs
+
+
+def split_command(text: str, option: str) -> tuple[str, ...]:
+    """A command given as one string, split as a POSIX shell would (no shell runs it)."""
+    try:
+        argv = tuple(shlex.split(text))
+    except ValueError as exc:
+        raise AbError(f"{option}: cannot split {text!r} into arguments: {exc}") from None
+    if not argv:
+        raise AbError(
+            f"{option}: the command is empty; give the job's command, e.g. "
+            f"{option} 'python train.py'"
+        )
+    return argv
+
+
+def _uses_dir(argv: Sequence[str]) -> bool:
+    return any(DIR_PLACEHOLDER in a for a in argv)
+
+
+def _filled(argv: Sequence[str], directory: Path | None) -> tuple[str, ...]:
+    if directory is None:
+        return tuple(argv)
+    return tuple(a.replace(DIR_PLACEHOLDER, str(directory)) for a in argv)
+
+
+class Ab:
+    """One A/B: `check()` the options, then `run()`; `on_run(outcome, result)` hears of each
+    run as it ends, `on_start(planned, result)` before it starts."""
+
+    def __init__(
+        self,
+        opts: AbOptions,
+        *,
+        on_start: Callable[[PlannedRun, AbResult], None] | None = None,
+        on_run: Callable[[RunOutcome, AbResult], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.opts = opts
+        self.on_start = on_start or (lambda _p, _r: None)
+        self.on_run = on_run or (lambda _o, _r: None)
+        self.clock = clock
+        self.start = "ab-" + format_start_time(time.time())
+        self._stop = False
+        self._child: subprocess.Popen[bytes] | None = None
+        self._swap_checked = False
+
+    # ------------------------------------------------------------------ before any run
+
+    def check(self) -> None:
+        """Raise AbError for options that cannot make an A/B, before anything runs."""
+        o = self.opts
+        if o.repeats < 2:
+            raise AbError(
+                f"--repeats {o.repeats}: no statistics possible from fewer than 2 runs per side "
+                "(a side's spread needs two); give --repeats 2 or more"
+            )
+        if o.swap is not None and o.swap not in SWAPS:
+            raise AbError(f"--swap {o.swap}: not one of {', '.join(SWAPS)}")
+        if o.checkpoints is None:
+            for flag, given in (
+                ("--resume-args", bool(o.resume_args)),
+                ("--cold-restore", o.cold_restore),
+                ("--swap", o.swap is not None),
+            ):
+                if given:
+                    raise AbError(
+                        f"{flag} needs --checkpoints DIR (the job's checkpoint directory)"
+                    )
+        if o.cold_restore and not o.resume_args:
+            raise AbError("--cold-restore evicts the files a resumed run reads: give --resume-args")
+        if o.checkpoints is not None:
+            self._check_directory(o.checkpoints)
+        try:
+            with Recorder(o.record) as rec:
+                taken = [r.run_id for r in rec.runs() if r.run_id.startswith(self.start + "-")]
+        except RecordError as exc:
+            raise AbError(f"--record {o.record}: {exc}") from None
+        if taken:
+            raise AbError(
+                f"--record {o.record}: already holds runs named {self.start}-*; "
+                "start the A/B again in a second"
+            )
+
+    def _check_directory(self, directory: Path) -> None:
+        try:
+            info = os.stat(directory)
+        except OSError as exc:
+            raise AbError(f"--checkpoints {directory}: {exc.strerror}; create it first") from None
+        if not stat.S_ISDIR(info.st_mode):
+            raise AbError(
+                f"--checkpoints {directory}: not a directory; give the directory "
+                "the job writes its checkpoints into"
+            )
+        probe = directory / f".{self.start}-probe"
+        try:
+            os.mkdir(probe, 0o700)
+            os.rmdir(probe)
+        except OSError as exc:
+            raise AbError(
+                f"--checkpoints {directory}: not writable ({exc.strerror}); the job "
+                "must be able to write its checkpoints there"
+            ) from None
+
+    def plan(self) -> list[PlannedRun]:
+        o = self.opts
+        own_dirs = o.checkpoints is not None and (_uses_dir(o.baseline) or _uses_dir(o.candidate))
+        out: list[PlannedRun] = []
+        for side, k in run_order(o.repeats, o.order, o.seed):
+            directory = o.checkpoints
+            if own_dirs and o.checkpoints is not None:
+                directory = o.checkpoints / self.start / f"{side}-{k}"
+            argv = o.baseline if side == "baseline" else o.candidate
+            run_id = f"{self.start}-{side}-{k}"
+            command = _filled(argv, directory)
+            out.append(PlannedRun(len(out) + 1, side, k, False, run_id, directory, command))
+            if o.resume_args:
+                resumed = (*command, *_filled(o.resume_args, directory))
+                rid = f"{run_id}-{RESUMED}"
+                out.append(PlannedRun(len(out) + 1, side, k, True, rid, directory, resumed))
+        return out
+
+    # ------------------------------------------------------------------ running
+
+    def run(self) -> AbResult:
+        """Every planned run, in order; stops early on Ctrl-C (result.interrupted) or
+        raises AbError for a failing run or a check that fails after one."""
+        result = AbResult(self.start, self.plan())
+        with self._signals():
+            for planned in result.plan:
+                if self._stop:
+                    result.interrupted = True
+                    break
+                self.on_start(planned, result)
+                outcome = self._one(planned)
+                result.outcomes.append(outcome)
+                self.on_run(outcome, result)
+                if outcome.exit_code != 0:
+                    if self._stop:  # a second Ctrl-C ended it: partial, not failed
+                        result.interrupted = True
+                        break
+                    raise RunFailed(outcome, result)
+                self._after(outcome)
+            else:
+                result.interrupted = self._stop and len(result.outcomes) < len(result.plan)
+        return result
+
+    @contextlib.contextmanager
+    def _signals(self) -> Iterator[None]:
+        def on_signal(signum: int, _frame: object) -> None:
+            child = self._child
+            if self._stop or signum == signal.SIGTERM:
+                if child is not None and child.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(
+                            child.pid, signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM
+                        )
+            self._stop = True
+
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    def _run_quiet(self, argv: Sequence[str], env: dict[str, str] | None = None) -> tuple[int, str]:
+        """Run a command in a session of its own (a terminal's Ctrl-C reaches serwatt only),
+        its stdout dropped and the tail of its stderr kept; (exit code, stderr tail)."""
+        try:
+            child = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                env=env,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            return 127, f"cannot run {argv[0]}: {exc.strerror or exc}"
+        self._child = child
+        tail: deque[bytes] = deque()
+        kept = 0
+        assert child.stderr is not None
+        try:
+            stream = child.stderr
+            for chunk in iter(lambda: os.read(stream.fileno(), 65536), b""):
+                tail.append(chunk)
+                kept += len(chunk)
+                while kept - len(tail[0]) >= TAIL_BYTES:
+                    kept -= len(tail.popleft())
+            code = child.wait()
+        finally:
+            child.stderr.close()
+            self._child = None
+        text = b"".join(tail)[-TAIL_BYTES:].decode("utf-8", "replace")
+        return (128 - code if code < 0 else code), text
+
+    def _one(self, planned: PlannedRun) -> RunOutcome:
+        o = self.opts
+        t0 = self.clock()
+        if o.prepare:
+            code, err = self._run_quiet(o.prepare)
+            if code != 0:
+                raise AbError(
+                    f"--prepare {shlex.join(o.prepare)} failed before run "
+                    f"{planned.run_id} with exit code {code}: {_last_line(err)}",
+                    code,
+                )
+        directory = planned.directory
+        cached: dict[str, float] = {}
+        if directory is not None:
+            if directory != o.checkpoints:
+                with contextlib.suppress(FileExistsError):
+                    os.makedirs(directory, 0o755)
+            if planned.resumed:
+                cached = cache_state(directory, evict=o.cold_restore)
+        before = snapshot(directory) if directory is not None else {}
+        job = list(planned.command)
+        if o.swap is not None and planned.side == "candidate":
+            path = os.environ.get("PYTHONPATH")
+            job = [
+                "env",
+                f"PYTHONPATH={SWAP_DIR}" + (f":{path}" if path else ""),
+                f"{SWAP_ENV}={o.swap}",
+                *job,
+            ]
+        argv = [
+            o.python,
+            "-m",
+            "profiler",
+            "profile",
+            "--record",
+            str(o.record),
+            "--run-id",
+            planned.run_id,
+        ]
+        if directory is not None:
+            argv += ["--checkpoints", str(directory)]
+        code, err = self._run_quiet([*argv, "--", *job])
+        outcome = RunOutcome(planned, code, self.clock() - t0, None, None, err)
+        if directory is not None:
+            written = written_files(before, snapshot(directory))
+            outcome.checkpoint_files = len(written)
+            outcome.many_files = sum(1 for p in written if is_many(p))
+        if planned.resumed and code == 0:
+            self._restore(outcome, cached)
+        return outcome
+
+    def _restore(self, outcome: RunOutcome, cached: dict[str, float]) -> None:
+        try:
+            with Recorder(self.opts.record, readonly=True) as rec:
+                events = rec.checkpoint_events(outcome.run.run_id)
+        except RecordError as exc:
+            raise AbError(f"--record {self.opts.record}: {exc}", EXIT_RUNTIME) from None
+        if events is None:
+            return
+        opened = [str(r["path"]) for r in events.get("restores") or ()]
+        outcome.restores = len(opened)
+        fractions = [cached[p] for p in opened if p in cached]
+        if fractions:
+            outcome.cached_fraction = sum(fractions) / len(fractions)
+            outcome.restore_cache = cache_label(outcome.cached_fraction)
+
+    def _after(self, outcome: RunOutcome) -> None:
+        """The checks a finished run makes possible; AbError stops the A/B."""
+        o, run = self.opts, outcome.run
+        if run.resumed and outcome.restores == 0:
+            raise AbError(
+                f"no restore measured: the resumed run opened no file under "
+                f"{run.directory} (run {run.run_id}); check --resume-args "
+                f"{shlex.join(o.resume_args)}"
+            )
+        if o.swap is None or run.directory is None:
+            return
+        if run.side == "baseline" and not self._swap_checked and outcome.checkpoint_files:
+            self._swap_checked = True
+            problems = unsupported_by_swap(written_paths(run.directory))
+            if problems:
+                raise AbError(
+                    f"--swap {o.swap}: the baseline's checkpoints hold what the .many "
+                    f"drop-in cannot write ({problems[0]}; docs/many.md, 'Whole "
+                    "checkpoints'); A/B this job with --candidate"
+                )
+        if run.side == "candidate" and not run.resumed and not outcome.many_files:
+            raise AbError(
+                f"the swap took no effect: no .many file written in {run.directory}; "
+                "does the job call torch.save?"
+            )
+
+
+class RunFailed(AbError):
+    """A run exited with a code other than 0: the A/B stops with that code."""
+
+    def __init__(self, outcome: RunOutcome, result: AbResult) -> None:
+        super().__init__(
+            f"run {outcome.run.run_id} failed with exit code {outcome.exit_code}",
+            outcome.exit_code,
+        )
+        self.outcome = outcome
+        self.result = result
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else "(no output on stderr)"
+
+
+# ---------------------------------------------------------------------- checkpoint files
+
+FileVersion = tuple[int, int, int, int]  # (dev, inode, size, mtime_ns)
+
+
+def _temp_name(name: str) -> bool:
+    return name.startswith(".") or name.endswith(".tmp")
+
+
+def snapshot(directory: Path) -> dict[str, FileVersion]:
+    """path -> version of each regular file under `directory` (links not followed, at most
+    MAX_ENTRIES entries looked at, temp names left out)."""
+    out: dict[str, FileVersion] = {}
+    pending = [str(directory)]
+    seen = 0
+    while pending and seen < MAX_ENTRIES:
+        top = pending.pop()
+        try:
+            entries = list(os.scandir(top))
+        except OSError:
+            continue
+        for entry in entries:
+            seen += 1
+            if seen > MAX_ENTRIES:
+                break
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISDIR(info.st_mode):
+                pending.append(entry.path)
+            elif stat.S_ISREG(info.st_mode) and not _temp_name(entry.name):
+                out[entry.path] = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+    return out
+
+
+def written_files(before: dict[str, FileVersion], after: dict[str, FileVersion]) -> list[str]:
+    """The files a run completed: present after it, and new or changed since before it."""
+    return sorted(p for p, v in after.items() if before.get(p) != v)
+
+
+def written_paths(directory: Path) -> list[str]:
+    return sorted(snapshot(directory))
+
+
+@contextlib.contextmanager
+def _open_regular(path: str) -> Iterator[int]:
+    """A read-only fd of a regular file, as safeio's bounded open takes it: no link
+    followed, O_NONBLOCK so a FIFO cannot block, fstat'd before use."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path}: not a regular file")
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def is_many(path: str) -> bool:
+    """Whether the file begins with the `.many` magic bytes (profiler/many/FORMAT.md)."""
+    try:
+        with _open_regular(path) as fd:
+            return os.pread(fd, len(MAGIC), 0) == MAGIC
+    except OSError:
+        return False
+
+
+# ---------------------------------------------------------------------- page cache
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_long,
+]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte)]
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def resident_fraction(fd: int, size: int) -> float:
+    """The fraction of the file's pages in the page cache (mincore over a shared read-only
+    mapping: mapping a file reads nothing until a page is touched)."""
+    if size == 0:
+        return 1.0
+    addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+    if addr in (None, _MAP_FAILED):
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    try:
+        pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+        vec = (ctypes.c_ubyte * pages)()
+        if _libc.mincore(addr, size, vec) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+        return sum(b & 1 for b in vec) / pages
+    finally:
+        _libc.munmap(addr, size)
+
+
+def cache_state(directory: Path, *, evict: bool) -> dict[str, float]:
+    """path -> fraction cached, of each checkpoint file under `directory`; with `evict`
+    each is first fsynced (dirty pages cannot be dropped) and dropped with
+    posix_fadvise(DONTNEED), so the fraction confirms the eviction."""
+    out: dict[str, float] = {}
+    for path in snapshot(directory):
+        try:
+            with _open_regular(path) as fd:
+                size = os.fstat(fd).st_size
+                if evict:
+                    os.fsync(fd)
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                out[path] = resident_fraction(fd, size)
+        except OSError:
+            continue
+    return out
+
+
+def cache_label(fraction: float) -> str:
+    if fraction <= 0.0:
+        return "cold"
+    if fraction >= 1.0:
+        return "warm"
+    return f"partly cached ({fraction:.0%})"
+
+
+# ---------------------------------------------------------------------- what --swap covers
+
+_ZIP_MAGIC = b"PK\x03\x04"
+MAX_PICKLE_BYTES = 64 << 20  # a state dict's pickle holds names and offsets, not tensor data
+# The globals a torch.save file of tensors, dicts and lists refers to: what the drop-in
+# writes (torch_compat's scope). Anything else is a pickled object it refuses.
+_TENSOR_GLOBALS = {
+    ("collections", "OrderedDict"),
+    ("torch._utils", "_rebuild_tensor_v2"),
+    ("torch._utils", "_rebuild_parameter"),
+}
+
+
+def _globals(data: bytes) -> Iterator[tuple[str, str]]:
+    """(module, name) of every global a pickle refers to, without unpickling it."""
+    strings: list[str] = []
+    memo: dict[int, Any] = {}
+    for op, arg, _pos in pickletools.genops(data):
+        if op.name == "GLOBAL" and isinstance(arg, str):
+            module, _, name = arg.partition(" ")
+            yield module, name
+        elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
+            yield strings[-2], strings[-1]
+        elif isinstance(arg, str) and "UNICODE" in op.name:
+            strings.append(arg)
+        elif op.name == "MEMOIZE" and strings:
+            memo[len(memo)] = strings[-1]
+        elif op.name in ("BINGET", "LONG_BINGET") and isinstance(arg, int):
+            if isinstance(got := memo.get(arg), str):
+                strings.append(got)
+
+
+def unsupported_by_swap(paths: Sequence[str]) -> list[str]:
+    """What in these torch.save files the `.many` drop-in cannot write: one line per kind,
+    e.g. "ckpt.pt pickles argparse.Namespace"; [] when nothing (or not a torch.save zip)."""
+    problems: list[str] = []
+    for path in paths:
+        try:
+            with _open_regular(path) as fd:
+                if os.pread(fd, 4, 0) != _ZIP_MAGIC:
+                    continue
+                with os.fdopen(os.dup(fd), "rb") as fh, zipfile.ZipFile(fh) as zf:
+                    member = next(
+                        (
+                            i
+                            for i in zf.infolist()
+                            if i.filename.endswith("/data.pkl") or i.filename == "data.pkl"
+                        ),
+                        None,
+                    )
+                    if member is None or member.file_size > MAX_PICKLE_BYTES:
+                        continue
+                    data = zf.read(member)
+        except (OSError, zipfile.BadZipFile, ValueError):
+            continue
+        try:
+            found = sorted(
+                {
+                    f"{m}.{n}"
+                    for m, n in _globals(data)
+                    if (m, n) not in _TENSOR_GLOBALS
+                    and not (m == "torch" and n.endswith("Storage"))
+                }
+            )
+        except (ValueError, EOFError):  # a damaged pickle: not the drop-in's to judge
+            continue
+        if found:
+            problems.append(f"{os.path.basename(path)} pickles {', '.join(found[:3])}")
+    return problems

@@ -1,0 +1,1 @@
+"""The `--swap torch` start-up hook (sitecustomize.py) of `serwatt ab`."""
