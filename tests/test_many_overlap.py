@@ -48,7 +48,7 @@ def differing_slots(a: str, b: str) -> list[str]:
             raw_v = np.asarray(y[name]).reshape(-1).view(np.uint8)
             if (u.dtype, u.shape) != (v.dtype, v.shape) or not np.array_equal(raw_u, raw_v):
                 out.append(name)
-        if x.metadata[STATE_KEY] != y.metadata[STATE_KEY]:
+        if x.metadata.get(STATE_KEY) != y.metadata.get(STATE_KEY):
             out.append("tree")
     return out
 

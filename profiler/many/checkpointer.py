@@ -186,16 +186,21 @@ class _Job:
     overlap_copy_s: float = 0.0
 
 
-def covered_slots(flat: FlatState, optimizer: Any, sync: Any = ()) -> list[int]:
-    """The slots of `flat` that only `optimizer.step()` changes: CPU torch tensors whose bytes
-    are those of one of the optimizer's parameters or state tensors (a state dict holds them
-    as detached views of the same memory), minus any overlapping a tensor in `sync`. Every
-    other slot (buffers, partial views, copies, other devices) is copied synchronously."""
+def optimizer_cover(optimizer: Any, sync: Any = ()) -> Callable[[Any], bool]:
+    """A test for "only `optimizer.step()` changes this tensor": a contiguous CPU tensor
+    whose bytes lie within one of the optimizer's parameters or state tensors (a state dict
+    holds them as detached views of the same memory, a DTensor as its local shard), and that
+    overlaps no tensor in `sync`. Buffers, copies, other devices: False (copied before the
+    call returns)."""
     import torch
+
+    def local(t: Any) -> Any:
+        return getattr(t, "_local_tensor", t)  # a DTensor's shard on this rank
 
     extents: dict[int, int] = {}  # start address -> end of every optimizer tensor on the CPU
 
     def add(t: Any) -> None:
+        t = local(t)
         if isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.numel():
             start = t.data_ptr()
             extents[start] = max(extents.get(start, 0), start + t.numel() * t.element_size())
@@ -211,21 +216,28 @@ def covered_slots(flat: FlatState, optimizer: Any, sync: Any = ()) -> list[int]:
     for t in sync:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"sync= holds tensors to copy synchronously, not {type(t).__name__}")
+        t = local(t)
         if t.numel():
             forced.append((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()))
-    out = []
-    for i, s in enumerate(flat.slots):
-        x = s.value
-        if s.kind != "torch" or not s.length or x.device.type != "cpu":
-            continue
+
+    def covers(x: Any) -> bool:
+        x = local(x)
+        if not isinstance(x, torch.Tensor) or x.device.type != "cpu" or not x.numel():
+            return False
         start = x.data_ptr()
-        end = start + s.length
+        end = start + x.numel() * x.element_size()
         if not x.is_contiguous() or extents.get(start, -1) < end:
-            continue
-        if any(a < end and start < b for a, b in forced):
-            continue
-        out.append(i)
-    return out
+            return False
+        return not any(a < end and start < b for a, b in forced)
+
+    return covers
+
+
+def covered_slots(flat: FlatState, optimizer: Any, sync: Any = ()) -> list[int]:
+    """The slots of `flat` that only `optimizer.step()` changes (`optimizer_cover`); every
+    other slot is copied synchronously."""
+    covers = optimizer_cover(optimizer, sync)
+    return [i for i, s in enumerate(flat.slots) if s.kind == "torch" and covers(s.value)]
 
 
 class Checkpointer:
