@@ -45,7 +45,7 @@ RUNS = {
     "ab-many": ("many", 64, 200, 12),
 }
 # Runs of a group run side by side: the A/A's two, so whatever else loads the machine
-# (parallel test workers) falls on both alike. The A/B's run one at a time: side by side
+# falls on both alike. The A/B's run one at a time: side by side
 # on a loaded VM (load 20-35 on 2 CPUs), `.many`'s 64 MB saves stalled 4.1 s each on
 # average and JSON's 2.9 s, and the difference the A/B is built on was gone.
 GROUPS = (("aa-1", "aa-2"), ("ab-json",), ("ab-many",))
@@ -61,6 +61,10 @@ WINDOW_S = 60
 # 2.2e-3, and scipy's of 10 + 10 (its normal approximation, from 9 a side) not below
 # 1.8e-4; with 16 + 16 the control gave 3.1e-6 after Holm.
 AA_ALPHA = 2.5e-4
+# Episode timing: py-spy has to see every checkpoint. Beside the fleet test in another
+# worker (-n 4) the episode-count and A/A tests failed in one run, and in the next the
+# `.many` run's checkpoint codepath read as json. Run alone.
+pytestmark = pytest.mark.serial
 
 
 def serwatt_subprocess(*args: str) -> subprocess.Popen[str]:
