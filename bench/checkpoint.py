@@ -63,6 +63,11 @@ neighbours and disk state are shared), as the geometric mean with the t interval
 log ratio. Verdicts: CONFIRMED when the whole interval meets the goal, NOT MET when none of
 it does, undecided otherwise.
 
+`many.Checkpointer+overlap` (the copy of the optimizer's tensors overlapped with the next
+step) is measured inside a real training loop, where a next step exists to overlap with:
+bench/checkpoint_overlap.py, against this bench's many.Checkpointer and dcp.async_save, and
+dcp.async_save with background staging.
+
 Goals: many.Checkpointer stall <= 0.5x dcp.async_save's (the faster DCP variant) and <= 1.5x
 memcpy; many.save_state throughput >= 0.8x raw-write (raw time / save time); many
 open + first tensor <= 1/10 of dcp.load (cold and warm).
