@@ -240,6 +240,7 @@ class RestoreInput:
     open_t: float
     pid: int | None
     thread_id: int | None
+    episode_start: float | None  # the decode episode's start (None: file event only)
     wall_s: float | None
     resolution_s: float | None
     timed_by: str
@@ -249,6 +250,12 @@ class RestoreInput:
     def __post_init__(self) -> None:
         where = f"restore {self.path!r}"
         _set(self, "open_t", _number(where, "open_t", self.open_t, minimum=None))
+        v = self.episode_start
+        _set(
+            self,
+            "episode_start",
+            None if v is None else _number(where, "episode_start", v, minimum=None),
+        )
         for name in ("wall_s", "resolution_s"):
             _set(self, name, _optional(where, name, getattr(self, name)))
 
