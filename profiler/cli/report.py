@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from profiler import safeio
-from profiler.cli.argtypes import check_output_option
+from profiler.cli.argtypes import Number, check_output_option
 from profiler.cli.main import UsageError
 from profiler.cli.runs import DEFAULT_RECORD_DIR
 from profiler.exitcodes import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE
@@ -106,7 +106,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="report runs that are not comparable, with each mismatch as a caveat",
     )  # fmt: skip
     parser.add_argument(
-        "--skip-warmup", type=int, default=0, metavar="N",
+        "--skip-warmup", type=Number(int, min=0), default=0, metavar="N",
         help="leave out each run's first N checkpoint episodes (page cache and allocator "
         "warm-up); the report prints what was skipped (default 0)",
     )  # fmt: skip
