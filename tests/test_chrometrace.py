@@ -188,6 +188,7 @@ TARGET = textwrap.dedent(
 )
 
 
+@pytest.mark.serial  # times a real blocking call: alone, on a quiet machine
 def test_a_real_stack_change_run_times_a_blocking_call(tmp_path: Path) -> None:
     """py-spy's chrometrace of a real target: the one pickle.dumps call shows as one
     stretch at that line, as long as the target measured it (within 6 stack-change

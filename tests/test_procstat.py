@@ -121,6 +121,7 @@ def test_missing_process(fake: Path) -> None:
     assert not procstat.exists(999, fake)
 
 
+@pytest.mark.serial  # a busy thread's CPU over 1 s: alone, on a quiet machine
 def test_real_busy_and_idle_threads() -> None:
     code = (
         "import threading, time\n"
