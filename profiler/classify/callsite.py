@@ -316,6 +316,9 @@ class CallSite:
     end_lineno: int
     receiver: bool = False  # the object another call is made on: `Pickler(f)` in `.dump(x)`
     nested: bool = False  # inside a comprehension/generator/lambda (its own frame <3.12)
+    # every argument is a constant, a plain name or an attribute of an imported name:
+    # evaluating them runs no Python function (no property, __getitem__, operator)
+    plain_args: bool = False
 
 
 @dataclass(frozen=True)
@@ -558,10 +561,28 @@ class _Budget:
             )
 
 
+def _arg_chains(call: ast.Call) -> tuple[_Chain, ...] | None:
+    """The chains of a call's name and attribute arguments (constants dropped); None
+    when an argument is anything else (a call, subscript, operator: it may run Python)."""
+    exprs = [a.value if isinstance(a, ast.Starred) else a for a in call.args]
+    exprs += [k.value for k in call.keywords]
+    chains = []
+    for e in exprs:
+        if isinstance(e, ast.Constant):
+            continue
+        if not isinstance(e, (ast.Name, ast.Attribute)):
+            return None
+        chain = _chain(e)
+        if chain is None or chain is _TOO_DEEP or chain[0] is None:
+            return None
+        chains.append(chain)
+    return tuple(chains)
+
+
 class _CallRec:
     """What the index keeps of one call (the syntax tree itself is dropped)."""
 
-    __slots__ = ("lineno", "end", "func", "method", "receiver", "nested")
+    __slots__ = ("lineno", "end", "func", "method", "receiver", "nested", "args")
 
     def __init__(
         self,
@@ -571,6 +592,7 @@ class _CallRec:
         method: str | None,
         receiver: bool,
         nested: bool,
+        args: tuple[_Chain, ...] | None,
     ) -> None:
         self.lineno = lineno
         self.end = end
@@ -578,6 +600,7 @@ class _CallRec:
         self.method = method
         self.receiver = receiver
         self.nested = nested
+        self.args = args
 
 
 class SourceIndex:
@@ -636,6 +659,7 @@ class SourceIndex:
                         node.func.attr if isinstance(node.func, ast.Attribute) else None,
                         id(node) in receivers,
                         inner,
+                        _arg_chains(node),
                     )
                 )
             elif isinstance(node, _COMPREHENSIONS):
@@ -822,6 +846,7 @@ class SourceIndex:
                     c.end,
                     receiver=c.receiver,
                     nested=c.nested,
+                    plain_args=c.args is not None and all(_plain(a, lookup) for a in c.args),
                 )
             )
         comp = 0 <= line < len(self._comp_lines) and bool(self._comp_lines[line])
@@ -832,6 +857,14 @@ class SourceIndex:
             self._memo.clear()
         self._memo[line] = result
         return result
+
+
+def _plain(chain: _Chain, lookup: Callable[[str], _Binding | None]) -> bool:
+    """A local name, or an attribute of an imported one (a module's, a class's)."""
+    if not chain[1]:
+        return True
+    resolved = _apply(chain, lookup)
+    return resolved is not None and resolved[1]
 
 
 def _covered_lines(spans: list[tuple[int, int]], count: Callable[[int], None]) -> bytearray:

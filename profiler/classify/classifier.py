@@ -8,7 +8,11 @@ Rules (profiler/classify/rules.py, built-ins in configs/codepaths.yaml) come in 
   It applies to the innermost Python frame (a C serializer has no frame of its own:
   its caller at the call line is the leaf), and to a caller whose callee is a
   serializer *callback* (`persistent_id`, `__reduce_ex__`, ...): the C serializer
-  on the caller's line runs that callback, so the callback's time is serialization.
+  on the caller's line runs that callback, so the callback's time is serialization;
+  and to any frame whose line *encloses* its deeper frames (one serializer call and
+  nothing else that can run Python, CallsiteMatch.encloses): every deeper Python
+  frame (reduce functions such as rebuild_storage_fd) is inside that call, rule id
+  `<rule>+below`, unless a deeper rule of the same codepath names it.
 
 The sample goes to its OUTERMOST serializer scope, walking from the stack root:
 `torch.save` -> torch even though pickling runs under it. A leaf call-site line that
@@ -64,6 +68,25 @@ def _is_inner_scope(name: str) -> bool:
     return last in ("<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>", "<lambda>")
 
 
+BELOW_SUFFIX = "+below"
+
+
+def below_id(rule_id: str) -> str:
+    """The rule id a sample gets when a frame deeper than the rule's call-site line ran
+    (`+` is not allowed in a rule's own id, so it names no other rule)."""
+    return rule_id + BELOW_SUFFIX
+
+
+def _within(enclosing: Explanation | None, got: Explanation) -> Explanation:
+    """A deeper decision inside an enclosing call-site line: kept when it names the
+    same codepath with high confidence (its rule is the more specific), else the
+    enclosing line decides (the outermost scope; the line leaves no doubt)."""
+    if enclosing is None:
+        return got
+    same = got.classification.codepath == enclosing.classification.codepath
+    return got if same and not got.classification.low_confidence else enclosing
+
+
 @dataclass(frozen=True)
 class CallsiteMatch:
     codepath: str | None  # None: two serializers of different codepaths on the line
@@ -72,6 +95,11 @@ class CallsiteMatch:
     # why the line's calls are not known (source not ready, too costly, a name too deep
     # to resolve): the sample is `other`, low confidence
     unknown: str | None = None
+    # the line runs one serializer call, named through an import, and nothing else that
+    # can run Python: no other call (trivial ones included: `str(x)` runs `__str__`), no
+    # comprehension, arguments only constants, names and attributes of imported names.
+    # Any Python frame deeper than such a line is inside that serializer's call.
+    encloses: bool = False
 
 
 @dataclass(frozen=True)
@@ -306,9 +334,13 @@ class Classifier:
             )
         matched: list[Rule] = []
         others = 1 if line_calls.comprehension and not inner_only else 0
+        # what `encloses` needs: every call on the line named through an import, plain
+        # arguments everywhere, and no call but the serializer and its receivers
+        encloses = not line_calls.comprehension and not inner_only
         for call in line_calls.calls:
             if inner_only and not call.nested:
                 continue
+            encloses = encloses and call.plain_args
             rule = None
             for r in self._callsite_rules:
                 assert r.calls is not None and r.methods is not None
@@ -317,18 +349,24 @@ class Classifier:
                     break
                 if call.method is not None and r.methods.match(call.method):
                     rule = r
+                    encloses = False  # a method on an unresolved receiver
                     break
             if rule is not None:
                 matched.append(rule)
-            elif not call.receiver and not self.rules.trivial_calls.match(call.name):
+            elif not call.receiver:
+                encloses = False
+                if not self.rules.trivial_calls.match(call.name):
+                    others += 1
+            else:
                 # A receiver (`Pickler(f)` in `Pickler(f).dump(x)`) is part of the call.
-                others += 1
+                encloses = encloses and call.imported
         if not matched:
             return None
         codepaths = {r.codepath for r in matched}
         if len(codepaths) > 1:
             return CallsiteMatch(None, None, others)
-        return CallsiteMatch(matched[0].codepath, matched[0], others)
+        encloses = encloses and len(matched) == 1 and matched[0].confidence == "high"
+        return CallsiteMatch(matched[0].codepath, matched[0], others, encloses=encloses)
 
     def _process_start_epoch(self, proc_root: Path) -> float | None:
         """When the target started (epoch s), from <proc_root>/../stat; None if unknown."""
@@ -410,22 +448,29 @@ class Classifier:
         deeper_python: dict[int, int] = {}
         for k in range(1, len(python_idx)):
             deeper_python[python_idx[k]] = python_idx[k - 1]
+        enclosing: Explanation | None = None  # the outermost line enclosing deeper frames
         for i in range(len(frames) - 1, -1, -1):
             frame = frames[i]
             if frame.is_native:
                 rule = self._native_rule(frame)
                 if rule is not None:
-                    return Explanation(
-                        Classification(rule.codepath, rule.id, rule.confidence), i, "native"
+                    return _within(
+                        enclosing,
+                        Explanation(
+                            Classification(rule.codepath, rule.id, rule.confidence), i, "native"
+                        ),
                     )
                 continue
             rule = self._python_rule(frame)
             if rule is not None:
-                return Explanation(
-                    Classification(rule.codepath, rule.id, rule.confidence), i, "python"
+                return _within(
+                    enclosing,
+                    Explanation(
+                        Classification(rule.codepath, rule.id, rule.confidence), i, "python"
+                    ),
                 )
             if i == innermost_python:
-                return self._leaf(frames, i, proc_root, why=why)
+                return _within(enclosing, self._leaf(frames, i, proc_root, why=why))
             callee = deeper_python.get(i)
             if callee is not None and self._is_callback(frames[callee].name):
                 match = self._callsite(frame, proc_root)
@@ -443,8 +488,26 @@ class Classifier:
                         "low" if low else "high",
                         ambiguous=match.others > 0,
                     )
-                    return Explanation(got, i, f"callsite, running callback {frames[callee].name}")
-        return Explanation(OTHER, None, "no rule matched any frame")
+                    how = f"callsite, running callback {frames[callee].name}"
+                    return _within(enclosing, Explanation(got, i, how))
+            if enclosing is None and callee is not None:
+                match = self._callsite(frame, proc_root)
+                if (
+                    match is not None
+                    and match.encloses
+                    and match.rule is not None
+                    and not self._stale(frame, proc_root)
+                ):
+                    # A C serializer has no frame: the Python frames it calls (reduce
+                    # functions such as torch's rebuild_storage_fd and what they run)
+                    # stack directly on the line that called it. Deeper frames are
+                    # still looked at: a rule of the same codepath names it better.
+                    enclosing = Explanation(
+                        Classification(match.rule.codepath, below_id(match.rule.id)),
+                        i,
+                        f"callsite, {frames[callee].name} runs inside the call",
+                    )
+        return enclosing or Explanation(OTHER, None, "no rule matched any frame")
 
     def _leaf(
         self, frames: tuple[Frame, ...], i: int, proc_root: Path | None, *, why: bool = True
