@@ -11,10 +11,17 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import select
+import signal
 import sys
 
 from profiler import __version__
 from profiler.exitcodes import EXIT_USAGE
+
+# A reader that closed the pipe early (`serwatt many inspect F | head`): exit as a process
+# killed by SIGPIPE reports, the shell's 128 + 13, quietly.
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -48,6 +55,36 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        try:
+            code = _dispatch(argv)
+        finally:
+            # here, not at exit, where EPIPE would print "Exception ignored" (also after
+            # argparse's --help, which exits through SystemExit)
+            sys.stdout.flush()
+    except BrokenPipeError:
+        if not _stdout_broken():
+            raise  # a pipe of serwatt's own (a socket, a child's stdin): a real failure
+        # nothing more reaches the reader; the interpreter's own flush at exit must not fail
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
+    return code
+
+
+def _stdout_broken() -> bool:
+    """Whether stdout is a pipe whose reader has gone (poll says POLLERR on its write end)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(ev & select.POLLERR for _, ev in poller.poll(0))
+
+
+def _dispatch(argv: list[str] | None) -> int:
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
     parser = build_parser()
