@@ -111,6 +111,11 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
         "--nvml", choices=("auto", "required", "off"), default="auto",
         help="NVML GPU busy/idle and energy: auto, required, off",
     )  # fmt: skip
+    parser.add_argument(
+        "--by", choices=("codepath", "process"), default="codepath",
+        help="table rows: per codepath (default), or per codepath with a row per process "
+        "(pid, role main/worker, command) under each; the JSON always has both",
+    )  # fmt: skip
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -267,7 +272,9 @@ def document(result: SessionResult, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def write_outputs(doc: dict[str, Any], args: argparse.Namespace) -> int:
-    print(render_table(doc))
+    """The --json file first, then the table: a reader that closes stdout early (`| head`)
+    ends the table, not the document."""
+    rc = EXIT_OK
     if args.json is not None:
         text = json.dumps(doc, indent=2, sort_keys=False) + "\n"
         try:
@@ -276,8 +283,9 @@ def write_outputs(doc: dict[str, Any], args: argparse.Namespace) -> int:
             # lose no data: the document goes to stderr when the file cannot be written
             print(f"serwatt profile: cannot write {args.json}: {exc}", file=sys.stderr)
             print(text, file=sys.stderr)
-            return EXIT_RUNTIME
-    return EXIT_OK
+            rc = EXIT_RUNTIME
+    print(render_table(doc, by_process=getattr(args, "by", "codepath") == "process"))
+    return rc
 
 
 def run(args: argparse.Namespace) -> int:

@@ -33,6 +33,13 @@ from profiler.attribution.episodes import Episode
 from profiler.classify.codepaths import CODEPATHS
 from profiler.intervals import t_quantile
 from profiler.profile.energy_sink import ProfileEnergy
+from profiler.profile.processes import (
+    WALL_METHOD,
+    codepath_processes,
+    main_pid,
+    main_thread_wall_s,
+    role,
+)
 from profiler.profile.session import Accumulator, SessionResult
 
 SCHEMA = "serwatt.profile/1"
@@ -167,6 +174,8 @@ def build_document(result: SessionResult, energy: ProfileEnergy | None = None) -
     acc = result.acc
     total = acc.total_cpu_s
     rows = batches(acc.bins)
+    main = main_pid(result.info.root_pid, result.targets)
+    commands = {t.pid: t.command for t in result.targets}
     codepaths: dict[str, Any] = {}
     shares: dict[str, float] = {}
     for cp in CODEPATHS:
@@ -187,6 +196,8 @@ def build_document(result: SessionResult, energy: ProfileEnergy | None = None) -
             "low_confidence_samples": acc.low_conf[cp],
             "low_confidence_share": round(acc.low_conf[cp] / n, 6) if n else 0.0,
             **_episode_counts(result.episodes, cp),
+            "main_thread_wall_s": main_thread_wall_s(acc.processes, cp, main),
+            "processes": codepath_processes(acc.processes, cp, commands, main),
         }
     root = next((t for t in result.targets if t.pid == result.info.root_pid), None)
     doc: dict[str, Any] = {
@@ -209,6 +220,7 @@ def build_document(result: SessionResult, energy: ProfileEnergy | None = None) -
         },
         "gpus": [],
         "share_ci95_method": CI_METHOD,
+        "wall_s_method": WALL_METHOD,
         "low_confidence_cpu_share": round(acc.low_conf_cpu_s / total, 6) if total > 0 else 0.0,
         "unmapped_threads": unmapped_threads_section(acc),
         "sampler": {
@@ -232,6 +244,7 @@ def build_document(result: SessionResult, energy: ProfileEnergy | None = None) -
             {
                 "pid": t.pid,
                 "command": t.command,
+                "role": role(t.pid, main),
                 "python": t.python,
                 "windows": t.windows,
                 "samples": t.samples,

@@ -44,6 +44,7 @@ from profiler.attribution.episodes import Episode, EpisodeTracker
 from profiler.attribution.tracker import EnergyTracker
 from profiler.attribution.window import AttributedWindow, attribute, episode_gpu_reading
 from profiler.classify.codepaths import CODEPATHS
+from profiler.profile.processes import ProcessTally
 from profiler.sampling import collect
 from profiler.sampling.collect import ClassifierLike, RawWindow, collect_window, finish_window
 from profiler.sampling.window import WindowReport
@@ -113,6 +114,8 @@ class Accumulator:
     unmapped: dict[tuple[int, int], tuple[str, float]] = field(default_factory=dict)
     unmapped_untracked_cpu_s: float = 0.0
     unmapped_exited_cpu_s: float = 0.0
+    # each codepath's figures per process (the per-process view)
+    processes: ProcessTally = field(default_factory=ProcessTally)
 
     def add(self, report: WindowReport, origin: float) -> None:
         self.windows += 1
@@ -155,6 +158,7 @@ class Accumulator:
             else:
                 self.unmapped_untracked_cpu_s += th.cpu_s
         self.unmapped_exited_cpu_s += report.exited_unsampled_cpu_s
+        self.processes.add(report)
         e: SamplerErrors = report.errors
         self.pyspy_samples += e.pyspy_samples
         self.pyspy_errors += e.pyspy_errors

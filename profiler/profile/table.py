@@ -17,15 +17,23 @@ def _pct(v: float) -> str:
     return f"{100 * v:5.1f}%"
 
 
-def render_table(doc: Mapping[str, Any]) -> str:
-    """The human table: one row per codepath, then the sampler's own failures."""
+# --by process: at most this many process rows under a codepath (the most CPU first)
+MAX_PROCESS_ROWS = 10
+COMMAND_SHOWN = 60
+
+
+def render_table(doc: Mapping[str, Any], *, by_process: bool = False) -> str:
+    """The human table: one row per codepath (with `by_process`, a row per process under
+    each), then the sampler's own failures."""
     cps = doc["codepaths"]
     show_energy = any(cps[cp].get("energy_j") is not None for cp in cps)
     show_wait = any(cps[cp].get("gpu_wait_s") is not None for cp in cps)
     show_gpu_j = any(cps[cp].get("gpu_idle_j") is not None for cp in cps)
     energy_src = (doc.get("energy") or {}).get("source") or "?"
-    head = f"{'codepath':<12}{'samples':>9}{'CPU-s':>10}  {'share [95% CI]':<24}{'wall s':>9}"
-    head += f"{'low-conf':>10}"
+    # wall time summed over threads can exceed the run's length: thread-s says so, and the
+    # main thread's wall stands beside it
+    head = f"{'codepath':<12}{'samples':>9}{'CPU-s':>10}  {'share [95% CI]':<24}{'thread-s':>9}"
+    head += f"{'main s':>9}{'low-conf':>10}"
     if show_energy:
         head += f"{'J (' + energy_src + ')':>12}"
     if show_wait:
@@ -45,7 +53,7 @@ def render_table(doc: Mapping[str, Any]) -> str:
         line = (
             f"{cp:<12}{row['samples']:>9}{row['cpu_s']:>10.2f}  "
             f"{_pct(row['share']) + ' ' + ci_s:<24}{row['wall_s']:>9.2f}"
-            f"{_pct(row['low_confidence_share']):>10}"
+            f"{row.get('main_thread_wall_s', 0.0):>9.2f}{_pct(row['low_confidence_share']):>10}"
         )
         if show_energy:
             e = row.get("energy_j")
@@ -57,12 +65,15 @@ def render_table(doc: Mapping[str, Any]) -> str:
             gj = row.get("gpu_idle_j")
             line += f"{gj:>12.1f}" if gj is not None else f"{'-':>12}"
         lines.append(line)
+        if by_process:
+            lines.extend(process_lines(row, doc["cpu_s"]))
     lines.extend(unmapped_lines(doc))
     lines.append(f"{'total':<12}{doc['samples']:>9}{doc['cpu_s']:>10.2f}  {'100.0%':<24}")
     lines.extend(episode_lines(doc))
     s = doc["sampler"]
     lines.append(
         f"CPU-s: measured per-thread CPU (procfs) spread over each thread's samples; "
+        f"thread-s: wall time summed over threads; main s: the main process's main thread; "
         f"share 95% CI: batch means over time; low-confidence CPU: "
         f"{_pct(doc['low_confidence_cpu_share']).strip()} of total"
     )
@@ -81,6 +92,25 @@ def render_table(doc: Mapping[str, Any]) -> str:
         if t.get("error"):
             lines.append(f"target {t['pid']}: not sampled: {t['error']}")
     return "\n".join(escape_text(line, backslash=False) for line in lines)
+
+
+def process_lines(row: Mapping[str, Any], total_cpu_s: float) -> list[str]:
+    """A codepath's process rows: pid and role, figures, then the command (escaped here, so
+    a backslash in an argv shows doubled and cannot pose as an escape)."""
+    procs = row.get("processes") or []
+    out = []
+    for p in procs[:MAX_PROCESS_ROWS]:
+        share = p["cpu_s"] / total_cpu_s if total_cpu_s > 0 else 0.0
+        cmd = escape_text(p["command"][: COMMAND_SHOWN + 1])  # a huge argv is not escaped whole
+        cmd = cmd if len(cmd) <= COMMAND_SHOWN else cmd[: COMMAND_SHOWN - 3] + "..."
+        # the pid where the codepath's name is, the role and command after the figures
+        out.append(
+            f"  {p['pid']:<10}{p['samples']:>9}{p['cpu_s']:>10.2f}  {_pct(share):<24}"
+            f"{p['wall_s']:>9.2f}{p['main_thread_wall_s']:>9.2f}  {p['role']} {cmd}"
+        )
+    if len(procs) > MAX_PROCESS_ROWS:
+        out.append(f"  (+{len(procs) - MAX_PROCESS_ROWS} more process(es) in this codepath)")
+    return out
 
 
 def unmapped_lines(doc: Mapping[str, Any], shown: int = 5) -> list[str]:
