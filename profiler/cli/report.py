@@ -31,6 +31,7 @@ from profiler.cli.runs import DEFAULT_RECORD_DIR
 from profiler.exitcodes import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE
 from profiler.many import chain_head
 from profiler.many.format import escape_text
+from profiler.many.torch_compat import directory_chain
 from profiler.records.store import RECORD_FILENAME, Recorder, RecordError
 from profiler.report import (
     InputError,
@@ -151,16 +152,19 @@ def checkpoint_chain(directory: Path, anchored: dict[str, list[str]]) -> dict[st
     receipt -> the run ids that saw it written)."""
     if not directory.is_dir():
         raise UsageError(f"--checkpoints {directory}: not a directory")
-    files = sorted(
-        (p for p in directory.iterdir() if p.suffix == ".many" and p.is_file()),
-        key=lambda p: (p.stat().st_mtime_ns, p.name),
-    )
+    files = directory_chain(directory)
+    if not files:
+        # a chain of no files is no evidence: "sound" over nothing would read as a pass
+        raise UsageError(
+            f"--checkpoints {directory}: no .many files in {directory}; point it at the "
+            "directory the .many run wrote its checkpoints to"
+        )
     if len(files) > MAX_CHECKPOINT_FILES:
         raise UsageError(
             f"--checkpoints {directory}: {len(files)} .many files, more than "
             f"{MAX_CHECKPOINT_FILES}; point it at one run's checkpoint directory"
         )
-    chain = chain_head([str(p) for p in files])
+    chain = chain_head(files)
     head = str(chain.head) if chain.head is not None else None
     return {
         "dir": str(directory),

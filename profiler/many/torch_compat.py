@@ -12,10 +12,18 @@ pickled objects, so no modules, optimizers, dataclasses, torch.Size, torch.dtype
 classes. Paths are mapped copy-on-write (nothing read until touched); file objects are read
 into memory. `weights_only` is accepted and makes no difference: the format can hold nothing
 that `weights_only=True` would refuse to run, because it can hold no code at all.
+
+Receipts chain within a directory by default: `save(obj, "ckpt/step-200.many")` names the
+receipt of the newest other `.many` file in `ckpt/` as its `prev`, the newest by
+`directory_chain` (modification time, then name: the order `serwatt report --checkpoints
+DIR` verifies), as the training workload and `Checkpointer` continue the chain from the
+newest checkpoint already there. `prev=` names another receipt; `prev=None` starts a new
+chain (the file has no prev); a file object has no directory, so it chains only to `prev=`.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import shutil
@@ -25,8 +33,11 @@ from collections.abc import Callable, Mapping
 from typing import IO, Any
 
 from profiler.many.format import HEADER_SIZE, MAGIC, ManyFormatError
+from profiler.many.reader import load as load_many
 from profiler.many.receipt import Receipt
 from profiler.many.state import open_state, save_state
+
+log = logging.getLogger(__name__)
 
 FileLike = str | os.PathLike[str] | IO[bytes]
 # Reading a file object in bounded pieces: a hostile header's file_length cannot make one
@@ -37,6 +48,46 @@ _ZIP_MAGIC = b"PK\x03\x04"
 _PICKLE_PROTO = b"\x80"
 
 
+class _ChainInDirectory:
+    """save()'s default `prev`: the newest other .many file in the target's directory."""
+
+    def __repr__(self) -> str:
+        return "CHAIN_IN_DIRECTORY"
+
+
+CHAIN_IN_DIRECTORY = _ChainInDirectory()
+
+
+def directory_chain(directory: str | os.PathLike[str]) -> list[str]:
+    """The `.many` files directly in `directory`, in chain order: oldest first by
+    modification time, then by name (a directory's files have no other order that every
+    writer keeps)."""
+    found = []
+    with os.scandir(directory) as it:
+        for entry in it:
+            if entry.name.endswith(".many") and entry.is_file():
+                found.append((entry.stat().st_mtime_ns, entry.name, entry.path))
+    return [path for _, _, path in sorted(found)]
+
+
+def newest_receipt(directory: str | os.PathLike[str], *, besides: str) -> Receipt | None:
+    """The receipt of the newest readable .many file in `directory` other than `besides`
+    (the file about to be written, which a save replaces); None when there is none."""
+    target = os.path.realpath(besides)
+    for path in reversed(directory_chain(directory)):
+        if os.path.realpath(path) == target:
+            continue
+        try:
+            ckpt = load_many(path)
+        except (ManyFormatError, OSError) as exc:
+            log.warning("many torch_compat: skipping unreadable %s for the chain: %s", path, exc)
+            continue
+        receipt = ckpt.receipt
+        ckpt.close()
+        return receipt
+    return None
+
+
 def save(
     obj: Any,
     f: FileLike,
@@ -45,7 +96,7 @@ def save(
     _use_new_zipfile_serialization: bool = True,
     _disable_byteorder_record: bool = False,
     *,
-    prev: Receipt | str | bytes | None = None,
+    prev: Receipt | str | bytes | _ChainInDirectory | None = CHAIN_IN_DIRECTORY,
     metadata: Mapping[str, Any] | None = None,
 ) -> Receipt:
     """Write `obj` to `f` (a path, or a binary file object written at its position) as `.many`.
@@ -53,12 +104,20 @@ def save(
     The torch.save arguments after `f` are accepted for signature compatibility; nothing is
     pickled, so `pickle_module` must be None or the `pickle` module. To a path the write is
     atomic (temp file, fsync, rename, directory fsync). Returns the checkpoint's receipt.
+
+    `prev` (not in torch.save): by default, to a path, the receipt of the newest other .many
+    file in its directory (module docstring); a receipt to chain to; None for no prev.
     """
     _check_pickle_module(pickle_module)
     if isinstance(f, str | os.PathLike):
+        if isinstance(prev, _ChainInDirectory):
+            path = os.fspath(f)
+            prev = newest_receipt(os.path.dirname(os.path.abspath(path)), besides=path)
         return save_state(f, obj, prev=prev, metadata=metadata)
     if not hasattr(f, "write"):
         raise TypeError(f"f must be a path or a binary file object, not {type(f).__name__}")
+    if isinstance(prev, _ChainInDirectory):
+        prev = None  # a file object has no directory to chain within
     # The writer lays files out on disk (holes, pwrite); a file object gets a copy of that file.
     with tempfile.TemporaryDirectory(prefix="many-save-") as tmp:
         path = os.path.join(tmp, "state.many")
@@ -190,4 +249,4 @@ def _location_hook(map_location: Any) -> Callable[[Any], Any] | None:
     )
 
 
-__all__ = ["load", "save"]
+__all__ = ["CHAIN_IN_DIRECTORY", "directory_chain", "load", "save"]
