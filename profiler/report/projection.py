@@ -56,6 +56,11 @@ SCALING = (
 DALY_FORMULA = (
     "τ = √(2δM)·[1 + ⅓√(δ/2M) + ⅑(δ/2M)] − δ for δ < 2M, else τ = M (Daly 2006, higher order)"
 )
+# Said when no --cluster file was given: the inputs below are a frontier LLM job's, whatever
+# the job that was measured
+CLUSTER_ASSUMED = (
+    "cluster assumed (no --cluster FILE.yaml): the defaults, a Llama 3 405B job (arXiv 2407.21783)"
+)
 LOST_FORMULA = "lost = 1 − τ / (M·e^{R/M}·(e^{(τ+δ)/M} − 1))  (Daly 2006, expected wall time)"
 
 
@@ -687,6 +692,7 @@ def project(
             "source": _policy_source(cluster),
         },
         "cluster_file": cluster.path,
+        "cluster_assumed": CLUSTER_ASSUMED if cluster.path is None else None,
         "scaling": SCALING,
         "hours_per_year": HOURS_PER_YEAR,
         "baseline": base,

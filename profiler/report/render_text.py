@@ -292,6 +292,8 @@ def _codepath_lines(report: Mapping[str, Any]) -> list[str]:
 
 def _projection_lines(p: Mapping[str, Any]) -> list[str]:
     out = ["CLUSTER PROJECTION (every input measured or assumed, as named)"]
+    if p.get("cluster_assumed"):
+        out += _wrap("  ", p["cluster_assumed"])
     out += _wrap("  scaling: ", p["scaling"])
     for c in p.get("caveats") or []:
         out += _wrap("  ! ", c)
@@ -303,10 +305,20 @@ def _projection_lines(p: Mapping[str, Any]) -> list[str]:
         return out
     s = p["saved"]
 
+    costs = False
+
+    def saving(value: float | None, ci: Any = None, no_ci: str = "") -> str:
+        # a negative saving is a cost and reads as one, with the cost's interval
+        nonlocal costs
+        if value is not None and value < 0:
+            costs = True
+            ci = [None if v is None else -v for v in reversed(ci)] if ci else None
+            return f"costs {fmt(-value)}" + (f" [{fmt(ci[0])}, {fmt(ci[1])}]" if ci else no_ci)
+        return fmt(value) + (f" [{fmt(ci[0])}, {fmt(ci[1])}]" if ci else no_ci)
+
     def saved(name: str) -> str:
         f = s.get(name) or {}
-        ci = f.get("ci95")
-        shown = fmt(f.get("value")) + (f" [{fmt(ci[0])}, {fmt(ci[1])}]" if ci else " [no CI]")
+        shown = saving(f.get("value"), f.get("ci95"), " [no CI]")
         return ("~ " if f.get("display") == "~" else "") + shown
 
     def parts(side: Mapping[str, Any]) -> str:
@@ -321,7 +333,7 @@ def _projection_lines(p: Mapping[str, Any]) -> list[str]:
             "lost fraction",
             fmt(b["lost_fraction"]),
             fmt(c["lost_fraction"]),
-            fmt(s["lost_fraction"]),
+            saving(s["lost_fraction"]),
         ],
         ["  stall/rework/restart", parts(b), parts(c), ""],
         [
@@ -350,6 +362,12 @@ def _projection_lines(p: Mapping[str, Any]) -> list[str]:
         ],
     ]
     out += ["  " + line for line in _table(rows, [24, 20, 20, 30])]
+    if costs:
+        out += _wrap(
+            "  costs N: ",
+            "a negative saving: the candidate costs N more a year than the baseline (the "
+            "interval is the cost's)",
+        )
     out += _wrap("  * ", b.get("gpu_hours_note", ""))
     out += _wrap("  saved CI: ", s.get("interval_basis", ""))
     if p["sensitivity"]:
