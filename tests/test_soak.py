@@ -16,9 +16,6 @@ from pathlib import Path
 
 import pytest
 
-# measures CPU shares and time: runs alone, after the parallel pass
-pytestmark = pytest.mark.serial
-
 pytest.importorskip("scipy")
 
 REPO = Path(__file__).resolve().parents[1]
