@@ -90,12 +90,8 @@ def main() -> int:
         if not m:
             print(f"  {metric}: not compared ({ck.get('note')})")
             continue
-        # too few episodes: the report gives no interval and says why (its note)
-        ci = (
-            f"95% CI {m['ci95'][0]:.3f}-{m['ci95'][1]:.3f}"
-            if m["ci95"]
-            else (m.get("note") or "no interval")
-        )
+        # too few episodes: the report gives no interval and says why (its ci_note)
+        ci = f"95% CI {m['ci95'][0]:.3f}-{m['ci95'][1]:.3f}" if m["ci95"] else m["ci_note"]
         ratio = "-" if m["ratio"] is None else f"{m['ratio']:.3f}"
         p_holm = "-" if m["p_holm"] is None else f"{m['p_holm']:.3g}"
         print(

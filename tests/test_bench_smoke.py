@@ -252,7 +252,7 @@ def test_ab_bench_smoke(tmp_path: Path) -> None:
         assert [int(line.group(1)), int(line.group(2))] == m["n"]
         assert line.group(3) == m["verdict"]
         if m["ci95"] is None:  # too few checkpoints: the report's reason is printed
-            assert f"({m['note']})" in line.group(0)
+            assert m["ci_note"] and f"({m['ci_note']})" in line.group(0)
     assert (out / "report.html").is_file()
 
 

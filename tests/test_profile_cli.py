@@ -55,6 +55,11 @@ KNOWN_SHARE = REPO / "tests" / "workloads" / "known_share.py"
 # The README's claim for one busy thread: each codepath's CPU share within 2 pp of the
 # workload's own thread_time() (bench/accuracy.py --threads 1, at --rate 100).
 SHARE_PP = 0.02
+# Issue 22's goal for a multi-process job (DataLoader workers): the serializer's CPU within
+# 15% of the truth timed in every process. Forked 3.10 children still come out low: json
+# -8.5% (share 0.617 against 0.674-0.678) on a quiet fresh clone, -4% to -13% in other
+# runs, so the README's one-thread 2 pp does not hold for them yet (issue 22 stays open).
+CHILDREN_REL = 0.15
 RATE = "100"
 
 
@@ -133,7 +138,7 @@ def test_python_children_are_followed(tmp_path: Path) -> None:
     # json.dumps, and a parent that waits for them: a json share of ~2/3 of all three.
     low, high = truth_share(truth_file, record, "known-pool")
     share = doc["codepaths"]["json"]["share"]
-    assert low - SHARE_PP <= share <= high + SHARE_PP, (share, low, high)
+    assert low * (1 - CHILDREN_REL) <= share <= high * (1 + CHILDREN_REL), (share, low, high)
 
 
 def test_attach_with_pid_and_duration() -> None:
