@@ -76,7 +76,6 @@ open + first tensor <= 1/10 of dcp.load (cold and warm).
 from __future__ import annotations
 
 import argparse
-import ctypes
 import gc
 import json
 import math
@@ -109,6 +108,7 @@ from profiler.intervals import (  # noqa: E402
     mean_interval,
     verdict,
 )
+from profiler.profile.ab import resident_pages as ab_resident_pages  # noqa: E402
 
 METHODS = (
     "torch.save",
@@ -213,39 +213,12 @@ def touch(t: torch.Tensor) -> int:
 # page cache
 # ------------------------------------------------------------------------------------------
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.mmap.restype = ctypes.c_void_p
-_libc.mmap.argtypes = [
-    ctypes.c_void_p,
-    ctypes.c_size_t,
-    ctypes.c_int,
-    ctypes.c_int,
-    ctypes.c_int,
-    ctypes.c_long,
-]
-_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte)]
-_MAP_FAILED = ctypes.c_void_p(-1).value
-
 
 def resident_pages(path: Path) -> tuple[int, int]:
     """(resident, total) pages of `path` in the page cache, by mincore(2); reads nothing."""
-    size = path.stat().st_size
-    if size == 0:
-        return 0, 0
     fd = os.open(path, os.O_RDONLY)
     try:
-        addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-        if addr in (None, _MAP_FAILED):
-            raise OSError(ctypes.get_errno(), f"mmap {path}")
-        try:
-            pages = (size + PAGE - 1) // PAGE
-            vec = (ctypes.c_ubyte * pages)()
-            if _libc.mincore(addr, size, vec) != 0:
-                raise OSError(ctypes.get_errno(), f"mincore {path}")
-            return int((np.ctypeslib.as_array(vec) & 1).sum()), pages
-        finally:
-            _libc.munmap(addr, size)
+        return ab_resident_pages(fd, os.fstat(fd).st_size)
     finally:
         os.close(fd)
 

@@ -20,6 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from collectors.samples import Frame, Sample
+from profiler.classify.codepaths import CODEPATHS
 from profiler.profile.table import render_table
 from profiler.sampling.weighting import distribute_cpu
 from tests.test_profile_cli import check_document
@@ -80,19 +81,8 @@ def test_the_row_is_in_the_table_with_escaped_names() -> None:
                 "wall_s": 0.0,
                 "low_confidence_share": 0.0,
             }
-            for cp in (
-                "pickle",
-                "torch",
-                "protobuf",
-                "json",
-                "msgpack",
-                "yaml",
-                "safetensors",
-                "numpy",
-                "many",
-                "other",
-            )
-        },  # fmt: skip
+            for cp in CODEPATHS
+        },
         "low_confidence_cpu_share": 0.0,
         "unmapped_threads": {
             "cpu_s": 1.5,

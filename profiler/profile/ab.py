@@ -559,11 +559,12 @@ _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctype
 _MAP_FAILED = ctypes.c_void_p(-1).value
 
 
-def resident_fraction(fd: int, size: int) -> float:
-    """The fraction of the file's pages in the page cache (mincore over a shared read-only
-    mapping: mapping a file reads nothing until a page is touched)."""
+def resident_pages(fd: int, size: int) -> tuple[int, int]:
+    """(resident, total) pages of an open file of `size` bytes in the page cache, by
+    mincore(2) over a shared read-only mapping: mapping a file reads nothing until a page
+    is touched. bench/checkpoint.py uses it too."""
     if size == 0:
-        return 1.0
+        return 0, 0
     addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
     if addr in (None, _MAP_FAILED):
         err = ctypes.get_errno()
@@ -574,9 +575,15 @@ def resident_fraction(fd: int, size: int) -> float:
         if _libc.mincore(addr, size, vec) != 0:
             err = ctypes.get_errno()
             raise OSError(err, os.strerror(err))
-        return sum(b & 1 for b in vec) / pages
+        return sum(b & 1 for b in vec), pages
     finally:
         _libc.munmap(addr, size)
+
+
+def resident_fraction(fd: int, size: int) -> float:
+    """The fraction of the file's pages in the page cache (1.0 for an empty file)."""
+    resident, pages = resident_pages(fd, size)
+    return resident / pages if pages else 1.0
 
 
 def cache_state(directory: Path, *, evict: bool) -> dict[str, float]:
