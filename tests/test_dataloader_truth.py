@@ -53,9 +53,7 @@ def _profile(tmp_path: Path, mode: str) -> tuple[float, float, dict[str, float]]
 
 @pytest.mark.serial
 @pytest.mark.parametrize("mode", ["tensors", "plain"])
-def test_dataloader_pickle_cpu_against_forkingpickler_truth(
-    tmp_path: Path, mode: str
-) -> None:
+def test_dataloader_pickle_cpu_against_forkingpickler_truth(tmp_path: Path, mode: str) -> None:
     seen, truth, by_role = _profile(tmp_path, mode)
     error = seen / truth - 1
     assert abs(error) <= TOLERANCE, (
