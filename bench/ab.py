@@ -1,6 +1,7 @@
 """torch.save against `.many` on this machine, measured the way a user would: repeats of
 both sides, interleaved, each profiled with `serwatt profile --record`, then compared by
-`serwatt report`.
+`serwatt report`. Each run watches its checkpoint directory (`--checkpoints`), so the
+report's checkpoints are the files written.
 
     .venv/bin/python bench/ab.py [--repeats 3] [--steps 40] [--every 4] [--size 64] [--rate 100]
                                  [--out DIR] [--baseline-ckpt torch] [--candidate-ckpt many]
@@ -26,12 +27,16 @@ SERWATT = [sys.executable, "-m", "profiler"]
 
 
 def profile_run(args: argparse.Namespace, db: Path, run_id: str, ckpt: str) -> None:
+    # the watched directory makes the report's checkpoints the files written, not the
+    # codepath with the most main-thread episode time
+    ckpt_dir = args.out / run_id
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
     cmd = [
         *SERWATT, "profile", "--rate", f"{args.rate:g}", "--window", "2",
-        "--record", str(db), "--run-id", run_id, "--",
+        "--record", str(db), "--run-id", run_id, "--checkpoints", str(ckpt_dir), "--",
         sys.executable, "-m", "profiler.workloads.train", "--ckpt", ckpt,
         "--steps", str(args.steps), "--every", str(args.every), "--size", f"{args.size:g}",
-        "--dir", str(args.out / run_id),
+        "--dir", str(ckpt_dir),
     ]  # fmt: skip
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if r.returncode != 0:
@@ -82,7 +87,8 @@ def main() -> int:
         s = ck[side]
         stall = s.get("stall_s") or {}
         print(
-            f"  {side:<9} {s.get('codepath')}: {s.get('episodes')} checkpoints, stall p50 "
+            f"  {side:<9} {s.get('codepath')}: {s.get('checkpoints')} checkpoints "
+            f"({s.get('file_event_only')} file event only), stall p50 "
             f"{stall.get('p50')} s, p95 {stall.get('p95')} s, durable {s.get('durable')}"
         )
     for metric in ("stall_s", "cpu_s"):

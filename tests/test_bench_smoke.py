@@ -230,18 +230,23 @@ def test_accuracy_bench_refuses_one_repeat() -> None:
 def test_ab_bench_smoke(tmp_path: Path) -> None:
     out = tmp_path / "ab"
     r = bench(
-        # six saves a side: with three, a loaded machine's windows missed every one of a side's
-        "ab.py", "--repeats", "1", "--steps", "12", "--every", "2", "--size", "1",
-        "--rate", "50", "--out", str(out), timeout=240,
+        # six saves a side: with three, a loaded machine's windows missed every one of a
+        # side's. 16 MB at 200 Hz: each ~20 ms save is its own episode, two steps (~30 ms,
+        # over the episode rules' 2-tick merge) apart; 1 MB saves at 50 Hz all fall in one
+        "ab.py", "--repeats", "1", "--steps", "12", "--every", "2", "--size", "16",
+        "--rate", "200", "--out", str(out), timeout=240,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     assert re.search(
-        r"^1 repeats per side, interleaved, 12 steps, a 1 MB checkpoint", r.stdout, re.M
+        r"^1 repeats per side, interleaved, 12 steps, a 16 MB checkpoint", r.stdout, re.M
     )
     for side, ckpt in (("baseline", "torch"), ("candidate", "many")):
-        assert re.search(rf"^  {side} +{ckpt}: [0-9]+ checkpoints, stall p50 ", r.stdout, re.M), (
-            side
-        )
+        # the checkpoints are the six files each side wrote (the runs watch their directory)
+        assert re.search(
+            rf"^  {side} +{ckpt}: 6 checkpoints \([0-9]+ file event only\), stall p50 ",
+            r.stdout,
+            re.M,
+        ), (side, r.stdout)
     ck = json.loads((out / "report.json").read_text())["checkpoint"]
     for metric in ("stall_s", "cpu_s"):
         m = ck[metric]

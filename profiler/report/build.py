@@ -17,14 +17,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from profiler.classify.codepaths import CODEPATHS, SERIALIZATION_CODEPATHS
 from profiler.report import comparability, stats
-from profiler.report.inputs import EpisodeInput, InputError, RunInput, WindowInput
+from profiler.report.inputs import (
+    CheckpointInput,
+    EpisodeInput,
+    InputError,
+    RunInput,
+    WindowInput,
+)
 from profiler.report.projection import ClusterConfig, SideMeasurement, project
 from profiler.report.receipt import receipt
 
@@ -39,6 +45,11 @@ CPU_SOURCE = "measured: py-spy samples weighted by procfs thread CPU"
 SCHEMA1_NOTE = "no episodes recorded (schema 1)"
 NOT_TESTED = "not tested"
 FOLLOWS_CPU = "follows CPU (model)"
+# How a side's checkpoints were found: the files its `--checkpoints DIR` watch saw
+# completed, or (no watch) the serialization codepath with the most main-thread episode
+# wall time, every episode of it a checkpoint
+FILE_EVENTS = "file events"
+HEURISTIC = "heuristic"
 SIDE_CI_NOTE = (
     "no per-side interval: no method we simulated reaches 95% coverage of one side's mean "
     "on skewed data at these counts (docs/report.md); the ratio's interval is the claim"
@@ -89,6 +100,15 @@ class _Side:
     @property
     def episodes(self) -> list[EpisodeInput]:
         return [e for r in self.runs for e in (r.episodes or ())]
+
+    @property
+    def file_events(self) -> bool:
+        """Every run watched its checkpoint directory: checkpoints are the files written."""
+        return all(r.checkpoints is not None for r in self.runs)
+
+    @property
+    def identified_by(self) -> str:
+        return FILE_EVENTS if self.file_events else HEURISTIC
 
 
 def _observations(side: _Side, codepath: str, metric: str) -> tuple[list[float], list[float]]:
@@ -161,8 +181,37 @@ def _quantiles(values: Sequence[float]) -> dict[str, float] | None:
     }
 
 
+def _stall_episodes(run: RunInput, skip: int) -> tuple[list[EpisodeInput], int]:
+    """A file-event run's checkpoints after the first `skip` (in event order) as their stall
+    episodes, each with the checkpoint's stall_s as wall_s (profiler/attribution/
+    checkpoints.py trims a stall that spans its file event), and how many of them have no
+    stall episode (file event only, or one episode several files' events fall in)."""
+    by_key: dict[tuple[int | None, int | None, float | None], EpisodeInput] = {
+        (e.pid, e.thread, e.start): e for e in run.episodes or ()
+    }
+    matched, without = [], 0
+    for c in sorted(run.checkpoints or (), key=lambda c: c.event_t)[skip:]:
+        e = by_key.get((c.pid, c.stall_thread, c.stall_start))
+        if e is None or c.stall_s is None:
+            without += 1
+            continue
+        matched.append(replace(e, wall_s=c.stall_s, end=max(e.start, e.start + c.stall_s)))
+    return matched, without
+
+
 def _checkpoint_choice(side: _Side, given: str | None) -> tuple[str | None, str, bool]:
     """(codepath, how it was chosen, main-thread episodes only)."""
+    if side.file_events:
+        if given is not None:
+            return given, "given (checkpoints identified by file events)", True
+        counts: dict[str, int] = {}
+        for r in side.runs:
+            for e in _stall_episodes(r, 0)[0]:
+                counts[e.codepath] = counts.get(e.codepath, 0) + 1
+        if not counts:
+            return None, "no checkpoint file matched a training-thread episode", True
+        best = max(sorted(counts), key=lambda c: counts[c])
+        return best, "the codepath of the checkpoints' file events' episodes", True
     episodes = side.episodes
     main = [e for e in episodes if e.main_thread]
     if given is not None:
@@ -351,7 +400,7 @@ def _side(name: str, runs: Sequence[RunInput], no_episodes: str) -> _Side:
 
 
 def _side_section(
-    side: _Side, choice: tuple[str | None, str, bool], ckpt: list[EpisodeInput]
+    side: _Side, choice: tuple[str | None, str, bool], ckpt: list[EpisodeInput], skip: int
 ) -> dict[str, Any]:
     return {
         "runs": [r.run_id for r in side.runs],
@@ -368,7 +417,8 @@ def _side_section(
         "episodes_note": None if side.has_episodes else side.no_episodes,
         "runs_without_episodes": [r.run_id for r in side.runs if r.episodes is None],
         "checkpoint_codepath": choice[0],
-        "checkpoints": len(ckpt),
+        "checkpoints": _checkpoint_count(side, ckpt, skip),
+        "checkpoints_identified_by": side.identified_by,
         "durable": _durability(ckpt),
         "restore_s": [v for r in side.runs for v in r.restore_s],
     }
@@ -484,7 +534,7 @@ def build_report(
     tested.extend(total.values())
 
     warnings: list[dict[str, Any]] = []
-    checkpoint = _checkpoint_section(sides, choices, per_run, caveats, warnings)
+    checkpoint = _checkpoint_section(sides, choices, per_run, caveats, warnings, skip_warmup)
     # Three Holm families: the checkpoint stall is the question the report is run to
     # answer (one test, stated before looking); the checkpoint's CPU, GPU-wait and restore
     # are its secondary figures; the codepath table is the survey around it. Pooling them
@@ -533,8 +583,8 @@ def build_report(
         "interleaving": comparability.interleaving(
             [r for r in sides[0].runs], [r for r in sides[1].runs]
         ),
-        "baseline": _side_section(sides[0], choices[0], ckpt_eps[0]),
-        "candidate": _side_section(sides[1], choices[1], ckpt_eps[1]),
+        "baseline": _side_section(sides[0], choices[0], ckpt_eps[0], skip_warmup),
+        "candidate": _side_section(sides[1], choices[1], ckpt_eps[1], skip_warmup),
         "codepaths": codepaths,
         "total": total,
         "episodes": _episode_summary(sides),
@@ -555,6 +605,10 @@ def _checkpoint_runs(
     how many were skipped)."""
     out = []
     for r in side.runs:
+        if r.checkpoints is not None:
+            eps, _without = _stall_episodes(r, skip)
+            out.append((r.run_id, eps, min(skip, len(r.checkpoints))))
+            continue
         eps = [
             e
             for e in (r.episodes or ())
@@ -565,12 +619,55 @@ def _checkpoint_runs(
     return out
 
 
+def _watched_checkpoints(side: _Side, skip: int) -> list[CheckpointInput]:
+    """The file-event checkpoints of the side's watched runs, each run's first `skip` left
+    out as warm-up."""
+    return [
+        c
+        for r in side.runs
+        if r.checkpoints is not None
+        for c in sorted(r.checkpoints, key=lambda c: c.event_t)[skip:]
+    ]
+
+
+def _checkpoint_count(side: _Side, eps: Sequence[EpisodeInput], skip: int) -> int:
+    """Checkpoints after warm-up: every file written (file-event-only ones included) on a
+    watched run, every checkpoint episode on a heuristic one."""
+    if side.file_events:
+        return len(_watched_checkpoints(side, skip))
+    return len(eps)
+
+
+def _file_event_fields(side: _Side, skip: int) -> dict[str, Any]:
+    """What file events add to a side's checkpoint figures: how they were identified, how
+    many have no stall episode, the CPU on every thread and the background tail."""
+    if not side.file_events:
+        return {
+            "identified_by": HEURISTIC,
+            "file_event_only": None,
+            "cpu_s_all_threads_per_checkpoint": None,
+            "async_tail_s": None,
+        }
+    watched = _watched_checkpoints(side, skip)
+    cpu = [c.cpu_s_all_threads for c in watched if c.cpu_s_all_threads is not None]
+    tail = [c.async_tail_s for c in watched if c.async_tail_s is not None]
+    without = sum(_stall_episodes(r, skip)[1] for r in side.runs)
+    return {
+        "identified_by": FILE_EVENTS,
+        "file_event_only": without,
+        "cpu_s_all_threads_per_checkpoint": float(np.mean(cpu)) if cpu else None,
+        "cpu_s_all_threads_checkpoints": len(cpu),
+        "async_tail_s": _quantiles(tail),
+    }
+
+
 def _checkpoint_section(
     sides: tuple[_Side, _Side],
     choices: list[tuple[str | None, str, bool]],
     per_run: list[list[tuple[str, list[EpisodeInput], int]]],
     caveats: list[str],
     warnings: list[dict[str, Any]],
+    skip: int = 0,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {}
     ckpt_eps = [[e for run in runs for e in run[1]] for runs in per_run]
@@ -611,6 +708,8 @@ def _checkpoint_section(
             "chosen_by": how,
             "main_thread_only": main_only,
             "episodes": len(eps),
+            "checkpoints": _checkpoint_count(side, eps, skip),
+            **_file_event_fields(side, skip),
             "stall_s": _quantiles([e.wall_s for e in eps]),
             "stall_values_s": sorted(e.wall_s for e in eps),
             "resolution_s": max((e.resolution_s for e in eps), default=None),
@@ -618,7 +717,12 @@ def _checkpoint_section(
             "gpu_wait_s_per_checkpoint": _mean_or_none([e.gpu_wait_s for e in eps]),
             "gpu_idle_j_per_checkpoint": _mean_or_none([e.gpu_idle_j for e in eps]),
             "durable": _durability(eps),
-            "source": "measured: py-spy episodes of the training thread, timed to ± resolution_s"
+            "source": (
+                "measured: file events under --checkpoints, stalls from py-spy episodes of the "
+                "training thread, timed to ± resolution_s"
+                if side.file_events
+                else "measured: py-spy episodes of the training thread, timed to ± resolution_s"
+            )
             if side.has_episodes
             else f"unavailable: {side.no_episodes}",
         }

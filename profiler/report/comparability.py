@@ -2,10 +2,11 @@
 
 Every run of both sides is compared with every other (repeats on one side must match
 too): CPU model, sockets, the GPUs (their names, as a multiset), kernel, serwatt version,
-sampling rate, energy source and GPU source. Each field with more than one value is a
-`Mismatch` that names the values and the runs that have each. The report refuses
-(`ReportRefused`, listing every mismatch) unless the caller allows mismatches, and then
-each mismatch becomes a caveat printed at the top of the report.
+sampling rate, energy source, GPU source and how checkpoints were identified. Each field
+with more than one value is a `Mismatch` that names the values and the runs that have
+each. The report refuses (`ReportRefused`, listing every mismatch) unless the caller
+allows mismatches, and then each mismatch becomes a caveat printed at the top of the
+report.
 """
 
 from __future__ import annotations
@@ -67,6 +68,12 @@ FIELDS: tuple[tuple[str, Callable[[RunInput], Any]], ...] = (
     ("rate_hz", lambda r: r.rate_hz),
     ("energy_source", lambda r: r.energy_source),
     ("gpu_source", lambda r: r.gpu_source),
+    # a side whose checkpoints are the files written against one whose are guessed from
+    # episodes compares two different counts (imports and log lines pass for checkpoints)
+    (
+        "checkpoints identified by",
+        lambda r: "file events" if r.checkpoints is not None else "heuristic (no --checkpoints)",
+    ),
 )
 
 

@@ -117,6 +117,11 @@ def _side_line(name: str, s: Mapping[str, Any]) -> list[str]:
         f"{', '.join(s['runs'])}: {s['windows']} windows, {s['blocks']} blocks, "
         f"{fmt(s['wall_s'])} s measured; {episodes}; "
         + (f"checkpoints through {ck} ({s['checkpoints']}, {durable})" if ck else "no checkpoints")
+        + (
+            f", identified by {s['checkpoints_identified_by']}"
+            if s.get("checkpoints_identified_by")
+            else ""
+        )
     )
     return _wrap(f"{name:<10}", text)
 

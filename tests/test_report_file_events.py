@@ -1,0 +1,146 @@
+"""build_report on runs recorded with a `--checkpoints DIR` watch: the checkpoints are the
+files written (profiler/attribution/checkpoints.py matched each to its stall episode), not
+the codepath with the most main-thread episode wall time; a side identified one way is not
+compared with a side identified the other way unless mismatches are allowed."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from profiler.report import ReportRefused, build_report
+from profiler.report.inputs import CheckpointInput, EpisodeInput, RunInput
+from tests.report_synth import make_run
+
+
+def _log_lines(run: RunInput, n: int, wall_s: float) -> tuple[EpisodeInput, ...]:
+    """Main-thread json episodes (a training loop's log lines) between the checkpoints,
+    together longer than the checkpoints: the heuristic takes them for the checkpoints."""
+    first = run.episodes[0] if run.episodes else None
+    assert first is not None
+    return tuple(
+        dataclasses.replace(
+            first,
+            codepath="json",
+            start=first.start + 2.5 + 6.0 * k,
+            end=first.start + 2.5 + 6.0 * k + wall_s,
+            wall_s=wall_s,
+            cpu_s=wall_s,
+        )  # fmt: skip
+        for k in range(n)
+    )
+
+
+def watched(run_id: str, *, seed: int, lost: int = 1) -> RunInput:
+    """A `.many` run whose every checkpoint episode wrote a file (the stall trimmed to the
+    file event, as the matcher does), `lost` more files no episode spans, an import's short
+    `many` episode before the first save, and log lines that outweigh the saves."""
+    run = make_run(run_id, seed=seed, codepath="many", stall_s=0.2)
+    saves = list(run.episodes or ())
+    first = saves[0]
+    import_ep = dataclasses.replace(
+        first, start=first.start - 0.9, end=first.start - 0.893, wall_s=0.007, cpu_s=0.007
+    )
+    checkpoints = [
+        CheckpointInput(
+            path=f"/ckpt/step{k}.many",
+            bytes=1 << 20,
+            event_t=e.end,
+            pid=e.pid,
+            thread_id=e.thread,
+            episode_start=e.start,
+            stall_thread=e.thread,
+            stall_start=e.start,
+            stall_s=e.wall_s * 0.9,
+            resolution_s=e.resolution_s,
+            timed_by="sample edges",
+            cpu_s_all_threads=e.cpu_s * 2.0,
+            async_tail_s=0.0,
+        )  # fmt: skip
+        for k, e in enumerate(saves)
+    ]
+    end = saves[-1].end
+    checkpoints += [
+        CheckpointInput(
+            path=f"/ckpt/lost{k}.many",
+            bytes=1 << 20,
+            event_t=end + 0.5 + k,
+            pid=first.pid,
+            thread_id=None,
+            episode_start=None,
+            stall_thread=None,
+            stall_start=None,
+            stall_s=None,
+            resolution_s=None,
+            timed_by="file event only",
+            cpu_s_all_threads=None,
+            async_tail_s=None,
+        )  # fmt: skip
+        for k in range(lost)
+    ]
+    episodes = (import_ep, *saves, *_log_lines(run, len(saves), 0.5))
+    return dataclasses.replace(run, episodes=episodes, checkpoints=tuple(checkpoints))
+
+
+def test_file_events_count_every_file_and_no_import_or_log_line() -> None:
+    base = [watched("torch-1", seed=1), watched("torch-2", seed=2)]
+    base = [dataclasses.replace(r, episodes=tuple(
+        dataclasses.replace(e, codepath="torch") if e.codepath == "many" else e
+        for e in r.episodes or ()
+    )) for r in base]  # fmt: skip
+    cand = [watched("many-1", seed=3, lost=2), watched("many-2", seed=4, lost=0)]
+    report = build_report(base, cand)
+    ck = report["checkpoint"]
+    c = ck["candidate"]
+    files = [x for r in cand for x in r.checkpoints or ()]
+    stalls = sorted(x.stall_s for x in files if x.stall_s is not None)
+    assert c["identified_by"] == "file events"
+    assert c["codepath"] == "many" and ck["baseline"]["codepath"] == "torch"
+    assert c["checkpoints"] == len(files) and c["file_event_only"] == 2
+    assert c["episodes"] == len(stalls)  # the import's 7 ms episode is not one of them
+    assert c["stall_values_s"] == pytest.approx(stalls, abs=1e-12)  # the trimmed stall
+    all_threads = [x.cpu_s_all_threads for x in files if x.cpu_s_all_threads is not None]
+    assert c["cpu_s_all_threads_per_checkpoint"] == pytest.approx(
+        sum(all_threads) / len(all_threads)
+    )
+    assert report["candidate"]["checkpoints"] == len(files)
+    assert report["candidate"]["checkpoints_identified_by"] == "file events"
+    assert ck["stall_s"]["n"] == [ck["baseline"]["episodes"], c["episodes"]]
+
+    # the same runs without the watch: the log lines outweigh the saves and pass for them
+    blind = [dataclasses.replace(r, checkpoints=None) for r in cand]
+    blind_base = [dataclasses.replace(r, checkpoints=None) for r in base]
+    guessed = build_report(blind_base, blind)["checkpoint"]["candidate"]
+    assert guessed["identified_by"] == "heuristic" and guessed["codepath"] == "json"
+    assert guessed["file_event_only"] is None
+
+
+def test_skip_warmup_leaves_out_each_runs_first_files() -> None:
+    base = [watched("a-1", seed=1, lost=0), watched("a-2", seed=2, lost=0)]
+    cand = [watched("b-1", seed=3, lost=0), watched("b-2", seed=4, lost=0)]
+    n = sum(len(r.checkpoints or ()) for r in cand)
+    c = build_report(base, cand, skip_warmup=2)["checkpoint"]["candidate"]
+    assert c["checkpoints"] == n - 4 and c["episodes"] == n - 4
+    assert c["warmup"]["skipped"] == 4
+
+
+def test_a_heuristic_side_against_a_file_event_side_is_refused_unless_allowed() -> None:
+    base = [
+        dataclasses.replace(watched("torch-1", seed=1), checkpoints=None),
+        dataclasses.replace(watched("torch-2", seed=2), checkpoints=None),
+    ]
+    cand = [watched("many-1", seed=3), watched("many-2", seed=4)]
+    with pytest.raises(ReportRefused) as info:
+        build_report(base, cand)
+    assert [m.field for m in info.value.mismatches] == ["checkpoints identified by"]
+    text = str(info.value)
+    assert "heuristic (no --checkpoints) (torch-1, torch-2)" in text
+    assert "file events (many-1, many-2)" in text
+    report = build_report(base, cand, allow_mismatch=True)
+    assert report["caveats"] == [
+        "not comparable: checkpoints identified by differs: heuristic (no --checkpoints) "
+        "(torch-1, torch-2); file events (many-1, many-2)"
+    ]
+    assert report["checkpoint"]["baseline"]["identified_by"] == "heuristic"
+    assert report["checkpoint"]["candidate"]["identified_by"] == "file events"
