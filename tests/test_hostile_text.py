@@ -57,6 +57,24 @@ def test_a_targets_argv_is_escaped_in_the_profile_table() -> None:
     assert "\\x1b]0;PWNED\\x07\\u202etrainer\\x9b31m -c import json\\nd" in header, header
 
 
+def test_the_json_path_is_escaped_when_the_document_cannot_be_written(tmp_path: Path) -> None:
+    """The command removes the directory its --json file was to go in: serwatt's own error
+    names that path escaped, and the document still reaches stderr (no data lost)."""
+    out_dir = tmp_path / f"out{TITLE}{CLEAR}"
+    out_dir.mkdir()
+    ran = subprocess.run(
+        [sys.executable, "-m", "profiler", "profile", "--duration", "30", "--json",
+         str(out_dir / "p.json"), "--", sys.executable, "-c",
+         "import shutil, sys, time; shutil.rmtree(sys.argv[1]); time.sleep(0.5)", str(out_dir)],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert ran.returncode == 1, ran.stderr
+    assert_no_raw_controls(ran.stdout + ran.stderr)
+    assert "cannot write " in ran.stderr and "out\\x1b]0;PWNED\\x07\\x1b[2J" in ran.stderr
+    document = ran.stderr[ran.stderr.index("{\n") :]
+    assert json.loads(document[: document.rindex("}") + 1])["schema"].startswith("serwatt.")
+
+
 def _hostile_host() -> dict:
     host = fingerprint()
     host.update(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -232,3 +233,37 @@ def test_batches_depend_only_on_seed_and_step() -> None:
     b, _ = train.batch(0, 5, 16)
     c, _ = train.batch(0, 6, 16)
     assert np.array_equal(a, b) and not np.array_equal(a, c)
+
+
+class _RunsCode:
+    """A pickle that, loaded with pickle.load, runs os.system (a planted checkpoint)."""
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        import os
+
+        return (os.system, ("touch {marker}",))
+
+
+def test_resume_refuses_a_pickle_that_would_run_code(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    planted = tmp_path / "ckpt-00000009.pkl"
+    payload = pickle.dumps({"meta": {}, "tensors": {"w": _RunsCode()}}, protocol=5).replace(
+        b"touch {marker}", f"touch {marker}".encode()
+    )
+    planted.write_bytes(payload)
+    with pytest.raises(train.UsageError) as info:
+        _run(tmp_path, "--ckpt", "pickle", "--steps", "12", "--every", "3", "--resume")
+    assert not marker.exists()  # nothing in the file ran
+    assert str(planted) in str(info.value) and "system" in str(info.value)
+    assert "remove it" in str(info.value)
+    # the workload's own pickles still resume (numpy arrays of every kind it writes)
+    doc = {"meta": {"step": 3}, "tensors": {
+        "c": np.ones((2, 3), np.float32), "f16": np.ones(3, np.float16),
+        "strided": np.ones((4, 4))[:, ::2], "scalar": np.float64(2.5),
+    }}  # fmt: skip
+    ok = tmp_path / "ok.pkl"
+    ok.write_bytes(pickle.dumps(doc, protocol=5))
+    tensors, meta = train.load_pickle(ok)
+    assert meta == {"step": 3} and set(tensors) == set(doc["tensors"])
+    for k, v in doc["tensors"].items():
+        assert np.array_equal(tensors[k], v) and tensors[k].dtype == v.dtype

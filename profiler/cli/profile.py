@@ -35,6 +35,7 @@ from profiler.classify.classifier import Classifier
 from profiler.cli.argtypes import Number, check_output_option
 from profiler.cli.main import UsageError
 from profiler.exitcodes import EXIT_OK, EXIT_RUNTIME
+from profiler.many.format import escape_text
 from profiler.profile.checkpoint_sink import CheckpointSink, heuristic_section
 from profiler.profile.document import build_document
 from profiler.profile.energy_sink import EnergySink
@@ -281,7 +282,8 @@ def write_outputs(doc: dict[str, Any], args: argparse.Namespace) -> int:
             safeio.write_text(args.json, text)
         except OSError as exc:
             # lose no data: the document goes to stderr when the file cannot be written
-            print(f"serwatt profile: cannot write {args.json}: {exc}", file=sys.stderr)
+            shown = escape_text(f"cannot write {args.json}: {exc}", backslash=False)
+            print(f"serwatt profile: {shown}", file=sys.stderr)
             print(text, file=sys.stderr)
             rc = EXIT_RUNTIME
     print(render_table(doc, by_process=getattr(args, "by", "codepath") == "process"))
@@ -366,7 +368,7 @@ def _profile_pid(args: argparse.Namespace, spy: PySpy, classifier: Any) -> int:
     except BAD_INPUT_ERRORS as exc:
         raise UsageError(str(exc)) from exc
     except SamplingError as exc:
-        print(f"serwatt profile: error: {exc}", file=sys.stderr)
+        print(f"serwatt profile: error: {escape_text(str(exc), backslash=False)}", file=sys.stderr)
         return EXIT_RUNTIME
     return write_outputs(document(result, args), args)
 
@@ -402,7 +404,7 @@ def _profile_command(args: argparse.Namespace, cmd: list[str], spy: PySpy, class
     except SamplingError as exc:
         # raised once the session is over (the command's first window never sampled):
         # the command itself is not stopped for a failure of serwatt's
-        print(f"serwatt profile: error: {exc}", file=sys.stderr)
+        print(f"serwatt profile: error: {escape_text(str(exc), backslash=False)}", file=sys.stderr)
         proc.wait()
         return EXIT_RUNTIME
     except KeyboardInterrupt:

@@ -238,9 +238,43 @@ def save_pickle(path: Path, tensors: dict[str, Any], meta: dict[str, Any], tmp: 
         pickle.dump(doc, f, protocol=5)
 
 
+# What a checkpoint save_pickle wrote refers to: numpy's array and dtype rebuilders (the
+# protocol-5 buffer one for contiguous arrays, the older one otherwise; numpy 1 and 2
+# spell the module differently). Anything else in a file is refused before it runs.
+PICKLE_GLOBALS = frozenset(
+    (module, name)
+    for core in ("numpy.core", "numpy._core")
+    for module, name in (
+        (f"{core}.numeric", "_frombuffer"),
+        (f"{core}.multiarray", "_reconstruct"),
+        (f"{core}.multiarray", "scalar"),
+    )
+) | {("numpy", "dtype"), ("numpy", "ndarray")}
+
+
+class _ArraysOnly(pickle.Unpickler):
+    """Unpickles dicts, lists, numbers, strings and numpy arrays; any other global (the way
+    a pickle runs code: os.system, builtins.eval, a class's __reduce__) is refused."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in PICKLE_GLOBALS:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(
+            f"refers to {module}.{name}, which a checkpoint of this workload never holds"
+        )
+
+
 def load_pickle(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     with open(path, "rb") as f:
-        doc = pickle.load(f)  # our own file; pickle executes code from untrusted ones
+        try:
+            doc = _ArraysOnly(f).load()
+        except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as exc:
+            raise UsageError(
+                f"--resume: {path} is not a checkpoint this workload wrote ({exc}); remove it "
+                "or resume from another --dir"
+            ) from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("tensors"), dict):
+        raise UsageError(f"--resume: {path} holds no tensors; remove it or use another --dir")
     return doc["tensors"], doc["meta"]
 
 
