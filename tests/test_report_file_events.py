@@ -9,8 +9,8 @@ import dataclasses
 
 import pytest
 
-from profiler.report import ReportRefused, build_report
-from profiler.report.inputs import CheckpointInput, EpisodeInput, RunInput
+from profiler.report import ReportRefused, build_report, render_text
+from profiler.report.inputs import CheckpointInput, EpisodeInput, RestoreInput, RunInput
 from tests.report_synth import make_run
 
 
@@ -144,3 +144,88 @@ def test_a_heuristic_side_against_a_file_event_side_is_refused_unless_allowed() 
     ]
     assert report["checkpoint"]["baseline"]["identified_by"] == "heuristic"
     assert report["checkpoint"]["candidate"]["identified_by"] == "file events"
+
+
+def _resumed(run: RunInput, walls: list[float | None], read_bytes: int, lazy: bool) -> RunInput:
+    """`run` resumed from checkpoints: one restore per wall (None: a file-event-only one)."""
+    restores = tuple(
+        RestoreInput(
+            path=f"/ckpt/r{k}",
+            bytes=1 << 20,
+            open_t=run.started_at + k,
+            pid=4242,
+            thread_id=4242 if w is not None else None,
+            episode_start=None,
+            wall_s=w,
+            resolution_s=0.02 if w is not None else None,
+            timed_by="sample counts" if w is not None else "file event only",
+            read_bytes=None,
+            lazy=lazy,
+        )  # fmt: skip
+        for k, w in enumerate(walls)
+    )
+    return dataclasses.replace(
+        run,
+        restores=restores,
+        restore_s=tuple(w for w in walls if w is not None),
+        read_bytes=read_bytes,
+        read_bytes_source="/proc/<pid>/io read_bytes",
+    )
+
+
+def test_restores_are_counted_timed_and_compared_per_side() -> None:
+    walls_b = [[1.2, 1.3, 1.1, 1.25, 1.15, 1.22], [1.18, 1.28, 1.21, 1.19, 1.3, None]]
+    walls_c = [[0.011, 0.012, 0.010, 0.013, 0.011, 0.012], [0.012, 0.010, 0.011, 0.012, 0.011]]
+    base = [
+        _resumed(watched(f"torch-{k}", seed=k), w, 64 << 20, lazy=False)
+        for k, w in enumerate(walls_b, 1)
+    ]
+    cand = [
+        _resumed(watched(f"many-{k}", seed=k + 2), w, 0, lazy=True)
+        for k, w in enumerate(walls_c, 1)
+    ]
+    report = build_report(base, cand)
+    restore = report["restore"]
+    b, c = restore["baseline"], restore["candidate"]
+    assert (b["restores"], b["file_event_only"]) == (12, 1)
+    assert (c["restores"], c["file_event_only"]) == (11, 0)
+    timed_b = [w for ws in walls_b for w in ws if w is not None]
+    assert b["wall_s"]["mean"] == pytest.approx(sum(timed_b) / len(timed_b))
+    assert b["read_bytes"] == 2 * (64 << 20) and b["cache"].startswith("cold: ")
+    assert c["read_bytes"] == 0 and c["cache"].startswith("warm: ")
+    assert c["lazy"] is True and "first use" in c["note"] and b["note"] is None
+    # the comparison is the checkpoint section's secondary restore test, computed once
+    assert restore["wall_s"] is report["checkpoint"]["restore_s"]
+    assert restore["wall_s"]["ratio"] < 0.02 and restore["wall_s"]["significant"] is True
+    assert restore["wall_s"]["ci95"][1] < 1.0
+
+
+def test_runs_without_restores_say_so() -> None:
+    base = [watched("a-1", seed=1), watched("a-2", seed=2)]
+    cand = [watched("b-1", seed=3), watched("b-2", seed=4)]
+    restore = build_report(base, cand)["restore"]
+    assert restore["wall_s"] is None and restore["baseline"]["restores"] == 0
+    assert restore["note"] == "restore not compared: no timed restore on baseline and candidate"
+    blind = build_report(
+        [dataclasses.replace(r, checkpoints=None) for r in base],
+        [dataclasses.replace(r, checkpoints=None) for r in cand],
+    )["restore"]
+    assert blind["baseline"]["restores"] is None
+    assert blind["baseline"]["source"].startswith("unavailable: ")
+
+
+def test_the_table_shows_files_written_and_the_restores() -> None:
+    base = [_resumed(watched("torch-1", seed=1), [1.2, None], 64 << 20, lazy=False)]
+    cand = [_resumed(watched("many-1", seed=3, lost=2), [0.011], 0, lazy=True)]
+    report = build_report(base, cand)
+    text = render_text(report)
+    files = next(ln for ln in text.splitlines() if ln.strip().startswith("files written"))
+    assert files.split()[2:4] == [
+        str(report["checkpoint"]["baseline"]["checkpoints"]),
+        str(report["checkpoint"]["candidate"]["checkpoints"]),
+    ]
+    untimed = next(ln for ln in text.splitlines() if "untimed (files)" in ln)
+    assert untimed.split()[2:4] == ["1", "2"]
+    assert "restore: baseline: 2 (1 untimed); cold: 67108864 bytes read" in text
+    assert "restore: candidate: 1 (0 untimed); warm: " in text
+    assert max(len(ln) for ln in text.splitlines()) <= 100

@@ -210,6 +210,20 @@ def _checkpoint_lines(report: Mapping[str, Any]) -> list[str]:
         return "/".join(fmt(s[k], 3) for k in ("p50", "p95", "max")) if s else "-"
 
     rows = [head, ["episodes", str(b["episodes"]), str(c["episodes"]), "", "", ""]]
+    if b.get("identified_by") == "file events" or c.get("identified_by") == "file events":
+        rows.append(
+            ["files written", str(b.get("checkpoints")), str(c.get("checkpoints")), "", "", ""]
+        )
+        rows.append(
+            [
+                "  untimed (files)",
+                str(b.get("file_event_only")),
+                str(c.get("file_event_only")),
+                "",
+                "",
+                "",
+            ]
+        )
     rows.append(["stall p50/p95/max", q(b), q(c), "", "", ""])
     for key, label in (
         ("stall_s", "stall mean s"),
@@ -254,6 +268,16 @@ def _checkpoint_lines(report: Mapping[str, Any]) -> list[str]:
                     if w.get("detected")
                     else "none detected"
                 ),
+            )
+    restore = report.get("restore") or {}
+    for name in ("baseline", "candidate"):
+        r = restore.get(name) or {}
+        if r.get("restores"):
+            out += _wrap(
+                "  restore: ",
+                f"{name}: {r['restores']} ({r['file_event_only']} untimed)"
+                + (f"; {r['cache']}" if r.get("cache") else "")
+                + (f"; {r['note']}" if r.get("note") else ""),
             )
     for key in ("stall_s", "cpu_s", "gpu_wait_s", "restore_s"):
         m = ck.get(key)
