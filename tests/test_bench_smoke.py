@@ -191,10 +191,12 @@ def test_daemon_bench_throughput_without_two_pairs_is_undecided() -> None:
 
 @pytest.mark.serial  # two busy serializer threads' worth of profiling, ~15 s
 def test_accuracy_bench_smoke() -> None:
+    # the contended two-thread condition (issue 21): two threads beside a busy process
     r = bench(
         "accuracy.py", "--rate", "50", "--duration", "2", "--window", "1", "--repeats", "2",
-        "--timing-rate", "0",
+        "--timing-rate", "0", "--threads", "2", "--busy", "1",
     )  # fmt: skip
+    assert "== mix, 2 busy thread(s), 1 busy process(es): 2 repeat(s)" in r.stdout, r.stdout
     assert r.returncode in (0, 1), r.stderr[-3000:]
     rows = re.findall(
         rf"^(pickle|json|protobuf|msgpack|other) +{NUM}% +{NUM}% +([+-][0-9.]+|nan) "
