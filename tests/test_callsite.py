@@ -1,4 +1,5 @@
-"""Call-site reading (profiler/callsite.py) and layer C of the classifier on real files."""
+"""Call-site reading (profiler/classify/callsite.py, source_index.py, source_cache.py) and
+layer C of the classifier on real files."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from pathlib import Path
 import pytest
 
 from collectors.samples import Frame
-from profiler.classify.callsite import SourceCache, SourceIndex, source_path
 from profiler.classify.classifier import Classifier
+from profiler.classify.source_cache import SourceCache
+from profiler.classify.source_index import SourceIndex
+from profiler.classify.target_files import source_path
 
 SRC = textwrap.dedent(
     """
@@ -363,7 +366,7 @@ def test_one_file_is_parsed_once_across_paths_and_caches(tmp_path: Path) -> None
     daemon's one cache per concurrent window) reaches the same inode by another path."""
     import gc
 
-    from profiler.classify import callsite
+    from profiler.classify import source_cache
 
     f = tmp_path / "job.py"
     f.write_text("import pickle\nblob = pickle.dumps({})\n")
@@ -381,7 +384,7 @@ def test_one_file_is_parsed_once_across_paths_and_caches(tmp_path: Path) -> None
     index_c, _, _ = c.get(via_root)
     assert index_c is not None and index_c is not index_a and c.parses == 1
     # weak: once no cache holds a version, the process forgets it
-    key = next(k for k, v in callsite._SHARED.items() if v is index_a)
+    key = next(k for k, v in source_cache._SHARED.items() if v is index_a)
     del a, b, index_a, index_b
     gc.collect()
-    assert key not in callsite._SHARED
+    assert key not in source_cache._SHARED

@@ -1,4 +1,4 @@
-"""The call-site prefilter (profiler/callsite.py CallsitePrefilter): a leaf's source file
+"""The call-site prefilter (profiler/classify/prefilter.py CallsitePrefilter): a leaf's source file
 is parsed only when its text can hold a call-site match. It must skip parses where it
 can and never change a classification: every test here compares a Classifier with the
 prefilter against one without it (`callsite_prefilter=False`, which parses every file).
@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from collectors.samples import Frame
-from profiler.classify import callsite
-from profiler.classify.callsite import import_roots, required_words
+from profiler.classify import source_index
 from profiler.classify.classifier import Classifier
+from profiler.classify.prefilter import import_roots, required_words
 from profiler.classify.rules import load_rules
 from tests.workloads.harness import samples_from_dump, samples_from_speedscope
 
@@ -291,22 +291,22 @@ at column 0
 def test_parse_source_builds_the_same_tree_as_ast_parse(monkeypatch) -> None:
     """Pieces of whole top-level statements, joined when a cut falls inside a string,
     give exactly ast.parse's tree (line and column attributes included)."""
-    monkeypatch.setattr(callsite, "PARSE_CHUNK_LINES", 3)  # cut everywhere it may
+    monkeypatch.setattr(source_index, "PARSE_CHUNK_LINES", 3)  # cut everywhere it may
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     texts = [_TRICKY * 3]
     for name in ("textwrap.py", "pickle.py", "json/decoder.py", "dataclasses.py"):
         texts.append((stdlib / name).read_text(encoding="utf-8"))
     for text in texts:
-        assert ast.dump(callsite.parse_source(text), include_attributes=True) == ast.dump(
+        assert ast.dump(source_index.parse_source(text), include_attributes=True) == ast.dump(
             ast.parse(text), include_attributes=True
         )
 
 
 def test_parse_source_raises_the_whole_files_error(monkeypatch) -> None:
-    monkeypatch.setattr(callsite, "PARSE_CHUNK_LINES", 2)
+    monkeypatch.setattr(source_index, "PARSE_CHUNK_LINES", 2)
     text = "a = 1\nb = 2\nc = 3\ndef f(:\n    pass\nd = 4\n"
     with pytest.raises(SyntaxError) as got:
-        callsite.parse_source(text, "x.py")
+        source_index.parse_source(text, "x.py")
     with pytest.raises(SyntaxError) as want:
         ast.parse(text, "x.py")
     assert (got.value.msg, got.value.lineno) == (want.value.msg, want.value.lineno)
@@ -320,7 +320,7 @@ def test_parse_source_parses_in_pieces(monkeypatch) -> None:
         calls.append(source.count("\n"))
         return real(source, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(callsite.ast, "parse", counting)
+    monkeypatch.setattr(source_index.ast, "parse", counting)
     text = "".join(f"v{i} = {i}\n" for i in range(2000))
-    callsite.parse_source(text)
-    assert len(calls) >= 2000 // callsite.PARSE_CHUNK_LINES
+    source_index.parse_source(text)
+    assert len(calls) >= 2000 // source_index.PARSE_CHUNK_LINES

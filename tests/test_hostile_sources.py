@@ -27,9 +27,10 @@ from pathlib import Path
 import pytest
 
 from collectors.samples import Frame
-from profiler.classify import callsite
-from profiler.classify.callsite import SourceCache, SourceIndex
+from profiler.classify import source_cache, source_index, target_files
 from profiler.classify.classifier import Classifier
+from profiler.classify.source_cache import SourceCache
+from profiler.classify.source_index import SourceIndex
 from tests.test_daemon_support import (
     config_text,
     free_port,
@@ -233,7 +234,7 @@ def test_a_classification_past_its_deadline_is_abandoned_and_counted(
         classifier = Classifier.default()
         t0 = time.monotonic()
         cold = finish_window(raw, classifier, deadline_s=0.0)
-        assert time.monotonic() - t0 < 0.5 * callsite.SOURCE_WAIT_S
+        assert time.monotonic() - t0 < 0.5 * source_cache.SOURCE_WAIT_S
         warm = finish_window(raw, classifier, deadline_s=30.0)
     assert cold.classify_errors == {"classify_timeout": 1}
     assert cold.codepaths["pickle"].samples == 0
@@ -257,7 +258,7 @@ def test_daemon_counts_classify_timeouts_and_costly_sources(
     from profiler.service.daemon import Daemon
     from profiler.service.exporter import make_registry
 
-    monkeypatch.setattr(callsite, "SOURCE_CPU_BUDGET_S", 0.001)
+    monkeypatch.setattr(source_index, "SOURCE_CPU_BUDGET_S", 0.001)
     monkeypatch.setattr(collect, "CLASSIFY_DEADLINE_S", 0.0)
     job = tmp_path / "costly_marker_job.py"
     job.write_text(PICKLE_LOOP + _filler(400_000))
@@ -394,7 +395,7 @@ def _index_and_query_every_line(text: str) -> SourceIndex:
 @pytest.mark.parametrize("kind", sorted(GENERATORS))
 def test_indexing_memory_per_byte_is_bounded(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # tracing is slow: no CPU budget here
-    monkeypatch.setattr(callsite, "SOURCE_CPU_BUDGET_S", 600.0)
+    monkeypatch.setattr(source_index, "SOURCE_CPU_BUDGET_S", 600.0)
     gen = GENERATORS[kind]
     for size in SIZES:
         text = gen(size)
@@ -452,7 +453,7 @@ def _check_against_scan(text: str) -> None:
         assert got == sorted(spans.get(line, [])), line
 
 
-# Callers wait for the load at most callsite.SOURCE_WAIT_S (3 s of wall time): under -n 4
+# Callers wait for the load at most source_cache.SOURCE_WAIT_S (3 s of wall time): under -n 4
 # at load 35 the 300 KB index took longer and the callers got none. Run alone.
 @pytest.mark.serial
 def test_two_threads_wanting_one_file_index_it_once(tmp_path: Path) -> None:
@@ -481,7 +482,7 @@ def test_a_file_past_the_cpu_budget_is_given_up_and_counted(
 ) -> None:
     """Real target, valid pickle line, file too costly for the (test-lowered) budget:
     its lines are `other`, low confidence, and the give-up is counted once."""
-    monkeypatch.setattr(callsite, "SOURCE_CPU_BUDGET_S", 0.001)
+    monkeypatch.setattr(source_index, "SOURCE_CPU_BUDGET_S", 0.001)
     job = tmp_path / "job.py"
     job.write_text(PICKLE_LOOP + _filler(300_000))
     with target(tmp_path, str(job), PICKLE_LOOP) as pid:
@@ -541,10 +542,10 @@ def resolver(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) ->
     """Both ways of resolving inside a root: openat2(RESOLVE_IN_ROOT), and the
     component walk used where the kernel lacks openat2 (before 5.6)."""
     if request.param == "walk":
-        monkeypatch.setattr(callsite, "_OPENAT2_OK", False)
-        assert not callsite.openat2_available()
+        monkeypatch.setattr(target_files, "_OPENAT2_OK", False)
+        assert not target_files.openat2_available()
     else:
-        assert callsite.openat2_available(), "this kernel (6.x) has openat2"
+        assert target_files.openat2_available(), "this kernel (6.x) has openat2"
     return request.param
 
 
@@ -697,6 +698,6 @@ def test_chrooted_target_symlink_to_a_host_path_is_not_followed_on_the_host(
 def test_bounded_read_of_a_huge_file(tmp_path: Path) -> None:
     big = tmp_path / "big.py"
     with open(big, "wb") as fh:
-        fh.truncate(callsite.MAX_SOURCE_BYTES + 1)  # sparse: no disk used
+        fh.truncate(target_files.MAX_SOURCE_BYTES + 1)  # sparse: no disk used
     index, error, _ = SourceCache().get(str(big))
     assert index is None and error is not None and "larger than" in error

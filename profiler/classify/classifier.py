@@ -47,18 +47,13 @@ from typing import Any
 from collectors import procstat
 from collectors.samples import Frame, Sample
 from profiler import safeio
-from profiler.classify.callsite import (
-    MAX_NAME_PARTS,
-    NOT_READY,
-    TOO_COSTLY,
-    CallsitePrefilter,
-    LineCalls,
-    SourceCache,
-    SourceIndex,
-    source_path,
-)
+from profiler.classify.callsite import MAX_NAME_PARTS, LineCalls
 from profiler.classify.codepaths import OTHER, Classification
+from profiler.classify.prefilter import CallsitePrefilter
 from profiler.classify.rules import PatternSet, Rule, RuleError, RuleSet, load_rules
+from profiler.classify.source_cache import NOT_READY, SourceCache
+from profiler.classify.source_index import TOO_COSTLY, SourceIndex
+from profiler.classify.target_files import source_path
 
 _MEMO_MAX = 1 << 17
 
@@ -116,7 +111,7 @@ class ClassifierStats:
     samples: int = 0
     stack_cache_hits: int = 0
     # source files this classifier needed parsed: parsed here, or reused from another
-    # path or cache in the process (profiler/classify/callsite.py _SHARED)
+    # path or cache in the process (profiler/classify/source_cache.py _SHARED)
     source_parses: int = 0
     callsite_lookups: int = 0
     sources_unavailable: int = 0
@@ -124,7 +119,7 @@ class ClassifierStats:
     sources_prefiltered: int = 0
     # lookups whose source was still loading at the deadline (not waited for)
     sources_not_ready: int = 0
-    # source files given up past the CPU budget (callsite.SOURCE_CPU_BUDGET_S)
+    # source files given up past the CPU budget (source_index.SOURCE_CPU_BUDGET_S)
     sources_too_costly: int = 0
 
 
@@ -202,7 +197,7 @@ class Classifier:
         """Classify one stack given leaf first (the order of collectors.samples.Sample).
 
         deadline (time.monotonic()): a source file not loaded by then is not waited
-        for (None: each load is waited on up to callsite.SOURCE_WAIT_S)."""
+        for (None: each load is waited on up to source_cache.SOURCE_WAIT_S)."""
         self.stats.samples += 1
         sweeps = self._sources.sweeps
         self._sources.revalidate()

@@ -5,7 +5,7 @@ A checkpoint is more than the serializer call: writers that mean it to survive a
 crash follow it with `os.fsync` (or `fdatasync`), an atomic `os.replace`/`os.rename`,
 and an fsync of the directory. These are C calls that push no Python frame, so while
 one runs the innermost Python frame is its caller, at the line of the call, and the
-sample is classified `other`. This module reads that line (profiler/classify/callsite.py)
+sample is classified `other`. This module reads that line (profiler/classify/source_cache.py)
 and says which kind of durability call it makes. pathlib's `Path.replace` and
 `Path.rename`, `shutil.move`, and a directory fsync (`os.fsync(os.open(dir, ...))`)
 all end in these os calls on a line of their own module, so they are found the same way.
@@ -23,7 +23,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from collectors.samples import Frame
-from profiler.classify.callsite import NOT_READY, CallsitePrefilter, SourceCache, source_path
+from profiler.classify.prefilter import CallsitePrefilter
+from profiler.classify.source_cache import NOT_READY, SourceCache
+from profiler.classify.target_files import source_path
 
 SYNC = "sync"  # data reaches the disk: os.fsync, os.fdatasync, os.sync
 RENAME = "rename"  # the file is moved into place: os.replace, os.rename

@@ -18,7 +18,7 @@ left out and counted in the notes; a target none of whose threads parse is a
 SamplingError naming the file.
 
 Classification has a deadline per window (CLASSIFY_DEADLINE_S): a source file that is
-not loaded by then (profiler/classify/callsite.py loads files on threads of its own)
+not loaded by then (profiler/classify/source_cache.py loads files on threads of its own)
 is not waited for; its samples are `other`, low confidence, and the report counts it
 (`classify_errors`: "classify_timeout", "source_too_costly"), so no file a target
 names can hold a sampling thread.

@@ -1,0 +1,313 @@
+"""The threaded source cache: target files loaded, prefiltered and indexed off the caller's thread.
+
+A file is opened inside its target's root (target_files.py), prefiltered (prefilter.py)
+and indexed (source_index.py) on a loader thread that callers wait on only until their
+deadline (SOURCE_WAIT_S), so no file can stall a sampling thread; loader threads are
+capped (MAX_LOADS, MAX_LOADS_PER_ROOT). An index is shared by every cache in the
+process that reads the same file version. docs/classification.md "Hostile sources".
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import weakref
+from collections import OrderedDict
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from pathlib import Path
+
+from profiler.classify.prefilter import CallsitePrefilter
+from profiler.classify.source_index import SourceIndex, SourceTooCostly
+from profiler.classify.target_files import (
+    MAX_SOURCE_BYTES,
+    decode_source,
+    open_source,
+    package_of,
+    read_fd,
+    stat_source,
+)
+
+# How long one caller waits for one file's load. A load still running after this is
+# not waited on again by anyone: it finishes (or not) in the background.
+SOURCE_WAIT_S = 3.0
+# Loader threads at once, in all and per target root. A load blocked for good (a
+# FUSE file the target serves and never answers) keeps its thread; past these caps
+# new files are "not ready" until loads finish, so a target can degrade its own
+# call-site classification, not stall sampling or grow the daemon's threads.
+MAX_LOADS = 16
+MAX_LOADS_PER_ROOT = 4
+
+# SourceCache.get's `error` when a load was not waited for (callers tell it apart).
+NOT_READY = "source not ready: still loading (not waited on past the deadline)"
+
+_Ident = tuple[int, int, int, int]  # (st_dev, st_ino, mtime_ns, size): one file version
+
+
+@dataclass
+class _Loaded:
+    """What one load found (on a loader thread)."""
+
+    key: tuple[int, int] | None  # (mtime_ns, size); None when the file could not be opened
+    index: SourceIndex | None = None
+    error: str | None = None
+    filtered: bool = False  # read, and the prefilter found no possible match
+    parsed: bool = False  # this load built the index
+    shared: bool = False  # the index was built by another load or cache
+    too_costly: bool = False
+
+
+# Parsed files shared by every SourceCache in the process, keyed by the file's identity
+# and version. Targets' frames name their files through /proc/<pid>/root, so each
+# process of a job, and each restart, is a new path to the same inode, and the daemon
+# keeps one classifier (one SourceCache) per concurrent window: without this, one file
+# would be parsed once per (process, classifier) pair and the daemon's RSS would grow
+# as processes come and go (docs/daemon.md). Weak values: an index lives as long as
+# some cache holds it.
+_SHARED: weakref.WeakValueDictionary[_Ident, SourceIndex] = weakref.WeakValueDictionary()
+_SHARED_LOCK = threading.Lock()
+# Versions being indexed now: a second load of one waits for the first (one parse).
+_INDEXING: dict[_Ident, Future[SourceIndex]] = {}
+# Versions given up as too costly (bounded: oldest forgotten first).
+_GIVEN_UP: OrderedDict[_Ident, str] = OrderedDict()
+_GIVEN_UP_MAX = 4096
+# Loader threads running, in all and per root.
+_LOADS_RUNNING: dict[str | None, int] = {}
+
+
+def _index_once(
+    ident: _Ident, text: str, path: str, package: str | None, started: float
+) -> tuple[SourceIndex, bool]:
+    """(index, built here) for one file version; raises what indexing raised."""
+    with _SHARED_LOCK:
+        index = _SHARED.get(ident)
+        if index is not None:
+            return index, False
+        pending = _INDEXING.get(ident)
+        if pending is None:
+            pending = _INDEXING[ident] = Future()
+            mine = True
+        else:
+            mine = False
+    if not mine:
+        return pending.result(), False  # on a loader thread: bounded by the CPU budget
+    try:
+        index = SourceIndex(text, path, package, cpu_started=started)
+    except BaseException as exc:
+        with _SHARED_LOCK:
+            del _INDEXING[ident]
+            if isinstance(exc, SourceTooCostly):
+                _GIVEN_UP[ident] = str(exc)
+                while len(_GIVEN_UP) > _GIVEN_UP_MAX:
+                    _GIVEN_UP.popitem(last=False)
+        pending.set_exception(exc)
+        raise
+    with _SHARED_LOCK:
+        index = _SHARED.setdefault(ident, index)
+        del _INDEXING[ident]
+    pending.set_result(index)
+    return index, True
+
+
+def _load(path: str, root: str | None, prefilter: CallsitePrefilter | None) -> _Loaded:
+    """Open, read, prefilter and index one file (runs on a loader thread)."""
+    started = time.thread_time()
+    try:
+        fd = open_source(path, root)
+    except (OSError, ValueError) as exc:
+        return _Loaded(None, error=f"source not readable: {_reason(exc)}")
+    try:
+        st = os.fstat(fd)
+        key = (st.st_mtime_ns, st.st_size)
+        ident = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+        with _SHARED_LOCK:
+            index = _SHARED.get(ident)
+            given_up = _GIVEN_UP.get(ident)
+        if index is not None:
+            return _Loaded(key, index, shared=True)
+        if given_up is not None:
+            return _Loaded(key, error=given_up, too_costly=True)
+        data = read_fd(fd, MAX_SOURCE_BYTES)
+    except OSError as exc:
+        return _Loaded(None, error=f"source not readable: {_reason(exc)}")
+    finally:
+        os.close(fd)
+    try:
+        text = decode_source(data)
+        package = package_of(Path(path), root)
+        if prefilter is not None and not prefilter.may_match(text, package):
+            return _Loaded(key, filtered=True)
+        index, built = _index_once(ident, text, path, package, started)
+        return _Loaded(key, index, parsed=built, shared=not built)
+    except SourceTooCostly as exc:
+        return _Loaded(key, error=str(exc), too_costly=True)
+    except (OSError, ValueError, SyntaxError, RecursionError, MemoryError) as exc:
+        return _Loaded(key, error=f"source not parsed: {type(exc).__name__}: {exc}")
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _start_load(
+    path: str, root: str | None, prefilter: CallsitePrefilter | None
+) -> Future[_Loaded] | None:
+    """A load on its own thread; None when MAX_LOADS (or MAX_LOADS_PER_ROOT) run."""
+    with _SHARED_LOCK:
+        running = sum(_LOADS_RUNNING.values())
+        if running >= MAX_LOADS or _LOADS_RUNNING.get(root, 0) >= MAX_LOADS_PER_ROOT:
+            return None
+        _LOADS_RUNNING[root] = _LOADS_RUNNING.get(root, 0) + 1
+    future: Future[_Loaded] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(_load(path, root, prefilter))
+        except BaseException as exc:  # handed to the waiter, never lost
+            future.set_exception(exc)
+        finally:
+            with _SHARED_LOCK:
+                _LOADS_RUNNING[root] -= 1
+                if not _LOADS_RUNNING[root]:
+                    del _LOADS_RUNNING[root]
+
+    threading.Thread(target=run, name="serwatt-source-load", daemon=True).start()
+    return future
+
+
+@dataclass
+class _Entry:
+    key: tuple[int, int] | None  # (mtime_ns, size); None when the file could not be stat'ed
+    index: SourceIndex | None
+    error: str | None
+    checked_at: float
+    # the prefilter read the text and found no possible call-site match: not parsed
+    filtered: bool = False
+
+
+class SourceCache:
+    """Parsed sources keyed by path, revalidated by (mtime, size) at most every `stat_ttl_s`.
+
+    A file already parsed by any cache in the process (same inode and version) is
+    reused, not parsed again (`shared_hits`).
+
+    `generation` increases whenever a cached file changes, so callers that memoize
+    results derived from sources know to drop them.
+
+    Loads run on loader threads; `get` waits for one at most SOURCE_WAIT_S (a load
+    running longer is not waited on again) and never past its `deadline`. A source
+    not loaded by then is NOT_READY (`not_ready` counts those answers) and asked
+    again next time. Not thread-safe: one per sampling thread.
+    """
+
+    def __init__(self, *, max_files: int = 2048, stat_ttl_s: float = 2.0) -> None:
+        self.max_files = max_files
+        self.stat_ttl_s = stat_ttl_s
+        self.generation = 0
+        self.sweeps = 0
+        self.parses = 0
+        self.filtered = 0  # files the prefilter read and did not parse
+        self.shared_hits = 0  # files another path or cache had parsed already
+        self.not_ready = 0  # answers NOT_READY: the load was not waited for
+        self.too_costly = 0  # files given up past the CPU budget
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        self._roots: dict[str, str | None] = {}  # path -> the root it resolves in
+        self._pending: dict[tuple[str, bool], tuple[Future[_Loaded], float]] = {}
+        self._last_sweep = time.monotonic()
+
+    @staticmethod
+    def _stat_key(path: str, root: str | None) -> tuple[int, int] | None:
+        try:
+            st = stat_source(path, root)
+        except (OSError, ValueError):
+            return None
+        return (st.st_mtime_ns, st.st_size)
+
+    def revalidate(self, now: float | None = None) -> bool:
+        """Re-stat every cached file if the TTL passed; True when something changed."""
+        now = time.monotonic() if now is None else now
+        if now - self._last_sweep < self.stat_ttl_s:
+            return False
+        self._last_sweep = now
+        self.sweeps += 1
+        changed = False
+        for path in list(self._entries):
+            entry = self._entries[path]
+            if self._stat_key(path, self._roots.get(path)) != entry.key:
+                del self._entries[path]
+                changed = True
+            else:
+                entry.checked_at = now
+        if changed:
+            self.generation += 1
+        return changed
+
+    def forget(self, prefix: str) -> None:
+        """Drop every cached file under `prefix` (a target's root that now is another)."""
+        gone = [p for p in self._entries if p.startswith(prefix)]
+        for p in gone:
+            del self._entries[p]
+            self._roots.pop(p, None)
+        for slot in [k for k in self._pending if k[0].startswith(prefix)]:
+            del self._pending[slot]  # its load may finish; nobody takes its answer
+        if gone:
+            self.generation += 1
+
+    def get(
+        self,
+        path: str,
+        prefilter: CallsitePrefilter | None = None,
+        *,
+        root: str | None = None,
+        deadline: float | None = None,
+    ) -> tuple[SourceIndex | None, str | None, int | None]:
+        """(index, error, mtime_ns) for one path; the error says why there is no index.
+
+        `root`: `path` starts with it and resolves inside it (a target's
+        /proc/<pid>/root); None reads host paths. With `prefilter`, a file whose text
+        cannot hold a call-site match is not parsed: (None, None, mtime_ns); without
+        it, such a file is parsed now. `deadline` (time.monotonic()): not waited on
+        past it; error NOT_READY then.
+        """
+        entry = self._entries.get(path)
+        if entry is not None and not (entry.filtered and prefilter is None):
+            self._entries.move_to_end(path)
+            return entry.index, entry.error, entry.key[0] if entry.key else None
+        slot = (path, prefilter is None)
+        pending = self._pending.get(slot)
+        if pending is None:
+            future = _start_load(path, root, prefilter)
+            if future is None:
+                self.not_ready += 1
+                return None, NOT_READY, None
+            pending = self._pending[slot] = (future, time.monotonic())
+        future, started = pending
+        now = time.monotonic()
+        wait = SOURCE_WAIT_S - (now - started)
+        if deadline is not None:
+            wait = min(wait, deadline - now)
+        try:
+            loaded = future.result(timeout=max(0.0, wait))
+        except FutureTimeout:
+            self.not_ready += 1
+            return None, NOT_READY, None
+        finally:
+            if future.done():
+                del self._pending[slot]
+        self.parses += loaded.parsed
+        self.shared_hits += loaded.shared
+        self.filtered += loaded.filtered
+        self.too_costly += loaded.too_costly
+        self._entries[path] = _Entry(
+            loaded.key, loaded.index, loaded.error, time.monotonic(), loaded.filtered
+        )
+        self._roots[path] = root
+        self._entries.move_to_end(path)
+        if len(self._entries) > self.max_files:
+            old, _ = self._entries.popitem(last=False)
+            self._roots.pop(old, None)
+        return loaded.index, loaded.error, loaded.key[0] if loaded.key else None

@@ -1,0 +1,249 @@
+"""Safe reading of the files a target names, inside the target's root.
+
+Every file a target names is hostile (serwatt runs as root, the target does not):
+paths resolve inside the target's root (`/proc/<pid>/root`, so container targets work)
+and never leave it (openat2 RESOLVE_IN_ROOT, or a component walk where the kernel
+lacks it); only regular files are opened, never FIFOs or device nodes; and reads are
+bounded (MAX_SOURCE_BYTES). docs/classification.md "Hostile sources".
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import io
+import os
+import platform
+import stat
+import tokenize
+from pathlib import Path
+
+# The largest file read. The largest .py file in the stdlib or torch 2.x is 1.4 MB
+# (torch/testing/_internal/common_methods_invocations.py). Parsing peaks at up to
+# ~520 bytes of memory per source byte for the densest code (the syntax tree and the
+# parser's arena, freed once the index is built; the index keeps under 11 B/byte):
+# docs/classification.md "Hostile sources".
+MAX_SOURCE_BYTES = 1536 * 1024
+
+
+class NotRegularFile(OSError):
+    """A source path names a FIFO, device node, socket or directory: never read."""
+
+
+# openat2(2) (Linux 5.6+): resolve a path with a directory fd as its root, so "..",
+# absolute symlinks and absolute paths all stay below it.
+_RESOLVE_NO_MAGICLINKS = 0x02
+_RESOLVE_IN_ROOT = 0x10
+# 437 on every architecture with the unified syscall table (all 64-bit Linux ports).
+_SYS_OPENAT2 = 437
+_OPENAT2_ARCHES = ("x86_64", "aarch64", "arm64", "ppc64le", "s390x", "riscv64")
+_MAX_SYMLINKS = 40  # the kernel's own limit (ELOOP)
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [
+        ("flags", ctypes.c_uint64),
+        ("mode", ctypes.c_uint64),
+        ("resolve", ctypes.c_uint64),
+    ]
+
+
+_libc: ctypes.CDLL | None = None
+# None: not probed yet; tests set False to exercise the component walk.
+_OPENAT2_OK: bool | None = None
+
+
+def _openat2(dirfd: int, path: str, flags: int) -> int:
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+        _libc.syscall.restype = ctypes.c_long
+    how = _OpenHow(flags, 0, _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS)
+    for _ in range(8):  # EAGAIN: a rename or mount raced the resolution; retry
+        fd = _libc.syscall(
+            ctypes.c_long(_SYS_OPENAT2),
+            ctypes.c_int(dirfd),
+            ctypes.c_char_p(os.fsencode(path)),
+            ctypes.byref(how),
+            ctypes.c_size_t(ctypes.sizeof(how)),
+        )
+        if fd >= 0:
+            return int(fd)
+        err = ctypes.get_errno()
+        if err != errno.EAGAIN:
+            raise OSError(err, os.strerror(err), path)
+    raise OSError(errno.EAGAIN, os.strerror(errno.EAGAIN), path)
+
+
+def openat2_available() -> bool:
+    """Whether openat2 with RESOLVE_IN_ROOT works here (kernel, seccomp, arch)."""
+    global _OPENAT2_OK
+    if _OPENAT2_OK is None:
+        ok = False
+        if platform.system() == "Linux" and platform.machine() in _OPENAT2_ARCHES:
+            try:
+                root = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+                try:
+                    os.close(_openat2(root, ".", os.O_PATH | os.O_CLOEXEC))
+                    ok = True
+                finally:
+                    os.close(root)
+            except OSError:
+                ok = False  # ENOSYS (before 5.6), EPERM (a seccomp filter)
+        _OPENAT2_OK = ok
+    return _OPENAT2_OK
+
+
+def _walk_in_root(rootfd: int, path: str) -> int:
+    """An O_PATH fd for `path` resolved with `rootfd` as "/": each component opened
+    with O_NOFOLLOW, symlinks spliced in by hand (absolute ones restart at the root),
+    ".." never above the root. The fallback where openat2 is missing."""
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    stack = [os.dup(rootfd)]  # the directories from the root down to the current one
+    links = 0
+    try:
+        while parts:
+            name = parts.pop(0)
+            if name == "..":
+                if len(stack) > 1:
+                    os.close(stack.pop())
+                continue
+            fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=stack[-1])
+            mode = os.fstat(fd).st_mode
+            if stat.S_ISLNK(mode):
+                try:
+                    target = os.readlink("", dir_fd=fd)
+                finally:
+                    os.close(fd)
+                links += 1
+                if links > _MAX_SYMLINKS:
+                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
+                if target.startswith("/"):
+                    while len(stack) > 1:
+                        os.close(stack.pop())
+                parts[:0] = [p for p in target.split("/") if p not in ("", ".")]
+                continue
+            if parts and not stat.S_ISDIR(mode):
+                os.close(fd)
+                raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
+            stack.append(fd)
+        return stack.pop() if len(stack) > 1 else os.dup(stack[0])
+    finally:
+        for fd in stack:
+            os.close(fd)
+
+
+def _open_path(path: str, root: str | None) -> int:
+    """An O_PATH fd (opening nothing: no FIFO, device or FUSE open is triggered)."""
+    if root is None:
+        return os.open(path, os.O_PATH | os.O_CLOEXEC)
+    if not path.startswith(root):
+        raise ValueError(f"{path!r} is not under the root {root!r}")
+    rel = path[len(root) :]
+    rootfd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        if openat2_available():
+            return _openat2(rootfd, rel.lstrip("/") or ".", os.O_PATH | os.O_CLOEXEC)
+        return _walk_in_root(rootfd, rel)
+    finally:
+        os.close(rootfd)
+
+
+def stat_source(path: str, root: str | None = None) -> os.stat_result:
+    """stat() of `path` resolved inside `root` (`path` starts with it; None: the host)."""
+    fd = _open_path(path, root)
+    try:
+        return os.fstat(fd)
+    finally:
+        os.close(fd)
+
+
+def open_source(path: str, root: str | None = None) -> int:
+    """A read-only, non-blocking fd of the regular file `path` names inside `root`.
+
+    Raises NotRegularFile for anything else (checked on the O_PATH fd before any
+    open that could block or have a device's side effects), OSError when it cannot
+    be resolved inside the root."""
+    pfd = _open_path(path, root)
+    try:
+        st = os.fstat(pfd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(errno.EINVAL, "not a regular file", path)
+        # reopen the very inode the O_PATH fd holds (no second path resolution)
+        fd = os.open(
+            f"/proc/self/fd/{pfd}",
+            os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC,
+        )
+    finally:
+        os.close(pfd)
+    st2 = os.fstat(fd)
+    if not stat.S_ISREG(st2.st_mode) or (st2.st_dev, st2.st_ino) != (st.st_dev, st.st_ino):
+        os.close(fd)
+        raise NotRegularFile(errno.EINVAL, "not a regular file", path)
+    return fd
+
+
+def read_fd(fd: int, limit: int) -> bytes:
+    """At most `limit` + 1 bytes of `fd`: one past the limit, so decode_source tells a
+    file over it."""
+    chunks: list[bytes] = []
+    size = 0
+    while size <= limit:
+        chunk = os.read(fd, min(1 << 20, limit + 1 - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+def decode_source(data: bytes) -> str:
+    """The text of a source file's bytes, by its coding cookie; ValueError when they
+    are over MAX_SOURCE_BYTES."""
+    if len(data) > MAX_SOURCE_BYTES:
+        raise ValueError(f"larger than {MAX_SOURCE_BYTES} bytes")
+    encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    return data.decode(encoding)
+
+
+def read_source(path: Path, root: str | None = None) -> str:
+    """A Python source file's text, honouring its coding cookie; raises OSError (also
+    NotRegularFile) or ValueError (too large, bad encoding)."""
+    fd = open_source(str(path), root)
+    try:
+        data = read_fd(fd, MAX_SOURCE_BYTES)
+    finally:
+        os.close(fd)
+    return decode_source(data)
+
+
+def _is_regular_in_root(path: str, root: str | None) -> bool:
+    try:
+        return stat.S_ISREG(stat_source(path, root).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+def package_of(path: Path, root: str | None = None) -> str | None:
+    """The dotted package a source file belongs to, from `__init__.py` files above it
+    (looked up inside `root` when given)."""
+    parts: list[str] = []
+    d = path.parent
+    stop = len(root) if root is not None else 0
+    while d.name and len(str(d)) > stop and len(parts) < 32:
+        if not _is_regular_in_root(str(d / "__init__.py"), root):
+            break
+        parts.insert(0, d.name)
+        d = d.parent
+    return ".".join(parts) or None
+
+
+def source_path(filename: str, proc_root: Path | None) -> str | None:
+    """Where to read a frame's file: through the target's root, or None if not a file."""
+    if not filename or filename.startswith("<") or not filename.endswith((".py", ".pyw")):
+        return None
+    if proc_root is None:
+        return filename
+    if not filename.startswith("/"):
+        return None  # relative to the target's cwd, which we do not know
+    return str(proc_root) + filename
