@@ -16,6 +16,8 @@ import sqlite3
 from collections.abc import Mapping
 from typing import Any
 
+from profiler.records.validation import _integer, _json_of, _number, _text
+
 # Added to version 2's `episodes`: NULL in rows a version 2 writer recorded.
 EPISODE_COLUMNS_V3 = (
     ("timed_by", "TEXT"),  # "stack changes" | "sample counts"
@@ -140,8 +142,6 @@ def write(
 
 
 def _row(names: tuple[str, ...], values: tuple, what: str) -> dict[str, Any]:
-    from profiler.records.store import _integer, _number, _text
-
     out: dict[str, Any] = {}
     for name, v in zip(names, values, strict=True):
         where = f"{what}.{name}"
@@ -160,8 +160,6 @@ def _row(names: tuple[str, ...], values: tuple, what: str) -> dict[str, Any]:
 
 def read(db: sqlite3.Connection, run_id: str) -> dict[str, Any] | None:
     """A run's checkpoints and restores; None when it was recorded without a watch."""
-    from profiler.records.store import _integer, _json_of, _text
-
     has = db.execute(
         "SELECT 1 FROM sqlite_master WHERE type='table' AND name='checkpoint_runs'"
     ).fetchone()

@@ -1,0 +1,199 @@
+"""The run record's schema: its tables, its version, and the upgrade of older files.
+
+The format is versioned (`meta.schema_version`). A file from an older serwatt is upgraded
+in place when opened for writing; a file from a newer serwatt is refused with a clear
+error rather than misread.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+
+from profiler import __version__
+from profiler.records import checkpoint_rows
+from profiler.records.validation import RecordError, _damaged, _shown
+
+SCHEMA_VERSION = 3  # 2 adds serialization episodes, 3 checkpoints by file events
+# (profiler/records/checkpoint_rows.py); older files are upgraded in place
+_APPLICATION = "serwatt.runs"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY,
+    target TEXT NOT NULL,
+    started_at REAL NOT NULL,       -- epoch s, when start_run was first called
+    ended_at REAL,                  -- epoch s, NULL while the run is open
+    last_seen_at REAL NOT NULL,     -- epoch s, last start_run or window end: the retention key
+    serwatt_version TEXT NOT NULL,
+    host_json TEXT NOT NULL,
+    config_json TEXT NOT NULL,
+    sources_json TEXT NOT NULL,
+    -- Totals kept in the same transaction as each window, so listing runs costs
+    -- O(runs), not O(windows), and never disagrees with the windows.
+    windows INTEGER NOT NULL DEFAULT 0,
+    cpu_s REAL NOT NULL DEFAULT 0,
+    pyspy_samples INTEGER NOT NULL DEFAULT 0,
+    pyspy_errors INTEGER NOT NULL DEFAULT 0
+);
+-- Distinct values seen in a run's windows: kind is 'pid', 'python' or 'energy_source'.
+CREATE TABLE IF NOT EXISTS run_facets (
+    run_id TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
+    kind TEXT NOT NULL,
+    value TEXT NOT NULL,
+    PRIMARY KEY (run_id, kind, value)
+);
+-- Per-codepath totals of a run (NULL energy/GPU: no window of the run had any).
+CREATE TABLE IF NOT EXISTS run_codepaths (
+    run_id TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
+    codepath TEXT NOT NULL,
+    samples INTEGER NOT NULL,
+    cpu_s REAL NOT NULL,
+    wall_s REAL NOT NULL,
+    low_confidence_samples INTEGER NOT NULL,
+    energy_j REAL,
+    gpu_wait_s REAL,
+    gpu_wait_energy_j REAL,
+    PRIMARY KEY (run_id, codepath)
+);
+CREATE TABLE IF NOT EXISTS windows (
+    window_id INTEGER PRIMARY KEY,
+    run_id TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
+    pid INTEGER NOT NULL,
+    started_at REAL NOT NULL,
+    ended_at REAL NOT NULL,
+    rate_hz REAL NOT NULL,
+    cpu_s REAL NOT NULL,
+    python TEXT,
+    exited INTEGER NOT NULL,
+    pyspy_samples INTEGER NOT NULL,
+    pyspy_errors INTEGER NOT NULL,
+    partial_stacks INTEGER NOT NULL,
+    behind_s REAL NOT NULL,
+    notes_json TEXT NOT NULL,
+    energy_source TEXT,             -- rapl | model | unavailable | NULL (not given)
+    energy_json TEXT,               -- the energy mapping as given, NULL when not given
+    gpu_json TEXT                   -- the GPU mapping as given, NULL when not given
+);
+CREATE INDEX IF NOT EXISTS windows_by_run ON windows(run_id, started_at);
+CREATE TABLE IF NOT EXISTS window_codepaths (
+    window_id INTEGER NOT NULL REFERENCES windows(window_id) ON DELETE CASCADE,
+    codepath TEXT NOT NULL,
+    samples INTEGER NOT NULL,
+    cpu_s REAL NOT NULL,
+    wall_s REAL NOT NULL,
+    low_confidence_samples INTEGER NOT NULL,
+    energy_j REAL,                  -- NULL: no energy for this window
+    energy_source TEXT,
+    gpu_wait_s REAL,                -- NULL: no GPU data for this window
+    gpu_wait_energy_j REAL,
+    PRIMARY KEY (window_id, codepath)
+);
+"""
+
+# Version 2: serialization episodes (profiler/attribution/episodes.py). `episode_runs`
+# names the runs recorded with episode detection, so a run recorded by a version 1
+# writer says it has no episodes rather than "zero episodes".
+_SCHEMA_V2 = """
+CREATE TABLE IF NOT EXISTS episode_runs (
+    run_id TEXT PRIMARY KEY REFERENCES runs(run_id) ON DELETE CASCADE
+);
+CREATE TABLE IF NOT EXISTS episodes (
+    episode_id INTEGER PRIMARY KEY,
+    run_id TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
+    pid INTEGER NOT NULL,
+    thread INTEGER NOT NULL,
+    codepath TEXT NOT NULL,
+    start REAL NOT NULL,            -- epoch s
+    end REAL NOT NULL,              -- epoch s
+    wall_s REAL NOT NULL,
+    period_s REAL NOT NULL,         -- tick period of the run that timed it
+    resolution_s REAL NOT NULL,     -- 95% half-width of wall_s (profiler/attribution/episodes.py)
+    unknown_s REAL NOT NULL,        -- time inside the episode between windows (not sampled)
+    edge_unknown_s REAL NOT NULL,   -- it may have begun/ended this much earlier/later
+    truncated INTEGER NOT NULL,     -- sampling started or stopped while it ran
+    samples INTEGER NOT NULL,
+    cpu_s REAL NOT NULL,
+    gpu_wait_s REAL,                -- NULL: no GPU data
+    gpu_idle_j REAL,
+    main_thread INTEGER,            -- NULL: the thread's kernel tid was not known
+    durable INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS episodes_by_run ON episodes(run_id, start);
+-- Receipts of the .many checkpoints a run wrote (`serwatt profile --checkpoints DIR`):
+-- a chain head anchored outside the files, so a chain cut short or rewritten is caught.
+CREATE TABLE IF NOT EXISTS run_receipts (
+    run_id TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
+    receipt TEXT NOT NULL,          -- rcpt_<hex>
+    prev_receipt TEXT,              -- NULL: the first link of its chain
+    path TEXT NOT NULL,             -- where the file was when it was seen
+    seen_at REAL NOT NULL,          -- epoch s
+    PRIMARY KEY (run_id, receipt)
+);
+"""
+EPISODE_FIELDS = (
+    "pid", "thread", "codepath", "start", "end", "wall_s", "period_s", "resolution_s",
+    "unknown_s", "edge_unknown_s", "truncated", "samples", "cpu_s", "gpu_wait_s", "gpu_idle_j",
+    "main_thread", "durable",
+    *(name for name, _kind in checkpoint_rows.EPISODE_COLUMNS_V3),
+)  # fmt: skip
+
+
+def read_version(db: sqlite3.Connection, path: Path) -> int | None:
+    """The file's schema version; None for an empty file (no tables yet)."""
+    tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    if not tables:
+        return None
+    if "meta" not in tables:
+        raise RecordError(
+            f"{path}: an SQLite file but not a serwatt run record (no meta table); "
+            "point record.dir at a new directory"
+        )
+    rows = dict(db.execute("SELECT key, value FROM meta").fetchall())
+    if rows.get("application") != _APPLICATION or "schema_version" not in rows:
+        raise RecordError(f"{path}: an SQLite file but not a serwatt run record")
+    version = rows["schema_version"]
+    if not (isinstance(version, str) and version.isdigit() and version.isascii()):
+        raise _damaged(path, f"meta.schema_version is {_shown(version)}, not a number")
+    return int(version)
+
+
+def create(db: sqlite3.Connection) -> None:
+    """Every table of the current version, in the caller's transaction."""
+    for stmt in (_SCHEMA + _SCHEMA_V2).split(";"):
+        if stmt.strip():
+            db.execute(stmt)
+    checkpoint_rows.upgrade(db)
+    db.executemany(
+        "INSERT OR IGNORE INTO meta(key, value) VALUES (?, ?)",
+        [
+            ("application", _APPLICATION),
+            ("schema_version", str(SCHEMA_VERSION)),
+            ("created_at", repr(time.time())),
+            ("created_by", f"serwatt {__version__}"),
+        ],
+    )
+
+
+def upgrade(db: sqlite3.Connection) -> None:
+    """Older versions in place, in the caller's transaction: 1 -> 2 adds the episode
+    tables (earlier runs keep no episodes), 2 -> 3 the episode fields and the checkpoint
+    tables (earlier runs read as identified by the heuristic). Each statement is
+    idempotent, so one pass does both."""
+    for stmt in _SCHEMA_V2.split(";"):
+        if stmt.strip():
+            db.execute(stmt)
+    checkpoint_rows.upgrade(db)
+    db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
+
+
+def has_table(db: sqlite3.Connection, name: str) -> bool:
+    row = db.execute(
+        "SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (name,)
+    ).fetchone()
+    return row is not None
