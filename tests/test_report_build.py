@@ -178,11 +178,32 @@ def test_durability_difference_is_a_caveat_and_qualifies_the_verdict() -> None:
     base = [make_run(r.run_id, seed=i, durable=False) for i, r in enumerate(base)]
     report = build_report(base, cand)
     d = report["checkpoint"]["durability"]
-    assert d == {"baseline": False, "candidate": True, "same": False}
-    assert any("differ in durability" in c for c in report["caveats"])
+    n_b, n_c = (report["checkpoint"][s]["episodes"] for s in ("baseline", "candidate"))
+    # what was seen, never "not durable" for "not seen"; the .many writer is known durable
+    assert d["baseline"] == f"fsync seen in 0 of {n_b}" and d["baseline_durable"] is None
+    assert d["baseline_basis"].startswith(f"unknown: fsync seen in 0 of {n_b}")
+    assert d["candidate"] == f"fsync seen in {n_c} of {n_c}" and d["candidate_durable"] is True
+    assert d["candidate_basis"].startswith("known: the .many writer fsyncs every file")
+    assert d["same"] is False
+    assert any("may differ in durability" in c for c in report["caveats"])
     assert report["checkpoint"]["stall_s"]["verdict"] == (
-        "lower, but durability differs (baseline False, candidate True)"
+        f"lower, but durability may differ (baseline fsync seen in 0 of {n_b}, candidate "
+        f"fsync seen in {n_c} of {n_c})"
     )
+
+
+def test_a_many_side_is_durable_by_its_code_whatever_the_samples_saw() -> None:
+    """Every `.many` save fsyncs; samples that missed some (0 of N here) do not make it
+    'not durable', and against a torch side whose fsyncs were seen the sides match."""
+    base, cand = _ab()
+    cand = [make_run(r.run_id, seed=i + 3, codepath="many", stall_s=0.2, durable=False)
+            for i, r in enumerate(cand)]  # fmt: skip
+    report = build_report(base, cand)
+    d = report["checkpoint"]["durability"]
+    assert d["candidate"].startswith("fsync seen in 0 of ") and d["candidate_durable"] is True
+    assert d["baseline_durable"] is True and d["baseline_basis"] == d["baseline"]
+    assert d["same"] is True and not any("durability" in c for c in report["caveats"])
+    assert report["checkpoint"]["stall_s"]["verdict"] == "lower"
 
 
 def test_a_schema_1_side_says_it_has_no_episodes() -> None:

@@ -23,6 +23,14 @@ CODEPATHS: tuple[str, ...] = (
 
 SERIALIZATION_CODEPATHS: tuple[str, ...] = tuple(c for c in CODEPATHS if c != "other")
 
+# Codepaths whose writer makes every checkpoint durable as a property of its code, not
+# of what the samples saw (an fsync shorter than a sample period escapes them): the
+# report takes these as durable whatever share of their episodes showed the fsync.
+KNOWN_DURABLE: dict[str, str] = {
+    "many": "the .many writer fsyncs every file and its directory (profiler/many/writer.py; "
+    "many.Checkpointer, DCP and torch_compat save through it)",
+}
+
 
 @dataclass(frozen=True)
 class Classification:

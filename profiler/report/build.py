@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from profiler.classify.codepaths import CODEPATHS, SERIALIZATION_CODEPATHS
+from profiler.classify.codepaths import CODEPATHS, KNOWN_DURABLE, SERIALIZATION_CODEPATHS
 from profiler.report import comparability, stats
 from profiler.report.inputs import (
     CheckpointInput,
@@ -228,27 +228,28 @@ def _checkpoint_choice(side: _Side, given: str | None) -> tuple[str | None, str,
     return best, f"most episode wall time on the {how}", bool(main)
 
 
-def _durability(episodes: Sequence[EpisodeInput]) -> bool | str | None:
+def _durability(episodes: Sequence[EpisodeInput]) -> str | None:
+    """What the samples saw: an fsync in how many of the checkpoints (None: none)."""
     if not episodes:
         return None
-    durable = sum(e.durable for e in episodes)
-    if durable == len(episodes):
-        return True
-    if durable == 0:
-        return False
-    return f"mixed: {durable} of {len(episodes)} durable"
+    return f"fsync seen in {sum(e.durable for e in episodes)} of {len(episodes)}"
 
 
-def _makes_durable(value: bool | str | None) -> bool | None:
-    """Whether a side makes its checkpoints durable: an fsync seen in any of them. A
-    checkpoint with no fsync seen is not proof of none (an fsync of d seconds escapes the
-    samples with probability exp(-d/period)), so "mixed" counts as durable."""
-    if value is None:
-        return None
-    return value is not False
-
-
-# --------------------------------------------------------------------------- figures
+def _known_durable(
+    codepath: str | None, episodes: Sequence[EpisodeInput]
+) -> tuple[bool | None, str]:
+    """(whether the side's saver makes its checkpoints durable, why). True when its
+    codepath's writer always does (KNOWN_DURABLE) or an fsync was seen in any checkpoint;
+    None when none was seen, which is not proof of none (an fsync of d seconds escapes
+    the samples with probability exp(-d/period)), so never "not durable"."""
+    if codepath in KNOWN_DURABLE:
+        return True, f"known: {KNOWN_DURABLE[codepath]}"
+    seen = _durability(episodes)
+    if seen is None:
+        return None, "no checkpoints"
+    if any(e.durable for e in episodes):
+        return True, seen
+    return None, f"unknown: {seen} (an fsync shorter than a sample period can escape them)"
 
 
 def _num(x: float | None) -> float | None:
@@ -823,12 +824,23 @@ def _checkpoint_section(
         )
         out["restore_s"]["basis"] = "per measured restore (mean)"
     db, dc = out["baseline"]["durable"], out["candidate"]["durable"]
-    same = _makes_durable(db) == _makes_durable(dc)
-    out["durability"] = {"baseline": db, "candidate": dc, "same": same}
+    (kb, why_b), (kc, why_c) = (
+        _known_durable(cp, eps) for (cp, _how, _main), eps in zip(choices, ckpt_eps, strict=True)
+    )
+    same = kb == kc
+    out["durability"] = {
+        "baseline": db,
+        "candidate": dc,
+        "baseline_durable": kb,
+        "candidate_durable": kc,
+        "baseline_basis": why_b,
+        "candidate_basis": why_c,
+        "same": same,
+    }
     if base and cand and not same:
         caveats.append(
-            f"checkpoints differ in durability (baseline durable: {db}; candidate durable: "
-            f"{dc}): the checkpoint comparison is not like with like, and no side is called "
+            f"checkpoints may differ in durability (baseline: {why_b}; candidate: {why_c}): "
+            "the checkpoint comparison may not be like with like, and no side is called "
             "cheaper without saying so"
         )
     return out
@@ -842,7 +854,8 @@ def _durability_verdicts(checkpoint: Mapping[str, Any]) -> None:
         m = checkpoint.get(key)
         if m and m["significant"]:
             m["verdict"] += (
-                f", but durability differs (baseline {d['baseline']}, candidate {d['candidate']})"
+                f", but durability may differ (baseline {d['baseline']}, candidate "
+                f"{d['candidate']})"
             )
 
 

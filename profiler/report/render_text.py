@@ -110,9 +110,7 @@ def _table(rows: Sequence[Sequence[str]], widths: Sequence[int]) -> list[str]:
 def _side_line(name: str, s: Mapping[str, Any]) -> list[str]:
     episodes = s["episodes_note"] if s.get("episodes") is None else f"{s['episodes']} episodes"
     ck = s.get("checkpoint_codepath")
-    durable = {True: "durable", False: "not durable", None: "-"}.get(
-        s.get("durable"), s.get("durable")
-    )
+    durable = s.get("durable") or "-"
     text = (
         f"{', '.join(s['runs'])}: {s['windows']} windows, {s['blocks']} blocks, "
         f"{fmt(s['wall_s'])} s measured; {episodes}; "
