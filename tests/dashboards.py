@@ -1,4 +1,4 @@
-"""The Grafana dashboards in configs/grafana/dashboards/, read the way Grafana reads them.
+"""The Grafana dashboards in dashboards/, read the way Grafana reads them.
 
 No tests here: tests/test_dashboards.py checks the dashboards with these helpers, and
 the Prometheus integration tests import `panel_queries` to run every panel query on a
@@ -30,7 +30,7 @@ from typing import Any
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
-DASHBOARD_DIR = REPO / "configs" / "grafana" / "dashboards"
+DASHBOARD_DIR = REPO / "dashboards"
 DASHBOARDS = sorted(DASHBOARD_DIR.glob("*.json"))
 NODE_DASHBOARD = DASHBOARD_DIR / "node.json"
 PROVISIONING = REPO / "configs" / "grafana" / "provisioning"

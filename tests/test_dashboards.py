@@ -1,4 +1,4 @@
-"""The Grafana dashboards (configs/grafana/dashboards: node, fleet, A/B) and their
+"""The Grafana dashboards (dashboards/: node, fleet, A/B) and their
 provisioning files.
 
 Grafana is not installed here (tests/dashboards.py says what stands in for it): every

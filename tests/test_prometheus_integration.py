@@ -1,7 +1,7 @@
 """A real Prometheus (Debian's `prometheus`) scraping a real daemon profiling a real
 workload, on loopback. The series Prometheus stored are checked against the daemon's own
 run record, the node power against the powercap advancer, and every query of the node
-dashboard (configs/grafana/dashboards/node.json) must return data from it. The daemon
+dashboard (dashboards/node.json) must return data from it. The daemon
 runs in-process so that NVML can be the replayed H200 and the GPU panels have data."""
 
 from __future__ import annotations
