@@ -23,7 +23,10 @@ def tree(tmp_path: Path, cpuinfo: str = CPUINFO_2S) -> tuple[Path, Path, Path]:
     (procfs / "cpuinfo").write_text(cpuinfo)
     (procfs / "meminfo").write_text("MemTotal:       2097152 kB\nMemFree: 1 kB\n")
     (procfs / "sys" / "kernel" / "osrelease").write_text("6.8.0-45-generic\n")
-    sysfs.mkdir()
+    (procfs / "loadavg").write_text("1.25 0.80 0.40 2/311 4242\n")
+    governor = sysfs / "devices" / "system" / "cpu" / "cpu0" / "cpufreq" / "scaling_governor"
+    governor.parent.mkdir(parents=True)
+    governor.write_text("performance\n")
     osr = tmp_path / "os-release"
     osr.write_text('NAME="Ubuntu"\nPRETTY_NAME="Ubuntu 24.04.1 LTS"\n')
     return procfs, sysfs, osr
@@ -48,7 +51,22 @@ def test_built_tree_two_sockets_memory_kernel_os(tmp_path: Path) -> None:
     assert host["memory_bytes"] == 2 * 1024**3
     assert host["kernel"] == "6.8.0-45-generic"
     assert host["os"] == "Ubuntu 24.04.1 LTS"
+    assert host["cpu_governor"] == "performance"
+    assert host["load_average"] == [1.25, 0.80, 0.40]
+    assert set(host["packages"]) == {"torch", "numpy"}
     assert host["unreadable"] == {}
+
+
+def test_a_missing_governor_and_loadavg_are_reported_not_guessed(tmp_path: Path) -> None:
+    """A VM without cpufreq (this one) has no governor to read: None, and why."""
+    procfs, sysfs, osr = tree(tmp_path)
+    (procfs / "loadavg").unlink()
+    gov = sysfs / "devices" / "system" / "cpu" / "cpu0" / "cpufreq" / "scaling_governor"
+    gov.unlink()
+    host = fingerprint(procfs=procfs, sysfs=sysfs, os_release=osr)
+    assert host["cpu_governor"] is None and host["load_average"] is None
+    assert "scaling_governor" in host["unreadable"]["cpu_governor"]
+    assert "loadavg" in host["unreadable"]["load_average"]
 
 
 def test_sockets_from_sysfs_topology_when_cpuinfo_has_no_physical_id(tmp_path: Path) -> None:

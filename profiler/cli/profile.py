@@ -206,6 +206,8 @@ def prepare_record(args: argparse.Namespace) -> None:
             tracker=getattr(args, "tracker", None),
             checkpoints=checkpoints,
             checkpoint_sink=getattr(args, "checkpoint_sink", None),
+            # the stack-change run's rate sets episodes' resolution: the report compares it
+            config={"timing_rate_hz": timing_rate_hz(args.timing_rate, args.rate)},
         )
         if run_id is not None and args.record_sink.recorder.runs(run_id):
             args.record_sink.recorder.close()

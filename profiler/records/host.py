@@ -2,8 +2,9 @@
 
 Two runs are comparable (an A/B report) only on like hardware, so each record says
 the CPU model, sockets, logical CPUs, whether it is a VM, memory, GPUs (from NVML,
-or why there are none), kernel, OS, and the Python and serwatt versions that
-recorded it. Target processes' Python versions are recorded per window.
+or why there are none), kernel, OS, the CPU frequency governor, the load average at
+the start, the Python, torch, numpy and serwatt versions that recorded it. Target
+processes' Python versions are recorded per window.
 
 Every root is a parameter (procfs, sysfs, os-release) so tests read built trees.
 A fact that cannot be read is None with the reason in `unreadable`, never guessed.
@@ -54,6 +55,41 @@ def _memory_bytes(procfs: Path) -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+def _cpu_governor(sysfs: Path, unreadable: dict[str, str]) -> str | None:
+    """cpu0's cpufreq scaling governor (`performance`, `powersave`, ...): it sets how
+    fast a loaded CPU runs, so runs under different governors time differently."""
+    path = sysfs / "devices" / "system" / "cpu" / "cpu0" / "cpufreq" / "scaling_governor"
+    try:
+        return path.read_text().strip()[:64] or None
+    except OSError as exc:
+        unreadable["cpu_governor"] = f"{path}: {exc.strerror or exc}"
+        return None
+
+
+def _load_average(procfs: Path, unreadable: dict[str, str]) -> list[float] | None:
+    """The 1, 5 and 15 minute load averages when the run started."""
+    try:
+        fields = (procfs / "loadavg").read_text().split()
+        return [float(x) for x in fields[:3]]
+    except (OSError, ValueError) as exc:
+        unreadable["load_average"] = f"{procfs}/loadavg: {exc}"
+        return None
+
+
+def _package_versions() -> dict[str, str | None]:
+    """torch and numpy as installed beside serwatt (metadata only: nothing is imported);
+    a command run in another environment may use others."""
+    from importlib import metadata
+
+    out: dict[str, str | None] = {}
+    for name in ("torch", "numpy"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
 
 
 def gpus_from_nvml(status: NvmlStatus | None) -> tuple[list[dict[str, Any]], str]:
@@ -125,6 +161,9 @@ def fingerprint(
         "python": platform.python_version(),
         "python_implementation": platform.python_implementation(),
         "serwatt_version": __version__,
+        "cpu_governor": _cpu_governor(sysfs, unreadable),
+        "load_average": _load_average(procfs, unreadable),
+        "packages": _package_versions(),
         "unreadable": unreadable,
     }
 

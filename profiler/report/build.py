@@ -534,7 +534,14 @@ def build_report(
     total = {metric: _window_metric(sides, TOTAL, metric, unit, n_ckpt) for metric, unit in METRICS}
     tested.extend(total.values())
 
-    warnings: list[dict[str, Any]] = []
+    warnings: list[dict[str, Any]] = [
+        {
+            "scope": "comparability",
+            "field": m.field,
+            "message": f"{m}: this may move the figures; the runs are compared all the same",
+        }
+        for m in comparability.differences([r for s in sides for r in s.runs])
+    ]
     checkpoint = _checkpoint_section(sides, choices, per_run, caveats, warnings, skip_warmup)
     # Three Holm families: the checkpoint stall is the question the report is run to
     # answer (one test, stated before looking); the checkpoint's CPU, GPU-wait and restore

@@ -74,7 +74,65 @@ FIELDS: tuple[tuple[str, Callable[[RunInput], Any]], ...] = (
         "checkpoints identified by",
         lambda r: "file events" if r.checkpoints is not None else "heuristic (no --checkpoints)",
     ),
+    # the stack-change run's rate sets the episodes' resolution_s: stalls timed at two
+    # rates are not the same measurement
+    ("config.timing_rate_hz (stack-change run)", lambda r: r.config.get("timing_rate_hz")),
 )
+
+
+# Differences that may move the numbers but do not make them incomparable: each one found
+# is a warning in the report (`warnings`, scope "comparability"), never a refusal.
+WARN_FIELDS: tuple[tuple[str, Callable[[RunInput], Any]], ...] = (
+    ("host.logical_cpus", lambda r: r.host.get("logical_cpus")),
+    ("host.memory_bytes", lambda r: r.host.get("memory_bytes")),
+    ("host.hypervisor", lambda r: r.host.get("hypervisor")),
+    ("host.cpu_governor", lambda r: r.host.get("cpu_governor")),
+    ("host.python (serwatt's)", lambda r: r.host.get("python")),
+    ("host.python_implementation", lambda r: r.host.get("python_implementation")),
+    ("host.packages.torch", lambda r: (r.host.get("packages") or {}).get("torch")),
+    ("host.packages.numpy", lambda r: (r.host.get("packages") or {}).get("numpy")),
+    ("target pythons", lambda r: r.config.get("target_pythons")),
+    ("config.command", lambda r: r.config.get("command")),
+    ("config.window_s", lambda r: r.config.get("window_s")),
+)
+# How far the 1-minute load average at the start may differ between runs before it is
+# a warning: a busy machine's run-queue waits lengthen every stall.
+LOAD_SPREAD = 1.0
+
+
+def _differences(
+    runs: Sequence[RunInput], fields: Sequence[tuple[str, Callable[[RunInput], Any]]]
+) -> list[Mismatch]:
+    out = []
+    for name, get in fields:
+        by_value: dict[str, list[str]] = {}
+        for run in runs:
+            by_value.setdefault(_show(get(run)), []).append(run.run_id)
+        if len(by_value) > 1:
+            out.append(Mismatch(name, tuple((v, tuple(ids)) for v, ids in by_value.items())))
+    return out
+
+
+def differences(runs: Sequence[RunInput]) -> list[Mismatch]:
+    """What differs among `runs` without making them incomparable (WARN_FIELDS, and the
+    load average at the start when it spreads over LOAD_SPREAD)."""
+    out = _differences(runs, WARN_FIELDS)
+    loads = {
+        r.run_id: float(la[0])
+        for r in runs
+        if isinstance(la := r.host.get("load_average"), (list, tuple))
+        and la
+        and isinstance(la[0], (int, float))
+        and not isinstance(la[0], bool)
+    }
+    if loads and max(loads.values()) - min(loads.values()) > LOAD_SPREAD:
+        out.append(
+            Mismatch(
+                "host.load_average (1 min, at start)",
+                tuple((f"{v:.2f}", (run,)) for run, v in loads.items()),
+            )
+        )
+    return out
 
 
 def mismatches(runs: Sequence[RunInput]) -> list[Mismatch]:

@@ -127,6 +127,10 @@ def run_input(detail: RunDetail) -> RunInput:
         unmatched_episodes=watched["unmatched_episodes"] if watched else None,
         read_bytes=watched["read_bytes"] if watched else None,
         read_bytes_source=watched["read_bytes_source"] if watched else None,
+        config={
+            **detail.config,
+            "target_pythons": ", ".join(sorted({w.python for w in detail.windows if w.python})),
+        },
     )
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -260,6 +260,25 @@ class RestoreInput:
             _set(self, name, _optional(where, name, getattr(self, name)))
 
 
+# The recorded settings the report compares (comparability.py); others are not carried.
+CONFIG_KEYS = ("command", "window_s", "timing_rate_hz", "target_pythons")
+
+
+def _run_config(where: str, config: Mapping[str, Any]) -> dict[str, Any]:
+    """The CONFIG_KEYS a record holds, each text (at most 4096 characters) or a finite
+    number or None; anything else is refused, naming the key."""
+    out: dict[str, Any] = {}
+    for key in CONFIG_KEYS:
+        if key not in config:
+            continue
+        v = config[key]
+        if v is None or isinstance(v, str):
+            out[key] = v if v is None else v[:4096]
+        else:
+            out[key] = _number(where, f"config.{key}", v, minimum=None)
+    return out
+
+
 @dataclass(frozen=True)
 class RunInput:
     """One recorded run.
@@ -270,7 +289,9 @@ class RunInput:
     unavailable (energy_reason says why when unavailable); gpu_source: `nvml` or
     `unavailable: <why>`; started_at, ended_at: epoch seconds; windows: in any order;
     episodes: None for a record that has none (schema 1), else every episode of the run;
-    restore_s: measured checkpoint restore (load) durations, seconds, if any.
+    restore_s: measured checkpoint restore (load) durations, seconds, if any; config:
+    how the run was made (command, window_s, timing_rate_hz, as recorded; target_pythons:
+    the targets' Python versions its windows saw, comma-separated).
     """
 
     run_id: str
@@ -291,6 +312,9 @@ class RunInput:
     unmatched_episodes: int | None = None
     read_bytes: int | None = None
     read_bytes_source: str | None = None
+    # how it was run: command, window_s, timing_rate_hz (the stack-change run), ... as
+    # recorded; {} when the input names none (Prometheus)
+    config: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.run_id, str) or not self.run_id:
@@ -328,6 +352,9 @@ class RunInput:
             tuple(_number(where, "restore_s[]", v) for v in self.restore_s),
         )
         _set(self, "host", MappingProxyType(dict(self.host)))
+        if not isinstance(self.config, Mapping):
+            raise InputError(f"{where}: config must be a mapping")
+        _set(self, "config", MappingProxyType(_run_config(where, self.config)))
 
     @property
     def wall_s(self) -> float:

@@ -1,0 +1,81 @@
+"""What differs between runs without making them incomparable is a warning, one per
+field, never a refusal; a different stack-change rate (it sets every stall's resolution)
+is a refusal unless mismatches are allowed (issue 25, section 3)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from profiler.report import ReportRefused, build_report, render_text
+from profiler.report.inputs import InputError, RunInput
+from tests.report_synth import HOST, make_run
+
+
+def _run(run_id: str, seed: int, **host: object) -> RunInput:
+    return dataclasses.replace(
+        make_run(run_id, seed=seed, host=dict(HOST, **host)),
+        config={"command": "python train.py", "window_s": 5.0, "timing_rate_hz": 400.0},
+    )
+
+
+def _fields(report: dict) -> list[str]:
+    return [w["field"] for w in report["warnings"] if w["scope"] == "comparability"]
+
+
+def test_like_runs_have_no_comparability_warning() -> None:
+    base = [_run("a-1", 1, load_average=[0.5, 0.4, 0.3]), _run("a-2", 2)]
+    cand = [_run("b-1", 3, load_average=[1.2, 0.4, 0.3]), _run("b-2", 4)]
+    assert _fields(build_report(base, cand)) == []
+
+
+def test_each_differing_field_is_one_warning_naming_the_runs() -> None:
+    base = [_run("a-1", 1, cpu_governor="performance", load_average=[0.2, 0, 0])]
+    cand = [
+        dataclasses.replace(
+            _run("b-1", 3, cpu_governor="powersave", load_average=[3.5, 0, 0],
+                 packages={"torch": "2.13.0", "numpy": "2.3.0"}),
+            config={"command": "python train.py --big", "window_s": 5.0,
+                    "timing_rate_hz": 400.0, "target_pythons": "3.12.1"},
+        )
+    ]  # fmt: skip
+    report = build_report(base, cand)
+    assert report["comparable"] is True and report["caveats"] == []
+    assert _fields(report) == [
+        "host.cpu_governor",
+        "host.packages.torch",
+        "host.packages.numpy",
+        "target pythons",
+        "config.command",
+        "host.load_average (1 min, at start)",
+    ]
+    by_field = {w["field"]: w["message"] for w in report["warnings"]}
+    assert by_field["host.cpu_governor"].startswith(
+        "host.cpu_governor differs: performance (a-1); powersave (b-1)"
+    )
+    assert "0.20 (a-1); 3.50 (b-1)" in by_field["host.load_average (1 min, at start)"]
+    text = render_text(report)
+    assert "host.cpu_governor differs: performance (a-1); powersave (b-1)" in text
+
+
+def test_a_different_stack_change_rate_is_refused_unless_allowed() -> None:
+    base = [_run("a-1", 1)]
+    cand = [dataclasses.replace(_run("b-1", 3), config={"timing_rate_hz": 0.0})]
+    with pytest.raises(ReportRefused) as info:
+        build_report(base, cand)
+    assert [m.field for m in info.value.mismatches] == ["config.timing_rate_hz (stack-change run)"]
+    report = build_report(base, cand, allow_mismatch=True)
+    assert report["caveats"] == [
+        "not comparable: config.timing_rate_hz (stack-change run) differs: 400.0 (a-1); 0.0 (b-1)"
+    ]
+
+
+def test_a_records_config_is_checked_and_only_known_keys_are_kept() -> None:
+    run = make_run("a-1", seed=1)
+    kept = dataclasses.replace(run, config={"window_s": 5, "secret": [1, 2], "command": "x"})
+    assert dict(kept.config) == {"window_s": 5.0, "command": "x"}
+    with pytest.raises(InputError, match="config.window_s must be finite"):
+        dataclasses.replace(run, config={"window_s": float("nan")})
+    with pytest.raises(InputError, match="config.timing_rate_hz must be a number"):
+        dataclasses.replace(run, config={"timing_rate_hz": [400]})
