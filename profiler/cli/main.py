@@ -26,13 +26,13 @@ EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "profile": ("profiler.cli.profile", "profile one process (and its Python children)"),
-    "demo": ("profiler.cli.demo", "profile a built-in mixed workload for ~20 s"),
+    "demo": ("profiler.cli.demo", "torch.save against .many on a training loop, end to end"),
     "daemon": ("profiler.cli.daemon", "run the per-node service"),
     "check-config": ("profiler.cli.check_config", "validate a daemon config file"),
     "runs": ("profiler.cli.runs", "list and show recorded runs"),
     "report": ("profiler.cli.report", "the A/B report: baseline runs against candidate runs"),
     "ab": ("profiler.cli.ab", "A/B two commands (or torch.save against .many) in one go"),
-    "many": ("profiler.cli.many", "inspect and verify .many checkpoints"),
+    "many": ("profiler.cli.many", "inspect and verify .many checkpoints, make signing keys"),
 }
 
 

@@ -10,9 +10,10 @@ Each window is attributed once (profiler.attribution.window: joules and GPU-wait
 against the session's energy tracker, when it has one) and the one AttributedWindow
 goes to every *sink*: any object with
 
-    on_start(info: SessionInfo) -> None          # once, before the first window
-    on_window(window: AttributedWindow) -> None  # every window of every target
-    finish() -> object                            # once, at the end
+    on_start(info: SessionInfo) -> None               # once, before the first window
+    on_window(window: AttributedWindow) -> None       # every window of every target
+    on_episodes(episodes: Sequence[Episode]) -> None  # episodes as they close
+    finish() -> object                                # once, at the end
 
 The session calls them from one thread at a time (under a lock), so sinks need no
 locking of their own. The session starts and stops the tracker; what a sink's

@@ -1,9 +1,14 @@
 """The A/B report: compare baseline runs with candidate runs and say what the change is worth.
 
-Statistics, comparability, cluster projection, receipts and rendering are pure functions
-of the input dataclasses in `profiler.report.inputs`; this package imports only those,
-`profiler.codepaths` (the closed codepath set), `profiler.config` (the line-tracking YAML
-checker for the cluster file), numpy, scipy, yaml and blake3 — never records or hardware.
+The report's whole input is the frozen dataclasses of inputs.py. Two adapters make them:
+from_records.py from run records (the package's one import of profiler.records) and
+from_prometheus.py from PromQL range queries (over deadline_http.py). From the inputs on,
+statistics (stats.py), comparability (comparability.py), the cluster projection
+(projection.py), the document (build.py), receipts (receipt.py) and rendering
+(render_text.py, render_html.py) are pure functions. Beyond those two adapters the package
+imports only profiler.classify.codepaths (the closed codepath set), profiler.yamlcheck (the
+cluster file's checker), profiler.many.format (escaping text for the terminal), numpy,
+scipy, yaml and blake3; never the daemon, the profile session or hardware.
 """
 
 from profiler.report.build import REPORT_SCHEMA, build_report
