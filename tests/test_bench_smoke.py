@@ -95,25 +95,48 @@ def test_record_append_with_one_block_says_why_it_has_no_interval(
 # ---------------------------------------------------------------------------- overhead
 
 
+def check_overhead_lines(stdout: str, *, unit: str, goal: float) -> None:
+    """The bench's lines parse, and each verdict is the one its printed interval gives."""
+    assert re.search(r"^per-pair ratio B/mean\(A neighbours\): [0-9.]+, [0-9.]+$", stdout, re.M)
+    word = rf"goal >= {re.escape(f'{goal:g}')} (CONFIRMED|NOT MET|undecided)"
+    lines = {
+        "throughput": rf"^throughput ratio profiled/unprofiled: {NUM} \(95% CI {NUM}\.\.{NUM}, "
+        rf"Student t, 1 df; min [0-9.]+, max [0-9.]+\): {word}",
+        "factor 2": rf"^factor 2, {unit} per target CPU-second, profiled/unprofiled: .*; mean "
+        rf"{NUM} \(95% CI {NUM}\.\.{NUM}, Student t, 1 df\): {word}",
+    }
+    for name, pattern in lines.items():
+        m = re.search(pattern, stdout, re.M)
+        assert m, (name, stdout)
+        mean, lo, hi = (float(m.group(i)) for i in (1, 2, 3))
+        assert lo <= mean <= hi
+        assert m.group(4).lower() == at_least(lo, hi, goal), m.group(0)
+    assert re.search(r"^factor 1, target CPU share of wall, .*run-queue wait", stdout, re.M)
+    assert re.search(r"^serwatt CPU while profiling .*: [0-9.]+% of one core \(min ", stdout, re.M)
+
+
 @pytest.mark.serial  # its target serializes flat out for ~12 s
 def test_overhead_bench_smoke() -> None:
     r = bench("overhead.py", "--rate", "20", "--phase", "1", "--pairs", "2", "--timing-rate", "0")
     assert r.returncode == 0, r.stderr[-3000:]
-    assert re.search(r"^per-pair ratio B/mean\(A neighbours\): [0-9.]+, [0-9.]+$", r.stdout, re.M)
-    word = r"goal >= 0\.99 (CONFIRMED|NOT MET|undecided)"
-    lines = {
-        "throughput": rf"^throughput ratio profiled/unprofiled: {NUM} \(95% CI {NUM}\.\.{NUM}, "
-        rf"Student t, 1 df; min [0-9.]+, max [0-9.]+\): {word}",
-        "factor 2": rf"^factor 2, ops per target CPU-second, profiled/unprofiled: .*; mean {NUM} "
-        rf"\(95% CI {NUM}\.\.{NUM}, Student t, 1 df\): {word}",
-    }
-    for name, pattern in lines.items():
-        m = re.search(pattern, r.stdout, re.M)
-        assert m, (name, r.stdout)
-        mean, lo, hi = (float(m.group(i)) for i in (1, 2, 3))
-        assert lo <= mean <= hi
-        assert m.group(4).lower() == at_least(lo, hi, 0.99), m.group(0)
-    assert re.search(r"^factor 1, target CPU share of wall, .*run-queue wait", r.stdout, re.M)
+    assert re.search(r"^overhead, loop: 20 Hz, stack-change run 0 Hz, .* ops/s", r.stdout, re.M)
+    check_overhead_lines(r.stdout, unit="ops", goal=0.99)
+
+
+@pytest.mark.serial  # a DataLoader job with 2 workers trains flat out for ~30 s
+def test_overhead_bench_dataloader_smoke() -> None:
+    # serwatt profile's default rates; 2 s phases: the job's main thread reports after a
+    # step, and a 1 s phase under a busy machine may hold fewer than two reports
+    r = bench("overhead.py", "--workload", "dataloader", "--phase", "2", "--pairs", "2",
+              timeout=240)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert re.search(
+        r"^overhead, dataloader: 50 Hz, stack-change run 200 Hz, 2 pairs of 2 s phases; "
+        r"unprofiled [0-9.]+ steps/s .*, profiled [0-9.]+ steps/s$",
+        r.stdout,
+        re.M,
+    ), r.stdout
+    check_overhead_lines(r.stdout, unit="steps", goal=0.97)
 
 
 def test_overhead_verdict_without_an_interval_says_why() -> None:

@@ -230,6 +230,7 @@ class ProfileSession:
         self.root_may_be_wrapper = root_may_be_wrapper
         self.on_cpu_run = on_cpu_run
         self.timing_rate_hz = timing_rate_hz
+        self._timing_pid: int | None = root_pid  # the one target the stack-change run samples
         if command is None:
             try:
                 command = " ".join(procstat.process_info(root_pid, procfs).cmdline)
@@ -290,7 +291,7 @@ class ProfileSession:
                     procfs=self.procfs,
                     stop_event=self._stop,
                     on_cpu_run=self.on_cpu_run,
-                    timing_rate_hz=self.timing_rate_hz,
+                    timing_rate_hz=self._timing_rate_for(pid),
                 )
             except TargetGone:
                 stats.exited = True
@@ -327,6 +328,29 @@ class ProfileSession:
             if is_root and self.root_exit_check is not None and self.root_exit_check():
                 stats.exited = True
                 break
+        with self._lock:
+            if self._timing_pid == pid:
+                self._timing_pid = None  # the next target to start a window takes it
+
+    def _timing_rate_for(self, pid: int) -> float | None:
+        """The stack-change run's rate for `pid`'s next window. One target of the tree has
+        the run: the root, or, once the root has stopped being sampled (a wrapper that is
+        not Python, or it exited), the next target to ask. Its rate is a budget the tree
+        shares: timing_rate_hz over the processes in the tree, never below the counted
+        runs' rate. Every process of a DataLoader tree with its own run at 4x the rate cost
+        a 2-CPU node 45% of the job's steps (issue 22); the other targets get the counted
+        runs."""
+        if self.timing_rate_hz is None:
+            return None
+        with self._lock:
+            if self._timing_pid is None:
+                self._timing_pid = pid
+            if self._timing_pid != pid:
+                return None
+        tree = (
+            1 + len(procstat.descendants(self.root_pid, self.procfs)) if self.follow_children else 1
+        )
+        return max(min(self.rate_hz, self.timing_rate_hz), self.timing_rate_hz / tree)
 
     def _finisher(self) -> None:
         while True:
