@@ -47,7 +47,6 @@ def test_each_differing_field_is_one_warning_naming_the_runs() -> None:
         "host.packages.torch",
         "host.packages.numpy",
         "target pythons",
-        "config.command",
         "host.load_average (1 min, at start)",
     ]
     by_field = {w["field"]: w["message"] for w in report["warnings"]}

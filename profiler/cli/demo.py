@@ -1,11 +1,13 @@
 """`serwatt demo`: the mission on an embedded default, an A/B comparison end to end.
 
-`--workload train` (the default) profiles the training workload
-(profiler/workloads/train.py) twice, once checkpointing with torch.save and once with
-`.many`, same steps and checkpoint interval, records both runs, prints each profile,
-then the A/B report with the default cluster projection, and writes the HTML report.
-`--workload mixed` profiles the built-in mixed workload (profiler/workloads/demo.py)
-for `--duration` seconds and prints its table.
+`--workload train` (the default) is `serwatt ab` on the training workload
+(profiler/workloads/train.py): the baseline checkpoints with synchronous torch.save (+
+fsync + rename), the candidate with `many.Checkpointer` (`--ckpt many-async`: the
+training thread stalls for one copy, the write happens behind it); `--repeats` runs per
+side, interleaved, each followed by a resumed run from a cold page cache, so save stall
+and restore are both measured. Then the A/B report (text, JSON, HTML) with the default
+cluster projection, all under `--out`. `--workload mixed` profiles the built-in mixed
+workload (profiler/workloads/demo.py) for `--duration` seconds and prints its table.
 
 Each workload runs in a separate Python process, the way a training script would, and
 is profiled through the same session as `serwatt profile -- CMD`.
@@ -14,14 +16,15 @@ is profiled through the same session as `serwatt profile -- CMD`.
 from __future__ import annotations
 
 import argparse
-import json
+import shlex
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from collectors.pyspy import SamplingError
-from profiler import safeio
+from profiler.cli import ab
 from profiler.cli.argtypes import Number, check_output_option
 from profiler.cli.main import UsageError
 from profiler.cli.profile import (
@@ -31,22 +34,14 @@ from profiler.cli.profile import (
     make_classifier,
     make_pyspy,
     new_session,
-    prepare_energy,
     run_session,
     validate_common,
     write_outputs,
 )
-from profiler.cli.report import anchored_receipts, checkpoint_chain
-from profiler.exitcodes import EXIT_OK, EXIT_RUNTIME
-from profiler.profile.record_sink import RecordSink
+from profiler.exitcodes import EXIT_RUNTIME
 from profiler.profile.session import ProfileSession, SessionResult
-from profiler.profile.table import render_table
-from profiler.records.store import Recorder
-from profiler.report import build_report, default_cluster, render_html, render_text
-from profiler.report.from_records import load_runs
 
-SIDES = (("baseline", "torch"), ("candidate", "many"))
-TRAIN_WINDOW_S = 2.0
+SIDES = (("baseline", "torch"), ("candidate", "many-async"))
 MIXED_WINDOW_S = 5.0  # the `serwatt profile` default
 
 
@@ -60,11 +55,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="mixed workload: how long it runs (default 20)",
     )  # fmt: skip
     parser.add_argument(
-        "--steps", type=Number(int, min=1), default=40, help="train: steps per side (default 40)"
-    )
+        "--steps", type=Number(int, min=1), default=16,
+        help="train: steps per run, and as many again in its resumed run (default 16)",
+    )  # fmt: skip
     parser.add_argument(
-        "--every", type=Number(int, min=1), default=4,
-        help="train: checkpoint every K steps (default 4)",
+        "--every", type=Number(int, min=1), default=2,
+        help="train: checkpoint every K steps (default 2)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--repeats", type=Number(int, min=2, max=50), default=2,
+        help="train: runs per side, each resumed once (default 2)",
     )  # fmt: skip
     parser.add_argument(
         "--size", type=Number(float, above=0, unit="MB"), default=64.0,
@@ -75,47 +75,37 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="train: where the run records, checkpoints and report go (default runs/demo)",
     )  # fmt: skip
     add_common_options(parser)
-    # The A/B needs windows enough to block for its statistics: shorter ones by default.
-    parser.set_defaults(window=None)
+
+
+def _common_defaults() -> dict[str, Any]:
+    parser = argparse.ArgumentParser(add_help=False)
+    add_common_options(parser)
+    return vars(parser.parse_args([]))
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.window is None:
-        args.window = TRAIN_WINDOW_S if args.workload == "train" else MIXED_WINDOW_S
-    validate_common(args)
     if args.workload == "mixed":
+        validate_common(args)
         return _mixed(args)
+    # the train demo's runs are `serwatt profile` runs made by `serwatt ab`, at its defaults
+    given = [k for k, v in _common_defaults().items() if k != "json" and getattr(args, k, v) != v]
+    if given:
+        shown = ", ".join("--" + k.replace("_", "-") for k in sorted(given))
+        raise UsageError(
+            f"{shown}: profile options apply to --workload mixed; the train demo is `serwatt ab` "
+            "at serwatt profile's defaults (run `serwatt ab` yourself to change them)"
+        )
     return _train_ab(args)
 
 
-def _train_side(args: argparse.Namespace, side: str, ckpt: str, record: Path) -> int | None:
-    """Profile one side into the record; returns an exit code on failure, else None."""
-    ckpt_dir = args.out / f"ckpt-{ckpt}"
-    shutil.rmtree(ckpt_dir, ignore_errors=True)
-    cmd = [
-        sys.executable, "-m", "profiler.workloads.train", "--ckpt", ckpt,
-        "--steps", str(args.steps), "--every", str(args.every), "--size", f"{args.size:g}",
-        "--dir", str(ckpt_dir),
-    ]  # fmt: skip
-    print(f"serwatt demo: [{side}: {ckpt}] profiling `{' '.join(cmd[1:])}`", file=sys.stderr)
-    prepare_energy(args)  # a fresh tracker and energy sink per side
-    ckpt_dir.mkdir(parents=True)
-    args.record_sink = RecordSink(
-        record, target="demo", run_id=f"demo-{ckpt}", tracker=args.tracker, checkpoints=ckpt_dir
-    )
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
-    session = new_session(
-        args, proc.pid, make_pyspy(args), make_classifier(), command=" ".join(cmd[1:]), proc=proc
-    )
-    result = _run_launched(session, proc)
-    if result is None:
-        return EXIT_RUNTIME
-    print(f"\n== {side}: checkpoints through {ckpt} ==")
-    print(render_table(document(result, args)))
-    if proc.returncode != 0:
-        print(f"serwatt demo: the {ckpt} workload exited with {proc.returncode}", file=sys.stderr)
-        return EXIT_RUNTIME
-    return None
+def _train_command(ckpt: str, args: argparse.Namespace) -> str:
+    return shlex.join(
+        [
+            sys.executable, "-m", "profiler.workloads.train", "--ckpt", ckpt,
+            "--steps", str(args.steps), "--every", str(args.every), "--size", f"{args.size:g}",
+            "--dir", "{dir}",
+        ]
+    )  # fmt: skip
 
 
 def _train_ab(args: argparse.Namespace) -> int:
@@ -126,34 +116,26 @@ def _train_ab(args: argparse.Namespace) -> int:
     # everything the demo writes goes under --out: no other user may be able to plant there
     check_output_option("--out", args.out / "report.html")
     record = args.out / "runs.sqlite"
-    record.unlink(missing_ok=True)  # the demo's own record: one fresh pair of runs
-    for side, ckpt in SIDES:
-        failed = _train_side(args, side, ckpt, record)
-        if failed is not None:
-            return failed
-    with Recorder(record, readonly=True) as rec:
-        baseline, candidate = (load_runs(rec, [f"demo-{ckpt}"]) for _, ckpt in SIDES)
-        anchored = anchored_receipts(rec, [f"demo-{ckpt}" for _, ckpt in SIDES])
-    report = build_report(
-        baseline,
-        candidate,
-        cluster=default_cluster(),
-        allow_mismatch=True,
-        checkpoints=checkpoint_chain(args.out / "ckpt-many", anchored),
-    )
-    print()
-    print(render_text(report))
-    html = args.out / "report.html"
+    record.unlink(missing_ok=True)  # the demo's own record: this A/B's runs only
+    ckpt = args.out / "ckpt"
+    shutil.rmtree(ckpt, ignore_errors=True)
+    ckpt.mkdir()
     report_json = args.json if args.json is not None else args.out / "report.json"
-    try:
-        safeio.write_text(html, render_html(report))
-        safeio.write_text(report_json, json.dumps(report, indent=2, allow_nan=False) + "\n")
-    except OSError as exc:
-        print(f"serwatt demo: cannot write the report: {exc}", file=sys.stderr)
-        return EXIT_RUNTIME
-    print(f"\nserwatt demo: HTML report: {html.resolve()}")
-    print(f"serwatt demo: report JSON: {report_json}; records: {record}")
-    return EXIT_OK
+    (_, base), (_, cand) = SIDES
+    ab_args = [
+        "--baseline", _train_command(base, args), "--candidate", _train_command(cand, args),
+        "--repeats", str(args.repeats), "--resume-args", f"--resume --steps {2 * args.steps}",
+        "--cold-restore", "--checkpoints", str(ckpt), "--record", str(record),
+        "--json", str(report_json), "--html", str(args.out / "report.html"),
+    ]  # fmt: skip
+    parser = argparse.ArgumentParser(prog="serwatt ab")
+    ab.configure(parser)
+    print(
+        f"serwatt demo: serwatt ab, torch.save against many.Checkpointer, {args.size:g} MB "
+        f"every {args.every} steps, {args.repeats} runs a side, each resumed from a cold cache",
+        file=sys.stderr,
+    )
+    return ab.run(parser.parse_args(ab_args))
 
 
 def _run_launched(session: ProfileSession, proc: subprocess.Popen[bytes]) -> SessionResult | None:

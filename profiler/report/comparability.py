@@ -81,7 +81,9 @@ FIELDS: tuple[tuple[str, Callable[[RunInput], Any]], ...] = (
 
 
 # Differences that may move the numbers but do not make them incomparable: each one found
-# is a warning in the report (`warnings`, scope "comparability"), never a refusal.
+# is a warning in the report (`warnings`, scope "comparability"), never a refusal. The
+# command line is recorded (RunInput.config) but not compared: an A/B's sides differ in
+# it by design, and `serwatt ab` gives every run its own checkpoint directory.
 WARN_FIELDS: tuple[tuple[str, Callable[[RunInput], Any]], ...] = (
     ("host.logical_cpus", lambda r: r.host.get("logical_cpus")),
     ("host.memory_bytes", lambda r: r.host.get("memory_bytes")),
@@ -92,7 +94,6 @@ WARN_FIELDS: tuple[tuple[str, Callable[[RunInput], Any]], ...] = (
     ("host.packages.torch", lambda r: (r.host.get("packages") or {}).get("torch")),
     ("host.packages.numpy", lambda r: (r.host.get("packages") or {}).get("numpy")),
     ("target pythons", lambda r: r.config.get("target_pythons")),
-    ("config.command", lambda r: r.config.get("command")),
     ("config.window_s", lambda r: r.config.get("window_s")),
 )
 # How far the 1-minute load average at the start may differ between runs before it is
