@@ -266,15 +266,22 @@ def test_ab_bench_smoke(tmp_path: Path) -> None:
         r"^1 repeats per side, interleaved, 12 steps, a 16 MB checkpoint", r.stdout, re.M
     )
     for side, ckpt in (("baseline", "torch"), ("candidate", "many")):
-        # the checkpoints are the six files each side wrote (the runs watch their directory)
-        assert re.search(
-            rf"^  {side} +{ckpt}: 6 checkpoints \([0-9]+ file event only\), stall p50 ",
+        # the checkpoints are the six files each side wrote (the runs watch their directory),
+        # through the side's codepath, or none named when a loaded machine timed none of
+        # the six (a CI run: every save untimed); never another codepath's episodes
+        line = re.search(
+            rf"^  {side} +(\S+): 6 checkpoints \(([0-9]+) file event only\), stall p50 ",
             r.stdout,
             re.M,
-        ), (side, r.stdout)
+        )
+        assert line, (side, r.stdout)
+        assert line.group(1) == ckpt or line.groups() == ("None", "6"), (side, r.stdout)
     ck = json.loads((out / "report.json").read_text())["checkpoint"]
     for metric in ("stall_s", "cpu_s"):
-        m = ck[metric]
+        m = ck.get(metric)
+        if m is None:  # a side with no timed stall: the bench prints the report's note
+            assert f"  {metric}: not compared ({ck['note']})" in r.stdout, r.stdout
+            continue
         line = re.search(
             rf"^  {metric} per checkpoint: ratio .* n (\d+)\+(\d+): (.+)$", r.stdout, re.M
         )

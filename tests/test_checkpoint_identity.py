@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from scipy.stats import binom
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,7 +45,12 @@ def test_every_file_is_one_checkpoint_and_each_stall_is_the_save(tmp_path: Path,
         # no checkpoint is an import, a load or a log line: its writer is a serializer
         # episode of the main thread of the codepath the format saves through
         assert c["episode"]["codepath"] == fmt and c["episode"]["main_thread"], c
-        assert abs(c["stall_s"] - saves[c["path"]]) <= c["resolution_s"], c
+    # resolution_s is a 95% half-width: each stall is within it of the workload's own
+    # save_s 95% of the time, so up to the count a Binomial(n, 0.05) exceeds once in 1,000
+    # runs may miss (a loaded CI run: one of its stalls 8.1 ms off at 7.5 ms)
+    missed = [c for c in timed if abs(c["stall_s"] - saves[c["path"]]) > c["resolution_s"]]
+    allowed = int(binom.ppf(0.999, len(timed), 0.05))
+    assert len(missed) <= allowed, (len(timed), allowed, missed)
     assert doc["restores"] == []  # nothing read back in a run that starts afresh
 
     doc, summary = _profile(tmp_path, "resume", fmt, "--steps", "500", "--resume")
