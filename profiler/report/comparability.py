@@ -104,6 +104,7 @@ LOAD_SPREAD = 1.0
 def _differences(
     runs: Sequence[RunInput], fields: Sequence[tuple[str, Callable[[RunInput], Any]]]
 ) -> list[Mismatch]:
+    """Each field with more than one value among `runs`, the runs of each value named."""
     out = []
     for name, get in fields:
         by_value: dict[str, list[str]] = {}
@@ -138,14 +139,7 @@ def differences(runs: Sequence[RunInput]) -> list[Mismatch]:
 
 def mismatches(runs: Sequence[RunInput]) -> list[Mismatch]:
     """Every compared field on which the runs do not all agree, in FIELDS order."""
-    out = []
-    for name, get in FIELDS:
-        by_value: dict[str, list[str]] = {}
-        for run in runs:
-            by_value.setdefault(_show(get(run)), []).append(run.run_id)
-        if len(by_value) > 1:
-            out.append(Mismatch(name, tuple((v, tuple(ids)) for v, ids in by_value.items())))
-    return out
+    return _differences(runs, FIELDS)
 
 
 def check(runs: Sequence[RunInput], *, allow_mismatch: bool) -> list[Mismatch]:
