@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -195,6 +196,11 @@ def test_a_failing_run_stops_the_ab_and_keeps_what_was_recorded(tmp_path: Path) 
     assert not any("-baseline-2" in i for i in ids)  # and nothing ran after it
 
 
+def _running(pattern: str) -> bool:
+    """Whether a process whose command line holds `pattern` runs (pgrep -f)."""
+    return subprocess.run(["pgrep", "-f", "--", pattern], capture_output=True).returncode == 0
+
+
 def test_ctrl_c_stops_after_the_current_run(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [
@@ -223,7 +229,12 @@ def test_ctrl_c_stops_after_the_current_run(tmp_path: Path) -> None:
     for line in proc.stderr:
         seen.append(line)
         if "run 1/4" in line:
-            proc.send_signal(signal.SIGINT)  # while run 2 runs: it finishes, no run 3
+            # while run 2 runs (its profiler is up: a Ctrl-C before it starts rightly stops
+            # after run 1, which a loaded CI pass hit): it finishes, no run 3
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not _running("-candidate-1 "):
+                time.sleep(0.05)
+            proc.send_signal(signal.SIGINT)
             break
     out, err = proc.communicate(timeout=120)
     err = "".join(seen) + err
