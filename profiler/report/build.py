@@ -17,15 +17,26 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from profiler.classify.codepaths import CODEPATHS, KNOWN_DURABLE, SERIALIZATION_CODEPATHS
+from profiler.classify.codepaths import CODEPATHS, SERIALIZATION_CODEPATHS
 from profiler.report import comparability, stats
+from profiler.report.checkpoints import (
+    FILE_EVENTS,
+    HEURISTIC,
+    checkpoint_choice,
+    checkpoint_count,
+    checkpoint_runs,
+    durability,
+    file_event_fields,
+    known_durable,
+    quantiles,
+    restore_section,
+)
 from profiler.report.inputs import (
-    CheckpointInput,
     EpisodeInput,
     InputError,
     RunInput,
@@ -45,11 +56,6 @@ CPU_SOURCE = "measured: py-spy samples weighted by procfs thread CPU"
 SCHEMA1_NOTE = "no episodes recorded (schema 1)"
 NOT_TESTED = "not tested"
 FOLLOWS_CPU = "follows CPU (model)"
-# How a side's checkpoints were found: the files its `--checkpoints DIR` watch saw
-# completed, or (no watch) the serialization codepath with the most main-thread episode
-# wall time, every episode of it a checkpoint
-FILE_EVENTS = "file events"
-HEURISTIC = "heuristic"
 SIDE_CI_NOTE = (
     "no per-side interval: no method we simulated reaches 95% coverage of one side's mean "
     "on skewed data at these counts (docs/report.md); the ratio's interval is the claim"
@@ -167,89 +173,6 @@ def _source(side: _Side, metric: str) -> str:
 
 
 # --------------------------------------------------------------------------- episodes
-
-
-def _quantiles(values: Sequence[float]) -> dict[str, float] | None:
-    if not values:
-        return None
-    a = np.asarray(values, dtype=float)
-    return {
-        "p50": float(np.percentile(a, 50)),
-        "p95": float(np.percentile(a, 95)),
-        "max": float(a.max()),
-        "mean": float(a.mean()),
-    }
-
-
-def _stall_episodes(run: RunInput, skip: int) -> tuple[list[EpisodeInput], int]:
-    """A file-event run's checkpoints after the first `skip` (in event order) as their stall
-    episodes, each with the checkpoint's stall_s as wall_s (profiler/attribution/
-    checkpoints.py trims a stall that spans its file event), and how many of them have no
-    stall episode (file event only, or one episode several files' events fall in)."""
-    by_key: dict[tuple[int | None, int | None, float | None], EpisodeInput] = {
-        (e.pid, e.thread, e.start): e for e in run.episodes or ()
-    }
-    matched, without = [], 0
-    for c in sorted(run.checkpoints or (), key=lambda c: c.event_t)[skip:]:
-        e = by_key.get((c.pid, c.stall_thread, c.stall_start))
-        if e is None or c.stall_s is None:
-            without += 1
-            continue
-        matched.append(replace(e, wall_s=c.stall_s, end=max(e.start, e.start + c.stall_s)))
-    return matched, without
-
-
-def _checkpoint_choice(side: _Side, given: str | None) -> tuple[str | None, str, bool]:
-    """(codepath, how it was chosen, main-thread episodes only)."""
-    if side.file_events:
-        if given is not None:
-            return given, "given (checkpoints identified by file events)", True
-        counts: dict[str, int] = {}
-        for r in side.runs:
-            for e in _stall_episodes(r, 0)[0]:
-                counts[e.codepath] = counts.get(e.codepath, 0) + 1
-        if not counts:
-            return None, "no checkpoint file matched a training-thread episode", True
-        best = max(sorted(counts), key=lambda c: counts[c])
-        return best, "the codepath of the checkpoints' file events' episodes", True
-    episodes = side.episodes
-    main = [e for e in episodes if e.main_thread]
-    if given is not None:
-        return given, "given", any(e.codepath == given for e in main)
-    if not side.has_episodes:
-        return None, side.no_episodes, False
-    pool, how = (main, "main thread") if main else (episodes, "any thread (none on the main)")
-    if not pool:
-        return None, "no serialization episodes recorded", False
-    wall: dict[str, float] = {}
-    for e in pool:
-        wall[e.codepath] = wall.get(e.codepath, 0.0) + e.wall_s
-    best = max(sorted(wall), key=lambda c: wall[c])
-    return best, f"most episode wall time on the {how}", bool(main)
-
-
-def _durability(episodes: Sequence[EpisodeInput]) -> str | None:
-    """What the samples saw: an fsync in how many of the checkpoints (None: none)."""
-    if not episodes:
-        return None
-    return f"fsync seen in {sum(e.durable for e in episodes)} of {len(episodes)}"
-
-
-def _known_durable(
-    codepath: str | None, episodes: Sequence[EpisodeInput]
-) -> tuple[bool | None, str]:
-    """(whether the side's saver makes its checkpoints durable, why). True when its
-    codepath's writer always does (KNOWN_DURABLE) or an fsync was seen in any checkpoint;
-    None when none was seen, which is not proof of none (an fsync of d seconds escapes
-    the samples with probability exp(-d/period)), so never "not durable"."""
-    if codepath in KNOWN_DURABLE:
-        return True, f"known: {KNOWN_DURABLE[codepath]}"
-    seen = _durability(episodes)
-    if seen is None:
-        return None, "no checkpoints"
-    if any(e.durable for e in episodes):
-        return True, seen
-    return None, f"unknown: {seen} (an fsync shorter than a sample period can escape them)"
 
 
 def _num(x: float | None) -> float | None:
@@ -418,9 +341,9 @@ def _side_section(
         "episodes_note": None if side.has_episodes else side.no_episodes,
         "runs_without_episodes": [r.run_id for r in side.runs if r.episodes is None],
         "checkpoint_codepath": choice[0],
-        "checkpoints": _checkpoint_count(side, ckpt, skip),
+        "checkpoints": checkpoint_count(side, ckpt, skip),
         "checkpoints_identified_by": side.identified_by,
-        "durable": _durability(ckpt),
+        "durable": durability(ckpt),
         "restore_s": [v for r in side.runs for v in r.restore_s],
     }
 
@@ -445,9 +368,9 @@ def _episode_summary(sides: tuple[_Side, _Side]) -> dict[str, Any]:
             entry[side.name] = {
                 "count": len(eps),
                 "main_thread": sum(e.main_thread for e in eps),
-                "wall_s": _quantiles([e.wall_s for e in eps]),
+                "wall_s": quantiles([e.wall_s for e in eps]),
                 "resolution_s": max((e.resolution_s for e in eps), default=None),
-                "durable": _durability(eps),
+                "durable": durability(eps),
             }
         if any((entry[s.name].get("count") or 0) for s in sides):
             out[cp] = entry
@@ -516,9 +439,9 @@ def build_report(
     found = comparability.check([r for s in sides for r in s.runs], allow_mismatch=allow_mismatch)
     caveats = [f"not comparable: {m}" for m in found]
 
-    choices = [_checkpoint_choice(s, given.get(s.name)) for s in sides]
+    choices = [checkpoint_choice(s, given.get(s.name)) for s in sides]
     per_run = [
-        _checkpoint_runs(s, cp, main_only, skip_warmup)
+        checkpoint_runs(s, cp, main_only, skip_warmup)
         for s, (cp, _how, main_only) in zip(sides, choices, strict=True)
     ]
     ckpt_eps = [[e for run in runs for e in run[1]] for runs in per_run]
@@ -597,7 +520,7 @@ def build_report(
         "total": total,
         "episodes": _episode_summary(sides),
         "checkpoint": checkpoint,
-        "restore": _restore_section(sides, checkpoint),
+        "restore": restore_section(sides, checkpoint),
         "timeline": {s.name: _timeline(s, c[0]) for s, c in zip(sides, choices, strict=True)},
         "checkpoint_files": _plain(checkpoints) if checkpoints is not None else None,
         "projection": None,
@@ -605,125 +528,6 @@ def build_report(
     if cluster is not None:
         report["projection"] = _projection(cluster, sides, choices, ckpt_eps, checkpoint)
     return report
-
-
-def _checkpoint_runs(
-    side: _Side, cp: str | None, main_only: bool, skip: int
-) -> list[tuple[str, list[EpisodeInput], int]]:
-    """Per run: (run id, its checkpoint episodes in time order after the skipped warm-up,
-    how many were skipped)."""
-    out = []
-    for r in side.runs:
-        if r.checkpoints is not None:
-            eps, _without = _stall_episodes(r, skip)
-            out.append((r.run_id, eps, min(skip, len(r.checkpoints))))
-            continue
-        eps = [
-            e
-            for e in (r.episodes or ())
-            if cp is not None and e.codepath == cp and (e.main_thread or not main_only)
-        ]
-        eps.sort(key=lambda e: e.start)
-        out.append((r.run_id, eps[skip:], min(skip, len(eps))))
-    return out
-
-
-def _watched_checkpoints(side: _Side, skip: int) -> list[CheckpointInput]:
-    """The file-event checkpoints of the side's watched runs, each run's first `skip` left
-    out as warm-up."""
-    return [
-        c
-        for r in side.runs
-        if r.checkpoints is not None
-        for c in sorted(r.checkpoints, key=lambda c: c.event_t)[skip:]
-    ]
-
-
-def _checkpoint_count(side: _Side, eps: Sequence[EpisodeInput], skip: int) -> int:
-    """Checkpoints after warm-up: every file written (file-event-only ones included) on a
-    watched run, every checkpoint episode on a heuristic one."""
-    if side.file_events:
-        return len(_watched_checkpoints(side, skip))
-    return len(eps)
-
-
-def _file_event_fields(side: _Side, skip: int) -> dict[str, Any]:
-    """What file events add to a side's checkpoint figures: how they were identified, how
-    many have no stall episode, the CPU on every thread and the background tail."""
-    if not side.file_events:
-        return {
-            "identified_by": HEURISTIC,
-            "file_event_only": None,
-            "cpu_s_all_threads_per_checkpoint": None,
-            "async_tail_s": None,
-        }
-    watched = _watched_checkpoints(side, skip)
-    cpu = [c.cpu_s_all_threads for c in watched if c.cpu_s_all_threads is not None]
-    tail = [c.async_tail_s for c in watched if c.async_tail_s is not None]
-    without = sum(_stall_episodes(r, skip)[1] for r in side.runs)
-    return {
-        "identified_by": FILE_EVENTS,
-        "file_event_only": without,
-        "cpu_s_all_threads_per_checkpoint": float(np.mean(cpu)) if cpu else None,
-        "cpu_s_all_threads_checkpoints": len(cpu),
-        "async_tail_s": _quantiles(tail),
-    }
-
-
-RESTORE_SOURCE = (
-    "measured: reads of checkpoint files under --checkpoints (inotify IN_OPEN), each timed "
-    "by the main thread's decode episode spanning it, to ± resolution_s"
-)
-LAZY_RESTORE_NOTE = (
-    "lazy format (.many, safetensors): tensors are read on first use, so the open is not "
-    "all of the restore"
-)
-
-
-def _restore_side(side: _Side) -> dict[str, Any]:
-    """One side's restores: how many, their wall time (file-event-only ones counted, not
-    timed), storage bytes read by the process over its runs, and whether the page cache
-    served them (no storage reads) or storage did."""
-    if not side.file_events:
-        return {
-            "restores": None,
-            "note": "no --checkpoints watch: restores are not identified",
-            "source": "unavailable: the runs were recorded without --checkpoints",
-        }
-    restores = [x for r in side.runs for x in r.restores]
-    timed = [x.wall_s for x in restores if x.wall_s is not None]
-    read = [r.read_bytes for r in side.runs]
-    read_bytes = None if any(b is None for b in read) else int(sum(b or 0 for b in read))
-    if not restores or read_bytes is None:
-        cache = None
-    elif read_bytes == 0:
-        cache = "warm: no storage reads over the runs (the page cache held the files)"
-    else:
-        cache = f"cold: {read_bytes} bytes read from storage over the runs"
-    lazy = any(x.lazy for x in restores)
-    return {
-        "restores": len(restores),
-        "file_event_only": len(restores) - len(timed),
-        "wall_s": _quantiles(timed),
-        "resolution_s": max((x.resolution_s or 0.0 for x in restores), default=None),
-        "read_bytes": read_bytes,
-        "read_bytes_source": sorted({str(r.read_bytes_source) for r in side.runs}),
-        "cache": cache,
-        "lazy": lazy,
-        "note": LAZY_RESTORE_NOTE if lazy else None,
-        "source": RESTORE_SOURCE,
-    }
-
-
-def _restore_section(sides: tuple[_Side, _Side], checkpoint: Mapping[str, Any]) -> dict[str, Any]:
-    """`restore.<side>` and `restore.wall_s`: the comparison the checkpoint section's
-    secondary family tested (checkpoint.restore_s, one computation), or None and why."""
-    out: dict[str, Any] = {s.name: _restore_side(s) for s in sides}
-    out["wall_s"] = checkpoint.get("restore_s")
-    if out["wall_s"] is None:
-        missing = [s.name for s in sides if not out[s.name].get("wall_s")]
-        out["note"] = "restore not compared: no timed restore on " + " and ".join(missing)
-    return out
 
 
 def _checkpoint_section(
@@ -773,15 +577,15 @@ def _checkpoint_section(
             "chosen_by": how,
             "main_thread_only": main_only,
             "episodes": len(eps),
-            "checkpoints": _checkpoint_count(side, eps, skip),
-            **_file_event_fields(side, skip),
-            "stall_s": _quantiles([e.wall_s for e in eps]),
+            "checkpoints": checkpoint_count(side, eps, skip),
+            **file_event_fields(side, skip),
+            "stall_s": quantiles([e.wall_s for e in eps]),
             "stall_values_s": sorted(e.wall_s for e in eps),
             "resolution_s": max((e.resolution_s for e in eps), default=None),
             "cpu_s_per_checkpoint": float(np.mean([e.cpu_s for e in eps])) if eps else None,
             "gpu_wait_s_per_checkpoint": _mean_or_none([e.gpu_wait_s for e in eps]),
             "gpu_idle_j_per_checkpoint": _mean_or_none([e.gpu_idle_j for e in eps]),
-            "durable": _durability(eps),
+            "durable": durability(eps),
             "source": (
                 "measured: file events under --checkpoints, stalls from py-spy episodes of the "
                 "training thread, timed to ± resolution_s"
@@ -832,7 +636,7 @@ def _checkpoint_section(
         out["restore_s"]["basis"] = "per measured restore (mean)"
     db, dc = out["baseline"]["durable"], out["candidate"]["durable"]
     (kb, why_b), (kc, why_c) = (
-        _known_durable(cp, eps) for (cp, _how, _main), eps in zip(choices, ckpt_eps, strict=True)
+        known_durable(cp, eps) for (cp, _how, _main), eps in zip(choices, ckpt_eps, strict=True)
     )
     same = kb == kc
     out["durability"] = {

@@ -1,0 +1,228 @@
+"""A side's checkpoints and restores for the A/B report: which episodes are its
+checkpoints (the files a `--checkpoints DIR` watch saw written, matched to their stall
+episodes, or without a watch the heuristic), how many, what durability was seen and is
+known, and its restores. profiler.report.build assembles the sections from these."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from profiler.classify.codepaths import KNOWN_DURABLE
+from profiler.report.inputs import CheckpointInput, EpisodeInput, RunInput
+
+if TYPE_CHECKING:
+    from profiler.report.build import _Side
+
+# How a side's checkpoints were found: the files its `--checkpoints DIR` watch saw
+# completed, or (no watch) the serialization codepath with the most main-thread episode
+# wall time, every episode of it a checkpoint
+FILE_EVENTS = "file events"
+HEURISTIC = "heuristic"
+
+
+def quantiles(values: Sequence[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    a = np.asarray(values, dtype=float)
+    return {
+        "p50": float(np.percentile(a, 50)),
+        "p95": float(np.percentile(a, 95)),
+        "max": float(a.max()),
+        "mean": float(a.mean()),
+    }
+
+
+def stall_episodes(run: RunInput, skip: int) -> tuple[list[EpisodeInput], int]:
+    """A file-event run's checkpoints after the first `skip` (in event order) as their stall
+    episodes, each with the checkpoint's stall_s as wall_s (profiler/attribution/
+    checkpoints.py trims a stall that spans its file event), and how many of them have no
+    stall episode (file event only, or one episode several files' events fall in)."""
+    by_key: dict[tuple[int | None, int | None, float | None], EpisodeInput] = {
+        (e.pid, e.thread, e.start): e for e in run.episodes or ()
+    }
+    matched, without = [], 0
+    for c in sorted(run.checkpoints or (), key=lambda c: c.event_t)[skip:]:
+        e = by_key.get((c.pid, c.stall_thread, c.stall_start))
+        if e is None or c.stall_s is None:
+            without += 1
+            continue
+        matched.append(replace(e, wall_s=c.stall_s, end=max(e.start, e.start + c.stall_s)))
+    return matched, without
+
+
+def checkpoint_choice(side: _Side, given: str | None) -> tuple[str | None, str, bool]:
+    """(codepath, how it was chosen, main-thread episodes only)."""
+    if side.file_events:
+        if given is not None:
+            return given, "given (checkpoints identified by file events)", True
+        counts: dict[str, int] = {}
+        for r in side.runs:
+            for e in stall_episodes(r, 0)[0]:
+                counts[e.codepath] = counts.get(e.codepath, 0) + 1
+        if not counts:
+            return None, "no checkpoint file matched a training-thread episode", True
+        best = max(sorted(counts), key=lambda c: counts[c])
+        return best, "the codepath of the checkpoints' file events' episodes", True
+    episodes = side.episodes
+    main = [e for e in episodes if e.main_thread]
+    if given is not None:
+        return given, "given", any(e.codepath == given for e in main)
+    if not side.has_episodes:
+        return None, side.no_episodes, False
+    pool, how = (main, "main thread") if main else (episodes, "any thread (none on the main)")
+    if not pool:
+        return None, "no serialization episodes recorded", False
+    wall: dict[str, float] = {}
+    for e in pool:
+        wall[e.codepath] = wall.get(e.codepath, 0.0) + e.wall_s
+    best = max(sorted(wall), key=lambda c: wall[c])
+    return best, f"most episode wall time on the {how}", bool(main)
+
+
+def durability(episodes: Sequence[EpisodeInput]) -> str | None:
+    """What the samples saw: an fsync in how many of the checkpoints (None: none)."""
+    if not episodes:
+        return None
+    return f"fsync seen in {sum(e.durable for e in episodes)} of {len(episodes)}"
+
+
+def known_durable(
+    codepath: str | None, episodes: Sequence[EpisodeInput]
+) -> tuple[bool | None, str]:
+    """(whether the side's saver makes its checkpoints durable, why). True when its
+    codepath's writer always does (KNOWN_DURABLE) or an fsync was seen in any checkpoint;
+    None when none was seen, which is not proof of none (an fsync of d seconds escapes
+    the samples with probability exp(-d/period)), so never "not durable"."""
+    if codepath in KNOWN_DURABLE:
+        return True, f"known: {KNOWN_DURABLE[codepath]}"
+    seen = durability(episodes)
+    if seen is None:
+        return None, "no checkpoints"
+    if any(e.durable for e in episodes):
+        return True, seen
+    return None, f"unknown: {seen} (an fsync shorter than a sample period can escape them)"
+
+
+def checkpoint_runs(
+    side: _Side, cp: str | None, main_only: bool, skip: int
+) -> list[tuple[str, list[EpisodeInput], int]]:
+    """Per run: (run id, its checkpoint episodes in time order after the skipped warm-up,
+    how many were skipped)."""
+    out = []
+    for r in side.runs:
+        if r.checkpoints is not None:
+            eps, _without = stall_episodes(r, skip)
+            out.append((r.run_id, eps, min(skip, len(r.checkpoints))))
+            continue
+        eps = [
+            e
+            for e in (r.episodes or ())
+            if cp is not None and e.codepath == cp and (e.main_thread or not main_only)
+        ]
+        eps.sort(key=lambda e: e.start)
+        out.append((r.run_id, eps[skip:], min(skip, len(eps))))
+    return out
+
+
+def watched_checkpoints(side: _Side, skip: int) -> list[CheckpointInput]:
+    """The file-event checkpoints of the side's watched runs, each run's first `skip` left
+    out as warm-up."""
+    return [
+        c
+        for r in side.runs
+        if r.checkpoints is not None
+        for c in sorted(r.checkpoints, key=lambda c: c.event_t)[skip:]
+    ]
+
+
+def checkpoint_count(side: _Side, eps: Sequence[EpisodeInput], skip: int) -> int:
+    """Checkpoints after warm-up: every file written (file-event-only ones included) on a
+    watched run, every checkpoint episode on a heuristic one."""
+    if side.file_events:
+        return len(watched_checkpoints(side, skip))
+    return len(eps)
+
+
+def file_event_fields(side: _Side, skip: int) -> dict[str, Any]:
+    """What file events add to a side's checkpoint figures: how they were identified, how
+    many have no stall episode, the CPU on every thread and the background tail."""
+    if not side.file_events:
+        return {
+            "identified_by": HEURISTIC,
+            "file_event_only": None,
+            "cpu_s_all_threads_per_checkpoint": None,
+            "async_tail_s": None,
+        }
+    watched = watched_checkpoints(side, skip)
+    cpu = [c.cpu_s_all_threads for c in watched if c.cpu_s_all_threads is not None]
+    tail = [c.async_tail_s for c in watched if c.async_tail_s is not None]
+    without = sum(stall_episodes(r, skip)[1] for r in side.runs)
+    return {
+        "identified_by": FILE_EVENTS,
+        "file_event_only": without,
+        "cpu_s_all_threads_per_checkpoint": float(np.mean(cpu)) if cpu else None,
+        "cpu_s_all_threads_checkpoints": len(cpu),
+        "async_tail_s": quantiles(tail),
+    }
+
+
+RESTORE_SOURCE = (
+    "measured: reads of checkpoint files under --checkpoints (inotify IN_OPEN), each timed "
+    "by the main thread's decode episode spanning it, to ± resolution_s"
+)
+
+
+LAZY_RESTORE_NOTE = (
+    "lazy format (.many, safetensors): tensors are read on first use, so the open is not "
+    "all of the restore"
+)
+
+
+def restore_side(side: _Side) -> dict[str, Any]:
+    """One side's restores: how many, their wall time (file-event-only ones counted, not
+    timed), storage bytes read by the process over its runs, and whether the page cache
+    served them (no storage reads) or storage did."""
+    if not side.file_events:
+        return {
+            "restores": None,
+            "note": "no --checkpoints watch: restores are not identified",
+            "source": "unavailable: the runs were recorded without --checkpoints",
+        }
+    restores = [x for r in side.runs for x in r.restores]
+    timed = [x.wall_s for x in restores if x.wall_s is not None]
+    read = [r.read_bytes for r in side.runs]
+    read_bytes = None if any(b is None for b in read) else int(sum(b or 0 for b in read))
+    if not restores or read_bytes is None:
+        cache = None
+    elif read_bytes == 0:
+        cache = "warm: no storage reads over the runs (the page cache held the files)"
+    else:
+        cache = f"cold: {read_bytes} bytes read from storage over the runs"
+    lazy = any(x.lazy for x in restores)
+    return {
+        "restores": len(restores),
+        "file_event_only": len(restores) - len(timed),
+        "wall_s": quantiles(timed),
+        "resolution_s": max((x.resolution_s or 0.0 for x in restores), default=None),
+        "read_bytes": read_bytes,
+        "read_bytes_source": sorted({str(r.read_bytes_source) for r in side.runs}),
+        "cache": cache,
+        "lazy": lazy,
+        "note": LAZY_RESTORE_NOTE if lazy else None,
+        "source": RESTORE_SOURCE,
+    }
+
+
+def restore_section(sides: tuple[_Side, _Side], checkpoint: Mapping[str, Any]) -> dict[str, Any]:
+    """`restore.<side>` and `restore.wall_s`: the comparison the checkpoint section's
+    secondary family tested (checkpoint.restore_s, one computation), or None and why."""
+    out: dict[str, Any] = {s.name: restore_side(s) for s in sides}
+    out["wall_s"] = checkpoint.get("restore_s")
+    if out["wall_s"] is None:
+        missing = [s.name for s in sides if not out[s.name].get("wall_s")]
+        out["note"] = "restore not compared: no timed restore on " + " and ".join(missing)
+    return out
