@@ -191,13 +191,19 @@ def test_tracemalloc_net_zero_and_peak_bounded(tmp_path: Path) -> None:
 
 def test_seccomp_update_loop_survives_10000_updates(tmp_path: Path) -> None:
     r = run_child(UPDATE, "seccomp", workdir=tmp_path, n=N)
-    assert r.survived, (r.returncode, r.signal, r.stderr[-2000:])
+    assert r.survived, (r.returncode, r.signal, r.trapped_call or r.stderr[-2000:])
     assert r.stdout.strip() == f"SURVIVED {N}"
 
 
 def test_seccomp_filter_kills_on_mmap(tmp_path: Path) -> None:
     r = run_child(EMPTY, "seccomp-control", workdir=tmp_path, n=1)
     assert r.signal == "SIGSYS" and "NOT KILLED" not in r.stdout, (r.returncode, r.stdout)
+    # The report names the call (mmap) and its length (1 MiB) and a backtrace through libc.
+    mmap_nr = ARCHES[platform.machine()]["mmap"]
+    assert r.trapped_call is not None, r.stderr[-2000:]
+    head, *frames = r.trapped_call.splitlines()
+    assert f"syscall={mmap_nr:#x} " in head and f"arg1={1 << 20:#x} " in head, head
+    assert any("libc" in f for f in frames), frames
     # A 1 MiB buffer is above glibc's mmap threshold: malloc maps it, and dies for it.
     # (No warm-up: once glibc has freed a mapped chunk it raises its threshold and serves
     # the next ones from the heap, which is why the proofs warm up first.)
@@ -340,7 +346,7 @@ def test_checkpoint_tracemalloc_retains_nothing_of_the_checkpointers(ckpt_dir: P
 def test_checkpoint_survives_seccomp_for_200_checkpoints(ckpt_dir: Path) -> None:
     # The background write of each checkpoint overlaps the next one's copy, as in training.
     r = run_child(CHECKPOINT, "seccomp", workdir=ckpt_dir, n=CKPT_N, warmup=CKPT_WARMUP)
-    assert r.survived, (r.returncode, r.signal, r.stderr[-2000:])
+    assert r.survived, (r.returncode, r.signal, r.trapped_call or r.stderr[-2000:])
     assert r.stdout.strip() == f"SURVIVED {CKPT_N}"
     # The checkpoints were written (keep=2): the newest is the last one, or the one before it
     # when the last write was still in flight at the child's _exit.

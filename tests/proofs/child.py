@@ -95,6 +95,12 @@ def _shim_counts(lib: Any) -> dict[str, Any]:
 
 def main(spec: dict[str, Any]) -> int:
     module, _, func = spec["target"].partition(":")
+    reporter = os.environ.get("SERWATT_SIGSYS_REPORT")
+    if reporter and spec["mode"].startswith("seccomp"):
+        # Loaded before the warm-up: dlopen maps memory and allocates, which must not move
+        # the heap the loop then runs in.
+        if ctypes.CDLL(reporter).serwatt_sigsys_install() != 0:
+            raise OSError("sigaction(SIGSYS) failed")
     factory = getattr(importlib.import_module(module), func)
     step = factory(Path(spec["workdir"]), **spec.get("kwargs", {}))
     n, mode = int(spec["n"]), spec["mode"]
@@ -136,7 +142,7 @@ def main(spec: dict[str, Any]) -> int:
         from tests.proofs.seccomp import install_kill_filter
 
         message = f"SURVIVED {n}\n".encode()
-        install_kill_filter()
+        install_kill_filter(trap=bool(reporter))
         if mode == "seccomp-control":
             import mmap
 

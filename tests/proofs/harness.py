@@ -25,21 +25,33 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 SHIM_SOURCE = Path(__file__).with_name("alloc_shim.c")
+SIGSYS_REPORT_SOURCE = Path(__file__).with_name("sigsys_report.c")
+SIGSYS_MARK = "SERWATT-SIGSYS"
 
 
-def build_shim(out_dir: Path) -> Path:
-    """Compile the shim with the system C compiler into `out_dir`; returns the .so path."""
+def _compile(source: Path, out: Path) -> Path:
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         raise FileNotFoundError("no C compiler (cc) on PATH; install gcc (Debian: build-essential)")
-    out = out_dir / "libserwatt_alloc_shim.so"
     subprocess.run(
-        [cc, "-O2", "-Wall", "-Werror", "-shared", "-fPIC", "-o", str(out), str(SHIM_SOURCE)],
+        [cc, "-O2", "-Wall", "-Werror", "-shared", "-fPIC", "-o", str(out), str(source)],
         check=True,
         capture_output=True,
         text=True,
     )
     return out
+
+
+def build_shim(out_dir: Path) -> Path:
+    """Compile the shim with the system C compiler into `out_dir`; returns the .so path."""
+    return _compile(SHIM_SOURCE, out_dir / "libserwatt_alloc_shim.so")
+
+
+def _sigsys_reporter(workdir: Path) -> Path:
+    # Built next to the child's files: each proof has its own workdir, so parallel workers
+    # never share (or half-write) one .so.
+    out = workdir / ".serwatt_sigsys_report.so"
+    return out if out.exists() else _compile(SIGSYS_REPORT_SOURCE, out)
 
 
 @dataclass
@@ -52,6 +64,16 @@ class ChildRun:
     @property
     def signal(self) -> str | None:
         return signal.Signals(-self.returncode).name if self.returncode < 0 else None
+
+    @property
+    def trapped_call(self) -> str | None:
+        """Which filtered call killed a seccomp child, and from where: the SIGSYS handler's
+        report (system call number, first two arguments, thread, backtrace), or None."""
+        start = self.stderr.find(SIGSYS_MARK)
+        if start < 0:
+            return None
+        end = self.stderr.find(f"{SIGSYS_MARK} end", start)
+        return self.stderr[start : end if end >= 0 else None]
 
     @property
     def survived(self) -> bool:
@@ -107,6 +129,7 @@ def run_child(
         # growing it on step 129 of 200 (numpy 2.4, a fresh venv). Growth past 1 MiB is
         # still killed.
         env["MALLOC_TOP_PAD_"] = str(1 << 20)
+        env["SERWATT_SIGSYS_REPORT"] = str(_sigsys_reporter(workdir))
     proc = subprocess.run(
         [sys.executable, "-m", "tests.proofs.child", json.dumps(spec)],
         capture_output=True,

@@ -40,6 +40,7 @@ _BPF_JEQ_K = 0x15  # BPF_JMP | BPF_JEQ | BPF_K
 _BPF_JGE_K = 0x35  # BPF_JMP | BPF_JGE | BPF_K
 _BPF_RET_K = 0x06  # BPF_RET | BPF_K
 _RET_KILL_PROCESS = 0x80000000
+_RET_TRAP = 0x00030000
 _RET_ALLOW = 0x7FFF0000
 _X32_SYSCALL_BIT = 0x40000000
 _OFF_NR, _OFF_ARCH = 0, 4  # struct seccomp_data
@@ -59,8 +60,12 @@ def machine() -> str:
     return m
 
 
-def build_filter(arch: str | None = None) -> bytes:
-    """The BPF program (struct sock_filter[]) as bytes, for `arch` (default: this machine)."""
+def build_filter(arch: str | None = None, *, trap: bool = False) -> bytes:
+    """The BPF program (struct sock_filter[]) as bytes, for `arch` (default: this machine).
+
+    `trap`: a killed call raises SIGSYS in its thread (SECCOMP_RET_TRAP) instead of killing
+    the process at once, for a handler that reports the call and then dies of SIGSYS
+    (tests/proofs/sigsys_report.c)."""
     arch = arch or machine()
     table = ARCHES[arch]
     prog: list[tuple[int, int, int, int]] = []
@@ -78,18 +83,19 @@ def build_filter(arch: str | None = None) -> bytes:
         to_kill = n_kill - k  # skip the remaining JEQs and ALLOW
         prog.append((_BPF_JEQ_K, to_kill, 0, table[name]))
     prog.append((_BPF_RET_K, 0, 0, _RET_ALLOW))
-    prog.append((_BPF_RET_K, 0, 0, _RET_KILL_PROCESS))
+    prog.append((_BPF_RET_K, 0, 0, _RET_TRAP if trap else _RET_KILL_PROCESS))
     return b"".join(struct.pack("<HBBI", *ins) for ins in prog)
 
 
-def install_kill_filter() -> None:
-    """Install the filter on every thread. After this, mmap/munmap/brk/mremap kill (SIGSYS)."""
+def install_kill_filter(*, trap: bool = False) -> None:
+    """Install the filter on every thread. After this, mmap/munmap/brk/mremap kill (SIGSYS);
+    with `trap`, through the SIGSYS handler the caller installed first."""
     arch = machine()
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"prctl(PR_SET_NO_NEW_PRIVS): {os.strerror(err)}")
-    code = build_filter(arch)
+    code = build_filter(arch, trap=trap)
     buf = ctypes.create_string_buffer(code, len(code))
     prog = _SockFprog(len(code) // 8, ctypes.addressof(buf))
     rc = libc.syscall(
