@@ -60,12 +60,13 @@ sys.path.insert(0, str(REPO))
 from profiler.intervals import NOT_MET, mean_interval, verdict  # noqa: E402
 
 WORKLOAD = r"""
-import json, pickle, signal, sys, threading, time
+import json, os, pickle, signal, sys, threading, time
 import msgpack
 from profiler.workloads.demo import build_record_types
 
 thread_time = time.thread_time
 truth_path, n_threads = sys.argv[1], int(sys.argv[2])
+waits = len(sys.argv) > 3 and sys.argv[3] == "waits"
 payload = {f"k{i}": {"id": i, "v": [i * 0.5, i * 1.5], "tag": "t" * 10} for i in range(1500)}
 record_cls, batch_cls = build_record_types()
 batch = batch_cls()
@@ -77,6 +78,8 @@ accs = []
 def busy():
     acc = {"pickle": 0.0, "json": 0.0, "protobuf": 0.0, "msgpack": 0.0, "total": 0.0}
     accs.append(acc)
+    if waits:
+        waited(acc)
     start = thread_time()
     while True:
         t0 = thread_time()
@@ -98,6 +101,53 @@ def busy():
         acc["protobuf"] += t3 - t2
         acc["msgpack"] += t4 - t3
         acc["total"] = t5 - start
+
+
+def waited(acc):
+    # --truth-waits: the thread's run-queue wait (schedstat's second field) read around
+    # every segment as well. Each read is a system call that lets go of the GIL, so this
+    # mode hands the GIL over at every segment edge: a workload of its own, reported apart.
+    fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+
+    def rq():
+        return int(os.pread(fd, 128, 0).split()[1]) / 1e9
+
+    for k in ("pickle", "json", "protobuf", "msgpack", "other"):
+        acc["wait_" + k] = 0.0
+    start = thread_time()
+    while True:
+        q0 = rq()
+        t0 = thread_time()
+        blob = pickle.dumps(payload)
+        back = pickle.loads(blob)
+        t1 = thread_time()
+        q1 = rq()
+        t1b = thread_time()
+        text = json.dumps(payload)
+        t2 = thread_time()
+        q2 = rq()
+        t2b = thread_time()
+        pb = batch.SerializeToString()
+        t3 = thread_time()
+        q3 = rq()
+        t3b = thread_time()
+        mp = msgpack.packb(payload)
+        t4 = thread_time()
+        q4 = rq()
+        x = 0
+        for i in range(40000):
+            x += i % 7
+        q5 = rq()
+        acc["pickle"] += t1 - t0
+        acc["json"] += t2 - t1b
+        acc["protobuf"] += t3 - t2b
+        acc["msgpack"] += t4 - t3b
+        acc["wait_pickle"] += q1 - q0
+        acc["wait_json"] += q2 - q1
+        acc["wait_protobuf"] += q3 - q2
+        acc["wait_msgpack"] += q4 - q3
+        acc["wait_other"] += q5 - q4
+        acc["total"] = thread_time() - start
 
 
 def snapshot(signum, frame):
@@ -172,7 +222,40 @@ def truth_shares(before: dict, after: dict, keys: tuple[str, ...]) -> dict[str, 
     shares = {k: v / total for k, v in per.items()}
     shares["other"] = 1.0 - sum(shares.values())
     shares["_total_cpu_s"] = total
+    if after["threads"] and "wait_other" in after["threads"][0]:
+        shares["_wait_s"] = {
+            k: sum(
+                b[f"wait_{k}"] - a[f"wait_{k}"]
+                for a, b in zip(before["threads"], after["threads"], strict=True)
+            )
+            for k in (*keys, "other")
+        }
     return shares
+
+
+def waits_report(runs: list[tuple[dict, dict]], keys: tuple[str, ...]) -> None:
+    """--truth-waits: where the run-queue wait fell, by codepath, in the workload's own
+    schedstat reads, and the shares on-CPU samples would give if every sample weighed the
+    same: (CPU + run-queue wait) of the codepath over the threads' total. On-CPU samples
+    stand for runnable time, so a codepath that takes more than its CPU's part of the wait
+    is over-counted unless its samples weigh less than the others'."""
+    cps = (*keys, "other")
+    print("\nrun-queue wait by codepath (the workload's schedstat reads, all repeats):")
+    print(f"{'codepath':<10}{'CPU':>8}{'wait':>8}{'wait/CPU':>10}{'(C+D) share':>13}{'serwatt':>9}")
+    cpu = {cp: 0.0 for cp in cps}
+    wait = {cp: 0.0 for cp in cps}
+    got = {cp: 0.0 for cp in cps}
+    for true, doc in runs:
+        for cp in cps:
+            cpu[cp] += true[cp] * true["_total_cpu_s"]
+            wait[cp] += true["_wait_s"][cp]
+            got[cp] += doc["codepaths"][cp]["share"] / len(runs)
+    runnable = sum(cpu.values()) + sum(wait.values())
+    for cp in cps:
+        print(
+            f"{cp:<10}{cpu[cp]:>7.3f}s{wait[cp]:>7.3f}s{wait[cp] / max(cpu[cp], 1e-9):>10.2f}"
+            f"{100 * (cpu[cp] + wait[cp]) / runnable:>12.2f}%{100 * got[cp]:>8.2f}%"
+        )
 
 
 PHASES = r"""
@@ -374,6 +457,12 @@ def main() -> int:
         help="py-spy's scheduling (collectors/sched.py); off shows what it is worth",
     )
     ap.add_argument(
+        "--truth-waits",
+        action="store_true",
+        help="mix: the workload also reads its threads' run-queue wait around every "
+        "segment and the bench prints where the wait fell (a GIL hand-over at every edge)",
+    )
+    ap.add_argument(
         "--timestamps",
         action="store_true",
         help="instead: measure the error of per-sample host timestamps",
@@ -403,7 +492,7 @@ def main() -> int:
                 args,
                 classifier,
                 script=WORKLOAD,
-                script_args=[str(args.threads)],
+                script_args=[str(args.threads), *(["waits"] if args.truth_waits else [])],
                 keys=MIX_CODEPATHS,
                 busy=args.busy,
             )  # fmt: skip
@@ -414,6 +503,8 @@ def main() -> int:
             f", {args.busy} busy process(es)" if args.busy else ""
         )
         v = report(label, runs, MIX_CODEPATHS, goal)
+        if args.truth_waits:
+            waits_report(runs, MIX_CODEPATHS)
         print(f"load {os.getloadavg()[0]:.2f} at end")
         return 0 if v != NOT_MET else 1
     names = [c for c in args.conditions.split(",") if c]

@@ -217,7 +217,7 @@ def test_accuracy_bench_smoke() -> None:
     # the contended two-thread condition (issue 21): two threads beside a busy process
     r = bench(
         "accuracy.py", "--rate", "50", "--duration", "2", "--window", "1", "--repeats", "2",
-        "--timing-rate", "0", "--threads", "2", "--busy", "1",
+        "--timing-rate", "0", "--threads", "2", "--busy", "1", "--truth-waits",
     )  # fmt: skip
     assert "== mix, 2 busy thread(s), 1 busy process(es): 2 repeat(s)" in r.stdout, r.stdout
     assert r.returncode in (0, 1), r.stderr[-3000:]
@@ -241,6 +241,24 @@ def test_accuracy_bench_smoke() -> None:
     assert mean == pytest.approx((float(m.group(1)) + float(m.group(2))) / 2, abs=0.006)
     assert m.group(6) == at_most(lo, hi, 2.0)
     assert r.returncode == (1 if m.group(6) == "not met" else 0)
+    # --truth-waits: where the threads' run-queue wait fell, per codepath, beside serwatt's
+    # shares (the same figures as the table above) and the (CPU + wait) shares
+    waits = re.findall(
+        rf"^(pickle|json|protobuf|msgpack|other) +{NUM}s +{NUM}s +{NUM} +{NUM}% +{NUM}%$",
+        r.stdout.split("run-queue wait by codepath", 1)[-1],
+        re.M,
+    )
+    assert [w[0] for w in waits] == ["pickle", "json", "protobuf", "msgpack", "other"], r.stdout
+    cpu_s = [float(w[1]) for w in waits]
+    wait_s = [float(w[2]) for w in waits]
+    assert sum(cpu_s) > 0.5 and all(w >= 0 for w in wait_s), waits
+    runnable = sum(cpu_s) + sum(wait_s)
+    # seconds printed to 1 ms: a share's numerator is off by 1 ms at most, its denominator
+    # by 5 ms, and the share is printed to 0.005
+    tol = 100 * (0.001 + 0.005) / runnable + 0.005
+    for w, c, d in zip(waits, cpu_s, wait_s, strict=True):
+        assert float(w[4]) == pytest.approx(100 * (c + d) / runnable, abs=tol)
+    assert [float(w[5]) for w in waits] == pytest.approx([float(row[2]) for row in rows], abs=0.011)
 
 
 def test_accuracy_bench_refuses_one_repeat() -> None:
