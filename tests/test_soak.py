@@ -1,10 +1,13 @@
-"""The soak of bench/soak.py, 3 minutes of it: a real daemon over 8 churning targets
+"""The soak of bench/soak.py, 90 seconds of it: a real daemon over 8 churning targets
 (crashing, not Python, hostile sources), py-spy children SIGKILLed at random, SIGHUPs,
-a real Prometheus scraping. Every check that 3 minutes can decide is asserted here: fds and
+a real Prometheus scraping. Every check that 90 s can decide is asserted here: fds and
 threads back to their idle start, windows recorded + failed = windows started, no counter
-reset, the record's integrity, the RSS bound. The RSS slope is left out (--no-rss-slope):
-3 minutes cannot decide it (the 40-minute bench's interval after the caches fill is
--0.08 to 0.28 MB/min); its figures are in docs/benchmarks.md."""
+reset, the record's integrity, the RSS bound. 90 s holds every target slot's second
+process (each lives 20-40 s), three SIGHUPs 30 s apart and three or more py-spy kills
+(one every 10-30 s); it ran 3 minutes before and decided nothing more, while its eight
+targets loaded the CPUs the parallel pass shares. The RSS slope is left out
+(--no-rss-slope): minutes cannot decide it (the 40-minute bench's interval after the
+caches fill is -0.08 to 0.28 MB/min); its figures are in docs/benchmarks.md."""
 
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.timeout(300)
-def test_three_minute_soak_loses_nothing_and_leaks_nothing(tmp_path: Path) -> None:
+def test_ninety_second_soak_loses_nothing_and_leaks_nothing(tmp_path: Path) -> None:
     if shutil.which("prometheus") is None:
         pytest.fail("prometheus missing: `make system-deps` installs Debian's prometheus")
     out = tmp_path / "soak.json"
@@ -32,9 +35,9 @@ def test_three_minute_soak_loses_nothing_and_leaks_nothing(tmp_path: Path) -> No
             sys.executable,
             str(REPO / "bench" / "soak.py"),
             "--minutes",
-            "3",
+            "1.5",
             "--sighup-s",
-            "60",
+            "30",
             "--no-rss-slope",
             "--workdir",
             str(workdir),
@@ -77,4 +80,3 @@ def test_three_minute_soak_loses_nothing_and_leaks_nothing(tmp_path: Path) -> No
     assert checks["reloads"]["figures"]["sighups"] >= 2
     endings = checks["kills"]["figures"]["endings"]
     assert {"SIGABRT", "SIGSEGV"} <= set(endings), endings
-    assert proc.returncode in (0, 1), proc.stdout  # 1: an undecided rss slope
