@@ -9,9 +9,11 @@ then a matter of time: inotify names no thread, so
   edge_unknown_s) plus STAMP_SLACK_S for the watch's late stamp; the process's main
   (training) thread first, else any thread (a background writer);
 - the *stall* is the main thread's wall time in the checkpoint: the writer itself when it
-  is on the main thread, else the main thread's episode that ended last before the event
-  and no earlier than the writer began (the copy `many.Checkpointer` makes before its
-  background thread writes);
+  is on the main thread, else the main thread's episode that began before the writer and
+  ended nearest the writer's start, by the event (the copy `many.Checkpointer` makes
+  before its background thread writes). With one save in flight the next call waits for
+  the write in progress and so spans its event: a background episode of the same process
+  that began before that call and spans the event is then the writer, not the call;
 - `async_tail_s` is the time from the stall's end to the event (0 when the stall spans it);
 - `cpu_s_all_threads` is the process's CPU, every thread (exited ones too), between the
   save's start (the stall's, else the writer's) and the event;
@@ -25,7 +27,8 @@ then a matter of time: inotify names no thread, so
 
 A restore is a read of a checkpoint file the run did not itself write (IN_OPEN, confirmed
 a read by the file's IN_CLOSE_NOWRITE): the main thread's episode spanning the open, by
-the same rule; several opens in one episode are one restore, and a file whose opens no
+the same rule; several opens in one episode are one restore, so are one file's opens in
+several episodes of the process (their wall times summed), and a file whose opens no
 episode spans is one "file event only" restore. `read_bytes` is the process's storage
 reads (/proc/<pid>/io) over the episode. Formats that map and read on first use (`.many`,
 safetensors' safe_open) are `lazy`: their open is not all of the restore.
@@ -73,15 +76,65 @@ def _spans(ep: Episode, t: float) -> float | None:
 
 
 def _best(candidates: Iterable[Episode], t: float) -> Episode | None:
+    # The main thread first, the nearest of its episodes. Of other threads', any within
+    # tolerance, the one ending nearest the event: a write ends when its file is complete,
+    # a thread the write started and joined (.many's hasher) outlives it in the samples.
     scored = [
-        (d, not ep.main_thread, ep.start, ep)
+        (not ep.main_thread, d if ep.main_thread else 0.0, abs(ep.end - t), ep.start, ep)
         for ep in candidates
         if (d := _spans(ep, t)) is not None
     ]
     if not scored:
         return None
-    scored.sort(key=lambda s: (s[1], s[0], s[2]))
-    return scored[0][3]
+    scored.sort(key=lambda s: s[:4])
+    return scored[0][4]
+
+
+def _background_writer(
+    main: Episode, encoders: Sequence[Episode], used: set[int], t: float
+) -> Episode | None:
+    """The background thread's write that the main thread's episode `main` only waits on.
+
+    With one save in flight (many.Checkpointer), the next checkpoint call on the main thread
+    first waits for the previous write, so it spans that write's file event too. The file is
+    then the write of the same process's other thread that spans the event, began before
+    `main` did and ends nearest the event (a write ends when its file is complete). So is
+    one that began later but fsynced where `main` did not: the main thread then waited in
+    close() or wait() for the write it had handed over."""
+    others = [
+        e
+        for e in encoders
+        if e.pid == main.pid
+        and e.main_thread is False
+        and id(e) not in used
+        and (e.start < main.start or (e.durable and not main.durable))
+        and _spans(e, t) is not None
+    ]
+    return min(others, key=lambda e: abs(e.end - t)) if others else None
+
+
+def _handing_over(
+    writer: Episode, encoders: Sequence[Episode], used: set[int], t: float
+) -> Episode | None:
+    """The main thread's episode that handed `writer`'s work to it: begun before the write
+    began (a later call is the next checkpoint's, waiting for this one), ending no earlier
+    than the write began and by the event, within the two episodes' resolutions; of those,
+    the one that ends nearest the write's start.
+
+    A write that began in a window gap began earlier than it shows (edge_unknown_s), never
+    later, so the hand-off must begin before the write's start as seen, to within the
+    edges' own resolutions."""
+    tol = STAMP_SLACK_S + stated_resolution_s(writer)
+    before = [
+        e
+        for e in encoders
+        if e.pid == writer.pid
+        and e.main_thread
+        and id(e) not in used
+        and e.start - e.resolution_s <= writer.start + writer.resolution_s
+        and writer.start - tol - stated_resolution_s(e) <= e.end <= t + STAMP_SLACK_S
+    ]
+    return min(before, key=lambda e: abs(e.end - writer.start)) if before else None
 
 
 @dataclass(frozen=True)
@@ -166,6 +219,8 @@ def _checkpoint(
     ev: FileEvent, encoders: Sequence[Episode], used: set[int], cpu_s: Counter
 ) -> Checkpoint:
     writer = _best(encoders, ev.t)
+    if writer is not None and writer.main_thread:
+        writer = _background_writer(writer, encoders, used, ev.t) or writer
     if writer is None:
         return Checkpoint(
             path=ev.path, bytes=ev.bytes, event_t=ev.t, pid=None, thread_id=None, episode=None,
@@ -174,16 +229,7 @@ def _checkpoint(
         )  # fmt: skip
     stall: Episode | None = writer if writer.main_thread else None
     if stall is None:
-        tol = STAMP_SLACK_S + stated_resolution_s(writer)
-        before = [
-            e
-            for e in encoders
-            if e.pid == writer.pid
-            and e.main_thread
-            and id(e) not in used
-            and writer.start - tol - stated_resolution_s(e) <= e.end <= ev.t + STAMP_SLACK_S
-        ]
-        stall = max(before, key=lambda e: e.end) if before else None
+        stall = _handing_over(writer, encoders, used, ev.t)
     used.add(id(writer))
     timed = stall if stall is not None else writer
     if stall is not None:
@@ -192,12 +238,27 @@ def _checkpoint(
     stall_s = stall.wall_s if stall is not None else None
     resolution = stated_resolution_s(stall) if stall is not None else None
     timed_by = timed.timed_by
-    if stall is not None and stall.truncated and ev.t < stall.end + stall.host_lag_s:
+    stall_end = stall.end + stall.host_lag_s if stall is not None else None
+    tol = STAMP_SLACK_S + stated_resolution_s(writer)
+    if (
+        stall is not None
+        and stall is not writer
+        and stall.start < writer.start
+        and stall.end > writer.start + tol
+    ):
+        # the main thread went on waiting for the write it handed over (close() or wait()
+        # right after the last save): the checkpoint's stall ends where the write began
+        stall_s = max(0.0, writer.start - stall.start)
+        resolution = stated_resolution_s(stall) + stated_resolution_s(writer)
+        timed_by = f"{timed_by}, ended where its background write began"
+        stall_end = writer.start
+    elif stall is not None and stall.truncated and ev.t < stall.end + stall.host_lag_s:
         # sampling stopped inside it (the job exits after its last save): its last cell
         # runs to the end of the run, so it ends at the file event instead
         stall_s = max(0.0, ev.t - stall.start - stall.host_lag_s / 2)
         resolution = stall.resolution_s + STAMP_SLACK_S + stall.host_lag_s / 2
         timed_by = f"{timed_by}, ended at the file event"
+        stall_end = ev.t
     return Checkpoint(
         path=ev.path,
         bytes=ev.bytes,
@@ -210,7 +271,7 @@ def _checkpoint(
         resolution_s=resolution,
         timed_by=timed_by,
         cpu_s_all_threads=cpu_s(writer.pid, begin, max(begin, ev.t)),
-        async_tail_s=max(0.0, ev.t - stall.end - stall.host_lag_s) if stall is not None else None,
+        async_tail_s=max(0.0, ev.t - stall_end) if stall_end is not None else None,
     )
 
 
@@ -247,14 +308,28 @@ def _restores(
             continue
         matched_paths.add(ev.path)
         by_episode.setdefault(id(ep), (ep, ev))
-    out = []
+    # A file read back in several of the process's episodes is one restore: the main
+    # thread's time in all of them (many.Checkpointer reads the newest receipt when it is
+    # made, the job loads the state later).
+    per_file: dict[tuple[int, str], list[tuple[Episode, FileEvent, float | None]]] = {}
     for ep, ev in by_episode.values():
         used.add(id(ep))
+        got = read_bytes(ep.pid, ep.start, ep.end)
+        per_file.setdefault((ep.pid, ev.path), []).append((ep, ev, got))
+    out = []
+    for group in per_file.values():
+        # the episode that read the most stands for the restore
+        ep, ev, _ = max(group, key=lambda g: (g[2] or 0.0, g[0].wall_s))
+        first = min(g[1].t for g in group)
+        reads = [g[2] for g in group]
+        timed_by = ep.timed_by if len(group) == 1 else f"{ep.timed_by}, {len(group)} episodes"
         out.append(
             Restore(
-                path=ev.path, bytes=ev.bytes, open_t=ev.t, pid=ep.pid, thread_id=ep.thread,
-                episode=ep, wall_s=ep.wall_s, resolution_s=stated_resolution_s(ep),
-                timed_by=ep.timed_by, read_bytes=read_bytes(ep.pid, ep.start, ep.end),
+                path=ev.path, bytes=ev.bytes, open_t=first, pid=ep.pid, thread_id=ep.thread,
+                episode=ep, wall_s=sum(g[0].wall_s for g in group),
+                resolution_s=sum(stated_resolution_s(g[0]) for g in group),
+                timed_by=timed_by,
+                read_bytes=None if None in reads else sum(r for r in reads if r is not None),
                 lazy=ev.path.endswith(LAZY_SUFFIXES),
             )
         )  # fmt: skip

@@ -640,23 +640,28 @@ def train_async(args: argparse.Namespace) -> dict[str, Any]:
                 continue
             tensors, meta = trainer.state()
             meta = dict(meta, step=step, format=ASYNC_MANY, width=width, backend=trainer.backend)
+            # around the call, as for the other formats (Staged.stall_s is the call's own
+            # figure, about 0.1 ms shorter: it stops before the hand-off)
+            t0 = time.perf_counter()
             staged = cp.checkpoint(
                 {"tensors": tensors, "meta": meta},
                 metadata={"step": step},
                 optimizer=getattr(trainer, "opt", None),
                 overlap=args.overlap,
             )
+            save_s = time.perf_counter() - t0
             checkpoints.append(
                 {
                     "step": step,
                     "path": staged.path,
                     "bytes": staged.nbytes,
-                    "save_s": staged.stall_s,
+                    "save_s": save_s,
+                    "stall_in_call_s": round(staged.stall_s, 6),
                 }
             )
             print(
                 f"checkpoint step={step} format={ASYNC_MANY} bytes={staged.nbytes} "
-                f"save_s={staged.stall_s:.4f} overlapped_bytes={staged.overlapped_bytes}",
+                f"save_s={save_s:.4f} overlapped_bytes={staged.overlapped_bytes}",
                 file=sys.stderr,
                 flush=True,
             )

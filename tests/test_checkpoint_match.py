@@ -1,0 +1,105 @@
+"""profiler.attribution.checkpoints.match on timelines laid out by hand: which episode wrote
+each file and which is its stall, for a synchronous save and for many.Checkpointer's
+background writes (one in flight, the next call waiting for it; close() after the last)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from collectors.fsevents import OPENED, WRITTEN, FileEvent
+from profiler.attribution.checkpoints import match
+from profiler.attribution.episodes import Episode
+
+PID = 100
+MAIN, WRITER = PID, 101  # the main thread's tid is the pid
+RES = 0.005
+
+
+def ep(
+    thread: int, start: float, end: float, *, durable: bool = False, main: bool | None = None
+) -> Episode:
+    return Episode(
+        pid=PID, thread=thread, codepath="many", start=start, end=end, wall_s=end - start,
+        period_s=0.01, resolution_s=RES, cpu_s=(end - start) / 2,
+        main_thread=(thread == MAIN) if main is None else main, durable=durable,
+    )  # fmt: skip
+
+
+def written(t: float, k: int) -> FileEvent:
+    return FileEvent(t=t, kind=WRITTEN, path=f"/ckpt/async-{k}.many", bytes=1 << 20)
+
+
+def _match(events: list[FileEvent], episodes: list[Episode]):  # noqa: ANN202
+    return match(events, episodes, cpu_s=lambda *_: 0.0, read_bytes=lambda *_: 0.0)
+
+
+def test_a_call_waiting_for_the_write_in_flight_is_the_next_checkpoints_stall() -> None:
+    # call 0 copies 10 ms and hands over; write 0 runs 0.30 s; call 1 starts 0.1 s into it,
+    # waits for it (so it spans write 0's event) and copies; write 1 follows
+    stall0, write0 = ep(MAIN, 10.00, 10.01), ep(WRITER, 10.01, 10.31, durable=True)
+    stall1, write1 = ep(MAIN, 10.11, 10.32), ep(WRITER, 10.32, 10.62, durable=True)
+    m = _match([written(10.31, 0), written(10.62, 1)], [stall0, write0, stall1, write1])
+    assert [c.episode for c in m.checkpoints] == [write0, write1]
+    assert [c.stall for c in m.checkpoints] == [stall0, stall1]
+    assert [c.stall_s for c in m.checkpoints] == [stall0.wall_s, stall1.wall_s]
+    assert m.unmatched == ()
+
+
+def test_close_after_the_last_save_is_not_part_of_its_stall() -> None:
+    # the last call copies 10 ms, then close() waits the whole write: one main episode
+    main = ep(MAIN, 20.00, 20.32)
+    write = ep(WRITER, 20.01, 20.31, durable=True)
+    (c,) = _match([written(20.31, 7)], [main, write]).checkpoints
+    assert c.episode is write and c.stall is main
+    assert abs(c.stall_s - 0.01) < 1e-9
+    assert c.resolution_s == 2 * RES
+    assert c.timed_by.endswith("ended where its background write began")
+    assert abs(c.async_tail_s - 0.30) < 1e-9
+
+
+def test_a_hasher_outliving_the_write_in_the_samples_is_not_the_writer() -> None:
+    # .many's hashing thread, started and joined inside the write, whose last cell runs on
+    # past the file; its tid unknown to py-spy. The watch stamped the file 5 ms late.
+    stall = ep(MAIN, 30.00, 30.01)
+    write = ep(WRITER, 30.01, 30.305, durable=True)
+    hasher = ep(102, 30.01, 30.90, main=None)
+    (c,) = _match([written(30.31, 0)], [stall, write, hasher]).checkpoints
+    assert c.episode is write and c.stall is stall and c.stall_s == stall.wall_s
+
+
+def test_a_synchronous_save_with_a_hashing_thread_stays_the_main_threads() -> None:
+    # many.save_state on the main thread: the hasher runs inside it and never fsyncs
+    main = ep(MAIN, 40.00, 40.30, durable=True)
+    hasher = ep(102, 40.01, 40.29)
+    (c,) = _match([written(40.30, 0)], [main, hasher]).checkpoints
+    assert c.episode is main and c.stall is main and c.stall_s == main.wall_s
+    assert c.async_tail_s == 0.0
+
+
+def test_one_files_reads_in_two_episodes_are_one_restore() -> None:
+    # many.Checkpointer reads the newest receipt when it is made; the job loads it later
+    receipt = ep(MAIN, 50.00, 50.01)
+    load = ep(MAIN, 54.00, 54.05)
+    path = "/ckpt/async-3.many"
+    opens = [FileEvent(t=t, kind=OPENED, path=path, bytes=4096) for t in (50.005, 54.01)]
+    reads = {50.0: 0.0, 54.0: 1e6}
+    m = match(opens, [receipt, load], cpu_s=lambda *_: 0.0, read_bytes=lambda p, t0, t1: reads[t0])
+    (r,) = m.restores
+    assert r.path == path and r.episode is load and r.open_t == 50.005
+    assert abs(r.wall_s - 0.06) < 1e-9 and r.resolution_s == 2 * RES
+    assert r.read_bytes == 1e6 and r.timed_by.endswith("2 episodes")
+    assert m.unmatched == ()
+
+
+def test_a_write_seen_only_merged_with_the_one_before_gets_no_stall() -> None:
+    # saves two steps apart: the writer thread's two writes show as one episode (begun in
+    # a window gap), and call 1 (the wait for write 0, copy 1, close()'s wait) is one main
+    # episode; where write 1 began is not seen, so neither is call 1's own stall
+    stall0 = ep(MAIN, 60.00, 60.08)
+    writes = replace(ep(WRITER, 60.08, 60.83, durable=True), edge_unknown_s=0.3)
+    hasher = replace(ep(102, 60.09, 60.83), edge_unknown_s=0.3)
+    call1 = ep(MAIN, 60.23, 60.47)
+    m = _match([written(60.25, 0), written(60.46, 1)], [stall0, writes, hasher, call1])
+    first, second = m.checkpoints
+    assert first.episode is writes and first.stall is stall0 and first.stall_s == stall0.wall_s
+    assert second.stall is None and second.stall_s is None
