@@ -296,23 +296,6 @@ def test_reads_through_proc_root(tmp_path: Path) -> None:
     assert c.classify_frames((leaf,)).codepath == "other"  # /srv/job.py does not exist here
 
 
-def test_a_target_gone_before_its_last_window_is_read_on_the_host(tmp_path: Path) -> None:
-    """The root of a target that exited while its last window was classified is gone:
-    its files are read at the same paths on the host (as for a dead pid), not given up
-    for the rest of the run. A root that is there keeps its own answer."""
-    job = tmp_path / "job.py"
-    job.write_text("import os\n\ndef f(fd):\n    os.fsync(fd)\n")
-    gone = tmp_path / "proc" / "4242" / "root"  # never made: the pid's root went away
-    cache = SourceCache()
-    index, error, _ = cache.get(str(gone) + str(job), root=str(gone))
-    assert error is None and index is not None
-    assert [c.name for c in index.calls_at(4).calls] == ["os.fsync"]
-    here = tmp_path / "root"
-    here.mkdir()
-    index, error, _ = SourceCache().get(str(here) + str(job), root=str(here))
-    assert index is None and error is not None and "not readable" in error
-
-
 def test_source_change_is_noticed(tmp_path: Path) -> None:
     path = tmp_path / "job.py"
     path.write_text("import pickle\nx = pickle.dumps(1)\n")
@@ -405,18 +388,3 @@ def test_one_file_is_parsed_once_across_paths_and_caches(tmp_path: Path) -> None
     del a, b, index_a, index_b
     gc.collect()
     assert key not in source_cache._SHARED
-
-
-def test_exit_waits_for_the_loads_still_running(tmp_path: Path) -> None:
-    """A loader thread inside the re2 prefilter when the interpreter finalizes aborts the
-    process: exit waits for running loads (source_cache.EXIT_WAIT_S) first."""
-    from profiler.classify import source_cache
-
-    job = tmp_path / "big_job.py"
-    job.write_text("import pickle\n" + "x = pickle.dumps(1)\n" * 200_000)
-    cache = SourceCache()
-    index, error, _ = cache.get(str(job), deadline=0.0)  # started, not waited on
-    assert error == source_cache.NOT_READY
-    assert source_cache._LOADS_RUNNING  # the load runs on
-    assert source_cache._wait_for_loads(60.0) is True
-    assert not source_cache._LOADS_RUNNING

@@ -9,7 +9,6 @@ process that reads the same file version. docs/classification.md "Hostile source
 
 from __future__ import annotations
 
-import atexit
 import os
 import threading
 import time
@@ -69,13 +68,6 @@ class _Loaded:
 # some cache holds it.
 _SHARED: weakref.WeakValueDictionary[_Ident, SourceIndex] = weakref.WeakValueDictionary()
 _SHARED_LOCK = threading.Lock()
-_LOADS_DONE = threading.Condition(_SHARED_LOCK)  # notified as each load ends
-# How long exit waits for loads still running. A loader thread is a daemon thread: one
-# inside the re2 prefilter (C++, GIL released) when the interpreter finalizes exits as
-# it takes the GIL back, and that unwinds C++ frames that allow no exception, so the
-# whole process aborts ("terminate called without an active exception") after it wrote
-# its output. A load that hangs (a file on a stuck FUSE mount) is not waited on past this.
-EXIT_WAIT_S = 2.0
 # Versions being indexed now: a second load of one waits for the first (one parse).
 _INDEXING: dict[_Ident, Future[SourceIndex]] = {}
 # Versions given up as too costly (bounded: oldest forgotten first).
@@ -125,13 +117,7 @@ def _load(path: str, root: str | None, prefilter: CallsitePrefilter | None) -> _
     try:
         fd = open_source(path, root)
     except (OSError, ValueError) as exc:
-        host = _host_path_once_gone(path, root)
-        if host is None:
-            return _Loaded(None, error=f"source not readable: {_reason(exc)}")
-        try:
-            fd = open_source(host)
-        except (OSError, ValueError) as exc2:
-            return _Loaded(None, error=f"source not readable: {_reason(exc2)}")
+        return _Loaded(None, error=f"source not readable: {_reason(exc)}")
     try:
         st = os.fstat(fd)
         key = (st.st_mtime_ns, st.st_size)
@@ -161,16 +147,6 @@ def _load(path: str, root: str | None, prefilter: CallsitePrefilter | None) -> _
         return _Loaded(key, error=f"source not parsed: {type(exc).__name__}: {exc}")
 
 
-def _host_path_once_gone(path: str, root: str | None) -> str | None:
-    """The host path of `path` when the target's root has gone (it exited, or is exiting,
-    while its last window is classified: that window holds its last checkpoints), as
-    profiler.sampling.collect reads a dead target's files: right unless it lived in
-    another mount namespace. None while the root is there: its answer stands."""
-    if root is None or not path.startswith(root.rstrip("/") + "/") or os.path.exists(root):
-        return None
-    return path[len(root.rstrip("/")) :]
-
-
 def _reason(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror
@@ -198,18 +174,9 @@ def _start_load(
                 _LOADS_RUNNING[root] -= 1
                 if not _LOADS_RUNNING[root]:
                     del _LOADS_RUNNING[root]
-                _LOADS_DONE.notify_all()
 
     threading.Thread(target=run, name="serwatt-source-load", daemon=True).start()
     return future
-
-
-@atexit.register
-def _wait_for_loads(timeout_s: float = EXIT_WAIT_S) -> bool:
-    """Let running loads end before the interpreter finalizes (EXIT_WAIT_S); True when
-    none is left."""
-    with _LOADS_DONE:
-        return _LOADS_DONE.wait_for(lambda: not _LOADS_RUNNING, timeout=timeout_s)
 
 
 @dataclass

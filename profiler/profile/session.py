@@ -51,9 +51,6 @@ from profiler.sampling.collect import ClassifierLike, RawWindow, collect_window,
 from profiler.sampling.window import WindowReport
 
 BIN_S = 1.0  # time resolution of the per-codepath CPU bins used for the share interval
-# How long the session waits at exit for a classifier thread that finishes no window
-# (see _join); abandoning one loses its windows, the run's last checkpoints among them.
-FINISHER_PATIENCE_S = collect.CLASSIFY_DEADLINE_S + 25.0
 # A target that starts native threads without end must not grow the session's memory.
 MAX_UNMAPPED_THREADS = 4096
 
@@ -512,15 +509,12 @@ class ProfileSession:
             t.join()
         if self._finisher_thread.is_alive():
             self._raw_q.put(None)
-            # Each window's classification waits for sources no longer than its
-            # deadline, but it needs the GIL back after each wait, and the loader
-            # threads parsing a torch job's first files hold it for a whole parse at a
-            # time: a window of the run's first (or last) seconds took 12-15 s on a
-            # 2-CPU VM. A finisher that finishes no window in FINISHER_PATIENCE_S is
-            # abandoned, not waited on: the session ends with what it has.
+            # Each window's classification is bounded by its deadline; a finisher
+            # that finishes no window in that long (plus slack) is abandoned, not
+            # waited on: the session ends with what it has.
             while self._finisher_thread.is_alive():
                 done = self.acc.windows + sum(self.acc.failures.values())
-                self._finisher_thread.join(timeout=FINISHER_PATIENCE_S)
+                self._finisher_thread.join(timeout=collect.CLASSIFY_DEADLINE_S + 5.0)
                 if self._finisher_thread.is_alive() and (
                     self.acc.windows + sum(self.acc.failures.values()) == done
                 ):
