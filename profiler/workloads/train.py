@@ -656,7 +656,6 @@ def train_async(args: argparse.Namespace) -> dict[str, Any]:
                     "path": staged.path,
                     "bytes": staged.nbytes,
                     "save_s": save_s,
-                    "stall_in_call_s": round(staged.stall_s, 6),
                 }
             )
             print(
