@@ -9,6 +9,7 @@ checks the episode count, each duration and each durable flag.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import math
@@ -276,9 +277,22 @@ def test_a_durability_tail_within_two_ticks_joins_the_checkpoint_and_makes_it_du
     assert one([window(0.0, {PID: ".pppp..sss...."})]).durable  # two ticks after
 
 
-def test_a_tail_more_than_two_ticks_after_is_not_the_checkpoints() -> None:
-    ep = one([window(0.0, {PID: ".pppp...sss..."})])
+def test_a_tail_starting_more_than_tail_gap_s_after_is_not_the_checkpoints() -> None:
+    # 10 ms ticks: 6 ticks (60 ms) of other work before the fsync, over TAIL_GAP_S (50 ms)
+    ep = one([window(0.0, {PID: ".pppp......sss..."})])
     assert not ep.durable and ep.wall_s == pytest.approx(0.04) and ep.durability_s == 0.0
+    # 4 ticks (40 ms): the file's close and reopen before its fsync, the checkpoint's
+    ep = one([window(0.0, {PID: ".pppp....sss..."})])
+    assert ep.durable and ep.wall_s == pytest.approx(0.11)
+
+
+def test_at_a_fast_stack_change_rate_a_tail_gap_is_time_not_two_ticks() -> None:
+    # 2.5 ms ticks (a 400 Hz stack-change run): a 10 ms close-and-reopen is 4 ticks
+    ep = one([window(0.0, {PID: ".pppp....sss..."}, period=0.0025)])
+    assert ep.durable and ep.wall_s == pytest.approx(11 * 0.0025)
+    # the same codepath after those 4 ticks is a new episode: only a tail bridges them
+    eps = episodes_of([window(0.0, {PID: ".pppp....ppp..."}, period=0.0025)])
+    assert [round(e.wall_s / 0.0025) for e in eps] == [4, 3]
 
 
 def test_a_rename_alone_is_not_durable_and_a_tail_alone_is_no_episode() -> None:
@@ -566,3 +580,11 @@ def test_an_episode_without_its_gpu_or_energy_says_unknown_not_zero() -> None:
     assert down.gpu_wait_s is None and down.gpu_idle_j is None
     no_energy = episode_with_gpu(ep, [_gpu_window(frozenset({PID}), energy=False)])
     assert no_energy.gpu_wait_s == pytest.approx(1.0) and no_energy.gpu_idle_j is None
+    # NVML samples that stop 1 s before the episode ends (a poll not yet made) would read
+    # as 1 s of wait where the span had more: unknown, not short. Within a sample period
+    # of each edge (the default 1/6 s here) the span counts as covered.
+    short = _gpu_window(frozenset({PID}))
+    short = dataclasses.replace(short, intervals=short.intervals[:2])  # ends at 103
+    assert episode_with_gpu(_episode(101.0, 104.0), [short]).gpu_wait_s is None
+    edge = episode_with_gpu(_episode(101.0, 103.3), [short])
+    assert edge.gpu_wait_s == pytest.approx(2.0)

@@ -38,10 +38,10 @@ blocked in it. The timeline of a window (every thread at every tick of py-spy's
   its file durable follows it with fsync/fdatasync, os.replace/rename and a directory
   fsync; those samples are `other` (C calls: profiler/classify/durability.py tags them).
   An episode of a codepath in TAIL_CODEPATHS takes in such samples that follow on the
-  same thread within the same GAP_TICKS, and is `durable` when it contains an fsync-like
-  sample (a rename alone makes a file atomic, not durable). `.many`'s own save fsyncs
-  inside `many`'s frames (profiler/many/writer.py), so its fsync samples are `many`
-  samples with a sync tag: the episode is durable the same way.
+  same thread within TAIL_GAP_S (or GAP_TICKS, when longer), and is `durable` when it
+  contains an fsync-like sample (a rename alone makes a file atomic, not durable).
+  `.many`'s own save fsyncs inside `many`'s frames (profiler/many/writer.py), so its
+  fsync samples are `many` samples with a sync tag: the episode is durable the same way.
 - `durable=False` means no fsync was *seen*: an fsync of d seconds gets no sample with
   probability exp(-d/P), so at 10 Hz a fast disk's 20 ms fsync is missed 4 times in 5.
 
@@ -64,6 +64,13 @@ from profiler.sampling.window import TimedLabel, WindowReport
 # Ticks that are `other` (or missing) inside an episode without ending it; the same
 # bound applies to how far after the serializer a durability tail may start.
 GAP_TICKS = 2
+# How long after the serializer returns its durability tail may start: the writer closes
+# the file (flushing its last buffer), returns and reopens it to fsync. At the stack-change
+# run's 400 Hz two ticks are 5 ms, and a 23 MB JSON checkpoint's close and reopen took 4
+# ticks (10 ms) on a loaded 2-CPU VM, so its fsync was left out and the episode ended
+# before its file did. Same-codepath gaps stay GAP_TICKS: only a durability call
+# continues an episode past them.
+TAIL_GAP_S = 0.05
 # Every serializer writes files that a caller may make durable: each takes a tail.
 TAIL_CODEPATHS: frozenset[str] = frozenset(SERIALIZATION_CODEPATHS)
 # Longest gap between two windows of a target that an episode is joined across: the
@@ -388,13 +395,11 @@ class EpisodeTracker:
                 seen = max(0.0, a - cursor)  # time without a sample of this thread
                 if cur is not None:
                     same = lab.codepath == cur.codepath
-                    tail = (
-                        lab.codepath == _OTHER
-                        and lab.durability != ""
-                        and cur.codepath in self.tail_codepaths
-                    )
+                    takes_tail = cur.codepath in self.tail_codepaths
+                    tail = lab.codepath == _OTHER and lab.durability != "" and takes_tail
+                    tail_limit = max(cur.tolerance(), TAIL_GAP_S) if takes_tail else 0.0
                     if same or tail:
-                        if cur.gap_s + seen <= cur.tolerance():
+                        if cur.gap_s + seen <= (tail_limit if tail else cur.tolerance()):
                             cur.unknown_s += cur.pending_unknown_s
                             cur.cpu_s += cur.pending_cpu_s
                             cur.samples += round(cur.pending_samples)
@@ -416,7 +421,8 @@ class EpisodeTracker:
                     else:
                         cur.gap_s += seen + (b - a)
                         cursor = b
-                        if cur.gap_s > cur.tolerance():
+                        # past GAP_TICKS only a durability tail may still continue it
+                        if cur.gap_s > max(cur.tolerance(), tail_limit):
                             close(cur)
                             cur = None
                         continue
