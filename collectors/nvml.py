@@ -213,6 +213,23 @@ def _boottime_s() -> float:
     return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
+def read_clock_pair(
+    clock: Callable[[], float], boottime: Callable[[], float], tries: int = 5
+) -> tuple[float, float]:
+    """(epoch, boottime) read at one instant: the tightest of a few boottime-bracketed
+    epoch reads. A pair split by a preemption (tens of ms on a loaded host) would shift
+    every sample timestamp mapped through it by that much."""
+    best: tuple[float, float, float] | None = None
+    for _ in range(tries):
+        b0 = boottime()
+        epoch = clock()
+        b1 = boottime()
+        if best is None or b1 - b0 < best[0]:
+            best = (b1 - b0, epoch, (b0 + b1) / 2)
+    assert best is not None
+    return best[1], best[2]
+
+
 @dataclass(frozen=True)
 class ClockCalibration:
     """How NVML sample timestamps map to host epoch seconds.
@@ -462,7 +479,8 @@ class NvmlCollector:
             raw = []
         samples = clean_samples(raw, g.last_seen_us)
         if samples and self.clock_calibration is None:
-            self.clock_calibration = calibrate_clock(samples[-1][0], now, self._boottime())
+            epoch_now, boot_now = read_clock_pair(self._clock, self._boottime)
+            self.clock_calibration = calibrate_clock(samples[-1][0], epoch_now, boot_now)
         cal = self.clock_calibration
         if samples and cal is not None:
             prev_ts = g.last_seen_us or None

@@ -36,6 +36,8 @@ from typing import Any
 
 import pynvml
 
+from collectors.nvml import read_clock_pair
+
 FIXTURES = Path(__file__).parent / "fixtures" / "nvml"
 
 
@@ -110,7 +112,8 @@ class ReplayNvmlBackend:
         self.clock = clock
         self.start = clock() if start is None else start
         if boot_epoch is None:  # booted as long ago as this host, on the replay's clock
-            boot_epoch = self.start - time.clock_gettime(time.CLOCK_BOOTTIME)
+            epoch, boot = read_clock_pair(clock, lambda: time.clock_gettime(time.CLOCK_BOOTTIME))
+            boot_epoch = epoch - boot
         self.boot_epoch = boot_epoch
         self.gpus = [_Gpu(spec, i) for i, spec in enumerate(timeline["gpus"])]
         self.calls: list[str] = []

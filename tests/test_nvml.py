@@ -19,6 +19,7 @@ from collectors.nvml import (
     NvmlCollector,
     calibrate_clock,
     clean_samples,
+    read_clock_pair,
 )
 from tests.nvml_replay import FakeClock, ReplayNvmlBackend, load_timeline
 
@@ -169,6 +170,30 @@ def test_calibration_picks_the_nearer_clock() -> None:
     c = calibrate_clock(round((boot_now - 3600) * 1e6), epoch_now, boot_now)  # idle for 1 h
     assert c.domain == "boottime" and c.lag_s == pytest.approx(3600)
     assert c.to_host(round(boot_now * 1e6)) == pytest.approx(epoch_now)
+
+
+def test_the_clock_pair_is_the_read_no_preemption_split() -> None:
+    """Epoch and boottime read 50 ms apart (the reader descheduled between them) would
+    shift every NVML sample by 50 ms; the pair kept is the tightest bracketed read."""
+    boot_offset = 1_764_000_000.0  # epoch at boot
+    t = [259_200.0]
+    stalls = iter([0.05, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])  # one per read
+
+    def boottime() -> float:
+        t[0] += next(stalls, 0.0) + 1e-6
+        return t[0]
+
+    def epoch() -> float:
+        t[0] += 1e-6
+        return t[0] + boot_offset
+
+    e, b = read_clock_pair(epoch, boottime)
+    assert e - b == pytest.approx(boot_offset, abs=2e-6)
+    # that split read alone is 25 ms off (the bracket's midpoint)
+    t[0] = 259_200.0
+    stalls = iter([0.0, 0.05])
+    e, b = read_clock_pair(epoch, boottime, tries=1)
+    assert e - b == pytest.approx(boot_offset - 0.025, abs=2e-6)
 
 
 @given(
