@@ -316,6 +316,21 @@ class EnergyTracker:
 
     # ------------------------------------------------------------------ windows
 
+    def _poll_if_before(self, end: float, status: Mapping[str, CollectorStatus]) -> None:
+        last = self._rapl_series.last_t if status["rapl"].up else self._cpu_series.last_t
+        if last is None or end > last:
+            self.poll_once()
+
+    def gpu_window(self, start: float, end: float) -> tuple[GpuWindow, ...]:
+        """NVML readings over [start, end] (none when NVML is down); reads now if `end` is
+        newer than the last poll, as `window` does, so a span that just ended is covered."""
+        status = self.probe()
+        if not status["nvml"].up:
+            return ()
+        with self._lock:
+            self._poll_if_before(end, status)
+            return self.nvml.window(start, end)
+
     def window(self, start: float, end: float) -> WindowEnergy:
         """Energy and GPU readings over [start, end]; reads now if `end` is newer than
         the last poll, so a window that just ended is bracketed by real readings."""
@@ -323,9 +338,7 @@ class EnergyTracker:
             raise ValueError(f"window end {end} is before its start {start}")
         status = self.probe()
         with self._lock:
-            last = self._rapl_series.last_t if status["rapl"].up else self._cpu_series.last_t
-            if last is None or end > last:
-                self.poll_once()
+            self._poll_if_before(end, status)
             busy = self._cpu_series.delta("busy", start, end)
             total = self._cpu_series.delta("total", start, end)
             gpus = self.nvml.window(start, end) if status["nvml"].up else ()

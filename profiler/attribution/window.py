@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from collectors.nvml import GpuWindow, clip_intervals
+from collectors.nvml import DEFAULT_SAMPLE_PERIOD_S, GpuWindow, clip_intervals
 from collectors.series import interpolate
 from profiler.attribution.apportion import (
     EnergyAttribution,
@@ -90,19 +90,29 @@ def used_gpus(gpus: Iterable[GpuWindow], pids: Iterable[int]) -> set[int]:
     return set(gpus_used_by(pids, {g.index: g.pids for g in gpus}))
 
 
+def _covers(g: GpuWindow, start: float, end: float) -> bool:
+    """Whether the GPU's utilisation intervals span [start, end] but for an NVML sample
+    period at each edge. Samples that stop early (a poll not yet made, a gap) would
+    otherwise read as a short wait; such a span's wait is unknown instead."""
+    period = g.sample_period_s or DEFAULT_SAMPLE_PERIOD_S
+    covered = sum(iv.t1 - iv.t0 for iv in clip_intervals(g.intervals, start, end))
+    return covered >= (end - start) - 2 * period
+
+
 def episode_with_gpu(ep: Episode, gpus: Iterable[GpuWindow]) -> Episode:
     """The episode with its GPU-wait seconds and GPU idle joules over [start, end].
 
     `gpus` is an NVML reading spanning the episode. Only GPUs up and listing the
-    episode's pid count. GPU-wait is the idle time of those GPUs while the thread was
-    in the episode; the idle joules are the GPU energy of the idle part of each
-    utilisation interval (energy between its edges, interpolated from the cumulative
-    polls, times its idle fraction). With no such GPU both stay None (unknown, never 0);
-    when the energy polls do not bracket an interval, gpu_idle_j stays None.
+    episode's pid count, and only where their samples cover the span. GPU-wait is the
+    idle time of those GPUs while the thread was in the episode; the idle joules are the
+    GPU energy of the idle part of each utilisation interval (energy between its edges,
+    interpolated from the cumulative polls, times its idle fraction). With no such GPU
+    both stay None (unknown, never 0); when the energy polls do not bracket an interval,
+    gpu_idle_j stays None.
     """
     readings = list(gpus)
     used = [g for g in readings if g.up and g.index in used_gpus(readings, {ep.pid})]
-    if not used:
+    if not used or not all(_covers(g, ep.start, ep.end) for g in used):
         return ep
     wait_s = 0.0
     idle_j: float | None = 0.0
@@ -123,10 +133,8 @@ def episode_with_gpu(ep: Episode, gpus: Iterable[GpuWindow]) -> Episode:
 def episode_gpu_reading(tracker: EnergyTracker, ep: Episode) -> Episode:
     """`episode_with_gpu` against the tracker's NVML history; the episode unchanged when
     NVML is not up or cannot give that span (its GPU figures stay None, never 0)."""
-    if not tracker.probe()["nvml"].up:
-        return ep
     try:
-        gpus = tracker.nvml.window(ep.start, ep.end)
+        gpus = tracker.gpu_window(ep.start, ep.end)
     except Exception:
         return ep
     return episode_with_gpu(ep, gpus)
