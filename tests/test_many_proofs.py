@@ -263,19 +263,37 @@ CKPT_CALLER_CALLS = {"int_key_match": 10, "condition_wait": 1}
 CKPT_CALLER_DICT_TABLES = 4
 
 
-def _ckpt_caller_mallocs(shim: Path, tmp_path: Path) -> int:
-    """C allocator calls the caller's side of one checkpoint makes, from its named calls."""
+def _ckpt_caller_mallocs(shim: Path, tmp_path: Path) -> tuple[int, int]:
+    """C allocator calls the caller's side of one checkpoint makes, from its named calls,
+    and how many of them are the wait's (made only when the write is still in flight)."""
     per = _per_call(shim, tmp_path, tuple(CKPT_CALLER_CALLS), 100)
     for call in CKPT_CALLER_CALLS:
         assert per[call]["malloc"] > 0 and per[call]["free"] == per[call]["malloc"], per
     for call in CKPT_CALLER_CALLS:
         assert _allocs(per[call]) == {"malloc": per[call]["malloc"]}, per  # malloc alone
     named = sum(times * per[c]["malloc"] // 100 for c, times in CKPT_CALLER_CALLS.items())
-    return named + CKPT_CALLER_DICT_TABLES
+    wait = CKPT_CALLER_CALLS["condition_wait"] * per["condition_wait"]["malloc"] // 100
+    return named + CKPT_CALLER_DICT_TABLES, wait
+
+
+def _waits_skipped(caller_mallocs: int, expected: int, wait: int, n: int) -> int:
+    """How many of n checkpoints' waits found the write already done, from the caller's
+    malloc count; fails unless the count is the named calls' with some waits left out.
+
+    `Checkpointer.wait` calls `Condition.wait` (whose waiter lock is the wait's malloc)
+    only while the write is in flight; on a loaded machine the caller is sometimes
+    descheduled until the background write has finished (a CI run counted 1248 of 1250).
+    Any other allocation added to a checkpoint makes the count exceed n x expected, or
+    leaves a remainder, unless as many waits were skipped as it added mallocs."""
+    missing = expected * n - caller_mallocs
+    assert missing >= 0 and missing % wait == 0 and missing // wait <= n, (
+        caller_mallocs, expected, wait, n,
+    )  # fmt: skip
+    return missing // wait
 
 
 def test_checkpoint_caller_allocations_are_its_named_calls(shim: Path, ckpt_dir: Path) -> None:
-    expected = _ckpt_caller_mallocs(shim, ckpt_dir)
+    expected, wait = _ckpt_caller_mallocs(shim, ckpt_dir)
     r = run_child(
         CHECKPOINT,
         "count",
@@ -289,8 +307,10 @@ def test_checkpoint_caller_allocations_are_its_named_calls(shim: Path, ckpt_dir:
     caller = [e for e in r.result["events"] if e["caller_thread"]]
     background = [e for e in r.result["events"] if not e["caller_thread"]]
     assert len(r.result["events"]) < 512  # every event of the checkpoint was recorded
-    assert _allocs(r.result["caller_counts"]) == {"malloc": expected}, r.result["caller_counts"]
-    assert len(caller) == expected
+    malloc = r.result["caller_counts"]["malloc"]
+    assert _allocs(r.result["caller_counts"]) == {"malloc": malloc}, r.result["caller_counts"]
+    skipped = _waits_skipped(malloc, expected, wait, 1)
+    assert len(caller) == expected - skipped * wait
     # The background write hashes each slot there: blake3's allocations, one or more a slot.
     assert sum(1 for e in background if _owner(e["stack"]) == "blake3") >= CKPT_SLOTS
     # No tensor-sized allocation on either thread: the staging arena is reused and the
@@ -302,7 +322,7 @@ def test_checkpoint_allocations_are_the_same_every_checkpoint_and_all_freed(
     shim: Path, ckpt_dir: Path
 ) -> None:
     n = 50
-    expected = _ckpt_caller_mallocs(shim, ckpt_dir)
+    expected, wait = _ckpt_caller_mallocs(shim, ckpt_dir)
     r = run_child(
         CHECKPOINT,
         "count",
@@ -314,7 +334,8 @@ def test_checkpoint_allocations_are_the_same_every_checkpoint_and_all_freed(
     )
     assert r.returncode == 0, r.stderr[-2000:]
     caller, total = r.result["caller_counts"], r.result["counts"]
-    assert _allocs(caller) == {"malloc": expected * n}, caller
+    assert _allocs(caller) == {"malloc": caller["malloc"]}, caller
+    _waits_skipped(caller["malloc"], expected, wait, n)
     assert caller["free"] == caller["malloc"]
     # Both threads together: every block allocated in the loop is freed in it.
     assert total["free"] == total["malloc"] + total["calloc"], total
