@@ -36,7 +36,7 @@ def test_demo_profiles_every_kind_of_work(tmp_path: Path) -> None:
 def test_a_failing_sampler_is_an_error_line_not_a_traceback(tmp_path: Path) -> None:
     """Fault injection: a py-spy that can never read the workload. The demo must say
     so, stop its workload and exit 1, without a traceback and without waiting out
-    the workload's 60 s."""
+    the workload's 300 s (on a loaded VM the start alone, torch's import, took 30 s)."""
     import time
 
     broken = tmp_path / "py-spy"
@@ -44,16 +44,16 @@ def test_a_failing_sampler_is_an_error_line_not_a_traceback(tmp_path: Path) -> N
     broken.chmod(0o755)
     t0 = time.monotonic()
     r = subprocess.run(
-        [sys.executable, "-m", "profiler", "demo", "--workload", "mixed", "--duration", "60",
+        [sys.executable, "-m", "profiler", "demo", "--workload", "mixed", "--duration", "300",
          "--pyspy", str(broken)],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        cwd=REPO, capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert r.returncode == 1, r.stderr
     assert "serwatt demo: error: py-spy failed" in r.stderr
     assert "Failed to get stack traces" in r.stderr and "Traceback" not in r.stderr
-    assert time.monotonic() - t0 < 30
+    assert time.monotonic() - t0 < 150
     leftover = subprocess.run(
-        ["pgrep", "-f", "profiler.workloads.demo --duration 60"], capture_output=True, text=True
+        ["pgrep", "-f", "profiler.workloads.demo --duration 300"], capture_output=True, text=True
     )
     assert leftover.stdout == "", "the workload was left running"
 
