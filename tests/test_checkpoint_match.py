@@ -103,3 +103,15 @@ def test_a_write_seen_only_merged_with_the_one_before_gets_no_stall() -> None:
     first, second = m.checkpoints
     assert first.episode is writes and first.stall is stall0 and first.stall_s == stall0.wall_s
     assert second.stall is None and second.stall_s is None
+
+
+def test_a_thread_idle_in_many_frames_across_sync_saves_is_not_their_writer() -> None:
+    # sync `.many` saves on the main thread, each durable; a pool thread of .many's sits in
+    # its frames from before the first save to after the last (a 4 s episode of `many`)
+    idle = ep(WRITER, 100.70, 104.60)
+    saves = [ep(MAIN, 100.71 + 0.4 * k, 100.90 + 0.4 * k, durable=True) for k in range(3)]
+    events = [written(s.end, k) for k, s in enumerate(saves)]
+    m = _match(events, [idle, *saves])
+    assert [c.episode for c in m.checkpoints] == saves
+    assert [c.stall for c in m.checkpoints] == saves
+    assert [c.stall_s for c in m.checkpoints] == [s.wall_s for s in saves]

@@ -75,6 +75,12 @@ def _spans(ep: Episode, t: float) -> float | None:
     return None
 
 
+def _ends_at(ep: Episode, t: float) -> bool:
+    """Whether the episode ends at `t`, within its tolerance (as `_spans` measures it)."""
+    tol = stated_resolution_s(ep) + STAMP_SLACK_S
+    return ep.end - tol <= t <= ep.end + tol + ep.host_lag_s
+
+
 def _best(candidates: Iterable[Episode], t: float) -> Episode | None:
     # The main thread first, the nearest of its episodes. Of other threads', any within
     # tolerance, the one ending nearest the event: a write ends when its file is complete,
@@ -109,6 +115,11 @@ def _background_writer(
         and id(e) not in used
         and (e.start < main.start or (e.durable and not main.durable))
         and _spans(e, t) is not None
+        # A main episode that fsynced wrote a file itself (a synchronous save): another
+        # thread is its file's writer only if it ends at the event or fsynced too. A
+        # thread that only waits in `.many`'s frames (its hashing pool, idle between
+        # saves) does neither, and spans every save of the run.
+        and (not main.durable or e.durable or _ends_at(e, t))
     ]
     return min(others, key=lambda e: abs(e.end - t)) if others else None
 
