@@ -33,8 +33,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from profiler.intervals import mean_interval  # noqa: E402
+from tests.ports import prometheus_port  # noqa: E402
 from tests.test_daemon_support import (  # noqa: E402
-    free_port,
     start_daemon,
     start_powercap,
     start_workload,
@@ -57,20 +57,22 @@ def _metric(port: int, name: str) -> float:
 def _prometheus(tmp: Path, name: str, config: str, *extra: str) -> tuple[subprocess.Popen, int]:
     binary = shutil.which("prometheus")
     assert binary, "prometheus missing: `make system-deps` installs Debian's prometheus"
-    port = free_port()
     (tmp / f"{name}.yml").write_text(config)
-    log = open(tmp / f"{name}.log", "wb")  # noqa: SIM115 (lives as long as the process)
+    log_path = tmp / f"{name}.log"
+    log = open(log_path, "wb")  # noqa: SIM115 (lives as long as the process)
     proc = subprocess.Popen(
         [
             binary,
             f"--config.file={tmp / f'{name}.yml'}",
             f"--storage.tsdb.path={tmp / f'{name}-tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
+            # port 0: the kernel picks a free one and Prometheus logs it (no bind race)
+            "--web.listen-address=127.0.0.1:0",
             *extra,
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
     )
+    port = prometheus_port(proc, log_path)
     wait_for(lambda: _metric(port, "prometheus_build_info"), 30, f"{name} to listen")
     return proc, port
 

@@ -40,14 +40,6 @@ WORKLOAD = textwrap.dedent(
 )
 
 
-def free_port() -> int:
-    """A port free now, which another process may take before the caller binds it: use
-    start_daemon (listen port 0, the bound port read from the daemon's landing line)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_workload(tmp_path: Path, marker: str, python: str = PYTHON) -> subprocess.Popen:
     """A Python process serializing in a loop; `marker` is in its command line."""
     script = tmp_path / f"{marker}.py"

@@ -33,7 +33,6 @@ from profiler.classify.source_cache import SourceCache
 from profiler.classify.source_index import SourceIndex
 from tests.test_daemon_support import (
     config_text,
-    free_port,
     parse_metrics,
     stop_process,
     total,
@@ -264,8 +263,7 @@ def test_daemon_counts_classify_timeouts_and_costly_sources(
     job.write_text(PICKLE_LOOP + _filler(400_000))
     cfg_path = tmp_path / "serwatt.yaml"
     cfg_path.write_text(
-        config_text(
-            port=free_port(),
+        config_text(  # port 0: the test reads the registry in process, not over HTTP
             record_dir=tmp_path / "runs",
             targets={"costly": "costly_marker_job"},
             window_s=1,
@@ -456,11 +454,12 @@ def _check_against_scan(text: str) -> None:
 
 
 # Callers wait for the load at most source_cache.SOURCE_WAIT_S (3 s of wall time): under -n 4
-# at load 35 the 300 KB index took longer and the callers got none. Run alone.
+# at load 35 a 300 KB index took longer and the callers got none, and so it did alone on a
+# slower VM. 100 KB: both callers still ask while it loads (they start at one barrier).
 @pytest.mark.serial
 def test_two_threads_wanting_one_file_index_it_once(tmp_path: Path) -> None:
     job = tmp_path / "shared_job.py"
-    job.write_text(PICKLE_LOOP + _filler(300_000))
+    job.write_text(PICKLE_LOOP + _filler(100_000))
     caches = [SourceCache(), SourceCache()]
     barrier = threading.Barrier(2)
     got: list = [None, None]
