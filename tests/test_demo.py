@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -94,12 +95,58 @@ def test_the_train_demo_is_serwatt_ab_of_torch_save_against_the_checkpointer(
         # 2 saves in each run, 2 more in each resumed run (steps 4 -> 8, every 2)
         assert ck["identified_by"] == "file events" and ck["checkpoints"] == 8, ck
         assert doc["restore"][side]["restores"] >= 2, doc["restore"][side]
-    # torch.save's stalls are timed; the Checkpointer's are not yet always: its training
-    # thread's wait for the save in flight spans that save's file event, and the matcher
-    # takes it for the writer of two files (issue 24 stays open on it)
+    # every torch.save is timed but one py-spy did not watch (a save that overlapped the
+    # restart between two windows, about 0.3 s in every 5 s, can leave no episode) or one
+    # in a window that says its sources were not loaded by the classify deadline (its
+    # fsync then reads as no durability call, so the episode ends before the file does)
     assert doc["checkpoint"]["baseline"]["codepath"] == "torch"
-    assert doc["checkpoint"]["baseline"]["file_event_only"] == 0
+    lost = _saves_not_seen(tmp_path / "runs.sqlite", "%-baseline-%")
+    assert len(lost) == doc["checkpoint"]["baseline"]["file_event_only"]
+    assert all(why for _, why in lost), lost
     assert all(x["many_files"] > 0 for x in runs if x["side"] == "candidate")
     assert all(x["restore_cache"] for x in runs if x["resumed"]), runs
     assert r.stdout.startswith("stall per checkpoint: ")  # the headline first
     assert (tmp_path / "report.html").is_file()
+
+
+def _saves_not_seen(db_path: Path, runs: str) -> list[tuple[str, str]]:
+    """The file-event-only checkpoints of the runs `runs` matches, each with why serwatt
+    could not see its save (at most save_s before its file), or "" when it should have:
+    "gap" when it may have run in a restart between windows (a gap under a second: a
+    lost window, such as an abandoned last one, is longer), "deadline" when the window
+    it ran in reported sources not loaded by the classify deadline."""
+    save_s, margin_s = 0.5, 0.5  # longer than the demo's 64 MB torch.save; py-spy's start
+    db = sqlite3.connect(db_path)
+    try:
+        lost = db.execute(
+            "SELECT run_id, path, event_t FROM checkpoints"
+            " WHERE run_id LIKE ? AND timed_by = 'file event only'",
+            (runs,),
+        ).fetchall()
+        out = []
+        for run_id, path, t in lost:
+            rows = db.execute(
+                "SELECT started_at, ended_at, notes_json FROM windows WHERE run_id = ?"
+                " ORDER BY started_at",
+                (run_id,),
+            ).fetchall()
+            windows = [(a, b) for a, b, _ in rows]
+            late = any(
+                a <= t
+                and t - save_s <= b
+                and any("classify deadline" in n for n in json.loads(notes))
+                for a, b, notes in rows
+            )
+            started, ended = db.execute(
+                "SELECT started_at, ended_at FROM runs WHERE run_id = ?", (run_id,)
+            ).fetchone()
+            edges = [started, *(x for w in windows for x in w), ended]
+            gaps = [(g0, g1) for g0, g1 in zip(edges[::2], edges[1::2], strict=True)]
+            near = any(
+                g1 - g0 < 1.0 and g0 - margin_s <= t and t - save_s <= g1 + margin_s
+                for g0, g1 in gaps
+            )
+            out.append((path, "gap" if near else "deadline" if late else ""))
+        return out
+    finally:
+        db.close()
