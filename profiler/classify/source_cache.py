@@ -9,6 +9,7 @@ process that reads the same file version. docs/classification.md "Hostile source
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
 import time
@@ -75,6 +76,29 @@ _GIVEN_UP: OrderedDict[_Ident, str] = OrderedDict()
 _GIVEN_UP_MAX = 4096
 # Loader threads running, in all and per root.
 _LOADS_RUNNING: dict[str | None, int] = {}
+# Loads finishing, for the wait at exit.
+_LOADS_DONE = threading.Condition(_SHARED_LOCK)
+# How long the interpreter's exit waits for loads still running. A loader thread left
+# running is a daemon thread, and the interpreter ends such a thread where it next takes
+# the GIL: inside re2's match (the prefilter), which released it, that ends the process
+# with "terminate called without an active exception" (SIGABRT) after serwatt profile
+# wrote its results. A load parses one file: seconds at most.
+EXIT_WAIT_S = 15.0
+
+
+def wait_for_loads(timeout_s: float) -> bool:
+    """Block until no load runs, at most `timeout_s`; whether none runs."""
+    deadline = time.monotonic() + timeout_s
+    with _LOADS_DONE:
+        while _LOADS_RUNNING:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            _LOADS_DONE.wait(left)
+    return True
+
+
+atexit.register(wait_for_loads, EXIT_WAIT_S)
 
 
 def _index_once(
@@ -174,6 +198,7 @@ def _start_load(
                 _LOADS_RUNNING[root] -= 1
                 if not _LOADS_RUNNING[root]:
                     del _LOADS_RUNNING[root]
+                _LOADS_DONE.notify_all()
 
     threading.Thread(target=run, name="serwatt-source-load", daemon=True).start()
     return future

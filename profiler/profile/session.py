@@ -22,6 +22,7 @@ finish() returns is its own (the energy sink's sections go to the profile docume
 
 from __future__ import annotations
 
+import atexit
 import queue
 import sys
 import threading
@@ -44,6 +45,7 @@ from collectors.samples import SamplerErrors
 from profiler.attribution.episodes import Episode, EpisodeTracker
 from profiler.attribution.tracker import EnergyTracker
 from profiler.attribution.window import AttributedWindow, attribute, episode_gpu_reading
+from profiler.classify import source_cache
 from profiler.classify.codepaths import CODEPATHS
 from profiler.profile.processes import ProcessTally
 from profiler.sampling import collect
@@ -519,6 +521,9 @@ class ProfileSession:
                     self.acc.windows + sum(self.acc.failures.values()) == done
                 ):
                     self.acc.fail("classify_abandoned")
+                    # Its results are no longer taken, but the exit waits for it (as for
+                    # source loads): a daemon thread ended inside re2 aborts the process.
+                    atexit.register(self._finisher_thread.join, source_cache.EXIT_WAIT_S)
                     break
 
     def _progress_every(self) -> float:
