@@ -222,8 +222,9 @@ def test_a_classification_past_its_deadline_is_abandoned_and_counted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A source that is slow to load (here: costly to index) is not waited on past the
-    window's deadline: its samples are `other`, low confidence, and the window says
-    so; the load finishes in the background and a later window uses it."""
+    window's deadline, nor started past it (its parse would hold the GIL the late window
+    needs): its samples are `other`, low confidence, and the window says so; a later
+    window with time left loads it."""
     from profiler.sampling.collect import collect_window, finish_window
 
     job = tmp_path / "job.py"
@@ -234,6 +235,7 @@ def test_a_classification_past_its_deadline_is_abandoned_and_counted(
         t0 = time.monotonic()
         cold = finish_window(raw, classifier, deadline_s=0.0)
         assert time.monotonic() - t0 < 0.5 * source_cache.SOURCE_WAIT_S
+        assert source_cache.wait_for_loads(0.0)  # nothing was started past the deadline
         warm = finish_window(raw, classifier, deadline_s=30.0)
     assert cold.classify_errors == {"classify_timeout": 1}
     assert cold.codepaths["pickle"].samples == 0
@@ -258,7 +260,9 @@ def test_daemon_counts_classify_timeouts_and_costly_sources(
     from profiler.service.exporter import make_registry
 
     monkeypatch.setattr(source_index, "SOURCE_CPU_BUDGET_S", 0.001)
-    monkeypatch.setattr(collect, "CLASSIFY_DEADLINE_S", 0.0)
+    # 50 ms: the costly file's load starts, is not waited for (a timeout), and a later
+    # window finds it given up (too costly); a deadline of 0 would start no load at all
+    monkeypatch.setattr(collect, "CLASSIFY_DEADLINE_S", 0.05)
     job = tmp_path / "costly_marker_job.py"
     job.write_text(PICKLE_LOOP + _filler(400_000))
     cfg_path = tmp_path / "serwatt.yaml"

@@ -304,6 +304,13 @@ class SourceCache:
             return entry.index, entry.error, entry.key[0] if entry.key else None
         slot = (path, prefilter is None)
         pending = self._pending.get(slot)
+        if pending is None and deadline is not None and time.monotonic() >= deadline:
+            # Not started: nobody would wait for it, and its parse would hold the GIL that
+            # the caller, past its deadline, needs to finish (a torch job's first window:
+            # 12-15 s of wall for 0.8 s of classification, until the session gave up on
+            # it). The next caller with time left starts it.
+            self.not_ready += 1
+            return None, NOT_READY, None
         if pending is None:
             future = _start_load(path, root, prefilter)
             if future is None:
