@@ -571,6 +571,7 @@ def test_an_episode_gets_the_gpu_idle_seconds_and_idle_joules_of_its_span() -> N
 
 
 def test_an_episode_without_its_gpu_or_energy_says_unknown_not_zero() -> None:
+    from collectors.nvml import UtilInterval
     from profiler.attribution.window import episode_with_gpu
 
     ep = _episode(101.0, 102.0)
@@ -586,5 +587,11 @@ def test_an_episode_without_its_gpu_or_energy_says_unknown_not_zero() -> None:
     short = _gpu_window(frozenset({PID}))
     short = dataclasses.replace(short, intervals=short.intervals[:2])  # ends at 103
     assert episode_with_gpu(_episode(101.0, 104.0), [short]).gpu_wait_s is None
-    edge = episode_with_gpu(_episode(101.0, 103.3), [short])
+    assert episode_with_gpu(_episode(99.0, 102.0), [short]).gpu_wait_s is None  # begins late
+    edge = episode_with_gpu(_episode(101.0, 103.1), [short])
     assert edge.gpu_wait_s == pytest.approx(2.0)
+    # a hole inside (a sample stamped 0 and dropped) is neither idle nor busy
+    holed = dataclasses.replace(short, intervals=short.intervals[:1] + (
+        UtilInterval(101.5, 103.0, 0.0),
+    ))  # fmt: skip
+    assert episode_with_gpu(_episode(100.5, 103.0), [holed]).gpu_wait_s == pytest.approx(1.5)
