@@ -582,13 +582,13 @@ def test_an_episode_without_its_gpu_or_energy_says_unknown_not_zero() -> None:
     no_energy = episode_with_gpu(ep, [_gpu_window(frozenset({PID}), energy=False)])
     assert no_energy.gpu_wait_s == pytest.approx(1.0) and no_energy.gpu_idle_j is None
     # NVML samples that stop 1 s before the episode ends (a poll not yet made) would read
-    # as 1 s of wait where the span had more: unknown, not short. Within a sample period
-    # of each edge (the default 1/6 s here) the span counts as covered.
+    # as 1 s of wait where the span had more: unknown, not short. Within two sample
+    # periods of each edge (the default 1/6 s here) the span counts as covered.
     short = _gpu_window(frozenset({PID}))
     short = dataclasses.replace(short, intervals=short.intervals[:2])  # ends at 103
     assert episode_with_gpu(_episode(101.0, 104.0), [short]).gpu_wait_s is None
     assert episode_with_gpu(_episode(99.0, 102.0), [short]).gpu_wait_s is None  # begins late
-    edge = episode_with_gpu(_episode(101.0, 103.1), [short])
+    edge = episode_with_gpu(_episode(101.0, 103.3), [short])
     assert edge.gpu_wait_s == pytest.approx(2.0)
     # a hole inside (a sample stamped 0 and dropped) is neither idle nor busy
     holed = dataclasses.replace(short, intervals=short.intervals[:1] + (

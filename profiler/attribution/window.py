@@ -91,16 +91,17 @@ def used_gpus(gpus: Iterable[GpuWindow], pids: Iterable[int]) -> set[int]:
 
 
 def _covers(g: GpuWindow, start: float, end: float) -> bool:
-    """Whether the GPU's utilisation intervals reach both edges of [start, end], to an
-    NVML sample period. Samples that stop early (a poll not yet made) or begin late would
+    """Whether the GPU's utilisation intervals reach both edges of [start, end], to two
+    NVML sample periods. Samples that stop early (a poll not yet made) or begin late would
     otherwise read as a short wait; such a span's wait is unknown instead. Holes inside
     (a sample the driver stamped 0, dropped) count as neither idle nor busy, as in a
     window's attribution."""
-    period = g.sample_period_s or DEFAULT_SAMPLE_PERIOD_S
+    # two periods: the sample that covers an edge may be one the driver stamped 0
+    edge = 2 * (g.sample_period_s or DEFAULT_SAMPLE_PERIOD_S)
     ivs = clip_intervals(g.intervals, start, end)
     if not ivs:
         return False
-    return min(iv.t0 for iv in ivs) <= start + period and max(iv.t1 for iv in ivs) >= end - period
+    return min(iv.t0 for iv in ivs) <= start + edge and max(iv.t1 for iv in ivs) >= end - edge
 
 
 def episode_with_gpu(ep: Episode, gpus: Iterable[GpuWindow]) -> Episode:
