@@ -66,10 +66,15 @@ def _direction(ep: Episode) -> str | None:
     return getattr(ep, "direction", None)
 
 
+def _tolerance_s(ep: Episode) -> float:
+    """How far from an episode's edges a file event may be stamped and still be its."""
+    return stated_resolution_s(ep) + STAMP_SLACK_S
+
+
 def _spans(ep: Episode, t: float) -> float | None:
     """How far `t` is outside the episode (0 inside), or None beyond its tolerance; its
     times may be early against the host's by up to host_lag_s."""
-    tol = stated_resolution_s(ep) + STAMP_SLACK_S
+    tol = _tolerance_s(ep)
     if ep.start - tol <= t <= ep.end + tol + ep.host_lag_s:
         return max(0.0, ep.start - t, t - ep.end - ep.host_lag_s)
     return None
@@ -77,7 +82,7 @@ def _spans(ep: Episode, t: float) -> float | None:
 
 def _ends_at(ep: Episode, t: float) -> bool:
     """Whether the episode ends at `t`, within its tolerance (as `_spans` measures it)."""
-    tol = stated_resolution_s(ep) + STAMP_SLACK_S
+    tol = _tolerance_s(ep)
     return ep.end - tol <= t <= ep.end + tol + ep.host_lag_s
 
 
@@ -135,7 +140,7 @@ def _handing_over(
     A write that began in a window gap began earlier than it shows (edge_unknown_s), never
     later, so the hand-off must begin before the write's start as seen, to within the
     edges' own resolutions."""
-    tol = STAMP_SLACK_S + stated_resolution_s(writer)
+    tol = _tolerance_s(writer)
     before = [
         e
         for e in encoders
@@ -250,7 +255,7 @@ def _checkpoint(
     resolution = stated_resolution_s(stall) if stall is not None else None
     timed_by = timed.timed_by
     stall_end = stall.end + stall.host_lag_s if stall is not None else None
-    tol = STAMP_SLACK_S + stated_resolution_s(writer)
+    tol = _tolerance_s(writer)
     if (
         stall is not None
         and stall is not writer
