@@ -61,8 +61,7 @@ from collectors.series import interpolate
 from profiler.classify.codepaths import OTHER, SERIALIZATION_CODEPATHS
 from profiler.sampling.window import TimedLabel, WindowReport
 
-# Ticks that are `other` (or missing) inside an episode without ending it; the same
-# bound applies to how far after the serializer a durability tail may start.
+# Ticks that are `other` (or missing) inside an episode without ending it.
 GAP_TICKS = 2
 # How long after the serializer returns its durability tail may start: the writer closes
 # the file (flushing its last buffer), returns and reopens it to fsync. At the stack-change
@@ -397,7 +396,8 @@ class EpisodeTracker:
                     same = lab.codepath == cur.codepath
                     takes_tail = cur.codepath in self.tail_codepaths
                     tail = lab.codepath == _OTHER and lab.durability != "" and takes_tail
-                    tail_limit = max(cur.tolerance(), TAIL_GAP_S) if takes_tail else 0.0
+                    # how long a gap a durability tail may still end (GAP_TICKS for others)
+                    tail_limit = max(cur.tolerance(), TAIL_GAP_S) if takes_tail else cur.tolerance()
                     if same or tail:
                         if cur.gap_s + seen <= (tail_limit if tail else cur.tolerance()):
                             cur.unknown_s += cur.pending_unknown_s
@@ -422,7 +422,7 @@ class EpisodeTracker:
                         cur.gap_s += seen + (b - a)
                         cursor = b
                         # past GAP_TICKS only a durability tail may still continue it
-                        if cur.gap_s > max(cur.tolerance(), tail_limit):
+                        if cur.gap_s > tail_limit:
                             close(cur)
                             cur = None
                         continue

@@ -307,8 +307,8 @@ class SourceCache:
         if pending is None and deadline is not None and time.monotonic() >= deadline:
             # Not started: nobody would wait for it, and its parse would hold the GIL that
             # the caller, past its deadline, needs to finish (a torch job's first window:
-            # 12-15 s of wall for 0.8 s of classification, until the session gave up on
-            # it). The next caller with time left starts it.
+            # 8.5-10.3 s of wall for 1.1-1.3 s of classification, and at 10 s the session
+            # gave up on it). The next caller with time left starts it.
             self.not_ready += 1
             return None, NOT_READY, None
         if pending is None:
