@@ -130,6 +130,17 @@ def test_waits_after_wakeups_are_taken_off_the_line_the_thread_slept_on() -> Non
     )
 
 
+def test_a_line_whose_whole_r_state_time_is_wait_keeps_no_negative_weight() -> None:
+    # 7 R-state samples at 50 Hz: the cap 7/50 s, times 50/7, is 1 + 2e-16 in floats. A
+    # weight of -2e-16 made a codepath's CPU -1e-18 s, and the report refused the record.
+    on_cpu, idle = loop_window(run_s=1.0, wait_s=0.14, sleep_s=8.0)
+    rq = runqueue_weights(on_cpu, idle, on_cpu_rate_hz=50, idle_rate_hz=10, wait_per_tid_s={1: 5.0})
+    assert rq.blocking_s == pytest.approx(0.14)
+    assert all(p == 0.0 for p, smp in zip(rq.weights, on_cpu, strict=True) if smp.frames == SLEEP)
+    w = distribute_cpu(on_cpu, {1: 1.0}, prior=rq.weights)
+    assert min(w.cpu_s) >= 0.0 and sum(w.cpu_s) == pytest.approx(1.0)
+
+
 def test_no_run_queue_wait_or_no_blocking_changes_nothing() -> None:
     on_cpu, idle = loop_window(run_s=1.0, wait_s=0.0, sleep_s=9.0)
     rq = runqueue_weights(on_cpu, idle, on_cpu_rate_hz=50, idle_rate_hz=10, wait_per_tid_s={1: 0.0})

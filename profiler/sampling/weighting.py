@@ -357,7 +357,8 @@ def runqueue_weights(
         for line, d in at_lines.items():
             blocking += d
             for i in lines[line]:
-                out[i] = 1.0 - d * on_cpu_rate_hz / len(lines[line])
+                # d is at most the line's R-state time, but n/rate*rate/n can round past 1
+                out[i] = max(0.0, 1.0 - d * on_cpu_rate_hz / len(lines[line]))
         if ser is None:
             continue  # no local wait data: the rest of the wait moves no share
         # every sample's runnable time also holds the part of the local wait that the
