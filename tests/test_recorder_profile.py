@@ -60,7 +60,13 @@ def profile(pid: int, sinks: list, duration_s: float = 4.0, tracker=None):  # ty
 def test_profile_session_is_recorded_with_model_energy_and_replayed_gpu_wait(
     tmp_path: Path, workload
 ) -> None:  # type: ignore[no-untyped-def]
-    backend = ReplayNvmlBackend(load_timeline("h200_checkpoint_stall"), target_pids=[workload.pid])
+    # The stall (an empty sample buffer) moved 20 s later: the session's one JSON episode
+    # spans its whole run, and a slow start put its end into the stall at 4 s, where no
+    # sample covers its edge and its GPU-wait is rightly unknown.
+    timeline = load_timeline("h200_checkpoint_stall")
+    for seg in timeline["gpus"][0]["segments"][:-1]:
+        seg["until_s"] += 20.0
+    backend = ReplayNvmlBackend(timeline, target_pids=[workload.pid])
     tracker = EnergyTracker(
         sysfs_root=tmp_path / "no-sysfs",  # no powercap here: the labelled model is used
         tdp_w=120.0,
