@@ -28,21 +28,26 @@ from tests.serwatt_cli import serwatt
 
 REPO = Path(__file__).resolve().parents[1]
 SERWATT = [sys.executable, "-m", "profiler"]
-# run id: (checkpoint format, state MB, sampling Hz, training steps; a checkpoint every 2).
-# The torch checkpoints take 0.1-0.5 s, so at 100 Hz every one has samples enough to be
-# seen. The A/B pair gives JSON a 4 MB state and `.many` a 64 MB one: JSON still stalls
-# some 20 times longer per checkpoint with 16 times less data (the difference is large
-# by construction), and the `.many` saves (~0.1 s, a training step apart) are long
-# enough at 200 Hz for each to be its own episode; with an 8 MB state they take ~15 ms,
-# a few ms apart, and two can read as one. WINDOW_S: each run is one window (torch's
-# import takes ~8-10 s, then 12 steps in ~3 s, 32 in ~8 s), so no checkpoint can fall
-# into a py-spy restart gap (0.1-0.4 s, unobserved); with 10 s windows the one boundary
-# fell among the checkpoints, and a fresh-clone CI run lost two of six to it.
+# run id: (checkpoint format, state MB, sampling Hz, training steps (a checkpoint every
+# 2), window s). The torch checkpoints take 0.1-0.5 s, so at 100 Hz every one has samples
+# enough to be seen. The A/B pair gives JSON a 4 MB state and `.many` a 64 MB one: JSON
+# still stalls some 20 times longer per checkpoint with 16 times less data (the
+# difference is large by construction), and the `.many` saves (~0.1 s, a training step
+# apart) are long enough at 200 Hz for each to be its own episode; with an 8 MB state
+# they take ~15 ms, a few ms apart, and two can read as one.
+# Windows: no checkpoint may fall into a py-spy restart gap (0.1-2 s, unobserved). A
+# profiled torch import takes 10-60 s (slower VMs), so the A/A's 60 s windows hold its
+# 16 saves (~8 s) in one or two windows; the A/B's run alone and are one window each:
+# with 60 s windows a slower VM's window ended at the first `.many` save and three of six
+# fell into the gap.
+# The A/B's 12 checkpoints a side: JSON's stalls trend upward under the timing run, so
+# the report blocks them (2-3 a block); 6 a side left 2-3 blocks, and no permutation of
+# those reaches p < 0.05.
 RUNS = {
-    "aa-1": ("torch", 96, 100, 32),
-    "aa-2": ("torch", 96, 100, 32),
-    "ab-json": ("json", 4, 200, 12),
-    "ab-many": ("many", 64, 200, 12),
+    "aa-1": ("torch", 96, 100, 32, 60),
+    "aa-2": ("torch", 96, 100, 32, 60),
+    "ab-json": ("json", 4, 200, 24, 900),
+    "ab-many": ("many", 64, 200, 24, 900),
 }
 # Runs of a group run side by side: the A/A's two, so whatever else loads the machine
 # falls on both alike. The A/B's run one at a time: side by side
@@ -50,7 +55,6 @@ RUNS = {
 # average and JSON's 2.9 s, and the difference the A/B is built on was gone.
 GROUPS = (("aa-1", "aa-2"), ("ab-json",), ("ab-many",))
 AA_CHECKPOINTS = 16
-WINDOW_S = 60
 # The A/A's false-failure rate: with no change, a checkpoint metric's Holm-adjusted p is
 # below AA_ALPHA in at most 1 run in 4,000, a quarter of the suite's 0.1% per-run budget;
 # the report's own alpha (0.05) would fail one A/A in 20. The test must be able to fail
@@ -78,7 +82,7 @@ def serwatt_subprocess(*args: str) -> subprocess.Popen[str]:
     )
 
 
-def finished(proc: subprocess.Popen[str], timeout: float = 240) -> tuple[int, str, str]:
+def finished(proc: subprocess.Popen[str], timeout: float = 480) -> tuple[int, str, str]:
     try:
         out, err = proc.communicate(timeout=timeout)
     finally:
@@ -94,14 +98,14 @@ def records(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, d
     for group in GROUPS:
         procs = {}
         for run_id in group:
-            ckpt, size_mb, rate_hz, steps = RUNS[run_id]
+            ckpt, size_mb, rate_hz, steps, window_s = RUNS[run_id]
             ckpt_dir = work / run_id
             ckpt_dir.mkdir()
             # every run watches its checkpoint directory: the report's checkpoints are the
             # files written (and `.many` runs anchor their receipts in their record)
             anchor = ["--checkpoints", str(ckpt_dir)]
             procs[run_id] = serwatt_subprocess(
-                "profile", "--rate", str(rate_hz), "--window", str(WINDOW_S),
+                "profile", "--rate", str(rate_hz), "--window", str(window_s),
                 "--record", str(db), "--run-id", run_id, *anchor, "--",
                 sys.executable, "-m", "profiler.workloads.train", "--ckpt", ckpt,
                 "--steps", str(steps), "--every", "2", "--size", str(size_mb),
