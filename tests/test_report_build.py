@@ -7,6 +7,7 @@ import dataclasses
 import json
 import math
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ from profiler.report import (
     verify_receipt,
 )
 from profiler.report.inputs import CodepathFigures, RunInput
+from profiler.report.projection import parse_cluster
 from tests.report_synth import HOST, make_run
 
 
@@ -106,8 +108,10 @@ def test_holm_is_applied_within_the_stall_the_secondary_and_the_codepath_familie
     assert all(m["family"] != "codepaths" or "energy" not in m["unit"] for m in tested)
 
 
-def test_the_contract_names_are_there_and_the_document_is_strict_json() -> None:
-    report = build_report(*_ab(), cluster=default_cluster())
+def test_the_contract_names_are_there_and_the_document_is_strict_json(tmp_path: Path) -> None:
+    # storage fast enough that the measured stalls, not its bandwidth, set each δ
+    fast = parse_cluster("storage_write_gb_s: 1000000\n", tmp_path / "cluster.yaml")
+    report = build_report(*_ab(), cluster=fast)
     assert report["schema"] == REPORT_SCHEMA == "serwatt.report/1"
     assert report["receipt"].startswith("rcpt_") and len(report["receipt"]) == 5 + 64
     assert report["baseline"]["runs"] == ["torch-1", "torch-2"]
@@ -121,6 +125,7 @@ def test_the_contract_names_are_there_and_the_document_is_strict_json() -> None:
         p = report["projection"][side]
         for key in ("delta_s", "interval_s", "lost_fraction", "gpu_hours_per_year"):
             assert isinstance(p[key], float)
+        assert p["bound"] == "measured stall" and p["delta_s"] == p["delta_node_s"]
     assert set(report["checkpoint"]["stall_s"]) >= {"ratio", "ci95", "p", "significant"}
     mtbf = report["projection"]["inputs"]["mtbf_h"]
     assert mtbf["value"] == 3.093 and mtbf["source"].startswith("assumed")
@@ -376,7 +381,7 @@ def test_the_terminal_table_fits_100_columns_and_never_says_faster() -> None:
         digits = mantissa.replace(".", "").lstrip("0")
         digits = digits if "." in mantissa else digits.rstrip("0")
         assert len(digits) <= 3, (token, rows)
-    assert "scaling: one node's measured stall" in ab
+    assert "scaling: each side's measured stall" in ab
     assert max(len(line) for line in ab.splitlines()) <= 100
 
 

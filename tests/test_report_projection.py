@@ -10,6 +10,7 @@ from scipy.optimize import minimize_scalar
 
 from profiler.report.projection import (
     DEFAULTS,
+    CheckpointSize,
     SideMeasurement,
     daly_interval,
     default_cluster,
@@ -72,7 +73,16 @@ def test_research_note_example_at_llama3_mtbf() -> None:
     assert small == pytest.approx(0.034, abs=0.002)
 
 
-def _side(name: str, delta: float | None, energy: float | None = 100.0) -> SideMeasurement:
+def _line(side: dict, name: str) -> dict:
+    return next(line for line in side["lines"] if line["name"] == name)
+
+
+def _side(
+    name: str,
+    delta: float | None,
+    energy: float | None = 100.0,
+    checkpoints: tuple[CheckpointSize, ...] = (),
+) -> SideMeasurement:
     return SideMeasurement(
         side=name,
         runs=(f"{name}-1", f"{name}-2"),
@@ -84,6 +94,7 @@ def _side(name: str, delta: float | None, energy: float | None = 100.0) -> SideM
         energy_source="rapl",
         restore_s=None,
         unavailable=None if delta is not None else "no episodes recorded (schema 1)",
+        checkpoints=checkpoints,
     )
 
 
@@ -114,7 +125,7 @@ def test_projection_hand_computed_with_a_fixed_interval(tmp_path: Path) -> None:
     saved = out["saved"]
     assert saved["gpu_hours_per_year"] == pytest.approx((lost_b - lost_c) * 8_760_000)
     assert saved["mwh_per_year"] == pytest.approx([(it_b - it_c) * 1.2, (it_b - it_c) * 1.5])
-    assert any("unavailable" in a for a in c["lines"][3]["assumed"])
+    assert any("unavailable" in a for a in _line(c, "it_mwh_per_year")["assumed"])
     assert out["inputs"]["mtbf_h"]["source"] == "assumed (given in cluster.yaml:3)"
 
 
@@ -123,7 +134,7 @@ def test_every_line_names_its_formula_and_what_was_measured_and_assumed() -> Non
     for side in ("baseline", "candidate"):
         for line in out["candidate"]["lines"]:
             assert line["formula"] and isinstance(line["inputs"], dict)
-        interval = out[side]["lines"][0]
+        interval = _line(out[side], "interval_s")
         assert "Daly 2006" in interval["formula"]
         assert any(f"runs {side}-1, {side}-2" in m for m in interval["measured"])
         assert any(a.startswith("mtbf_h = 3.093 h (assumed default") for a in interval["assumed"])
@@ -135,7 +146,10 @@ def test_every_line_names_its_formula_and_what_was_measured_and_assumed() -> Non
 def test_sensitivity_covers_every_ranged_input_sorted_by_swing() -> None:
     out = project(default_cluster(), _side("baseline", 60.0), _side("candidate", 6.0))
     sens = {e["input"]: e for e in out["sensitivity"]}
-    assert set(sens) == {"mtbf_h", "restart_s", "gpu_power_w", "pue", "wue_l_per_kwh"}
+    assert set(sens) == {
+        "mtbf_h", "restart_s", "gpu_power_w", "pue", "wue_l_per_kwh", "state_bytes_per_gpu",
+        "storage_write_gb_s",
+    }  # fmt: skip
     swings = [e["relative_swing"] for e in out["sensitivity"]]
     assert swings == sorted(swings, reverse=True)
     mtbf = sens["mtbf_h"]
@@ -219,3 +233,110 @@ def test_bad_cluster_files_name_the_key_and_line(
 def test_a_missing_cluster_file_says_so(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="file not found"):
         load_cluster(tmp_path / "nope.yaml")
+
+
+MB = 1e6
+
+
+def _sync(nbytes: float, stall_s: float, n: int = 4) -> tuple[CheckpointSize, ...]:
+    return tuple(CheckpointSize(nbytes, stall_s, 0.0, 0.01) for _ in range(n))
+
+
+def test_a_synchronous_stall_is_scaled_to_the_state_per_gpu_linearly_in_bytes(
+    tmp_path: Path,
+) -> None:
+    cfg = parse_cluster(
+        "gpus: 1024\nstate_bytes_per_gpu: 640000000\nstorage_write_gb_s: 1000000\n",
+        tmp_path / "c.yaml",
+    )
+    base = _side("baseline", 0.3, checkpoints=_sync(64 * MB, 0.3))
+    out = project(cfg, base, _side("candidate", 0.03, checkpoints=_sync(64 * MB, 0.03)))
+    b = out["baseline"]
+    assert b["delta_node_s"] == 0.3 and b["delta_s"] == pytest.approx(3.0, rel=1e-12)
+    assert b["scaling"]["method"] == "proportional" and b["bound"] == "measured stall"
+    assert b["scaling"]["bytes_measured"] == 64 * MB
+    assert b["interval_s"] == pytest.approx(daly_interval(3.0, 3.093 * HOUR), rel=1e-12)
+    delta_line = _line(b, "delta_s")
+    assert any("bytes per checkpoint = 6.4e+07 B" in m for m in delta_line["measured"])
+    assert any(a.startswith("state_bytes_per_gpu = 6.4e+08 B") for a in delta_line["assumed"])
+    # without file sizes δ stays the node's, and the report says so
+    plain = project(cfg, _side("baseline", 0.3), _side("candidate", 0.03))["baseline"]
+    assert plain["delta_s"] == 0.3 and plain["scaling"]["method"] == "unscaled"
+    assert "sizes not measured" in plain["scaling"]["note"]
+    assert plain["scaling"]["mode_source"].startswith("assumed")
+
+
+def test_a_synchronous_stall_is_at_least_the_storage_bandwidth_bound(tmp_path: Path) -> None:
+    # 1024 GPUs x 640 MB over 100 GB/s: 6.5536 s, above the 3 s the node's stall scales to
+    cfg = parse_cluster(
+        "gpus: 1024\nstate_bytes_per_gpu: 640000000\nstorage_write_gb_s: 100\n", tmp_path / "c.yaml"
+    )
+    base = _side("baseline", 0.3, checkpoints=_sync(64 * MB, 0.3))
+    b = project(cfg, base, _side("candidate", 0.03, checkpoints=_sync(64 * MB, 0.03)))["baseline"]
+    assert b["scaling"]["bandwidth_bound_s"] == pytest.approx(1024 * 640e6 / 100e9, rel=1e-12)
+    assert b["delta_s"] == pytest.approx(6.5536, rel=1e-12)
+    assert b["scaling"]["delta_scaled_s"] == pytest.approx(3.0, rel=1e-12)
+    assert b["bound"] == "storage bandwidth"
+
+
+def test_two_sizes_are_fitted_with_an_intercept(tmp_path: Path) -> None:
+    # stall = 0.1 s + 2.5e-9 s/B: 0.18 s at 32 MB, 0.42 s at 128 MB; at 400 MB: 1.1 s
+    cfg = parse_cluster(
+        "state_bytes_per_gpu: 400000000\nstorage_write_gb_s: 1000000\n", tmp_path / "c.yaml"
+    )
+    sizes = _sync(32 * MB, 0.18, 3) + _sync(128 * MB, 0.42, 3)
+    b = project(cfg, _side("baseline", 0.3, checkpoints=sizes), _side("candidate", 0.03))
+    sc = b["baseline"]["scaling"]
+    assert sc["method"] == "fit" and sc["sizes"] == 2
+    assert sc["intercept_s"] == pytest.approx(0.1, rel=1e-9)
+    assert sc["slope_s_per_byte"] == pytest.approx(2.5e-9, rel=1e-9)
+    # the node's δ (0.3 s, the mean stall) becomes the line's value at 400 MB
+    assert b["baseline"]["delta_s"] == pytest.approx(1.1, rel=1e-9)
+    # sizes within SIZE_SPREAD of each other are not fitted
+    close = _sync(60 * MB, 0.28, 3) + _sync(80 * MB, 0.32, 3)
+    near = project(cfg, _side("baseline", 0.3, checkpoints=close), _side("candidate", 0.03))
+    assert near["baseline"]["scaling"]["method"] == "proportional"
+
+
+def test_an_asynchronous_side_keeps_its_copy_and_waits_for_its_background_write(
+    tmp_path: Path,
+) -> None:
+    # the stall (the copy) ends 2 s before the file is durable: asynchronous. Scaled by
+    # 10x bytes, the write takes 20 s, longer than the 5 s fixed interval: τ = 20 s.
+    cfg = parse_cluster(
+        "gpus: 1024\nstate_bytes_per_gpu: 640000000\nstorage_write_gb_s: 100\n"
+        "policy: {interval_s: 5}\n",
+        tmp_path / "c.yaml",
+    )
+    copy = tuple(CheckpointSize(64 * MB, 0.05, 2.0, 0.01) for _ in range(4))
+    out = project(cfg, _side("baseline", 0.3, checkpoints=_sync(64 * MB, 0.3)),
+                  _side("candidate", 0.05, checkpoints=copy))  # fmt: skip
+    c = out["candidate"]
+    assert c["scaling"]["mode"] == "asynchronous"
+    assert c["delta_s"] == pytest.approx(0.5, rel=1e-12)  # the copy, not the bandwidth bound
+    assert c["scaling"]["background_write_s"] == pytest.approx(20.0, rel=1e-12)
+    assert c["interval_s"] == pytest.approx(20.0, rel=1e-12) and c["bound"] == "background write"
+    # with a long interval nothing waits: the measured copy binds
+    slow = parse_cluster(
+        "gpus: 1024\nstate_bytes_per_gpu: 640000000\nstorage_write_gb_s: 100\n"
+        "policy: {interval_s: 600}\n",
+        tmp_path / "c.yaml",
+    )
+    c = project(slow, _side("baseline", 0.3), _side("candidate", 0.05, checkpoints=copy))
+    assert c["candidate"]["interval_s"] == 600 and c["candidate"]["bound"] == "measured stall"
+    # a tail within the checkpoints' resolution is no background write
+    late = tuple(CheckpointSize(64 * MB, 0.3, 0.04, 0.01) for _ in range(4))
+    c = project(cfg, _side("baseline", 0.3, checkpoints=late), _side("candidate", 0.05))
+    assert c["baseline"]["scaling"]["mode"] == "synchronous"
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("state_bytes_per_gpu: 0\n", "state_bytes_per_gpu: must be greater than 0"),
+        ("storage_write_gb_s: -5\n", "storage_write_gb_s: must be greater than 0"),
+    ],
+)
+def test_the_cluster_scale_inputs_are_checked(tmp_path: Path, text: str, needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        parse_cluster(text, tmp_path / "c.yaml")

@@ -21,6 +21,7 @@ from profiler.many import torch_compat as ckpt
 from profiler.records.host import fingerprint
 from profiler.records.store import Recorder
 from profiler.report import build_report, default_cluster, load_cluster, render_text
+from profiler.report.projection import parse_cluster
 from profiler.report.render_text import fmt
 from tests.report_synth import make_run
 from tests.serwatt_cli import serwatt
@@ -89,8 +90,13 @@ def _row(text: str, label: str) -> str:
     return next(line for line in text.splitlines() if line.strip().startswith(label))
 
 
+# storage fast enough that the measured stalls, not its bandwidth, set each δ
+FAST_STORAGE = "storage_write_gb_s: 1000000\n"
+
+
 def test_a_negative_saving_is_printed_as_a_cost() -> None:
-    proj, text = _projection_text(cand_stall_s=1.6)  # the candidate stalls 4x longer
+    fast = parse_cluster(FAST_STORAGE, Path("fast.yaml"))
+    proj, text = _projection_text(cand_stall_s=1.6, cluster=fast)  # the candidate stalls 4x
     gpu_h = proj["saved"]["gpu_h"]
     assert gpu_h["value"] < 0, gpu_h
     row = _row(text, "GPU-h / year")
@@ -102,7 +108,7 @@ def test_a_negative_saving_is_printed_as_a_cost() -> None:
     assert f"costs {fmt(-proj['saved']['lost_fraction'])}" in _row(text, "lost fraction")
     assert "costs N: a negative saving" in text
     # a positive saving stays a plain number
-    proj, text = _projection_text(cand_stall_s=0.1)
+    proj, text = _projection_text(cand_stall_s=0.1, cluster=fast)
     assert proj["saved"]["gpu_h"]["value"] > 0
     assert "costs" not in _row(text, "GPU-h / year") and "costs N:" not in text
 

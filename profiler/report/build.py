@@ -35,6 +35,7 @@ from profiler.report.checkpoints import (
     known_durable,
     quantiles,
     restore_section,
+    watched_checkpoints,
 )
 from profiler.report.inputs import (
     EpisodeInput,
@@ -42,7 +43,7 @@ from profiler.report.inputs import (
     RunInput,
     WindowInput,
 )
-from profiler.report.projection import ClusterConfig, SideMeasurement, project
+from profiler.report.projection import CheckpointSize, ClusterConfig, SideMeasurement, project
 from profiler.report.receipt import receipt
 
 REPORT_SCHEMA = "serwatt.report/1"
@@ -526,7 +527,9 @@ def build_report(
         "projection": None,
     }
     if cluster is not None:
-        report["projection"] = _projection(cluster, sides, choices, ckpt_eps, checkpoint)
+        report["projection"] = _projection(
+            cluster, sides, choices, ckpt_eps, checkpoint, skip_warmup
+        )
     return report
 
 
@@ -729,6 +732,7 @@ def _projection(
     choices: list[tuple[str | None, str, bool]],
     ckpt_eps: list[list[EpisodeInput]],
     checkpoint: Mapping[str, Any],
+    skip: int = 0,
 ) -> dict[str, Any]:
     measured = []
     for side, (cp, _how, main_only), eps in zip(sides, choices, ckpt_eps, strict=True):
@@ -756,6 +760,11 @@ def _projection(
                 ),
                 energy_source=_energy_source(side),
                 restore_s=float(np.mean(restores)) if restores else None,
+                checkpoints=tuple(
+                    CheckpointSize(float(c.bytes), c.stall_s, c.async_tail_s, c.resolution_s)
+                    for c in watched_checkpoints(side, skip)
+                    if c.bytes is not None and c.stall_s is not None and c.resolution_s is not None
+                ),
                 unavailable=None
                 if eps
                 else (side.no_episodes if not side.has_episodes else "no checkpoint episodes"),

@@ -11,6 +11,8 @@ assumptions; every key is optional and falls back to the default below:
     gpu_power_w: 700       # watts per GPU while the job runs
     pue: [1.1, 1.58]       # facility / IT energy: a value or [low, high]
     wue_l_per_kwh: [0.30, 1.8]  # site water per IT kWh: a value or [low, high]
+    state_bytes_per_gpu: 346069336  # checkpoint bytes each GPU's rank writes
+    storage_write_gb_s: 2000     # the storage's write bandwidth, cluster-wide, GB/s
     policy: daly           # or {interval_s: 1800} or {interval_steps: 500, step_s: 3.6}
 
 Unknown keys and bad values are errors naming the key and its line (the daemon config's
@@ -29,8 +31,20 @@ Model (Daly 2006, FGCS 22(3), doi 10.1016/j.future.2004.11.016; Poisson failures
   plus measured host joules per checkpoint × nodes × checkpoints/year (checkpoints/year
   = (1 − lost) × 8760 h / τ); facility energy = IT × PUE; water = IT kWh × WUE.
 
-Scaling assumption: one node's measured δ stands for a synchronous checkpoint of every
-rank. The slowest rank sets a synchronous stall, so when ranks vary this is a lower bound.
+Scaling to the cluster (`scaled_delta`): the node's measured stall is scaled to the
+bytes each GPU checkpoints, `state_bytes_per_gpu` S. With the checkpoint files' sizes
+known (a `--checkpoints` watch) δ = δ_node × S / bytes measured: the stall taken as
+linear in bytes, through zero; when a side's files span two or more sizes (the largest at
+least SIZE_SPREAD times the smallest) a least-squares line stall = a + b·bytes is fitted
+instead and δ = δ_node × (a + bS) / mean stall. Without sizes δ stays one node's.
+- Synchronous side: every rank writes at once, so δ ≥ S × gpus / storage_write_gb_s (the
+  storage bandwidth bound); the larger of the two is used and named (`bound`).
+- Asynchronous side (the main thread's stall ends before the file is durable, as with
+  many.Checkpointer or DCP async_save): δ is the copy, and the next checkpoint cannot
+  begin before the background write ends, so τ ≥ that write: the measured background
+  time (stall's end to the file event) scaled by S / bytes, and at least the bandwidth
+  bound. `bound` says which binds: measured stall, storage bandwidth or background write.
+The slowest rank sets a synchronous stall, so when ranks vary this is a lower bound.
 """
 
 from __future__ import annotations
@@ -42,6 +56,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+import numpy as np
 import yaml
 
 from profiler.yamlcheck import INVALID, check_yaml, read_yaml_file
@@ -50,9 +65,18 @@ HOURS_PER_YEAR = 8760.0
 SECONDS_PER_YEAR = HOURS_PER_YEAR * 3600.0
 
 SCALING = (
-    "one node's measured stall δ stands for a synchronous checkpoint of every rank; the "
-    "slowest rank sets the stall, so when ranks vary the projection is a lower bound"
+    "each side's measured stall δ is scaled to state_bytes_per_gpu (linear in bytes; a "
+    "fitted line when its runs hold two or more sizes) and stands for every rank's "
+    "checkpoint; a synchronous δ is at least the storage bandwidth bound, an asynchronous "
+    "side's interval at least its background write; the slowest rank sets a synchronous "
+    "stall, so when ranks vary the projection is a lower bound"
 )
+# a side's checkpoint sizes are fitted (intercept and slope) when the largest is at least
+# this many times the smallest; closer sizes cannot separate the two
+SIZE_SPREAD = 1.5
+# a side is asynchronous when its median background time (stall's end to the file event)
+# exceeds the checkpoints' resolution by more than the watch's stamp slack
+ASYNC_SLACK_S = 0.05
 DALY_FORMULA = (
     "τ = √(2δM)·[1 + ⅓√(δ/2M) + ⅑(δ/2M)] − δ for δ < 2M, else τ = M (Daly 2006, higher order)"
 )
@@ -150,6 +174,22 @@ DEFAULTS: Mapping[str, tuple[float | tuple[float, float], tuple[float, float], s
                 "assumed default: Microsoft 0.30 L/kWh to LBNL 2016's 1.8 L/kWh on-site "
                 "average (The Green Grid WUE: site water per IT kWh)",
             ),
+            "state_bytes_per_gpu": (
+                405e9 * 14 / 16384,
+                (405e9 * 12 / 16384, 405e9 * 16 / 16384),
+                "B",
+                "assumed default: Llama 3 405B's 405e9 parameters (arXiv 2407.21783) x 14 B "
+                "each (bf16 weights 2, fp32 master weights 4, Adam moments 8), / 16,384 "
+                "GPUs; range 12-16 B per parameter (without bf16 weights; with fp32 "
+                "gradients, ZeRO's 16, arXiv 1910.02054)",
+            ),
+            "storage_write_gb_s": (
+                2000.0,
+                (2000.0, 7000.0),
+                "GB/s",
+                "assumed default: Llama 3's Tectonic storage, 2 TB/s sustained to 7 TB/s "
+                "peak (arXiv 2407.21783 §3.3.1), cluster-wide",
+            ),
         }
     )
 )
@@ -165,6 +205,8 @@ _BOUNDS: Mapping[str, tuple[float, bool, float, bool]] = MappingProxyType(
         "gpu_power_w": (0, True, 10_000, False),
         "pue": (1, False, 10, False),
         "wue_l_per_kwh": (0, False, 100, False),
+        "state_bytes_per_gpu": (0, True, 1e15, False),
+        "storage_write_gb_s": (0, True, 1e9, False),
     }
 )
 
@@ -319,6 +361,17 @@ def lost_fraction(interval_s: float, delta_s: float, mtbf_s: float, restart_s: f
 
 
 @dataclass(frozen=True)
+class CheckpointSize:
+    """One checkpoint file of a side: its bytes, the main thread's stall over it, and the
+    time from the stall's end to the file event (None: not known), within resolution_s."""
+
+    bytes: float
+    stall_s: float
+    async_tail_s: float | None
+    resolution_s: float
+
+
+@dataclass(frozen=True)
 class SideMeasurement:
     """What the runs of one side measured, for the projection.
 
@@ -326,7 +379,8 @@ class SideMeasurement:
     episodes (`unavailable` says why); delta_basis: what δ is (GPU-wait or wall time of
     the training thread's checkpoint episodes); host_energy_j_per_checkpoint and its
     source (rapl | model | unavailable: why); restore_s: the mean measured restore, None
-    when none was recorded.
+    when none was recorded; checkpoints: the side's checkpoint files with bytes and stall
+    known (empty without a --checkpoints watch), for scaling δ to the cluster.
     """
 
     side: str
@@ -339,6 +393,7 @@ class SideMeasurement:
     energy_source: str
     restore_s: float | None
     unavailable: str | None = None
+    checkpoints: tuple[CheckpointSize, ...] = ()
 
 
 def _assumed(cfg: ClusterConfig, name: str) -> str:
@@ -364,19 +419,99 @@ def lost_parts(
     return {"stall": total - no_stall, "rework": no_stall - restart, "restart": restart}
 
 
+def scaled_delta(cfg: ClusterConfig, m: SideMeasurement, delta_node_s: float) -> dict[str, Any]:
+    """The side's δ on the cluster, from its node's δ (module docstring): the scaling, the
+    bandwidth bound, whether the side is asynchronous and, if so, the least interval its
+    background write allows."""
+    state = cfg.value("state_bytes_per_gpu")
+    bandwidth_s = state * cfg.value("gpus") / (cfg.value("storage_write_gb_s") * 1e9)
+    sized = [c for c in m.checkpoints if c.bytes > 0]
+    out: dict[str, Any] = {
+        "delta_node_s": delta_node_s,
+        "state_bytes_per_gpu": state,
+        "bandwidth_bound_s": bandwidth_s,
+        "bytes_measured": None,
+        "sizes": len({c.bytes for c in sized}),
+        "intercept_s": None,
+        "slope_s_per_byte": None,
+    }
+    if not sized:
+        out["method"], factor = "unscaled", 1.0
+        out["note"] = (
+            "checkpoint sizes not measured (no --checkpoints watch): one node's stall stands "
+            "for every rank's, whatever its state"
+        )
+    else:
+        nbytes = np.array([c.bytes for c in sized], dtype=float)
+        stalls = np.array([c.stall_s for c in sized], dtype=float)
+        out["bytes_measured"] = float(nbytes.mean())
+        out["method"], factor = "proportional", state / float(nbytes.mean())
+        out["note"] = (
+            f"stall taken as linear in bytes through zero, measured at "
+            f"{float(nbytes.mean()):.4g} B per checkpoint"
+        )
+        if nbytes.max() >= SIZE_SPREAD * nbytes.min() and float(stalls.mean()) > 0:
+            slope, intercept = (float(v) for v in np.polyfit(nbytes, stalls, 1))
+            at_state = intercept + slope * state
+            if slope > 0 and at_state > 0:
+                out["method"], factor = "fit", at_state / float(stalls.mean())
+                out["intercept_s"], out["slope_s_per_byte"] = intercept, slope
+                out["note"] = (
+                    f"stall = {intercept:.4g} s + {slope:.4g} s/B x bytes, fitted over "
+                    f"{len(sized)} checkpoints of {nbytes.min():.4g}-{nbytes.max():.4g} B"
+                )
+            else:
+                out["note"] += (
+                    f"; a line over {nbytes.min():.4g}-{nbytes.max():.4g} B gave no positive "
+                    "stall at state_bytes_per_gpu, so not used"
+                )
+    scaled = delta_node_s * factor
+    out["factor"] = factor
+    out["delta_scaled_s"] = scaled
+    tails = [c.async_tail_s for c in sized if c.async_tail_s is not None]
+    resolution = float(np.median([c.resolution_s for c in sized])) if sized else 0.0
+    asynchronous = bool(tails) and float(np.median(tails)) - resolution > ASYNC_SLACK_S
+    out["mode"] = "asynchronous" if asynchronous else "synchronous"
+    out["mode_source"] = (
+        "measured: the median time from the stall's end to the file event, against the "
+        "checkpoints' resolution"
+        if tails
+        else "assumed: no file events tell a background write"
+    )
+    if asynchronous:
+        write = float(np.median(tails)) * state / float(out["bytes_measured"])
+        out["background_write_s"] = write
+        out["min_interval_s"] = max(write, bandwidth_s)
+        out["delta_s"] = scaled
+        out["bound"] = "measured stall"
+    else:
+        out["background_write_s"] = out["min_interval_s"] = None
+        out["delta_s"] = max(scaled, bandwidth_s)
+        out["bound"] = "storage bandwidth" if bandwidth_s > scaled else "measured stall"
+    return out
+
+
 def _side(
     cfg: ClusterConfig, m: SideMeasurement, mtbf_s: float, delta_s: float | None = None
 ) -> dict[str, Any]:
+    """The side's projection; delta_s: its node's δ, when not the measured one."""
     if m.delta_s is None:
         return {"unavailable": m.unavailable or "no checkpoint episodes"}
     restore = m.restore_s or 0.0
     restart = cfg.value("restart_s") + restore
-    delta = m.delta_s if delta_s is None else delta_s
+    scaling = scaled_delta(cfg, m, m.delta_s if delta_s is None else delta_s)
+    delta = scaling["delta_s"]
     if cfg.policy.kind == "daly":
         interval = daly_interval(delta, mtbf_s)
     else:
         assert cfg.policy.interval_s is not None
         interval = cfg.policy.interval_s
+    floor = scaling["min_interval_s"]
+    if floor is not None and interval < floor:
+        # an asynchronous save cannot begin before the last one's background write ends
+        interval = floor
+        write_binds = floor == scaling["background_write_s"]
+        scaling["bound"] = "background write" if write_binds else "storage bandwidth"
     lost = lost_fraction(interval, delta, mtbf_s, restart)
     gpus, per_node = cfg.value("gpus"), cfg.value("gpus_per_node")
     gpu_hours = lost * gpus * HOURS_PER_YEAR
@@ -392,9 +527,39 @@ def _side(
     facility = [it_mwh * pue.low, it_mwh * pue.high]
     water = [it_mwh * 1000.0 * wue.low, it_mwh * 1000.0 * wue.high]
     measured_delta = (
-        f"delta_s = {delta:.6g} s: {m.delta_basis}, {m.episodes} {m.codepath} episode(s) "
-        f"(runs {_runs(m)})"
+        f"delta_node_s = {scaling['delta_node_s']:.6g} s: {m.delta_basis}, {m.episodes} "
+        f"{m.codepath} episode(s) (runs {_runs(m)})"
     )
+    delta_line = {
+        "name": "delta_s",
+        "value": delta,
+        "formula": "δ = δ_node × scaling to state_bytes_per_gpu ("
+        + scaling["note"]
+        + ("" if scaling["mode"] == "asynchronous" else "), at least S × gpus / bandwidth")
+        + (
+            "); asynchronous: δ is the copy, and τ ≥ the background write × S / bytes, at "
+            "least S × gpus / bandwidth"
+            if scaling["mode"] == "asynchronous"
+            else ""
+        ),
+        "inputs": {
+            "delta_node_s": scaling["delta_node_s"],
+            "factor": scaling["factor"],
+            "bandwidth_bound_s": scaling["bandwidth_bound_s"],
+            "background_write_s": scaling["background_write_s"],
+        },
+        "measured": [measured_delta]
+        + (
+            [f"bytes per checkpoint = {scaling['bytes_measured']:.6g} B (file events)"]
+            if scaling["bytes_measured"] is not None
+            else []
+        ),
+        "assumed": [
+            _assumed(cfg, "state_bytes_per_gpu"),
+            _assumed(cfg, "storage_write_gb_s"),
+            _assumed(cfg, "gpus"),
+        ],
+    }
     measured_restart = (
         [f"restore_s = {restore:.6g} s: measured restore (runs {_runs(m)}), added to R"]
         if m.restore_s is not None
@@ -419,6 +584,7 @@ def _side(
         else [f"policy = {cfg.policy.text} ({_policy_source(cfg)})"],
     }
     lines = [
+        delta_line,
         interval_line,
         {
             "name": "lost_fraction",
@@ -481,6 +647,9 @@ def _side(
     ]
     return {
         "delta_s": delta,
+        "delta_node_s": scaling["delta_node_s"],
+        "scaling": scaling,
+        "bound": scaling["bound"],
         "delta_basis": m.delta_basis,
         "codepath": m.codepath,
         "episodes": m.episodes,

@@ -451,7 +451,8 @@ def _projection(p: Mapping[str, Any] | None) -> str:
             return " / ".join(fmt(lp[k]) for k in ("stall", "rework", "restart"))
 
         keys = [
-            ("stall δ s", "delta_s", None),
+            ("stall δ s (cluster)", "delta_s", None),
+            ("stall δ s measured on the node", "delta_node_s", None),
             ("interval τ s", "interval_s", None),
             ("lost fraction", "lost_fraction", "lost_fraction"),
             ("GPU-hours / year (mostly assumption)", "gpu_hours_per_year", "gpu_h"),
@@ -468,9 +469,16 @@ def _projection(p: Mapping[str, Any] | None) -> str:
             ]
             for label, k, sk in keys
         ]
-        rows.insert(3, ["lost: stall / rework / restart", parts(b), parts(c), ""])
+        rows.insert(2, ["δ set by", b["bound"], c["bound"], ""])
+        rows.insert(5, ["lost: stall / rework / restart", parts(b), parts(c), ""])
         out.append(_table(["", "baseline", "candidate", "saved [95% CI]"], rows))
         out.append(f'<p class="src">{e(s.get("interval_basis", ""))}</p>')
+        for name, side in (("baseline", b), ("candidate", c)):
+            sc = side["scaling"]
+            out.append(
+                f'<p class="src">{e(name)} δ: {e(sc["note"])}; {e(sc["mode"])} '
+                f"({e(sc['mode_source'])}); bandwidth bound {fmt(sc['bandwidth_bound_s'])} s</p>"
+            )
         out.append("<h3>Sensitivity: the saved figure at each input's low and high</h3>")
         out.append(_tornado(p["sensitivity"]))
         sens = [

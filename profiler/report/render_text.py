@@ -354,7 +354,9 @@ def _projection_lines(p: Mapping[str, Any]) -> list[str]:
 
     rows = [
         ["", "baseline", "candidate", "saved [95% CI]"],
-        ["stall δ s", fmt(b["delta_s"]), fmt(c["delta_s"]), ""],
+        ["stall δ s (cluster)", fmt(b["delta_s"]), fmt(c["delta_s"]), ""],
+        ["  measured on the node", fmt(b["delta_node_s"]), fmt(c["delta_node_s"]), ""],
+        ["  δ set by", b["bound"], c["bound"], ""],
         ["interval τ s", fmt(b["interval_s"]), fmt(c["interval_s"]), ""],
         [
             "lost fraction",
@@ -395,6 +397,13 @@ def _projection_lines(p: Mapping[str, Any]) -> list[str]:
             "a negative saving: the candidate costs N more a year than the baseline (the "
             "interval is the cost's)",
         )
+    for name, side in (("baseline", b), ("candidate", c)):
+        sc = side["scaling"]
+        out += _wrap(
+            f"  {name} δ: ",
+            f"{sc['note']}; {sc['mode']} ({sc['mode_source']}); bandwidth bound "
+            f"{fmt(sc['bandwidth_bound_s'])} s",
+        )
     out += _wrap("  * ", b.get("gpu_hours_note", ""))
     out += _wrap("  saved CI: ", s.get("interval_basis", ""))
     if p["sensitivity"]:
@@ -406,7 +415,7 @@ def _projection_lines(p: Mapping[str, Any]) -> list[str]:
                 f"{sens['figure']} {fmt(sens['saved_at_low'])} to {fmt(sens['saved_at_high'])}"
                 f" (central {fmt(sens['saved_at_central'])})",
             )
-    for line in b["lines"][:2]:
+    for line in b["lines"][:3]:
         out += _wrap("  formula: ", f"{line['name']}: {line['formula']}")
     for name, i in p["inputs"].items():
         # inputs as given (a GPU count is exact), measured ones to 3 digits
