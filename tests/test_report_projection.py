@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -340,3 +341,32 @@ def test_an_asynchronous_side_keeps_its_copy_and_waits_for_its_background_write(
 def test_the_cluster_scale_inputs_are_checked(tmp_path: Path, text: str, needle: str) -> None:
     with pytest.raises(ConfigError, match=needle):
         parse_cluster(text, tmp_path / "c.yaml")
+
+
+def test_a_measured_restore_replaces_the_read_restart_s_holds_never_adds_to_it(
+    tmp_path: Path,
+) -> None:
+    # restart_s (its default's source retrieves the checkpoint) holds one read: the
+    # baseline's 30 s restore is that read, so the baseline's R stays 600 s and the
+    # candidate's is 600 - 30 + 5 = 575 s.
+    cfg = parse_cluster("restart_s: 600\nmtbf_h: 3\n", tmp_path / "c.yaml")
+    base = dataclasses.replace(_side("baseline", 6.0), restore_s=30.0)
+    cand = dataclasses.replace(_side("candidate", 6.0), restore_s=5.0)
+    out = project(cfg, base, cand)
+    assert out["baseline"]["restart_s"] == 600.0 and out["candidate"]["restart_s"] == 575.0
+    m = 3 * HOUR
+    tau = daly_interval(6.0, m)
+    assert out["candidate"]["lost_fraction"] == pytest.approx(
+        lost_fraction(tau, 6.0, m, 575.0), rel=1e-12
+    )
+    assert "not counted twice" in out["candidate"]["restart_note"]
+    # equal stalls: the whole saving is the 25 s of restore per failure
+    saved = out["saved"]["lost_fraction"]
+    assert saved == pytest.approx(
+        lost_fraction(tau, 6.0, m, 600.0) - lost_fraction(tau, 6.0, m, 575.0), rel=1e-12
+    )
+    # a restore measured on one side only moves neither side's R
+    one = project(cfg, base, _side("candidate", 6.0))
+    assert one["baseline"]["restart_s"] == one["candidate"]["restart_s"] == 600.0
+    assert "one side only" in one["baseline"]["restart_note"]
+    assert one["saved"]["lost_fraction"] == 0.0

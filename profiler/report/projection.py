@@ -7,7 +7,7 @@ assumptions; every key is optional and falls back to the default below:
     gpus: 16384            # GPUs in the job
     gpus_per_node: 8       # GPUs per node (one node's host energy per checkpoint scales by nodes)
     mtbf_h: 3.093          # job-level mean time between failures, hours
-    restart_s: 600         # failure -> job running again, excluding reading the checkpoint
+    restart_s: 600         # failure -> job running again, reading the checkpoint included
     gpu_power_w: 700       # watts per GPU while the job runs
     pue: [1.1, 1.58]       # facility / IT energy: a value or [low, high]
     wue_l_per_kwh: [0.30, 1.8]  # site water per IT kWh: a value or [low, high]
@@ -25,8 +25,11 @@ Model (Daly 2006, FGCS 22(3), doi 10.1016/j.future.2004.11.016; Poisson failures
 - expected wall time per unit of work, Daly's complete model: T_w/T_s =
   M·e^{R/M}·(e^{(τ+δ)/M} − 1)/τ, so the lost fraction of wall (and GPU) time is
   1 − τ / (M·e^{R/M}·(e^{(τ+δ)/M} − 1)): checkpoint stalls, rework after failures and
-  restarts together. δ: the stall per checkpoint; M: MTBF; R: restart_s plus the
-  measured restore time when one was recorded.
+  restarts together. δ: the stall per checkpoint; M: MTBF; R: restart_s, which holds
+  one read of the checkpoint (as its default's source, a retrieve-and-resume, does), so a
+  measured restore is never added to it: when both sides measured one, the baseline's is
+  taken as the read inside restart_s and each side's R = restart_s − baseline restore +
+  its own restore (`restart_with_restore`); otherwise R = restart_s on both.
 - GPU-hours/year lost = lost × gpus × 8760 h; IT energy = those GPU-hours × gpu_power_w
   plus measured host joules per checkpoint × nodes × checkpoints/year (checkpoints/year
   = (1 − lost) × 8760 h / τ); facility energy = IT × PUE; water = IT kWh × WUE.
@@ -151,7 +154,7 @@ DEFAULTS: Mapping[str, tuple[float | tuple[float, float], tuple[float, float], s
                 (600.0, 1200.0),
                 "s",
                 "assumed default: Gemini (SOSP'23) reports 10-20 min to retrieve a remote "
-                "checkpoint and resume",
+                "checkpoint and resume (the read included)",
             ),
             "gpu_power_w": (
                 700.0,
@@ -491,14 +494,49 @@ def scaled_delta(cfg: ClusterConfig, m: SideMeasurement, delta_node_s: float) ->
     return out
 
 
+def restore_reference(base: SideMeasurement, cand: SideMeasurement) -> float | None:
+    """The restore taken as the read inside restart_s: the baseline's, when both sides
+    measured one; None otherwise (then no side's R moves)."""
+    if base.restore_s is None or cand.restore_s is None:
+        return None
+    return base.restore_s
+
+
+def restart_with_restore(
+    cfg: ClusterConfig, m: SideMeasurement, reference_s: float | None
+) -> tuple[float, str]:
+    """R for one side, and how it was formed. restart_s holds one read of the checkpoint
+    (its default's source retrieves the checkpoint), so a side's measured restore replaces
+    the reference read instead of being added: R = restart_s − reference + restore, at
+    least 0."""
+    restart = cfg.value("restart_s")
+    if reference_s is None or m.restore_s is None:
+        why = (
+            "restart_s holds one read of the checkpoint; with a restore measured on one side "
+            "only, R = restart_s on both"
+            if m.restore_s is not None
+            else "R = restart_s, which holds one read of the checkpoint"
+        )
+        return restart, why
+    r = max(0.0, restart - reference_s + m.restore_s)
+    return r, (
+        f"R = restart_s − {reference_s:.6g} s (the baseline's restore, taken as the read "
+        f"restart_s holds) + {m.restore_s:.6g} s = {r:.6g} s, the read not counted twice"
+    )
+
+
 def _side(
-    cfg: ClusterConfig, m: SideMeasurement, mtbf_s: float, delta_s: float | None = None
+    cfg: ClusterConfig,
+    m: SideMeasurement,
+    mtbf_s: float,
+    delta_s: float | None = None,
+    restore_reference_s: float | None = None,
 ) -> dict[str, Any]:
-    """The side's projection; delta_s: its node's δ, when not the measured one."""
+    """The side's projection; delta_s: its node's δ, when not the measured one;
+    restore_reference_s: the restore taken as the read inside restart_s."""
     if m.delta_s is None:
         return {"unavailable": m.unavailable or "no checkpoint episodes"}
-    restore = m.restore_s or 0.0
-    restart = cfg.value("restart_s") + restore
+    restart, restart_note = restart_with_restore(cfg, m, restore_reference_s)
     scaling = scaled_delta(cfg, m, m.delta_s if delta_s is None else delta_s)
     delta = scaling["delta_s"]
     if cfg.policy.kind == "daly":
@@ -561,7 +599,7 @@ def _side(
         ],
     }
     measured_restart = (
-        [f"restore_s = {restore:.6g} s: measured restore (runs {_runs(m)}), added to R"]
+        [f"restore_s = {m.restore_s:.6g} s: measured restore (runs {_runs(m)}); {restart_note}"]
         if m.restore_s is not None
         else []
     )
@@ -598,7 +636,7 @@ def _side(
             },
             "measured": [measured_delta, *measured_restart],
             "assumed": [_assumed(cfg, "mtbf_h"), _assumed(cfg, "restart_s")]
-            + ([] if m.restore_s is not None else ["restore: not measured, not counted in R"]),
+            + ([] if m.restore_s is not None else [f"restore: not measured; {restart_note}"]),
         },
         {
             "name": "gpu_hours_per_year",
@@ -655,6 +693,7 @@ def _side(
         "episodes": m.episodes,
         "runs": list(m.runs),
         "restart_s": restart,
+        "restart_note": restart_note,
         "interval_s": interval,
         "lost_fraction": lost,
         "lost_parts": lost_parts(interval, delta, mtbf_s, restart),
@@ -720,8 +759,9 @@ def _saved_figures(
     """Saved GPU-h, IT MWh, facility MWh and water L per year at central inputs."""
     cfg = _central(cfg)
     mtbf_s = cfg.value("mtbf_h") * 3600.0
-    b = _side(cfg, base, mtbf_s)
-    c = _side(cfg, cand, mtbf_s, cand_delta)
+    ref = restore_reference(base, cand)
+    b = _side(cfg, base, mtbf_s, restore_reference_s=ref)
+    c = _side(cfg, cand, mtbf_s, cand_delta, ref)
     it = b["it_mwh_per_year"] - c["it_mwh_per_year"]
     return {
         "gpu_h": b["gpu_hours_per_year"] - c["gpu_hours_per_year"],
@@ -837,8 +877,9 @@ def project(
     """The projection section of the report (JSON-ready). ratio_ci95: the 95% interval of
     the candidate's δ over the baseline's, carried to every saved figure."""
     mtbf_s = cluster.value("mtbf_h") * 3600.0
-    base = _side(cluster, baseline, mtbf_s)
-    cand = _side(cluster, candidate, mtbf_s)
+    ref = restore_reference(baseline, candidate)
+    base = _side(cluster, baseline, mtbf_s, restore_reference_s=ref)
+    cand = _side(cluster, candidate, mtbf_s, restore_reference_s=ref)
     both = "unavailable" not in base and "unavailable" not in cand
     saved = None
     if both:
