@@ -359,6 +359,33 @@ def test_pathlib_replace_is_os_replace_on_pathlibs_own_line() -> None:
     assert DurabilityReader().kind(frames, None) == RENAME
 
 
+def test_prepare_loads_the_jobs_own_files_first_then_stdlib_then_packages(tmp_path: Path) -> None:
+    # in time order a torch job's stacks name its packages' files first; the script whose
+    # fsync makes each checkpoint durable must not wait behind them for the deadline
+    paths = {
+        "package": tmp_path / "venv/lib/python3.11/site-packages/torch/serialization.py",
+        "stdlib": tmp_path / "py/lib/python3.11/shutil.py",
+        "job": tmp_path / "app/train.py",
+    }
+    for p in paths.values():
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text("import os\n\ndef save(fd):\n    os.fsync(fd)\n")
+    reader = DurabilityReader()
+    asked: list[str] = []
+    get = reader._sources.get
+
+    def recording(path: str, *args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+        asked.append(path)
+        return get(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    reader._sources.get = recording  # type: ignore[method-assign]
+    stacks = [[Frame("save", str(paths[k]), 4)] for k in ("package", "stdlib", "job")]
+    reader.prepare([*stacks, stacks[0]], None, time.monotonic() + 30.0)
+    assert asked == [str(paths[k]) for k in ("job", "stdlib", "package")]
+    # every answer is known now: the window's later lookups load nothing
+    assert [reader.kind(st, None) for st in stacks] == [SYNC] * 3 and len(asked) == 3
+
+
 def test_files_that_cannot_call_a_durability_call_are_not_parsed(tmp_path: Path) -> None:
     no_os = tmp_path / "plain.py"
     no_os.write_text("def fsync(x):\n    return x.fsync()\n")

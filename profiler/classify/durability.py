@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 import threading
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from collectors.samples import Frame
@@ -75,6 +75,27 @@ class DurabilityReader:
     def not_ready(self) -> int:
         return self._sources.not_ready
 
+    def prepare(
+        self,
+        stacks: Iterable[Sequence[Frame]],
+        proc_root: Path | None,
+        deadline: float | None = None,
+    ) -> None:
+        """Answer `kind` for every distinct leaf line of `stacks` now, the job's own files
+        first, then the standard library's, then installed packages' (`_file_rank`), so
+        the files that make checkpoints durable load before the window's deadline is
+        spent on the rest. A window's classification loads a torch job's hundreds of
+        source files in time order; a script's fsync line, seconds into the run, came
+        after them, past the deadline, and every checkpoint of the window lost its
+        durability tail (and with it its match to the file it wrote)."""
+        leaves: dict[tuple[str, int], Sequence[Frame]] = {}
+        for frames in stacks:
+            leaf = next((f for f in frames if not f.is_native), None)
+            if leaf is not None and leaf.line > 0:
+                leaves.setdefault((leaf.filename, leaf.line), frames)
+        for key in sorted(leaves, key=lambda k: _file_rank(k[0])):  # stable: time order kept
+            self.kind(leaves[key], proc_root, deadline)
+
     def kind(
         self, frames: Sequence[Frame], proc_root: Path | None, deadline: float | None = None
     ) -> str:
@@ -112,6 +133,16 @@ class DurabilityReader:
             self._memo.clear()
         self._memo[key] = found
         return found
+
+
+def _file_rank(path: str) -> int:
+    """0: the job's own file; 1: the standard library's; 2: an installed package's."""
+    if "/site-packages/" in path or "/dist-packages/" in path:
+        return 2
+    return 1 if _STDLIB.search(path) else 0
+
+
+_STDLIB = re.compile(r"/lib/python\d+(\.\d+)?t?/")
 
 
 # One reader per classifier: a classifier is used by one sampling thread at a time

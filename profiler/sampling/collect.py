@@ -304,6 +304,10 @@ def finish_window(
         # sources: read them at the same paths on the host (right unless the target
         # lived in another mount namespace).
         proc_root = None
+    # durability first: few files decide where each checkpoint ends (see prepare)
+    durability.prepare(
+        (s.frames for s in (*(window.changes or ()), *window.samples)), proc_root, deadline
+    )
     labels = [
         classifier.classify(s, proc_root=proc_root, deadline=deadline) for s in window.samples
     ]
