@@ -115,3 +115,23 @@ def test_a_thread_idle_in_many_frames_across_sync_saves_is_not_their_writer() ->
     assert [c.episode for c in m.checkpoints] == saves
     assert [c.stall for c in m.checkpoints] == saves
     assert [c.stall_s for c in m.checkpoints] == [s.wall_s for s in saves]
+
+
+def test_a_write_done_as_its_call_returns_is_the_background_threads() -> None:
+    # A fresh-clone CI run: the last save's copy ran 74.335-74.349 on the main thread and
+    # handed a 4 MB write over at 74.340, whose file was complete at 74.348, 1 ms before
+    # the copy's episode ended; the writer's fsync went unseen, and its episode ran on
+    # past the event. The write is the background thread's, its stall the main thread's.
+    main = ep(MAIN, 74.335, 74.349)
+    write = ep(WRITER, 74.340, 75.273)
+    (c,) = _match([written(74.348, 3)], [main, write]).checkpoints
+    assert c.episode is write and c.stall is main
+    assert c.stall_s == main.wall_s  # the main thread's time in the call
+    # a main episode that runs on well past the event wrote the file itself
+    long_main = ep(MAIN, 74.335, 74.50)
+    (c,) = _match([written(74.348, 3)], [long_main, write]).checkpoints
+    assert c.episode is long_main
+    # and another codepath's thread spanning the event is not the writer
+    other = replace(write, codepath="pickle")
+    (c,) = _match([written(74.348, 3)], [main, other]).checkpoints
+    assert c.episode is main

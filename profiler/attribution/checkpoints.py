@@ -111,14 +111,21 @@ def _background_writer(
     then the write of the same process's other thread that spans the event, began before
     `main` did and ends nearest the event (a write ends when its file is complete). So is
     one that began later but fsynced where `main` did not: the main thread then waited in
-    close() or wait() for the write it had handed over."""
+    close() or wait() for the write it had handed over. So is one of `main`'s codepath
+    that began later where `main`, not durable, only ends at the event: the call handed
+    the write over and returned as it completed (a 4 MB write done in 8 ms, the copy's
+    episode ending 1 ms past its file, within resolution)."""
     others = [
         e
         for e in encoders
         if e.pid == main.pid
         and e.main_thread is False
         and id(e) not in used
-        and (e.start < main.start or (e.durable and not main.durable))
+        and (
+            e.start < main.start
+            or (e.durable and not main.durable)
+            or (e.codepath == main.codepath and not main.durable and _ends_at(main, t))
+        )
         and _spans(e, t) is not None
         # A main episode that fsynced wrote a file itself (a synchronous save): another
         # thread is its file's writer only if it ends at the event or fsynced too. A
