@@ -47,6 +47,11 @@ def test_every_file_is_one_checkpoint_and_each_stall_is_the_save(tmp_path: Path,
         # episode of the codepath the format saves through, on the main thread, or for
         # many-async on the background writer, with the main thread's copy as its stall
         assert c["episode"]["codepath"] == fmt.removesuffix("-async"), c
+        if c["episode"]["edge_unknown_s"]:
+            # An episode cut by a window gap: the background write it handed over can fall
+            # in the gap unseen (a fresh-clone run: the copy's edge 0.13 s unknown, no
+            # writer episode), and then the copy is the only episode within tolerance.
+            continue
         assert c["episode"]["main_thread"] is not background, c
         assert (c["stall_thread_id"] != c["thread_id"]) is background, c
     # resolution_s is a 95% half-width: each stall is within it of the workload's own
