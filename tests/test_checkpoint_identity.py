@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from scipy.stats import binom
+from scipy.stats import binom, norm
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,5 +72,9 @@ def test_every_file_is_one_checkpoint_and_each_stall_is_the_save(tmp_path: Path,
     assert r["lazy"] is fmt.startswith("many")
     if r["wall_s"] is not None:
         # the workload's restore_s also holds the model's load_state_dict, after the
-        # decode episode: the episode cannot be longer than it, by its resolution
-        assert r["wall_s"] <= summary["restore_s"] + r["resolution_s"], (r, summary)
+        # decode episode: the episode cannot be longer than it, but for its timing error.
+        # resolution_s is a 95% half-width (1.96 sigma); at it this one-sided bound failed
+        # one fresh-clone run in several (39.0 ms against 30.4 + 7.5 ms): the bound is the
+        # error's 99.9% one-sided quantile, 3.09 sigma.
+        error_s = r["resolution_s"] * norm.ppf(0.999) / norm.ppf(0.975)
+        assert r["wall_s"] <= summary["restore_s"] + error_s, (r, summary)
