@@ -1,7 +1,7 @@
 """Validating a YAML file with every problem placed: its key path and its line.
 
 One implementation for every YAML file serwatt reads from a user: the daemon config
-(profiler.service.config) and the report's cluster file (profiler.report.projection).
+(profiler.service.config) and the report's cluster file (profiler.report.cluster).
 Imports nothing from profiler, so any layer may use it.
 
 serwatt runs as root, so a file it reads may be hostile: `read_yaml_file` refuses

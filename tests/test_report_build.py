@@ -22,8 +22,8 @@ from profiler.report import (
     render_text,
     verify_receipt,
 )
+from profiler.report.cluster import parse_cluster
 from profiler.report.inputs import CodepathFigures, RunInput
-from profiler.report.projection import parse_cluster
 from tests.report_synth import HOST, make_run
 
 

@@ -9,15 +9,12 @@ from pathlib import Path
 import pytest
 from scipy.optimize import minimize_scalar
 
+from profiler.report.cluster import DEFAULTS, default_cluster, load_cluster, parse_cluster
 from profiler.report.projection import (
-    DEFAULTS,
     CheckpointSize,
     SideMeasurement,
     daly_interval,
-    default_cluster,
-    load_cluster,
     lost_fraction,
-    parse_cluster,
     project,
 )
 from profiler.yamlcheck import ConfigError

@@ -21,7 +21,7 @@ from profiler.many import torch_compat as ckpt
 from profiler.records.host import fingerprint
 from profiler.records.store import Recorder
 from profiler.report import build_report, default_cluster, load_cluster, render_text
-from profiler.report.projection import parse_cluster
+from profiler.report.cluster import parse_cluster
 from profiler.report.render_text import fmt
 from tests.report_synth import make_run
 from tests.serwatt_cli import serwatt

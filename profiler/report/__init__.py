@@ -13,6 +13,7 @@ scipy, yaml and blake3; never the daemon, the profile session or hardware.
 """
 
 from profiler.report.build import REPORT_SCHEMA, build_report
+from profiler.report.cluster import ClusterConfig, default_cluster, load_cluster
 from profiler.report.comparability import Mismatch, ReportRefused
 from profiler.report.inputs import (
     CodepathFigures,
@@ -21,7 +22,6 @@ from profiler.report.inputs import (
     RunInput,
     WindowInput,
 )
-from profiler.report.projection import ClusterConfig, default_cluster, load_cluster
 from profiler.report.receipt import receipt, verify_receipt
 from profiler.report.render_html import render_html
 from profiler.report.render_text import render_text

@@ -37,13 +37,14 @@ from profiler.report.checkpoints import (
     restore_section,
     watched_checkpoints,
 )
+from profiler.report.cluster import ClusterConfig
 from profiler.report.inputs import (
     EpisodeInput,
     InputError,
     RunInput,
     WindowInput,
 )
-from profiler.report.projection import CheckpointSize, ClusterConfig, SideMeasurement, project
+from profiler.report.projection import CheckpointSize, SideMeasurement, project
 from profiler.report.receipt import receipt
 
 REPORT_SCHEMA = "serwatt.report/1"
