@@ -81,10 +81,10 @@ class DurabilityReader:
         proc_root: Path | None,
         deadline: float | None = None,
     ) -> None:
-        """Answer `kind` for every distinct leaf line of `stacks` now, the job's own files
-        first, then the standard library's, then installed packages' (`_file_rank`), so
-        the files that make checkpoints durable load before the window's deadline is
-        spent on the rest. A window's classification loads a torch job's hundreds of
+        """Answer `kind` now for every distinct leaf line of `stacks` in the job's own files
+        (not the standard library's or installed packages', `_file_rank`), so the files
+        that make checkpoints durable load before the window's deadline is spent on the
+        rest. A window's classification loads a torch job's hundreds of
         source files in time order; a script's fsync line, seconds into the run, came
         after them, past the deadline, and every checkpoint of the window lost its
         durability tail (and with it its match to the file it wrote)."""
@@ -93,8 +93,11 @@ class DurabilityReader:
             leaf = next((f for f in frames if not f.is_native), None)
             if leaf is not None and leaf.line > 0:
                 leaves.setdefault((leaf.filename, leaf.line), frames)
-        for key in sorted(leaves, key=lambda k: _file_rank(k[0])):  # stable: time order kept
-            self.kind(leaves[key], proc_root, deadline)
+        # only the job's own files: each load started here is one the classifier's loads
+        # (at most 4 per target root at once) wait behind
+        for key in leaves:
+            if _file_rank(key[0]) == 0:
+                self.kind(leaves[key], proc_root, deadline)
 
     def kind(
         self, frames: Sequence[Frame], proc_root: Path | None, deadline: float | None = None
