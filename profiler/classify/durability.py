@@ -82,7 +82,7 @@ class DurabilityReader:
         deadline: float | None = None,
     ) -> None:
         """Answer `kind` now for every distinct leaf line of `stacks` in the job's own files
-        (not the standard library's or installed packages', `_file_rank`), so the files
+        (not the standard library's or installed packages', `_is_job_file`), so the files
         that make checkpoints durable load before the window's deadline is spent on the
         rest. A window's classification loads a torch job's hundreds of
         source files in time order; a script's fsync line, seconds into the run, came
@@ -96,7 +96,7 @@ class DurabilityReader:
         # only the job's own files: each load started here is one the classifier's loads
         # (at most 4 per target root at once) wait behind
         for key in leaves:
-            if _file_rank(key[0]) == 0:
+            if _is_job_file(key[0]):
                 self.kind(leaves[key], proc_root, deadline)
 
     def kind(
@@ -138,11 +138,11 @@ class DurabilityReader:
         return found
 
 
-def _file_rank(path: str) -> int:
-    """0: the job's own file; 1: the standard library's; 2: an installed package's."""
+def _is_job_file(path: str) -> bool:
+    """Neither an installed package's file nor the standard library's."""
     if "/site-packages/" in path or "/dist-packages/" in path:
-        return 2
-    return 1 if _STDLIB.search(path) else 0
+        return False
+    return _STDLIB.search(path) is None
 
 
 _STDLIB = re.compile(r"/lib/python\d+(\.\d+)?t?/")
