@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from profiler.report import build_report, default_cluster, render_html
+from profiler.report.render_text import fmt
 from tests.report_synth import HOST, make_run
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / ".artifacts"
@@ -157,8 +158,46 @@ def test_the_browser_renders_every_chart_with_the_expected_marks(
         assert dom.count("polyline", "series", "window-timeline:", data_side=side) == 2
     assert report["candidate"]["windows"] == 44  # 20 + 24: the counts above are not equal
 
+    # the projection: the tornado has a bar per ranged input and end, each as long as its
+    # swing from the central saved figure on one scale, in the report's order (largest
+    # swing on top)
+    proj = report["projection"]
+    sens = proj["sensitivity"]
+    assert {x["input"] for x in sens} >= {"mtbf_h", "restart_s", "pue", "storage_write_gb_s"}
+    assert dom.count("rect", "bar", "tornado:") == 2 * len(sens)
+    swing = {
+        (a["data-input"], a["data-end"]): (float(a["y"] or "nan"), float(a["width"] or "nan"))
+        for t, a, c in dom.elements
+        if t == "rect" and c == "tornado:"
+    }
+    widest = max(w for _y, w in swing.values())
+    biggest = max(
+        abs(x[f"saved_at_{end}"] / x["saved_at_central"] - 1)
+        for x in sens
+        for end in ("low", "high")
+    )
+    assert biggest > 0, sens
+    for x in sens:
+        for end in ("low", "high"):
+            rel = abs(x[f"saved_at_{end}"] / x["saved_at_central"] - 1)
+            assert abs(swing[(x["input"], end)][1] / widest - rel / biggest) < 0.01, (x, end)
+    tops = [swing[(x["input"], "low")][0] for x in sens]
+    assert tops == sorted(tops), "tornado rows out of the report's order"
+
     # numbers are text, with their sources
     text = " ".join(dom.text)
+    flat = re.sub(r"\s+", " ", text)
+    saved = proj["saved"]
+    for key in ("gpu_h", "it_mwh", "facility_mwh", "water_l"):
+        lo, hi = saved[key]["ci95"]
+        assert f"{fmt(saved[key]['value'])} [{fmt(lo)}, {fmt(hi)}]" in flat, key
+    for side in ("baseline", "candidate"):
+        p_side = proj[side]
+        lost = " / ".join(fmt(p_side["lost_parts"][k]) for k in ("stall", "rework", "restart"))
+        assert lost in flat, (side, lost)
+        assert fmt(p_side["delta_node_s"]) in flat and fmt(p_side["delta_s"]) in flat, side
+        assert f"bandwidth bound {fmt(p_side['scaling']['bandwidth_bound_s'])} s" in flat
+    assert f"δ set by {proj['baseline']['bound']} {proj['candidate']['bound']}" in flat
     assert re.search(r"~ \[[^]]*\] no significant change", re.sub(r"\s+", " ", text))
     assert report["receipt"] in text
     assert "measured: py-spy samples weighted by procfs thread CPU" in text
