@@ -122,14 +122,17 @@ def test_profile_session_is_recorded_with_model_energy_and_replayed_gpu_wait(
         assert e["gpu_wait_s"] == pytest.approx(truth, abs=2 * nvml_period_s), e
         if e["gpu_idle_j"] is not None:
             assert 75.0 * e["gpu_wait_s"] * 0.95 <= e["gpu_idle_j"] <= 640.0 * e["gpu_wait_s"]
-    # An episode 1-3 s into the replay (96% busy throughout, 617.4 W): exact figures, to
-    # the rounding of the driver's mJ counter and us timestamps.
-    t0 = backend.start
+    # A 2 s episode inside the replay's first 24 s (96% busy throughout, 617.4 W) and
+    # inside the session's energy polls, which begin when the session does (on a loaded
+    # machine over 1 s after the replay): its last 2.5-0.5 s. Exact figures, to the
+    # rounding of the driver's mJ counter and us timestamps.
+    end = backend.clock() - 0.5
+    assert end <= backend.start + 24.0, "the session outran the replay's busy segment"
     inside = episode_gpu_reading(
         tracker,
         Episode(
-            pid=workload.pid, thread=workload.pid, codepath="json", start=t0 + 1.0,
-            end=t0 + 3.0, wall_s=2.0, period_s=0.02, resolution_s=0.02, cpu_s=0.0,
+            pid=workload.pid, thread=workload.pid, codepath="json", start=end - 2.0,
+            end=end, wall_s=2.0, period_s=0.02, resolution_s=0.02, cpu_s=0.0,
             main_thread=True, durable=False,
         ),
     )  # fmt: skip
