@@ -13,7 +13,10 @@ record (SQLite, which opens its files by name) is checked the same way before it
 
 Reading (`read_bounded`, `read_json`): a regular file only, opened with O_NONBLOCK so a
 FIFO cannot block the open, fstat'd before reading so a device is never read, and read to
-at most its bound + 1 bytes, so a file growing under us is refused too.
+at most its bound + 1 bytes, so a file growing under us is refused too. A file the job
+wrote (a checkpoint: its magic bytes, its page cache, a torch.save zip's pickle) is
+opened by `open_regular`, the same open with no link followed, and `read_head` reads its
+first bytes through it.
 
 Outside the layers, like profiler/exitcodes.py: every layer may import it, profiler/many
 excepted (it stands alone and has its own writer).
@@ -27,6 +30,7 @@ import json
 import os
 import secrets
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -220,6 +224,26 @@ def write_text(path: os.PathLike[str] | str, text: str, *, mode: int = 0o666) ->
 
 
 # ------------------------------------------------------------------------ reading
+
+
+@contextlib.contextmanager
+def open_regular(path: os.PathLike[str] | str) -> Iterator[int]:
+    """A read-only fd of a regular file the job wrote: no link followed, O_NONBLOCK so a
+    FIFO cannot block, fstat'd before use. Raises OSError (a link, a FIFO or device, gone)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def read_head(path: os.PathLike[str] | str, n: int) -> bytes:
+    """The first `n` bytes (fewer when the file is shorter) of a regular file, through
+    `open_regular`. Raises OSError."""
+    with open_regular(path) as fd:
+        return os.pread(fd, n, 0)
 
 
 def read_bounded(

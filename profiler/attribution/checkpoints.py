@@ -31,7 +31,9 @@ the same rule; several opens in one episode are one restore, so are one file's o
 several episodes of the process (their wall times summed), and a file whose opens no
 episode spans is one "file event only" restore. `read_bytes` is the process's storage
 reads (/proc/<pid>/io) over the episode. Formats that map and read on first use (`.many`,
-safetensors' safe_open) are `lazy`: their open is not all of the restore.
+safetensors' safe_open) are `lazy`: their open is not all of the restore. The format is
+told by the file's first bytes (`lazy_format`; a `.many` file saved as `ckpt.pt` by the
+torch drop-in is lazy), by its suffix only when they could not be read.
 
 An episode that has a direction (encode / decode) matches only events of its own kind:
 writes to encode, opens to decode; one without matches either.
@@ -44,6 +46,7 @@ from dataclasses import dataclass, replace
 
 from collectors.fsevents import OPENED, WRITTEN, FileEvent
 from profiler.attribution.episodes import Episode
+from profiler.many.format import MAGIC
 
 # How late the watch's stamp may be (a thread waking from poll(), GIL handover): a margin
 # on each match window, not a resolution any figure claims.
@@ -51,10 +54,30 @@ STAMP_SLACK_S = 0.05
 FILE_EVENT_ONLY = "file event only"
 SHARED = "one episode spans several files"
 LAZY_SUFFIXES = (".many", ".safetensors")
+LAZY_HEAD_BYTES = 9  # what `lazy_format` looks at
+_SAFETENSORS_MAX_HEADER = 100_000_000  # the safetensors spec's limit on its JSON header
 LAZY_NOTE = "lazy format: tensors are read on first use, so the open is not all of the restore"
 
 # (pid, t0, t1) -> the process's CPU seconds (or bytes read) between them; None: unknown
 Counter = Callable[[int, float, float], float | None]
+
+
+def lazy_format(head: bytes) -> bool | None:
+    """Whether a file that begins with `head` (its first LAZY_HEAD_BYTES) is read on first
+    use: `.many` (its magic, profiler/many/FORMAT.md) and safetensors (a little-endian u64
+    header length, then the JSON header's `{`) are; a zip (torch.save), a pickle and
+    anything else are not. None when `head` is too short to say."""
+    if head.startswith(MAGIC):
+        return True
+    if len(head) < LAZY_HEAD_BYTES:
+        return None
+    n = int.from_bytes(head[:8], "little")
+    return 2 <= n <= _SAFETENSORS_MAX_HEADER and head[8:9] == b"{"
+
+
+def lazy_by_suffix(path: str) -> bool:
+    """The format by name, where the file's bytes are gone."""
+    return path.endswith(LAZY_SUFFIXES)
 
 
 def stated_resolution_s(ep: Episode) -> float:
@@ -212,8 +235,10 @@ def match(
     *,
     cpu_s: Counter,
     read_bytes: Counter,
+    is_lazy: Callable[[str], bool] = lazy_by_suffix,
 ) -> Matched:
-    """Checkpoints, restores and unmatched main-thread episodes (module docstring)."""
+    """Checkpoints, restores and unmatched main-thread episodes (module docstring);
+    `is_lazy(path)` tells a restored file's format (the sink reads its first bytes)."""
     eps = sorted(episodes, key=lambda e: (e.start, e.pid, e.thread))
     encoders = [e for e in eps if _direction(e) != "decode"]
     decoders = [e for e in eps if _direction(e) != "encode" and e.main_thread]
@@ -233,6 +258,7 @@ def match(
         decoders,
         used,
         read_bytes,
+        is_lazy,
     )
     unmatched = tuple(e for e in eps if e.main_thread and id(e) not in used)
     return Matched(tuple(checkpoints), tuple(restores), unmatched)
@@ -319,7 +345,11 @@ def _unshared(checkpoints: list[Checkpoint]) -> list[Checkpoint]:
 
 
 def _restores(
-    opens: Sequence[FileEvent], decoders: Sequence[Episode], used: set[int], read_bytes: Counter
+    opens: Sequence[FileEvent],
+    decoders: Sequence[Episode],
+    used: set[int],
+    read_bytes: Counter,
+    is_lazy: Callable[[str], bool],
 ) -> list[Restore]:
     by_episode: dict[int, tuple[Episode, FileEvent]] = {}
     unmatched_paths: dict[str, FileEvent] = {}
@@ -353,7 +383,7 @@ def _restores(
                 resolution_s=sum(stated_resolution_s(g[0]) for g in group),
                 timed_by=timed_by,
                 read_bytes=None if None in reads else sum(r for r in reads if r is not None),
-                lazy=ev.path.endswith(LAZY_SUFFIXES),
+                lazy=is_lazy(ev.path),
             )
         )  # fmt: skip
     for path, ev in unmatched_paths.items():
@@ -363,7 +393,7 @@ def _restores(
             Restore(
                 path=path, bytes=ev.bytes, open_t=ev.t, pid=None, thread_id=None, episode=None,
                 wall_s=None, resolution_s=None, timed_by=FILE_EVENT_ONLY, read_bytes=None,
-                lazy=path.endswith(LAZY_SUFFIXES),
+                lazy=is_lazy(path),
             )
         )  # fmt: skip
     out.sort(key=lambda r: r.open_t)

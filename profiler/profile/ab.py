@@ -62,6 +62,7 @@ from profiler.exitcodes import EXIT_RUNTIME, EXIT_USAGE
 from profiler.many.format import MAGIC
 from profiler.records.run_ids import format_start_time
 from profiler.records.store import Recorder, RecordError
+from profiler.safeio import open_regular, read_head
 
 SIDES = ("baseline", "candidate")
 ORDERS = ("interleaved", "random")
@@ -520,24 +521,10 @@ def written_paths(directory: Path) -> list[str]:
     return sorted(snapshot(directory))
 
 
-@contextlib.contextmanager
-def _open_regular(path: str) -> Iterator[int]:
-    """A read-only fd of a regular file, as safeio's bounded open takes it: no link
-    followed, O_NONBLOCK so a FIFO cannot block, fstat'd before use."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(f"{path}: not a regular file")
-        yield fd
-    finally:
-        os.close(fd)
-
-
 def is_many(path: str) -> bool:
     """Whether the file begins with the `.many` magic bytes (profiler/many/FORMAT.md)."""
     try:
-        with _open_regular(path) as fd:
-            return os.pread(fd, len(MAGIC), 0) == MAGIC
+        return read_head(path, len(MAGIC)) == MAGIC
     except OSError:
         return False
 
@@ -593,7 +580,7 @@ def cache_state(directory: Path, *, evict: bool) -> dict[str, float]:
     out: dict[str, float] = {}
     for path in snapshot(directory):
         try:
-            with _open_regular(path) as fd:
+            with open_regular(path) as fd:
                 size = os.fstat(fd).st_size
                 if evict:
                     os.fsync(fd)
@@ -650,7 +637,7 @@ def unsupported_by_swap(paths: Sequence[str]) -> list[str]:
     problems: list[str] = []
     for path in paths:
         try:
-            with _open_regular(path) as fd:
+            with open_regular(path) as fd:
                 if os.pread(fd, 4, 0) != _ZIP_MAGIC:
                     continue
                 with os.fdopen(os.dup(fd), "rb") as fh, zipfile.ZipFile(fh) as zf:

@@ -18,15 +18,19 @@ from typing import Any
 from collectors.fsevents import WatchProcess
 from collectors.proccounters import CPU_SOURCE, ProcessCounters
 from profiler.attribution.checkpoints import (
+    LAZY_HEAD_BYTES,
     LAZY_NOTE,
     Checkpoint,
     Matched,
     Restore,
+    lazy_by_suffix,
+    lazy_format,
     match,
 )
 from profiler.attribution.episodes import Episode
 from profiler.attribution.window import AttributedWindow
 from profiler.profile.session import SessionInfo
+from profiler.safeio import read_head
 
 IDENTIFIED_BY_EVENTS = "file events"
 IDENTIFIED_BY_HEURISTIC = "heuristic"
@@ -39,6 +43,16 @@ MAX_EPISODES = 200_000  # episodes kept for matching; the rest are counted
 
 def _round(v: float | None) -> float | None:
     return None if v is None else round(v, 6)
+
+
+def is_lazy_file(path: str) -> bool:
+    """A restored file's format from its first bytes (the drop-in's `.many` named
+    `ckpt.pt` is lazy); from its name when it is gone or cannot be read."""
+    try:
+        got = lazy_format(read_head(path, LAZY_HEAD_BYTES))
+    except OSError:
+        got = None
+    return lazy_by_suffix(path) if got is None else got
 
 
 def episode_json(ep: Episode | None) -> dict[str, Any] | None:
@@ -134,6 +148,7 @@ class CheckpointSink:
             self._episodes,
             cpu_s=self.counters.cpu_s,
             read_bytes=self.counters.read_bytes,
+            is_lazy=is_lazy_file,
         )
         self.events = events
         return self.result
