@@ -12,13 +12,14 @@ import argparse
 import importlib
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from profiler.cli import argtypes
-from profiler.cli.main import SUBCOMMANDS
+from profiler.cli.main import SUBCOMMANDS, main
 from profiler.exitcodes import EXIT_USAGE
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,20 +35,45 @@ def serwatt(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.parametrize("value", ["nan", "NaN", "inf", "-inf", "1e999"])
-@pytest.mark.parametrize("option", ["--window", "--duration"])
-def test_profile_refuses_a_non_finite_window_or_duration(
-    tmp_path: Path, option: str, value: str
+def _profile_refuses(
+    tmp_path: Path, option: str, value: str, run: Callable[..., tuple[Any, str]]
 ) -> None:
     marker = tmp_path / "ran"
-    r = serwatt(
+    code, err = run(
         "profile", "--nvml", "off", f"{option}={value}", "--",
         sys.executable, "-c", f"open({str(marker)!r}, 'w')",
     )  # fmt: skip
-    assert r.returncode == EXIT_USAGE, (r.returncode, r.stderr)
-    assert f"argument {option}: " in r.stderr and "finite" in r.stderr, r.stderr
-    assert "Traceback" not in r.stderr
+    assert code == EXIT_USAGE, (code, err)
+    assert f"argument {option}: " in err and "finite" in err, err
+    assert "Traceback" not in err
     assert not marker.exists()  # nothing was started
+
+
+@pytest.mark.parametrize("value", ["nan", "NaN", "inf", "-inf", "1e999"])
+@pytest.mark.parametrize("option", ["--window", "--duration"])
+def test_profile_refuses_a_non_finite_window_or_duration(
+    tmp_path: Path, option: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In process, through the entry point's main()."""
+
+    def run(*args: str) -> tuple[int | str | None, str]:
+        try:
+            code: int | str | None = main(list(args))
+        except SystemExit as exc:
+            code = exc.code
+        return code, capsys.readouterr().err
+
+    _profile_refuses(tmp_path, option, value, run)
+
+
+def test_the_serwatt_command_refuses_a_nan_window(tmp_path: Path) -> None:
+    """The same end to end, once: `python -m profiler` in a process of its own."""
+
+    def run(*args: str) -> tuple[int, str]:
+        r = serwatt(*args)
+        return r.returncode, r.stderr
+
+    _profile_refuses(tmp_path, "--window", "nan", run)
 
 
 def _parsers(
