@@ -253,13 +253,13 @@ def ckpt_dir(tmp_path: Path) -> Iterator[Path]:
 
 # The caller's side of one checkpoint (CPython's allocator, so these are the C allocator
 # calls: objects above 512 bytes and C buffers), by the call that makes them:
-# - `_INT_RE.fullmatch` in profiler/many/state.py `_escape`, once for each of the 10 path
-#   segments that start like an integer (the model's "0.weight"...: an integer in disguise?);
 # - `threading.Condition.wait`, once: `Checkpointer.wait` for the background write;
 # - 4 dict tables above the small-object threshold, the flattener's (2 presized, 2 grown
 #   past 21 entries): these are serwatt's dicts, counted as tables.
-# (The dtype table of writer.py `_torch_code`, once rebuilt per tensor, is built once.)
-CKPT_CALLER_CALLS = {"int_key_match": 10, "condition_wait": 1}
+# (The dtype table of writer.py `_torch_code`, once rebuilt per tensor, is built once; the
+# `_INT_RE.fullmatch` of state.py `_escape`, once per path segment that starts like an
+# integer, runs once per key: its results are kept, the keys repeat every checkpoint.)
+CKPT_CALLER_CALLS = {"condition_wait": 1}
 CKPT_CALLER_DICT_TABLES = 4
 
 

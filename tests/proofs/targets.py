@@ -116,7 +116,6 @@ DEPENDENCY_CALLS = (
     "ndarray_flags",  # numpy: `value.flags.c_contiguous`, the layout check
     "blake3_hash",  # blake3: reset, update(the slot's memoryview), digest
     "handle",  # serwatt's own result object, `Handle(name, index, generation)`
-    "int_key_match",  # CPython re: `_INT_RE.fullmatch` of an escaped layer key
     "condition_wait",  # CPython threading: `Condition.wait`, its waiter lock
 )
 
@@ -128,7 +127,6 @@ def dependency_call(workdir: Path, *, call: str, elems: int = 65536) -> Callable
     import blake3
 
     from profiler.many import Handle
-    from profiler.many.state import _INT_RE
 
     value = np.full(elems, 1, dtype=np.float32)
     slot = np.zeros(elems, dtype=np.float32)
@@ -149,8 +147,6 @@ def dependency_call(workdir: Path, *, call: str, elems: int = 65536) -> Callable
         return step_hash
     if call == "handle":
         return lambda: Handle("s0", 0, 7)
-    if call == "int_key_match":
-        return lambda: _INT_RE.fullmatch("0%2Eweight")
     if call == "condition_wait":
         cond = threading.Condition()
 
