@@ -246,7 +246,7 @@ class _Flattener:
             )
         shape = tuple(int(d) for d in arr.shape)
         nbytes = int(arr.nbytes)
-        key = None
+        key: tuple[Any, ...] | None = None
         extent = None
         if nbytes:
             ptr = int(arr.__array_interface__["data"][0])
