@@ -356,3 +356,32 @@ def test_a_resumed_run_that_reads_no_checkpoint(tmp_path: Path) -> None:
     assert r.returncode == EXIT_USAGE, r.stderr
     assert "no restore measured: the resumed run opened no file under " in r.stderr
     assert "-baseline-1-resumed" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_headline_says_why_no_restore_was_compared() -> None:
+    """Restores seen but none timed on a side (a lazy open shorter than the sampling can
+    time) are not "not measured": the line says whose and how many; no restore at all is."""
+    from profiler.cli.ab import headline
+    from profiler.profile.ab import AbOptions
+
+    opts = AbOptions(baseline=("python", "t.py"), candidate=("python", "t.py"), repeats=2,
+                     record=Path("r.sqlite"))  # fmt: skip
+    timed = {"restores": 2, "file_event_only": 0, "wall_s": {"mean": 0.09}}
+    untimed = {"restores": 2, "file_event_only": 2, "wall_s": None}
+    runs = [
+        {"side": "baseline", "resumed": True, "restore_cache": "cold"},
+        {"side": "candidate", "resumed": False, "restore_cache": None},
+    ]
+    report = {
+        "checkpoint": {"stall_s": None, "restore_s": None, "note": "no episodes"},
+        "restore": {"baseline": timed, "candidate": untimed, "wall_s": None},
+        "ab": {"runs": runs},
+    }
+    assert headline(report, opts)[1] == (
+        "restore (cold): not compared, no timed restore "
+        "(candidate: 2 of 2 seen only as a file event)"
+    )
+    none = {"restores": 0, "file_event_only": 0, "wall_s": None}
+    report["restore"] = {"baseline": none, "candidate": none, "wall_s": None}
+    report["ab"] = {"runs": [{"side": "baseline", "resumed": False, "restore_cache": None}]}
+    assert headline(report, opts)[1] == "restore: not measured"

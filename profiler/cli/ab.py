@@ -405,6 +405,27 @@ def _verdict(m: dict[str, Any] | None, unit: str = "s") -> str | None:
     )
 
 
+def _restore_missing(report: dict[str, Any], label: str) -> str:
+    """The headline's restore line when none was compared: 'not measured' when no run
+    restored, else which side's restores were seen but none timed (a lazy open is often
+    shorter than the sampling can time) and how many."""
+    sides = report.get("restore") or {}
+    seen = {
+        name: side
+        for name in ("baseline", "candidate")
+        if isinstance(side := sides.get(name), dict) and side.get("restores")
+    }
+    if not seen:
+        return "restore: not measured"
+    untimed = [
+        f"{name}: {side.get('file_event_only') or 0} of {side['restores']} seen only as a "
+        "file event"
+        for name, side in seen.items()
+        if not side.get("wall_s")
+    ]
+    return f"restore{label}: not compared, no timed restore ({'; '.join(untimed) or 'see report'})"
+
+
 def headline(report: dict[str, Any], opts: AbOptions) -> list[str]:
     """At most three lines: the stall verdict with its interval, the restore's (or 'restore:
     not measured'), and what was compared."""
@@ -418,7 +439,7 @@ def headline(report: dict[str, Any], opts: AbOptions) -> list[str]:
     restore = _verdict(ck.get("restore_s"))
     caches = sorted({r["restore_cache"] for r in report["ab"]["runs"] if r.get("restore_cache")})
     label = f" ({', '.join(caches)})" if caches else ""
-    lines.append(f"restore{label}: {restore}" if restore else "restore: not measured")
+    lines.append(f"restore{label}: {restore}" if restore else _restore_missing(report, label))
     if opts.swap is not None:
         what = (
             f"`{_shown_command(list(opts.baseline))}` with torch.save/torch.load as "
