@@ -229,7 +229,7 @@ def optimizer_cover(optimizer: Any, sync: Any = ()) -> Callable[[Any], bool]:
         end = start + x.numel() * x.element_size()
         if not x.is_contiguous() or extents.get(start, -1) < end:
             return False
-        return not forced or not any(a < end and start < b for a, b in forced)
+        return not any(a < end and start < b for a, b in forced)
 
     return covers
 

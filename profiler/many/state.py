@@ -164,6 +164,7 @@ class _Flattener:
         # A tree can hold torch tensors only once torch is imported: no import here, and
         # the two exact classes tested by identity (a checkpoint walks every tensor).
         torch = sys.modules.get("torch")
+        self.parameter_type = torch.nn.Parameter if torch is not None else None
         self.tensor_types: tuple[type, ...] = (
             (torch.Tensor, torch.nn.Parameter) if torch is not None else ()
         )
@@ -323,7 +324,7 @@ class _Flattener:
         out: dict[str, Any] = {"T": slot}
         if v:
             out["v"] = v
-        if type(x) is self.tensor_types[1]:
+        if type(x) is self.parameter_type:
             out["P"] = True
         if requires_grad:
             out["rg"] = True
