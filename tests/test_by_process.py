@@ -67,7 +67,12 @@ def test_a_child_doing_json_and_a_parent_pickling_are_separate_rows(tmp_path: Pa
 
     pickle_rows, json_rows = _rows(doc, "pickle"), _rows(doc, "json")
     # the parent pickles, the child does json: each serializer's CPU is on its own process
-    assert pickle_rows[parent]["cpu_s"] > 0.5, pickle_rows
+    # a failure names where the parent's CPU went and what the sampler said of its windows
+    seen = {
+        cp: [p["cpu_s"] for p in row.get("processes", ()) if p["pid"] == parent]
+        for cp, row in doc["codepaths"].items()
+    }
+    assert pickle_rows.get(parent, {}).get("cpu_s", 0.0) > 0.5, (seen, doc["sampler"])
     assert json_rows[child]["cpu_s"] > 0.5, json_rows
     assert pickle_rows.get(child, {}).get("cpu_s", 0.0) < 0.1 * pickle_rows[parent]["cpu_s"]
     assert json_rows.get(parent, {}).get("cpu_s", 0.0) < 0.1 * json_rows[child]["cpu_s"]

@@ -31,6 +31,19 @@ def _profile(tmp: Path, name: str, fmt: str, *train: str) -> tuple[dict, dict]:
     return json.loads(doc.read_text()), summary
 
 
+def _writes_near(doc: dict, c: dict, before_s: float = 0.5) -> list[dict]:
+    """Episodes off the main thread of the checkpoint's process that could have written it:
+    ending no earlier than `before_s` ahead of its file event, begun by the event."""
+    return [
+        e
+        for e in doc["episodes"]
+        if e["pid"] == c["episode"]["pid"]
+        and not e["main_thread"]
+        and e["end"] >= c["event_t"] - before_s
+        and e["start"] <= c["event_t"] + 0.05
+    ]
+
+
 @pytest.mark.serial
 @pytest.mark.parametrize("fmt", ["torch", "many", "many-async"])
 def test_every_file_is_one_checkpoint_and_each_stall_is_the_save(tmp_path: Path, fmt: str) -> None:
@@ -42,6 +55,7 @@ def test_every_file_is_one_checkpoint_and_each_stall_is_the_save(tmp_path: Path,
     timed = [c for c in doc["checkpoints"] if c["stall_s"] is not None]
     assert timed, doc["checkpoints"]
     background = fmt == "many-async"  # many.Checkpointer writes on a thread of its own
+    writers_seen = 0
     for c in timed:
         # no checkpoint is an import, a load or a log line: its writer is a serializer
         # episode of the codepath the format saves through, on the main thread, or for
@@ -52,8 +66,14 @@ def test_every_file_is_one_checkpoint_and_each_stall_is_the_save(tmp_path: Path,
             # in the gap unseen (a fresh-clone run: the copy's edge 0.13 s unknown, no
             # writer episode), and then the copy is the only episode within tolerance.
             continue
-        assert c["episode"]["main_thread"] is not background, c
+        if background and c["episode"]["main_thread"] and not _writes_near(doc, c):
+            # the background write (a 4 MB write and fsync, a few ms) left no sample: the
+            # copy is the only episode within tolerance, and nothing else could be the writer
+            continue
+        assert c["episode"]["main_thread"] is not background, (c, _writes_near(doc, c))
         assert (c["stall_thread_id"] != c["thread_id"]) is background, c
+        writers_seen += 1
+    assert writers_seen, timed  # a format whose writer is never told apart proves nothing
     # resolution_s is a 95% half-width: each stall is within it of the workload's own
     # save_s 95% of the time, so up to the count a Binomial(n, 0.05) exceeds once in 1,000
     # runs may miss (a loaded CI run: one of its stalls 8.1 ms off at 7.5 ms)

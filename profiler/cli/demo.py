@@ -55,12 +55,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="mixed workload: how long it runs (default 20)",
     )  # fmt: skip
     parser.add_argument(
-        "--steps", type=Number(int, min=1), default=16,
-        help="train: steps per run, and as many again in its resumed run (default 16)",
+        "--steps", type=Number(int, min=1), default=48,
+        help="train: steps per run, and as many again in its resumed run (default 48)",
     )  # fmt: skip
     parser.add_argument(
-        "--every", type=Number(int, min=1), default=2,
-        help="train: checkpoint every K steps (default 2)",
+        "--every", type=Number(int, min=1), default=6,
+        help="train: checkpoint every K steps (default 6)",
     )  # fmt: skip
     parser.add_argument(
         "--repeats", type=Number(int, min=2, max=50), default=2,
