@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/daemon.py [--targets 8] [--rate 50] [--watch-s 120] [--phase-s 8]
                                      [--pairs 6] [--window-s 10] [--max-concurrent 16]
-                                     [--cpu-budget CORES] [--json FILE]
+                                     [--cpu-budget CORES] [--timing-rate HZ] [--json FILE]
     .venv/bin/python bench/daemon.py --recompute FILE
 
 Part 1 (--watch-s): a real `serwatt daemon` watches N real Python targets at --rate Hz
@@ -92,10 +92,12 @@ def write_config(
     pattern: str,
     max_concurrent: int,
     cpu_budget: float | None,
+    timing_rate: float = 0.0,
 ) -> None:
     path.write_text(
         f'listen: "127.0.0.1:{port}"\n'
         f"sample_rate_hz: {rate}\n"
+        f"timing_rate_hz: {timing_rate:g}\n"
         f"window_s: {window_s:g}\n"
         "rescan_s: 5\n"
         f"max_concurrent_samplers: {max_concurrent}\n"
@@ -249,6 +251,12 @@ def main() -> int:
         default=None,
         help="the daemon's cpu_budget_cores (default: none, every window at --rate)",
     )
+    ap.add_argument(
+        "--timing-rate",
+        type=float,
+        default=0.0,
+        help="the daemon's timing_rate_hz: a stack-change run per window (default 0: none)",
+    )
     ap.add_argument("--json", type=Path, help="also write the figures here")
     ap.add_argument(
         "--recompute",
@@ -272,7 +280,7 @@ def main() -> int:
     cfg = tmp / "serwatt.yaml"
     write_config(
         cfg, 0, tmp / "runs", args.rate, args.window_s, marker, args.max_concurrent,
-        args.cpu_budget,
+        args.cpu_budget, args.timing_rate,
     )  # fmt: skip
     log = open(tmp / "daemon.log", "wb")  # noqa: SIM115
     daemon = subprocess.Popen(
@@ -287,6 +295,7 @@ def main() -> int:
         "max_concurrent_samplers": args.max_concurrent,
         "rate_hz": args.rate,
         "cpu_budget_cores": args.cpu_budget,
+        "timing_rate_hz": args.timing_rate,
         "cpus": os.cpu_count(),
         "loadavg_start": os.getloadavg(),
     }

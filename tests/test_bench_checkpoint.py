@@ -72,7 +72,7 @@ def test_a_damaged_checkpoint_fails_the_bench_and_is_never_ranked(tmp_path: Path
     assert proc.returncode == 1, (out[-3000:], proc.stderr[-3000:])
     # Every round's many.save_state load was wrong (the flipped byte is inside a tensor).
     wrong = [ln for ln in out.splitlines() if "many.save_state" in ln and "WRONG" in ln]
-    assert len(wrong) == 7, out[-3000:]
+    assert len(wrong) == 7, (out[-3000:], proc.stderr[-3000:])
     assert "differs from the state saved" in proc.stderr
     table = [ln for ln in out.splitlines() if ln.startswith("| ")]
     assert any(ln.startswith("| many.Checkpointer |") for ln in table), table

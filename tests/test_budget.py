@@ -91,3 +91,13 @@ def test_bad_values_are_refused(budget, rate, used):
     with pytest.raises(ValueError):
         g = RateGovernor(budget, rate)
         g.observe(used)
+
+
+def test_another_runs_rate_falls_in_proportion_with_the_governed_rate():
+    g = RateGovernor(0.10, 50)
+    assert g.scaled(40) == 40  # at the configured rate: as configured
+    g.observe(2 * HEADROOM * 0.10)  # twice the aim: the rate halves
+    assert g.rate_hz == 25 and g.scaled(40) == 20
+    for _ in range(20):
+        g.observe(100.0)  # far over: the floor
+    assert g.rate_hz == MIN_RATE_HZ and g.scaled(40) == MIN_RATE_HZ  # never below 1 Hz

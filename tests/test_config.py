@@ -55,6 +55,7 @@ def test_example_config_is_valid_and_documents_every_default() -> None:
         "rescan_s",
         "max_concurrent_samplers",
         "cpu_budget_cores",
+        "timing_rate_hz",
         "rapl",
         "nvml",
         "cpu_tdp_w",
@@ -88,6 +89,7 @@ def test_example_config_mentions_every_key_the_loader_accepts() -> None:
         "rescan_s:",
         "max_concurrent_samplers:",
         "cpu_budget_cores:",
+        "timing_rate_hz:",
         "log_level:",
         "targets:",
         "cmdline:",
@@ -187,6 +189,7 @@ def test_full_config_values(tmp_path: Path) -> None:
             rescan_s: 1
             max_concurrent_samplers: 3
             cpu_budget_cores: 0.25
+            timing_rate_hz: 25
             log_level: debug
             targets:
               - name: trainer
@@ -213,7 +216,7 @@ def test_full_config_values(tmp_path: Path) -> None:
     assert (config.listen_host, config.listen_port) == ("::1", 9100)
     assert config.sample_rate_hz == 97.5 and config.window_s == 5.0 and config.rescan_s == 1.0
     assert config.max_concurrent_samplers == 3 and config.log_level == "debug"
-    assert config.cpu_budget_cores == 0.25
+    assert config.cpu_budget_cores == 0.25 and config.timing_rate_hz == 25.0
     assert config.rapl == "required" and config.nvml == "off" and config.cpu_tdp_w == 280.0
     assert config.record_dir == tmp_path / "records"  # relative to the config file
     assert config.retention_days == 0.5
@@ -238,6 +241,7 @@ def test_full_config_values(tmp_path: Path) -> None:
         ("max_concurrent_samplers: true", "max_concurrent_samplers", 1, "must be an integer"),
         ("sample_rate_hz: 5000", "sample_rate_hz", 1, "at most 1000"),
         ("cpu_budget_cores: 0", "cpu_budget_cores", 1, "greater than 0"),
+        ("timing_rate_hz: -1", "timing_rate_hz", 1, "at least 0"),
         ("cpu_budget_cores: 10%", "cpu_budget_cores", 1, "a number or null"),
         ("listen: 9977", "listen", 1, "must be a string"),
         ("listen: '127.0.0.1'", "listen", 1, "must be HOST:PORT"),

@@ -66,6 +66,7 @@ def config(
     rescan_s: float = 0.5,
     max_concurrent: int = 8,
     budget: float | None = None,
+    timing_rate_hz: float = 0,
     log_level: str = "info",
     retention_days: float = 30,
     rules_files: tuple[Path, ...] = (),
@@ -82,6 +83,7 @@ def config(
         f"rescan_s: {rescan_s}",
         f"max_concurrent_samplers: {max_concurrent}",
         f"cpu_budget_cores: {'null' if budget is None else budget}",
+        f"timing_rate_hz: {timing_rate_hz}",
         f"sampler_priority: {sampler_priority}",
         f"log_level: {log_level}",
         "targets:",
@@ -190,6 +192,18 @@ def test_sampling_keys_and_targets_apply_at_once(tmp_path: Path) -> None:
         assert new and {_arg(a, "--duration") for a in new} == {"3"}
         assert {_arg(a, "--rate") for a in new if "--idle" not in a} == {"20"}
         assert max(len(f) for f in watch.since(t)) <= 6  # 3 windows x 2 runs
+
+        # timing_rate_hz: a third run per window, the stack-change run (chrometrace)
+        t = _reload(
+            d, cfg,
+            config(**base, rate_hz=20, window_s=2, max_concurrent=3, rescan_s=30,
+                   timing_rate_hz=40),
+        )  # fmt: skip
+        wait_for(
+            lambda: any("chrometrace" in a for a in watch.started_after(t)), 20, "a timing run"
+        )
+        timing = [a for a in watch.started_after(t) if "chrometrace" in a]
+        assert {_arg(a, "--rate") for a in timing} == {"40"} and all("--idle" in a for a in timing)
 
         # rescan_s: a new rank started after the reload is found well before the old 30 s
         t = _reload(d, cfg, config(**base, rate_hz=20, window_s=2, max_concurrent=3))

@@ -74,6 +74,11 @@ class RateGovernor:
             self.over_budget = None
         return self.rate_hz
 
+    def scaled(self, rate_hz: float) -> float:
+        """Another py-spy run's rate, configured for max_rate_hz, lowered in proportion
+        with the governed rate (so the budget governs every run), at least 1 Hz."""
+        return max(MIN_RATE_HZ, float(math.floor(rate_hz * self.rate_hz / self.max_rate_hz)))
+
     def _floor(self) -> float:
         return min(MIN_RATE_HZ, self.max_rate_hz)
 

@@ -95,6 +95,8 @@ class Config:
     rescan_s: float = 5.0
     max_concurrent_samplers: int = 8
     cpu_budget_cores: float | None = None  # profiler/service/budget.py; None: always sample_rate_hz
+    # the stack-change run's rate at sample_rate_hz (scaled with the governed rate); 0: none
+    timing_rate_hz: float = 0.0
     sampler_priority: str = "auto"  # 'auto' | 'required' | 'off' (collectors/sched.py)
     targets: tuple[TargetSpec, ...] = ()
     rapl: str = "auto"  # 'auto' | 'required' | 'off'
@@ -338,6 +340,7 @@ _TOP_KEYS = (
     "rescan_s",
     "max_concurrent_samplers",
     "cpu_budget_cores",
+    "timing_rate_hz",
     "sampler_priority",
     "log_level",
     "targets",
@@ -369,6 +372,7 @@ def _check_document(c: YamlChecker, root: yaml.Node | None) -> dict[str, Any]:
         "cpu_budget_cores": lambda p, n: c.number(
             p, n, minimum=0, exclusive_minimum=True, maximum=1024, nullable=True
         ),
+        "timing_rate_hz": lambda p, n: c.number(p, n, minimum=0, maximum=1000),
         "log_level": lambda p, n: c.choice(p, n, {lv: lv for lv in LOG_LEVELS}),
         "sampler_priority": lambda p, n: c.choice(p, n, _ENABLED),
     }

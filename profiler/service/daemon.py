@@ -428,6 +428,9 @@ class Daemon:
                 window_s=cfg.window_s,
                 rate_hz=self._governor.rate_hz,
                 started_mono=now,
+                timing_rate_hz=(
+                    self._governor.scaled(cfg.timing_rate_hz) if cfg.timing_rate_hz > 0 else None
+                ),
             )
             # bound now: a reload while the window runs changes neither
             classifiers, sampler = self._classifiers, self._sampler

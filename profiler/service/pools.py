@@ -45,6 +45,7 @@ class SamplingJob:
     window_s: float
     rate_hz: float  # the on-CPU run's; the --idle run's is min(rate_hz, IDLE_RUN_RATE_HZ)
     started_mono: float
+    timing_rate_hz: float | None = None  # the stack-change run's (None: none)
     # wakes the window's py-spy supervision at once when set (collectors/pyspy/runner.py)
     stop: threading.Event = field(default_factory=StopEvent)
     done: threading.Event = field(default_factory=threading.Event)
@@ -124,8 +125,9 @@ Sampler = Callable[[SamplingJob, Classifier], WindowReport]
 
 @dataclass(frozen=True)
 class PySpyWindows:
-    """The daemon's sampler: a window is two py-spy runs and the target's CPU polls
-    (profiler/sampling/collect.py)."""
+    """The daemon's sampler: a window is two py-spy runs (three with `timing_rate_hz`: the
+    stack-change run that times phases, as `serwatt profile` does) and the target's CPU
+    polls (profiler/sampling/collect.py)."""
 
     pyspy: PySpy
     procfs: Path
@@ -141,5 +143,6 @@ class PySpyWindows:
             poll_s=CPU_POLL_S,
             on_cpu_run=ON_CPU_RUN,
             idle_rate_hz=min(job.rate_hz, IDLE_RUN_RATE_HZ),
+            timing_rate_hz=job.timing_rate_hz,
             pyspy=self.pyspy,
         )
