@@ -36,7 +36,10 @@ told by the file's first bytes (`lazy_format`; a `.many` file saved as `ckpt.pt`
 torch drop-in is lazy), by its suffix only when they could not be read.
 
 An episode that has a direction (encode / decode) matches only events of its own kind:
-writes to encode, opens to decode; one without matches either.
+writes to encode, opens to decode; one without matches either. An episode of a codepath
+that writes only text (TEXT_CODEPATHS: json, yaml) is not the writer of a file whose first
+bytes are binary (a zip, a pickle, `.many`): the log line a job prints as a save completes
+is then never the save when the save itself went unsampled.
 """
 
 from __future__ import annotations
@@ -56,6 +59,8 @@ SHARED = "one episode spans several files"
 LAZY_SUFFIXES = (".many", ".safetensors")
 LAZY_HEAD_BYTES = 9  # what `lazy_format` looks at
 _SAFETENSORS_MAX_HEADER = 100_000_000  # the safetensors spec's limit on its JSON header
+# codepaths whose encoders write only text (json.dump, orjson's UTF-8 bytes, yaml.dump)
+TEXT_CODEPATHS = frozenset({"json", "yaml"})
 LAZY_NOTE = "lazy format: tensors are read on first use, so the open is not all of the restore"
 
 # (pid, t0, t1) -> the process's CPU seconds (or bytes read) between them; None: unknown
@@ -78,6 +83,27 @@ def lazy_format(head: bytes) -> bool | None:
 def lazy_by_suffix(path: str) -> bool:
     """The format by name, where the file's bytes are gone."""
     return path.endswith(LAZY_SUFFIXES)
+
+
+def file_is_lazy(path: str, head: bytes | None) -> bool:
+    """A file's format from its first bytes, from its name when they could not be read."""
+    got = None if head is None else lazy_format(head)
+    return lazy_by_suffix(path) if got is None else got
+
+
+def binary_head(head: bytes | None) -> bool:
+    """Whether a file that begins with `head` cannot be text: a control byte other than
+    whitespace, or bytes that are not UTF-8 (a sequence cut off at the end excepted).
+    False when the head is unknown or empty."""
+    if not head:
+        return False
+    if any(b < 0x20 and b not in b"\t\n\r\f" for b in head):
+        return True
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return exc.end < len(head) or exc.reason != "unexpected end of data"
+    return False
 
 
 def stated_resolution_s(ep: Episode) -> float:
@@ -235,10 +261,11 @@ def match(
     *,
     cpu_s: Counter,
     read_bytes: Counter,
-    is_lazy: Callable[[str], bool] = lazy_by_suffix,
+    head_of: Callable[[str], bytes | None] = lambda _path: None,
 ) -> Matched:
     """Checkpoints, restores and unmatched main-thread episodes (module docstring);
-    `is_lazy(path)` tells a restored file's format (the sink reads its first bytes)."""
+    `head_of(path)` is a file's first LAZY_HEAD_BYTES (None: unreadable, the file is gone)
+    and tells its format."""
     eps = sorted(episodes, key=lambda e: (e.start, e.pid, e.thread))
     encoders = [e for e in eps if _direction(e) != "decode"]
     decoders = [e for e in eps if _direction(e) != "encode" and e.main_thread]
@@ -247,7 +274,10 @@ def match(
     written_at: dict[str, float] = {}
     for ev in sorted((e for e in events if e.kind == WRITTEN), key=lambda e: e.t):
         written_at.setdefault(ev.path, ev.t)
-        checkpoints.append(_checkpoint(ev, encoders, used, cpu_s))
+        writers = encoders
+        if binary_head(head_of(ev.path)):
+            writers = [e for e in encoders if e.codepath not in TEXT_CODEPATHS]
+        checkpoints.append(_checkpoint(ev, writers, used, cpu_s))
     checkpoints = _unshared(checkpoints)
     restores = _restores(
         [
@@ -258,7 +288,7 @@ def match(
         decoders,
         used,
         read_bytes,
-        is_lazy,
+        lambda path: file_is_lazy(path, head_of(path)),
     )
     unmatched = tuple(e for e in eps if e.main_thread and id(e) not in used)
     return Matched(tuple(checkpoints), tuple(restores), unmatched)

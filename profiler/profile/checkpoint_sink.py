@@ -23,8 +23,7 @@ from profiler.attribution.checkpoints import (
     Checkpoint,
     Matched,
     Restore,
-    lazy_by_suffix,
-    lazy_format,
+    file_is_lazy,
     match,
 )
 from profiler.attribution.episodes import Episode
@@ -45,14 +44,19 @@ def _round(v: float | None) -> float | None:
     return None if v is None else round(v, 6)
 
 
+def file_head(path: str) -> bytes | None:
+    """A checkpoint file's first LAZY_HEAD_BYTES, through the bounded open; None when it
+    is gone or cannot be read."""
+    try:
+        return read_head(path, LAZY_HEAD_BYTES)
+    except OSError:
+        return None
+
+
 def is_lazy_file(path: str) -> bool:
     """A restored file's format from its first bytes (the drop-in's `.many` named
     `ckpt.pt` is lazy); from its name when it is gone or cannot be read."""
-    try:
-        got = lazy_format(read_head(path, LAZY_HEAD_BYTES))
-    except OSError:
-        got = None
-    return lazy_by_suffix(path) if got is None else got
+    return file_is_lazy(path, file_head(path))
 
 
 def episode_json(ep: Episode | None) -> dict[str, Any] | None:
@@ -148,7 +152,7 @@ class CheckpointSink:
             self._episodes,
             cpu_s=self.counters.cpu_s,
             read_bytes=self.counters.read_bytes,
-            is_lazy=is_lazy_file,
+            head_of=file_head,
         )
         self.events = events
         return self.result
