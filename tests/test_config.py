@@ -242,6 +242,7 @@ def test_full_config_values(tmp_path: Path) -> None:
         ("sample_rate_hz: 5000", "sample_rate_hz", 1, "at most 1000"),
         ("cpu_budget_cores: 0", "cpu_budget_cores", 1, "greater than 0"),
         ("timing_rate_hz: -1", "timing_rate_hz", 1, "at least 0"),
+        ("timing_rate_hz: 0.5", "timing_rate_hz", 1, "must be an integer"),
         ("cpu_budget_cores: 10%", "cpu_budget_cores", 1, "a number or null"),
         ("listen: 9977", "listen", 1, "must be a string"),
         ("listen: '127.0.0.1'", "listen", 1, "must be HOST:PORT"),

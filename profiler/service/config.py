@@ -372,7 +372,8 @@ def _check_document(c: YamlChecker, root: yaml.Node | None) -> dict[str, Any]:
         "cpu_budget_cores": lambda p, n: c.number(
             p, n, minimum=0, exclusive_minimum=True, maximum=1024, nullable=True
         ),
-        "timing_rate_hz": lambda p, n: c.number(p, n, minimum=0, maximum=1000),
+        # py-spy takes whole samples per second: 0 (no stack-change run) or 1..1000
+        "timing_rate_hz": lambda p, n: c.number(p, n, integer=True, minimum=0, maximum=1000),
         "log_level": lambda p, n: c.choice(p, n, {lv: lv for lv in LOG_LEVELS}),
         "sampler_priority": lambda p, n: c.choice(p, n, _ENABLED),
     }
