@@ -146,6 +146,7 @@ BAD = [
     (PY + "    file: []\n", 6, "file is an empty list"),
     (PY + "    file: {x: 1}\n", 6, "file must be a string"),
     (PY + "    file: a.py\n    confidence: medium\n", 7, "confidence must be high or low"),
+    (PY + "    file: a.py\n    direction: sideways\n", 7, "direction must be encode, decode or"),
     (S + "rules:\n  - id: 'a b'\n    codepath: json\n", 3, "bad id 'a b'"),
     (R + "    id: b\n", 5, "duplicate key 'id'"),
     (S + "rules: {a: 1}\n", 2, "`rules` must be a list"),

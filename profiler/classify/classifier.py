@@ -15,7 +15,10 @@ Rules (profiler/classify/rules.py, built-ins in configs/codepaths.yaml) come in 
   `<rule>+below`, unless a deeper rule of the same codepath names it.
 
 The sample goes to its OUTERMOST serializer scope, walking from the stack root:
-`torch.save` -> torch even though pickling runs under it. A leaf call-site line that
+`torch.save` -> torch even though pickling runs under it. Its direction (encode /
+decode / unknown) is the first one said from that frame inward by a frame of the same
+codepath: its rule's `direction`, else its name (profiler/classify/direction.py); a
+call-site decision by the called names. A leaf call-site line that
 also runs other non-trivial calls is `low` confidence (`ambiguous=True`). Nothing
 matched, or two different serializers called on one ambiguous line: `other`.
 Unknown stays `other`; nothing is guessed.
@@ -40,7 +43,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +52,7 @@ from collectors.samples import Frame, Sample
 from profiler import safeio
 from profiler.classify.callsite import MAX_NAME_PARTS, LineCalls
 from profiler.classify.codepaths import OTHER, Classification
+from profiler.classify.direction import UNKNOWN, combined, name_direction
 from profiler.classify.prefilter import CallsitePrefilter
 from profiler.classify.rules import PatternSet, Rule, RuleError, RuleSet, load_rules
 from profiler.classify.source_cache import NOT_READY, SourceCache
@@ -95,6 +99,9 @@ class CallsiteMatch:
     # comprehension, arguments only constants, names and attributes of imported names.
     # Any Python frame deeper than such a line is inside that serializer's call.
     encloses: bool = False
+    # encode / decode from the serializer calls' rules or names; unknown when they do
+    # not say or disagree (profiler/classify/direction.py)
+    direction: str = UNKNOWN
 
 
 @dataclass(frozen=True)
@@ -328,6 +335,7 @@ class Classifier:
                 unknown=f"cannot resolve a call on the line (a name over {MAX_NAME_PARTS} parts)",
             )
         matched: list[Rule] = []
+        said: list[str | None] = []  # each matched call's direction
         others = 1 if line_calls.comprehension and not inner_only else 0
         # what `encloses` needs: every call on the line named through an import, plain
         # arguments everywhere, and no call but the serializer and its receivers
@@ -348,6 +356,8 @@ class Classifier:
                     break
             if rule is not None:
                 matched.append(rule)
+                d = rule.direction or name_direction(call.method or call.name)
+                said.append(None if d == UNKNOWN else d)
             elif not call.receiver:
                 encloses = False
                 if not self.rules.trivial_calls.match(call.name):
@@ -361,7 +371,13 @@ class Classifier:
         if len(codepaths) > 1:
             return CallsiteMatch(None, None, others)
         encloses = encloses and len(matched) == 1 and matched[0].confidence == "high"
-        return CallsiteMatch(matched[0].codepath, matched[0], others, encloses=encloses)
+        return CallsiteMatch(
+            matched[0].codepath,
+            matched[0],
+            others,
+            encloses=encloses,
+            direction=combined(said) or UNKNOWN,
+        )
 
     def _process_start_epoch(self, proc_root: Path) -> float | None:
         """When the target started (epoch s), from <proc_root>/../stat; None if unknown."""
@@ -419,18 +435,39 @@ class Classifier:
         k, rule_id = got.frame_index, got.classification.rule_id
         # Nothing decided (`other`, or two serializers on the leaf line): every python and
         # native frame was looked at and none matched.
-        if k is None or rule_id is None or rule_id in self._inner_wins_ids:
+        if k is None or rule_id is None:
             return got
-        for j in range(k - 1, -1, -1):
+        if rule_id not in self._inner_wins_ids:
+            for j in range(k - 1, -1, -1):
+                frame = frames[j]
+                rule = self._native_rule(frame) if frame.is_native else self._python_rule(frame)
+                if rule is not None and rule.inner_wins:
+                    got = Explanation(
+                        Classification(rule.codepath, rule.id, rule.confidence),
+                        j,
+                        f"{'native' if frame.is_native else 'python'}, "
+                        f"inner_wins inside rule {rule_id}'s scope",
+                    )
+                    break
+        return self._with_direction(frames, got)
+
+    def _with_direction(self, frames: tuple[Frame, ...], got: Explanation) -> Explanation:
+        """`got` with the direction its deciding frame, or the first deeper frame of its
+        codepath, states or names (a call-site decision already has its line's)."""
+        c, k = got.classification, got.frame_index
+        if c.direction != UNKNOWN or k is None:
+            return got
+        for j in range(k, -1, -1):
             frame = frames[j]
             rule = self._native_rule(frame) if frame.is_native else self._python_rule(frame)
-            if rule is not None and rule.inner_wins:
-                return Explanation(
-                    Classification(rule.codepath, rule.id, rule.confidence),
-                    j,
-                    f"{'native' if frame.is_native else 'python'}, "
-                    f"inner_wins inside rule {rule_id}'s scope",
-                )
+            if rule is not None and rule.codepath == c.codepath:
+                said = rule.direction or name_direction(frame.name)
+            elif rule is None and not frame.is_native and self._is_callback(frame.name):
+                said = name_direction(frame.name)  # persistent_id, __setstate__
+            else:
+                continue
+            if said is not None and said != UNKNOWN:
+                return replace(got, classification=replace(c, direction=said))
         return got
 
     def _decide(
@@ -482,6 +519,7 @@ class Classifier:
                         match.rule.id,
                         "low" if low else "high",
                         ambiguous=match.others > 0,
+                        direction=match.direction,
                     )
                     how = f"callsite, running callback {frames[callee].name}"
                     return _within(enclosing, Explanation(got, i, how))
@@ -498,7 +536,11 @@ class Classifier:
                     # stack directly on the line that called it. Deeper frames are
                     # still looked at: a rule of the same codepath names it better.
                     enclosing = Explanation(
-                        Classification(match.rule.codepath, below_id(match.rule.id)),
+                        Classification(
+                            match.rule.codepath,
+                            below_id(match.rule.id),
+                            direction=match.direction,
+                        ),
                         i,
                         f"callsite, {frames[callee].name} runs inside the call",
                     )
@@ -542,7 +584,11 @@ class Classifier:
         stale = self._stale(frames[i], proc_root)
         low = ambiguous or match.rule.confidence == "low" or stale
         got = Classification(
-            match.codepath, match.rule.id, "low" if low else "high", ambiguous=ambiguous
+            match.codepath,
+            match.rule.id,
+            "low" if low else "high",
+            ambiguous=ambiguous,
+            direction=match.direction,
         )
         how = "callsite"
         if ambiguous:

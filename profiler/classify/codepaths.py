@@ -40,12 +40,14 @@ class Classification:
     or "low" (a call-site line that also runs other non-trivial calls is "low").
     `ambiguous` marks such a mixed call-site line (always with "low"); an `other`
     sample with `ambiguous=True` was a line calling two different serializers.
+    `direction`: "encode", "decode" or "unknown" (profiler/classify/direction.py).
     """
 
     codepath: str
     rule_id: str | None = None
     confidence: str = "high"
     ambiguous: bool = False
+    direction: str = "unknown"
 
     @property
     def low_confidence(self) -> bool:

@@ -18,6 +18,9 @@ A rule file is YAML (schema `serwatt.codepaths/1`, see configs/codepaths.yaml) w
     (patterns on the import-resolved dotted name, e.g. `pickle.dumps`,
     `pickle.Pickler().dump`) or a method in `methods` (patterns on the method name,
     for receivers the source does not resolve, e.g. `SerializeToString`).
+- `direction` (optional: `encode`, `decode` or `unknown`) states which way the rule's
+  frames or calls go. Without it the frame's or called name says (profiler/classify/
+  direction.py); `unknown` says the names are not to be read.
 - `inner_wins: true` marks a storage layer that other frameworks plug in: a frame such a
   rule matches decides the sample even inside another rule's scope (a `.many` storage
   writer under DCP's `save`, whose own rule would otherwise win as the outermost scope).
@@ -48,6 +51,7 @@ from pathlib import Path
 import yaml
 
 from profiler.classify.codepaths import CODEPATHS
+from profiler.classify.direction import DIRECTIONS
 from profiler.yamlcheck import (
     ConfigError,
     RegexError,
@@ -62,7 +66,7 @@ CONFIDENCES = ("high", "low")
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")
 
 _TOP_KEYS = {"schema", "description", "rules", "callbacks", "trivial_calls"}
-_COMMON_KEYS = {"id", "codepath", "layer", "confidence", "description", "inner_wins"}
+_COMMON_KEYS = {"id", "codepath", "layer", "confidence", "description", "inner_wins", "direction"}
 _LAYER_KEYS = {
     "python": {"file", "function"},
     "native": {"module", "symbol"},
@@ -201,6 +205,8 @@ class Rule:
     origin: str  # "file:line", for messages and docs
     # A storage layer: its frame decides even inside another rule's scope (see the module doc).
     inner_wins: bool = False
+    # encode / decode / unknown as the rule states it; None: read from the names
+    direction: str | None = None
     files: PatternSet | None = None
     functions: FunctionPatterns | None = None
     modules: PatternSet | None = None
@@ -362,6 +368,18 @@ def _rule(path: Path, node: yaml.Node, seen: dict[str, str]) -> Rule:
                 f"{rule_id!r} (a call site is only looked at on the leaf frame)",
             )
 
+    direction = None
+    if "direction" in fields:
+        direction = _scalar(path, fields["direction"][1], "direction")
+        if direction not in DIRECTIONS:
+            raise RuleError(
+                path,
+                _line(fields["direction"][1]),
+                f"direction must be {', '.join(DIRECTIONS[:-1])} or {DIRECTIONS[-1]}, "
+                f"not {direction!r}, in rule {rule_id!r} (leave it out to read it from "
+                "the names)",
+            )
+
     def pats(key: str) -> list[str] | None:
         return _patterns(path, fields[key][1], key, rule_id) if key in fields else None
 
@@ -378,6 +396,7 @@ def _rule(path: Path, node: yaml.Node, seen: dict[str, str]) -> Rule:
             confidence,
             origin,
             inner_wins,
+            direction,
             files=_suffix_patterns(files),
             functions=FunctionPatterns(functions),
         )
@@ -392,6 +411,7 @@ def _rule(path: Path, node: yaml.Node, seen: dict[str, str]) -> Rule:
             confidence,
             origin,
             inner_wins,
+            direction,
             modules=PatternSet(modules or ["*"]),
             symbols=PatternSet(symbols or ["*"]),
         )
@@ -404,6 +424,7 @@ def _rule(path: Path, node: yaml.Node, seen: dict[str, str]) -> Rule:
         layer,
         confidence,
         origin,
+        direction=direction,
         calls=PatternSet(calls or []),
         methods=PatternSet(methods or []),
     )

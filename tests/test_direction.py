@@ -1,0 +1,155 @@
+"""Encode and decode told apart (issue 24 §1): the direction a classified sample carries,
+read from the names on its stack (profiler/classify/direction.py), on recorded real py-spy
+output of every serializer workload (tests/fixtures/pyspy/), and as rule files state it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from collectors.samples import Frame
+from profiler.classify.classifier import Classifier
+from profiler.classify.direction import combined, name_direction
+from profiler.classify.rules import parse_rules_text
+from tests.workloads.harness import samples_from_dump
+
+FIXTURES = Path(__file__).parent / "fixtures" / "pyspy"
+
+# what each recorded workload runs (tests/workloads/serializers.py): one direction, or
+# both (a round trip in one loop), or neither (no serializer)
+ONE_WAY = {
+    "json_dumps": "encode",
+    "json_loads": "decode",
+    "msgpack_packb": "encode",
+    "msgpack_unpackb": "decode",
+    "pickle_alias": "encode",
+    "pickle_from_alias": "decode",  # `from pickle import loads as thaw`: the alias resolved
+    "pickle_multiline": "encode",
+    "pickle_persistent_id": "encode",
+    "pickle_pure_python": "encode",
+    "pickle_ambiguous": "encode",
+    "protobuf_serialize": "encode",
+    "protobuf_parse": "decode",
+    "protobuf_json_format": "encode",
+    "yaml_dump": "encode",
+    "torch_save": "encode",
+    "torch_load": "decode",
+    "numpy_save": "encode",
+    "safetensors_save": "encode",
+    "many_save": "encode",
+}
+BOTH_WAYS = {"pickle_callbacks", "mp_queue", "protobuf_python_backend"}
+# `orjson.loads(orjson.dumps(x))`: one line calls both, so no sample can say which ran
+NEITHER_SAID = {"orjson_roundtrip"}
+NO_SERIALIZER = {"compute", "tensor_copy"}
+# a thread whose only serializer frame names no direction: `.many`'s hashing pool
+# (_hash_slots) runs for a save and for a verifying load alike
+UNSAID_FRAMES = {"_hash_slots"}
+
+
+@pytest.fixture(scope="module")
+def classified(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list]:
+    """fixture stem -> [(sample, classification)] of its serializer samples, classified
+    through a fake /proc/<pid>/root holding the sources as they were at capture time."""
+    root = tmp_path_factory.mktemp("root")
+    files = sorted(FIXTURES.glob("*.json"))
+    for p in files:
+        for path, copy in json.loads(p.read_text())["sources"].items():
+            dst = root / path.lstrip("/")
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(FIXTURES / copy, dst)
+    classifier = Classifier.default()
+    out: dict[str, list] = {}
+    for p in files:
+        doc = json.loads(p.read_text())
+        got = [
+            (s, classifier.classify(s, proc_root=root))
+            for d in doc["dumps"]
+            for s in samples_from_dump(d)
+            if s.frames
+        ]
+        out[p.stem] = [(s, c) for s, c in got if c.codepath != "other"]
+    return out
+
+
+def test_every_recorded_workload_is_in_one_table() -> None:
+    kinds = {json.loads(p.read_text())["kind"] for p in FIXTURES.glob("*.json")}
+    assert kinds == set(ONE_WAY) | BOTH_WAYS | NEITHER_SAID | NO_SERIALIZER
+
+
+def test_each_sample_of_a_one_way_workload_carries_its_direction(classified) -> None:
+    for stem, got in classified.items():
+        kind = stem.split("-", 1)[1]
+        if kind not in ONE_WAY:
+            continue
+        assert got, stem
+        for s, c in got:
+            if s.frames[0].name in UNSAID_FRAMES:
+                assert c.direction == "unknown", (stem, s.frames[:4], c)
+            else:
+                assert c.direction == ONE_WAY[kind], (stem, s.frames[:6], c)
+
+
+def test_a_round_trip_shows_both_directions_and_a_mixed_line_neither(classified) -> None:
+    for stem, got in classified.items():
+        kind = stem.split("-", 1)[1]
+        directions = Counter(c.direction for _, c in got)
+        if kind in BOTH_WAYS:
+            assert directions["encode"] and directions["decode"], (stem, directions)
+            assert not directions["unknown"], (stem, directions)
+        elif kind in NEITHER_SAID:
+            assert set(directions) == {"unknown"}, (stem, directions)
+
+
+def test_both_directions_of_every_codepath_are_named() -> None:
+    # the name each built-in codepath's encode and decode go through (a frame's function,
+    # a native symbol, a called name or a method), as py-spy and the call-site index
+    # report them
+    names = {
+        "pickle": ("pickle.dumps", "_Unpickler.load_build"),
+        "torch": ("save", "_load"),
+        "protobuf": ("SerializeToString", "ParseFromString"),
+        "json": ("JSONEncoder.iterencode", "JSONDecoder.raw_decode"),
+        "msgpack": ("Packer.pack", "msgpack.Unpacker().unpack"),
+        "yaml": ("yaml.safe_dump", "yaml.CLoader().get_single_data"),
+        "safetensors": ("safetensors.torch.save_file", "safe_open"),
+        "numpy": ("numpy.lib.format.write_array", "read_array"),
+        "many": ("Checkpointer._write", "load_state"),
+    }
+    native = {
+        "torch": (
+            "caffe2::serialize::PyTorchStreamWriter::writeRecord",
+            "caffe2::serialize::PyTorchStreamReader::getRecord",
+        ),
+        "protobuf": ("upb_Encode", "upb_Decode"),
+    }
+    for cp, (enc, dec) in [*names.items(), *native.items()]:
+        assert (name_direction(enc), name_direction(dec)) == ("encode", "decode"), cp
+    for name in ("Checkpointer.checkpoint", "_open_zipfile_writer", "_tensor_to_object", "run"):
+        assert name_direction(name) is None, name  # neither, or both: never guessed
+    assert combined(["encode", "encode"]) == "encode"
+    assert combined(["encode", "decode"]) is None and combined(["encode", None]) is None
+
+
+def test_a_rule_states_a_direction_its_names_do_not() -> None:
+    frame = Frame("_tensor_to_object", "/x/torch/distributed/distributed_c10d.py", 10)
+    got = Classifier.default().classify_frames((frame,))
+    assert (got.codepath, got.direction) == ("pickle", "decode")  # stated in the rule
+    rules = parse_rules_text(
+        "schema: serwatt.codepaths/1\n"
+        "rules:\n"
+        "  - id: team.state\n    codepath: json\n    layer: python\n"
+        "    file: team/state.py\n    function: '*'\n    direction: unknown\n"
+        "  - id: team.blob\n    codepath: msgpack\n    layer: python\n"
+        "    file: team/blob.py\n    function: '*'\n    direction: decode\n"
+    )
+    cl = Classifier(rules)
+    # `unknown` stops the names being read: save_state would otherwise say encode
+    assert cl.classify_frames((Frame("save_state", "/a/team/state.py", 3),)).direction == (
+        "unknown"
+    )
+    assert cl.classify_frames((Frame("write_blob", "/a/team/blob.py", 3),)).direction == ("decode")
