@@ -128,3 +128,36 @@ def test_observers_see_every_window_and_extend_the_document(tmp_path: Path) -> N
     assert " J" in table.splitlines()[1] and "GPU-wait s" in table.splitlines()[1]
     assert "elapsed" in progress.getvalue()
     assert doc["sampler"]["windows"] == len(obs.reports)
+
+
+def test_a_window_lost_as_its_target_exits_is_counted_and_said(tmp_path: Path) -> None:
+    # a py-spy that samples the whole run and then fails (exit 1) once the target has
+    # exited: the window's samples are lost, and the document must say so, not read as
+    # a run that was never sampled
+    from collectors.pyspy import PySpy
+    from collectors.pyspy.runner import find_pyspy
+
+    spy = tmp_path / "py-spy"
+    spy.write_text(
+        f'#!/bin/sh\n"{find_pyspy()}" "$@" || exit\n'
+        '[ "$1" = record ] || exit 0\necho "Error: lost" >&2\nexit 1\n'
+    )
+    spy.chmod(0o755)
+    script = tmp_path / "w.py"
+    script.write_text("import time\nend = time.time() + 2.5\nwhile time.time() < end:\n    pass\n")
+    p = subprocess.Popen([PY312, str(script)])
+    session = ProfileSession(
+        p.pid,
+        classifier=Classifier.default(),
+        rate_hz=50,
+        window_s=60.0,
+        pyspy=PySpy(spy),
+        root_exit_check=lambda: p.poll() is not None,
+    )
+    result = session.run()
+    p.wait()
+    doc = build_document(result)
+    assert doc["sampler"]["windows"] == 0
+    assert doc["sampler"]["window_failures"] == {"lost_at_exit": 1}, doc["sampler"]
+    (target,) = doc["targets"]
+    assert target["error"].startswith("lost_at_exit: the window's py-spy failed as the target")

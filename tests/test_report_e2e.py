@@ -106,7 +106,8 @@ def records(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, d
             anchor = ["--checkpoints", str(ckpt_dir)]
             procs[run_id] = serwatt_subprocess(
                 "profile", "--rate", str(rate_hz), "--window", str(window_s),
-                "--record", str(db), "--run-id", run_id, *anchor, "--",
+                "--record", str(db), "--run-id", run_id, *anchor,
+                "--json", str(work / f"{run_id}.json"), "--",
                 sys.executable, "-m", "profiler.workloads.train", "--ckpt", ckpt,
                 "--steps", str(steps), "--every", "2", "--size", str(size_mb),
                 "--dir", str(ckpt_dir),
@@ -116,6 +117,11 @@ def records(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, d
             assert code == 0, (run_id, err[-2000:])
             summary = next(ln for ln in out.splitlines() if ln.startswith('{"format"'))
             written[run_id] = json.loads(summary)
+            # a run whose one window was lost records nothing to compare: say why here,
+            # not as a report's "not comparable" later (a fresh-clone CI run's ab-json
+            # recorded no window, its 18 checkpoints file events only)
+            doc = json.loads((work / f"{run_id}.json").read_text())
+            assert doc["sampler"]["windows"] >= 1, (run_id, doc["sampler"], doc["targets"])
     return db, written
 
 

@@ -55,6 +55,8 @@ from profiler.sampling.window import WindowReport
 BIN_S = 1.0  # time resolution of the per-codepath CPU bins used for the share interval
 # A target that starts native threads without end must not grow the session's memory.
 MAX_UNMAPPED_THREADS = 4096
+# a window that ran this long before it failed as its target exited had samples to lose
+LOST_WINDOW_MIN_S = 1.0
 
 
 class SessionSink(Protocol):
@@ -284,6 +286,7 @@ class ProfileSession:
             dur = min(self.window_s, self._remaining())
             if dur < 0.2:
                 break
+            began = time.monotonic()
             try:
                 raw = collect_window(
                     pid,
@@ -295,7 +298,8 @@ class ProfileSession:
                     on_cpu_run=self.on_cpu_run,
                     timing_rate_hz=self._timing_rate_for(pid),
                 )
-            except TargetGone:
+            except TargetGone as exc:
+                self._lost_at_exit(stats, exc, time.monotonic() - began)
                 stats.exited = True
                 break
             except NotPython as exc:
@@ -313,6 +317,7 @@ class ProfileSession:
                 break
             except SamplingError as exc:
                 if not procstat.exists(pid, self.procfs):
+                    self._lost_at_exit(stats, exc, time.monotonic() - began)
                     stats.exited = True
                     break
                 self._record_failure(stats, exc, is_root)
@@ -408,6 +413,19 @@ class ProfileSession:
             wrapper = self.root_may_be_wrapper and isinstance(exc, NotPython)
             if is_root and stats.collected == 0 and not wrapper:
                 self._root_error = exc
+
+    def _lost_at_exit(self, stats: TargetStats, exc: SamplingError, ran_s: float) -> None:
+        """A window that ran and then failed as its target exited lost its samples: the
+        exit is no error of the profile, but the loss is counted and said (a window that
+        failed at once only found the target gone)."""
+        if ran_s < LOST_WINDOW_MIN_S:
+            return
+        with self._lock:
+            self.acc.fail("lost_at_exit")
+            stats.error = (
+                f"lost_at_exit: the window's py-spy failed as the target exited, after "
+                f"{ran_s:.1f} s; its samples are lost ({exc})"
+            )
 
     def _age_s(self, pid: int) -> float:
         try:
