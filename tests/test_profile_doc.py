@@ -130,19 +130,28 @@ def test_observers_see_every_window_and_extend_the_document(tmp_path: Path) -> N
     assert doc["sampler"]["windows"] == len(obs.reports)
 
 
-def test_a_window_lost_as_its_target_exits_is_counted_and_said(tmp_path: Path) -> None:
-    # a py-spy that samples the whole run and then fails (exit 1) once the target has
-    # exited: the window's samples are lost, and the document must say so, not read as
-    # a run that was never sampled
-    from collectors.pyspy import PySpy
+def _failing_pyspy(tmp_path: Path, *, keep_output: bool) -> Path:
+    """A py-spy that runs the real one, then, for `record`, fails (exit 1) as if it had
+    failed on its target's exit, with or without the output it wrote."""
     from collectors.pyspy.runner import find_pyspy
 
     spy = tmp_path / "py-spy"
+    drop = "" if keep_output else 'rm -f "$out"\n'
     spy.write_text(
-        f'#!/bin/sh\n"{find_pyspy()}" "$@" || exit\n'
-        '[ "$1" = record ] || exit 0\necho "Error: lost" >&2\nexit 1\n'
+        "#!/bin/sh\n"
+        f'"{find_pyspy()}" "$@" || exit\n'
+        '[ "$1" = record ] || exit 0\n'
+        'out=""; prev=""\n'
+        'for a in "$@"; do [ "$prev" = --output ] && out="$a"; prev="$a"; done\n'
+        f'{drop}echo "Error: lost" >&2\nexit 1\n'
     )
     spy.chmod(0o755)
+    return spy
+
+
+def _profile_with(tmp_path: Path, spy: Path) -> dict:
+    from collectors.pyspy import PySpy
+
     script = tmp_path / "w.py"
     script.write_text("import time\nend = time.time() + 2.5\nwhile time.time() < end:\n    pass\n")
     p = subprocess.Popen([PY312, str(script)])
@@ -156,8 +165,20 @@ def test_a_window_lost_as_its_target_exits_is_counted_and_said(tmp_path: Path) -
     )
     result = session.run()
     p.wait()
-    doc = build_document(result)
+    return build_document(result)
+
+
+def test_a_window_lost_as_its_target_exits_is_counted_and_said(tmp_path: Path) -> None:
+    # the window's samples are lost: the document must say so, not read as a run that
+    # was never sampled
+    doc = _profile_with(tmp_path, _failing_pyspy(tmp_path, keep_output=False))
     assert doc["sampler"]["windows"] == 0
     assert doc["sampler"]["window_failures"] == {"lost_at_exit": 1}, doc["sampler"]
     (target,) = doc["targets"]
     assert target["error"].startswith("lost_at_exit: the window's py-spy failed as the target")
+
+
+def test_samples_a_py_spy_wrote_before_failing_on_the_exit_are_kept(tmp_path: Path) -> None:
+    doc = _profile_with(tmp_path, _failing_pyspy(tmp_path, keep_output=True))
+    assert doc["sampler"]["windows"] == 1 and doc["sampler"]["window_failures"] == {}
+    assert doc["samples"] >= 50, doc["sampler"]  # ~2.5 s at 50 Hz, the loop's own

@@ -333,7 +333,13 @@ class _Run:
                 f"on pid {self.pid}; killed it, the window's samples are lost"
             )
         if rc != 0 or not self.out.exists():
-            raise _classify_failure(self.pid, self.text, procfs)
+            failure = _classify_failure(self.pid, self.text, procfs)
+            wrote = self.out.exists() and self.out.stat().st_size > 0
+            gone = isinstance(failure, TargetGone) or not procstat.exists(self.pid, procfs)
+            if not (gone and wrote):
+                raise failure
+            # py-spy failed as its target exited, after writing what it had sampled:
+            # those samples are the window's (unreadable output still fails below)
         if max_bytes is not None and self.out.stat().st_size > max_bytes:
             raise SamplingError(
                 f"py-spy wrote {self.out.stat().st_size} bytes for pid {self.pid}, "
