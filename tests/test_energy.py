@@ -238,6 +238,11 @@ def test_observer_fills_the_document_parts(tmp_path: Path) -> None:
     # exact but for the driver's microsecond timestamps, as above
     assert cps["pickle"]["gpu_wait_s"] == pytest.approx(3.0, abs=1e-5)
     assert cps["pickle"]["gpu_idle_j"] == pytest.approx(225.0, abs=75e-5)
+    # by direction: these windows' samples name none, so all of it is `unknown`'s
+    way = cps["pickle"]["direction"]
+    assert way["unknown"]["energy_j"] == pytest.approx(12.0, rel=1e-6)
+    assert way["unknown"]["gpu_wait_s"] == pytest.approx(3.0, abs=1e-5)
+    assert way["encode"]["energy_j"] == way["decode"]["gpu_wait_s"] == 0.0
     (g,) = part["gpus"]
     assert g["used_by_target"] and g["name"] == "NVIDIA H200"
     assert g["clock"]["domain"] == "boottime"
@@ -386,7 +391,9 @@ def test_table_shows_joules_source_gpu_wait_and_gpu_idle_joules(tmp_path: Path) 
     table = render_table(doc)
     assert "J (rapl)" in table and "GPU-wait s" in table and "GPU idle J" in table
     pickle_line = next(line for line in table.splitlines() if line.startswith("pickle"))
-    assert pickle_line.split()[-2] == f"{doc['codepaths']['pickle']['gpu_wait_s']:.2f}"
+    # ... GPU-wait s, GPU idle J, then encode and decode CPU-s
+    assert pickle_line.split()[-4] == f"{doc['codepaths']['pickle']['gpu_wait_s']:.2f}"
+    assert pickle_line.split()[-2:] == ["-", "-"]  # this hand-made row has no CPU by direction
     assert "energy: measured (RAPL): package 320.0 J" in table
     assert "gpu 0 NVIDIA H200: used by target" in table
 

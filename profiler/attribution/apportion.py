@@ -41,10 +41,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from collectors.series import interpolate
 from profiler.classify.codepaths import CODEPATHS, SERIALIZATION_CODEPATHS
+from profiler.classify.direction import DIRECTIONS, UNKNOWN
 from profiler.sampling.window import TimedLabel
 
 _SERIALIZATION = frozenset(SERIALIZATION_CODEPATHS)
@@ -131,6 +132,9 @@ class GpuWaitAttribution:
     unattributed_s: float  # idle while no target sample covered the instant
     idle_energy_j: Mapping[str, float] | None  # GPU energy during wait_s, per codepath
     unattributed_idle_energy_j: float | None
+    # each codepath's wait_s by direction (encode / decode / unknown): an instant's share
+    # of a codepath is split evenly among its directions running then; sums to wait_s
+    wait_by_direction_s: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
 
 def attribute_gpu_wait(
@@ -154,22 +158,23 @@ def attribute_gpu_wait(
         raise ValueError(f"sample_period_s must be > 0, got {sample_period_s}")
     window_s = max(0.0, end - start)
     # +1 / -1 coverage events per codepath; several threads may overlap.
-    events: list[tuple[float, int, str]] = []
+    events: list[tuple[float, int, str, str]] = []
     for lab in timeline:
         if only_active and lab.active is False:
             continue
         a, b = max(lab.t, start), min(lab.t + sample_period_s, end)
         if b > a:
             cp = lab.codepath if lab.codepath in CODEPATHS else "other"
-            events.append((a, 1, cp))
-            events.append((b, -1, cp))
+            d = lab.direction if lab.direction in DIRECTIONS else UNKNOWN
+            events.append((a, 1, cp, d))
+            events.append((b, -1, cp, d))
     gpu = sorted(
         (max(s.t0, start), min(s.t1, end), min(1.0, max(0.0, s.busy_frac)))
         for s in spans
         if min(s.t1, end) > max(s.t0, start)
     )
     cuts = {start, end}
-    cuts.update(t for t, _, _ in events)
+    cuts.update(e[0] for e in events)
     for a, b, _ in gpu:
         cuts.add(a)
         cuts.add(b)
@@ -182,10 +187,14 @@ def attribute_gpu_wait(
     have_energy = len(energy_points) >= 2
     energy_missing = not have_energy
     active: dict[str, int] = dict.fromkeys(CODEPATHS, 0)
+    by_dir = {cp: dict.fromkeys(DIRECTIONS, 0.0) for cp in CODEPATHS}
+    active_dir = {cp: dict.fromkeys(DIRECTIONS, 0) for cp in CODEPATHS}
     ei = gi = 0
     for x, y in zip(times, times[1:], strict=False):
         while ei < len(events) and events[ei][0] <= x:
-            active[events[ei][2]] += events[ei][1]
+            _, step, cp_e, d_e = events[ei]
+            active[cp_e] += step
+            active_dir[cp_e][d_e] += step
             ei += 1
         while gi < len(gpu) and gpu[gi][1] <= x:
             gi += 1
@@ -210,9 +219,11 @@ def attribute_gpu_wait(
             for cp in ser:
                 wait[cp] += idle / len(ser)
                 wait_e[cp] += seg_e / len(ser)
+                _split(by_dir[cp], active_dir[cp], idle / len(ser))
         elif active["other"] > 0:
             wait["other"] += idle
             wait_e["other"] += seg_e
+            _split(by_dir["other"], active_dir["other"], idle)
         else:
             unattributed += idle
             unattributed_e += seg_e
@@ -225,7 +236,14 @@ def attribute_gpu_wait(
         unattributed_s=unattributed,
         idle_energy_j=None if energy_missing else wait_e,
         unattributed_idle_energy_j=None if energy_missing else unattributed_e,
+        wait_by_direction_s=by_dir,
     )
+
+
+def _split(into: dict[str, float], running: Mapping[str, int], seconds: float) -> None:
+    directions = [d for d, n in running.items() if n > 0]
+    for d in directions:
+        into[d] += seconds / len(directions)
 
 
 def gpus_used_by(target_pids: Iterable[int], gpu_pids: Mapping[int, Iterable[int]]) -> list[int]:

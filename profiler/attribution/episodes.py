@@ -55,7 +55,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from collectors.series import interpolate
 from profiler.classify.codepaths import OTHER, SERIALIZATION_CODEPATHS
@@ -143,6 +143,9 @@ class Episode:
     # is taken as its spawn, and py-spy starts later: WindowReport.changes_clock_s); a
     # duration within one window does not see it, a match against host-clock events does
     host_lag_s: float = 0.0
+    # encode / decode when every one of its samples said so, else unknown (a checkpoint
+    # matches encode episodes and a restore decode ones: profiler/attribution/checkpoints.py)
+    direction: str = "unknown"
 
 
 _Key = tuple[bool, int]  # (kernel tid known, tid or py-spy thread id)
@@ -223,6 +226,7 @@ class _Open:
     # the thread's cumulative CPU (s) at its start and its last edge, when measured
     cpu_at_start: float | None = None
     cpu_at_end: float | None = None
+    directions: set[str] = field(default_factory=set)  # of its own cells
 
     def take_cpu(self, cpu: _CpuIndex, ticks: _CpuIndex | None, lo: float, hi: float) -> None:
         """The thread's CPU (and, for stack-change cells, its --idle samples) in [lo, hi)."""
@@ -512,6 +516,8 @@ class EpisodeTracker:
         """A cell of the episode's own (or its tail's): `sample` when it is one sample."""
         if sample:
             ep.samples += 1
+        if label.codepath == ep.codepath:  # a durability tail (`other`) says no direction
+            ep.directions.add(label.direction)
         if label.durability:
             ep.durability_s += width_s
             if label.durability == _SYNC:
@@ -557,6 +563,7 @@ class EpisodeTracker:
             timing_period_s=timing_period,
             clock_s=clock,
             host_lag_s=max(ep.start_clock, ep.end_clock) if timed_by == "stack changes" else 0.0,
+            direction=next(iter(ep.directions)) if len(ep.directions) == 1 else "unknown",
         )
 
 

@@ -31,6 +31,7 @@ import numpy as np
 
 from profiler.attribution.episodes import Episode
 from profiler.classify.codepaths import CODEPATHS
+from profiler.classify.direction import DIRECTIONS
 from profiler.intervals import t_quantile
 from profiler.profile.energy_sink import ProfileEnergy
 from profiler.profile.processes import (
@@ -109,7 +110,12 @@ def add_energy(doc: dict[str, Any], energy: ProfileEnergy) -> dict[str, Any]:
     if energy.nvml is not None:
         doc["nvml"] = dict(energy.nvml)
     for cp, figures in energy.codepaths.items():
-        doc["codepaths"][cp].update(vars(figures))
+        row = doc["codepaths"][cp]
+        row.update({k: v for k, v in vars(figures).items() if k != "by_direction"})
+        for d, (energy_j, wait_s) in figures.by_direction.items():
+            row.setdefault("direction", {}).setdefault(d, {}).update(
+                energy_j=energy_j, gpu_wait_s=wait_s
+            )
     return doc
 
 
@@ -193,6 +199,15 @@ def build_document(result: SessionResult, energy: ProfileEnergy | None = None) -
             "wall_s": round(acc.wall_s[cp], 6),
             "energy_j": None,
             "gpu_wait_s": None,
+            "direction": {
+                d: {
+                    "samples": acc.dir_samples[cp][d],
+                    "cpu_s": round(acc.dir_cpu_s[cp][d], 6),
+                    "energy_j": None,
+                    "gpu_wait_s": None,
+                }
+                for d in DIRECTIONS
+            },
             "low_confidence_samples": acc.low_conf[cp],
             "low_confidence_share": round(acc.low_conf[cp] / n, 6) if n else 0.0,
             **_episode_counts(result.episodes, cp),

@@ -10,6 +10,7 @@ from typing import Any
 from profiler.attribution.tracker import ENERGY_METHOD, GPU_WAIT_METHOD, EnergyTracker
 from profiler.attribution.window import AttributedWindow, gpu_wait_for, used_gpus
 from profiler.classify.codepaths import CODEPATHS
+from profiler.classify.direction import DIRECTIONS, UNKNOWN
 from profiler.sampling.window import TimedLabel
 
 
@@ -48,6 +49,8 @@ class CodepathEnergy:
     energy_source: str | None = None
     gpu_wait_s: float | None = None
     gpu_idle_j: float | None = None
+    # direction -> (energy_j, gpu_wait_s), each None where the codepath's is
+    by_direction: Mapping[str, tuple[float | None, float | None]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,8 @@ class EnergySink:
         self.status = tracker.probe()
         self.summary: ProfileEnergy | None = None  # set by finish()
         self._cp_j = dict.fromkeys(CODEPATHS, 0.0)
+        self._dir_j = {cp: dict.fromkeys(DIRECTIONS, 0.0) for cp in CODEPATHS}
+        self._dir_wait_s = {cp: dict.fromkeys(DIRECTIONS, 0.0) for cp in CODEPATHS}
         self._parts = {"idle": 0.0, "other_processes": 0.0, "target_unsampled": 0.0}
         self._sources: set[str] = set()
         self._reasons: list[str] = []
@@ -114,6 +119,14 @@ class EnergySink:
             self._sources.add(e.source)
             for cp, j in e.codepaths_j.items():
                 self._cp_j[cp] += j
+                # joules follow CPU (the attribution's rule), so within a codepath they
+                # split as its directions' CPU does in this window
+                cw = report.codepaths.get(cp)
+                for d in DIRECTIONS:
+                    if cw is not None and cw.cpu_s > 0 and d in cw.direction:
+                        self._dir_j[cp][d] += j * cw.direction[d].cpu_s / cw.cpu_s
+                    elif d == UNKNOWN:
+                        self._dir_j[cp][d] += j  # no CPU seen to split it by
             self._parts["idle"] += e.unattributed_idle_j
             self._parts["other_processes"] += e.unattributed_other_processes_j
             self._parts["target_unsampled"] += e.unattributed_target_unsampled_j
@@ -186,6 +199,9 @@ class EnergySink:
             acc.wait_s = acc.wait_s or dict.fromkeys(CODEPATHS, 0.0)
             for cp, v in w.wait_s.items():
                 acc.wait_s[cp] += v
+            for cp, parts in w.wait_by_direction_s.items():
+                for d, v in parts.items():
+                    self._dir_wait_s[cp][d] += v
             acc.unattributed_wait_s += w.unattributed_s
             if w.idle_energy_j is None:
                 acc.idle_j_missing = acc.idle_j_missing or w.idle_s > 0
@@ -336,6 +352,13 @@ class EnergySink:
                 energy_source=energy["source"] if measured else None,
                 gpu_wait_s=_r(wait_s[cp]) if wait_s is not None else None,
                 gpu_idle_j=_r(idle_j[cp]) if idle_j is not None else None,
+                by_direction={
+                    d: (
+                        _r(self._dir_j[cp][d]) if measured else None,
+                        _r(self._dir_wait_s[cp][d]) if wait_s is not None else None,
+                    )
+                    for d in DIRECTIONS
+                },
             )
             for cp in CODEPATHS
         }

@@ -47,6 +47,7 @@ from profiler.attribution.tracker import EnergyTracker
 from profiler.attribution.window import AttributedWindow, attribute, episode_gpu_reading
 from profiler.classify import source_cache
 from profiler.classify.codepaths import CODEPATHS
+from profiler.classify.direction import DIRECTIONS
 from profiler.profile.processes import ProcessTally
 from profiler.sampling import collect
 from profiler.sampling.collect import ClassifierLike, RawWindow, collect_window, finish_window
@@ -102,6 +103,13 @@ class Accumulator:
     cpu_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CODEPATHS, 0.0))
     wall_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CODEPATHS, 0.0))
     low_conf: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CODEPATHS, 0))
+    # codepath -> direction -> samples / cpu_s (profiler/classify/direction.py)
+    dir_samples: dict[str, dict[str, int]] = field(
+        default_factory=lambda: {cp: dict.fromkeys(DIRECTIONS, 0) for cp in CODEPATHS}
+    )
+    dir_cpu_s: dict[str, dict[str, float]] = field(
+        default_factory=lambda: {cp: dict.fromkeys(DIRECTIONS, 0.0) for cp in CODEPATHS}
+    )
     low_conf_cpu_s: float = 0.0
     total_cpu_s: float = 0.0
     # bin index (BIN_S slices since session start) -> codepath -> cpu_s
@@ -131,6 +139,9 @@ class Accumulator:
             self.cpu_s[key] += w.cpu_s
             self.wall_s[key] += w.wall_s
             self.low_conf[key] += w.low_confidence_samples
+            for d, part in w.direction.items():
+                self.dir_samples[key][d] += part.samples
+                self.dir_cpu_s[key][d] += part.cpu_s
         sampled_other = 0.0
         per_bin_samples: dict[int, int] = {}
         for lab in report.cpu_timeline or report.timeline:

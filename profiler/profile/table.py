@@ -40,6 +40,7 @@ def render_table(doc: Mapping[str, Any], *, by_process: bool = False) -> str:
         head += f"{'GPU-wait s':>12}"
     if show_gpu_j:
         head += f"{'GPU idle J':>12}"
+    head += f"{'encode CPU-s':>14}{'decode CPU-s':>14}"
     lines = [
         f"serwatt profile: pid {doc['target']['pid']} ({doc['target']['command'][:60]}), "
         f"python {doc['target']['python'] or '?'}, {doc['duration_s']:.1f} s at "
@@ -64,6 +65,10 @@ def render_table(doc: Mapping[str, Any], *, by_process: bool = False) -> str:
         if show_gpu_j:
             gj = row.get("gpu_idle_j")
             line += f"{gj:>12.1f}" if gj is not None else f"{'-':>12}"
+        way = row.get("direction") or {}
+        for d in ("encode", "decode"):
+            cpu = (way.get(d) or {}).get("cpu_s")
+            line += f"{cpu:>14.2f}" if cpu is not None else f"{'-':>14}"
         lines.append(line)
         if by_process:
             lines.extend(process_lines(row, doc["cpu_s"]))
@@ -74,7 +79,8 @@ def render_table(doc: Mapping[str, Any], *, by_process: bool = False) -> str:
     lines.append(
         f"CPU-s: measured per-thread CPU (procfs) spread over each thread's samples; "
         f"thread-s: wall time summed over threads; main s: the main process's main thread; "
-        f"share 95% CI: batch means over time; low-confidence CPU: "
+        f"share 95% CI: batch means over time; encode / decode CPU-s: the codepath's CPU "
+        f"whose stack names the direction (the rest is unknown); low-confidence CPU: "
         f"{_pct(doc['low_confidence_cpu_share']).strip()} of total"
     )
     fails = ", ".join(f"{k}={v}" for k, v in s["window_failures"].items()) or "none"

@@ -338,11 +338,13 @@ def finish_window(
             t=s.t,
             tid=s.tid,
             thread_id=s.thread_id,
-            codepath=classifier.classify(s, proc_root=proc_root, deadline=deadline).codepath,
+            codepath=c.codepath,
             durability=durability.kind(s.frames, proc_root, deadline),
+            direction=c.direction,
         )
         for s in window.changes or ()
         if not s.partial
+        for c in (classifier.classify(s, proc_root=proc_root, deadline=deadline),)
     )
     sigma = window_time_sigma_s(window)
     half_width = max(2 * raw.poll_s, sigma)
@@ -410,6 +412,7 @@ def finish_window(
             cpu_s=cpu_of.get(id(s), 0.0),
             low_confidence=c.low_confidence,
             durability=durability.kind(s.frames, proc_root, deadline),
+            direction=c.direction,
         )
         for s, c in zip(window.samples, labels, strict=True)
     )
@@ -422,6 +425,7 @@ def finish_window(
             active=True if window.on_cpu is not None and s.tid in on_cpu_tids else s.active,
             cpu_s=w,
             low_confidence=c.low_confidence,
+            direction=c.direction,
         )
         for s, c, w in zip(carriers, carrier_labels, weighting.cpu_s, strict=True)
     )

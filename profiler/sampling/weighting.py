@@ -87,7 +87,8 @@ from dataclasses import dataclass
 
 from collectors.samples import Sample
 from profiler.classify.codepaths import CODEPATHS, Classification
-from profiler.sampling.window import CodepathWindow
+from profiler.classify.direction import DIRECTIONS, UNKNOWN
+from profiler.sampling.window import CodepathWindow, DirectionWindow
 
 
 def _interp(t: Sequence[float], v: Sequence[float], when: float) -> float:
@@ -459,13 +460,28 @@ def codepath_windows(
         cp = c.codepath if c.codepath in cpu else "other"
         cpu[cp] += w
     assigned = sum(cpu.values())
-    cpu["other"] += max(0.0, total_cpu_s - assigned)
+    unsampled = max(0.0, total_cpu_s - assigned)
+    cpu["other"] += unsampled
+    dir_samples = {cp: dict.fromkeys(DIRECTIONS, 0) for cp in CODEPATHS}
+    dir_cpu = {cp: dict.fromkeys(DIRECTIONS, 0.0) for cp in CODEPATHS}
+    for c in classifications:
+        cp = c.codepath if c.codepath in samples else "other"
+        dir_samples[cp][_direction_of(c)] += 1
+    for c, w in zip(cpu_labels, cpu_s, strict=True):
+        cp = c.codepath if c.codepath in cpu else "other"
+        dir_cpu[cp][_direction_of(c)] += w
+    dir_cpu["other"][UNKNOWN] += unsampled
     return {
         cp: CodepathWindow(
             samples=samples[cp],
             cpu_s=cpu[cp],
             wall_s=samples[cp] * tick_s,
             low_confidence_samples=low[cp],
+            direction={d: DirectionWindow(dir_samples[cp][d], dir_cpu[cp][d]) for d in DIRECTIONS},
         )
         for cp in CODEPATHS
     }
+
+
+def _direction_of(c: Classification) -> str:
+    return c.direction if c.direction in DIRECTIONS else UNKNOWN

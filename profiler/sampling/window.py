@@ -15,6 +15,14 @@ from collectors.samples import SamplerErrors
 
 
 @dataclass(frozen=True)
+class DirectionWindow:
+    """One direction's part (encode / decode / unknown) of a codepath's window."""
+
+    samples: int = 0
+    cpu_s: float = 0.0
+
+
+@dataclass(frozen=True)
 class CodepathWindow:
     """One codepath's share of one window of one target.
 
@@ -22,12 +30,16 @@ class CodepathWindow:
     cpu_s: measured per-thread CPU deltas distributed over that thread's samples.
     wall_s: samples x (window wall time / sampling ticks): time some thread spent here.
     low_confidence_samples: samples whose rule fired with low confidence.
+    direction: each of encode / decode / unknown (profiler/classify/direction.py): its
+        samples and CPU, which sum to the codepath's (the CPU no sample took, in
+        `other`, is `unknown`'s).
     """
 
     samples: int = 0
     cpu_s: float = 0.0
     wall_s: float = 0.0
     low_confidence_samples: int = 0
+    direction: Mapping[str, DirectionWindow] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -45,6 +57,7 @@ class TimedLabel:
     # "sync" (os.fsync/fdatasync/sync) or "rename" (os.rename/replace, which pathlib's
     # rename/replace call); "" otherwise (profiler/classify/durability.py)
     durability: str = ""
+    direction: str = "unknown"  # encode / decode / unknown (profiler/classify/direction.py)
 
 
 @dataclass(frozen=True)
