@@ -43,12 +43,13 @@ def _check(report: WindowReport, expect: str, kind: str) -> None:
     assert {cp for cp, n in got.items() if n} <= {expect, "other"}, got
     assert got[expect] >= MIN_SHARE * samples, got
     # its direction (issue 24 §1): a save or dump encodes, a load decodes, never the
-    # other way; `unknown` only where no frame names one (`.many`'s hashing threads)
+    # other way; `unknown` only where no frame names one: `.many`'s hashing threads, or
+    # a stack cut short of its outer frames (1 of 58 yaml_load samples in a CI run)
     way = "decode" if kind.endswith("_load") else "encode"
     other_way = {"encode": "decode", "decode": "encode"}[way]
     parts = {d: p.samples for d, p in report.codepaths[expect].direction.items()}
     assert parts[other_way] == 0, parts
-    assert parts[way] >= (0.5 if expect == "many" else 1.0) * got[expect], parts
+    assert parts[way] >= (0.5 if expect == "many" else 0.9) * got[expect], parts
 
 
 @pytest.mark.parametrize("venv", ["py310", "py312"])
