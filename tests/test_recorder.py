@@ -402,7 +402,7 @@ def _episode(**over: object) -> object:
         resolution_s=0.2, unknown_s=0.0, edge_unknown_s=0.0, truncated=False, samples=40,
         cpu_s=0.75, gpu_wait_s=None, gpu_idle_j=None, main_thread=True, durable=False,
         timed_by="stack changes", timing_period_s=0.005, clock_s=0.001, durability_s=0.1,
-        host_lag_s=0.02,
+        host_lag_s=0.02, direction="encode",
     )  # fmt: skip
     fields.update(over)
     return type("Episode", (), fields)()
@@ -437,5 +437,67 @@ def test_episodes_round_trip_and_a_version_1_file_says_it_has_none(tmp_path: Pat
             0.005,
             0.1,
         )
+    assert eps[0]["direction"] == "encode"
     meta = dict(sqlite3.connect(path).execute("SELECT key, value FROM meta"))
-    assert meta["schema_version"] == str(SCHEMA_VERSION) == "3"
+    assert meta["schema_version"] == str(SCHEMA_VERSION) == "4"
+
+
+def _directed(encode: tuple[int, float], decode: tuple[int, float]) -> WindowReport:
+    """A window whose pickle codepath ran both ways (samples, cpu_s per direction), with
+    0.1 CPU-s of `other` that no direction claims."""
+    from profiler.sampling.window import DirectionWindow
+
+    (ne, ce), (nd, cd) = encode, decode
+    cps = {cp: CodepathWindow() for cp in CODEPATHS}
+    cps["pickle"] = CodepathWindow(
+        samples=ne + nd,
+        cpu_s=ce + cd,
+        wall_s=1.0,
+        direction={"encode": DirectionWindow(ne, ce), "decode": DirectionWindow(nd, cd)},
+    )
+    cps["other"] = CodepathWindow(
+        samples=3, cpu_s=0.1, wall_s=0.1, direction={"unknown": DirectionWindow(3, 0.1)}
+    )
+    return WindowReport(
+        pid=5, started_at=1_800_000_000.0, ended_at=1_800_000_010.0, rate_hz=50.0,
+        cpu_s=ce + cd + 0.1, codepaths=cps,
+        errors=SamplerErrors(pyspy_samples=10, pyspy_errors=0, partial_stacks=0, behind_s=0.0),
+    )  # fmt: skip
+
+
+def test_directions_are_kept_per_run_and_an_older_run_says_it_has_none(tmp_path: Path) -> None:
+    path = tmp_path / "r.sqlite"
+    with Recorder(path) as rec:
+        rec.start_run("old", "t", host={}, config={}, sources={})
+    # Make it the file a version 3 writer left: no direction tables or column.
+    db = sqlite3.connect(path)
+    db.executescript(
+        "DROP TABLE direction_runs; DROP TABLE run_codepath_directions;"
+        " ALTER TABLE episodes DROP COLUMN direction;"
+        " UPDATE meta SET value = '3' WHERE key = 'schema_version';"
+    )
+    db.close()
+    with Recorder(path, readonly=True) as rec:
+        assert rec.directions("old") is None and rec.run("old").directions is None
+    energy = {"source": "model", "codepaths_j": {"pickle": 8.0, "other": 1.0}}
+    gpu = {
+        "codepaths_wait_s": {"pickle": 0.5},
+        "codepaths_wait_by_direction_s": {"pickle": {"encode": 0.2, "decode": 0.3}},
+    }
+    with Recorder(path) as rec:  # upgraded in place
+        rec.start_run("new", "t", host={}, config={}, sources={})
+        rec.append_window("new", _directed((30, 0.6), (10, 0.2)), energy=energy, gpu=gpu)
+        rec.append_window("new", _directed((0, 0.0), (20, 0.4)))  # no energy, no GPU
+    with Recorder(path, readonly=True) as rec:
+        assert rec.run("old").directions is None
+        got = rec.run("new").directions
+    assert got is not None
+    enc, dec, unk = (got["pickle"][d] for d in ("encode", "decode", "unknown"))
+    assert (enc.samples, dec.samples, unk.samples) == (30, 30, 0)
+    assert (enc.cpu_s, dec.cpu_s) == (pytest.approx(0.6), pytest.approx(0.6))
+    # 8 J over 0.8 CPU-s split 3:1; the second window had no energy and adds none
+    assert (enc.energy_j, dec.energy_j) == (pytest.approx(6.0), pytest.approx(2.0))
+    assert (enc.gpu_wait_s, dec.gpu_wait_s) == (pytest.approx(0.2), pytest.approx(0.3))
+    other = got["other"]["unknown"]
+    assert (other.samples, other.cpu_s, other.energy_j) == (6, pytest.approx(0.2), 1.0)
+    assert got["json"]["encode"].samples == 0 and got["json"]["encode"].energy_j is None

@@ -23,7 +23,23 @@ from profiler.attribution.apportion import (
 from profiler.attribution.episodes import Episode
 from profiler.attribution.tracker import EnergyTracker, WindowEnergy
 from profiler.classify.codepaths import CODEPATHS
-from profiler.sampling.window import TimedLabel, WindowReport
+from profiler.classify.direction import DIRECTIONS, UNKNOWN, series_directions
+from profiler.sampling.window import CodepathWindow, DirectionWindow, TimedLabel, WindowReport
+
+
+def split_by_direction(value: float, cw: CodepathWindow | None) -> dict[str, float]:
+    """A codepath's figure in one window (its joules) split as the codepath's CPU splits
+    by direction in that window: joules follow CPU, the attribution's rule. With no CPU
+    seen to split it by, all of it is `unknown`."""
+    out = dict.fromkeys(DIRECTIONS, 0.0)
+    if cw is None or not cw.cpu_s > 0 or not cw.direction:
+        out[UNKNOWN] = value
+        return out
+    for d in DIRECTIONS:
+        part = cw.direction.get(d)
+        if part is not None:
+            out[d] = value * part.cpu_s / cw.cpu_s
+    return out
 
 
 @dataclass(frozen=True)
@@ -165,6 +181,23 @@ def gpu_wait_for(
     )
 
 
+def _label(codepath: str, direction: str) -> str:
+    """A direction the codepath's series do not carry counts as `unknown`."""
+    return direction if direction in series_directions(codepath) else UNKNOWN
+
+
+@dataclass(frozen=True)
+class DirectedFigures:
+    """One window's figures keyed by (codepath, direction[, gpu]) (AttributedWindow
+    .by_direction); energy_j None when the window had no energy attribution."""
+
+    samples: Mapping[tuple[str, str], int]
+    cpu_s: Mapping[tuple[str, str], float]
+    energy_j: Mapping[tuple[str, str], float] | None
+    gpu_wait_s: Mapping[tuple[str, str, int | str], float]
+    gpu_wait_energy_j: Mapping[tuple[str, str, int | str], float]
+
+
 @dataclass(frozen=True)
 class AttributedWindow:
     """One target window and what was attributed to it: the value every consumer reads.
@@ -189,13 +222,39 @@ class AttributedWindow:
     def energy_source(self) -> str | None:
         return self.attribution.energy_source if self.attribution else None
 
-    @property
-    def gpu_wait_s(self) -> dict[tuple[str, int | str], float]:
-        return self.attribution.gpu_wait_s if self.attribution else {}
-
-    @property
-    def gpu_wait_energy_j(self) -> dict[tuple[str, int | str], float]:
-        return self.attribution.gpu_wait_energy_j if self.attribution else {}
+    def by_direction(self) -> DirectedFigures:
+        """The window's per-codepath figures keyed by (codepath, direction), as the
+        daemon's counters carry them (CODEPATH_DIRECTIONS: `other` is `unknown` only)."""
+        report, ta = self.report, self.attribution
+        samples: dict[tuple[str, str], int] = {}
+        cpu_s: dict[tuple[str, str], float] = {}
+        for cp, cw in report.codepaths.items():
+            parts = cw.direction or {UNKNOWN: DirectionWindow(cw.samples, cw.cpu_s)}
+            for d, part in parts.items():
+                key = (cp, _label(cp, d))
+                samples[key] = samples.get(key, 0) + part.samples
+                cpu_s[key] = cpu_s.get(key, 0.0) + part.cpu_s
+        energy_j: dict[tuple[str, str], float] | None = None
+        wait_s: dict[tuple[str, str, int | str], float] = {}
+        wait_j: dict[tuple[str, str, int | str], float] = {}
+        if ta is not None and ta.energy is not None:
+            energy_j = {}
+            for cp, j in ta.energy.codepaths_j.items():
+                for d, joules in split_by_direction(j, report.codepaths.get(cp)).items():
+                    key = (cp, _label(cp, d))
+                    energy_j[key] = energy_j.get(key, 0.0) + joules
+        for g in ta.gpu_wait if ta is not None else ():
+            for cp, total in g.wait_s.items():
+                split = g.wait_by_direction_s.get(cp) or {UNKNOWN: total}
+                idle_j = None if g.idle_energy_j is None else g.idle_energy_j.get(cp, 0.0)
+                for d, s in split.items():
+                    key3 = (cp, _label(cp, d), g.gpu_index)
+                    wait_s[key3] = wait_s.get(key3, 0.0) + s
+                    if idle_j is not None:
+                        # idle joules follow the wait they were spent in
+                        share = s / total if total > 0 else float(d == UNKNOWN)
+                        wait_j[key3] = wait_j.get(key3, 0.0) + idle_j * share
+        return DirectedFigures(samples, cpu_s, energy_j, wait_s, wait_j)
 
     def energy_record(self) -> dict[str, Any] | None:
         """The run record's `energy` mapping; None when the run measures no energy."""
@@ -237,10 +296,16 @@ class AttributedWindow:
             return None
         wait_s = dict.fromkeys(CODEPATHS, 0.0)
         wait_j: dict[str, float] | None = dict.fromkeys(CODEPATHS, 0.0)
+        by_dir: dict[str, dict[str, float]] = {}
         gpus = []
         for g in ta.gpu_wait:
             for cp, s in g.wait_s.items():
                 wait_s[cp] += s
+            for cp, parts in g.wait_by_direction_s.items():
+                for d, s in parts.items():
+                    if s:
+                        into = by_dir.setdefault(cp, dict.fromkeys(DIRECTIONS, 0.0))
+                        into[d] += s
             if g.idle_energy_j is None:
                 wait_j = None
             elif wait_j is not None:
@@ -255,7 +320,12 @@ class AttributedWindow:
                     "wait_s": dict(g.wait_s),
                 }
             )
-        out: dict[str, Any] = {"codepaths_wait_s": wait_s, "gpus": gpus}
+        out: dict[str, Any] = {
+            "codepaths_wait_s": wait_s,
+            # the codepaths that waited, split by direction (records: direction_rows)
+            "codepaths_wait_by_direction_s": by_dir,
+            "gpus": gpus,
+        }
         if wait_j is not None:
             out["codepaths_wait_j"] = wait_j
         return out

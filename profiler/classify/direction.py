@@ -21,10 +21,25 @@ from __future__ import annotations
 
 import re
 
+from profiler.classify.codepaths import CODEPATHS, SERIALIZATION_CODEPATHS
+
 ENCODE = "encode"
 DECODE = "decode"
 UNKNOWN = "unknown"
 DIRECTIONS: tuple[str, ...] = (ENCODE, DECODE, UNKNOWN)
+
+
+def series_directions(codepath: str) -> tuple[str, ...]:
+    """The `direction` label values a codepath's series carry: all three for a
+    serializer, `unknown` alone for `other` (it neither encodes nor decodes). This bounds
+    the Prometheus label (docs/scaling.md)."""
+    return DIRECTIONS if codepath in SERIALIZATION_CODEPATHS else (UNKNOWN,)
+
+
+# (codepath, direction) of every per-codepath series, in export order
+CODEPATH_DIRECTIONS: tuple[tuple[str, str], ...] = tuple(
+    (cp, d) for cp in CODEPATHS for d in series_directions(cp)
+)
 
 # Words (lowercased, from splitting a name at `_`, `.`, `::` and case changes) that name
 # one direction. Adjacent words are also tried joined (`Parse`+`From`+`String` ->

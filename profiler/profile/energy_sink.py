@@ -8,9 +8,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from profiler.attribution.tracker import ENERGY_METHOD, GPU_WAIT_METHOD, EnergyTracker
-from profiler.attribution.window import AttributedWindow, gpu_wait_for, used_gpus
+from profiler.attribution.window import (
+    AttributedWindow,
+    gpu_wait_for,
+    split_by_direction,
+    used_gpus,
+)
 from profiler.classify.codepaths import CODEPATHS
-from profiler.classify.direction import DIRECTIONS, UNKNOWN
+from profiler.classify.direction import DIRECTIONS
 from profiler.sampling.window import TimedLabel
 
 
@@ -121,12 +126,8 @@ class EnergySink:
                 self._cp_j[cp] += j
                 # joules follow CPU (the attribution's rule), so within a codepath they
                 # split as its directions' CPU does in this window
-                cw = report.codepaths.get(cp)
-                for d in DIRECTIONS:
-                    if cw is not None and cw.cpu_s > 0 and d in cw.direction:
-                        self._dir_j[cp][d] += j * cw.direction[d].cpu_s / cw.cpu_s
-                    elif d == UNKNOWN:
-                        self._dir_j[cp][d] += j  # no CPU seen to split it by
+                for d, part in split_by_direction(j, report.codepaths.get(cp)).items():
+                    self._dir_j[cp][d] += part
             self._parts["idle"] += e.unattributed_idle_j
             self._parts["other_processes"] += e.unattributed_other_processes_j
             self._parts["target_unsampled"] += e.unattributed_target_unsampled_j

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from profiler.classify.codepaths import CODEPATHS
-from profiler.records import checkpoint_rows
+from profiler.records import checkpoint_rows, direction_rows
+from profiler.records.direction_rows import DirectionTotals
 from profiler.records.schema import EPISODE_FIELDS, has_table
 from profiler.records.validation import (
     _check_row,
@@ -92,6 +93,8 @@ class RunDetail:
     episodes: tuple[Mapping[str, Any], ...] | None = None
     # None: recorded without a --checkpoints watch (profiler/records/checkpoint_rows.py)
     checkpoint_events: Mapping[str, Any] | None = None
+    # codepath -> direction -> totals; None: recorded by a writer older than schema 4
+    directions: Mapping[str, Mapping[str, DirectionTotals]] | None = None
 
     def to_json(self, *, include_windows: bool = True) -> dict[str, Any]:
         s = self.summary
@@ -113,6 +116,12 @@ class RunDetail:
             "config": self.config,
             "sources": dict(self.sources),
             "codepaths": {cp: vars_of(t) for cp, t in self.codepaths.items()},
+            "directions": None
+            if self.directions is None
+            else {
+                cp: {d: vars_of(t) for d, t in parts.items()}
+                for cp, parts in self.directions.items()
+            },
         }
         if include_windows:
             doc["window_list"] = [
@@ -206,6 +215,7 @@ def run_detail(db: sqlite3.Connection, summary: RunSummary, *, windows: bool) ->
         windows=_windows(wrows, crows),
         episodes=episodes(db, run_id),
         checkpoint_events=checkpoint_rows.read(db, run_id),
+        directions=direction_rows.read(db, run_id),
     )
 
 
@@ -241,7 +251,7 @@ def episodes(db: sqlite3.Connection, run_id: str) -> tuple[dict[str, Any], ...] 
         return None
     if db.execute("SELECT 1 FROM episode_runs WHERE run_id = ?", (run_id,)).fetchone() is None:
         return None
-    # a version 2 file opened read-only (not upgraded) lacks version 3's columns
+    # a version 2 or 3 file opened read-only (not upgraded) lacks the later columns
     have = {r[1] for r in db.execute("PRAGMA table_info(episodes)")}
     columns = ", ".join(n if n in have else f"NULL AS {n}" for n in EPISODE_FIELDS)
     rows = db.execute(
@@ -261,8 +271,9 @@ def episodes(db: sqlite3.Connection, run_id: str) -> tuple[dict[str, Any], ...] 
                 ep[name] = bool(_integer(value, what))
             elif name == "codepath":
                 ep[name] = _text(value, what)
-            elif name == "timed_by":
-                ep[name] = _text(value, what, nullable=True)  # NULL: a version 2 row
+            elif name in ("timed_by", "direction"):
+                # NULL: a row a version 2 (timed_by) or 3 (direction) writer recorded
+                ep[name] = _text(value, what, nullable=True)
             else:
                 ep[name] = _number(value, what, nullable=name in _EPISODE_NULLABLE)
         out.append(ep)

@@ -7,16 +7,19 @@ error rather than misread.
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 import time
 from pathlib import Path
 
 from profiler import __version__
-from profiler.records import checkpoint_rows
+from profiler.attribution.episodes import Episode
+from profiler.records import checkpoint_rows, direction_rows
 from profiler.records.validation import RecordError, _damaged, _shown
 
-SCHEMA_VERSION = 3  # 2 adds serialization episodes, 3 checkpoints by file events
-# (profiler/records/checkpoint_rows.py); older files are upgraded in place
+SCHEMA_VERSION = 4  # 2 adds serialization episodes, 3 checkpoints by file events
+# (profiler/records/checkpoint_rows.py), 4 encode / decode (direction_rows.py); older
+# files are upgraded in place
 _APPLICATION = "serwatt.runs"
 
 _SCHEMA = """
@@ -136,12 +139,26 @@ CREATE TABLE IF NOT EXISTS run_receipts (
     PRIMARY KEY (run_id, receipt)
 );
 """
-EPISODE_FIELDS = (
+_EPISODE_COLUMNS_V2 = (
     "pid", "thread", "codepath", "start", "end", "wall_s", "period_s", "resolution_s",
     "unknown_s", "edge_unknown_s", "truncated", "samples", "cpu_s", "gpu_wait_s", "gpu_idle_j",
     "main_thread", "durable",
-    *(name for name, _kind in checkpoint_rows.EPISODE_COLUMNS_V3),
 )  # fmt: skip
+_EPISODE_COLUMNS = (
+    *_EPISODE_COLUMNS_V2,
+    *(name for name, _kind in checkpoint_rows.EPISODE_COLUMNS_V3),
+    *(name for name, _kind in direction_rows.EPISODE_COLUMNS_V4),
+)
+# The record's episode columns are the Episode dataclass's fields, so none is lost on the
+# way to the report: a field without a column stops serwatt at import, here, rather than
+# vanishing from every record (add its column in a schema upgrade).
+EPISODE_FIELDS = tuple(f.name for f in dataclasses.fields(Episode))
+_unstored = sorted(set(EPISODE_FIELDS) - set(_EPISODE_COLUMNS))
+if _unstored or len(EPISODE_FIELDS) != len(_EPISODE_COLUMNS):
+    raise ImportError(
+        f"Episode fields without a record column: {_unstored}; columns without a field: "
+        f"{sorted(set(_EPISODE_COLUMNS) - set(EPISODE_FIELDS))} (profiler/records/schema.py)"
+    )
 
 
 def read_version(db: sqlite3.Connection, path: Path) -> int | None:
@@ -169,6 +186,7 @@ def create(db: sqlite3.Connection) -> None:
         if stmt.strip():
             db.execute(stmt)
     checkpoint_rows.upgrade(db)
+    direction_rows.upgrade(db)
     db.executemany(
         "INSERT OR IGNORE INTO meta(key, value) VALUES (?, ?)",
         [
@@ -183,12 +201,14 @@ def create(db: sqlite3.Connection) -> None:
 def upgrade(db: sqlite3.Connection) -> None:
     """Older versions in place, in the caller's transaction: 1 -> 2 adds the episode
     tables (earlier runs keep no episodes), 2 -> 3 the episode fields and the checkpoint
-    tables (earlier runs read as identified by the heuristic). Each statement is
-    idempotent, so one pass does both."""
+    tables (earlier runs read as identified by the heuristic), 3 -> 4 the episodes'
+    direction and the per-direction totals (earlier runs read as not recorded). Each
+    statement is idempotent, so one pass does all."""
     for stmt in _SCHEMA_V2.split(";"):
         if stmt.strip():
             db.execute(stmt)
     checkpoint_rows.upgrade(db)
+    direction_rows.upgrade(db)
     db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
 
 

@@ -40,7 +40,7 @@ from typing import Any
 
 from profiler import __version__, safeio
 from profiler.classify.codepaths import CODEPATHS
-from profiler.records import checkpoint_rows, reader, schema
+from profiler.records import checkpoint_rows, direction_rows, reader, schema
 from profiler.records.reader import CodepathTotals, RunDetail, RunSummary, WindowRecord
 from profiler.records.schema import EPISODE_FIELDS, SCHEMA_VERSION
 from profiler.records.validation import RecordError, _damaged, _finite
@@ -272,6 +272,7 @@ class Recorder:
                 )
             if row is None:
                 db.execute("INSERT OR IGNORE INTO episode_runs(run_id) VALUES (?)", (run_id,))
+                direction_rows.start(db, run_id)
             else:
                 # Resumed: keep the first host/config, refresh the sources (they may differ
                 # after a restart, e.g. RAPL became readable) and reopen the run.
@@ -316,6 +317,7 @@ class Recorder:
         energy_source = None if energy is None else str(energy.get("source") or "unavailable")
         wait_s = _codepath_values(gpu, "codepaths_wait_s")
         wait_j = _codepath_values(gpu, "codepaths_wait_j")
+        direction = direction_rows.window_rows(window, energy, gpu)
         e = window.errors
         with self._tx() as db:
             if db.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone() is None:
@@ -385,6 +387,7 @@ class Recorder:
                 "   ELSE coalesce(gpu_wait_energy_j, 0) + excluded.gpu_wait_energy_j END",
                 [(run_id, *row[1:6], row[6], row[8], row[9]) for row in codepath_rows],
             )
+            direction_rows.add_window(db, run_id, direction)
             facets = [("pid", str(window.pid))]
             if window.python:
                 facets.append(("python", window.python))
@@ -508,6 +511,11 @@ class Recorder:
         with self._reading() as db:
             rows = reader.receipt_rows(db, run_id)
         return reader.decode_receipts(rows, run_id)
+
+    def directions(self, run_id: str) -> dict[str, dict[str, Any]] | None:
+        """A run's per-codepath, per-direction totals; None when recorded without them."""
+        with self._reading() as db:
+            return direction_rows.read(db, run_id)
 
     def episodes(self, run_id: str) -> tuple[dict[str, Any], ...] | None:
         """A run's episodes in time order; None when it was recorded without detection."""
