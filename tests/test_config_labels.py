@@ -120,7 +120,9 @@ def _ledger() -> Ledger:
     ledger.set_targets(["trainer", "loader"], {"trainer": {"variant": "many", "job_name": "gpt"}})
     ledger.declare_energy_source("model")
     ledger.declare_gpu(0)
-    ledger.add_window("trainer", samples={"pickle": 3}, cpu_s={"pickle": 0.3})
+    ledger.add_window(
+        "trainer", samples={("pickle", "encode"): 3}, cpu_s={("pickle", "encode"): 0.3}
+    )
     ledger.add_sampler_error("loader", "target_gone")
     ledger.set_target_processes("trainer", [TargetProcess(11, "3.11.7"), TargetProcess(12, "3")])
     ledger.set_collector("pyspy", up=True, duration_s=1.0)

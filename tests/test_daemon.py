@@ -122,11 +122,28 @@ def test_lifecycle_ready_watchdog_metrics_sigterm_and_record(tmp_path):
     try:
         wait_for(lambda: "READY=1" in notify.lines(), 60, "READY=1")
         m = d.wait_metric("serwatt_samples_total", 20, target="trainer")
-        # Every codepath of the closed set is exported for the target, zeros included.
+        # Every codepath of the closed set is exported for the target, zeros included, each
+        # serializer in both directions and unknown, `other` unknown alone.
         for cp in CODEPATHS:
-            assert ("serwatt_samples_total", (("codepath", cp), ("target", "trainer"))) in m
-            assert ("serwatt_cpu_seconds_total", (("codepath", cp), ("target", "trainer"))) in m
+            for way in ("encode", "decode", "unknown") if cp != "other" else ("unknown",):
+                labels = (("codepath", cp), ("direction", way), ("target", "trainer"))
+                assert ("serwatt_samples_total", labels) in m
+                assert ("serwatt_cpu_seconds_total", labels) in m
+        assert ("serwatt_samples_total", (("codepath", "other"), ("direction", "encode"),
+                                          ("target", "trainer"))) not in m  # fmt: skip
         assert total(m, "serwatt_samples_total", target="trainer", codepath="pickle") > 0
+        # the workload's pickle.dumps and pickle.loads (each on its own line: a line that
+        # calls both says neither) land on their own directions
+        wait_for(
+            lambda: all(
+                total(d.metrics(), "serwatt_cpu_seconds_total", target="trainer",
+                      codepath="pickle", direction=way) > 0
+                for way in ("encode", "decode")
+            ),
+            60,
+            "pickle CPU both ways",
+        )  # fmt: skip
+
         assert total(m, "serwatt_cpu_seconds_total", target="trainer") > 0
         assert total(m, "serwatt_target_up", target="trainer") == 1
         assert total(m, "serwatt_target_info", target="trainer", pid=str(work.pid)) == 1

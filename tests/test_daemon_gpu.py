@@ -79,7 +79,7 @@ def test_gpu_idle_and_gpu_wait_reach_the_metrics_and_the_record(tmp_path):
     m = seen
     assert total(m, "serwatt_collector_up", collector="nvml") == 1
     for cp in CODEPATHS:  # zero-filled for the declared GPU
-        key = (("codepath", cp), ("gpu", "0"), ("target", "trainer"))
+        key = (("codepath", cp), ("direction", "unknown"), ("gpu", "0"), ("target", "trainer"))
         assert ("serwatt_gpu_wait_seconds_total", key) in m
         assert ("serwatt_gpu_wait_energy_joules_total", key) in m
     wait_s = total(m, "serwatt_gpu_wait_seconds_total", target="trainer", gpu="0")

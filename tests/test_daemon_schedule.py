@@ -194,4 +194,4 @@ def test_sighup_applies_to_the_next_windows_not_those_in_flight(tmp_path: Path) 
 
 def _samples(d: FakeTimeDaemon, target: str) -> int:
     snap = d.daemon.ledger.snapshot()
-    return sum(n for (t, _cp), n in snap.samples.items() if t == target)
+    return sum(n for (t, _cp, _d), n in snap.samples.items() if t == target)

@@ -31,9 +31,11 @@ WORKLOAD = textwrap.dedent(
     data = {"k%d" % i: list(range(40)) for i in range(150)}
     while True:
         for _ in range(20):
-            pickle.loads(pickle.dumps(data))
+            blob = pickle.dumps(data)
+            pickle.loads(blob)
         for _ in range(10):
-            json.loads(json.dumps(data))
+            text = json.dumps(data)
+            json.loads(text)
         sum(i * i for i in range(20000))
         time.sleep(0.002)
     """

@@ -172,6 +172,9 @@ def test_the_node_dashboard_has_the_required_panels():
     titles = {p["title"] for p in doc["panels"]}
     assert {"CPU share per codepath", "Watts per codepath", "GPU-wait per codepath"} <= titles
     exprs = " ".join(dashboard_queries(NODE_DASHBOARD))
+    # encode and decode apart (the `direction` label, docs/scaling.md)
+    assert "Encode and decode CPU per codepath (cores)" in titles
+    assert "sum by (codepath, direction) (rate(serwatt_cpu_seconds_total" in exprs
     # Power is always rate() of a joules counter, never a gauge.
     assert "rate(serwatt_energy_joules_total" in exprs
     assert "rate(serwatt_gpu_wait_seconds_total" in exprs

@@ -22,9 +22,9 @@ def _ledger() -> Ledger:
     ledger.declare_energy_source("model")
     ledger.add_window(
         "trainer",
-        samples={"pickle": 7},
-        cpu_s={"pickle": 0.7},
-        energy_j={"pickle": 2.5},
+        samples={("pickle", "decode"): 7},
+        cpu_s={("pickle", "decode"): 0.7},
+        energy_j={("pickle", "decode"): 2.5},
         energy_source="model",
     )
     ledger.set_target_processes("trainer", [TargetProcess(4242, "3.11.7")])
@@ -67,10 +67,14 @@ def test_metrics_endpoint_serves_the_snapshot(server):
     status, ctype, body = _get(srv, "/metrics")
     assert status == 200 and ctype.startswith("text/plain")
     values = _values(body)
-    key = ("serwatt_samples_total", (("codepath", "pickle"), ("target", "trainer")))
+    key = (
+        "serwatt_samples_total",
+        (("codepath", "pickle"), ("direction", "decode"), ("target", "trainer")),
+    )
     assert values[key] == 7
     for cp in CODEPATHS:
-        assert ("serwatt_cpu_seconds_total", (("codepath", cp), ("target", "trainer"))) in values
+        labels = (("codepath", cp), ("direction", "unknown"), ("target", "trainer"))
+        assert ("serwatt_cpu_seconds_total", labels) in values
     info = ("serwatt_target_info", (("pid", "4242"), ("python", "3.11.7"), ("target", "trainer")))
     assert values[info] == 1
     assert values[("serwatt_collector_up", (("collector", "rapl"),))] == 0
@@ -89,9 +93,12 @@ def test_openmetrics_negotiation(server):
 
 def test_scrape_reads_only_the_published_snapshot(server):
     srv, ledger = server
-    ledger.add_window("trainer", samples={"pickle": 100}, cpu_s={})
+    ledger.add_window("trainer", samples={("pickle", "decode"): 100}, cpu_s={})
     _, _, body = _get(srv, "/metrics")
-    key = ("serwatt_samples_total", (("codepath", "pickle"), ("target", "trainer")))
+    key = (
+        "serwatt_samples_total",
+        (("codepath", "pickle"), ("direction", "decode"), ("target", "trainer")),
+    )
     assert _values(body)[key] == 7  # unpublished work is invisible
     ledger.publish()
     _, _, body = _get(srv, "/metrics")

@@ -28,7 +28,9 @@ MAX_CONNECTIONS = 64  # exporter.HTTP_MAX_CONNECTIONS
 def _ledger() -> Ledger:
     ledger = Ledger()
     ledger.set_targets(["trainer"])
-    ledger.add_window("trainer", samples={"pickle": 3}, cpu_s={"pickle": 0.3})
+    ledger.add_window(
+        "trainer", samples={("pickle", "encode"): 3}, cpu_s={("pickle", "encode"): 0.3}
+    )
     ledger.publish()
     return ledger
 

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from profiler.classify.codepaths import CODEPATHS
+from profiler.classify.direction import CODEPATH_DIRECTIONS
 from profiler.service.ledger import Ledger, TargetProcess
 
 
@@ -18,60 +19,73 @@ def _ledger(*targets: str) -> Ledger:
     return ledger
 
 
-def test_every_codepath_starts_at_zero_for_every_target():
+def test_every_codepath_and_direction_starts_at_zero_for_every_target():
     ledger = _ledger("trainer", "loader")
     ledger.declare_energy_source("model")
     ledger.declare_gpu(0)
     snap = ledger.publish()
+    # 9 serializers x encode / decode / unknown, and `other` x unknown alone
+    pairs = {(cp, d) for cp in CODEPATHS if cp != "other" for d in ("encode", "decode", "unknown")}
+    assert set(CODEPATH_DIRECTIONS) == pairs | {("other", "unknown")}
     for target in ("trainer", "loader"):
-        for cp in CODEPATHS:
-            assert snap.samples[(target, cp)] == 0
-            assert snap.cpu_s[(target, cp)] == 0.0
-            assert snap.energy_j[(target, cp, "model")] == 0.0
-            assert snap.gpu_wait_s[(target, cp, "0")] == 0.0
-            assert snap.gpu_wait_energy_j[(target, cp, "0")] == 0.0
+        assert {(cp, d) for (t, cp, d) in snap.samples if t == target} == set(CODEPATH_DIRECTIONS)
+        for cp, d in CODEPATH_DIRECTIONS:
+            assert snap.samples[(target, cp, d)] == 0
+            assert snap.cpu_s[(target, cp, d)] == 0.0
+            assert snap.energy_j[(target, cp, d, "model")] == 0.0
+            assert snap.gpu_wait_s[(target, cp, d, "0")] == 0.0
+            assert snap.gpu_wait_energy_j[(target, cp, d, "0")] == 0.0
     assert snap.node_cpu_energy_j == {"model": 0.0}
     assert snap.gpu_idle_s == {"0": 0.0}
 
 
 def test_windows_accumulate_and_snapshots_do_not_change_afterwards():
     ledger = _ledger()
-    ledger.add_window("trainer", samples={"pickle": 10, "other": 5}, cpu_s={"pickle": 0.2})
+    ledger.add_window(
+        "trainer",
+        samples={("pickle", "encode"): 10, ("other", "unknown"): 5},
+        cpu_s={("pickle", "encode"): 0.2},
+    )
     first = ledger.publish()
     ledger.add_window(
         "trainer",
-        samples={"pickle": 1},
-        cpu_s={"pickle": 0.05},
-        energy_j={"pickle": 3.0},
+        samples={("pickle", "encode"): 1, ("pickle", "decode"): 4},
+        cpu_s={("pickle", "encode"): 0.05},
+        energy_j={("pickle", "encode"): 3.0},
         energy_source="rapl",
-        gpu_wait_s={("pickle", 1): 0.5},
-        gpu_wait_energy_j={("pickle", 1): 20.0},
+        gpu_wait_s={("pickle", "decode", 1): 0.5},
+        gpu_wait_energy_j={("pickle", "decode", 1): 20.0},
     )
     # Not published yet: readers still see the first snapshot.
     assert ledger.snapshot() is first
     second = ledger.publish()
-    assert first.samples[("trainer", "pickle")] == 10
-    assert second.samples[("trainer", "pickle")] == 11
-    assert second.cpu_s[("trainer", "pickle")] == pytest.approx(0.25)
-    assert second.energy_j[("trainer", "pickle", "rapl")] == 3.0
-    # A new source is zero-filled for every codepath at once.
-    assert second.energy_j[("trainer", "json", "rapl")] == 0.0
-    assert second.gpu_wait_s[("trainer", "pickle", "1")] == 0.5
-    assert second.gpu_wait_energy_j[("trainer", "pickle", "1")] == 20.0
+    assert first.samples[("trainer", "pickle", "encode")] == 10
+    assert second.samples[("trainer", "pickle", "encode")] == 11
+    assert second.samples[("trainer", "pickle", "decode")] == 4
+    assert second.cpu_s[("trainer", "pickle", "encode")] == pytest.approx(0.25)
+    assert second.energy_j[("trainer", "pickle", "encode", "rapl")] == 3.0
+    # A new source is zero-filled for every codepath and direction at once.
+    assert second.energy_j[("trainer", "json", "decode", "rapl")] == 0.0
+    assert second.gpu_wait_s[("trainer", "pickle", "decode", "1")] == 0.5
+    assert second.gpu_wait_energy_j[("trainer", "pickle", "decode", "1")] == 20.0
     assert second.windows == 2
     with pytest.raises(TypeError):
-        second.samples[("trainer", "pickle")] = 0  # type: ignore[index]
+        second.samples[("trainer", "pickle", "encode")] = 0  # type: ignore[index]
 
 
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"samples": {"pickles": 1}, "cpu_s": {}}, "closed set"),
-        ({"samples": {"pickle": -1}, "cpu_s": {}}, ">= 0"),
-        ({"samples": {}, "cpu_s": {"json": float("nan")}}, ">= 0"),
-        ({"samples": {}, "cpu_s": {}, "energy_j": {"json": 1.0}}, "source"),
+        ({"samples": {("pickles", "encode"): 1}, "cpu_s": {}}, "closed set"),
+        ({"samples": {"pickle": 1}, "cpu_s": {}}, r"must be \(codepath, direction\)"),
+        ({"samples": {("pickle", "write"): 1}, "cpu_s": {}}, "direction 'write'"),
+        ({"samples": {("other", "encode"): 1}, "cpu_s": {}}, "direction 'encode'"),
+        ({"samples": {("pickle", "encode"): -1}, "cpu_s": {}}, ">= 0"),
+        ({"samples": {}, "cpu_s": {("json", "decode"): float("nan")}}, ">= 0"),
+        ({"samples": {}, "cpu_s": {}, "energy_j": {("json", "decode"): 1.0}}, "source"),
         ({"samples": {}, "cpu_s": {}, "energy_j": {}, "energy_source": "RAPL!"}, "source"),
-        ({"samples": {}, "cpu_s": {}, "gpu_wait_s": {("json", "gpu0"): 1.0}}, "index"),
+        ({"samples": {}, "cpu_s": {}, "gpu_wait_s": {("json", "decode", "gpu0"): 1.0}}, "index"),
+        ({"samples": {}, "cpu_s": {}, "gpu_wait_s": {("json", 0): 1.0}}, "gpu"),
     ],
 )
 def test_bad_window_is_rejected_and_changes_nothing(kwargs, message):
@@ -89,20 +103,20 @@ def test_bad_window_is_rejected_and_changes_nothing(kwargs, message):
 def test_unknown_target_cannot_become_a_label():
     ledger = _ledger()
     with pytest.raises(ValueError, match="unknown target 'python3 train.py'"):
-        ledger.add_window("python3 train.py", samples={"other": 1}, cpu_s={})
+        ledger.add_window("python3 train.py", samples={("other", "unknown"): 1}, cpu_s={})
     with pytest.raises(ValueError, match="unknown target"):
         ledger.add_sampler_error("12345", "target_gone")
 
 
 def test_removed_target_keeps_totals_and_goes_down():
     ledger = _ledger("a", "b")
-    ledger.add_window("a", samples={"json": 4}, cpu_s={"json": 1.0})
+    ledger.add_window("a", samples={("json", "decode"): 4}, cpu_s={("json", "decode"): 1.0})
     ledger.set_target_processes("a", [TargetProcess(42, "3.12.1")])
     ledger.set_targets(["b"])
     snap = ledger.publish()
     state = {t.name: t for t in snap.targets}
     assert not state["a"].configured and not state["a"].up and state["a"].processes == ()
-    assert snap.samples[("a", "json")] == 4
+    assert snap.samples[("a", "json", "decode")] == 4
     assert state["b"].configured
 
 
@@ -162,7 +176,7 @@ def test_snapshot_reads_never_wait_for_writers():
 @given(
     st.lists(
         st.tuples(
-            st.sampled_from(CODEPATHS),
+            st.sampled_from(CODEPATH_DIRECTIONS),
             st.integers(min_value=0, max_value=10_000),
             st.floats(min_value=0, max_value=1e4, allow_nan=False),
         ),
@@ -172,9 +186,9 @@ def test_snapshot_reads_never_wait_for_writers():
 def test_counters_never_decrease(windows):
     ledger = _ledger()
     previous = ledger.publish()
-    for cp, n, s in windows:
+    for key, n, s in windows:
         ledger.add_window(
-            "trainer", samples={cp: n}, cpu_s={cp: s}, energy_j={cp: s}, energy_source="model"
+            "trainer", samples={key: n}, cpu_s={key: s}, energy_j={key: s}, energy_source="model"
         )
         snap = ledger.publish()
         for key, value in previous.samples.items():

@@ -18,16 +18,18 @@ from tests.test_daemon_support import PYTHON, REPO
 
 DAEMON_DOC = REPO / "docs" / "daemon.md"
 
-# The contract as the issue states it, then serwatt's additions: name -> labels.
+# The contract as the issue states it, then serwatt's additions: name -> labels. Every
+# per-codepath counter carries `direction` (encode / decode / unknown; checkpoint-truth
+# issue, section 1).
 CONTRACT = {
-    "serwatt_samples_total": {"target", "codepath"},
-    "serwatt_cpu_seconds_total": {"target", "codepath"},
-    "serwatt_energy_joules_total": {"target", "codepath", "source"},
+    "serwatt_samples_total": {"target", "codepath", "direction"},
+    "serwatt_cpu_seconds_total": {"target", "codepath", "direction"},
+    "serwatt_energy_joules_total": {"target", "codepath", "direction", "source"},
     "serwatt_node_cpu_energy_joules_total": {"source"},
     "serwatt_unattributed_energy_joules_total": {"source"},
     "serwatt_gpu_idle_seconds_total": {"gpu"},
-    "serwatt_gpu_wait_seconds_total": {"target", "codepath", "gpu"},
-    "serwatt_gpu_wait_energy_joules_total": {"target", "codepath", "gpu"},
+    "serwatt_gpu_wait_seconds_total": {"target", "codepath", "direction", "gpu"},
+    "serwatt_gpu_wait_energy_joules_total": {"target", "codepath", "direction", "gpu"},
     "serwatt_target_up": {"target"},
     "serwatt_target_info": {"target", "pid", "python"},
     "serwatt_sampler_errors_total": {"target", "kind"},
@@ -43,11 +45,12 @@ CONTRACT = {
 # The HELP text users and dashboards read, written out: a change here is a change of the
 # contract, made on purpose in both places.
 HELP = {
-    "serwatt_samples_total": "Stack samples of the target's threads classified into the codepath.",
+    "serwatt_samples_total": "Stack samples of the target's threads classified into the "
+    "codepath, by direction (encode, decode, unknown).",
     "serwatt_cpu_seconds_total": "Measured per-thread CPU seconds of the target attributed to "
-    "the codepath (each thread's CPU delta spread over its samples).",
-    "serwatt_energy_joules_total": "CPU package energy attributed to the target's codepath, in "
-    "joules; source is rapl (measured) or model (estimated).",
+    "the codepath, by direction (each thread's CPU delta spread over its samples).",
+    "serwatt_energy_joules_total": "CPU package energy attributed to the target's codepath, by "
+    "direction, in joules; source is rapl (measured) or model (estimated).",
     "serwatt_node_cpu_energy_joules_total": "CPU package energy of the whole node over the "
     "daemon's sampling slots, in joules.",
     "serwatt_unattributed_energy_joules_total": "Node CPU energy that no target codepath "
@@ -55,9 +58,9 @@ HELP = {
     "serwatt_gpu_idle_seconds_total": "Seconds the GPU ran no kernel, from NVML utilization "
     "samples.",
     "serwatt_gpu_wait_seconds_total": "Seconds a GPU the target uses sat idle while the "
-    "target's host threads were in the codepath.",
+    "target's host threads were in the codepath, by direction.",
     "serwatt_gpu_wait_energy_joules_total": "GPU energy spent idle while the target's host "
-    "threads were in the codepath, in joules.",
+    "threads were in the codepath, by direction, in joules.",
     "serwatt_target_up": "1 if at least one process of the configured target is being "
     "profiled, else 0.",
     "serwatt_target_info": "One series per profiled process of the target (value 1): its pid "
@@ -108,12 +111,12 @@ def _full_ledger() -> Ledger:
     ledger.declare_gpu(1)
     ledger.add_window(
         "trainer",
-        samples={"pickle": 3, "other": 1},
-        cpu_s={"pickle": 0.3, "other": 0.1},
-        energy_j={"pickle": 9.0},
+        samples={("pickle", "encode"): 3, ("other", "unknown"): 1},
+        cpu_s={("pickle", "encode"): 0.3, ("other", "unknown"): 0.1},
+        energy_j={("pickle", "encode"): 9.0},
         energy_source="rapl",
-        gpu_wait_s={("pickle", 0): 0.2},
-        gpu_wait_energy_j={("pickle", 0): 14.0},
+        gpu_wait_s={("pickle", "encode", 0): 0.2},
+        gpu_wait_energy_j={("pickle", "encode", 0): 14.0},
     )
     ledger.add_node_energy("rapl", node_j=100.0, unattributed_j=91.0)
     ledger.add_gpu_idle(0, 1.5)
@@ -166,7 +169,8 @@ def test_exposition_has_help_type_and_exact_label_sets():
             assert s.name in METRIC_NAMES, s.name
             assert set(s.labels) == CONTRACT[s.name], (s.name, s.labels)
             assert s.value >= 0
-            seen.setdefault(s.name, set()).add(s.labels.get("codepath", ""))
+            key = (s.labels.get("codepath", ""), s.labels.get("direction", ""))
+            seen.setdefault(s.name, set()).add(key)
     assert set(seen) == METRIC_NAMES  # every metric has samples on a populated ledger
     for name in (
         "serwatt_samples_total",
@@ -175,7 +179,12 @@ def test_exposition_has_help_type_and_exact_label_sets():
         "serwatt_gpu_wait_seconds_total",
         "serwatt_gpu_wait_energy_joules_total",
     ):
-        assert seen[name] == set(CODEPATHS), name  # zeros included
+        # zeros included: the 9 serializers both ways and unknown, `other` unknown only
+        assert seen[name] == {
+            (cp, d)
+            for cp in CODEPATHS
+            for d in (("encode", "decode", "unknown") if cp != "other" else ("unknown",))
+        }, name
 
 
 def test_promtool_accepts_the_populated_exposition(tmp_path):

@@ -21,6 +21,7 @@ import urllib.request
 from pathlib import Path
 
 from profiler.classify.codepaths import CODEPATHS
+from profiler.classify.direction import CODEPATH_DIRECTIONS
 from profiler.service.config import load_config
 from profiler.service.daemon import Daemon
 from tests.dashboards import NODE_DASHBOARD, dashboard_queries
@@ -207,10 +208,14 @@ def test_prometheus_scrapes_the_daemon_and_agrees_with_the_record(tmp_path):
 
     # Series and labels as the contract says.
     by_name: dict[str, dict[str, float]] = {}
+    directions: dict[str, set[tuple[str, str]]] = {}
     for s in stored:
         m = s["metric"]
         assert m["job"] == "serwatt" and m["instance"] == f"127.0.0.1:{seen['daemon_port']}"
-        by_name.setdefault(m["__name__"], {})[m["codepath"]] = float(s["value"][1])
+        # a codepath's series, one per direction, summed (the record keeps codepaths)
+        per_cp = by_name.setdefault(m["__name__"], {})
+        per_cp[m["codepath"]] = per_cp.get(m["codepath"], 0.0) + float(s["value"][1])
+        directions.setdefault(m["__name__"], set()).add((m["codepath"], m["direction"]))
         if m["__name__"] == "serwatt_energy_joules_total":
             assert m["source"] == "rapl"
     for name in (
@@ -219,6 +224,7 @@ def test_prometheus_scrapes_the_daemon_and_agrees_with_the_record(tmp_path):
         "serwatt_energy_joules_total",
     ):
         assert set(by_name[name]) == set(CODEPATHS), name
+        assert directions[name] == set(CODEPATH_DIRECTIONS), name
     assert {s["metric"]["target"]: float(s["value"][1]) for s in up} == {
         "trainer": 1.0,
         "absent": 0.0,

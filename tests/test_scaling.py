@@ -9,7 +9,6 @@ from pathlib import Path
 
 from prometheus_client import generate_latest
 
-from profiler.classify.codepaths import CODEPATHS
 from profiler.service.exporter import make_registry
 from profiler.service.ledger import Ledger, TargetProcess
 from tests.conftest import DaemonScrape
@@ -23,6 +22,9 @@ COLLECTORS = 6
 # Series Prometheus adds per scrape target: up, scrape_duration_seconds,
 # scrape_samples_scraped, scrape_samples_post_metric_relabeling, scrape_series_added.
 SCRAPE_SERIES = 5
+# (codepath, direction) pairs with series: 9 serializer codepaths x encode / decode /
+# unknown, and `other` x unknown (docs/scaling.md's D)
+CODEPATH_DIRECTIONS = 9 * 3 + 1
 
 
 def series_per_node(
@@ -34,10 +36,10 @@ def series_per_node(
     collectors: int = COLLECTORS,
     error_series: int = 0,
     budget: bool = False,
-    codepaths: int = len(CODEPATHS),
+    codepath_directions: int = CODEPATH_DIRECTIONS,
 ) -> int:
     """docs/scaling.md's formula: the series one node's /metrics has."""
-    per_target = codepaths * (2 + energy_sources + 2 * gpus) + 1
+    per_target = codepath_directions * (2 + energy_sources + 2 * gpus) + 1
     node = 2 * energy_sources + gpus + 2 * collectors + 2 + 1 + int(budget) + 1
     return targets * per_target + processes + error_series + node
 

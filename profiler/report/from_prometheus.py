@@ -82,7 +82,7 @@ _COUNTERS: tuple[tuple[str, str], ...] = (
     ("serwatt_energy_joules_total", "energy_j"),
     ("serwatt_gpu_wait_seconds_total", "gpu_wait_s"),
 )
-_NOT_RUN_LABELS = frozenset({"__name__", "codepath", "source", "gpu"})
+_NOT_RUN_LABELS = frozenset({"__name__", "codepath", "direction", "source", "gpu"})
 
 _MATCHER = re.compile(
     r"""\s*([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*("(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')\s*"""

@@ -53,8 +53,8 @@ MAX_LABEL_VALUE_LEN = 128
 # the ones Prometheus attaches at scrape time (`job`, `instance`: it would rename ours to
 # exported_*), and the ones PromQL gives a meaning (`le`, `quantile`).
 RESERVED_LABELS: frozenset[str] = frozenset(
-    {"target", "codepath", "source", "gpu", "pid", "python", "kind", "collector", "part",
-     "version", "job", "instance", "le", "quantile"}
+    {"target", "codepath", "direction", "source", "gpu", "pid", "python", "kind", "collector",
+     "part", "version", "job", "instance", "le", "quantile"}
 )  # fmt: skip
 
 

@@ -35,7 +35,6 @@ from collectors.pyspy import PySpy, SamplingError
 from profiler import __version__
 from profiler.attribution.episodes import Episode, EpisodeTracker
 from profiler.attribution.window import AttributedWindow
-from profiler.classify.codepaths import CODEPATHS
 from profiler.exitcodes import EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME
 from profiler.records.host import fingerprint
 from profiler.records.store import Recorder, RecordError
@@ -532,20 +531,18 @@ class Daemon:
         return failed
 
     def _add_to_ledger(self, target: str, window: AttributedWindow) -> None:
-        report = window.report
-        samples = {cp: report.codepaths[cp].samples for cp in CODEPATHS if cp in report.codepaths}
-        cpu_s = {cp: report.codepaths[cp].cpu_s for cp in CODEPATHS if cp in report.codepaths}
+        f = window.by_direction()
         if window.attribution is None:
-            self.ledger.add_window(target, samples=samples, cpu_s=cpu_s)
+            self.ledger.add_window(target, samples=f.samples, cpu_s=f.cpu_s)
             return
         self.ledger.add_window(
             target,
-            samples=samples,
-            cpu_s=cpu_s,
-            energy_j=window.energy_j,
+            samples=f.samples,
+            cpu_s=f.cpu_s,
+            energy_j=f.energy_j,
             energy_source=window.energy_source,
-            gpu_wait_s=window.gpu_wait_s,
-            gpu_wait_energy_j=window.gpu_wait_energy_j,
+            gpu_wait_s=f.gpu_wait_s,
+            gpu_wait_energy_j=f.gpu_wait_energy_j,
         )
 
     def _on_window_error(self, job: SamplingJob) -> bool:

@@ -10,9 +10,11 @@ series, once created, is never dropped while the daemon lives: a target that lef
 the config keeps its totals and shows `up 0`, so `rate()` stays correct.
 
 Labels are bounded by construction: `target` must be a registered (configured)
-target name, `codepath` must belong to profiler.classify.codepaths.CODEPATHS, `gpu` is an
-index, `source` and `kind` are short identifiers. A pid appears only in the
-per-target process list (the `serwatt_target_info` metric).
+target name, `codepath` must belong to profiler.classify.codepaths.CODEPATHS and
+`direction` to its series_directions (profiler/classify/direction.py: encode, decode,
+unknown; `other` unknown only), `gpu` is an index, `source` and `kind` are short
+identifiers. A pid appears only in the per-target process list (the
+`serwatt_target_info` metric).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from types import MappingProxyType
 
 from profiler import __version__
 from profiler.classify.codepaths import CODEPATHS
+from profiler.classify.direction import CODEPATH_DIRECTIONS
 
 # `kind` and `source` label values: short identifiers, never free text.
 _IDENT = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
@@ -71,14 +74,14 @@ class LedgerSnapshot:
     taken_at: float  # epoch seconds
     version: str
     targets: tuple[TargetState, ...]
-    samples: Mapping[tuple[str, str], int]  # (target, codepath)
-    cpu_s: Mapping[tuple[str, str], float]  # (target, codepath)
-    energy_j: Mapping[tuple[str, str, str], float]  # (target, codepath, source)
+    samples: Mapping[tuple[str, str, str], int]  # (target, codepath, direction)
+    cpu_s: Mapping[tuple[str, str, str], float]  # (target, codepath, direction)
+    energy_j: Mapping[tuple[str, str, str, str], float]  # (target, codepath, direction, source)
     node_cpu_energy_j: Mapping[str, float]  # source
     unattributed_energy_j: Mapping[str, float]  # source
     gpu_idle_s: Mapping[str, float]  # gpu index
-    gpu_wait_s: Mapping[tuple[str, str, str], float]  # (target, codepath, gpu)
-    gpu_wait_energy_j: Mapping[tuple[str, str, str], float]  # (target, codepath, gpu)
+    gpu_wait_s: Mapping[tuple[str, str, str, str], float]  # (target, codepath, direction, gpu)
+    gpu_wait_energy_j: Mapping[tuple[str, str, str, str], float]  # (same)
     sampler_errors: Mapping[tuple[str, str], int]  # (target, kind)
     collectors: Mapping[str, CollectorState] = field(default_factory=dict)
     windows: int = 0  # windows applied so far (all targets)
@@ -98,14 +101,14 @@ class Ledger:
         self._configured: dict[str, bool] = {}
         self._processes: dict[str, tuple[TargetProcess, ...]] = {}
         self._labels: dict[str, Mapping[str, str]] = {}
-        self._samples: dict[tuple[str, str], int] = {}
-        self._cpu_s: dict[tuple[str, str], float] = {}
-        self._energy_j: dict[tuple[str, str, str], float] = {}
+        self._samples: dict[tuple[str, str, str], int] = {}
+        self._cpu_s: dict[tuple[str, str, str], float] = {}
+        self._energy_j: dict[tuple[str, str, str, str], float] = {}
         self._node_j: dict[str, float] = {}
         self._unattributed_j: dict[str, float] = {}
         self._gpu_idle_s: dict[str, float] = {}
-        self._gpu_wait_s: dict[tuple[str, str, str], float] = {}
-        self._gpu_wait_j: dict[tuple[str, str, str], float] = {}
+        self._gpu_wait_s: dict[tuple[str, str, str, str], float] = {}
+        self._gpu_wait_j: dict[tuple[str, str, str, str], float] = {}
         self._errors: dict[tuple[str, str], int] = {}
         self._collectors: dict[str, CollectorState] = {}
         self._energy_sources: set[str] = set()
@@ -137,14 +140,14 @@ class Ledger:
                 self._configured[name] = True
                 self._labels[name] = _frozen(dict(sorted(labels.get(name, {}).items())))
                 self._processes.setdefault(name, ())
-                for cp in CODEPATHS:
-                    self._samples.setdefault((name, cp), 0)
-                    self._cpu_s.setdefault((name, cp), 0.0)
+                for cp, d in CODEPATH_DIRECTIONS:
+                    self._samples.setdefault((name, cp, d), 0)
+                    self._cpu_s.setdefault((name, cp, d), 0.0)
                     for source in self._energy_sources:
-                        self._energy_j.setdefault((name, cp, source), 0.0)
+                        self._energy_j.setdefault((name, cp, d, source), 0.0)
                     for gpu in self._gpus:
-                        self._gpu_wait_s.setdefault((name, cp, gpu), 0.0)
-                        self._gpu_wait_j.setdefault((name, cp, gpu), 0.0)
+                        self._gpu_wait_s.setdefault((name, cp, d, gpu), 0.0)
+                        self._gpu_wait_j.setdefault((name, cp, d, gpu), 0.0)
             for name, configured in self._configured.items():
                 if not configured:
                     self._processes[name] = ()
@@ -157,8 +160,8 @@ class Ledger:
             self._node_j.setdefault(source, 0.0)
             self._unattributed_j.setdefault(source, 0.0)
             for name in self._configured:
-                for cp in CODEPATHS:
-                    self._energy_j.setdefault((name, cp, source), 0.0)
+                for cp, d in CODEPATH_DIRECTIONS:
+                    self._energy_j.setdefault((name, cp, d, source), 0.0)
 
     def declare_gpu(self, gpu: int | str) -> None:
         """Zero-fill GPU series for GPU index `gpu` for every target."""
@@ -167,9 +170,9 @@ class Ledger:
             self._gpus.add(g)
             self._gpu_idle_s.setdefault(g, 0.0)
             for name in self._configured:
-                for cp in CODEPATHS:
-                    self._gpu_wait_s.setdefault((name, cp, g), 0.0)
-                    self._gpu_wait_j.setdefault((name, cp, g), 0.0)
+                for cp, d in CODEPATH_DIRECTIONS:
+                    self._gpu_wait_s.setdefault((name, cp, d, g), 0.0)
+                    self._gpu_wait_j.setdefault((name, cp, d, g), 0.0)
 
     def set_target_processes(self, target: str, processes: Iterable[TargetProcess]) -> None:
         with self._lock:
@@ -204,14 +207,16 @@ class Ledger:
         self,
         target: str,
         *,
-        samples: Mapping[str, int],
-        cpu_s: Mapping[str, float],
-        energy_j: Mapping[str, float] | None = None,
+        samples: Mapping[tuple[str, str], int],
+        cpu_s: Mapping[tuple[str, str], float],
+        energy_j: Mapping[tuple[str, str], float] | None = None,
         energy_source: str | None = None,
-        gpu_wait_s: Mapping[tuple[str, int | str], float] | None = None,
-        gpu_wait_energy_j: Mapping[tuple[str, int | str], float] | None = None,
+        gpu_wait_s: Mapping[tuple[str, str, int | str], float] | None = None,
+        gpu_wait_energy_j: Mapping[tuple[str, str, int | str], float] | None = None,
     ) -> None:
-        """Add one window of one target. `gpu_wait_*` are keyed by (codepath, gpu).
+        """Add one window of one target. `samples`, `cpu_s` and `energy_j` are keyed by
+        (codepath, direction), `gpu_wait_*` by (codepath, direction, gpu)
+        (AttributedWindow.by_direction gives them in these shapes).
 
         Everything is validated before anything is added, so a bad window changes
         nothing.
@@ -220,38 +225,40 @@ class Ledger:
         gpu_wait_s = gpu_wait_s or {}
         gpu_wait_energy_j = gpu_wait_energy_j or {}
         for mapping in (samples, cpu_s, energy_j):
-            for cp, v in mapping.items():
-                _check_codepath(cp)
-                _check_increment(v, cp)
+            for pair, v in mapping.items():
+                _check_series(pair, 2)
+                _check_increment(v, pair[0])
         for gpu_mapping in (gpu_wait_s, gpu_wait_energy_j):
-            for (cp, gpu), v in gpu_mapping.items():
-                _check_codepath(cp)
-                _gpu_label(gpu)
-                _check_increment(v, cp)
+            for triple, v in gpu_mapping.items():
+                _check_series(triple, 3)
+                _gpu_label(triple[2])
+                _check_increment(v, triple[0])
         if energy_j and energy_source is None:
             raise ValueError("energy_j given without its source (rapl or model)")
         if energy_source is not None:
             _check_ident(energy_source, "source")
         with self._lock:
             self._require_target(target)
-            for cp, n in samples.items():
-                self._samples[(target, cp)] = self._samples.get((target, cp), 0) + int(n)
-            for cp, s in cpu_s.items():
-                self._cpu_s[(target, cp)] = self._cpu_s.get((target, cp), 0.0) + float(s)
+            for (cp, d), n in samples.items():
+                key3 = (target, cp, d)
+                self._samples[key3] = self._samples.get(key3, 0) + int(n)
+            for (cp, d), v in cpu_s.items():
+                key3 = (target, cp, d)
+                self._cpu_s[key3] = self._cpu_s.get(key3, 0.0) + float(v)
             if energy_source is not None:
                 if energy_source not in self._energy_sources:
                     self._energy_sources.add(energy_source)
                     self._node_j.setdefault(energy_source, 0.0)
                     self._unattributed_j.setdefault(energy_source, 0.0)
-                for cp in CODEPATHS:
-                    key3 = (target, cp, energy_source)
-                    self._energy_j[key3] = self._energy_j.get(key3, 0.0) + float(
-                        energy_j.get(cp, 0.0)
+                for cp, d in CODEPATH_DIRECTIONS:
+                    key4 = (target, cp, d, energy_source)
+                    self._energy_j[key4] = self._energy_j.get(key4, 0.0) + float(
+                        energy_j.get((cp, d), 0.0)
                     )
             for src, dst in ((gpu_wait_s, self._gpu_wait_s), (gpu_wait_energy_j, self._gpu_wait_j)):
-                for (cp, gpu), v in src.items():
-                    key = (target, cp, _gpu_label(gpu))
-                    dst[key] = dst.get(key, 0.0) + float(v)
+                for (cp, d, gpu), v in src.items():
+                    key4 = (target, cp, d, _gpu_label(gpu))
+                    dst[key4] = dst.get(key4, 0.0) + float(v)
             self._windows += 1
 
     def add_node_energy(self, source: str, *, node_j: float, unattributed_j: float) -> None:
@@ -335,9 +342,21 @@ class Ledger:
             )
 
 
-def _check_codepath(cp: str) -> None:
+_SERIES = frozenset(CODEPATH_DIRECTIONS)
+
+
+def _check_series(key: object, size: int) -> None:
+    """A (codepath, direction[, gpu]) key of the closed set."""
+    if not (isinstance(key, tuple) and len(key) == size):
+        raise ValueError(f"series key {key!r} must be (codepath, direction{', gpu' * (size > 2)})")
+    cp, d = key[0], key[1]
     if cp not in CODEPATHS:
         raise ValueError(f"codepath {cp!r} is not in the closed set {CODEPATHS}")
+    if (cp, d) not in _SERIES:
+        raise ValueError(
+            f"direction {d!r} is not one codepath {cp!r}'s series carry "
+            "(profiler/classify/direction.py series_directions)"
+        )
 
 
 def _check_increment(v: float, what: str) -> None:

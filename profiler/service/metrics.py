@@ -11,8 +11,11 @@ a scrape costs the same whatever the daemon is doing. It is registered in its ow
 `CollectorRegistry`, never the process-global one.
 
 Example exposition lines:
-    serwatt_cpu_seconds_total{codepath="pickle",target="trainer"} 12.5
-    serwatt_energy_joules_total{codepath="pickle",source="model",target="trainer"} 301.2
+    serwatt_cpu_seconds_total{codepath="pickle",direction="decode",target="trainer"} 12.5
+    serwatt_energy_joules_total{codepath="json",direction="encode",source="model",target="t"} 3.2
+
+`direction` is encode, decode or unknown for a serializer codepath and unknown alone for
+`other` (profiler/classify/direction.py); `sum without (direction)` gives the codepath.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from prometheus_client.core import (
     Metric,
 )
 
-from profiler.classify.codepaths import CODEPATHS
+from profiler.classify.direction import CODEPATH_DIRECTIONS
 from profiler.service.ledger import LedgerSnapshot
 
 log = logging.getLogger(__name__)
@@ -48,22 +51,23 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(
         "serwatt_samples_total",
         "counter",
-        ("target", "codepath"),
-        "Stack samples of the target's threads classified into the codepath.",
+        ("target", "codepath", "direction"),
+        "Stack samples of the target's threads classified into the codepath, by direction "
+        "(encode, decode, unknown).",
     ),
     MetricSpec(
         "serwatt_cpu_seconds_total",
         "counter",
-        ("target", "codepath"),
-        "Measured per-thread CPU seconds of the target attributed to the codepath "
-        "(each thread's CPU delta spread over its samples).",
+        ("target", "codepath", "direction"),
+        "Measured per-thread CPU seconds of the target attributed to the codepath, by "
+        "direction (each thread's CPU delta spread over its samples).",
     ),
     MetricSpec(
         "serwatt_energy_joules_total",
         "counter",
-        ("target", "codepath", "source"),
-        "CPU package energy attributed to the target's codepath, in joules; source is "
-        "rapl (measured) or model (estimated).",
+        ("target", "codepath", "direction", "source"),
+        "CPU package energy attributed to the target's codepath, by direction, in joules; "
+        "source is rapl (measured) or model (estimated).",
     ),
     MetricSpec(
         "serwatt_node_cpu_energy_joules_total",
@@ -87,15 +91,16 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(
         "serwatt_gpu_wait_seconds_total",
         "counter",
-        ("target", "codepath", "gpu"),
+        ("target", "codepath", "direction", "gpu"),
         "Seconds a GPU the target uses sat idle while the target's host threads were in "
-        "the codepath.",
+        "the codepath, by direction.",
     ),
     MetricSpec(
         "serwatt_gpu_wait_energy_joules_total",
         "counter",
-        ("target", "codepath", "gpu"),
-        "GPU energy spent idle while the target's host threads were in the codepath, in joules.",
+        ("target", "codepath", "direction", "gpu"),
+        "GPU energy spent idle while the target's host threads were in the codepath, by "
+        "direction, in joules.",
     ),
     MetricSpec(
         "serwatt_target_up",
@@ -230,12 +235,13 @@ def _add_target_labels(fam: Metric, target_labels: Mapping[str, Mapping[str, str
 @dataclass(frozen=True)
 class SeriesCount:
     """The series one node exports now, by the terms of its cardinality formula:
-    targets x (codepaths x (2 + energy sources + 2 x GPUs) + 1) + processes + error
-    series + node series. Static target labels add no term: each target has one fixed
-    label set, so they rename series, never multiply them."""
+    targets x (codepath directions x (2 + energy sources + 2 x GPUs) + 1) + processes +
+    error series + node series, where codepath directions is 28: 9 serializer codepaths
+    x 3 directions + `other` x 1. Static target labels add no term: each target has one
+    fixed label set, so they rename series, never multiply them."""
 
     targets: int
-    codepaths: int
+    codepaths: int  # (codepath, direction) pairs: CODEPATH_DIRECTIONS
     energy_sources: int
     gpus: int
     processes: int  # serwatt_target_info: one per sampled process
@@ -253,7 +259,8 @@ class SeriesCount:
     def line(self) -> str:
         return (
             f"Series exported: {self.total} = {self.targets} target(s) x ({self.codepaths} "
-            f"codepaths x (2 + {self.energy_sources} energy source(s) + 2 x {self.gpus} GPU(s)) "
+            f"codepath directions x (2 + {self.energy_sources} energy source(s) + 2 x "
+            f"{self.gpus} GPU(s)) "
             f"+ 1) + {self.processes} process(es) + {self.error_series} sampler-error "
             f"series + {self.node} node series; target labels add none (one fixed set per "
             "target)."
@@ -263,8 +270,8 @@ class SeriesCount:
 def series_count(snap: LedgerSnapshot) -> SeriesCount:
     """The node's series in terms of the cardinality formula (tests compare `total`
     with the series in a real /metrics)."""
-    sources = {src for (_t, _cp, src) in snap.energy_j} | set(snap.node_cpu_energy_j)
-    gpus = {g for (_t, _cp, g) in snap.gpu_wait_s} | set(snap.gpu_idle_s)
+    sources = {src for (_t, _cp, _d, src) in snap.energy_j} | set(snap.node_cpu_energy_j)
+    gpus = {g for (_t, _cp, _d, g) in snap.gpu_wait_s} | set(snap.gpu_idle_s)
     node = (
         len(snap.node_cpu_energy_j)
         + len(snap.unattributed_energy_j)
@@ -277,7 +284,7 @@ def series_count(snap: LedgerSnapshot) -> SeriesCount:
     )
     return SeriesCount(
         targets=len(snap.targets),
-        codepaths=len(CODEPATHS),
+        codepaths=len(CODEPATH_DIRECTIONS),
         energy_sources=len(sources),
         gpus=len(gpus),
         processes=sum(len(t.processes) for t in snap.targets),

@@ -6,7 +6,6 @@ from __future__ import annotations
 import html
 import time
 
-from profiler.classify.codepaths import CODEPATHS
 from profiler.service.ledger import LedgerSnapshot
 from profiler.service.metrics import series_count
 
@@ -17,8 +16,8 @@ def render_landing_page(snap: LedgerSnapshot, *, listen: str = "") -> str:
     age_s = max(0.0, time.time() - snap.taken_at)
     rows = []
     for t in snap.targets:
-        samples = sum(snap.samples.get((t.name, cp), 0) for cp in CODEPATHS)
-        cpu_s = sum(snap.cpu_s.get((t.name, cp), 0.0) for cp in CODEPATHS)
+        samples = sum(n for (name, _cp, _d), n in snap.samples.items() if name == t.name)
+        cpu_s = sum(v for (name, _cp, _d), v in snap.cpu_s.items() if name == t.name)
         errors = sum(v for (name, _k), v in snap.sampler_errors.items() if name == t.name)
         procs = (
             ", ".join(f"pid {p.pid} (Python {e(p.python)})" for p in t.processes) or "none found"
