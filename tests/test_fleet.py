@@ -456,6 +456,11 @@ def test_report_from_promql_agrees_with_the_records(fleet, store, capsys):
         assert _explained_by_first_scrape(fleet, variant, got), (side, got)
     torch_cpu, many_cpu = doc["codepaths"]["torch"]["cpu_s"], doc["codepaths"]["many"]["cpu_s"]
     assert torch_cpu["total"]["baseline"] > 0 and many_cpu["total"]["candidate"] > 0
+    # the direction label read back: each side's split of a codepath sums to its total
+    ways = doc["direction"]
+    assert ways["sides"] == {"baseline": "measured", "candidate": "measured"}, ways["sides"]
+    split = sum(v["baseline"]["cpu_s"] for v in ways["codepaths"]["torch"].values())
+    assert split == pytest.approx(torch_cpu["total"]["baseline"], rel=1e-5, abs=1e-5)
     assert torch_cpu["p"] is not None and torch_cpu["n"][0] == doc["baseline"]["blocks"]
     assert any("host fingerprints" in c for c in doc["caveats"])
     assert doc["checkpoint"]["stall_s"] is None  # no episodes in Prometheus, said so

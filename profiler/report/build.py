@@ -38,6 +38,7 @@ from profiler.report.checkpoints import (
     watched_checkpoints,
 )
 from profiler.report.cluster import ClusterConfig
+from profiler.report.direction import direction_section
 from profiler.report.inputs import (
     EpisodeInput,
     InputError,
@@ -520,6 +521,7 @@ def build_report(
         "candidate": _side_section(sides[1], choices[1], ckpt_eps[1], skip_warmup),
         "codepaths": codepaths,
         "total": total,
+        "direction": direction_section({s.name: s.runs for s in sides}),
         "episodes": _episode_summary(sides),
         "checkpoint": checkpoint,
         "restore": restore_section(sides, checkpoint),

@@ -48,8 +48,15 @@ from datetime import datetime, timezone
 from typing import Any
 
 from profiler.classify.codepaths import CODEPATHS
+from profiler.classify.direction import DIRECTIONS
 from profiler.report.deadline_http import deadline_opener
-from profiler.report.inputs import CodepathFigures, InputError, RunInput, WindowInput
+from profiler.report.inputs import (
+    CodepathFigures,
+    DirectionFigures,
+    InputError,
+    RunInput,
+    WindowInput,
+)
 
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024  # one query's JSON; more is refused, not parsed
 MAX_ERROR_BODY_BYTES = 64 * 1024  # of an HTTP error's body, only its message is shown
@@ -567,6 +574,7 @@ def load_side(prom: PromQL, side: SideQuery) -> tuple[list[RunInput], list[str]]
     runs: dict[tuple[tuple[str, str], ...], dict[float, dict[str, dict[str, float]]]] = {}
     sources: dict[tuple[tuple[str, str], ...], set[str]] = {}
     gpus: set[tuple[tuple[str, str], ...]] = set()
+    directed: set[tuple[tuple[str, str], ...]] = set()  # runs whose series carry direction
     for field, series in by_counter.items():
         for s in series:
             cp = s.labels.get("codepath")
@@ -582,10 +590,17 @@ def load_side(prom: PromQL, side: SideQuery) -> tuple[list[RunInput], list[str]]
                 name = f"energy_j:{src}"
             if field == "gpu_wait_s":
                 gpus.add(key)
+            way = s.labels.get("direction")
+            if way is not None and field in ("samples", "cpu_s"):
+                if way not in DIRECTIONS:
+                    raise _bad(f"a {field} series has direction {str(way)[:40]!r}")
+                directed.add(key)
             steps = runs.setdefault(key, {})
             for t, d in _deltas(s.points).items():
                 fig = steps.setdefault(t, {}).setdefault(cp, {})
                 fig[name] = fig.get(name, 0.0) + d
+                if way is not None and field in ("samples", "cpu_s"):
+                    fig[f"{field}@{way}"] = fig.get(f"{field}@{way}", 0.0) + d
     out: list[RunInput] = []
     idle: list[RunInput] = []
     ids: dict[str, int] = {}
@@ -599,7 +614,10 @@ def load_side(prom: PromQL, side: SideQuery) -> tuple[list[RunInput], list[str]]
         if ids[run_id] > 1:  # e.g. two jobs scraping one instance
             run_id += f"#{ids[run_id]}"
         srcs = sources.get(key, set())
-        run = _run(side, run_id, labels, runs[key], srcs, key in gpus, rates, versions, node)
+        run = _run(
+            side, run_id, labels, runs[key], srcs, key in gpus, rates, versions, node,
+            directed=key in directed,
+        )  # fmt: skip
         (out if run.windows else idle).append(run)
     if not out:
         raise PrometheusError(
@@ -621,9 +639,12 @@ def _run(
     rates: Mapping[tuple[str, str], Any],
     versions: Mapping[tuple[str, str], Any],
     node: tuple[str, str],
+    *,
+    directed: bool,
 ) -> RunInput:
     source = next(iter(sources)) if len(sources) == 1 else None
     windows = []
+    ways: dict[str, dict[str, list[float]]] = {}  # codepath -> direction -> [samples, cpu_s]
     for t in sorted(steps):
         cps = steps[t]
         samples = sum(round(f.get("samples", 0.0)) for f in cps.values())
@@ -631,6 +652,10 @@ def _run(
             continue  # no daemon window ended in this step: nothing was seen
         figures = {}
         for cp, f in cps.items():
+            for d in DIRECTIONS:
+                acc = ways.setdefault(cp, {}).setdefault(d, [0.0, 0.0])
+                acc[0] += f.get(f"samples@{d}", 0.0)
+                acc[1] += f.get(f"cpu_s@{d}", 0.0)
             energy = f.get(f"energy_j:{source}") if source is not None else None
             figures[cp] = CodepathFigures(
                 samples=max(0, round(f.get("samples", 0.0))),
@@ -677,6 +702,15 @@ def _run(
             ended_at=ended,
             windows=tuple(windows),
             episodes=None,
+            directions={
+                cp: {
+                    d: DirectionFigures(max(0, round(n)), max(0.0, c))
+                    for d, (n, c) in parts.items()
+                }
+                for cp, parts in ways.items()
+            }
+            if directed
+            else None,
         )
     except InputError as exc:
         raise _bad(str(exc)) from None

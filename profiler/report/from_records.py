@@ -14,6 +14,7 @@ from profiler.records.store import Recorder, RunDetail
 from profiler.report.inputs import (
     CheckpointInput,
     CodepathFigures,
+    DirectionFigures,
     EpisodeInput,
     RestoreInput,
     RunInput,
@@ -101,6 +102,8 @@ def run_input(detail: RunDetail) -> RunInput:
                 timing_period_s=e.get("timing_period_s"),
                 clock_s=e.get("clock_s"),
                 durability_s=e.get("durability_s"),
+                host_lag_s=e.get("host_lag_s"),
+                direction=e.get("direction"),
             )
             for e in detail.episodes
         )
@@ -127,6 +130,12 @@ def run_input(detail: RunDetail) -> RunInput:
         unmatched_episodes=watched["unmatched_episodes"] if watched else None,
         read_bytes=watched["read_bytes"] if watched else None,
         read_bytes_source=watched["read_bytes_source"] if watched else None,
+        directions=None
+        if detail.directions is None
+        else {
+            cp: {d: DirectionFigures(t.samples, t.cpu_s) for d, t in parts.items()}
+            for cp, parts in detail.directions.items()
+        },
         config={
             **detail.config,
             "target_pythons": ", ".join(sorted({w.python for w in detail.windows if w.python})),

@@ -19,6 +19,7 @@ from types import MappingProxyType
 from typing import Any
 
 from profiler.classify.codepaths import CODEPATHS
+from profiler.classify.direction import DIRECTIONS
 
 ENERGY_SOURCES: tuple[str, ...] = ("rapl", "model", "unavailable")
 
@@ -73,6 +74,20 @@ class CodepathFigures:
         _set(self, "wall_s", _number(where, "wall_s", self.wall_s))
         _set(self, "energy_j", _optional(where, "energy_j", self.energy_j))
         _set(self, "gpu_wait_s", _optional(where, "gpu_wait_s", self.gpu_wait_s))
+
+
+@dataclass(frozen=True)
+class DirectionFigures:
+    """One direction's part (encode / decode / unknown) of one codepath over a run."""
+
+    samples: int
+    cpu_s: float
+
+    def __post_init__(self) -> None:
+        where = "direction figures"
+        if isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples < 0:
+            raise InputError(f"{where}: samples must be a whole number, got {self.samples!r}")
+        _set(self, "cpu_s", _number(where, "cpu_s", self.cpu_s))
 
 
 @dataclass(frozen=True)
@@ -133,7 +148,7 @@ class EpisodeInput:
     was seen inside the episode. The rest as the profile document has them (None: a record
     from before they were stored): unknown_s, edge_unknown_s (it may have run this much
     longer, unobserved), truncated (sampling started or stopped inside it), samples,
-    timed_by, timing_period_s, clock_s, durability_s.
+    timed_by, timing_period_s, clock_s, durability_s, host_lag_s, direction.
     """
 
     pid: int
@@ -156,6 +171,8 @@ class EpisodeInput:
     timing_period_s: float | None = None
     clock_s: float | None = None
     durability_s: float | None = None
+    host_lag_s: float | None = None
+    direction: str | None = None  # encode | decode | unknown; None: not recorded
 
     @property
     def stated_resolution_s(self) -> float:
@@ -183,8 +200,20 @@ class EpisodeInput:
             raise InputError(f"{where}: end {self.end!r} is before start {self.start!r}")
         for name in ("wall_s", "resolution_s", "cpu_s"):
             _set(self, name, _number(where, name, getattr(self, name)))
-        for name in ("gpu_wait_s", "gpu_idle_j", "timing_period_s", "clock_s", "durability_s"):
+        for name in (
+            "gpu_wait_s",
+            "gpu_idle_j",
+            "timing_period_s",
+            "clock_s",
+            "durability_s",
+            "host_lag_s",
+        ):
             _set(self, name, _optional(where, name, getattr(self, name)))
+        if self.direction is not None and self.direction not in DIRECTIONS:
+            raise InputError(
+                f"{where}: direction must be one of {', '.join(DIRECTIONS)} or None, "
+                f"got {self.direction!r}"
+            )
         for name in ("unknown_s", "edge_unknown_s"):
             _set(self, name, _number(where, name, getattr(self, name)))
         if self.samples is not None and (
@@ -315,6 +344,9 @@ class RunInput:
     # how it was run: command, window_s, timing_rate_hz (the stack-change run), ... as
     # recorded; {} when the input names none (Prometheus)
     config: Mapping[str, Any] = field(default_factory=dict)
+    # codepath -> direction -> the run's figures (profiler/report/direction.py); None:
+    # recorded without directions
+    directions: Mapping[str, Mapping[str, DirectionFigures]] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.run_id, str) or not self.run_id:
@@ -355,6 +387,16 @@ class RunInput:
         if not isinstance(self.config, Mapping):
             raise InputError(f"{where}: config must be a mapping")
         _set(self, "config", MappingProxyType(_run_config(where, self.config)))
+        if self.directions is not None:
+            for cp, parts in self.directions.items():
+                if cp not in CODEPATHS or not isinstance(parts, Mapping):
+                    raise InputError(f"{where}: directions: unknown codepath {cp!r}")
+                for d, f in parts.items():
+                    if d not in DIRECTIONS or not isinstance(f, DirectionFigures):
+                        raise InputError(
+                            f"{where}: directions.{cp}: {d!r} must be one of "
+                            f"{', '.join(DIRECTIONS)} with DirectionFigures"
+                        )
 
     @property
     def wall_s(self) -> float:

@@ -19,8 +19,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from profiler.report.render_text import (
+    DIRECTION_HEAD,
     METRIC_LABELS,
     change_text,
+    direction_rows,
     fmt,
     input_text,
     n_text,
@@ -580,6 +582,20 @@ def render_html(report: Mapping[str, Any]) -> str:
     body.append(
         _metric_table(table_rows, "per measured wall-hour; n = blocks of consecutive windows")
     )
+
+    ways = report.get("direction")
+    if ways is not None:
+        body.append("<h2>Encode and decode per codepath</h2>")
+        way_rows = direction_rows(ways)
+        body.append(
+            _table(DIRECTION_HEAD, way_rows, numeric_from=2)
+            if way_rows
+            else "<p>no serialization CPU on either side</p>"
+        )
+        notes = [
+            f"{side}: {status}" for side, status in ways["sides"].items() if status != "measured"
+        ]
+        body.append(f'<p class="src">source: {e("; ".join([ways["source"], *notes]))}</p>')
 
     body.append(f"<h2>Serialization CPU per window, over time</h2>{_legend()}{_timeline(report)}")
 

@@ -172,6 +172,8 @@ def render_text(report: Mapping[str, Any]) -> str:
         lines += _wrap("runs      ", f"started {order['order']}: {order['kind']}")
     lines += ["", *_checkpoint_lines(report)]
     lines += ["", *_codepath_lines(report)]
+    if (ways := report.get("direction")) is not None:
+        lines += ["", *_direction_lines(ways)]
     if report.get("projection"):
         lines += ["", *_projection_lines(report["projection"])]
     if report.get("checkpoint_files") is not None:
@@ -314,6 +316,44 @@ def _codepath_lines(report: Mapping[str, Any]) -> list[str]:
     out += ["  " + line for line in _table(rows, widths)]
     if omitted:
         out.append(f"  ({omitted} codepath(s) zero on both sides not shown)")
+    return out
+
+
+DIRECTION_HEAD = ("codepath", "direction", "baseline CPU-s", "share", "candidate CPU-s", "share")
+
+
+def direction_rows(ways: Mapping[str, Any]) -> list[list[str]]:
+    """The encode / decode table's rows (report["direction"]), for the text and the
+    HTML: a codepath's directions with CPU on either side; `-` for a side that recorded
+    no directions."""
+    rows = []
+    for cp, parts in ways["codepaths"].items():
+        first = True
+        for d, sides in parts.items():
+            cells = [sides.get(k) for k in ("baseline", "candidate")]
+            if not any(c and c["cpu_s"] > 0 for c in cells):
+                continue
+            row = [cp if first else "", d]
+            for c in cells:
+                row += ["-", "-"] if c is None else [fmt(c["cpu_s"]), f"{c['cpu_share']:.0%}"]
+            rows.append(row)
+            first = False
+    return rows
+
+
+def _direction_lines(ways: Mapping[str, Any]) -> list[str]:
+    out = ["ENCODE / DECODE (CPU-s per side over its runs; share of the codepath's CPU)"]
+    rows = direction_rows(ways)
+    if rows:
+        out += [
+            "  " + line for line in _table([list(DIRECTION_HEAD), *rows], [11, 9, 14, 6, 15, 6])
+        ]
+    else:
+        out.append("  no serialization CPU on either side")
+    for side, status in ways["sides"].items():
+        if status != "measured":
+            out += _wrap(f"  {side}: ", status)
+    out += _wrap("  source: ", ways["source"])
     return out
 
 
