@@ -8,7 +8,9 @@ and xdist 3.8 --dist loadgroup does not group, pytest-xdist issue 1386.)
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,3 +64,20 @@ def daemon_scrape(tmp_path_factory: pytest.TempPathFactory) -> DaemonScrape:
         d.kill()
         stop_process(work)
         stop_process(advancer)
+
+
+PYSPY_FIXTURES = Path(__file__).parent / "fixtures" / "pyspy"
+
+
+@pytest.fixture(scope="session")
+def pyspy_proc_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fake /proc/<pid>/root holding the sources of the recorded py-spy fixtures
+    (tests/fixtures/pyspy/) as they were at capture time: the path the classifier reads
+    a container target's sources through."""
+    root = tmp_path_factory.mktemp("root")
+    for p in sorted(PYSPY_FIXTURES.glob("*.json")):
+        for path, copy in json.loads(p.read_text())["sources"].items():
+            dst = root / path.lstrip("/")
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(PYSPY_FIXTURES / copy, dst)
+    return root

@@ -10,7 +10,6 @@ same path the daemon reads container targets through.
 from __future__ import annotations
 
 import json
-import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -35,15 +34,8 @@ def classifier() -> Classifier:
 
 
 @pytest.fixture(scope="module")
-def proc_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fake /proc/<pid>/root holding the sources as they were at capture time."""
-    root = tmp_path_factory.mktemp("root")
-    for p in FILES:
-        for path, copy in json.loads(p.read_text())["sources"].items():
-            dst = root / path.lstrip("/")
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(FIXTURES / copy, dst)
-    return root
+def proc_root(pyspy_proc_root: Path) -> Path:
+    return pyspy_proc_root
 
 
 _ROOTS = ("<module>", "_bootstrap", "Thread._bootstrap")

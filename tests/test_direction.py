@@ -5,7 +5,6 @@ output of every serializer workload (tests/fixtures/pyspy/), and as rule files s
 from __future__ import annotations
 
 import json
-import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -52,16 +51,11 @@ UNSAID_FRAMES = {"_hash_slots"}
 
 
 @pytest.fixture(scope="module")
-def classified(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list]:
+def classified(pyspy_proc_root: Path) -> dict[str, list]:
     """fixture stem -> [(sample, classification)] of its serializer samples, classified
     through a fake /proc/<pid>/root holding the sources as they were at capture time."""
-    root = tmp_path_factory.mktemp("root")
+    root = pyspy_proc_root
     files = sorted(FIXTURES.glob("*.json"))
-    for p in files:
-        for path, copy in json.loads(p.read_text())["sources"].items():
-            dst = root / path.lstrip("/")
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(FIXTURES / copy, dst)
     classifier = Classifier.default()
     out: dict[str, list] = {}
     for p in files:

@@ -176,6 +176,10 @@ def test_a_window_lost_as_its_target_exits_is_counted_and_said(tmp_path: Path) -
     assert doc["sampler"]["window_failures"] == {"lost_at_exit": 1}, doc["sampler"]
     (target,) = doc["targets"]
     assert target["error"].startswith("lost_at_exit: the window's py-spy failed as the target")
+    assert target["windows_lost"] == 1
+    # the table says a window was lost, not that the target was never sampled
+    (line,) = [ln for ln in render_table(doc).splitlines() if ln.startswith("target ")]
+    assert line.startswith(f"target {target['pid']}: 1 window(s) lost: lost_at_exit:"), line
 
 
 def test_samples_a_py_spy_wrote_before_failing_on_the_exit_are_kept(tmp_path: Path) -> None:

@@ -266,6 +266,7 @@ def build_document(result: SessionResult, energy: ProfileEnergy | None = None) -
                 "cpu_s": round(t.cpu_s, 6),
                 "exited": t.exited,
                 "error": t.error,
+                "windows_lost": t.windows_lost,
             }
             for t in sorted(result.targets, key=lambda t: t.pid)
         ],

@@ -93,6 +93,7 @@ class TargetStats:
     last_t: float | None = None
     exited: bool = False
     error: str | None = None  # why it stopped being sampled, when not a normal exit
+    windows_lost: int = 0  # windows that ran and were lost as it exited (lost_at_exit)
 
 
 @dataclass
@@ -433,6 +434,7 @@ class ProfileSession:
             return
         with self._lock:
             self.acc.fail("lost_at_exit")
+            stats.windows_lost += 1
             stats.error = (
                 f"lost_at_exit: the window's py-spy failed as the target exited, after "
                 f"{ran_s:.1f} s; its samples are lost ({exc})"

@@ -95,7 +95,10 @@ def render_table(doc: Mapping[str, Any], *, by_process: bool = False) -> str:
     else:
         lines.extend(energy_lines(doc))
     for t in doc.get("targets", []):
-        if t.get("error"):
+        if t.get("windows_lost"):
+            # sampled, then a window's samples lost as it exited: not "never sampled"
+            lines.append(f"target {t['pid']}: {t['windows_lost']} window(s) lost: {t['error']}")
+        elif t.get("error"):
             lines.append(f"target {t['pid']}: not sampled: {t['error']}")
     return "\n".join(escape_text(line, backslash=False) for line in lines)
 
