@@ -211,6 +211,9 @@ def test_the_ab_dashboard_compares_share_watts_and_gpu_wait_with_the_difference(
         assert diff.index("$candidate") < diff.index("$baseline")
     names = {v["name"] for v in doc["templating"]["list"]}
     assert {"baseline", "candidate"} <= names
+    # encode and decode apart, per node, from the direction rule
+    by_direction = exprs["Serialization CPU per node by direction (cores)"]
+    assert by_direction.startswith("variant_direction:serwatt_serialization_cpu_seconds:rate5m")
 
 
 @pytest.mark.parametrize("name", ["fleet.json", "ab.json"])

@@ -95,9 +95,10 @@ def test_rule_names_follow_level_metric_operations() -> None:
         level, metric, ops = rule["record"].split(":")
         assert metric.startswith("serwatt_") and not metric.endswith("_total"), rule["record"]
         # The level names the labels the result keeps (instance keeps instance and job).
-        base = level.removesuffix("_source")
+        suffix = next((x for x in ("source", "direction") if level.endswith(f"_{x}")), None)
+        base = level.removesuffix(f"_{suffix}") if suffix else level
         kept = {"instance": ["instance", "job"]}.get(base, [base])
-        kept = kept + (["source"] if level.endswith("_source") else [])
+        kept = kept + ([suffix] if suffix else [])
         by = re.match(r"\s*(?:sum|count) by \(([^)]*)\)", rule["expr"])
         if by:
             assert [w.strip() for w in by.group(1).split(",")] == kept, rule["record"]
