@@ -78,6 +78,7 @@ def config_text(
     rapl: str = "auto",
     tdp_w: float | None = 100.0,
     extra: str = "",
+    checkpoints: dict[str, Path] | None = None,
 ) -> str:
     lines = [
         f'listen: "127.0.0.1:{port}"',
@@ -89,6 +90,8 @@ def config_text(
     ]
     for name, pattern in targets.items():
         lines += [f"  - name: {name}", "    match:", f"      cmdline: '{pattern}'"]
+        if checkpoints and name in checkpoints:
+            lines.append(f"    checkpoints: {checkpoints[name]}")
     lines += [
         "collectors:",
         f"  rapl: {{enabled: {rapl}}}",

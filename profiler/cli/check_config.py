@@ -8,6 +8,7 @@ from pathlib import Path
 
 from profiler.classify.rules import RuleError, load_rules
 from profiler.exitcodes import EXIT_CONFIG
+from profiler.many.format import escape_text
 from profiler.service.config import Config, ConfigError, ConfigProblem, load_config
 
 
@@ -42,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
         names = ", ".join(
             t.name
             + (f" {{{', '.join(f'{k}={v}' for k, v in t.labels.items())}}}" if t.labels else "")
+            + (f" checkpoints {escape_text(str(t.checkpoints))}" if t.checkpoints else "")
             for t in config.targets
         )
         print(

@@ -85,6 +85,11 @@ class TargetSpec:
     run: str = DEFAULT_RUN_TEMPLATE
     # static labels on every per-target series (checked by _check_labels)
     labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    # a directory the target writes its checkpoints to: watched (inotify) from when the
+    # daemon opens the target's run until the run ends, so the record's checkpoints are
+    # files written (profiler/attribution/checkpoint_watch.py); None: the heuristic
+    checkpoints: Path | None = None
+    checkpoint_glob: str | None = None  # names that count (fnmatch); None: the default rule
 
 
 @dataclass(frozen=True)
@@ -261,7 +266,9 @@ def _check_labels(c: YamlChecker, path: str, node: yaml.Node) -> Any:
 
 
 def _check_target(c: YamlChecker, path: str, node: yaml.Node) -> TargetSpec | None:
-    keys = c.mapping(path, node, ("name", "match", "run", "labels"))
+    keys = c.mapping(
+        path, node, ("name", "match", "run", "labels", "checkpoints", "checkpoint_glob")
+    )
     if keys is None:
         return None
     name: Any = INVALID
@@ -282,6 +289,26 @@ def _check_target(c: YamlChecker, path: str, node: yaml.Node) -> TargetSpec | No
     labels: Any = MappingProxyType({})
     if "labels" in keys:
         labels = _check_labels(c, f"{path}.labels", keys["labels"])
+    checkpoints: Any = None
+    if "checkpoints" in keys:
+        checkpoints = c.path_value(f"{path}.checkpoints", keys["checkpoints"], nullable=True)
+    glob: Any = None
+    if "checkpoint_glob" in keys:
+        glob = c.string(f"{path}.checkpoint_glob", keys["checkpoint_glob"], nullable=True)
+        if isinstance(glob, str) and (not glob or "/" in glob or "\0" in glob):
+            c.problem(
+                f"{path}.checkpoint_glob",
+                keys["checkpoint_glob"],
+                f"{glob!r} is not a file-name pattern: give one without '/', e.g. '*.pt'",
+            )
+            glob = INVALID
+        elif glob is not None and checkpoints is None:
+            c.problem(
+                f"{path}.checkpoint_glob",
+                keys["checkpoint_glob"],
+                "without checkpoints: name the directory the pattern applies in",
+            )
+            glob = INVALID
     if "match" not in keys:
         c.problem(
             f"{path}.match",
@@ -328,9 +355,16 @@ def _check_target(c: YamlChecker, path: str, node: yaml.Node) -> TargetSpec | No
             "pid_file); an empty match would profile every Python process on the node",
         )
         return None
-    if any(v is INVALID for v in (*values.values(), name, run, labels)):
+    if any(v is INVALID for v in (*values.values(), name, run, labels, checkpoints, glob)):
         return None
-    return TargetSpec(name=name, match=TargetMatch(**values), run=run, labels=labels)
+    return TargetSpec(
+        name=name,
+        match=TargetMatch(**values),
+        run=run,
+        labels=labels,
+        checkpoints=checkpoints,
+        checkpoint_glob=glob,
+    )
 
 
 _TOP_KEYS = (

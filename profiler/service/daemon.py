@@ -33,6 +33,7 @@ from typing import Any
 
 from collectors.pyspy import PySpy, SamplingError
 from profiler import __version__
+from profiler.attribution.checkpoint_watch import CheckpointWatch
 from profiler.attribution.episodes import Episode, EpisodeTracker
 from profiler.attribution.window import AttributedWindow
 from profiler.exitcodes import EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME
@@ -145,6 +146,8 @@ class Daemon:
         self._reload_requested = False
         self._tracked: dict[tuple[int, float], _Tracked] = {}
         self._open_runs: dict[str, str] = {}  # run_id -> target
+        # runs whose target names a checkpoints directory: its watch (run_id -> watch)
+        self._checkpoint_watches: dict[str, CheckpointWatch] = {}
         self._next_rescan = 0.0
         self._next_retention = 0.0
         self._pool = SamplerPool(config.max_concurrent_samplers, self._wake.set)
@@ -276,6 +279,9 @@ class Daemon:
         return EXIT_OK
 
     def _close(self) -> None:
+        for w in self._checkpoint_watches.values():
+            w.watch.stop()  # the watch's child process ends with the daemon
+        self._checkpoint_watches.clear()
         if self._energy is not None:
             self._energy.close()
         if self._recorder is not None:
@@ -515,7 +521,7 @@ class Daemon:
                 self._recorder.append_window(
                     j.run_id, report, energy=window.energy_record(), gpu=window.gpu_record()
                 )
-                self._recorder.append_episodes(j.run_id, self._with_gpu(self._episodes.add(report)))
+                self._record_episodes(j.run_id, self._episodes.add(report), raising=True)
             except Exception as exc:
                 # Counters are still exported; the record says what it missed in the log.
                 failed = exc
@@ -588,7 +594,7 @@ class Daemon:
         found = run_collector(
             self.ledger,
             "discovery",
-            lambda: discover(cfg.targets, cfg.path_procfs),
+            lambda: discover(cfg.targets, cfg.path_procfs, exclude_children_of=(os.getpid(),)),
             lambda found: {"discovery": (True, f"{len(found)} process(es) matched")},
         )
         if found is None:
@@ -605,6 +611,8 @@ class Daemon:
                 log.error("cannot start run %s for pid %d: %s", proc.run_id, proc.pid, exc)
                 continue
             self._tracked[key] = _Tracked(proc)
+            if (w := self._checkpoint_watches.get(proc.run_id)) is not None:
+                w.track(proc.pid)  # every rank's CPU and reads over its checkpoints
             log.info("tracking %s pid %d as run %s", proc.target, proc.pid, proc.run_id)
         for key, tracked in self._tracked.items():
             tracked.unmatched = key not in seen
@@ -631,6 +639,44 @@ class Daemon:
             sources=sources,
         )
         self._open_runs[proc.run_id] = proc.target
+        spec = next((t for t in self.config.targets if t.name == proc.target), None)
+        if spec is not None and spec.checkpoints is not None:
+            try:
+                self._checkpoint_watches[proc.run_id] = CheckpointWatch(
+                    spec.checkpoints, glob=spec.checkpoint_glob, procfs=self.config.path_procfs
+                )
+            except OSError as exc:
+                # the run is recorded all the same, its checkpoints by the heuristic
+                log.error(
+                    "run %s: cannot watch checkpoints %s: %s; its checkpoints are "
+                    "identified by the heuristic",
+                    proc.run_id,
+                    spec.checkpoints,
+                    exc,
+                )
+
+    def _store_checkpoints(self, run_id: str) -> None:
+        """The checkpoints and restores a run's watch identified, into its record (the
+        run's episodes are all in: called as the run ends)."""
+        w = self._checkpoint_watches.pop(run_id, None)
+        if w is None:
+            return
+        try:
+            matched = w.finish()
+            read_bytes, source = w.run_read_bytes()
+            self._recorder.append_checkpoints(
+                run_id, matched, identity=w.identity(), read_bytes=read_bytes,
+                read_bytes_source=source,
+            )  # fmt: skip
+            log.info(
+                "run %s: %d checkpoint(s), %d restore(s) from file events in %s",
+                run_id,
+                len(matched.checkpoints),
+                len(matched.restores),
+                w.directory,
+            )
+        except Exception as exc:
+            log.error("recording checkpoints of %s failed: %s", run_id, exc)
 
     def _forget(self, key: tuple[int, float], *, reason: str) -> None:
         tracked = self._tracked.pop(key, None)
@@ -642,6 +688,7 @@ class Daemon:
         if any(t.proc.run_id == run_id for t in self._tracked.values()):
             return  # other ranks still write this run
         if self._open_runs.pop(run_id, None) is not None:
+            self._store_checkpoints(run_id)
             try:
                 self._recorder.finish_run(run_id, self._clock.time())
             except Exception as exc:
@@ -720,10 +767,18 @@ class Daemon:
     def _with_gpu(self, episodes: list[Episode]) -> list[Episode]:
         return self._energy.with_gpu(episodes) if self._energy is not None else episodes
 
-    def _record_episodes(self, run_id: str, episodes: list[Episode]) -> None:
+    def _record_episodes(
+        self, run_id: str, episodes: list[Episode], *, raising: bool = False
+    ) -> None:
+        """Closed episodes into the record and the run's checkpoint watch, if any."""
+        episodes = self._with_gpu(episodes)
+        if (w := self._checkpoint_watches.get(run_id)) is not None:
+            w.add_episodes(episodes)
         try:
-            self._recorder.append_episodes(run_id, self._with_gpu(episodes))
+            self._recorder.append_episodes(run_id, episodes)
         except Exception as exc:
+            if raising:
+                raise
             log.error("recording episodes of %s failed: %s", run_id, exc)
 
     def _shutdown(self) -> None:
@@ -731,6 +786,7 @@ class Daemon:
         for tracked in self._tracked.values():
             self._record_episodes(tracked.proc.run_id, self._episodes.finish(tracked.proc.pid))
         for run_id in list(self._open_runs):
+            self._store_checkpoints(run_id)
             try:
                 self._recorder.finish_run(run_id, self._clock.time())
             except Exception as exc:

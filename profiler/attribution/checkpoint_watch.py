@@ -1,0 +1,104 @@
+"""A checkpoint directory watched over a run: file events under DIR (collectors/fsevents.py),
+the run's processes' CPU and storage reads over time (collectors/proccounters.py), the
+closed episodes, and at the end the checkpoints and restores they identify
+(profiler/attribution/checkpoints.py).
+
+The watch starts when it is made (before the job writes, so no file is missed) and stops
+at finish(). `serwatt profile --checkpoints DIR` (profiler/profile/checkpoint_sink.py) and
+the daemon's `targets[].checkpoints` (profiler/service/daemon.py) both use it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from collectors.fsevents import WatchProcess
+from collectors.proccounters import CPU_SOURCE, ProcessCounters
+from profiler.attribution.checkpoints import LAZY_HEAD_BYTES, Matched, file_is_lazy, match
+from profiler.attribution.episodes import Episode
+from profiler.safeio import read_head
+
+IDENTIFIED_BY_EVENTS = "file events"
+MAX_EPISODES = 200_000  # episodes kept for matching; the rest are counted
+
+
+def file_head(path: str) -> bytes | None:
+    """A checkpoint file's first LAZY_HEAD_BYTES, through the bounded open; None when it
+    is gone or cannot be read."""
+    try:
+        return read_head(path, LAZY_HEAD_BYTES)
+    except OSError:
+        return None
+
+
+def is_lazy_file(path: str) -> bool:
+    """A restored file's format from its first bytes (the drop-in's `.many` named
+    `ckpt.pt` is lazy); from its name when it is gone or cannot be read."""
+    return file_is_lazy(path, file_head(path))
+
+
+class CheckpointWatch:
+    """See the module docstring. Raises OSError from the constructor when DIR cannot be
+    watched."""
+
+    def __init__(
+        self, directory: Path, *, glob: str | None = None, procfs: Path = Path("/proc")
+    ) -> None:
+        self.directory = Path(directory)
+        self.glob = glob
+        self.watch = WatchProcess(self.directory, glob=glob)
+        self.counters = ProcessCounters(procfs)
+        self._episodes: list[Episode] = []
+        self.episodes_dropped = 0
+        self.root_pid: int | None = None
+        self.result: Matched | None = None
+        self.events: Sequence[Any] = ()
+        self.watch.start()
+
+    def track(self, pid: int) -> None:
+        """Poll this process's CPU and reads from now on; the first is the run's root,
+        whose storage reads are the run's."""
+        if self.root_pid is None:
+            self.root_pid = pid
+        self.counters.add(pid)
+
+    def add_episodes(self, episodes: Sequence[Episode]) -> None:
+        room = MAX_EPISODES - len(self._episodes)
+        self._episodes.extend(episodes[: max(0, room)])
+        self.episodes_dropped += max(0, len(episodes) - max(0, room))
+
+    def finish(self) -> Matched:
+        events = self.watch.stop()
+        self.counters.stop()
+        self.result = match(
+            events,
+            self._episodes,
+            cpu_s=self.counters.cpu_s,
+            read_bytes=self.counters.read_bytes,
+            head_of=file_head,
+        )
+        self.events = events
+        return self.result
+
+    def run_read_bytes(self) -> tuple[int | None, str]:
+        if self.root_pid is None:
+            return None, "unavailable: no process was profiled"
+        value, source = self.counters.run_read_bytes(self.root_pid)
+        return (None if value is None else int(value)), source
+
+    def identity(self) -> dict[str, Any]:
+        w = self.watch
+        return {
+            "identified_by": IDENTIFIED_BY_EVENTS,
+            "dir": os.fspath(self.directory),
+            "glob": self.glob,
+            "file_events": len(self.events),
+            "events_dropped": w.dropped,
+            "kernel_overflows": w.overflows,
+            "unwatched_dirs": w.unwatched_dirs,
+            "episodes_dropped": self.episodes_dropped,
+            "cpu_source": CPU_SOURCE,
+        }
