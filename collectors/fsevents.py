@@ -380,6 +380,12 @@ class WatchProcess:
             return list(self._events)
 
     @contextmanager
+    @property
+    def pid(self) -> int | None:
+        """The watching child's pid while it runs (None before start or after stop)."""
+        proc = self._proc
+        return proc.pid if proc is not None and proc.poll() is None else None
+
     def own_open(self, path: str) -> Iterator[None]:
         """As DirectoryWatch.own_open."""
         key = os.path.abspath(path)

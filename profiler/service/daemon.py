@@ -594,7 +594,7 @@ class Daemon:
         found = run_collector(
             self.ledger,
             "discovery",
-            lambda: discover(cfg.targets, cfg.path_procfs, exclude_children_of=(os.getpid(),)),
+            lambda: discover(cfg.targets, cfg.path_procfs, exclude_pids=self._own_pids()),
             lambda found: {"discovery": (True, f"{len(found)} process(es) matched")},
         )
         if found is None:
@@ -618,6 +618,15 @@ class Daemon:
             tracked.unmatched = key not in seen
         self._forget_unmatched()
         self._update_target_processes()
+
+    def _own_pids(self) -> set[int]:
+        """Never targets: the daemon, and its checkpoint watches' children (a watch's argv
+        names the job's directory, which a target's cmdline pattern may match)."""
+        pids = {os.getpid()}
+        for w in self._checkpoint_watches.values():
+            if (pid := w.watch.pid) is not None:
+                pids.add(pid)
+        return pids
 
     def _forget_unmatched(self) -> None:
         # A process with a window in flight is forgotten once its window is applied

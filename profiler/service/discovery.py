@@ -109,15 +109,12 @@ def discover(
     procfs: Path = Path("/proc"),
     *,
     exclude_pids: Iterable[int] | None = None,
-    exclude_children_of: Iterable[int] = (),
     host: str | None = None,
     stats: MutableMapping[str, int] | None = None,
 ) -> list[DiscoveredProcess]:
     """Every process that is one of `targets` now, by pid.
 
-    exclude_pids: never targets (default: this process). exclude_children_of: processes
-    whose children are never targets (the daemon's: a checkpoint watch's argv names the
-    job's directory, which a cmdline pattern may match). stats: if given, counts of
+    exclude_pids: never targets (default: this process). stats: if given, counts of
     processes skipped by reason ("vanished", "permission", "kernel_thread", "self",
     "not_python") are added to it.
     """
@@ -126,7 +123,6 @@ def discover(
         return []
     procfs = Path(procfs)
     excluded = {os.getpid()} if exclude_pids is None else set(exclude_pids)
-    parents_excluded = set(exclude_children_of)
     host = host if host is not None else socket.gethostname().split(".")[0]
     boot_s = procstat.boot_time_s(procfs)
     pid_files = {
@@ -157,9 +153,6 @@ def discover(
             st = proc.stat()
             if st.flags & PF_KTHREAD or pid == 2 or st.ppid == 2:
                 count("kernel_thread")
-                continue
-            if st.ppid in parents_excluded:  # the daemon's own children (its watches)
-                count("self")
                 continue
             if _is_serwatt_or_pyspy(proc):
                 count("self")
