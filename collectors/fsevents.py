@@ -379,13 +379,13 @@ class WatchProcess:
         with self._lock:
             return list(self._events)
 
-    @contextmanager
     @property
     def pid(self) -> int | None:
         """The watching child's pid while it runs (None before start or after stop)."""
         proc = self._proc
         return proc.pid if proc is not None and proc.poll() is None else None
 
+    @contextmanager
     def own_open(self, path: str) -> Iterator[None]:
         """As DirectoryWatch.own_open."""
         key = os.path.abspath(path)

@@ -39,7 +39,8 @@ def test_the_daemons_record_counts_every_file_the_job_wrote(tmp_path: Path) -> N
     assert len(written) == 8
     with Recorder.for_dir(tmp_path / "runs", readonly=True) as rec:
         runs = [r for r in rec.runs() if r.target == "trainer"]
-        assert len(runs) == 1, (runs, d.log())
+        tracked = [ln for ln in d.log().splitlines() if "tracking" in ln or "forgetting" in ln]
+        assert len(runs) == 1, "\n".join([*(r.run_id for r in runs), *tracked])
         (run,) = runs
         events = rec.checkpoint_events(run.run_id)
         rec_eps = [e for e in rec.episodes(run.run_id) or () if e["codepath"] == "json"]

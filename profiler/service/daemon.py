@@ -624,8 +624,9 @@ class Daemon:
         names the job's directory, which a target's cmdline pattern may match)."""
         pids = {os.getpid()}
         for w in self._checkpoint_watches.values():
-            if (pid := w.watch.pid) is not None:
-                pids.add(pid)
+            child: int | None = w.watch.pid
+            if child is not None:
+                pids.add(child)
         return pids
 
     def _forget_unmatched(self) -> None:
