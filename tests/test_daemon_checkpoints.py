@@ -13,7 +13,7 @@ import pytest
 
 from profiler.records.store import Recorder
 from profiler.service.config import ConfigError, load_config
-from tests.test_daemon_support import REPO, config_text, start_daemon
+from tests.test_daemon_support import REPO, start_daemon
 
 
 def test_the_daemons_record_counts_every_file_the_job_wrote(tmp_path: Path) -> None:
@@ -81,13 +81,9 @@ def test_a_bad_checkpoints_entry_names_its_key(tmp_path: Path, target: str, word
 def test_checkpoints_and_its_glob_are_read(tmp_path: Path) -> None:
     cfg = tmp_path / "serwatt.yaml"
     cfg.write_text(
-        config_text(
-            record_dir=tmp_path / "runs",
-            targets={"t": "train"},
-            checkpoints={"t": Path("rel/ckpt")},
-        ).replace(  # fmt: skip
-            "    checkpoints: rel/ckpt", "    checkpoints: rel/ckpt\n    checkpoint_glob: '*.pt'"
-        )
+        "targets:\n  - name: t\n    match: {cmdline: train}\n"
+        "    checkpoints: rel/ckpt\n    checkpoint_glob: '*.pt'\n"
+        f"record:\n  dir: {tmp_path / 'runs'}\n"
     )
     (t,) = load_config(cfg).targets
     assert t.checkpoints == tmp_path / "rel" / "ckpt"  # relative to the config's directory

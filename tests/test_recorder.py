@@ -408,17 +408,21 @@ def _episode(**over: object) -> object:
     return type("Episode", (), fields)()
 
 
-def test_episodes_round_trip_and_a_version_1_file_says_it_has_none(tmp_path: Path) -> None:
+def _older_file(tmp_path: Path, version: int, undo: str) -> Path:
+    """A record holding run `old`, made into the file a `version` writer left by `undo`
+    (SQL dropping what later versions added)."""
     path = tmp_path / "r.sqlite"
     with Recorder(path) as rec:
         rec.start_run("old", "t", host={}, config={}, sources={})
-    # Make it the file a version 1 writer left: no episode tables, schema_version 1.
     db = sqlite3.connect(path)
-    db.executescript(
-        "DROP TABLE episodes; DROP TABLE episode_runs;"
-        " UPDATE meta SET value = '1' WHERE key = 'schema_version';"
-    )
+    db.executescript(f"{undo} UPDATE meta SET value = '{version}' WHERE key = 'schema_version';")
     db.close()
+    return path
+
+
+def test_episodes_round_trip_and_a_version_1_file_says_it_has_none(tmp_path: Path) -> None:
+    # the file a version 1 writer left: no episode tables
+    path = _older_file(tmp_path, 1, "DROP TABLE episodes; DROP TABLE episode_runs;")
     with Recorder(path, readonly=True) as rec:
         assert rec.run("old").episodes is None  # read, and says it has no episodes
     with Recorder(path) as rec:  # a writer upgrades it in place
@@ -466,17 +470,13 @@ def _directed(encode: tuple[int, float], decode: tuple[int, float]) -> WindowRep
 
 
 def test_directions_are_kept_per_run_and_an_older_run_says_it_has_none(tmp_path: Path) -> None:
-    path = tmp_path / "r.sqlite"
-    with Recorder(path) as rec:
-        rec.start_run("old", "t", host={}, config={}, sources={})
-    # Make it the file a version 3 writer left: no direction tables or column.
-    db = sqlite3.connect(path)
-    db.executescript(
+    # the file a version 3 writer left: no direction tables or column
+    path = _older_file(
+        tmp_path,
+        3,
         "DROP TABLE direction_runs; DROP TABLE run_codepath_directions;"
-        " ALTER TABLE episodes DROP COLUMN direction;"
-        " UPDATE meta SET value = '3' WHERE key = 'schema_version';"
+        " ALTER TABLE episodes DROP COLUMN direction;",
     )
-    db.close()
     with Recorder(path, readonly=True) as rec:
         assert rec.directions("old") is None and rec.run("old").directions is None
     energy = {"source": "model", "codepaths_j": {"pickle": 8.0, "other": 1.0}}

@@ -81,17 +81,6 @@ _INTEGERS = ("bytes", "pid", "thread_id", "stall_thread", "read_bytes")
 _REQUIRED = ("path", "event_t", "open_t", "timed_by", "lazy")
 
 
-def upgrade(db: sqlite3.Connection) -> None:
-    """Version 2 -> 3 (in the caller's transaction)."""
-    have = {r[1] for r in db.execute("PRAGMA table_info(episodes)")}
-    for name, kind in EPISODE_COLUMNS_V3:
-        if name not in have:
-            db.execute(f"ALTER TABLE episodes ADD COLUMN {name} {kind}")
-    for stmt in SCHEMA_V3.split(";"):
-        if stmt.strip():
-            db.execute(stmt)
-
-
 def _finite(v: Any) -> Any:
     if isinstance(v, float) and not math.isfinite(v):
         raise ValueError(f"a checkpoint figure must be finite, got {v}")

@@ -54,17 +54,6 @@ class DirectionTotals:
     gpu_wait_s: float | None = None
 
 
-def upgrade(db: sqlite3.Connection) -> None:
-    """Version 3 -> 4 (in the caller's transaction)."""
-    have = {r[1] for r in db.execute("PRAGMA table_info(episodes)")}
-    for name, kind in EPISODE_COLUMNS_V4:
-        if name not in have:
-            db.execute(f"ALTER TABLE episodes ADD COLUMN {name} {kind}")
-    for stmt in SCHEMA_V4.split(";"):
-        if stmt.strip():
-            db.execute(stmt)
-
-
 def start(db: sqlite3.Connection, run_id: str) -> None:
     """Mark a new run as recorded with directions."""
     db.execute("INSERT OR IGNORE INTO direction_runs(run_id) VALUES (?)", (run_id,))

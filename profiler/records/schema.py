@@ -185,8 +185,7 @@ def create(db: sqlite3.Connection) -> None:
     for stmt in (_SCHEMA + _SCHEMA_V2).split(";"):
         if stmt.strip():
             db.execute(stmt)
-    checkpoint_rows.upgrade(db)
-    direction_rows.upgrade(db)
+    _add_versions(db)
     db.executemany(
         "INSERT OR IGNORE INTO meta(key, value) VALUES (?, ?)",
         [
@@ -207,9 +206,28 @@ def upgrade(db: sqlite3.Connection) -> None:
     for stmt in _SCHEMA_V2.split(";"):
         if stmt.strip():
             db.execute(stmt)
-    checkpoint_rows.upgrade(db)
-    direction_rows.upgrade(db)
+    _add_versions(db)
     db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
+
+
+# What versions 3 (checkpoint_rows.py) and 4 (direction_rows.py) add: episode columns,
+# then tables; each statement is idempotent
+_VERSIONS = (
+    (checkpoint_rows.EPISODE_COLUMNS_V3, checkpoint_rows.SCHEMA_V3),
+    (direction_rows.EPISODE_COLUMNS_V4, direction_rows.SCHEMA_V4),
+)
+
+
+def _add_versions(db: sqlite3.Connection) -> None:
+    """Versions 3 and 4 onto a file that has version 2's tables (caller's transaction)."""
+    for columns, tables in _VERSIONS:
+        have = {r[1] for r in db.execute("PRAGMA table_info(episodes)")}
+        for name, kind in columns:
+            if name not in have:
+                db.execute(f"ALTER TABLE episodes ADD COLUMN {name} {kind}")
+        for stmt in tables.split(";"):
+            if stmt.strip():
+                db.execute(stmt)
 
 
 def has_table(db: sqlite3.Connection, name: str) -> bool:
