@@ -15,7 +15,6 @@ from profiler.records.store import Recorder
 from profiler.service.config import ConfigError, load_config
 from tests.test_daemon_support import REPO, start_daemon
 
-
 LATE_START = (
     "import runpy, sys, time; time.sleep(3.0); sys.argv[0] = 'train';"
     " runpy.run_module('profiler.workloads.train', run_name='__main__')"
