@@ -33,7 +33,6 @@ from typing import Any
 
 from collectors.pyspy import PySpy, SamplingError
 from profiler import __version__
-from profiler.attribution.checkpoint_watch import CheckpointWatch
 from profiler.attribution.episodes import Episode, EpisodeTracker
 from profiler.attribution.window import AttributedWindow
 from profiler.exitcodes import EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME
@@ -56,6 +55,7 @@ from profiler.service.pools import (
     SamplerPool,
     SamplingJob,
 )
+from profiler.service.run_checkpoints import RunCheckpoints
 from profiler.service.sdnotify import SdNotifier
 
 log = logging.getLogger("serwatt.daemon")
@@ -146,8 +146,8 @@ class Daemon:
         self._reload_requested = False
         self._tracked: dict[tuple[int, float], _Tracked] = {}
         self._open_runs: dict[str, str] = {}  # run_id -> target
-        # runs whose target names a checkpoints directory: its watch (run_id -> watch)
-        self._checkpoint_watches: dict[str, CheckpointWatch] = {}
+        # the watches of the runs whose target names a checkpoints directory
+        self._checkpoints = RunCheckpoints(config.path_procfs)
         self._next_rescan = 0.0
         self._next_retention = 0.0
         self._pool = SamplerPool(config.max_concurrent_samplers, self._wake.set)
@@ -279,9 +279,7 @@ class Daemon:
         return EXIT_OK
 
     def _close(self) -> None:
-        for w in self._checkpoint_watches.values():
-            w.watch.stop()  # the watch's child process ends with the daemon
-        self._checkpoint_watches.clear()
+        self._checkpoints.close()
         if self._energy is not None:
             self._energy.close()
         if self._recorder is not None:
@@ -594,7 +592,9 @@ class Daemon:
         found = run_collector(
             self.ledger,
             "discovery",
-            lambda: discover(cfg.targets, cfg.path_procfs, exclude_pids=self._own_pids()),
+            lambda: discover(
+                cfg.targets, cfg.path_procfs, exclude_pids=self._checkpoints.own_pids()
+            ),
             lambda found: {"discovery": (True, f"{len(found)} process(es) matched")},
         )
         if found is None:
@@ -611,23 +611,12 @@ class Daemon:
                 log.error("cannot start run %s for pid %d: %s", proc.run_id, proc.pid, exc)
                 continue
             self._tracked[key] = _Tracked(proc)
-            if (w := self._checkpoint_watches.get(proc.run_id)) is not None:
-                w.track(proc.pid)  # every rank's CPU and reads over its checkpoints
+            self._checkpoints.track(proc.run_id, proc.pid)
             log.info("tracking %s pid %d as run %s", proc.target, proc.pid, proc.run_id)
         for key, tracked in self._tracked.items():
             tracked.unmatched = key not in seen
         self._forget_unmatched()
         self._update_target_processes()
-
-    def _own_pids(self) -> set[int]:
-        """Never targets: the daemon, and its checkpoint watches' children (a watch's argv
-        names the job's directory, which a target's cmdline pattern may match)."""
-        pids = {os.getpid()}
-        for w in self._checkpoint_watches.values():
-            child: int | None = w.watch.pid
-            if child is not None:
-                pids.add(child)
-        return pids
 
     def _forget_unmatched(self) -> None:
         # A process with a window in flight is forgotten once its window is applied
@@ -650,43 +639,7 @@ class Daemon:
         )
         self._open_runs[proc.run_id] = proc.target
         spec = next((t for t in self.config.targets if t.name == proc.target), None)
-        if spec is not None and spec.checkpoints is not None:
-            try:
-                self._checkpoint_watches[proc.run_id] = CheckpointWatch(
-                    spec.checkpoints, glob=spec.checkpoint_glob, procfs=self.config.path_procfs
-                )
-            except OSError as exc:
-                # the run is recorded all the same, its checkpoints by the heuristic
-                log.error(
-                    "run %s: cannot watch checkpoints %s: %s; its checkpoints are "
-                    "identified by the heuristic",
-                    proc.run_id,
-                    spec.checkpoints,
-                    exc,
-                )
-
-    def _store_checkpoints(self, run_id: str) -> None:
-        """The checkpoints and restores a run's watch identified, into its record (the
-        run's episodes are all in: called as the run ends)."""
-        w = self._checkpoint_watches.pop(run_id, None)
-        if w is None:
-            return
-        try:
-            matched = w.finish()
-            read_bytes, source = w.run_read_bytes()
-            self._recorder.append_checkpoints(
-                run_id, matched, identity=w.identity(), read_bytes=read_bytes,
-                read_bytes_source=source,
-            )  # fmt: skip
-            log.info(
-                "run %s: %d checkpoint(s), %d restore(s) from file events in %s",
-                run_id,
-                len(matched.checkpoints),
-                len(matched.restores),
-                w.directory,
-            )
-        except Exception as exc:
-            log.error("recording checkpoints of %s failed: %s", run_id, exc)
+        self._checkpoints.open(proc.run_id, spec)
 
     def _forget(self, key: tuple[int, float], *, reason: str) -> None:
         tracked = self._tracked.pop(key, None)
@@ -698,7 +651,7 @@ class Daemon:
         if any(t.proc.run_id == run_id for t in self._tracked.values()):
             return  # other ranks still write this run
         if self._open_runs.pop(run_id, None) is not None:
-            self._store_checkpoints(run_id)
+            self._checkpoints.store(run_id, self._recorder)
             try:
                 self._recorder.finish_run(run_id, self._clock.time())
             except Exception as exc:
@@ -782,8 +735,7 @@ class Daemon:
     ) -> None:
         """Closed episodes into the record and the run's checkpoint watch, if any."""
         episodes = self._with_gpu(episodes)
-        if (w := self._checkpoint_watches.get(run_id)) is not None:
-            w.add_episodes(episodes)
+        self._checkpoints.add_episodes(run_id, episodes)
         try:
             self._recorder.append_episodes(run_id, episodes)
         except Exception as exc:
@@ -796,7 +748,7 @@ class Daemon:
         for tracked in self._tracked.values():
             self._record_episodes(tracked.proc.run_id, self._episodes.finish(tracked.proc.pid))
         for run_id in list(self._open_runs):
-            self._store_checkpoints(run_id)
+            self._checkpoints.store(run_id, self._recorder)
             try:
                 self._recorder.finish_run(run_id, self._clock.time())
             except Exception as exc:
