@@ -73,8 +73,9 @@ class Staged:
     """What `checkpoint()` did on the caller's thread. Times are `time.perf_counter` seconds.
 
     `stall_s` is the whole time the call blocked: `waited_s` (for the previous checkpoint's
-    background write, which owns the staging arena until it is done) plus `copy_s` (flattening
-    the tree and copying every tensor into staging, including any reallocation).
+    background write, which owns the staging arena until it is done; 0 when none was in
+    flight) plus `copy_s` (flattening the tree and copying every tensor into staging,
+    including any reallocation), plus the idle check between them.
     """
 
     path: str  # where the checkpoint will be once durable (`wait()`)
@@ -328,6 +329,8 @@ class Checkpointer:
             )
         with self._call_lock:
             t0 = time.perf_counter()
+            with self._cond:
+                in_flight = self._job is not None
             self._wait_idle()
             t1 = time.perf_counter()
             flat = flatten(state, max_depth=self.max_depth, max_nodes=self.max_nodes, devices=True)
@@ -369,7 +372,9 @@ class Checkpointer:
                 path=path,
                 seq=seq,
                 nbytes=flat.nbytes,
-                waited_s=t1 - t0,
+                # only a wait for a write in flight; with none, the idle check's few
+                # microseconds (more on a loaded CPU) are the stall's, not a wait
+                waited_s=t1 - t0 if in_flight else 0.0,
                 copy_s=t2 - t1,
                 stall_s=t2 - t0,
                 reallocated=reallocated,
