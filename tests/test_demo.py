@@ -100,7 +100,8 @@ def test_the_train_demo_is_serwatt_ab_of_torch_save_against_the_checkpointer(
     # every torch.save is timed but one py-spy did not watch (a save that overlapped the
     # restart between two windows, about 0.3 s in every 5 s, can leave no episode) or one
     # in a window that says its sources were not loaded by the classify deadline (its
-    # fsync then reads as no durability call, so the episode ends before the file does)
+    # fsync then reads as no durability call, so the episode ends before the file does),
+    # or two whose steps between ran in such a restart, so their stalls were joined as one
     assert doc["checkpoint"]["baseline"]["codepath"] == "torch"
     lost = _saves_not_seen(tmp_path / "runs.sqlite", "%-baseline-%")
     assert len(lost) == doc["checkpoint"]["baseline"]["file_event_only"]
@@ -115,6 +116,7 @@ def _saves_not_seen(db_path: Path, runs: str) -> list[tuple[str, str]]:
     """The checkpoints with no stall of their own of the runs `runs` matches, each with why
     serwatt could not see its save (at most save_s before its file), or "" when it should
     have (one seen without a stall, such as two saves read as one episode):
+    "joined" when its save shares a stall joined across a restart gap (_joined_at_gap),
     "gap" when it may have run in a restart between windows (a gap under a second: a
     lost window, such as an abandoned last one, is longer), "deadline" when the window
     it ran in reported sources not loaded by the classify deadline."""
@@ -122,14 +124,14 @@ def _saves_not_seen(db_path: Path, runs: str) -> list[tuple[str, str]]:
     db = sqlite3.connect(db_path)
     try:
         lost = db.execute(
-            "SELECT run_id, path, event_t, timed_by FROM checkpoints"
+            "SELECT run_id, path, event_t, timed_by, stall_thread, stall_start FROM checkpoints"
             " WHERE run_id LIKE ? AND stall_s IS NULL",
             (runs,),
         ).fetchall()
         out = []
-        for run_id, path, t, timed_by in lost:
+        for run_id, path, t, timed_by, thread, start in lost:
             if timed_by != "file event only":  # seen, but no stall of its own
-                out.append((path, ""))
+                out.append((path, "joined" if _joined_at_gap(db, run_id, thread, start) else ""))
                 continue
             rows = db.execute(
                 "SELECT started_at, ended_at, notes_json FROM windows WHERE run_id = ?"
@@ -156,3 +158,32 @@ def _saves_not_seen(db_path: Path, runs: str) -> list[tuple[str, str]]:
         return out
     finally:
         db.close()
+
+
+def _joined_at_gap(db: sqlite3.Connection, run_id: str, thread: int | None, start: float) -> bool:
+    """Whether the stall that several saves share was joined across a restart gap between
+    windows (its unknown_s, time not observed) that falls between two of its files' events:
+    the training steps between those saves ran in the gap, so serwatt could not see them
+    apart. Two saves read as one inside a window (too close for the episode rules) are
+    not excused."""
+    row = db.execute(
+        "SELECT end, unknown_s FROM episodes WHERE run_id = ? AND thread = ? AND start = ?",
+        (run_id, thread, start),
+    ).fetchone()
+    if row is None or not row[1]:
+        return False
+    events = [
+        t for (t,) in db.execute(
+            "SELECT event_t FROM checkpoints WHERE run_id = ? AND stall_start = ?"
+            " ORDER BY event_t",
+            (run_id, start),
+        )
+    ]  # fmt: skip
+    windows = db.execute(
+        "SELECT started_at, ended_at FROM windows WHERE run_id = ? ORDER BY started_at",
+        (run_id,),
+    ).fetchall()
+    gaps = [(a[1], b[0]) for a, b in zip(windows, windows[1:], strict=False)]
+    return any(
+        t0 <= g1 and g0 <= t1 for t0, t1 in zip(events, events[1:], strict=False) for g0, g1 in gaps
+    )
