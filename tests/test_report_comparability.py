@@ -78,3 +78,20 @@ def test_a_records_config_is_checked_and_only_known_keys_are_kept() -> None:
         dataclasses.replace(run, config={"window_s": float("nan")})
     with pytest.raises(InputError, match="config.timing_rate_hz must be a number"):
         dataclasses.replace(run, config={"timing_rate_hz": [400]})
+
+
+def test_a_refusal_prints_one_line_per_mismatch_and_escapes_each_value() -> None:
+    """The message's own line breaks stay line breaks; a run id's (it comes from the record)
+    and its control characters are written out, so no value forges a line or a terminal
+    sequence."""
+    base = [_run("a-1", 1)]
+    cand = [_run("b\n\x1b[2J-1", 3)]
+    cand = [dataclasses.replace(cand[0], config={"timing_rate_hz": 0.0})]
+    with pytest.raises(ReportRefused) as info:
+        build_report(base, cand)
+    lines = info.value.shown().split("\n")
+    assert lines == [
+        "the runs are not comparable (1 mismatch(es)):",
+        "  config.timing_rate_hz (stack-change run) differs: 400.0 (a-1); 0.0 (b\\n\\x1b[2J-1)",
+        "compare runs from like hosts and settings, or allow the mismatches",
+    ]

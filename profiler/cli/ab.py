@@ -352,7 +352,10 @@ def _report(args: argparse.Namespace, opts: AbOptions, result: AbResult, cluster
         _recorded(result, opts.record)
         return EXIT_RUNTIME
     except ReportRefused as exc:
-        _say(f"error: {exc} (--allow-mismatch reports them anyway)")
+        print(
+            f"serwatt ab: error: {exc.shown()}\n(--allow-mismatch reports them anyway)",
+            file=sys.stderr,
+        )
         _recorded(result, opts.record)
         return EXIT_USAGE
     report["source"] = {"kind": "run records", "file": str(opts.record)}

@@ -343,7 +343,7 @@ def _run(args: argparse.Namespace) -> int:
         report["caveats"] += caveats
     except ReportRefused as exc:
         print(
-            f"serwatt report: error: {_shown(exc)}\n"
+            f"serwatt report: error: {exc.shown()}\n"
             "(--allow-mismatch reports them anyway, each mismatch printed as a caveat)",
             file=sys.stderr,
         )

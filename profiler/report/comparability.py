@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from profiler.many.format import escape_text
 from profiler.report.inputs import RunInput
 
 
@@ -42,7 +43,14 @@ class ReportRefused(Exception):
         lines = [f"the runs are not comparable ({len(self.mismatches)} mismatch(es)):"]
         lines += [f"  {m}" for m in self.mismatches]
         lines.append("compare runs from like hosts and settings, or allow the mismatches")
+        self.lines = tuple(lines)
         super().__init__("\n".join(lines))
+
+    def shown(self) -> str:
+        """The message for a terminal: one line per mismatch, each escaped on its own (run
+        ids, host names and versions come from outside), so a value's own line break or
+        control character is written out, never the message's line structure."""
+        return "\n".join(escape_text(line, backslash=False) for line in self.lines)
 
 
 def _show(value: Any) -> str:
