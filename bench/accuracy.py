@@ -278,7 +278,7 @@ def timestamps(args: argparse.Namespace) -> int:
     its error is the distance to the true boundary (the nearest multiple of 0.5 s)."""
     import statistics
 
-    from collectors.pyspy import PySpy
+    from collectors.pyspy import PySpy, SamplingPlan
 
     spy = PySpy(priority=args.sampler_priority)
     proc = subprocess.Popen([sys.executable, "-c", PHASES])
@@ -288,7 +288,9 @@ def timestamps(args: argparse.Namespace) -> int:
         time.sleep(1.0)
         end = time.time() + args.duration
         while time.time() < end:
-            w = spy.record_window(proc.pid, duration_s=args.window, rate_hz=args.rate)
+            w = spy.record_window(
+                proc.pid, duration_s=args.window, plan=SamplingPlan(rate_hz=args.rate)
+            )
             leaf = [(s.t, s.frames[0].name) for s in w.samples if s.frames]
             for t, name in leaf:
                 if name in ("phase_a", "phase_b"):
@@ -322,7 +324,7 @@ def profile_once(
     busy: int = 0,
 ) -> tuple[dict[str, float], dict]:
     """One profiled run: (true shares, serwatt's profile document)."""
-    from collectors.pyspy import PySpy
+    from collectors.pyspy import PySpy, SamplingPlan
     from profiler.profile.document import build_document
     from profiler.profile.session import ProfileSession
 
@@ -346,22 +348,25 @@ def profile_once(
                 raise SystemExit("workload did not start")
             time.sleep(1.0)
             # warm the classifier's per-file caches outside the measured interval
+            warm = SamplingPlan(rate_hz=args.rate, on_cpu_run=True)
             ProfileSession(
-                proc.pid, classifier=classifier, rate_hz=args.rate, window_s=2,
-                duration_s=2, follow_children=False, progress=None, pyspy=spy,
+                proc.pid, classifier=classifier, plan=warm, window_s=2, duration_s=2,
+                follow_children=False, progress=None, pyspy=spy,
             ).run()  # fmt: skip
             os.kill(proc.pid, signal.SIGUSR1)
             session = ProfileSession(
                 proc.pid,
                 classifier=classifier,
-                rate_hz=args.rate,
+                plan=SamplingPlan(
+                    rate_hz=args.rate,
+                    on_cpu_run=args.on_cpu_run,
+                    timing_rate_hz=timing_rate_hz(args),
+                ),
                 window_s=args.window,
                 duration_s=args.duration,
                 follow_children=False,
                 progress=None,
-                on_cpu_run=args.on_cpu_run,
                 pyspy=spy,
-                timing_rate_hz=timing_rate_hz(args),
             )
             result = session.run()
             os.kill(proc.pid, signal.SIGUSR1)

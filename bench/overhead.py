@@ -110,7 +110,7 @@ def ci_text(iv: Interval) -> str:
 
 
 def main() -> int:
-    from collectors.pyspy.runner import DEFAULT_RATE_HZ
+    from collectors.pyspy import DEFAULT_RATE_HZ
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -139,6 +139,7 @@ def main() -> int:
     )
     args = ap.parse_args()
 
+    from collectors.pyspy import SamplingPlan
     from profiler.classify.classifier import Classifier
     from profiler.profile.session import ProfileSession
     from profiler.sampling.collect import timing_rate_hz as timing_rule
@@ -208,8 +209,9 @@ def main() -> int:
             raise SystemExit(f"the target printed no counter line (exit status {proc.poll()})")
         time.sleep(2.0)
         # warm the classifier's caches first: its first parse of each file is not overhead
+        warm = SamplingPlan(rate_hz=args.rate, on_cpu_run=True)
         ProfileSession(
-            proc.pid, classifier=classifier, rate_hz=args.rate, window_s=2, duration_s=2,
+            proc.pid, classifier=classifier, plan=warm, window_s=2, duration_s=2,
             follow_children=tree, progress=None,
         ).run()  # fmt: skip
         time.sleep(1.0)
@@ -219,9 +221,11 @@ def main() -> int:
             phases.append(("A", rate(t0 + 0.3, time.time() - 0.1, w0)))
             t0, w0, c0 = time.time(), schedstat(), own_cpu_s()
             ProfileSession(
-                proc.pid, classifier=classifier, rate_hz=args.rate, window_s=args.phase,
-                duration_s=args.phase, follow_children=tree, progress=None,
-                timing_rate_hz=timing_rate_hz,
+                proc.pid, classifier=classifier, plan=SamplingPlan(
+                    rate_hz=args.rate, on_cpu_run=True, timing_rate_hz=timing_rate_hz
+                ),
+                window_s=args.phase, duration_s=args.phase, follow_children=tree,
+                progress=None,
             ).run()  # fmt: skip
             serwatt_cpu.append((own_cpu_s() - c0) / (time.time() - t0))
             phases.append(("B", rate(t0 + 0.3, time.time() - 0.1, w0)))

@@ -157,7 +157,7 @@ class ScriptedSampler:
         clock = self.clock
         n = 1 + sum(1 for a in self.attempts if a.pid == job.pid)
         plan = self.script(job.pid, n)
-        attempt = Attempt(job.pid, job.target, job.started_mono, job.window_s, job.rate_hz)
+        attempt = Attempt(job.pid, job.target, job.started_mono, job.window_s, job.plan.rate_hz)
         self.attempts.append(attempt)
         end = job.started_mono + (job.window_s if plan.duration_s is None else plan.duration_s)
 
@@ -177,7 +177,7 @@ class ScriptedSampler:
             pid=job.pid,
             started_at=job.started_mono + FAKE_EPOCH_OFFSET,
             ended_at=clock.time(),
-            rate_hz=job.rate_hz,
+            rate_hz=job.plan.rate_hz,
             cpu_s=0.0,
             codepaths={
                 cp: CodepathWindow(samples=samples if cp == "pickle" else 0) for cp in CODEPATHS

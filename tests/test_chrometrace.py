@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from collectors.pyspy import PySpy
+from collectors.pyspy import PySpy, SamplingPlan
 from collectors.pyspy.chrometrace import MAX_EVENTS, parse_chrometrace, resolve_changes
 from collectors.samples import SamplerErrors
 from profiler.attribution.episodes import CHANGE_EDGES_95, EpisodeTracker, episodes_of
@@ -200,7 +200,9 @@ def test_a_real_stack_change_run_times_a_blocking_call(tmp_path: Path) -> None:
     try:
         assert proc.stdout.readline().strip() == "ready"
         rate = 200.0
-        window = PySpy().record_window(proc.pid, duration_s=1.5, rate_hz=50.0, timing_rate_hz=rate)
+        window = PySpy().record_window(
+            proc.pid, duration_s=1.5, plan=SamplingPlan(rate_hz=50.0, timing_rate_hz=rate)
+        )
         assert window.changes is None and window.changes_raw is not None  # read, not parsed
         window = resolve_changes(window)
         measured = float(proc.stdout.readline())

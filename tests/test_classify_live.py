@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from collectors.pyspy import SamplingPlan
 from profiler.classify.classifier import Classifier
 from profiler.sampling.collect import sample_window
 from profiler.sampling.window import WindowReport
@@ -33,7 +34,12 @@ MIN_SHARE = 0.6
 
 def _window(python: Path | str, kind: str) -> WindowReport:
     with harness.running(python, kind) as pid:
-        return sample_window(pid, duration_s=1.5, rate_hz=50, classifier=Classifier.default())
+        return sample_window(
+            pid,
+            duration_s=1.5,
+            plan=SamplingPlan(rate_hz=50, on_cpu_run=True),
+            classifier=Classifier.default(),
+        )
 
 
 def _check(report: WindowReport, expect: str, kind: str) -> None:

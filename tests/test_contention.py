@@ -33,6 +33,7 @@ from pathlib import Path
 
 import pytest
 
+from collectors.pyspy import SamplingPlan
 from profiler.classify.classifier import Classifier
 from profiler.sampling.collect import default_timing_rate_hz, sample_window
 from profiler.sampling.window import WindowReport
@@ -76,10 +77,13 @@ def run_windows(
             sample_window(
                 p.pid,
                 duration_s=5,
-                rate_hz=RATE_HZ,
                 classifier=classifier,
-                poll_s=0.1,
-                timing_rate_hz=default_timing_rate_hz(RATE_HZ) if timing else None,
+                plan=SamplingPlan(
+                    rate_hz=RATE_HZ,
+                    on_cpu_run=True,
+                    poll_s=0.1,
+                    timing_rate_hz=default_timing_rate_hz(RATE_HZ) if timing else None,
+                ),
             )  # fmt: skip
             for _ in range(windows)
         ]

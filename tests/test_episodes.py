@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from collectors.pyspy import StopEvent
+from collectors.pyspy import SamplingPlan, StopEvent
 from collectors.samples import Frame, SamplerErrors
 from profiler.attribution.episodes import (
     Episode,
@@ -461,10 +461,10 @@ def _profile(tmp_path: Path) -> tuple[list[WindowReport], list[dict[str, float]]
                 raw = collect_window(
                     proc.pid,
                     duration_s=WINDOW_S,
-                    rate_hz=RATE_HZ,
+                    plan=SamplingPlan(
+                        rate_hz=RATE_HZ, on_cpu_run=True, poll_s=POLL_S, timing_rate_hz=TIMING_HZ
+                    ),
                     stop_event=stop,
-                    poll_s=POLL_S,
-                    timing_rate_hz=TIMING_HZ,
                 )
                 raws.put(raw)
                 if raw.exited:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from collectors.pyspy import SamplingPlan
 from collectors.samples import Frame
 from profiler.classify import source_cache, source_index, target_files
 from profiler.classify.classifier import Classifier
@@ -230,7 +231,7 @@ def test_a_classification_past_its_deadline_is_abandoned_and_counted(
     job = tmp_path / "job.py"
     job.write_text(PICKLE_LOOP + _filler(100_000))
     with target(tmp_path, str(job), PICKLE_LOOP) as pid:
-        raw = collect_window(pid, duration_s=1.0, rate_hz=50)
+        raw = collect_window(pid, duration_s=1.0, plan=SamplingPlan(rate_hz=50, on_cpu_run=True))
         classifier = Classifier.default()
         t0 = time.monotonic()
         cold = finish_window(raw, classifier, deadline_s=0.0)

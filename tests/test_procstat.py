@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from collectors import procstat
+from collectors.pyspy import SamplingPlan
 
 TICK = procstat.CLOCK_TICKS_PER_S
 
@@ -213,4 +214,6 @@ def test_a_window_on_a_procfs_that_does_not_parse_is_a_sampling_error(fake: Path
     make_proc(fake, 80, {80: (1, 1, None)})
     (fake / "80" / "task" / "80" / "stat").write_text("\x00" * 50)
     with pytest.raises(SamplingError, match=r"cannot read the CPU time of process 80: .*stat"):
-        collect_window(80, duration_s=1, rate_hz=10, procfs=fake)
+        collect_window(
+            80, duration_s=1, plan=SamplingPlan(rate_hz=10, on_cpu_run=True), procfs=fake
+        )

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from collectors.pyspy import SamplingPlan
 from profiler.attribution.window import AttributedWindow
 from profiler.classify.classifier import Classifier
 from profiler.classify.codepaths import CODEPATHS
@@ -108,7 +109,7 @@ def test_observers_see_every_window_and_extend_the_document(tmp_path: Path) -> N
     session = ProfileSession(
         p.pid,
         classifier=Classifier.default(),
-        rate_hz=50,
+        plan=SamplingPlan(rate_hz=50, on_cpu_run=True),
         window_s=1.0,
         sinks=[obs],
         progress=progress,
@@ -158,7 +159,7 @@ def _profile_with(tmp_path: Path, spy: Path) -> dict:
     session = ProfileSession(
         p.pid,
         classifier=Classifier.default(),
-        rate_hz=50,
+        plan=SamplingPlan(rate_hz=50, on_cpu_run=True),
         window_s=60.0,
         pyspy=PySpy(spy),
         root_exit_check=lambda: p.poll() is not None,

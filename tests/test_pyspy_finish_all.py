@@ -19,7 +19,7 @@ import time
 import psutil
 import pytest
 
-from collectors.pyspy import PySpy, SamplingError
+from collectors.pyspy import PySpy, SamplingError, SamplingPlan
 
 LIGHT = (
     "import pickle, time\nd = list(range(20000))\n"
@@ -59,7 +59,9 @@ def test_a_killed_run_does_not_leave_the_other_behind() -> None:
         time.sleep(0.3)
         spy = PySpy(kill_grace_s=1.0, priority="off")
         with pytest.raises(SamplingError, match="did not stop"):
-            spy.record_window(target.pid, duration_s=1.0, rate_hz=20, on_cpu_run=True)
+            spy.record_window(
+                target.pid, duration_s=1.0, plan=SamplingPlan(rate_hz=20, on_cpu_run=True)
+            )
         stopper.join(timeout=5)
         assert len(stopped) == 2, "both runs were not seen"
         # Neither run is left: not the killed one, not the other (running or a zombie).

@@ -28,6 +28,7 @@ from collectors.pyspy import (
     PySpy,
     PySpyMissing,
     SamplingError,
+    SamplingPlan,
     StopEvent,
     TargetGone,
     UnsupportedPython,
@@ -124,7 +125,12 @@ def test_threads_mapped_weighted_and_classified(
         wait_for(ids_file)
         truth = json.loads(ids_file.read_text())
         t0 = time.time()
-        r = sample_window(p.pid, duration_s=3, rate_hz=50, classifier=classifier)
+        r = sample_window(
+            p.pid,
+            duration_s=3,
+            plan=SamplingPlan(rate_hz=50, on_cpu_run=True),
+            classifier=classifier,
+        )
         t1 = time.time()
     finally:
         p.kill()
@@ -216,9 +222,16 @@ def test_sample_times_line_up_with_the_host_clock(tmp_path: Path, classifier: Cl
     p = start("3.12.1", PHASES_TARGET, tmp_path)
     try:
         time.sleep(0.5)
-        r = sample_window(p.pid, duration_s=4, rate_hz=100, classifier=classifier)
+        r = sample_window(
+            p.pid,
+            duration_s=4,
+            plan=SamplingPlan(rate_hz=100, on_cpu_run=True),
+            classifier=classifier,
+        )
         spy = PySpy()
-        windows = [spy.record_window(p.pid, duration_s=1, rate_hz=100) for _ in range(8)]
+        windows = [
+            spy.record_window(p.pid, duration_s=1, plan=SamplingPlan(rate_hz=100)) for _ in range(8)
+        ]
     finally:
         p.kill()
         p.wait()
@@ -248,7 +261,9 @@ def test_target_exiting_mid_window_yields_samples_so_far(
     p = start("3.12.1", script, tmp_path)
     time.sleep(0.3)
     t0 = time.time()
-    r = sample_window(p.pid, duration_s=8, rate_hz=50, classifier=classifier)
+    r = sample_window(
+        p.pid, duration_s=8, plan=SamplingPlan(rate_hz=50, on_cpu_run=True), classifier=classifier
+    )
     elapsed = time.time() - t0
     p.wait()
     assert r.exited
@@ -264,7 +279,13 @@ def test_stop_event_ends_the_window_early(tmp_path: Path, classifier: Classifier
     try:
         time.sleep(0.3)
         t0 = time.time()
-        r = sample_window(p.pid, duration_s=20, rate_hz=50, classifier=classifier, stop_event=stop)
+        r = sample_window(
+            p.pid,
+            duration_s=20,
+            plan=SamplingPlan(rate_hz=50, on_cpu_run=True),
+            classifier=classifier,
+            stop_event=stop,
+        )
         elapsed = time.time() - t0
     finally:
         p.kill()
@@ -289,7 +310,12 @@ def test_stop_event_wakes_a_blocked_window_and_nothing_polls(
         time.sleep(0.3)
         t0 = time.time()
         r = sample_window(
-            p.pid, duration_s=20, rate_hz=50, classifier=classifier, stop_event=stop, pyspy=spy
+            p.pid,
+            duration_s=20,
+            plan=SamplingPlan(rate_hz=50, on_cpu_run=True),
+            classifier=classifier,
+            stop_event=stop,
+            pyspy=spy,
         )
         elapsed = time.time() - t0
     finally:
@@ -320,7 +346,12 @@ def test_dead_pid_is_target_gone(classifier: Classifier) -> None:
     p = subprocess.Popen(["true"])
     p.wait()
     with pytest.raises(TargetGone, match=f"no such process: {p.pid}") as ei:
-        sample_window(p.pid, duration_s=1, rate_hz=50, classifier=classifier)
+        sample_window(
+            p.pid,
+            duration_s=1,
+            plan=SamplingPlan(rate_hz=50, on_cpu_run=True),
+            classifier=classifier,
+        )
     assert ei.value.kind == "target_gone"
 
 
@@ -329,7 +360,12 @@ def test_not_python(classifier: Classifier) -> None:
     try:
         time.sleep(0.2)
         with pytest.raises(NotPython, match="not a Python interpreter") as ei:
-            sample_window(p.pid, duration_s=1, rate_hz=50, classifier=classifier)
+            sample_window(
+                p.pid,
+                duration_s=1,
+                plan=SamplingPlan(rate_hz=50, on_cpu_run=True),
+                classifier=classifier,
+            )
     finally:
         p.kill()
         p.wait()
@@ -348,7 +384,12 @@ def test_free_threaded_build_is_refused_before_attaching(
     try:
         time.sleep(0.2)
         with pytest.raises(UnsupportedPython, match="free-threaded") as ei:
-            sample_window(p.pid, duration_s=1, rate_hz=50, classifier=classifier)
+            sample_window(
+                p.pid,
+                duration_s=1,
+                plan=SamplingPlan(rate_hz=50, on_cpu_run=True),
+                classifier=classifier,
+            )
     finally:
         p.kill()
         p.wait()
@@ -388,7 +429,7 @@ def test_pyspy_binary_is_injectable(tmp_path: Path, classifier: Classifier) -> N
     p = start("3.12.1", "while True:\n    pass\n", tmp_path)
     try:
         time.sleep(0.3)
-        w = PySpy(copy).record_window(p.pid, duration_s=1, rate_hz=50)
+        w = PySpy(copy).record_window(p.pid, duration_s=1, plan=SamplingPlan(rate_hz=50))
         with pytest.raises(PySpyMissing, match="cannot run py-spy"):
             PySpy(tmp_path / "missing").record_window(p.pid, duration_s=1)
     finally:
@@ -418,7 +459,7 @@ def test_pyspy_runs_without_rust_backtrace(monkeypatch: pytest.MonkeyPatch, tmp_
     try:
         time.sleep(0.3)
         watcher.start()
-        PySpy().record_window(p.pid, duration_s=1.5, rate_hz=50)
+        PySpy().record_window(p.pid, duration_s=1.5, plan=SamplingPlan(rate_hz=50))
     finally:
         stop.set()
         watcher.join()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from collectors.pyspy import SamplingPlan
 from profiler.classify.classifier import Classifier
 from tests.workloads import harness, targets
 from tests.workloads.serializers import EXPECT
@@ -130,7 +131,12 @@ def test_end_to_end_through_sample_window(target: tuple[str, Path], kind: str, e
 
     _name, python = target
     with harness.running(python, kind) as pid:
-        report = sample_window(pid, duration_s=1.5, rate_hz=50, classifier=Classifier.default())
+        report = sample_window(
+            pid,
+            duration_s=1.5,
+            plan=SamplingPlan(rate_hz=50, on_cpu_run=True),
+            classifier=Classifier.default(),
+        )
     samples = {cp: w.samples for cp, w in report.codepaths.items()}
     total = sum(samples.values())
     assert total >= 20, samples

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from collectors.pyspy import SamplingPlan
 from profiler.attribution.episodes import Episode
 from profiler.attribution.tracker import EnergyTracker
 from profiler.attribution.window import episode_gpu_reading
@@ -46,7 +47,7 @@ def profile(pid: int, sinks: list, duration_s: float = 4.0, tracker=None):  # ty
     session = ProfileSession(
         pid,
         classifier=Classifier.default(),
-        rate_hz=50,
+        plan=SamplingPlan(rate_hz=50, on_cpu_run=True),
         window_s=1.0,
         duration_s=duration_s,
         tracker=tracker,

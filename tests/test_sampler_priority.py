@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from collectors import procstat, sched
-from collectors.pyspy import PySpy
+from collectors.pyspy import PySpy, SamplingPlan
 from profiler.classify.classifier import Classifier
 from profiler.service.config import ConfigError, parse_config
 from tests.benches import load_bench
@@ -60,7 +60,9 @@ def _window_attrs(priority: str) -> tuple[set[tuple], tuple[str, ...]]:
         time.sleep(0.3)
         watcher.start()
         started = time.monotonic()
-        w = PySpy(priority=priority).record_window(target.pid, duration_s=2, rate_hz=50)
+        w = PySpy(priority=priority).record_window(
+            target.pid, duration_s=2, plan=SamplingPlan(rate_hz=50)
+        )
     finally:
         stop.set()
         watcher.join()
@@ -202,13 +204,14 @@ WITH_UNIT_CAPS = textwrap.dedent(
     """
     import subprocess, sys
     from collectors import sched
-    from collectors.pyspy import PySpy
+    from collectors.pyspy import PySpy, SamplingPlan
     child = subprocess.Popen(["sleep", "30"])
     try:
         print("made", sched.make_prompt(child.pid, nice=True), sched.get_attr(child.pid)[1])
     finally:
         child.kill()
-    w = PySpy(priority="required").record_window(int(sys.argv[1]), duration_s=1, rate_hz=50)
+    plan = SamplingPlan(rate_hz=50)
+    w = PySpy(priority="required").record_window(int(sys.argv[1]), duration_s=1, plan=plan)
     print("samples", len(w.samples), "notes", list(w.errors.notes))
     """
 )

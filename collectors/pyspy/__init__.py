@@ -1,12 +1,13 @@
 """py-spy as a signal source: one sampling window of one process at a time.
 
+plan: what one window runs (the py-spy runs and their rates, the CPU polls);
 runner: the py-spy subprocess driver (windows, stop, failures); speedscope: its output
 parsed into timed samples (pure); threads: py-spy thread labels mapped to kernel tids.
 Imports only collectors.*; never profiler.
 """
 
+from collectors.pyspy.plan import DEFAULT_RATE_HZ, SamplingPlan
 from collectors.pyspy.runner import (
-    DEFAULT_RATE_HZ,
     PYSPY_FLAGS,
     NotPython,
     PtraceDenied,
@@ -28,6 +29,7 @@ __all__ = [
     "PySpy",
     "PySpyMissing",
     "SamplingError",
+    "SamplingPlan",
     "StopEvent",
     "TargetGone",
     "UnsupportedPython",

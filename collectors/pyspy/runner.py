@@ -50,6 +50,7 @@ from typing import Any
 
 from collectors import procstat, sched
 from collectors.pyspy.chrometrace import RawChanges
+from collectors.pyspy.plan import SamplingPlan
 from collectors.pyspy.speedscope import (
     WindowSamples,
     assemble_samples,
@@ -58,10 +59,11 @@ from collectors.pyspy.speedscope import (
 )
 from collectors.pyspy.threads import map_threads
 
-DEFAULT_RATE_HZ = 50.0
 # The timing run's file is read only up to this size (a window's chrometrace of a few
 # busy threads at 400 Hz is a few MB).
 MAX_CHANGES_BYTES = 256 * 1024 * 1024
+# record_window's default: the --idle run alone, at py-spy's default rate
+IDLE_RUN_ONLY = SamplingPlan()
 PYSPY_FLAGS = ("--nonblocking", "--idle", "--threads", "--full-filenames")
 
 
@@ -209,6 +211,7 @@ class _Run:
         fmt: str = "speedscope",
     ) -> None:
         self.spy, self.pid, self.duration_s, self.out = spy, pid, duration_s, out
+        self.rate_hz = rate_hz
         # set when the supervising loop must look again: banner, end line, end of output
         self.wake = wake if wake is not None else threading.Event()
         self.eof = False
@@ -469,28 +472,19 @@ class PySpy:
         pid: int,
         *,
         duration_s: float,
-        rate_hz: float = DEFAULT_RATE_HZ,
+        plan: SamplingPlan = IDLE_RUN_ONLY,
         stop_event: threading.Event | None = None,
         procfs: Path = Path("/proc"),
-        on_cpu_run: bool = False,
-        idle_rate_hz: float | None = None,
-        timing_rate_hz: float | None = None,
     ) -> WindowSamples:
-        """Sample `pid` for `duration_s` (less if the target exits or `stop_event` is set).
+        """Sample `pid` for `duration_s` (less if the target exits or `stop_event` is set)
+        with the py-spy runs `plan` names (collectors/pyspy/plan.py).
 
-        on_cpu_run: also run a second py-spy *without* --idle over the same window. Its
-        samples (`WindowSamples.on_cpu`) are the moments a thread was on a CPU (py-spy
-        drops a thread whose /proc state is not R: asleep, blocked, waiting for the
-        GIL), which is what CPU weighting needs when a thread alternates between work
-        and waiting faster than its CPU can be polled, or several threads share the GIL.
-        That run samples at `rate_hz`; the --idle run (every thread at every tick: the
-        samples' times, wall seconds, GPU-wait) at `idle_rate_hz` (None: `rate_hz`).
-        Each py-spy costs ~20 ms to start plus ~0.28 ms per sample (docs/daemon.md).
-
-        timing_rate_hz: also run a py-spy in chrometrace format at this rate over the
-        same window (`WindowSamples.changes`: every thread's stack changes, timed to the
-        tick that first showed them; see collectors/pyspy/chrometrace.py). None: no
-        such run. A failure of that run alone costs only the changes (a note says why).
+        The on-CPU run's samples are `WindowSamples.on_cpu` (py-spy drops a thread whose
+        /proc state is not R: asleep, blocked, waiting for the GIL). The stack-change
+        run's are `WindowSamples.changes` (every thread's stack changes, timed to the tick
+        that first showed them; collectors/pyspy/chrometrace.py); a failure of that run
+        alone costs only the changes (a note says why). Each py-spy costs ~20 ms to start
+        plus ~0.28 ms per sample (docs/daemon.md).
 
         Raises TargetGone, NotPython, UnsupportedPython, PtraceDenied, SamplingError.
         """
@@ -498,37 +492,24 @@ class PySpy:
             raise ValueError(f"duration_s must be > 0, got {duration_s}")
         precheck(pid, procfs)
         wake = threading.Event()
-        idle_rate = rate_hz if idle_rate_hz is None or not on_cpu_run else idle_rate_hz
-        rates = [idle_rate, rate_hz]
         with tempfile.TemporaryDirectory(prefix="serwatt-pyspy-") as tmp:
-            runs = [
-                _Run(self, pid, duration_s, idle_rate, Path(tmp) / "all.json", idle=True, wake=wake)
-            ]
-            if on_cpu_run:
-                runs.append(
-                    _Run(
-                        self,
-                        pid,
-                        duration_s,
-                        rate_hz,
-                        Path(tmp) / "oncpu.json",
-                        idle=False,
-                        wake=wake,
-                    )
-                )
+            idle_run = _Run(
+                self, pid, duration_s, plan.idle_run_rate_hz, Path(tmp) / "all.json",
+                idle=True, wake=wake,
+            )  # fmt: skip
+            cpu_run: _Run | None = None
+            if plan.on_cpu_run:
+                cpu_run = _Run(
+                    self, pid, duration_s, plan.rate_hz, Path(tmp) / "oncpu.json",
+                    idle=False, wake=wake,
+                )  # fmt: skip
             timing: _Run | None = None
-            if timing_rate_hz is not None:
+            if plan.timing_rate_hz is not None:
                 timing = _Run(
-                    self,
-                    pid,
-                    duration_s,
-                    timing_rate_hz,
-                    Path(tmp) / "changes.json",
-                    idle=True,
-                    wake=wake,
-                    fmt="chrometrace",
-                )
-                runs.append(timing)
+                    self, pid, duration_s, plan.timing_rate_hz, Path(tmp) / "changes.json",
+                    idle=True, wake=wake, fmt="chrometrace",
+                )  # fmt: skip
+            runs = [r for r in (idle_run, cpu_run, timing) if r is not None]
             linked = isinstance(stop_event, StopEvent)
             if linked:
                 stop_event.link(wake)  # type: ignore[union-attr]
@@ -549,54 +530,51 @@ class PySpy:
                     stop_event.unlink(wake)  # type: ignore[union-attr]
             # Finish (kill if need be, and reap) every run before raising for one: a run
             # left behind would be a py-spy nobody waits for, outside the sampler bound.
-            finished: list[Any] = []
+            finished: dict[int, Any] = {}
             try:
                 for run in runs:
                     try:
                         if run is timing:  # read now, parsed off the sampling path
                             text = run.finish(procfs, max_bytes=MAX_CHANGES_BYTES, raw=True)
-                            finished.append(text)
+                            finished[id(run)] = text
                         else:
-                            finished.append(run.finish(procfs))
+                            finished[id(run)] = run.finish(procfs)
                     except (SamplingError, ValueError) as exc:
                         if run is not timing and not isinstance(exc, SamplingError):
                             exc = SamplingError(
                                 f"py-spy's output for pid {pid} is unreadable: {exc}"
                             )
-                        finished.append(exc)
+                        finished[id(run)] = exc
             finally:
                 for run in runs:
                     run.close()
-            counted = [out for run, out in zip(runs, finished, strict=True) if run is not timing]
-            for outcome in counted:
-                if isinstance(outcome, SamplingError):
-                    raise outcome
-            docs = counted
+            for counted in (idle_run, cpu_run):
+                if counted is not None and isinstance(finished[id(counted)], SamplingError):
+                    raise finished[id(counted)]
             changes_doc: Any = None
             changes_problem: str | None = None
             if timing is not None:
-                outcome = finished[runs.index(timing)]
+                outcome = finished[id(timing)]
                 if isinstance(outcome, Exception):
                     changes_problem = str(outcome)
                 else:
                     changes_doc = outcome
 
-        def assemble(i: int) -> WindowSamples:
+        def assemble(run: _Run) -> WindowSamples:
             # A run's span: py-spy's banner to its end line, else spawn to exit.
-            run = runs[i]
             return self._assemble(
                 pid,
-                docs[i],
+                finished[id(run)],
                 run.text,
                 started_at=run.marks.get("start", run.spawned_at),
                 ended_at=run.marks.get("end", run.exit_at),
-                rate_hz=rates[i],
+                rate_hz=run.rate_hz,
                 procfs=procfs,
             )
 
-        result = assemble(0)
-        if on_cpu_run:
-            cpu = assemble(1)
+        result = assemble(idle_run)
+        if cpu_run is not None:
+            cpu = assemble(cpu_run)
             # py-spy knows a thread's run state only when it knows its kernel tid
             # (decimal label; <3.11 in nonblocking mode it does not, and then keeps
             # every sample): only those threads' on-CPU samples mean anything.
@@ -606,7 +584,7 @@ class PySpy:
                 if cpu.mapping.method.get(label) == "pyspy"
             }
             on_cpu = tuple(s for s in cpu.samples if s.tid in known)
-            if known or rates[0] == rates[1] or not cpu.samples:
+            if known or idle_run.rate_hz == cpu_run.rate_hz or not cpu.samples:
                 result = replace(result, on_cpu=on_cpu, on_cpu_errors=cpu.errors)
             else:
                 # No thread's state was known, so the "on-CPU" run kept every sample
@@ -615,12 +593,12 @@ class PySpy:
                 merged = cpu.errors.with_run(result.errors)
                 note = (
                     "py-spy knew no thread's run state (no kernel tid): cpu on "
-                    f"--idle-like samples at {rates[1]:g} Hz"
+                    f"--idle-like samples at {cpu_run.rate_hz:g} Hz"
                 )
                 result = replace(cpu, errors=replace(merged, notes=(*merged.notes, note)))
         if timing is not None:
             result = self._with_changes(
-                result, timing, changes_doc, changes_problem, rate_hz=timing_rate_hz or 0.0
+                result, timing, changes_doc, changes_problem, rate_hz=timing.rate_hz
             )
         problems = sorted({run.priority_problem for run in runs if run.priority_problem})
         if problems:

@@ -160,11 +160,11 @@ class WindowSamples:
     errors: SamplerErrors
     exited: bool  # the target exited during the window
     mapping: ThreadMapping = field(default_factory=lambda: ThreadMapping({}, {}, ()))
-    # from a second py-spy run without --idle (record_window(on_cpu_run=True)): only
+    # from a second py-spy run without --idle (a SamplingPlan's on_cpu_run): only
     # samples of threads that were on a CPU; None when that run was not made
     on_cpu: tuple[Sample, ...] | None = None
     on_cpu_errors: SamplerErrors | None = None
-    # from a py-spy run in chrometrace format (record_window(timing_rate_hz=...)): each
+    # from a py-spy run in chrometrace format (a SamplingPlan's timing_rate_hz): each
     # thread's stack at each change, at host times; a stack holds until the thread's
     # next change or `changes_end`. None when that run was not made or failed.
     changes: tuple[Sample, ...] | None = None

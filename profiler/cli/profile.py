@@ -26,6 +26,7 @@ from collectors.pyspy import (
     PtraceDenied,
     PySpy,
     SamplingError,
+    SamplingPlan,
     TargetGone,
     UnsupportedPython,
 )
@@ -347,7 +348,11 @@ def new_session(
     return ProfileSession(
         pid,
         classifier=classifier,
-        rate_hz=args.rate,
+        plan=SamplingPlan(
+            rate_hz=args.rate,
+            on_cpu_run=args.on_cpu_run,
+            timing_rate_hz=timing_rate_hz(args.timing_rate, args.rate),
+        ),
         window_s=args.window,
         duration_s=duration_s,
         command=command,
@@ -358,8 +363,6 @@ def new_session(
         follow_children=not args.no_children,
         root_exit_check=(lambda: proc.poll() is not None) if proc is not None else None,
         root_may_be_wrapper=root_may_be_wrapper,
-        on_cpu_run=args.on_cpu_run,
-        timing_rate_hz=timing_rate_hz(args.timing_rate, args.rate),
     )
 
 

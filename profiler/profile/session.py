@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol, TextIO
 
@@ -37,6 +37,7 @@ from collectors.pyspy import (
     NotPython,
     PySpy,
     SamplingError,
+    SamplingPlan,
     StopEvent,
     TargetGone,
     precheck,
@@ -58,6 +59,9 @@ BIN_S = 1.0  # time resolution of the per-codepath CPU bins used for the share i
 MAX_UNMAPPED_THREADS = 4096
 # a window that ran this long before it failed as its target exited had samples to lose
 LOST_WINDOW_MIN_S = 1.0
+# counted runs at py-spy's default rate, an on-CPU run beside the --idle one, no
+# stack-change run (`serwatt profile` adds one: profiler/cli/profile.py)
+SESSION_PLAN = SamplingPlan(on_cpu_run=True)
 
 
 class SessionSink(Protocol):
@@ -203,7 +207,7 @@ class ProfileSession:
         root_pid: int,
         *,
         classifier: ClassifierLike,
-        rate_hz: float = 50.0,
+        plan: SamplingPlan = SESSION_PLAN,
         window_s: float = 5.0,
         duration_s: float | None = None,
         command: str | None = None,
@@ -216,12 +220,11 @@ class ProfileSession:
         strict_root: bool = True,
         root_exit_check: Callable[[], bool] | None = None,
         root_may_be_wrapper: bool = False,
-        on_cpu_run: bool = True,
-        timing_rate_hz: float | None = None,
     ) -> None:
-        """timing_rate_hz: the rate of the py-spy run that times episode edges by stack
-        changes (None: none; profiler.sampling.collect.default_timing_rate_hz is what
-        `serwatt profile` uses).
+        """plan: the root's windows' py-spy runs (collectors/pyspy/plan.py); its
+        timing_rate_hz is the stack-change run's budget the tree shares (_plan_for; None:
+        no such run; profiler.sampling.collect.default_timing_rate_hz is what `serwatt
+        profile` uses).
         strict_root: a SamplingError on the root's first window is raised from run()
         (bad --pid, free-threaded build, no ptrace permission); otherwise it is counted.
         root_may_be_wrapper: a root that is not Python (a shell or wrapper launched by
@@ -230,7 +233,7 @@ class ProfileSession:
         reap it: a zombie still shows in /proc)."""
         self.root_pid = root_pid
         self.classifier = classifier
-        self.rate_hz = rate_hz
+        self.plan = plan
         self.window_s = window_s
         self.duration_s = duration_s
         self.pyspy = pyspy if pyspy is not None else PySpy()
@@ -244,8 +247,6 @@ class ProfileSession:
         self.strict_root = strict_root
         self.root_exit_check = root_exit_check
         self.root_may_be_wrapper = root_may_be_wrapper
-        self.on_cpu_run = on_cpu_run
-        self.timing_rate_hz = timing_rate_hz
         self._timing_pid: int | None = root_pid  # the one target the stack-change run samples
         if command is None:
             try:
@@ -256,7 +257,7 @@ class ProfileSession:
             root_pid=root_pid,
             command=command,
             started_at=time.time(),
-            rate_hz=rate_hz,
+            rate_hz=plan.rate_hz,
             window_s=window_s,
             procfs=procfs,
         )
@@ -303,12 +304,10 @@ class ProfileSession:
                 raw = collect_window(
                     pid,
                     duration_s=dur,
-                    rate_hz=self.rate_hz,
+                    plan=self._plan_for(pid),
                     pyspy=self.pyspy,
                     procfs=self.procfs,
                     stop_event=self._stop,
-                    on_cpu_run=self.on_cpu_run,
-                    timing_rate_hz=self._timing_rate_for(pid),
                 )
             except TargetGone as exc:
                 self._lost_at_exit(stats, exc, time.monotonic() - began)
@@ -351,25 +350,27 @@ class ProfileSession:
             if self._timing_pid == pid:
                 self._timing_pid = None  # the next target to start a window takes it
 
-    def _timing_rate_for(self, pid: int) -> float | None:
-        """The stack-change run's rate for `pid`'s next window. One target of the tree has
-        the run: the root, or, once the root has stopped being sampled (a wrapper that is
-        not Python, or it exited), the next target to ask. Its rate is a budget the tree
-        shares: timing_rate_hz over the processes in the tree, never below the counted
-        runs' rate. Every process of a DataLoader tree with its own run at 4x the rate cost
-        a 2-CPU node 45% of the job's steps (issue 22); the other targets get the counted
-        runs."""
-        if self.timing_rate_hz is None:
-            return None
+    def _plan_for(self, pid: int) -> SamplingPlan:
+        """The plan of `pid`'s next window: the session's, with its stack-change run only
+        for one target of the tree: the root, or, once the root has stopped being sampled
+        (a wrapper that is not Python, or it exited), the next target to ask. That run's
+        rate is a budget the tree shares: timing_rate_hz over the processes in the tree,
+        never below the counted runs' rate. Every process of a DataLoader tree with its own
+        run at 4x the rate cost a 2-CPU node 45% of the job's steps (issue 22); the other
+        targets get the counted runs."""
+        budget = self.plan.timing_rate_hz
+        if budget is None:
+            return self.plan
         with self._lock:
             if self._timing_pid is None:
                 self._timing_pid = pid
             if self._timing_pid != pid:
-                return None
+                return replace(self.plan, timing_rate_hz=None)
         tree = (
             1 + len(procstat.descendants(self.root_pid, self.procfs)) if self.follow_children else 1
         )
-        return max(min(self.rate_hz, self.timing_rate_hz), self.timing_rate_hz / tree)
+        rate = max(min(self.plan.rate_hz, budget), budget / tree)
+        return replace(self.plan, timing_rate_hz=rate)
 
     def _finisher(self) -> None:
         while True:

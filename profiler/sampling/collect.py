@@ -3,10 +3,11 @@
 `sample_window` is the unit the profile session and the daemon both run:
 
 1. CPU snapshot of every thread of the target (collectors.procstat, with context-switch
-   counts), and a poller that keeps snapshotting every `poll_s` during the window (a
+   counts), and a poller that keeps snapshotting every `plan.poll_s` during the window (a
    per-thread series of CPU and run-queue wait: it lets weighting give CPU to busy
    moments, not to sleeps, and to running, not to waiting for a CPU);
-2. one py-spy window (collectors.pyspy), samples timed on the host clock;
+2. one py-spy window (collectors.pyspy: the runs a SamplingPlan names), samples timed on
+   the host clock;
 3. CPU snapshot after; a thread's CPU delta, run-queue wait and the voluntary share of
    its switches are measured from the first to the last snapshot;
 4. each sample classified; each thread's CPU delta spread over its samples by the
@@ -35,7 +36,7 @@ from pathlib import Path
 from typing import Protocol
 
 from collectors import procstat
-from collectors.pyspy import PySpy, SamplingError, TargetGone, WindowSamples
+from collectors.pyspy import PySpy, SamplingError, SamplingPlan, TargetGone, WindowSamples
 from collectors.pyspy.chrometrace import resolve_changes
 from collectors.samples import Sample
 from profiler.classify.codepaths import Classification
@@ -151,19 +152,15 @@ def collect_window(
     pid: int,
     *,
     duration_s: float,
-    rate_hz: float,
+    plan: SamplingPlan,
     pyspy: PySpy | None = None,
     procfs: Path = Path("/proc"),
     stop_event: threading.Event | None = None,
-    poll_s: float = 0.1,
-    on_cpu_run: bool = True,
-    idle_rate_hz: float | None = None,
-    timing_rate_hz: float | None = None,
 ) -> RawWindow:
-    """The time-critical half of a window: CPU snapshots around one py-spy window.
-    idle_rate_hz: the --idle run's rate when on_cpu_run; timing_rate_hz: the stack-change
-    run's rate, None for none (PySpy.record_window)."""
+    """The time-critical half of a window: CPU snapshots every plan.poll_s around the
+    py-spy runs `plan` names (collectors/pyspy/plan.py)."""
     spy = pyspy if pyspy is not None else PySpy()
+    poll_s = plan.poll_s
     try:
         before = procstat.snapshot(pid, procfs, switches=True)
     except procstat.ProcessGone as exc:
@@ -176,14 +173,7 @@ def collect_window(
     poller.start()
     try:
         window = spy.record_window(
-            pid,
-            duration_s=duration_s,
-            rate_hz=rate_hz,
-            stop_event=stop_event,
-            procfs=procfs,
-            on_cpu_run=on_cpu_run,
-            idle_rate_hz=idle_rate_hz,
-            timing_rate_hz=timing_rate_hz,
+            pid, duration_s=duration_s, plan=plan, stop_event=stop_event, procfs=procfs
         )
     finally:
         poller.stop()
@@ -204,7 +194,7 @@ def collect_window(
         process_cpu = max(0.0, process_after - process_before)
     return RawWindow(
         pid=pid,
-        rate_hz=rate_hz,
+        rate_hz=plan.rate_hz,
         poll_s=poll_s,
         procfs=procfs,
         window=window,
@@ -496,38 +486,22 @@ def sample_window(
     pid: int,
     *,
     duration_s: float,
-    rate_hz: float,
     classifier: ClassifierLike,
+    plan: SamplingPlan,
     pyspy: PySpy | None = None,
     procfs: Path = Path("/proc"),
     stop_event: threading.Event | None = None,
-    poll_s: float = 0.1,
-    on_cpu_run: bool = True,
-    idle_rate_hz: float | None = None,
-    timing_rate_hz: float | None = None,
 ) -> WindowReport:
-    """Sample one window of `pid` (blocking). Raises collectors.pyspy.SamplingError
-    subclasses (TargetGone, NotPython, UnsupportedPython, PtraceDenied).
+    """Sample one window of `pid` (blocking) with the runs `plan` names. Raises
+    collectors.pyspy.SamplingError subclasses (TargetGone, NotPython, UnsupportedPython,
+    PtraceDenied).
 
     A target that exits mid-window yields the samples taken so far (`exited=True`).
-    on_cpu_run: run a second py-spy without --idle so CPU goes to on-CPU samples
-    (right for threads that alternate work and waits, or share the GIL); the --idle
-    run then samples at idle_rate_hz (None: rate_hz). timing_rate_hz: a stack-change
-    run at that rate times episode boundaries (None: none).
     Callers that must keep windows back to back (the profile session) run
     collect_window and finish_window on different threads instead.
     """
     raw = collect_window(
-        pid,
-        duration_s=duration_s,
-        rate_hz=rate_hz,
-        pyspy=pyspy,
-        procfs=procfs,
-        stop_event=stop_event,
-        poll_s=poll_s,
-        on_cpu_run=on_cpu_run,
-        idle_rate_hz=idle_rate_hz,
-        timing_rate_hz=timing_rate_hz,
+        pid, duration_s=duration_s, plan=plan, pyspy=pyspy, procfs=procfs, stop_event=stop_event
     )
     return finish_window(raw, classifier)
 

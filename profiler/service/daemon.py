@@ -54,6 +54,7 @@ from profiler.service.pools import (
     Sampler,
     SamplerPool,
     SamplingJob,
+    daemon_plan,
 )
 from profiler.service.run_checkpoints import RunCheckpoints
 from profiler.service.sdnotify import SdNotifier
@@ -429,11 +430,11 @@ class Daemon:
                 run_id=t.proc.run_id,
                 pid=t.proc.pid,
                 window_s=cfg.window_s,
-                rate_hz=self._governor.rate_hz,
-                started_mono=now,
-                timing_rate_hz=(
-                    self._governor.scaled(cfg.timing_rate_hz) if cfg.timing_rate_hz > 0 else None
+                plan=daemon_plan(
+                    self._governor.rate_hz,
+                    self._governor.scaled(cfg.timing_rate_hz) if cfg.timing_rate_hz > 0 else None,
                 ),
+                started_mono=now,
             )
             # bound now: a reload while the window runs changes neither
             classifiers, sampler = self._classifiers, self._sampler

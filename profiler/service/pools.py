@@ -10,13 +10,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from collectors.pyspy import PySpy, StopEvent
+from collectors.pyspy import PySpy, SamplingPlan, StopEvent
 from profiler.classify.classifier import Classifier
 from profiler.sampling.collect import sample_window
 from profiler.sampling.window import WindowReport
 from profiler.service.config import Config
 
-# Per-thread CPU snapshots during a window (sample_window's poll_s). Each snapshot
+# Per-thread CPU snapshots during a window (SamplingPlan.poll_s). Each snapshot
 # reads /proc/<pid>/task/*/stat (+ schedstat) of every thread (~0.14 ms of CPU for a
 # one-thread target, more per thread); at the sampler's 0.1 s default 8 targets cost
 # 1-7% of a core on the reference VM depending on load (docs/daemon.md). 0.5 s
@@ -34,6 +34,18 @@ ON_CPU_RUN = True
 IDLE_RUN_RATE_HZ = 10.0
 
 
+def daemon_plan(rate_hz: float, timing_rate_hz: float | None) -> SamplingPlan:
+    """A daemon window's runs: the on-CPU run at `rate_hz`, the --idle run at
+    min(rate_hz, IDLE_RUN_RATE_HZ), the stack-change run at `timing_rate_hz` (None: none)."""
+    return SamplingPlan(
+        rate_hz=rate_hz,
+        on_cpu_run=ON_CPU_RUN,
+        idle_rate_hz=min(rate_hz, IDLE_RUN_RATE_HZ),
+        timing_rate_hz=timing_rate_hz,
+        poll_s=CPU_POLL_S,
+    )
+
+
 @dataclass
 class SamplingJob:
     """One py-spy window of one process, run on a sampling thread."""
@@ -43,9 +55,8 @@ class SamplingJob:
     run_id: str
     pid: int
     window_s: float
-    rate_hz: float  # the on-CPU run's; the --idle run's is min(rate_hz, IDLE_RUN_RATE_HZ)
+    plan: SamplingPlan  # daemon_plan(): the governor's rate when the window was set
     started_mono: float
-    timing_rate_hz: float | None = None  # the stack-change run's (None: none)
     # wakes the window's py-spy supervision at once when set (collectors/pyspy/runner.py)
     stop: threading.Event = field(default_factory=StopEvent)
     done: threading.Event = field(default_factory=threading.Event)
@@ -136,13 +147,9 @@ class PySpyWindows:
         return sample_window(
             job.pid,
             duration_s=job.window_s,
-            rate_hz=job.rate_hz,
             classifier=classifier,
+            plan=job.plan,
             procfs=self.procfs,
             stop_event=job.stop,
-            poll_s=CPU_POLL_S,
-            on_cpu_run=ON_CPU_RUN,
-            idle_rate_hz=min(job.rate_hz, IDLE_RUN_RATE_HZ),
-            timing_rate_hz=job.timing_rate_hz,
             pyspy=self.pyspy,
         )
