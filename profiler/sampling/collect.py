@@ -38,13 +38,14 @@ from typing import Protocol
 from collectors import procstat
 from collectors.pyspy import PySpy, SamplingError, SamplingPlan, TargetGone, WindowSamples
 from collectors.pyspy.chrometrace import resolve_changes
-from collectors.samples import Sample
+from collectors.samples import Sample, SamplerErrors
 from profiler.classify.codepaths import Classification
-from profiler.classify.durability import reader_for
+from profiler.classify.durability import DurabilityReader, reader_for
 from profiler.sampling.weighting import (
     CpuSeries,
     Phases,
     RunqueueWeights,
+    Weighting,
     codepath_windows,
     distribute_cpu,
     runqueue_weights,
@@ -276,18 +277,93 @@ def _classify_counts(classifier: ClassifierLike, durability: object) -> tuple[in
     return not_ready, getattr(stats, "sources_too_costly", 0)
 
 
+@dataclass
+class _Classified:
+    """A window's samples with their classifications (finish_window's first step).
+
+    carriers: the samples that carry CPU, in the order distribute_cpu weighs them: the
+    on-CPU run's (the first n_on_cpu, when it ran), then --idle samples of threads it
+    did not see, then (the last len(held_s)) stack changes of threads neither counted
+    run caught, each weighted by the time it held."""
+
+    window: WindowSamples  # the stack changes resolved
+    proc_root: Path | None  # None: the target exited, sources read from host paths
+    durability: DurabilityReader
+    deadline: float
+    counts_before: tuple[int, int]
+    labels: list[Classification]  # of window.samples
+    carriers: list[Sample]
+    carrier_labels: list[Classification]
+    n_on_cpu: int
+    on_cpu_tids: set[int | None]
+    changes: tuple[TimedLabel, ...]
+    held_s: list[float]
+    uncounted_tids: set[int | None]
+
+
+@dataclass(frozen=True)
+class _Weighed:
+    """Where the window's CPU went (finish_window's second step)."""
+
+    thread_cpu_s: dict[int, tuple[tuple[float, float], ...]]
+    rq: RunqueueWeights | None
+    weighting: Weighting  # one CPU share per carrier
+    total_cpu_s: float
+    wall_s: float
+
+
 def finish_window(
     raw: RawWindow, classifier: ClassifierLike, *, deadline_s: float | None = None
 ) -> WindowReport:
-    """The CPU-bound half: classify every sample, weight, aggregate.
+    """The CPU-bound half: classify every sample, weight, build the timelines, and say in
+    notes what the window could not see.
 
     deadline_s: how long classification may wait for source files (None:
     CLASSIFY_DEADLINE_S); what was not ready by then is counted in the report's
     `classify_errors`."""
     deadline = time.monotonic() + (CLASSIFY_DEADLINE_S if deadline_s is None else deadline_s)
+    got = _classify(raw, classifier, deadline)
+    weighed = _weigh(raw, got)
+    window = got.window
+    timeline, cpu_timeline = _timelines(got, weighed)
+    codepaths = codepath_windows(
+        got.labels,
+        weighed.weighting.cpu_s,
+        total_cpu_s=weighed.total_cpu_s,
+        wall_s=weighed.wall_s,
+        ticks=window.ticks,
+        cpu_classifications=got.carrier_labels,
+    )
+    errors, classify_errors = _notes(raw, got, weighed, classifier)
+    return WindowReport(
+        pid=raw.pid,
+        started_at=window.started_at,
+        ended_at=window.ended_at,
+        rate_hz=raw.rate_hz,
+        cpu_s=weighed.total_cpu_s,
+        codepaths=codepaths,
+        timeline=timeline,
+        errors=errors,
+        python=raw.python,
+        exited=raw.exited,
+        cpu_timeline=cpu_timeline,
+        timeline_period_s=weighed.wall_s / window.ticks if window.ticks > 0 else 0.0,
+        classify_errors=classify_errors,
+        changes=got.changes if window.changes is not None else None,
+        changes_period_s=1.0 / window.changes_rate_hz if window.changes_rate_hz > 0 else 0.0,
+        changes_end=window.changes_end,
+        changes_clock_s=window.changes_clock_s,
+        thread_cpu_s=weighed.thread_cpu_s,
+        unmapped_threads=unmapped_threads(raw, weighed.weighting.unsampled_per_tid_s),
+        exited_unsampled_cpu_s=weighed.weighting.exited_unsampled_s,
+    )
+
+
+def _classify(raw: RawWindow, classifier: ClassifierLike, deadline: float) -> _Classified:
+    """Every sample of the window classified, and the samples that carry its CPU chosen."""
     durability = reader_for(classifier)
     counts_before = _classify_counts(classifier, durability)
-    window, cpu, pid, procfs = resolve_changes(raw.window), raw.cpu, raw.pid, raw.procfs
+    window, pid, procfs = resolve_changes(raw.window), raw.pid, raw.procfs
     proc_root: Path | None = procfs / str(pid) / "root"
     if not procstat.exists(pid, procfs):
         # /proc/<pid>/root died with the target; the call-site rules still need its
@@ -298,26 +374,22 @@ def finish_window(
     durability.prepare(
         (s.frames for s in (*(window.changes or ()), *window.samples)), proc_root, deadline
     )
-    labels = [
-        classifier.classify(s, proc_root=proc_root, deadline=deadline) for s in window.samples
-    ]
-    series = _series(list(raw.snapshots), cpu.source == "schedstat")
-    thread_cpu_s = {tid: tuple(zip(ser.t, ser.cpu_s, strict=True)) for tid, ser in series.items()}
-    idle_series = series
+
+    def classify(s: Sample) -> Classification:
+        return classifier.classify(s, proc_root=proc_root, deadline=deadline)
+
+    labels = [classify(s) for s in window.samples]
     on_cpu_tids: set[int | None] = set()
     if window.on_cpu is not None:
         on_cpu_tids = {s.tid for s in window.on_cpu if s.tid is not None}
         carriers = [s for s in window.on_cpu if s.tid is not None]
         n_on_cpu = len(carriers)  # the carriers' prefix that runqueue_weights weighs
-        carrier_labels = [
-            classifier.classify(s, proc_root=proc_root, deadline=deadline) for s in carriers
-        ]
+        carrier_labels = [classify(s) for s in carriers]
         # threads with CPU but no on-CPU sample (and unmapped ones) use --idle samples
         for s, c in zip(window.samples, labels, strict=True):
             if s.tid not in on_cpu_tids:
                 carriers.append(s)
                 carrier_labels.append(c)
-        idle_series = {tid: ser for tid, ser in series.items() if tid not in on_cpu_tids}
     else:
         carriers = list(window.samples)
         carrier_labels = list(labels)
@@ -334,20 +406,35 @@ def finish_window(
         )
         for s in window.changes or ()
         if not s.partial
-        for c in (classifier.classify(s, proc_root=proc_root, deadline=deadline),)
+        for c in (classify(s),)
     )
-    sigma = window_time_sigma_s(window)
-    half_width = max(2 * raw.poll_s, sigma)
     # a thread the counted runs never caught (one that lived a few ms) but the stack-change
     # run did: its stack changes are its samples, each weighted by the time it held
-    n_counted = len(carriers)
     uncounted, held_s = _uncounted_changes(window, {s.tid for s in carriers})
-    uncounted_tids = {s.tid for s in uncounted}
     carriers.extend(uncounted)
-    carrier_labels.extend(
-        classifier.classify(s, proc_root=proc_root, deadline=deadline) for s in uncounted
-    )
-    idle_series = {tid: ser for tid, ser in idle_series.items() if tid not in uncounted_tids}
+    carrier_labels.extend(classify(s) for s in uncounted)
+    return _Classified(
+        window=window, proc_root=proc_root, durability=durability, deadline=deadline,
+        counts_before=counts_before, labels=labels, carriers=carriers,
+        carrier_labels=carrier_labels, n_on_cpu=n_on_cpu, on_cpu_tids=on_cpu_tids,
+        changes=changes, held_s=held_s, uncounted_tids={s.tid for s in uncounted},
+    )  # fmt: skip
+
+
+def _weigh(raw: RawWindow, got: _Classified) -> _Weighed:
+    """Each thread's CPU spread over its carriers (profiler/sampling/weighting.py). The
+    on-CPU carriers' times move to when their thread ran (runqueue_weights), in place."""
+    window, cpu, carriers = got.window, raw.cpu, got.carriers
+    series = _series(list(raw.snapshots), cpu.source == "schedstat")
+    thread_cpu_s = {tid: tuple(zip(ser.t, ser.cpu_s, strict=True)) for tid, ser in series.items()}
+    # the --idle carriers' threads: weighted by their polled CPU series
+    idle_series = {
+        tid: ser
+        for tid, ser in series.items()
+        if tid not in got.on_cpu_tids and tid not in got.uncounted_tids
+    }
+    sigma = window_time_sigma_s(window)
+    n_on_cpu, n_counted = got.n_on_cpu, len(carriers) - len(got.held_s)
     prior: list[float] | None = None
     rq: RunqueueWeights | None = None
     if n_on_cpu:
@@ -361,8 +448,8 @@ def finish_window(
             series=series,
             span=(window.started_at, window.ended_at),
             half_width_s=max(raw.poll_s, sigma),
-            phases=_phases(changes, window.changes_end),
-            codepaths=[c.codepath for c in carrier_labels[:n_on_cpu]],
+            phases=_phases(got.changes, window.changes_end),
+            codepaths=[c.codepath for c in got.carrier_labels[:n_on_cpu]],
         )
         prior = [*rq.weights, *([1.0] * (n_counted - n_on_cpu))]
         carriers[:n_on_cpu] = [
@@ -371,27 +458,33 @@ def finish_window(
     seen = [*window.samples, *(window.on_cpu or ()), *(window.changes or ())]
     exited = exited_threads_cpu(raw, [s.tid for s in seen])
     per_tid_s = {**exited.per_tid_s, **cpu.per_tid_s}
-    total_cpu_s = sum(per_tid_s.values()) + exited.pool_s
-    if uncounted:
-        prior = [*(prior or [1.0] * n_counted), *held_s]
+    if got.held_s:
+        prior = [*(prior or [1.0] * n_counted), *got.held_s]
     weighting = distribute_cpu(
-        _lone_unmapped_as_main(carriers, pid, per_tid_s),
+        _lone_unmapped_as_main(carriers, raw.pid, per_tid_s),
         per_tid_s,
         exited_cpu_s=exited.pool_s,
         series=idle_series,
-        half_width_s=half_width,
+        half_width_s=max(2 * raw.poll_s, sigma),
         prior=prior,
     )
-    wall_s = max(0.0, window.ended_at - window.started_at)
-    codepaths = codepath_windows(
-        labels,
-        weighting.cpu_s,
-        total_cpu_s=total_cpu_s,
-        wall_s=wall_s,
-        ticks=window.ticks,
-        cpu_classifications=carrier_labels,
+    return _Weighed(
+        thread_cpu_s=thread_cpu_s,
+        rq=rq,
+        weighting=weighting,
+        total_cpu_s=sum(per_tid_s.values()) + exited.pool_s,
+        wall_s=max(0.0, window.ended_at - window.started_at),
     )
-    cpu_of = {id(s): w for s, w in zip(carriers, weighting.cpu_s, strict=True)}
+
+
+def _timelines(
+    got: _Classified, weighed: _Weighed
+) -> tuple[tuple[TimedLabel, ...], tuple[TimedLabel, ...]]:
+    """The --idle timeline (every thread at every tick, with its durability tag and the
+    CPU its sample carries) and the CPU timeline (every carrier with its CPU)."""
+    window, durability = got.window, got.durability
+    cpu_s = weighed.weighting.cpu_s
+    cpu_of = {id(s): w for s, w in zip(got.carriers, cpu_s, strict=True)}
     timeline = tuple(
         TimedLabel(
             t=s.t,
@@ -401,10 +494,10 @@ def finish_window(
             active=s.active,
             cpu_s=cpu_of.get(id(s), 0.0),
             low_confidence=c.low_confidence,
-            durability=durability.kind(s.frames, proc_root, deadline),
+            durability=durability.kind(s.frames, got.proc_root, got.deadline),
             direction=c.direction,
         )
-        for s, c in zip(window.samples, labels, strict=True)
+        for s, c in zip(window.samples, got.labels, strict=True)
     )
     cpu_timeline = tuple(
         TimedLabel(
@@ -412,20 +505,29 @@ def finish_window(
             tid=s.tid,
             thread_id=s.thread_id,
             codepath=c.codepath,
-            active=True if window.on_cpu is not None and s.tid in on_cpu_tids else s.active,
+            active=True if window.on_cpu is not None and s.tid in got.on_cpu_tids else s.active,
             cpu_s=w,
             low_confidence=c.low_confidence,
             direction=c.direction,
         )
-        for s, c, w in zip(carriers, carrier_labels, weighting.cpu_s, strict=True)
+        for s, c, w in zip(got.carriers, got.carrier_labels, cpu_s, strict=True)
     )
+    return timeline, cpu_timeline
+
+
+def _notes(
+    raw: RawWindow, got: _Classified, weighed: _Weighed, classifier: ClassifierLike
+) -> tuple[SamplerErrors, dict[str, int]]:
+    """The window's errors with a note for each thing it could not see or had to estimate,
+    and its classify errors (lookups not waited for, files too costly to index)."""
+    window, cpu, rq, weighting = got.window, raw.cpu, weighed.rq, weighed.weighting
     errors = window.errors
     notes = list(errors.notes)
     notes.append(f"cpu source {cpu.source}")
     if window.on_cpu is not None:
         notes.append(
-            f"cpu carried by on-CPU samples for {len(on_cpu_tids)} thread(s)"
-            if on_cpu_tids
+            f"cpu carried by on-CPU samples for {len(got.on_cpu_tids)} thread(s)"
+            if got.on_cpu_tids
             else "no on-CPU samples usable (py-spy knows no kernel tid): cpu on --idle samples"
         )
         if window.on_cpu_errors is not None:
@@ -440,7 +542,7 @@ def finish_window(
             f"{weighting.exited_pool_s:.3f} cpu_s of exited threads on the samples of "
             "threads without a live CPU count"
         )
-    if proc_root is None:
+    if got.proc_root is None:
         notes.append("target exited: sources read from host paths")
     unreadable = {tid for snap in raw.snapshots for tid, _ in snap.unreadable}
     if unreadable:
@@ -449,7 +551,10 @@ def finish_window(
         kept = "kept from the process's CPU" if raw.process_cpu_s is not None else "lost"
         notes.append(f"{len(cpu.exited_tids)} thread(s) exited mid-window (their CPU {kept})")
     not_ready, too_costly = (
-        a - b for a, b in zip(_classify_counts(classifier, durability), counts_before, strict=True)
+        a - b
+        for a, b in zip(
+            _classify_counts(classifier, got.durability), got.counts_before, strict=True
+        )
     )
     classify_errors: dict[str, int] = {}
     if not_ready:
@@ -458,28 +563,7 @@ def finish_window(
     if too_costly:
         classify_errors["source_too_costly"] = too_costly
         notes.append(f"{too_costly} source file(s) too costly to index: samples there `other`")
-    return WindowReport(
-        pid=pid,
-        started_at=window.started_at,
-        ended_at=window.ended_at,
-        rate_hz=raw.rate_hz,
-        cpu_s=total_cpu_s,
-        codepaths=codepaths,
-        timeline=timeline,
-        errors=replace(errors, notes=tuple(notes)),
-        python=raw.python,
-        exited=raw.exited,
-        cpu_timeline=cpu_timeline,
-        timeline_period_s=wall_s / window.ticks if window.ticks > 0 else 0.0,
-        classify_errors=classify_errors,
-        changes=changes if window.changes is not None else None,
-        changes_period_s=1.0 / window.changes_rate_hz if window.changes_rate_hz > 0 else 0.0,
-        changes_end=window.changes_end,
-        changes_clock_s=window.changes_clock_s,
-        thread_cpu_s=thread_cpu_s,
-        unmapped_threads=unmapped_threads(raw, weighting.unsampled_per_tid_s),
-        exited_unsampled_cpu_s=weighting.exited_unsampled_s,
-    )
+    return replace(errors, notes=tuple(notes)), classify_errors
 
 
 def sample_window(
