@@ -147,7 +147,7 @@ def test_read_bounded_refuses_what_a_file_argument_must_not_be(tmp_path: Path) -
 def test_classifier_explain_tool_on_a_fifo_and_deep_json(tmp_path: Path, fifo: Path) -> None:
     def explain(path: Path) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "profiler.classify.classifier", str(path)],
+            [sys.executable, "-m", "profiler", "classify", str(path)],
             cwd=REPO, capture_output=True, text=True, timeout=DEADLINE_S,
             stdin=subprocess.DEVNULL, preexec_fn=_limit_memory,
         )  # fmt: skip

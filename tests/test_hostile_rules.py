@@ -120,7 +120,7 @@ def test_a_fifo_rule_file_is_refused_not_waited_on(tmp_path: Path) -> None:
     os.mkfifo(fifo)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run(
-        [sys.executable, "-m", "profiler.classify.rules", str(fifo)],
+        [sys.executable, "-m", "profiler", "check-rules", str(fifo)],
         capture_output=True, text=True, timeout=30, env=env,
     )  # fmt: skip
     assert done.returncode == 78, done.stderr

@@ -223,3 +223,36 @@ def test_an_http_error_body_is_escaped(capsys, prometheus, code) -> None:
     assert_no_raw_controls(ran.stderr)
     assert "overloaded\\x1b]0;PWNED\\x07\\x1b[2J" in ran.stderr
     assert ran.stderr.count("\n") == 1
+
+
+def test_serwatt_classify_escapes_the_targets_thread_and_frame_names(capsys, tmp_path) -> None:
+    """A dump's names are the target's: a frame named with a terminal sequence, a thread
+    name with a line break. The decided frame is a json call site in a real file."""
+    src = tmp_path / "job.py"
+    src.write_text("import json\ndef step(d):\n    return json.dumps(d)\n")
+    dump = tmp_path / "dump.json"
+    dump.write_text(json.dumps([
+        {"thread_id": 1, "os_thread_id": 4242, "thread_name": f"Main\n{CLEAR}",
+         "frames": [{"name": f"step{TITLE}", "filename": str(src), "line": 3}]},
+    ]))  # fmt: skip
+    ran = serwatt(capsys, "classify", str(dump))
+    assert ran.returncode == 0, ran.stderr
+    assert_no_raw_controls(ran.stdout)
+    lines = ran.stdout.splitlines()
+    assert lines[0].startswith("thread 4242 'Main\\n\\x1b[2J\\x1b[H': json  rule="), lines
+    assert lines[1].startswith(f"    decided by frame 0: step\\x1b]0;PWNED\\x07 ({src}:3)"), lines
+    assert len(lines) == 2
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [("{}", "expected a JSON list of threads"), ("[1]", "thread 0 is not an object"),
+     ('[{"frames": [{"line": 1}]}]', "thread 0: bad frame")],
+)  # fmt: skip
+def test_serwatt_classify_refuses_what_is_not_a_dump(capsys, tmp_path, text, why) -> None:
+    dump = tmp_path / "dump.json"
+    dump.write_text(text)
+    ran = serwatt(capsys, "classify", str(dump))
+    assert ran.returncode == 2 and ran.stdout == "", ran
+    assert ran.stderr.startswith("serwatt classify: error: not `py-spy dump --json` output: ")
+    assert why in ran.stderr and ran.stderr.count("\n") == 1, ran.stderr

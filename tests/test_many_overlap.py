@@ -403,7 +403,7 @@ def test_the_step_wait_is_a_many_sample_on_the_training_thread(tmp_path: Path) -
         main = next(t for t in json.loads(out.stdout) if t.get("thread_name") == "MainThread")
         assert any(f["name"].endswith("_before_step") for f in main["frames"]), main
         explained = subprocess.run(
-            [sys.executable, "-m", "profiler.classify.classifier", str(dump)],
+            [sys.executable, "-m", "profiler", "classify", str(dump)],
             capture_output=True, text=True, timeout=60, cwd=REPO,
         )  # fmt: skip
         assert explained.returncode == 0, explained.stderr

@@ -148,15 +148,15 @@ def test_end_to_end_through_sample_window(target: tuple[str, Path], kind: str, e
 def test_explain_command_on_a_live_process(
     target: tuple[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`python -m profiler.classify.classifier --pid P`: real py-spy dump, reasons per thread."""
-    from profiler.classify.classifier import main
+    """`serwatt classify --pid P`: real py-spy dump, reasons per thread."""
+    from profiler.cli.main import main
 
     _name, python = target
     out = ""
     with harness.running(python, "protobuf_serialize") as pid:
         # A nonblocking dump can race the target, or catch the loop's own line: retry.
         for _ in range(10):
-            main(["--pid", str(pid)])
+            assert main(["classify", "--pid", str(pid)]) == 0
             out = capsys.readouterr().out
             if "protobuf  rule=protobuf.method" in out:
                 break

@@ -247,7 +247,8 @@ def test_arbitrary_text_never_crashes_the_loader(text: str) -> None:
 
 
 def test_check_rules_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from profiler.classify.rules import main
+    """`serwatt check-rules`: 0 and each file's rule ids, 78 with file:line, 2 for no file."""
+    from profiler.cli.main import main
 
     good = write(
         tmp_path,
@@ -255,9 +256,14 @@ def test_check_rules_command(tmp_path: Path, capsys: pytest.CaptureFixture[str])
         "    layer: callsite\n    calls: [fastser.encode]\n",
         "good.yaml",
     )
-    assert main([str(good)]) == 0
-    assert f"ok: {good}: 1 rule(s): team.x" in capsys.readouterr().out
+    assert main(["check-rules", str(good)]) == 0
+    assert capsys.readouterr().out == f"ok: {good}: 1 rule(s): team.x\n"
     bad = write(tmp_path, f"schema: {SCHEMA}\nrules:\n  - id: a\n    codepath: nope\n", "bad.yaml")
-    assert main([str(good), str(bad)]) == 78
-    assert f"error: {bad}:4: unknown codepath 'nope'" in capsys.readouterr().err
-    assert main([]) == 2
+    assert main(["check-rules", str(good), str(bad)]) == 78
+    err = capsys.readouterr().err
+    assert err.startswith(f"serwatt check-rules: {bad}:4: unknown codepath 'nope'"), err
+    assert err.count("\n") == 1
+    with pytest.raises(SystemExit) as usage:
+        main(["check-rules"])
+    assert usage.value.code == 2
+    assert "the following arguments are required: FILE" in capsys.readouterr().err

@@ -398,6 +398,29 @@ class PySpy:
             raise SamplingError(f"sampler priority is required but failed: {problem}; {sched.FIX}")
         return problem
 
+    def dump_json(self, pid: int, *, procfs: Path = Path("/proc")) -> str:
+        """One `py-spy dump --json --nonblocking` of `pid` (collectors/pyspy/dump.py parses
+        it). Raises TargetGone, NotPython, UnsupportedPython, PtraceDenied, PySpyMissing or
+        SamplingError, as a window would."""
+        precheck(pid, procfs)
+        try:
+            res = subprocess.run(
+                [str(self.binary), "dump", "--json", "--nonblocking", "--pid", str(pid)],
+                capture_output=True,
+                text=True,
+                errors="replace",
+                timeout=30 + self.kill_grace_s,
+                stdin=subprocess.DEVNULL,
+                env=pyspy_env(),
+            )
+        except OSError as exc:
+            raise PySpyMissing(f"cannot run py-spy at {self.binary}: {exc}") from exc
+        except subprocess.TimeoutExpired as exc:
+            raise SamplingError(f"py-spy dump of pid {pid} did not finish in time") from exc
+        if res.returncode != 0:
+            raise _classify_failure(pid, res.stdout + res.stderr, procfs)
+        return res.stdout
+
     def probe(
         self, pid: int, *, procfs: Path = Path("/proc"), retry_s: float = PROBE_RETRY_S
     ) -> None:

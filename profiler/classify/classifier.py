@@ -36,12 +36,7 @@ resolve: the sample is `other`, low confidence (docs/classification.md).
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import shutil
-import subprocess
-import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -49,12 +44,11 @@ from typing import Any
 
 from collectors import procstat
 from collectors.samples import Frame, Sample
-from profiler import safeio
 from profiler.classify.callsite import MAX_NAME_PARTS, LineCalls
 from profiler.classify.codepaths import OTHER, Classification
 from profiler.classify.direction import UNKNOWN, combined, name_direction
 from profiler.classify.prefilter import CallsitePrefilter
-from profiler.classify.rules import PatternSet, Rule, RuleError, RuleSet, load_rules
+from profiler.classify.rules import PatternSet, Rule, RuleSet, load_rules
 from profiler.classify.source_cache import NOT_READY, SourceCache
 from profiler.classify.source_index import TOO_COSTLY, SourceIndex
 from profiler.classify.target_files import source_path
@@ -599,85 +593,3 @@ class Classifier:
 
 
 # --- `python -m profiler.classify.classifier`: explain what the rules make of a live stack ------
-
-
-def _frames_from_dump(thread: dict[str, Any]) -> tuple[Frame, ...]:
-    return tuple(
-        Frame(
-            str(f["name"]), str(f.get("filename") or ""), int(f.get("line") or 0), f.get("module")
-        )
-        for f in thread.get("frames", [])
-    )
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Explain the classification of every thread of one py-spy snapshot.
-
-    python -m profiler.classify.classifier --pid PID [--rules FILE]...  (runs py-spy dump)
-    python -m profiler.classify.classifier DUMP.json [--proc-root DIR]  (`py-spy dump --json`)
-    """
-    parser = argparse.ArgumentParser(
-        prog="python -m profiler.classify.classifier",
-        description=(main.__doc__ or "").splitlines()[0],
-    )
-    src = parser.add_mutually_exclusive_group(required=True)
-    src.add_argument("--pid", type=int, help="take one `py-spy dump --json` of this process")
-    src.add_argument("dump", nargs="?", type=Path, help="a saved `py-spy dump --json` file")
-    parser.add_argument("--rules", type=Path, action="append", default=[], help="extra rule file")
-    parser.add_argument("--proc-root", type=Path, help="read sources under this root")
-    args = parser.parse_args(argv)
-    try:
-        classifier = Classifier.from_files(args.rules)
-    except RuleError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 78
-    proc_root = args.proc_root
-    if args.pid is not None:
-        pyspy = Path(sys.executable).with_name("py-spy")
-        binary = str(pyspy) if pyspy.exists() else shutil.which("py-spy")
-        if binary is None:
-            print("error: py-spy not found (pip install py-spy)", file=sys.stderr)
-            return 2
-        cmd = [binary, "dump", "--json", "--nonblocking", "--pid", str(args.pid)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-        if proc.returncode != 0:
-            print(f"error: {' '.join(cmd)}: {proc.stderr.strip()}", file=sys.stderr)
-            return 2
-        text = proc.stdout
-        proc_root = proc_root or Path(f"/proc/{args.pid}/root")
-    else:
-        try:  # the one bounded open of a file argument: a FIFO or device is refused
-            text = safeio.read_bounded(args.dump, max_bytes=safeio.MAX_JSON_BYTES).decode()
-        except (safeio.InputFileError, UnicodeDecodeError) as exc:
-            print(f"error: cannot read {args.dump}: {exc}", file=sys.stderr)
-            return 2
-    try:
-        threads = json.loads(text)
-        if not isinstance(threads, list):
-            raise ValueError("expected a JSON list of threads")
-    except RecursionError:
-        print("error: not `py-spy dump --json` output: nested too deeply", file=sys.stderr)
-        return 2
-    except ValueError as exc:
-        print(f"error: not `py-spy dump --json` output: {exc}", file=sys.stderr)
-        return 2
-    for thread in threads:
-        frames = _frames_from_dump(thread)
-        ex = classifier.explain(frames, proc_root=proc_root)
-        c = ex.classification
-        tid = thread.get("os_thread_id") or hex(int(thread.get("thread_id") or 0))
-        print(
-            f"thread {tid} {thread.get('thread_name') or ''!r}: {c.codepath}"
-            f"  rule={c.rule_id or '-'}  confidence={c.confidence}"
-        )
-        if ex.frame_index is not None:
-            f = frames[ex.frame_index]
-            where = f"{f.filename}:{f.line}" if not f.module else os.path.basename(f.module)
-            print(f"    decided by frame {ex.frame_index}: {f.name} ({where}) [{ex.how}]")
-        else:
-            print(f"    {ex.how}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -43,7 +43,6 @@ file, the line and the reason (RuleError).
 from __future__ import annotations
 
 import re
-import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -531,26 +530,3 @@ def parse_rules_text(text: str, name: str = "<rules>") -> RuleSet:
 def builtin_rules_path() -> Path:
     """The packaged rule file (profiler/codepaths.yaml, a link to configs/codepaths.yaml)."""
     return Path(__file__).parents[1] / "codepaths.yaml"
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Check rule files: `python -m profiler.classify.rules FILE...`.
-
-    Exit 0, or 78 with file:line for each problem."""
-    paths = list(sys.argv[1:] if argv is None else argv)
-    if not paths:
-        print("usage: python -m profiler.classify.rules FILE.yaml...", file=sys.stderr)
-        return 2
-    try:
-        rules = load_rules([Path(p) for p in paths], builtin=True)
-    except RuleError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 78
-    for path in paths:
-        ids = [r.id for r in rules.rules if r.origin.startswith(f"{path}:")]
-        print(f"ok: {path}: {len(ids)} rule(s): {', '.join(ids) or '-'}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

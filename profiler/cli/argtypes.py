@@ -17,6 +17,8 @@ from pathlib import Path
 from profiler import safeio
 from profiler.cli.main import UsageError
 
+PID_MAX_LIMIT = 4_194_304  # the kernel's largest pid_max (2**22): the bound of every --pid
+
 
 class Number:
     """`type=` for an option taking an int or a float: finite, and within the bounds given

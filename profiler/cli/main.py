@@ -29,6 +29,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("profiler.cli.demo", "torch.save against .many on a training loop, end to end"),
     "daemon": ("profiler.cli.daemon", "run the per-node service"),
     "check-config": ("profiler.cli.check_config", "validate a daemon config file"),
+    "classify": ("profiler.cli.classify", "explain the codepath of each thread of one snapshot"),
+    "check-rules": ("profiler.cli.check_rules", "validate codepath rule files"),
     "runs": ("profiler.cli.runs", "list and show recorded runs"),
     "report": ("profiler.cli.report", "the A/B report: baseline runs against candidate runs"),
     "ab": ("profiler.cli.ab", "A/B two commands (or torch.save against .many) in one go"),

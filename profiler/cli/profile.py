@@ -33,7 +33,7 @@ from collectors.pyspy import (
 from profiler import safeio
 from profiler.attribution.tracker import EnergyTracker, EnergyUnavailableError
 from profiler.classify.classifier import Classifier
-from profiler.cli.argtypes import Number, check_output_option
+from profiler.cli.argtypes import PID_MAX_LIMIT, Number, check_output_option
 from profiler.cli.main import UsageError
 from profiler.exitcodes import EXIT_OK, EXIT_RUNTIME
 from profiler.many.format import escape_text
@@ -52,7 +52,6 @@ from profiler.sampling.collect import (
 )
 
 BAD_INPUT_ERRORS = (TargetGone, NotPython, UnsupportedPython, PtraceDenied)
-PID_MAX_LIMIT = 4_194_304  # the kernel's largest pid_max (2**22)
 
 
 def add_common_options(parser: argparse.ArgumentParser) -> None:
