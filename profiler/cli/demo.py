@@ -30,16 +30,13 @@ from profiler.cli.main import UsageError
 from profiler.cli.profile import (
     BAD_INPUT_ERRORS,
     add_common_options,
-    document,
-    make_classifier,
-    make_pyspy,
-    new_session,
     run_session,
     validate_common,
     write_outputs,
 )
 from profiler.exitcodes import EXIT_RUNTIME
 from profiler.profile.session import ProfileSession, SessionResult
+from profiler.profile.setup import ProfileSetup
 
 SIDES = (("baseline", "torch"), ("candidate", "many-async"))
 MIXED_WINDOW_S = 5.0  # the `serwatt profile` default
@@ -85,8 +82,7 @@ def _common_defaults() -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     if args.workload == "mixed":
-        validate_common(args)
-        return _mixed(args)
+        return _mixed(args, validate_common(args))
     # the train demo's runs are `serwatt profile` runs made by `serwatt ab`, at its defaults
     given = [k for k, v in _common_defaults().items() if k != "json" and getattr(args, k, v) != v]
     if given:
@@ -158,19 +154,15 @@ def _run_launched(session: ProfileSession, proc: subprocess.Popen[bytes]) -> Ses
             proc.wait()
 
 
-def _mixed(args: argparse.Namespace) -> int:
-    spy = make_pyspy(args)
-    classifier = make_classifier()
+def _mixed(args: argparse.Namespace, setup: ProfileSetup) -> int:
     cmd = [sys.executable, "-m", "profiler.workloads.demo", "--duration", f"{args.duration:g}"]
     print(f"serwatt demo: profiling `{' '.join(cmd)}` at {args.rate:g} Hz", file=sys.stderr)
     proc = subprocess.Popen(cmd)
-    session = new_session(
-        args, proc.pid, spy, classifier, command="python -m profiler.workloads.demo", proc=proc
-    )
+    session = setup.session(proc.pid, command="python -m profiler.workloads.demo", proc=proc)
     result = _run_launched(session, proc)
     if result is None:
         return EXIT_RUNTIME
-    rc = write_outputs(document(result, args), args)
+    rc = write_outputs(setup.document(result), args)
     if proc.returncode != 0:
         print(f"serwatt demo: the workload exited with {proc.returncode}", file=sys.stderr)
         return EXIT_RUNTIME

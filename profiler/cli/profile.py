@@ -24,31 +24,21 @@ from collectors.pyspy import (
     DEFAULT_RATE_HZ,
     NotPython,
     PtraceDenied,
-    PySpy,
     SamplingError,
-    SamplingPlan,
     TargetGone,
     UnsupportedPython,
 )
 from profiler import safeio
-from profiler.attribution.tracker import EnergyTracker, EnergyUnavailableError
-from profiler.classify.classifier import Classifier
 from profiler.cli.argtypes import PID_MAX_LIMIT, Number, check_output_option
 from profiler.cli.main import UsageError
 from profiler.exitcodes import EXIT_OK, EXIT_RUNTIME
 from profiler.many.format import escape_text
-from profiler.profile.checkpoint_sink import CheckpointSink, heuristic_section
-from profiler.profile.document import build_document
-from profiler.profile.energy_sink import EnergySink
-from profiler.profile.record_sink import RecordSink
-from profiler.profile.session import ProfileSession, SessionResult, SessionSink
+from profiler.profile.session import ProfileSession, SessionResult
+from profiler.profile.setup import ProfileOptions, ProfileSetup, SetupError
 from profiler.profile.table import render_table
-from profiler.records.run_ids import check_run_id
-from profiler.records.store import RecordError
 from profiler.sampling.collect import (
     TIMING_RATE_FACTOR,
     TIMING_RATE_MAX_HZ,
-    timing_rate_hz,
 )
 
 BAD_INPUT_ERRORS = (TargetGone, NotPython, UnsupportedPython, PtraceDenied)
@@ -101,7 +91,7 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
         help="sysfs root for RAPL powercap zones (default /sys)",
     )  # fmt: skip
     parser.add_argument(
-        "--tdp", type=Number(float), metavar="W",  # > 0: prepare_energy, as for a config's
+        "--tdp", type=Number(float), metavar="W",  # > 0: checked in profile/setup.py
         help="node CPU TDP in watts for the energy model used when RAPL is unavailable",
     )  # fmt: skip
     parser.add_argument(
@@ -157,8 +147,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
 
 
-def validate_common(args: argparse.Namespace) -> None:
-    """What the options' types (profiler/cli/argtypes.py) cannot check alone."""
+def validate_common(args: argparse.Namespace) -> ProfileSetup:
+    """What the options' types (profiler/cli/argtypes.py) cannot check alone, then the
+    session's parts opened (profiler/profile/setup.py), before any process starts."""
     if args.json is not None:
         parent = args.json.resolve().parent
         if not parent.is_dir():
@@ -168,110 +159,33 @@ def validate_common(args: argparse.Namespace) -> None:
         check_output_option("--json", args.json)
     if args.pyspy is not None and not (args.pyspy.is_file() and os.access(args.pyspy, os.X_OK)):
         raise UsageError(f"--pyspy {args.pyspy}: not an executable file")
-    prepare_energy(args)
-    prepare_record(args)
-
-
-def prepare_record(args: argparse.Namespace) -> None:
-    """Open the --record file before any process starts: a file that is not a run record
-    is bad input (exit 2), and nothing in it is touched."""
-    path = getattr(args, "record", None)
-    run_id = getattr(args, "run_id", None)
-    checkpoints = getattr(args, "checkpoints", None)
-    glob = getattr(args, "checkpoint_glob", None)
-    if glob is not None and checkpoints is None:
-        raise UsageError("--checkpoint-glob names files under --checkpoints DIR: give it too")
-    if checkpoints is not None:
-        if not checkpoints.is_dir():
-            raise UsageError(f"--checkpoints {checkpoints}: not a directory (create it first)")
-        try:
-            args.checkpoint_sink = CheckpointSink(
-                checkpoints, glob=glob, procfs=getattr(args, "procfs", Path("/proc"))
-            )
-        except OSError as exc:
-            raise UsageError(
-                f"--checkpoints {checkpoints}: cannot watch it ({exc.strerror or exc}); "
-                "check permissions and fs.inotify.max_user_instances"
-            ) from None
-    if path is None:
-        if run_id is not None:
-            raise UsageError("--run-id names the run --record writes: give --record FILE too")
-        return
     try:
-        if run_id is not None:
-            check_run_id(run_id)
-        args.record_sink = RecordSink(
-            path,
-            run_id=run_id,
-            tracker=getattr(args, "tracker", None),
-            checkpoints=checkpoints,
-            checkpoint_sink=getattr(args, "checkpoint_sink", None),
-            # the stack-change run's rate sets episodes' resolution: the report compares it
-            config={"timing_rate_hz": timing_rate_hz(args.timing_rate, args.rate)},
-        )
-        if run_id is not None and args.record_sink.recorder.runs(run_id):
-            args.record_sink.recorder.close()
-            raise UsageError(
-                f"--run-id {run_id}: {path} already holds a run of that id; give another "
-                "(a repeat of an A/B side is a run of its own)"
-            )
-    except ValueError as exc:
-        raise UsageError(f"--run-id: {exc}") from exc
-    except RecordError as exc:
-        raise UsageError(f"--record {path}: {exc}") from exc
+        return ProfileSetup.open(profile_options(args))
+    except SetupError as exc:
+        raise UsageError(str(exc)) from None
 
 
-def prepare_energy(args: argparse.Namespace) -> None:
-    """Probe energy collectors before any process starts: a `required` one that is
-    missing, or a bad --path.sysfs / --tdp, is bad input (exit 2), not a late failure."""
-    sysfs = getattr(args, "sysfs", Path("/sys"))
-    if not sysfs.is_dir():
-        raise UsageError(f"--path.sysfs {sysfs}: not a directory (give the sysfs root, e.g. /sys)")
-    tdp = getattr(args, "tdp", None)
-    if tdp is not None and not tdp > 0:
-        raise UsageError(f"--tdp must be > 0 watts, got {tdp:g}")
-    tracker = EnergyTracker(
-        sysfs_root=sysfs,
-        procfs_root=args.procfs,
-        tdp_w=tdp,
-        rapl_mode=getattr(args, "rapl", "auto"),
-        nvml_mode=getattr(args, "nvml", "auto"),
+def profile_options(args: argparse.Namespace) -> ProfileOptions:
+    """The typed options of a command line that has add_common_options' (and maybe
+    configure's --record, --run-id, --checkpoints, --checkpoint-glob)."""
+    return ProfileOptions(
+        rate_hz=args.rate,
+        window_s=args.window,
+        timing_rate_hz=args.timing_rate,
+        on_cpu_run=args.on_cpu_run,
+        follow_children=not args.no_children,
+        pyspy=args.pyspy,
+        sampler_priority=args.sampler_priority,
+        procfs=args.procfs,
+        sysfs=args.sysfs,
+        tdp_w=args.tdp,
+        rapl=args.rapl,
+        nvml=args.nvml,
+        record=getattr(args, "record", None),
+        run_id=getattr(args, "run_id", None),
+        checkpoints=getattr(args, "checkpoints", None),
+        checkpoint_glob=getattr(args, "checkpoint_glob", None),
     )
-    try:
-        args.energy_sink = EnergySink(tracker)
-    except EnergyUnavailableError as exc:
-        raise UsageError(str(exc)) from exc
-    args.tracker = tracker
-
-
-def make_pyspy(args: argparse.Namespace) -> PySpy:
-    try:
-        return PySpy(args.pyspy, priority=getattr(args, "sampler_priority", "auto"))
-    except SamplingError as exc:
-        raise UsageError(str(exc)) from exc
-
-
-def make_classifier() -> Any:
-    return Classifier.default()
-
-
-def sinks(args: argparse.Namespace) -> list[SessionSink]:
-    """The session's sinks: energy/GPU attribution for the document, then the record."""
-    out: list[SessionSink] = []
-    # the checkpoint sink finishes before the record sink, which stores what it matched
-    for name in ("energy_sink", "checkpoint_sink", "record_sink"):
-        sink = getattr(args, name, None)
-        if sink is not None:
-            out.append(sink)
-    return out
-
-
-def document(result: SessionResult, args: argparse.Namespace) -> dict[str, Any]:
-    energy_sink = getattr(args, "energy_sink", None)
-    doc = build_document(result, energy=energy_sink.summary if energy_sink else None)
-    checkpoint_sink = getattr(args, "checkpoint_sink", None)
-    doc.update(checkpoint_sink.sections() if checkpoint_sink else heuristic_section())
-    return doc
 
 
 def write_outputs(doc: dict[str, Any], args: argparse.Namespace) -> int:
@@ -302,12 +216,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(
             "missing command: use `serwatt profile -- CMD ARGS...` or `serwatt profile --pid PID`"
         )
-    validate_common(args)
-    spy = make_pyspy(args)
-    classifier = make_classifier()
+    setup = validate_common(args)
     if args.pid is not None:
-        return _profile_pid(args, spy, classifier)
-    return _profile_command(args, cmd, spy, classifier)
+        return _profile_pid(args, setup)
+    return _profile_command(args, cmd, setup)
 
 
 def run_session(
@@ -331,42 +243,8 @@ def run_session(
             signal.signal(sig, handler)
 
 
-def new_session(
-    args: argparse.Namespace,
-    pid: int,
-    spy: PySpy,
-    classifier: Any,
-    *,
-    command: str | None = None,
-    proc: subprocess.Popen[bytes] | None = None,
-    duration_s: float | None = None,
-    root_may_be_wrapper: bool = False,
-) -> ProfileSession:
-    """The session the command-line options describe, over `pid` (the launched `proc`,
-    when serwatt started it: its exit ends the session), for at most `duration_s`."""
-    return ProfileSession(
-        pid,
-        classifier=classifier,
-        plan=SamplingPlan(
-            rate_hz=args.rate,
-            on_cpu_run=args.on_cpu_run,
-            timing_rate_hz=timing_rate_hz(args.timing_rate, args.rate),
-        ),
-        window_s=args.window,
-        duration_s=duration_s,
-        command=command,
-        pyspy=spy,
-        procfs=args.procfs,
-        tracker=args.tracker,
-        sinks=sinks(args),
-        follow_children=not args.no_children,
-        root_exit_check=(lambda: proc.poll() is not None) if proc is not None else None,
-        root_may_be_wrapper=root_may_be_wrapper,
-    )
-
-
-def _profile_pid(args: argparse.Namespace, spy: PySpy, classifier: Any) -> int:
-    session = new_session(args, args.pid, spy, classifier, duration_s=args.duration)
+def _profile_pid(args: argparse.Namespace, setup: ProfileSetup) -> int:
+    session = setup.session(args.pid, duration_s=args.duration)
     try:
         result = run_session(session)
     except BAD_INPUT_ERRORS as exc:
@@ -374,10 +252,10 @@ def _profile_pid(args: argparse.Namespace, spy: PySpy, classifier: Any) -> int:
     except SamplingError as exc:
         print(f"serwatt profile: error: {escape_text(str(exc), backslash=False)}", file=sys.stderr)
         return EXIT_RUNTIME
-    return write_outputs(document(result, args), args)
+    return write_outputs(setup.document(result), args)
 
 
-def _profile_command(args: argparse.Namespace, cmd: list[str], spy: PySpy, classifier: Any) -> int:
+def _profile_command(args: argparse.Namespace, cmd: list[str], setup: ProfileSetup) -> int:
     exe = cmd[0]
     if os.sep in exe:
         if not (os.path.isfile(exe) and os.access(exe, os.X_OK)):
@@ -388,13 +266,8 @@ def _profile_command(args: argparse.Namespace, cmd: list[str], spy: PySpy, class
         proc = subprocess.Popen(cmd)
     except OSError as exc:
         raise UsageError(f"cannot run {exe}: {exc}") from exc
-    if getattr(args, "checkpoint_sink", None) is not None:
-        args.checkpoint_sink.track(proc.pid)  # a restore at start-up is polled too
-    session = new_session(
-        args,
+    session = setup.session(
         proc.pid,
-        spy,
-        classifier,
         command=" ".join(cmd),
         proc=proc,
         duration_s=args.duration,
@@ -414,7 +287,7 @@ def _profile_command(args: argparse.Namespace, cmd: list[str], spy: PySpy, class
     except KeyboardInterrupt:
         _stop_child(proc)
         raise
-    rc = write_outputs(document(result, args), args)
+    rc = write_outputs(setup.document(result), args)
     try:
         code = proc.wait()
     except KeyboardInterrupt:

@@ -1,0 +1,216 @@
+"""One profile session wired from typed options: py-spy, the classifier, the energy
+tracker and the sinks (energy, checkpoint watch, run record), in the order they must open.
+
+`serwatt profile` and `serwatt demo --workload mixed` build a `ProfileOptions` from their
+command lines and call `ProfileSetup.open`; nothing else of the wiring lives in the CLI.
+Every check that can fail does so here, before any process starts: a `required` energy
+collector that is missing, a --record file that is not a run record (nothing in it is
+touched), a run id already taken, a checkpoint directory that cannot be watched. Each is
+a `SetupError` whose message names the option (the command line's name for it) and the
+fix.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from collectors.pyspy import DEFAULT_RATE_HZ, PySpy, SamplingError, SamplingPlan
+from profiler.attribution.tracker import EnergyTracker, EnergyUnavailableError
+from profiler.classify.classifier import Classifier
+from profiler.profile.checkpoint_sink import CheckpointSink, heuristic_section
+from profiler.profile.document import build_document
+from profiler.profile.energy_sink import EnergySink
+from profiler.profile.record_sink import RecordSink
+from profiler.profile.session import ProfileSession, SessionResult, SessionSink
+from profiler.records.run_ids import check_run_id
+from profiler.records.store import RecordError
+from profiler.sampling.collect import timing_rate_hz
+
+MODES = ("auto", "required", "off")
+
+
+class SetupError(ValueError):
+    """An option that cannot be used: bad input, reported before any process starts."""
+
+
+@dataclass(frozen=True)
+class ProfileOptions:
+    """What a profile session is asked to do; each field is the `serwatt profile` option
+    of that name (docs/architecture.md lists them)."""
+
+    rate_hz: float = DEFAULT_RATE_HZ
+    window_s: float = 5.0
+    # the stack-change run's rate as asked: None for the default at rate_hz, 0 for none
+    timing_rate_hz: float | None = None
+    on_cpu_run: bool = True
+    follow_children: bool = True
+    pyspy: Path | None = None
+    sampler_priority: str = "auto"
+    procfs: Path = Path("/proc")
+    sysfs: Path = Path("/sys")
+    tdp_w: float | None = None
+    rapl: str = "auto"
+    nvml: str = "auto"
+    record: Path | None = None
+    run_id: str | None = None
+    checkpoints: Path | None = None
+    checkpoint_glob: str | None = None
+
+    def plan(self) -> SamplingPlan:
+        return SamplingPlan(
+            rate_hz=self.rate_hz,
+            on_cpu_run=self.on_cpu_run,
+            timing_rate_hz=timing_rate_hz(self.timing_rate_hz, self.rate_hz),
+        )
+
+
+@dataclass
+class ProfileSetup:
+    """The opened parts of one session. Sinks run in list order: the energy sink first
+    (the document's energy), then the checkpoint sink, which finishes before the record
+    sink that stores what it matched."""
+
+    options: ProfileOptions
+    pyspy: PySpy
+    classifier: Any
+    tracker: EnergyTracker
+    energy_sink: EnergySink
+    checkpoint_sink: CheckpointSink | None = None
+    record_sink: RecordSink | None = None
+
+    @classmethod
+    def open(cls, options: ProfileOptions) -> ProfileSetup:
+        """Probe and open everything the options name, in order; raises SetupError."""
+        tracker, energy_sink = _energy(options)
+        checkpoint_sink = _checkpoints(options)
+        record_sink = _record(options, tracker, checkpoint_sink)
+        try:
+            spy = PySpy(options.pyspy, priority=options.sampler_priority)
+        except SamplingError as exc:
+            if record_sink is not None:
+                record_sink.recorder.close()
+            raise SetupError(str(exc)) from exc
+        return cls(
+            options=options,
+            pyspy=spy,
+            classifier=Classifier.default(),
+            tracker=tracker,
+            energy_sink=energy_sink,
+            checkpoint_sink=checkpoint_sink,
+            record_sink=record_sink,
+        )
+
+    def sinks(self) -> list[SessionSink]:
+        found = (self.energy_sink, self.checkpoint_sink, self.record_sink)
+        return [s for s in found if s is not None]
+
+    def session(
+        self,
+        pid: int,
+        *,
+        command: str | None = None,
+        proc: subprocess.Popen[bytes] | None = None,
+        duration_s: float | None = None,
+        root_may_be_wrapper: bool = False,
+    ) -> ProfileSession:
+        """The session over `pid` (the launched `proc`, when serwatt started it: its exit
+        ends the session), for at most `duration_s`."""
+        if proc is not None and self.checkpoint_sink is not None:
+            self.checkpoint_sink.track(proc.pid)  # a restore at start-up is polled too
+        o = self.options
+        return ProfileSession(
+            pid,
+            classifier=self.classifier,
+            plan=o.plan(),
+            window_s=o.window_s,
+            duration_s=duration_s,
+            command=command,
+            pyspy=self.pyspy,
+            procfs=o.procfs,
+            tracker=self.tracker,
+            sinks=self.sinks(),
+            follow_children=o.follow_children,
+            root_exit_check=(lambda: proc.poll() is not None) if proc is not None else None,
+            root_may_be_wrapper=root_may_be_wrapper,
+        )
+
+    def document(self, result: SessionResult) -> dict[str, Any]:
+        """The serwatt.profile/1 document of a finished session."""
+        doc = build_document(result, energy=self.energy_sink.summary)
+        if self.checkpoint_sink is not None:
+            doc.update(self.checkpoint_sink.sections())
+        else:
+            doc.update(heuristic_section())
+        return doc
+
+
+def _energy(o: ProfileOptions) -> tuple[EnergyTracker, EnergySink]:
+    if not o.sysfs.is_dir():
+        raise SetupError(
+            f"--path.sysfs {o.sysfs}: not a directory (give the sysfs root, e.g. /sys)"
+        )
+    if o.tdp_w is not None and not o.tdp_w > 0:
+        raise SetupError(f"--tdp must be > 0 watts, got {o.tdp_w:g}")
+    for name, mode in (("--rapl", o.rapl), ("--nvml", o.nvml)):
+        if mode not in MODES:
+            raise SetupError(f"{name} {mode}: give one of {', '.join(MODES)}")
+    tracker = EnergyTracker(
+        sysfs_root=o.sysfs, procfs_root=o.procfs, tdp_w=o.tdp_w, rapl_mode=o.rapl, nvml_mode=o.nvml
+    )
+    try:
+        return tracker, EnergySink(tracker)
+    except EnergyUnavailableError as exc:
+        raise SetupError(str(exc)) from exc
+
+
+def _checkpoints(o: ProfileOptions) -> CheckpointSink | None:
+    if o.checkpoint_glob is not None and o.checkpoints is None:
+        raise SetupError("--checkpoint-glob names files under --checkpoints DIR: give it too")
+    if o.checkpoints is None:
+        return None
+    if not o.checkpoints.is_dir():
+        raise SetupError(f"--checkpoints {o.checkpoints}: not a directory (create it first)")
+    try:
+        return CheckpointSink(o.checkpoints, glob=o.checkpoint_glob, procfs=o.procfs)
+    except OSError as exc:
+        raise SetupError(
+            f"--checkpoints {o.checkpoints}: cannot watch it ({exc.strerror or exc}); "
+            "check permissions and fs.inotify.max_user_instances"
+        ) from None
+
+
+def _record(
+    o: ProfileOptions, tracker: EnergyTracker, checkpoint_sink: CheckpointSink | None
+) -> RecordSink | None:
+    """The --record file, opened now: a file that is not a run record is bad input, and
+    nothing in it is touched."""
+    if o.record is None:
+        if o.run_id is not None:
+            raise SetupError("--run-id names the run --record writes: give --record FILE too")
+        return None
+    try:
+        if o.run_id is not None:
+            check_run_id(o.run_id)
+        sink = RecordSink(
+            o.record,
+            run_id=o.run_id,
+            tracker=tracker,
+            checkpoints=o.checkpoints,
+            checkpoint_sink=checkpoint_sink,
+            # the stack-change run's rate sets episodes' resolution: the report compares it
+            config={"timing_rate_hz": o.plan().timing_rate_hz},
+        )
+    except ValueError as exc:
+        raise SetupError(f"--run-id: {exc}") from exc
+    except RecordError as exc:
+        raise SetupError(f"--record {o.record}: {exc}") from exc
+    if o.run_id is not None and sink.recorder.runs(o.run_id):
+        sink.recorder.close()
+        raise SetupError(
+            f"--run-id {o.run_id}: {o.record} already holds a run of that id; give another "
+            "(a repeat of an A/B side is a run of its own)"
+        )
+    return sink
