@@ -93,6 +93,11 @@ def test_profile_session_is_recorded_with_model_energy_and_replayed_gpu_wait(
     assert detail.config["mode"] == "serwatt profile" and detail.config["rate_hz"] == 50
     assert detail.host["gpu_source"] == "nvml" and detail.host["gpus"][0]["name"]
     assert detail.sources["energy"] == "model"
+    # the one `sources` shape the daemon records too (profiler/records/sources.py)
+    collectors = detail.sources["collectors"]
+    assert set(detail.sources) == {"energy", "collectors"}
+    assert set(collectors) == {"rapl", "cpustat", "cpu_model", "nvml"}, collectors
+    assert collectors["nvml"]["up"] is True and collectors["cpu_model"]["up"] is True
     # The samples recorded are the session's own, codepath by codepath.
     for cp in CODEPATHS:
         assert detail.codepaths[cp].samples == result.acc.samples[cp], cp

@@ -149,3 +149,26 @@ def test_empty_record(tmp_path: Path) -> None:
     Recorder.for_dir(tmp_path).close()
     out = serwatt_subprocess("runs", "list", "--dir", str(tmp_path))
     assert out.returncode == 0 and "no runs recorded" in out.stdout
+
+
+def test_sources_text_reads_the_one_shape_and_the_older_flat_one() -> None:
+    from collectors.status import CollectorStatus
+    from profiler.records.sources import run_sources, sources_text
+
+    status = {
+        "rapl": CollectorStatus(False, "no_powercap", "no /sys/class/powercap"),
+        "cpustat": CollectorStatus(True),
+    }
+    shaped = run_sources("model", status)
+    assert shaped == {
+        "energy": "model",
+        "collectors": {
+            "cpustat": {"up": True, "reason": None, "detail": None},
+            "rapl": {"up": False, "reason": "no_powercap", "detail": "no /sys/class/powercap"},
+        },
+    }
+    assert sources_text(shaped) == "energy=model; cpustat up, rapl down (no_powercap)"
+    older = {"energy": "model", "rapl_up": False, "rapl_reason": "no_powercap"}
+    assert sources_text(older) == "energy=model, rapl_reason=no_powercap, rapl_up=False"
+    assert sources_text({}) == "none recorded"
+    assert sources_text(run_sources("unavailable: off", {})) == "energy=unavailable: off"

@@ -18,6 +18,7 @@ from profiler.cli.main import UsageError
 from profiler.exitcodes import EXIT_RUNTIME
 from profiler.many.format import escape_text
 from profiler.records.host import describe
+from profiler.records.sources import sources_text
 from profiler.records.store import RECORD_FILENAME, Recorder, RecordError, RunDetail, RunSummary
 from profiler.service.config import ConfigError, load_config
 
@@ -161,8 +162,7 @@ def _show(detail: RunDetail, windows: bool) -> str:
         + ("still running" if s.ended_at is None else f"ended {_utc(s.ended_at)} UTC")
         + f", {s.windows} window(s), pids {', '.join(map(str, s.pids)) or '-'}",
         f"  host: {describe(detail.host)}",
-        "  sources: "
-        + (", ".join(f"{k}={v}" for k, v in sorted(detail.sources.items())) or "none recorded"),
+        f"  sources: {sources_text(detail.sources)}",
     ]
     if s.pythons:
         out.append(f"  target Python: {', '.join(s.pythons)}")

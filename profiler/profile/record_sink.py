@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from profiler.profile.checkpoint_sink import CheckpointSink
 from profiler.records.host import fingerprint
 from profiler.records.run_ids import format_start_time
+from profiler.records.sources import run_sources
 from profiler.records.store import Recorder
 
 MAX_ERROR_MESSAGES = 10  # problems kept word for word; the rest are counted
@@ -84,13 +85,8 @@ class RecordSink:
 
     def _sources(self) -> dict[str, Any]:
         if self.tracker is None:
-            return {"energy": "unavailable: not measured by this session", "gpu": "unavailable"}
-        out: dict[str, Any] = {"energy": self.tracker.energy_source}
-        for name, st in self.tracker.probe().items():
-            out[f"{name}_up"] = bool(st.up)
-            if st.reason:
-                out[f"{name}_reason"] = st.reason
-        return out
+            return run_sources("unavailable: not measured by this session", {})
+        return run_sources(self.tracker.energy_source, self.tracker.probe())
 
     def _fingerprint(self) -> dict[str, Any]:
         tracker = self.tracker

@@ -10,6 +10,7 @@ from typing import Any
 from profiler.attribution.episodes import Episode
 from profiler.attribution.tracker import EnergyTracker, EnergyUnavailableError, WindowEnergy
 from profiler.attribution.window import AttributedWindow, attribute, episode_gpu_reading
+from profiler.records.sources import run_sources
 from profiler.sampling.window import WindowReport
 from profiler.service.collector_health import Health, publish, run_collector
 from profiler.service.config import Config
@@ -85,13 +86,7 @@ class EnergySide:
         publish(ledger, health, self._probe_s)
 
     def sources(self) -> dict[str, Any]:
-        return {
-            "energy": self.source,
-            "collectors": {
-                name: {"up": st.up, "reason": st.reason, "detail": st.detail}
-                for name, st in self.status.items()
-            },
-        }
+        return run_sources(self.source, self.status)
 
     def slot(
         self, start: float, end: float, reports: list[WindowReport], ledger: Ledger
