@@ -52,6 +52,7 @@ from profiler.classify.direction import DIRECTIONS
 from profiler.profile.processes import ProcessTally
 from profiler.sampling import collect
 from profiler.sampling.collect import ClassifierLike, RawWindow, collect_window, finish_window
+from profiler.sampling.retry import RetryPolicy
 from profiler.sampling.window import WindowReport
 
 BIN_S = 1.0  # time resolution of the per-codepath CPU bins used for the share interval
@@ -62,6 +63,11 @@ LOST_WINDOW_MIN_S = 1.0
 # counted runs at py-spy's default rate, an on-CPU run beside the --idle one, no
 # stack-change run (`serwatt profile` adds one: profiler/cli/profile.py)
 SESSION_PLAN = SamplingPlan(on_cpu_run=True)
+# A failure of a target's window ends that target's sampling (the session says why),
+# except a process only just starting: py-spy found no interpreter in it yet, so it is
+# tried again every 0.3 s, ten times at most, while younger than YOUNG_S.
+SESSION_RETRY = RetryPolicy(young_tries=10, young_pause_s=0.3)
+YOUNG_S = 5.0
 
 
 class SessionSink(Protocol):
@@ -315,14 +321,11 @@ class ProfileSession:
                 break
             except NotPython as exc:
                 # a process just spawned may not have initialised its interpreter yet
-                if (
-                    young_retries < 10
-                    and self._age_s(pid) < 5.0
-                    and procstat.exists(pid, self.procfs)
-                    and procstat.python_kind(pid, self.procfs).is_python
-                ):
+                young = self._starting_python(pid)
+                decided = SESSION_RETRY.after(exc.kind, in_a_row=young_retries + 1, young=young)
+                if decided.action == "retry":
                     young_retries += 1
-                    time.sleep(0.3)
+                    time.sleep(decided.after_s)
                     continue
                 self._record_failure(stats, exc, is_root)
                 break
@@ -331,6 +334,7 @@ class ProfileSession:
                     self._lost_at_exit(stats, exc, time.monotonic() - began)
                     stats.exited = True
                     break
+                # SESSION_RETRY gives up on every other failure: the session says why
                 self._record_failure(stats, exc, is_root)
                 break
             # classification runs on the finisher thread so the next window starts now
@@ -441,11 +445,18 @@ class ProfileSession:
                 f"{ran_s:.1f} s; its samples are lost ({exc})"
             )
 
-    def _age_s(self, pid: int) -> float:
+    def _starting_python(self, pid: int) -> bool:
+        """A process younger than YOUNG_S whose executable is Python: py-spy may find no
+        interpreter in it yet."""
         try:
-            return time.time() - procstat.process_info(pid, self.procfs).start_time_s
+            age_s = time.time() - procstat.process_info(pid, self.procfs).start_time_s
         except procstat.ProcessGone:
-            return 1e9
+            return False
+        return (
+            age_s < YOUNG_S
+            and procstat.exists(pid, self.procfs)
+            and procstat.python_kind(pid, self.procfs).is_python
+        )
 
     def _start_target(self, pid: int) -> None:
         if pid in self.targets:

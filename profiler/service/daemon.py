@@ -38,6 +38,7 @@ from profiler.attribution.window import AttributedWindow
 from profiler.exitcodes import EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME
 from profiler.records.host import fingerprint
 from profiler.records.store import Recorder, RecordError
+from profiler.sampling.retry import TARGET_KINDS, RetryPolicy
 from profiler.sampling.window import WindowReport
 from profiler.service.budget import RateGovernor
 from profiler.service.clock import Clock, SystemClock
@@ -74,9 +75,6 @@ RETENTION_EVERY_S = 3600.0
 # Retry delay for a process that refused sampling for a reason that may change
 # (ptrace permission, a process that is not Python yet, a sampler failure).
 RETRY_REFUSED_S = 60.0
-
-# Kinds that describe the target, not a fault of serwatt's own sampling machinery.
-TARGET_KINDS = frozenset({"target_gone", "not_python", "unsupported_python", "ptrace_denied"})
 
 
 def setup_logging(level: str) -> None:
@@ -559,31 +557,42 @@ class Daemon:
             log.error("sampling pid %d raised", job.pid, exc_info=err)
         self.ledger.add_sampler_error(job.target, kind)
         tracked = self._tracked.get(job.key)
-        if kind == "target_gone":
-            if tracked is not None:
-                self._forget(job.key, reason="gone")
-        elif tracked is not None and kind in TARGET_KINDS:
+        if tracked is None:
+            return kind in TARGET_KINDS
+        own_fault = kind not in TARGET_KINDS
+        decided = self._retry().after(kind, in_a_row=tracked.faults + 1 if own_fault else 1)
+        if decided.action == "forget":
+            self._forget(job.key, reason="gone")
+        elif not own_fault:
             # Not Python (yet), ptrace refused: the target is down; retry later, never spin.
             level = logging.INFO if tracked.refused == kind else logging.WARNING
             log.log(level, "pid %d (%s): %s: %s", job.pid, job.target, kind, err)
             tracked.refused = kind
-            tracked.retry_at = self._clock.monotonic() + RETRY_REFUSED_S
-        elif tracked is not None:
+            tracked.retry_at = self._clock.monotonic() + decided.after_s
+        else:
             # serwatt's own sampling failed (py-spy killed or crashed): retry at once,
             # then back off while it keeps failing.
             tracked.faults += 1
-            delay = min(RETRY_REFUSED_S, self.config.window_s * (2 ** (tracked.faults - 1) - 1))
             log.warning(
                 "pid %d (%s): %s (%d in a row, next try in %gs): %s",
                 job.pid,
                 job.target,
                 kind,
                 tracked.faults,
-                delay,
+                decided.after_s,
                 err,
             )
-            tracked.retry_at = self._clock.monotonic() + delay
-        return kind in TARGET_KINDS
+            tracked.retry_at = self._clock.monotonic() + decided.after_s
+        return not own_fault
+
+    def _retry(self) -> RetryPolicy:
+        """The daemon's retry rule (profiler/sampling/retry.py): a target that refused is
+        tried again after RETRY_REFUSED_S; serwatt's own faults back off by windows."""
+        return RetryPolicy(
+            refused_retry_s=RETRY_REFUSED_S,
+            fault_unit_s=self.config.window_s,
+            fault_cap_s=RETRY_REFUSED_S,
+        )
 
     # ------------------------------------------------------------------ discovery
 
