@@ -398,28 +398,12 @@ class PySpy:
             raise SamplingError(f"sampler priority is required but failed: {problem}; {sched.FIX}")
         return problem
 
-    def dump_json(self, pid: int, *, procfs: Path = Path("/proc")) -> str:
+    def dump_json(
+        self, pid: int, *, procfs: Path = Path("/proc"), retry_s: float = PROBE_RETRY_S
+    ) -> str:
         """One `py-spy dump --json --nonblocking` of `pid` (collectors/pyspy/dump.py parses
-        it). Raises TargetGone, NotPython, UnsupportedPython, PtraceDenied, PySpyMissing or
-        SamplingError, as a window would."""
-        precheck(pid, procfs)
-        try:
-            res = subprocess.run(
-                [str(self.binary), "dump", "--json", "--nonblocking", "--pid", str(pid)],
-                capture_output=True,
-                text=True,
-                errors="replace",
-                timeout=30 + self.kill_grace_s,
-                stdin=subprocess.DEVNULL,
-                env=pyspy_env(),
-            )
-        except OSError as exc:
-            raise PySpyMissing(f"cannot run py-spy at {self.binary}: {exc}") from exc
-        except subprocess.TimeoutExpired as exc:
-            raise SamplingError(f"py-spy dump of pid {pid} did not finish in time") from exc
-        if res.returncode != 0:
-            raise _classify_failure(pid, res.stdout + res.stderr, procfs)
-        return res.stdout
+        it), retried as `probe` is. Raises what a window would raise."""
+        return self._dump(pid, procfs=procfs, retry_s=retry_s, as_json=True)
 
     def probe(
         self, pid: int, *, procfs: Path = Path("/proc"), retry_s: float = PROBE_RETRY_S
@@ -435,12 +419,16 @@ class PySpy:
         a row. `serwatt demo` failed that way. So a generic failure, or "not Python"
         from a process whose executable procfs says is Python, is retried for up to
         `retry_s` seconds while the process lives."""
+        self._dump(pid, procfs=procfs, retry_s=retry_s, as_json=False)
+
+    def _dump(self, pid: int, *, procfs: Path, retry_s: float, as_json: bool) -> str:
         kind = precheck(pid, procfs)
         deadline = time.monotonic() + retry_s
+        cmd = [str(self.binary), "dump", *(["--json"] if as_json else []), "--nonblocking"]
         while True:
             try:
                 res = subprocess.run(
-                    [str(self.binary), "dump", "--nonblocking", "--pid", str(pid)],
+                    [*cmd, "--pid", str(pid)],
                     capture_output=True,
                     text=True,
                     errors="replace",
@@ -453,7 +441,7 @@ class PySpy:
             except subprocess.TimeoutExpired as exc:
                 raise SamplingError(f"py-spy dump of pid {pid} did not finish in time") from exc
             if res.returncode == 0:
-                return
+                return res.stdout
             failure = _classify_failure(pid, res.stdout + res.stderr, procfs)
             transient = type(failure) is SamplingError or (
                 isinstance(failure, NotPython) and kind.is_python
