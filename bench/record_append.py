@@ -35,6 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from collectors.samples import SamplerErrors  # noqa: E402
+from profiler.attribution.window_records import EnergyRecord  # noqa: E402
 from profiler.classify.codepaths import CODEPATHS  # noqa: E402
 from profiler.intervals import Interval, mean_interval  # noqa: E402
 from profiler.records.store import Recorder  # noqa: E402
@@ -74,7 +75,7 @@ def measure(record: Path, windows: int, blocks: int, seed: int = 1) -> dict:
         raise ValueError(f"need 1 <= --blocks <= --windows, not {blocks} and {windows}")
     rng = random.Random(seed)
     ws = [full_window(i, rng) for i in range(windows)]
-    energy = {"source": "rapl", "codepaths_j": {cp: 1.0 for cp in CODEPATHS}}
+    energy = EnergyRecord(source="rapl", codepaths_j={cp: 1.0 for cp in CODEPATHS})
     wall: list[float] = []
     cpu: list[float] = []
     edges = [round(k * windows / blocks) for k in range(blocks + 1)]

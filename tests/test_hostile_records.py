@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from profiler.attribution.window_records import EnergyRecord
 from profiler.classify.codepaths import CODEPATHS
 from profiler.records.host import fingerprint
 from profiler.records.store import Recorder
@@ -48,7 +49,7 @@ def _build(path: Path) -> Path:
             rec.append_window(
                 run_id,
                 window(pid=100 + i, t0=t0 + 10 * w, seed=10 * i + w),
-                energy={"source": "rapl", "codepaths_j": {cp: 1.0 + w for cp in CODEPATHS}},
+                energy=EnergyRecord(source="rapl", codepaths_j={cp: 1.0 + w for cp in CODEPATHS}),
             )
         rec.finish_run(run_id, t0 + 80)
     rec.close()  # the last close checkpoints the WAL into the file

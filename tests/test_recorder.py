@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import signal
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from collectors.samples import SamplerErrors
+from profiler.attribution.window_records import EnergyRecord, GpuRecord
 from profiler.classify.codepaths import CODEPATHS
 from profiler.records.store import RECORD_FILENAME, SCHEMA_VERSION, Recorder, RecordError
 from profiler.sampling.window import CodepathWindow, WindowReport
@@ -78,13 +80,10 @@ def test_round_trip_counters_sources_and_totals(tmp_path: Path) -> None:
     rec = Recorder(tmp_path / "r.sqlite")
     rec.start_run("trainer-1", "trainer", host=HOST, config=CONFIG, sources=SOURCES)
     w1, w2 = window(seed=1), window(pid=101, t0=1_800_000_010.0, seed=2, exited=True)
-    energy = {
-        "source": "rapl",
-        "reason": None,
-        "package_j": 950.0,
-        "codepaths_j": {"pickle": 12.5, "other": 30.0},
-    }
-    gpu = {"codepaths_wait_s": {"pickle": 1.5}, "codepaths_wait_j": {"pickle": 300.0}}
+    energy = EnergyRecord(
+        source="rapl", reason=None, package_j=950.0, codepaths_j={"pickle": 12.5, "other": 30.0}
+    )
+    gpu = GpuRecord(codepaths_wait_s={"pickle": 1.5}, codepaths_wait_j={"pickle": 300.0})
     id1 = rec.append_window("trainer-1", w1, energy=energy, gpu=gpu)
     id2 = rec.append_window("trainer-1", w2)
     rec.finish_run("trainer-1", 1_800_000_020.0)
@@ -104,7 +103,8 @@ def test_round_trip_counters_sources_and_totals(tmp_path: Path) -> None:
     assert detail.host == HOST and detail.config == CONFIG and detail.sources == SOURCES
     assert [w.window_id for w in detail.windows] == [id1, id2]
     first, second = detail.windows
-    assert first.energy == energy and first.gpu == gpu and second.energy is None
+    assert first.energy == energy.to_json() and first.gpu == gpu.to_json()
+    assert second.energy is None
     assert first.errors == {
         "pyspy_samples": 500,
         "pyspy_errors": 2,
@@ -163,11 +163,14 @@ def test_bad_appends_are_refused_and_leave_nothing(tmp_path: Path) -> None:
     partial = WindowReport(**{**w.__dict__, "codepaths": {"pickle": CodepathWindow()}})
     with pytest.raises(ValueError, match="missing"):
         rec.append_window("r", partial)
+    # A record that could not be stored as it says is refused when it is built.
     with pytest.raises(ValueError, match="unknown codepath"):
-        rec.append_window("r", w, energy={"source": "rapl", "codepaths_j": {"xml": 1.0}})
+        EnergyRecord(source="rapl", codepaths_j={"xml": 1.0})
     with pytest.raises(ValueError, match="needs codepaths_j"):
-        rec.append_window("r", w, energy={"source": "rapl", "package_j": 10.0})
-    rec.append_window("r", w, energy={"source": "unavailable", "reason": "no powercap"})
+        EnergyRecord(source="rapl", package_j=10.0)
+    with pytest.raises(ValueError, match="finite"):
+        rec.append_window("r", w, energy=EnergyRecord("rapl", codepaths_j={"json": math.nan}))
+    rec.append_window("r", w, energy=EnergyRecord.unavailable("no powercap"))
     nan = WindowReport(**{**w.__dict__, "cpu_s": float("nan")})
     with pytest.raises(ValueError, match="finite"):
         rec.append_window("r", nan)
@@ -270,6 +273,7 @@ CRASH_CHILD = r"""
 import sys, random
 sys.path.insert(0, sys.argv[2])
 from tests.test_recorder import window, HOST, CONFIG, SOURCES
+from profiler.attribution.window_records import EnergyRecord
 from profiler.records.store import Recorder
 rec = Recorder(sys.argv[1])
 run_id = "crash-" + sys.argv[3]
@@ -278,7 +282,7 @@ print("started", flush=True)
 k = 0
 while True:
     k += 1
-    energy = {"source": "rapl", "codepaths_j": {"pickle": float(k)}}
+    energy = EnergyRecord(source="rapl", codepaths_j={"pickle": float(k)})
     wid = rec.append_window(run_id, window(pid=k, t0=1e9 + k, seed=k), energy=energy)
     # Reported only after append_window returned, i.e. after the commit.
     print(f"{run_id} {k} {wid}", flush=True)
@@ -479,11 +483,11 @@ def test_directions_are_kept_per_run_and_an_older_run_says_it_has_none(tmp_path:
     )
     with Recorder(path, readonly=True) as rec:
         assert rec.directions("old") is None and rec.run("old").directions is None
-    energy = {"source": "model", "codepaths_j": {"pickle": 8.0, "other": 1.0}}
-    gpu = {
-        "codepaths_wait_s": {"pickle": 0.5},
-        "codepaths_wait_by_direction_s": {"pickle": {"encode": 0.2, "decode": 0.3}},
-    }
+    energy = EnergyRecord(source="model", codepaths_j={"pickle": 8.0, "other": 1.0})
+    gpu = GpuRecord(
+        codepaths_wait_s={"pickle": 0.5},
+        codepaths_wait_by_direction_s={"pickle": {"encode": 0.2, "decode": 0.3}},
+    )
     with Recorder(path) as rec:  # upgraded in place
         rec.start_run("new", "t", host={}, config={}, sources={})
         rec.append_window("new", _directed((30, 0.6), (10, 0.2)), energy=energy, gpu=gpu)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from profiler.attribution.window_records import EnergyRecord
 from profiler.classify.codepaths import CODEPATHS
 from profiler.records.host import fingerprint
 from profiler.records.store import RECORD_FILENAME, Recorder
@@ -45,12 +46,12 @@ def record_dir(tmp_path: Path) -> Path:
     rec.append_window(
         "trainer-a",
         window(pid=11, t0=t0, seed=1),
-        energy={"source": "rapl", "codepaths_j": {cp: 1.0 for cp in CODEPATHS}},
+        energy=EnergyRecord(source="rapl", codepaths_j={cp: 1.0 for cp in CODEPATHS}),
     )
     rec.append_window(
         "trainer-a",
         window(pid=12, t0=t0 + 10, seed=2),
-        energy={"source": "rapl", "codepaths_j": {"pickle": 5.0}},
+        energy=EnergyRecord(source="rapl", codepaths_j={"pickle": 5.0}),
     )
     rec.finish_run("trainer-a", t0 + 20)
     rec.start_run(

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
 
 from collectors.nvml import DEFAULT_SAMPLE_PERIOD_S, GpuWindow, clip_intervals
 from collectors.series import interpolate
@@ -22,6 +21,7 @@ from profiler.attribution.apportion import (
 )
 from profiler.attribution.episodes import Episode
 from profiler.attribution.tracker import EnergyTracker, WindowEnergy
+from profiler.attribution.window_records import EnergyRecord, GpuFigures, GpuRecord, SlotSplit
 from profiler.classify.codepaths import CODEPATHS
 from profiler.classify.direction import DIRECTIONS, UNKNOWN, series_directions
 from profiler.sampling.window import CodepathWindow, DirectionWindow, TimedLabel, WindowReport
@@ -256,41 +256,42 @@ class AttributedWindow:
                         wait_j[key3] = wait_j.get(key3, 0.0) + idle_j * share
         return DirectedFigures(samples, cpu_s, energy_j, wait_s, wait_j)
 
-    def energy_record(self) -> dict[str, Any] | None:
-        """The run record's `energy` mapping; None when the run measures no energy."""
+    def energy_record(self) -> EnergyRecord | None:
+        """What the run record keeps of the window's energy; None when the run measures no
+        energy."""
         if self.failure is not None:
-            return {"source": "unavailable", "reason": f"attribution failed: {self.failure}"}
+            return EnergyRecord.unavailable(f"attribution failed: {self.failure}")
         if self.reading is None:
             return None
         we, e = self.reading, self.attribution.energy if self.attribution else None
-        if e is None:
-            record: dict[str, Any] = {
-                "source": "unavailable",
-                "reason": we.reason or "no energy reading for this window",
-            }
-        else:
-            record = {
-                "source": e.source,
-                "reason": we.reason,
-                "package_j": e.total_j,
-                "target_j": e.target_j,
-                "unattributed_j": e.unattributed_j,
-                "codepaths_j": dict(e.codepaths_j),
-            }
+        slot = None
         if self.slot:
             # A slot reading: the span the energy was read over, and how it was split.
-            record.update(
-                slot=[we.start, we.end],
+            slot = SlotSplit(
+                start=we.start,
+                end=we.end,
                 node_busy_cpu_s=we.node_busy_cpu_s,
                 target_share=e.target_share if e is not None else None,
                 model=we.model,
-                notes=list(we.notes),
+                notes=tuple(we.notes),
             )
-        return record
+        if e is None:
+            return EnergyRecord.unavailable(
+                we.reason or "no energy reading for this window", slot=slot
+            )
+        return EnergyRecord(
+            source=e.source,
+            reason=we.reason,
+            package_j=e.total_j,
+            target_j=e.target_j,
+            unattributed_j=e.unattributed_j,
+            codepaths_j=dict(e.codepaths_j),
+            slot=slot,
+        )
 
-    def gpu_record(self) -> dict[str, Any] | None:
-        """The run record's `gpu` mapping: GPU-wait per codepath summed over the GPUs the
-        target used, plus each GPU's own figures. None when the window had no GPU data."""
+    def gpu_record(self) -> GpuRecord | None:
+        """The run record's GPU-wait per codepath summed over the GPUs the target used,
+        plus each GPU's own figures. None when the window had no GPU data."""
         ta = self.attribution
         if ta is None or not ta.gpu_wait:
             return None
@@ -312,23 +313,21 @@ class AttributedWindow:
                 for cp, j in g.idle_energy_j.items():
                     wait_j[cp] += j
             gpus.append(
-                {
-                    "index": g.gpu_index,
-                    "covered_s": g.covered_s,
-                    "idle_s": g.idle_s,
-                    "unattributed_s": g.unattributed_s,
-                    "wait_s": dict(g.wait_s),
-                }
+                GpuFigures(
+                    index=g.gpu_index,
+                    covered_s=g.covered_s,
+                    idle_s=g.idle_s,
+                    unattributed_s=g.unattributed_s,
+                    wait_s=dict(g.wait_s),
+                )
             )
-        out: dict[str, Any] = {
-            "codepaths_wait_s": wait_s,
+        return GpuRecord(
+            codepaths_wait_s=wait_s,
+            codepaths_wait_j=wait_j,
             # the codepaths that waited, split by direction (records: direction_rows)
-            "codepaths_wait_by_direction_s": by_dir,
-            "gpus": gpus,
-        }
-        if wait_j is not None:
-            out["codepaths_wait_j"] = wait_j
-        return out
+            codepaths_wait_by_direction_s=by_dir,
+            gpus=tuple(gpus),
+        )
 
 
 def attribute(

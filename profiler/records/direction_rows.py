@@ -16,9 +16,9 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from profiler.attribution.window import split_by_direction
+from profiler.attribution.window_records import EnergyRecord, GpuRecord
 from profiler.classify.codepaths import CODEPATHS
 from profiler.classify.direction import DIRECTIONS
 from profiler.records.validation import _finite, _integer, _number, _text
@@ -60,20 +60,21 @@ def start(db: sqlite3.Connection, run_id: str) -> None:
 
 
 def window_rows(
-    window: WindowReport, energy: Mapping[str, Any] | None, gpu: Mapping[str, Any] | None
+    window: WindowReport, energy: EnergyRecord | None, gpu: GpuRecord | None
 ) -> list[tuple[str, str, int, float, float | None, float | None]]:
     """(codepath, direction, samples, cpu_s, energy_j, gpu_wait_s) of one window, for
     the directions with something in them; energy_j / gpu_wait_s None when the window
     had none (the same rule as the codepath's own row)."""
-    measured = energy is not None and energy.get("source") in ("rapl", "model")
-    codepaths_j = energy.get("codepaths_j") if measured and energy else None
-    waits = (gpu or {}).get("codepaths_wait_by_direction_s") or {}
+    codepaths_j = energy.codepaths_j if energy is not None and energy.measured else None
+    waits: Mapping[str, Mapping[str, float]] = (
+        gpu.codepaths_wait_by_direction_s if gpu is not None else {}
+    )
     rows = []
     for cp in CODEPATHS:
         cw = window.codepaths[cp]
         joules = (
             split_by_direction(float(codepaths_j.get(cp, 0.0)), cw)
-            if isinstance(codepaths_j, Mapping)
+            if codepaths_j is not None
             else None
         )
         for d in DIRECTIONS:

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from profiler import __version__, safeio
+from profiler.attribution.window_records import EnergyRecord, GpuRecord
 from profiler.classify.codepaths import CODEPATHS
 from profiler.records import checkpoint_rows, direction_rows, reader, schema
 from profiler.records.reader import CodepathTotals, RunDetail, RunSummary, WindowRecord
@@ -66,18 +67,12 @@ def _json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str, allow_nan=False)
 
 
-def _codepath_values(mapping: Mapping | None, *keys: str) -> dict[str, float]:
-    """Per-codepath numbers from an energy/gpu mapping, under the first key present."""
-    if not mapping:
+def _codepath_values(values: Mapping[str, float] | None, key: str) -> dict[str, float]:
+    """Per-codepath numbers of an energy/GPU record, each checked finite; {} when the
+    record has none."""
+    if values is None:
         return {}
-    for key in keys:
-        values = mapping.get(key)
-        if isinstance(values, Mapping):
-            unknown = set(values) - set(CODEPATHS)
-            if unknown:
-                raise ValueError(f"{key} names unknown codepath(s) {sorted(unknown)}")
-            return {cp: _finite(v, f"{key}[{cp}]") for cp, v in values.items() if v is not None}
-    return {}
+    return {cp: _finite(v, f"{key}[{cp}]") for cp, v in values.items()}
 
 
 class Recorder:
@@ -287,17 +282,15 @@ class Recorder:
         run_id: str,
         window: WindowReport,
         *,
-        energy: Mapping | None = None,
-        gpu: Mapping | None = None,
+        energy: EnergyRecord | None = None,
+        gpu: GpuRecord | None = None,
     ) -> int:
         """Record one window; durable (committed) on return. Returns the window id.
 
-        energy: {"source": "rapl"|"model"|"unavailable", "reason": str|None,
-                 "codepaths_j": {codepath: joules}   (required for rapl/model;
-                                                      codepaths not named get 0 J),
-                 ...anything else, kept as given}
-        gpu:    {"codepaths_wait_s": {codepath: seconds},
-                 "codepaths_wait_j": {codepath: joules}, ...anything else, kept as given}
+        energy: the window's joules and their source (codepaths its codepaths_j does not
+        name get 0 J); None when the run measures no energy. gpu: its GPU-wait seconds and
+        idle joules per codepath; None when it had no GPU data. Both are stored whole as
+        their `to_json()` (windows.energy_json / gpu_json) and per codepath in the rows.
         """
         missing = [cp for cp in CODEPATHS if cp not in window.codepaths]
         unknown = [cp for cp in window.codepaths if cp not in CODEPATHS]
@@ -305,18 +298,16 @@ class Recorder:
             raise ValueError(
                 f"window codepaths must be exactly CODEPATHS: missing {missing}, unknown {unknown}"
             )
-        if energy is not None and energy.get("source") in ("rapl", "model"):
-            if not isinstance(energy.get("codepaths_j"), Mapping):
-                # Joules measured but not split by codepath would be recorded as "no
-                # energy": refuse loudly instead of losing them quietly.
-                raise ValueError(
-                    f"energy with source {energy.get('source')!r} needs codepaths_j "
-                    "{codepath: joules}"
-                )
-        energy_j = _codepath_values(energy, "codepaths_j")
-        energy_source = None if energy is None else str(energy.get("source") or "unavailable")
-        wait_s = _codepath_values(gpu, "codepaths_wait_s")
-        wait_j = _codepath_values(gpu, "codepaths_wait_j")
+        energy_j: dict[str, float] = {}
+        energy_source: str | None = None
+        if energy is not None:
+            energy_j = _codepath_values(energy.codepaths_j, "codepaths_j")
+            energy_source = energy.source or "unavailable"
+        wait_s: dict[str, float] = {}
+        wait_j: dict[str, float] = {}
+        if gpu is not None:
+            wait_s = _codepath_values(gpu.codepaths_wait_s, "codepaths_wait_s")
+            wait_j = _codepath_values(gpu.codepaths_wait_j, "codepaths_wait_j")
         direction = direction_rows.window_rows(window, energy, gpu)
         e = window.errors
         with self._tx() as db:
@@ -342,8 +333,8 @@ class Recorder:
                     _finite(e.behind_s, "behind_s"),
                     _json(list(e.notes)),
                     energy_source,
-                    None if energy is None else _json(energy),
-                    None if gpu is None else _json(gpu),
+                    None if energy is None else _json(energy.to_json()),
+                    None if gpu is None else _json(gpu.to_json()),
                 ),
             )
             window_id = int(cur.lastrowid or 0)
@@ -355,10 +346,10 @@ class Recorder:
                     _finite(cw.cpu_s, f"{cp}.cpu_s"),
                     _finite(cw.wall_s, f"{cp}.wall_s"),
                     cw.low_confidence_samples,
-                    energy_j.get(cp, 0.0 if energy_j else None) if energy else None,
-                    energy_source if energy else None,
-                    wait_s.get(cp, 0.0 if wait_s else None) if gpu else None,
-                    wait_j.get(cp, 0.0 if wait_j else None) if gpu else None,
+                    energy_j.get(cp, 0.0 if energy_j else None) if energy is not None else None,
+                    energy_source if energy is not None else None,
+                    wait_s.get(cp, 0.0 if wait_s else None) if gpu is not None else None,
+                    wait_j.get(cp, 0.0 if wait_j else None) if gpu is not None else None,
                 )
                 for cp, cw in ((cp, window.codepaths[cp]) for cp in CODEPATHS)
             ]
