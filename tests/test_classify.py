@@ -202,12 +202,12 @@ def test_explain_says_which_frame_and_why(c: Classifier, user: Path) -> None:
     assert "running callback Obj.__getstate__" in c.explain(cb).how
 
 
-def test_explain_command_on_a_saved_dump(
+def test_serwatt_classify_on_a_saved_dump(
     tmp_path: Path, user: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import json
 
-    from profiler.classify.classifier import main
+    from profiler.cli.main import main
 
     dump = [
         {
@@ -223,12 +223,12 @@ def test_explain_command_on_a_saved_dump(
     ]
     path = tmp_path / "dump.json"
     path.write_text(json.dumps(dump))
-    assert main([str(path)]) == 0
+    assert main(["classify", str(path)]) == 0
     out = capsys.readouterr().out
     assert "thread 1 'MainThread': pickle  rule=pickle.call  confidence=high" in out
     assert f"decided by frame 0: save ({user}:4) [callsite]" in out
     (tmp_path / "bad.json").write_text("{}")
-    assert main([str(tmp_path / "bad.json")]) == 2
+    assert main(["classify", str(tmp_path / "bad.json")]) == 2
     assert "not `py-spy dump --json` output" in capsys.readouterr().err
 
 
