@@ -104,7 +104,7 @@ def test_rapl_window_split_and_attribution_deterministic(tmp_path: Path) -> None
     assert ta.energy_j["pickle"] == pytest.approx(15.0)
     assert ta.energy_j["other"] == pytest.approx(5.0)
     assert math.fsum(ta.energy_j.values()) + ta.energy.unattributed_j == pytest.approx(80.0)
-    assert ta.gpu_wait == () and ta.gpu_wait_s == {}
+    assert ta.gpu_wait == ()
     # a window before the first reading is not guessed
     assert tr.window(t0 - 5, t0 + 1).source == "unavailable"
 
@@ -185,9 +185,10 @@ def test_gpu_wait_through_tracker_with_replayed_gpu(tmp_path: Path) -> None:
     assert w.wait_s["pickle"] == pytest.approx(3.0, abs=us)
     assert w.wait_s["json"] == pytest.approx(2 * 0.12, abs=us)
     assert w.wait_s["other"] == pytest.approx(3 * 0.04, abs=us)
-    assert ta.gpu_wait_s[("pickle", 0)] == w.wait_s["pickle"]
+    assert w.gpu_index == 0
     # idle joules during the pickle stall: idle power 75 W x 3 s
-    assert ta.gpu_wait_energy_j[("pickle", 0)] == pytest.approx(225.0, abs=75 * us)
+    assert w.idle_energy_j is not None
+    assert w.idle_energy_j["pickle"] == pytest.approx(225.0, abs=75 * us)
     # a target that is not on the GPU gets no GPU-wait
     other = WindowReport(**{**rep.__dict__, "pid": 1})
     assert attribute_window(other, we).gpus_used == ()

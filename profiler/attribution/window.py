@@ -42,9 +42,20 @@ def split_by_direction(value: float, cw: CodepathWindow | None) -> dict[str, flo
     return out
 
 
+def add_by_direction(
+    into: dict[str, dict[str, float]], parts: Mapping[str, Mapping[str, float]]
+) -> None:
+    """Sum a {codepath: {direction: seconds}} split (a GPU's wait_by_direction_s) into
+    `into`; a codepath gets an entry of every direction once it has a part that is not 0."""
+    for cp, split in parts.items():
+        for d, s in split.items():
+            if s:
+                into.setdefault(cp, dict.fromkeys(DIRECTIONS, 0.0))[d] += s
+
+
 @dataclass(frozen=True)
 class TargetAttribution:
-    """One target window's joules and GPU-wait, in the shapes the ledger takes."""
+    """One target window's joules and GPU-wait (one GpuWaitAttribution per GPU it used)."""
 
     energy: EnergyAttribution | None
     gpu_wait: tuple[GpuWaitAttribution, ...]
@@ -57,19 +68,6 @@ class TargetAttribution:
     @property
     def energy_j(self) -> Mapping[str, float] | None:
         return self.energy.codepaths_j if self.energy else None
-
-    @property
-    def gpu_wait_s(self) -> dict[tuple[str, int | str], float]:
-        return {(cp, w.gpu_index): s for w in self.gpu_wait for cp, s in w.wait_s.items()}
-
-    @property
-    def gpu_wait_energy_j(self) -> dict[tuple[str, int | str], float]:
-        return {
-            (cp, w.gpu_index): j
-            for w in self.gpu_wait
-            if w.idle_energy_j is not None
-            for cp, j in w.idle_energy_j.items()
-        }
 
 
 def attribute_window(
@@ -302,11 +300,7 @@ class AttributedWindow:
         for g in ta.gpu_wait:
             for cp, s in g.wait_s.items():
                 wait_s[cp] += s
-            for cp, parts in g.wait_by_direction_s.items():
-                for d, s in parts.items():
-                    if s:
-                        into = by_dir.setdefault(cp, dict.fromkeys(DIRECTIONS, 0.0))
-                        into[d] += s
+            add_by_direction(by_dir, g.wait_by_direction_s)
             if g.idle_energy_j is None:
                 wait_j = None
             elif wait_j is not None:

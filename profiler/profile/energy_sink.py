@@ -10,6 +10,7 @@ from typing import Any
 from profiler.attribution.tracker import ENERGY_METHOD, GPU_WAIT_METHOD, EnergyTracker
 from profiler.attribution.window import (
     AttributedWindow,
+    add_by_direction,
     gpu_wait_for,
     split_by_direction,
     used_gpus,
@@ -200,9 +201,7 @@ class EnergySink:
             acc.wait_s = acc.wait_s or dict.fromkeys(CODEPATHS, 0.0)
             for cp, v in w.wait_s.items():
                 acc.wait_s[cp] += v
-            for cp, parts in w.wait_by_direction_s.items():
-                for d, v in parts.items():
-                    self._dir_wait_s[cp][d] += v
+            add_by_direction(self._dir_wait_s, w.wait_by_direction_s)
             acc.unattributed_wait_s += w.unattributed_s
             if w.idle_energy_j is None:
                 acc.idle_j_missing = acc.idle_j_missing or w.idle_s > 0
