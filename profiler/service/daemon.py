@@ -38,7 +38,7 @@ from profiler.attribution.window import AttributedWindow
 from profiler.exitcodes import EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME
 from profiler.records.host import fingerprint
 from profiler.records.store import Recorder, RecordError
-from profiler.sampling.retry import TARGET_KINDS, RetryPolicy
+from profiler.sampling.retry import TARGET_KINDS
 from profiler.sampling.window import WindowReport
 from profiler.service.budget import RateGovernor
 from profiler.service.clock import Clock, SystemClock
@@ -56,6 +56,7 @@ from profiler.service.pools import (
     SamplerPool,
     SamplingJob,
     daemon_plan,
+    daemon_retry,
 )
 from profiler.service.run_checkpoints import RunCheckpoints
 from profiler.service.sdnotify import SdNotifier
@@ -560,7 +561,9 @@ class Daemon:
         if tracked is None:
             return kind in TARGET_KINDS
         own_fault = kind not in TARGET_KINDS
-        decided = self._retry().after(kind, in_a_row=tracked.faults + 1 if own_fault else 1)
+        decided = daemon_retry(self.config.window_s, RETRY_REFUSED_S).after(
+            kind, in_a_row=tracked.faults + 1 if own_fault else 1
+        )
         if decided.action == "forget":
             self._forget(job.key, reason="gone")
         elif not own_fault:
@@ -584,15 +587,6 @@ class Daemon:
             )
             tracked.retry_at = self._clock.monotonic() + decided.after_s
         return not own_fault
-
-    def _retry(self) -> RetryPolicy:
-        """The daemon's retry rule (profiler/sampling/retry.py): a target that refused is
-        tried again after RETRY_REFUSED_S; serwatt's own faults back off by windows."""
-        return RetryPolicy(
-            refused_retry_s=RETRY_REFUSED_S,
-            fault_unit_s=self.config.window_s,
-            fault_cap_s=RETRY_REFUSED_S,
-        )
 
     # ------------------------------------------------------------------ discovery
 

@@ -13,6 +13,7 @@ from typing import Any
 from collectors.pyspy import PySpy, SamplingPlan, StopEvent
 from profiler.classify.classifier import Classifier
 from profiler.sampling.collect import sample_window
+from profiler.sampling.retry import RetryPolicy
 from profiler.sampling.window import WindowReport
 from profiler.service.config import Config
 
@@ -32,6 +33,12 @@ CPU_POLL_S = 0.5
 # plenty for lining them up, and at 10 Hz it adds ~a fifth of a 50 Hz run's cost.
 ON_CPU_RUN = True
 IDLE_RUN_RATE_HZ = 10.0
+
+
+def daemon_retry(window_s: float, refused_s: float) -> RetryPolicy:
+    """The daemon's retry rule (profiler/sampling/retry.py): a target that refused is tried
+    again after `refused_s`; serwatt's own faults back off by windows, up to `refused_s`."""
+    return RetryPolicy(refused_retry_s=refused_s, fault_unit_s=window_s, fault_cap_s=refused_s)
 
 
 def daemon_plan(rate_hz: float, timing_rate_hz: float | None) -> SamplingPlan:
