@@ -28,8 +28,25 @@ SERWATT = [sys.executable, "-m", "profiler"]
 
 JOB = textwrap.dedent(
     """
-    import errno, os, pickle, shutil, sys, time
+    import errno, glob, os, pickle, shutil, sys, time
+
+    def sampled():  # a py-spy record of this process is running
+        for path in glob.glob("/proc/[0-9]*/cmdline"):
+            try:
+                argv = open(path, "rb").read().decode(errors="replace").split("\\0")
+            except OSError:
+                continue
+            if "record" in argv and "--pid" in argv:
+                if argv[argv.index("--pid") + 1] == str(os.getpid()):
+                    return True
+        return False
+
     data = {str(i): [i, "x" * 10] for i in range(5000)}
+    # 3 s of pickling from the moment serwatt samples: on a loaded machine py-spy can start
+    # later than a fixed pause would allow for
+    give_up = time.time() + 60
+    while not sampled() and time.time() < give_up:
+        time.sleep(0.05)
     end = time.time() + 3
     while time.time() < end:
         blob = pickle.dumps(data)
@@ -72,7 +89,12 @@ def _check_no_data_lost(r: subprocess.CompletedProcess[str], json_path: Path, re
     assert r.returncode == 1, (r.returncode, r.stderr[-2000:])
     doc = _document_from_stderr(r.stderr, json_path)
     check_document(doc)
-    assert doc["codepaths"]["pickle"]["samples"] > 20, doc["codepaths"]["pickle"]
+    assert doc["codepaths"]["pickle"]["samples"] > 20, (
+        doc["codepaths"]["pickle"],
+        doc["samples"],
+        doc["targets"],
+        doc["sampler"],
+    )
     # The same data as the table on stdout and the run record.
     table = _table_samples(r.stdout)
     assert {cp: c["samples"] for cp, c in doc["codepaths"].items()} == {
