@@ -17,7 +17,7 @@ $(BIN)/serwatt: pyproject.toml
 
 # Debian packages the tests use: a real Prometheus server (+ promtool), systemd-analyze,
 # Chromium (headless) to open the A/B report's HTML page, and VictoriaMetrics (single
-# node) as the long-term store Prometheus remote-writes into (tests/test_fleet.py).
+# node) as the long-term store Prometheus remote-writes into (tests/report/test_fleet.py).
 system-deps:
 	@command -v prometheus >/dev/null && command -v promtool >/dev/null || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null)

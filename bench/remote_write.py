@@ -33,14 +33,14 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from profiler.intervals import mean_interval  # noqa: E402
-from tests.ports import prometheus_port  # noqa: E402
-from tests.test_daemon_support import (  # noqa: E402
+from tests.daemon_support import (  # noqa: E402
     start_daemon,
     start_powercap,
     start_workload,
     stop_process,
     wait_for,
 )
+from tests.ports import prometheus_port  # noqa: E402
 
 
 def _metric(port: int, name: str) -> float:

@@ -1,5 +1,5 @@
 """Coverage of the report's 95% ratio interval on lognormal data, to ±1% (95%): 2000 trials
-per case (1.96 √(0.95·0.05/2000) = 0.0096). The CI test (tests/test_report_coverage.py)
+per case (1.96 √(0.95·0.05/2000) = 0.0096). The CI test (tests/report/test_report_coverage.py)
 runs fewer; this is the figure docs/benchmarks.md quotes.
 
     .venv/bin/python -m bench.report_coverage [--trials 2000]

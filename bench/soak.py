@@ -81,13 +81,13 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from profiler.intervals import slope_interval, verdict  # noqa: E402 (needs REPO on the path)
-from tests.ports import prometheus_port  # noqa: E402
-from tests.test_daemon_support import (  # noqa: E402
+from tests.daemon_support import (  # noqa: E402
     DaemonProc,
     children_named,
-    config_text,
+    daemon_config,
     wait_for,
 )
+from tests.ports import prometheus_port  # noqa: E402
 
 PYTHON = sys.executable
 # the shipped config's scrape_timeout (5 s), scraped twice as often as it does
@@ -613,13 +613,13 @@ def record_check(db_path: Path, exit_code: int) -> Check:
 
 def write_config(path: Path, port: int, record_dir: Path, rate_hz: int, window_s: float) -> None:
     path.write_text(
-        config_text(
-            port=port,
-            record_dir=record_dir,
-            targets={name: marker(name) for name in TARGETS},
+        daemon_config(
+            record_dir,
+            {name: marker(name) for name in TARGETS},
+            listen=f"127.0.0.1:{port}",
             window_s=window_s,
             rescan_s=1,
-            rate_hz=rate_hz,
+            sample_rate_hz=rate_hz,
         )
     )
 

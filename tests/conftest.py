@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_daemon_support import start_daemon, start_powercap, start_workload, stop_process
+from tests.daemon_support import start_daemon, start_powercap, start_workload, stop_process
 
 
 @dataclass(frozen=True)

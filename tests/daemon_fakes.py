@@ -8,7 +8,7 @@ parked in it (waiting for its scripted end or its stop request), so what the mai
 sees after each wait does not depend on thread scheduling, and every time a test
 asserts is exact.
 
-No tests here; tests/test_daemon_schedule.py uses it.
+No tests here; tests/service/test_daemon_schedule.py uses it.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from profiler.service.config import load_config
 from profiler.service.daemon import Daemon
 from profiler.service.pools import SamplingJob
 from profiler.service.sdnotify import SdNotifier
+from tests.daemon_support import daemon_config
 
 # Exactly representable, so sums of the daemon's 0.5 s waits land on them exactly.
 FAKE_START_MONO = 1000.0
@@ -206,26 +207,13 @@ def remove_proc(procfs: Path, pid: int) -> None:
     d.rmdir()
 
 
-def config_yaml(procfs: Path, record_dir: Path, targets: dict[str, str], **keys: object) -> str:
-    """A daemon config over fake processes, no energy collectors, port 0; `keys`
-    (top-level config keys) replace the defaults here."""
-    top: dict[str, object] = {"sample_rate_hz": 10, "window_s": 1, "rescan_s": 0.5} | keys
-    lines = ['listen: "127.0.0.1:0"', "log_level: info"]
-    lines += [f"{k}: {v}" for k, v in top.items()]
-    lines += ["targets:"]
-    for name, marker in targets.items():
-        lines += [f"  - name: {name}", "    match:", f"      cmdline: '{marker}'"]
-    lines += [
-        "collectors:",
-        "  rapl: {enabled: false}",
-        "  nvml: {enabled: false}",
-        "  cpu_model: {tdp_w: null}",
-        "record:",
-        f"  dir: {record_dir}",
-        "paths:",
-        f"  procfs: {procfs}",
-    ]
-    return "\n".join(lines) + "\n"
+def fake_config(procfs: Path, record_dir: Path, targets: dict[str, str], **keys: object) -> str:
+    """daemon_config over fake processes: no energy collectors, 10 Hz, 1 s windows; `keys`
+    (top-level config keys) replace those."""
+    top: dict[str, object] = {"sample_rate_hz": 10, "window_s": 1} | keys
+    return daemon_config(
+        record_dir, targets, rapl=False, nvml=False, tdp_w=None, procfs=procfs, **top
+    )
 
 
 class FakeTimeDaemon:
@@ -248,7 +236,7 @@ class FakeTimeDaemon:
         for pid, marker in procs.items():
             make_proc(self.procfs, pid, marker)
         self.config_path = tmp_path / "serwatt.yaml"
-        self.config_path.write_text(config_yaml(self.procfs, tmp_path / "runs", targets, **keys))
+        self.config_path.write_text(fake_config(self.procfs, tmp_path / "runs", targets, **keys))
         self.clock = FakeClock(lambda: {f"serwatt-sample-{p}" for p in self.pids})
         self.sampler = ScriptedSampler(self.clock, script)
         self.daemon = Daemon(
@@ -269,7 +257,7 @@ class FakeTimeDaemon:
     def reload(self, targets: dict[str, str], **keys: object) -> None:
         """Write a new config and SIGHUP (the handler runs before os.kill returns)."""
         self.config_path.write_text(
-            config_yaml(self.procfs, self.config_path.parent / "runs", targets, **keys)
+            fake_config(self.procfs, self.config_path.parent / "runs", targets, **keys)
         )
         os.kill(os.getpid(), signal.SIGHUP)
 

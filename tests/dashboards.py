@@ -1,6 +1,6 @@
 """The Grafana dashboards in dashboards/, read the way Grafana reads them.
 
-No tests here: tests/test_dashboards.py checks the dashboards with these helpers, and
+No tests here: tests/service/test_dashboards.py checks the dashboards with these helpers, and
 the Prometheus integration tests import `panel_queries` to run every panel query on a
 live Prometheus (or VictoriaMetrics).
 

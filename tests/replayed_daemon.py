@@ -1,6 +1,6 @@
 """`serwatt daemon` as a child process with NVML replayed (tests/nvml_replay.py): the real
 daemon, config and exporter, with only the GPU driver this machine lacks replaced at its
-interface, so a multi-process test (tests/test_fleet.py) has GPU series to query.
+interface, so a multi-process test (tests/report/test_fleet.py) has GPU series to query.
 
     python -m tests.replayed_daemon --config FILE --timeline NAME --gpu-pid PID
 """

@@ -21,7 +21,7 @@ import pytest
 
 from profiler import safeio
 from profiler.exitcodes import EXIT_CONFIG, EXIT_USAGE
-from tests.test_hostile_records import _build
+from tests.records.test_hostile_records import _build
 
 REPO = Path(__file__).resolve().parents[1]
 # a hang is a failure, not a stuck test run; on a loaded 2-CPU VM a start that imports

@@ -22,9 +22,9 @@ from profiler.classify.codepaths import CODEPATHS
 from profiler.records.host import fingerprint
 from profiler.records.store import Recorder
 from profiler.report import build_report, default_cluster, render_text
+from tests.records.test_recorder import window
 from tests.report_synth import HOST, make_run
 from tests.serwatt_cli import serwatt
-from tests.test_recorder import window
 
 REPO = Path(__file__).resolve().parents[1]
 TITLE = "\x1b]0;PWNED\x07"  # an OSC sequence: sets the terminal's title

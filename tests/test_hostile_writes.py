@@ -24,7 +24,7 @@ import pytest
 from profiler import safeio
 from profiler.cli.main import main
 from profiler.records.store import Recorder, RecordError
-from tests.test_hostile_records import _build
+from tests.records.test_hostile_records import _build
 
 REPO = Path(__file__).resolve().parents[1]
 NOBODY = 65534

@@ -23,9 +23,9 @@ from profiler.records.store import Recorder
 from profiler.report import build_report, default_cluster, load_cluster, render_text
 from profiler.report.cluster import parse_cluster
 from profiler.report.render_text import fmt
+from tests.records.test_recorder import window
 from tests.report_synth import make_run
 from tests.serwatt_cli import serwatt
-from tests.test_recorder import window
 
 REPO = Path(__file__).resolve().parents[1]
 SERWATT = [sys.executable, "-m", "profiler"]

@@ -144,7 +144,7 @@ class Classifier:
         self._stack_cache_size = stack_cache_size
         self._sources = SourceCache(stat_ttl_s=stat_ttl_s)
         # Reads a leaf's file before parsing it; None parses every file (the reference
-        # the prefilter is tested against: tests/test_callsite_prefilter.py).
+        # the prefilter is tested against: tests/classify/test_callsite_prefilter.py).
         self._prefilter: CallsitePrefilter | None = None
         if callsite_prefilter:
             calls = [p for r in self._callsite_rules if r.calls for p in r.calls.patterns]

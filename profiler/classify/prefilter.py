@@ -2,7 +2,7 @@
 
 A file whose words cannot form any rule's name is not parsed at all (`ast.parse` of a
 large library file costs 0.1-0.5 s of CPU with the GIL held). The test is conservative:
-a "maybe" is parsed, a "no" is certain. tests/test_callsite_prefilter.py checks it
+a "maybe" is parsed, a "no" is certain. tests/classify/test_callsite_prefilter.py checks it
 against parsing every file; docs/classification.md describes it.
 """
 

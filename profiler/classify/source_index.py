@@ -161,7 +161,7 @@ def parse_source(
     its statements are exactly the ones the whole file's parse has there. A piece that
     does not parse (a cut inside a string) is joined with the next; past a few joins,
     or on any error at the end, the whole file is parsed at once (which also raises
-    the genuine error). tests/test_callsite_prefilter.py compares the trees.
+    the genuine error). tests/classify/test_callsite_prefilter.py compares the trees.
     `check` runs after each piece (the CPU budget: it raises to stop).
     """
     if (
@@ -257,7 +257,7 @@ class SourceIndex:
     """One parsed source file; `calls_at(line)` is memoized per line.
 
     Building it is linear in the file's size (`work` counts its elementary steps:
-    syntax-tree nodes visited, name lookups, line entries; tests/test_hostile_sources.py
+    syntax-tree nodes visited, name lookups, line entries; tests/classify/test_hostile_sources.py
     checks the ratio), and raises SourceTooCostly past SOURCE_CPU_BUDGET_S of CPU
     (counted from `cpu_started`, a time.thread_time(), when the caller's read began).
     """

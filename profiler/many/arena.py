@@ -83,7 +83,7 @@ class Arena:
         self._closed = False
         # The update path reuses, per arena, one single-thread hasher and, per slot, its views
         # into the mapping (typed and bytes): after a slot's first update, updating it builds
-        # neither (tests/test_many_proofs.py counts what an update still allocates).
+        # neither (tests/many/test_many_proofs.py counts what an update still allocates).
         self._hasher = blake3.blake3(max_threads=1)
         self._views: list[_SlotViews | None] = [None] * n
         # Rights, dtype codes and lengths never change in place; the generation, flags and

@@ -27,7 +27,7 @@ counts for episodes):
   by r leaves a test p >= alpha (the scale model: the sides differ by a factor). So p < alpha
   exactly when the interval excludes 1, up to a gap in the accepted set (`ci_note` says).
   Under the scale model the coverage is at least 95% by construction; on lognormal data the
-  report's own procedure is simulated in tests/test_report_coverage.py and
+  report's own procedure is simulated in tests/report/test_report_coverage.py and
   bench/report_coverage.py;
 - no interval below MIN_CI_N observations per side (benchstat's rule: "need >= 6 samples
   for confidence interval");

@@ -4,7 +4,7 @@ training loop's serialization between GPU steps, and of the daemon bench's targe
     python tests/workloads/alternating.py [MARKER]   # MARKER: ignored, for cmdline matching
 
 ~90% of its wall-time samples sit on the sleep line while nearly all of its CPU is in
-pickle and json (tests/test_daemon_attribution.py, bench/sampler_choice.py).
+pickle and json (tests/service/test_daemon_attribution.py, bench/sampler_choice.py).
 """
 
 import json
