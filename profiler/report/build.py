@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -483,7 +483,7 @@ def build_report(
     min_attainable = {
         name: _min_attainable(rows, families[name]) for name, rows in family_rows.items()
     }
-    warnings[:0] = _power_warnings(sides, n_ckpt, families)
+    warnings[:0] = _power_warnings(sides, n_ckpt, families, checkpoint)
     report: dict[str, Any] = {
         "schema": REPORT_SCHEMA,
         "receipt": receipt(baseline, candidate),
@@ -691,7 +691,10 @@ def _min_attainable(rows: Sequence[Mapping[str, Any]], family: int) -> float | N
 
 
 def _power_warnings(
-    sides: tuple[_Side, _Side], n_ckpt: list[int], families: Mapping[str, int]
+    sides: tuple[_Side, _Side],
+    n_ckpt: list[int],
+    families: Mapping[str, int],
+    checkpoint: Mapping[str, Any],
 ) -> list[dict[str, Any]]:
     out = []
     nb, nc = (len(s.blocks) for s in sides)
@@ -712,7 +715,22 @@ def _power_warnings(
             }
         )
     if all(s.has_episodes for s in sides):
-        w = stats.power_warning(n_ckpt[0], n_ckpt[1], "checkpoint episodes", family=1)
+        # The stall is tested on what its comparison resampled: blocks of episodes when a
+        # side's stalls trend or are autocorrelated, so 16 episodes in blocks of 5 are 3
+        # observations, whose smallest p (0.1) no change can get below 0.05.
+        stall = checkpoint.get("stall_s")
+        n = stall["n"] if stall else n_ckpt
+        lengths = [checkpoint[s.name]["warmup"]["block_length"] for s in sides]
+        unit = "checkpoint episodes" if max(lengths) == 1 else "blocks of checkpoint episodes"
+        w = stats.power_warning(n[0], n[1], unit, family=1)
+        if w is not None and max(lengths) > 1:
+            w = replace(
+                w,
+                message=f"{w.message}; episodes are resampled in blocks of "
+                f"{'/'.join(str(k) for k in lengths)} (baseline/candidate), so a side needs "
+                f"about {w.needed_per_side * max(lengths)} checkpoints, or --skip-warmup N "
+                "to leave out the warm-up that made the blocks",
+            )
         if w is not None:
             out.append(
                 {

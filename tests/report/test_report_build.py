@@ -248,6 +248,45 @@ def test_too_few_blocks_and_episodes_warn_with_the_needed_n() -> None:
     assert report["checkpoint"]["stall_s"]["significant"] is False
 
 
+def _trending(run: RunInput) -> RunInput:
+    """`run` with its checkpoint stalls rising step by step (a warm-up that never ends)."""
+    eps = tuple(
+        dataclasses.replace(e, wall_s=0.1 * (i + 1), end=e.start + 0.1 * (i + 1))
+        for i, e in enumerate(run.episodes or ())
+    )
+    return dataclasses.replace(run, episodes=eps)
+
+
+def test_the_checkpoint_power_warning_counts_the_blocks_the_stall_is_tested_on() -> None:
+    # 16 checkpoints a side whose stalls trend: they are resampled in blocks, and the
+    # warning must count those blocks, not the 16 episodes (16 + 16 could reach p < 0.05;
+    # a few blocks cannot)
+    base = [_trending(make_run("b", windows=19, every_s=6.0, seed=1))]
+    cand = [_trending(make_run("c", windows=19, every_s=6.0, seed=2))]
+    assert [len(r.episodes or ()) for r in (*base, *cand)] == [16, 16]
+    report = build_report(base, cand)
+    ck = report["checkpoint"]
+    lengths = [ck[side]["warmup"]["block_length"] for side in ("baseline", "candidate")]
+    assert min(lengths) > 1, lengths
+    stall_n = ck["stall_s"]["n"]
+    assert stall_n == [16 // lengths[0], 16 // lengths[1]], (stall_n, lengths)
+    best = 2 / math.comb(sum(stall_n), stall_n[1])
+    assert best >= 0.05, (stall_n, best)  # the case the warning is for
+    warned = [w for w in report["warnings"] if w.get("family") == "checkpoint"]
+    assert len(warned) == 1 and warned[0]["n"] == stall_n, warned
+    assert warned[0]["min_attainable_p"] == pytest.approx(best)
+    message = warned[0]["message"]
+    assert "blocks of checkpoint episodes" in message, message
+    assert f"about {warned[0]['needed_per_side'] * max(lengths)} checkpoints" in message
+    # the same runs with independent stalls are tested on 16 episodes a side: no warning
+    plain = build_report(
+        [make_run("b", windows=19, every_s=6.0, seed=1)],
+        [make_run("c", windows=19, every_s=6.0, seed=2)],
+    )
+    assert plain["checkpoint"]["stall_s"]["n"] == [16, 16]
+    assert not [w for w in plain["warnings"] if w.get("family") == "checkpoint"]
+
+
 def test_explicit_checkpoint_codepaths_override_the_choice() -> None:
     base, cand = _ab()
     report = build_report(
