@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/daemon.py [--targets 8] [--rate 50] [--watch-s 120] [--phase-s 8]
                                      [--pairs 6] [--window-s 10] [--max-concurrent 16]
-                                     [--cpu-budget CORES] [--timing-rate HZ] [--json FILE]
+                                     [--cpu-budget CORES] [--timing-rate HZ]
+                                     [--competitors K] [--json FILE]
     .venv/bin/python bench/daemon.py --recompute FILE
 
 Part 1 (--watch-s): a real `serwatt daemon` watches N real Python targets at --rate Hz
@@ -13,6 +14,11 @@ psutil:
   - RSS of the daemon process, sampled every 2 s: first/last 30 s means, per 30 s, and
     the least-squares slope (MB per minute) with its 95% interval, widened for the
     samples' autocorrelation (profiler/intervals.py); py-spy children's RSS reported apart.
+  - accuracy: each codepath's share of the targets' CPU (pickle, json, other) as the
+    daemon attributed it, against the truth timed inside the targets (thread_time around
+    each pickle and json call; `other` the rest of their CPU from /proc), error in pp;
+    --competitors K runs K busy non-target processes beside them (the contention
+    condition of issue 28);
   - with --cpu-budget: the rate the daemon's windows ran at (its serwatt_sample_rate_hz,
     read every 2 s), and the daemon's own account of its CPU
     (serwatt_self_cpu_seconds_total) next to the one measured from /proc.
@@ -32,8 +38,9 @@ perturbation only); each ratio is watched / unwatched (1.0 = no slowdown), with 
 clears the goal, not met when its high end is below it, undecided when it straddles it.
 `--recompute FILE` recomputes those from an earlier --json output's per-pair ratios.
 
-Goals (issue 4): daemon + py-spy < 10% of one core for 8 targets at 50 Hz, RSS <
-150 MB and flat (|slope| <= 1 MB/min, read off its interval), throughput ratio >= 0.99.
+Goals (issues 4 and 28): daemon + py-spy < 10% of one core for 8 targets at 50 Hz, RSS <
+150 MB and flat (|slope| <= 1 MB/min, read off its interval), throughput ratio >= 0.99,
+serialization share within 2 pp of the truth (one measurement over the watch: met or not).
 """
 
 from __future__ import annotations
@@ -65,17 +72,22 @@ TARGET = textwrap.dedent(
     out = sys.argv[1]
     data = {"k%d" % i: list(range(30)) for i in range(60)}
     chunks, busy_s, cpu_s, last_pub = 0, 0.0, 0.0, time.monotonic()
+    pickle_s = json_s = 0.0
     while True:
         t0, c0 = time.perf_counter(), time.thread_time()
         for _ in range(4):
+            a = time.thread_time()
             pickle.loads(pickle.dumps(data))
+            b = time.thread_time()
             json.loads(json.dumps(data))
+            pickle_s += b - a
+            json_s += time.thread_time() - b
         busy_s += time.perf_counter() - t0
         cpu_s += time.thread_time() - c0
         chunks += 1
         if time.monotonic() - last_pub > 0.25:
             with open(out + ".tmp", "w") as f:
-                f.write(f"{chunks} {busy_s!r} {cpu_s!r}")
+                f.write(f"{chunks} {busy_s!r} {cpu_s!r} {pickle_s!r} {json_s!r}")
             os.replace(out + ".tmp", out)
             last_pub = time.monotonic()
         time.sleep(0.018)
@@ -136,17 +148,19 @@ def pyspy_records(proc: psutil.Process) -> list[psutil.Process]:
     return out
 
 
-def read_progress(path: Path) -> tuple[int, float, float]:
-    """(chunks, wall s inside chunks, thread CPU s inside chunks) so far."""
+def read_progress(path: Path) -> tuple[int, float, float, float, float]:
+    """(chunks, wall s inside chunks, thread CPU s inside chunks, of which in pickle, in
+    json) so far."""
     try:
-        chunks, busy, cpu = path.read_text().split()
-        return int(chunks), float(busy), float(cpu)
+        chunks, busy, cpu, in_pickle, in_json = path.read_text().split()
+        return int(chunks), float(busy), float(cpu), float(in_pickle), float(in_json)
     except (OSError, ValueError):
-        return 0, 0.0, 0.0
+        return 0, 0.0, 0.0, 0.0, 0.0
 
 
 THROUGHPUT_GOAL = 0.99  # watched / unwatched throughput
 RSS_FLAT_MB_PER_MIN = 1.0  # |RSS slope| over the watch
+ACCURACY_GOAL_PP = 2.0  # |daemon - in-process truth| of the serialization share (issue 28)
 
 
 def throughput_figures(wall_ratios: list[float], cpu_ratios: list[float]) -> dict:
@@ -205,12 +219,41 @@ def scrape(port: int, prefix: str) -> float:
     )
 
 
-def serialization_cpu_s(port: int) -> tuple[float, float]:
-    """(pickle + json CPU s, all CPU s) the daemon attributed so far."""
-    ser = sum(
-        scrape(port, f'serwatt_cpu_seconds_total{{codepath="{cp}"') for cp in ("pickle", "json")
-    )
-    return ser, scrape(port, "serwatt_cpu_seconds_total{")
+CODEPATHS = ("pickle", "json")  # what the targets run; the rest of their CPU is `other`
+
+
+def attributed_cpu_s(port: int) -> dict[str, float]:
+    """CPU s the daemon attributed so far: per codepath the targets run, and in all."""
+    out = {cp: scrape(port, f'serwatt_cpu_seconds_total{{codepath="{cp}"') for cp in CODEPATHS}
+    out["all"] = scrape(port, "serwatt_cpu_seconds_total{")
+    return out
+
+
+def codepath_shares(
+    attributed: tuple[dict[str, float], dict[str, float]],
+    truth: tuple[list[tuple], list[tuple]],
+    targets_cpu_s: float,
+) -> dict[str, dict[str, float]]:
+    """Each codepath's share of the targets' CPU, the daemon's against the truth timed in
+    process (pickle and json each inside thread_time; `other` the rest of their CPU from
+    /proc), and the error in percentage points."""
+    a0, a1 = attributed
+    total = max(1e-9, a1["all"] - a0["all"])
+    daemon = {cp: (a1[cp] - a0[cp]) / total for cp in CODEPATHS}
+    true = {
+        cp: sum(b[3 + k] - a[3 + k] for a, b in zip(*truth, strict=True)) / max(1e-9, targets_cpu_s)
+        for k, cp in enumerate(CODEPATHS)
+    }
+    daemon["other"] = 1 - sum(daemon.values())
+    true["other"] = 1 - sum(true.values())
+    return {
+        cp: {
+            "daemon": round(daemon[cp], 4),
+            "truth": round(true[cp], 4),
+            "error_pp": round(100 * (daemon[cp] - true[cp]), 2),
+        }
+        for cp in (*CODEPATHS, "other")
+    }
 
 
 def targets_cpu_s(targets: list[subprocess.Popen]) -> float:
@@ -257,6 +300,13 @@ def main() -> int:
         default=0.0,
         help="the daemon's timing_rate_hz: a stack-change run per window (default 0: none)",
     )
+    ap.add_argument(
+        "--competitors",
+        type=int,
+        default=0,
+        help="busy non-target processes (a Python spin loop each) beside the targets: the "
+        "contention condition (default 0)",
+    )
     ap.add_argument("--json", type=Path, help="also write the figures here")
     ap.add_argument(
         "--recompute",
@@ -277,6 +327,12 @@ def main() -> int:
         subprocess.Popen([sys.executable, str(script), str(p)], stdout=subprocess.DEVNULL)
         for p in progress
     ]
+    # Not matched by the daemon's pattern (no marker in their command line): they only
+    # take CPU from the targets, as a node's other processes do.
+    competitors = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        for _ in range(args.competitors)
+    ]
     cfg = tmp / "serwatt.yaml"
     write_config(
         cfg, 0, tmp / "runs", args.rate, args.window_s, marker, args.max_concurrent,
@@ -296,6 +352,7 @@ def main() -> int:
         "rate_hz": args.rate,
         "cpu_budget_cores": args.cpu_budget,
         "timing_rate_hz": args.timing_rate,
+        "competitors": args.competitors,
         "cpus": os.cpu_count(),
         "loadavg_start": os.getloadavg(),
     }
@@ -319,7 +376,7 @@ def main() -> int:
             f"for {args.watch_s:g} s ..."
         )
         c0, t0, own0 = cpu_s(dproc), time.monotonic(), own_cpu_s(port)
-        attributed0 = serialization_cpu_s(port)
+        attributed0 = attributed_cpu_s(port)
         truth0 = [read_progress(p) for p in progress]
         tcpu0, delay0 = targets_cpu_s(targets), targets_run_delay_s(targets)
         rss: list[tuple[float, float]] = []
@@ -341,7 +398,7 @@ def main() -> int:
             spy_rss.append(total)
             time.sleep(2.0)
         c1, t1, own1 = cpu_s(dproc), time.monotonic(), own_cpu_s(port)
-        attributed1 = serialization_cpu_s(port)
+        attributed1 = attributed_cpu_s(port)
         truth1 = [read_progress(p) for p in progress]
         tcpu1, delay1 = targets_cpu_s(targets), targets_run_delay_s(targets)
         # Ground truth: the targets' CPU inside their serialization chunks (thread_time
@@ -351,8 +408,8 @@ def main() -> int:
         truth_share = sum(b[2] - a[2] for a, b in zip(truth0, truth1, strict=True)) / max(
             1e-9, tcpu1 - tcpu0
         )
-        ser = attributed1[0] - attributed0[0]
-        daemon_share = ser / max(1e-9, attributed1[1] - attributed0[1])
+        shares = codepath_shares((attributed0, attributed1), (truth0, truth1), tcpu1 - tcpu0)
+        daemon_share = sum(shares[cp]["daemon"] for cp in CODEPATHS)
         self_pct = 100 * (c1[0] - c0[0]) / (t1 - t0)
         spy_pct = 100 * (c1[1] - c0[1]) / (t1 - t0)
         core_pct = self_pct + spy_pct
@@ -383,6 +440,8 @@ def main() -> int:
             own_account_pct=round(100 * (own1 - own0) / (t1 - t0), 2),
             serialization_cpu_share_truth=round(truth_share, 4),
             serialization_cpu_share_daemon=round(daemon_share, 4),
+            serialization_cpu_share_error_pp=round(100 * (daemon_share - truth_share), 2),
+            codepath_shares=shares,
             # A thread waiting in the run queue is in state R, so py-spy's on-CPU run
             # samples it at the line it woke up on (the sleep): docs/daemon.md.
             targets_run_delay_per_cpu_s=round((delay1 - delay0) / max(1e-9, tcpu1 - tcpu0), 4),
@@ -406,6 +465,9 @@ def main() -> int:
             f"in-process truth {truth_share:.3f}; the targets waited "
             f"{result['targets_run_delay_per_cpu_s']:.3f} s in the run queue per CPU s"
         )
+        print("  per codepath, share of the targets' CPU: daemon / in-process truth (error)")
+        for cp, f in shares.items():
+            print(f"    {cp:7} {f['daemon']:.3f} / {f['truth']:.3f} ({f['error_pp']:+.2f} pp)")
         print(
             f"  windows' rate: mean {result['sample_rate_hz_mean']:g} Hz over the watch, "
             f"{result['sample_rate_hz_after_30s']} Hz after 30 s (configured {args.rate:g}, "
@@ -459,6 +521,10 @@ def main() -> int:
             "cpu < 10% of one core": core_pct < 10,
             f"every window at {args.rate:g} Hz": min(r for _, r in rates) >= args.rate,
             "RSS < 150 MB": result["rss_mb_max"] < 150,
+            f"serialization share within {ACCURACY_GOAL_PP:g} pp of the truth": abs(
+                result["serialization_cpu_share_error_pp"]
+            )
+            <= ACCURACY_GOAL_PP,
         }
         goals = {name: "met" if ok else "not met" for name, ok in measured_goals.items()}
         goals[f"RSS flat (|slope| <= {RSS_FLAT_MB_PER_MIN:g} MB/min)"] = verdict(
@@ -478,7 +544,7 @@ def main() -> int:
             daemon.wait(timeout=30)
         except subprocess.TimeoutExpired:
             daemon.kill()
-        for t in targets:
+        for t in (*targets, *competitors):
             t.kill()
             t.wait()
         log.close()

@@ -164,11 +164,32 @@ def test_daemon_bench_smoke(tmp_path: Path) -> None:
         "cpu < 10% of one core",
         "every window at 20 Hz",
         "RSS < 150 MB",
+        "serialization share within 2 pp of the truth",
         "RSS flat (|slope| <= 1 MB/min)",
         "throughput ratio >= 0.99 (wall)",
         "throughput ratio >= 0.99 (CPU)",
     ]
-    assert all(goals[g] in ("met", "not met") for g in list(goals)[:3]), goals
+    assert all(goals[g] in ("met", "not met") for g in list(goals)[:4]), goals
+    # per codepath: the daemon's shares and the in-process truth's each cover the targets'
+    # CPU, the serialization share is pickle + json, and its goal reads off its error
+    shares = fig["codepath_shares"]
+    assert list(shares) == ["pickle", "json", "other"], shares
+    for who in ("daemon", "truth"):
+        assert sum(f[who] for f in shares.values()) == pytest.approx(1, abs=2e-4), shares
+    for f in shares.values():
+        assert f["error_pp"] == pytest.approx(100 * (f["daemon"] - f["truth"]), abs=0.02), f
+    # the target serializes ~2 ms in every ~20 ms, pickle and json alike: both timed
+    assert all(0.01 < shares[cp]["truth"] < 0.9 for cp in ("pickle", "json")), shares
+    assert fig["serialization_cpu_share_daemon"] == pytest.approx(
+        shares["pickle"]["daemon"] + shares["json"]["daemon"], abs=2e-4
+    )
+    error = fig["serialization_cpu_share_error_pp"]
+    assert goals["serialization share within 2 pp of the truth"] == (
+        "met" if abs(error) <= 2 else "not met"
+    )
+    for cp, f in shares.items():
+        assert re.search(rf"^    {cp} +{f['daemon']:.3f} / {f['truth']:.3f} ", r.stdout, re.M), cp
+    assert fig["competitors"] == 0
     assert goals["cpu < 10% of one core"] == (
         "met" if fig["cpu_pct_of_one_core"] < 10 else "not met"
     )
