@@ -232,7 +232,7 @@ def attributed_cpu_s(port: int) -> dict[str, float]:
 def codepath_shares(
     attributed: tuple[dict[str, float], dict[str, float]],
     truth: tuple[list[tuple], list[tuple]],
-    targets_cpu_s: float,
+    targets_cpu: float,
 ) -> dict[str, dict[str, float]]:
     """Each codepath's share of the targets' CPU, the daemon's against the truth timed in
     process (pickle and json each inside thread_time; `other` the rest of their CPU from
@@ -241,7 +241,7 @@ def codepath_shares(
     total = max(1e-9, a1["all"] - a0["all"])
     daemon = {cp: (a1[cp] - a0[cp]) / total for cp in CODEPATHS}
     true = {
-        cp: sum(b[3 + k] - a[3 + k] for a, b in zip(*truth, strict=True)) / max(1e-9, targets_cpu_s)
+        cp: sum(b[3 + k] - a[3 + k] for a, b in zip(*truth, strict=True)) / max(1e-9, targets_cpu)
         for k, cp in enumerate(CODEPATHS)
     }
     daemon["other"] = 1 - sum(daemon.values())
