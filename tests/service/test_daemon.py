@@ -131,18 +131,19 @@ def test_lifecycle_ready_watchdog_metrics_sigterm_and_record(tmp_path):
                 assert ("serwatt_cpu_seconds_total", labels) in m
         assert ("serwatt_samples_total", (("codepath", "other"), ("direction", "encode"),
                                           ("target", "trainer"))) not in m  # fmt: skip
-        assert total(m, "serwatt_samples_total", target="trainer", codepath="pickle") > 0
+
         # the workload's pickle.dumps and pickle.loads (each on its own line: a line that
-        # calls both says neither) land on their own directions
-        wait_for(
-            lambda: all(
-                total(d.metrics(), "serwatt_cpu_seconds_total", target="trainer",
-                      codepath="pickle", direction=way) > 0
+        # calls both says neither) land on their own directions; waited for, as the first
+        # window with samples may be too short to hold a pickle sample
+        def pickle_both_ways() -> bool:
+            now = d.metrics()
+            labels = {"target": "trainer", "codepath": "pickle"}
+            return total(now, "serwatt_samples_total", **labels) > 0 and all(
+                total(now, "serwatt_cpu_seconds_total", direction=way, **labels) > 0
                 for way in ("encode", "decode")
-            ),
-            60,
-            "pickle CPU both ways",
-        )  # fmt: skip
+            )
+
+        wait_for(pickle_both_ways, 60, "pickle samples, and pickle CPU both ways")
 
         assert total(m, "serwatt_cpu_seconds_total", target="trainer") > 0
         assert total(m, "serwatt_target_up", target="trainer") == 1
