@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from profiler.classify.codepaths import CODEPATHS, SERIALIZATION_CODEPATHS
-from profiler.report import comparability, stats
+from profiler.report import comparability, power, stats
 from profiler.report.checkpoints import (
     FILE_EVENTS,
     HEURISTIC,
@@ -481,9 +481,9 @@ def build_report(
     families = {name: _apply_holm(rows, name) for name, rows in family_rows.items()}
     _durability_verdicts(checkpoint)
     min_attainable = {
-        name: _min_attainable(rows, families[name]) for name, rows in family_rows.items()
+        name: power.min_attainable(rows, families[name]) for name, rows in family_rows.items()
     }
-    warnings[:0] = _power_warnings(sides, n_ckpt, families, checkpoint)
+    warnings[:0] = power.power_warnings(sides, n_ckpt, families, checkpoint)
     report: dict[str, Any] = {
         "schema": REPORT_SCHEMA,
         "receipt": receipt(baseline, candidate),
@@ -680,71 +680,6 @@ def _mean_or_none(values: Sequence[float | None]) -> float | None:
     if not values or any(v is None for v in values):
         return None
     return float(np.mean([v for v in values if v is not None]))
-
-
-def _min_attainable(rows: Sequence[Mapping[str, Any]], family: int) -> float | None:
-    """The smallest Holm-adjusted p any outcome could give in this family (None: untested)."""
-    ns = [m["n"] for m in rows if m.get("p") is not None]
-    if not ns:
-        return None
-    return min(stats.min_attainable_p(n[0], n[1], family) for n in ns)
-
-
-def _power_warnings(
-    sides: tuple[_Side, _Side],
-    n_ckpt: list[int],
-    families: Mapping[str, int],
-    checkpoint: Mapping[str, Any],
-) -> list[dict[str, Any]]:
-    out = []
-    nb, nc = (len(s.blocks) for s in sides)
-    w = stats.power_warning(nb, nc, "blocks", family=max(1, families["codepaths"]))
-    if w is not None:
-        need = stats.windows_for_blocks(w.needed_per_side)
-        out.append(
-            {
-                "scope": "windows",
-                "family": "codepaths",
-                "n": list(w.n),
-                "min_attainable_p": w.min_attainable_p,
-                "needed_per_side": w.needed_per_side,
-                "needed_baseline": w.needed_baseline,
-                "needed_candidate": w.needed_candidate,
-                "message": f"{w.message}; one run of {need} windows makes "
-                f"{stats.block_count(need)} blocks",
-            }
-        )
-    if all(s.has_episodes for s in sides):
-        # The stall is tested on what its comparison resampled: blocks of episodes when a
-        # side's stalls trend or are autocorrelated, so 16 episodes in blocks of 5 are 3
-        # observations, whose smallest p (0.1) no change can get below 0.05.
-        stall = checkpoint.get("stall_s")
-        n = stall["n"] if stall else n_ckpt
-        lengths = [checkpoint[s.name]["warmup"]["block_length"] for s in sides]
-        unit = "checkpoint episodes" if max(lengths) == 1 else "blocks of checkpoint episodes"
-        w = stats.power_warning(n[0], n[1], unit, family=1)
-        if w is not None and max(lengths) > 1:
-            w = replace(
-                w,
-                message=f"{w.message}; episodes are resampled in blocks of "
-                f"{'/'.join(str(k) for k in lengths)} (baseline/candidate), so a side needs "
-                f"about {w.needed_per_side * max(lengths)} checkpoints, or --skip-warmup N "
-                "to leave out the warm-up that made the blocks",
-            )
-        if w is not None:
-            out.append(
-                {
-                    "scope": "checkpoint",
-                    "family": "checkpoint",
-                    "n": list(w.n),
-                    "min_attainable_p": w.min_attainable_p,
-                    "needed_per_side": w.needed_per_side,
-                    "needed_baseline": w.needed_baseline,
-                    "needed_candidate": w.needed_candidate,
-                    "message": w.message,
-                }
-            )
-    return out
 
 
 def _projection(
