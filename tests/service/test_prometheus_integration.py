@@ -79,6 +79,17 @@ def _start_prometheus(tmp_path: Path, daemon_port: int) -> tuple[subprocess.Pope
     return proc, prometheus_port(proc, log_path)
 
 
+def _all_scrapes_succeeded(prom_port: int):
+    """A predicate: the time now if every scrape of the last 12 s succeeded, else None."""
+
+    def check() -> float | None:
+        at = time.time()
+        up = _query(prom_port, 'min_over_time(up{job="serwatt"}[12s])', at)
+        return at if up and float(up[0]["value"][1]) == 1.0 else None
+
+    return check
+
+
 def _record_windows(db_path: Path, target: str) -> list[dict[str, dict[str, float]]]:
     """Per window (in commit order): codepath -> samples, cpu_s, energy_j."""
     db = sqlite3.connect(db_path)
@@ -171,7 +182,11 @@ def test_prometheus_scrapes_the_daemon_and_agrees_with_the_record(tmp_path):
 
             wait_for(ready, 120, f"Prometheus to hold errors, samples, {POWER_STEPS} slots")
             time.sleep(2)  # every rate() over 10 s has two points of every series
-            at = time.time()
+            # A scrape that overruns SCRAPE_S (a loaded machine) fails, and Prometheus
+            # marks every series of the target stale until the next one: an instant
+            # query then finds none. The snapshot is taken at a moment when every
+            # scrape of the last rate() window succeeded.
+            at = wait_for(_all_scrapes_succeeded(prom_port), 60, "12 s of clean scrapes")
             seen["stored"] = _query(
                 prom_port,
                 '{__name__=~"serwatt_(samples|cpu_seconds|energy_joules)_total",target="trainer"}',
