@@ -64,6 +64,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from profiler.intervals import SlopeInterval, mean_interval, slope_interval, verdict  # noqa: E402
+from tests.daemon_support import daemon_config  # noqa: E402
 from tests.ports import listening_port  # noqa: E402
 
 TARGET = textwrap.dedent(
@@ -95,31 +96,20 @@ TARGET = textwrap.dedent(
 )
 
 
-def write_config(
-    path: Path,
-    port: int,
-    record_dir: Path,
-    rate: float,
-    window_s: float,
-    pattern: str,
-    max_concurrent: int,
-    cpu_budget: float | None,
-    timing_rate: float = 0.0,
-) -> None:
-    path.write_text(
-        f'listen: "127.0.0.1:{port}"\n'
-        f"sample_rate_hz: {rate}\n"
-        f"timing_rate_hz: {timing_rate:g}\n"
-        f"window_s: {window_s:g}\n"
-        "rescan_s: 5\n"
-        f"max_concurrent_samplers: {max_concurrent}\n"
-        f"cpu_budget_cores: {'null' if cpu_budget is None else cpu_budget}\n"
-        "log_level: warning\n"
-        "targets:\n"
-        "  - name: bench\n"
-        "    match:\n"
-        f"      cmdline: '{pattern}'\n"
-        f"record:\n  dir: {record_dir}\n"
+def bench_config(record_dir: Path, args: argparse.Namespace, pattern: str) -> str:
+    """The daemon's config: one target matching `pattern`, the collectors at the
+    daemon's defaults (RAPL and NVML auto, no TDP); the kernel picks the port."""
+    return daemon_config(
+        record_dir,
+        {"bench": pattern},
+        tdp_w=None,
+        sample_rate_hz=args.rate,
+        timing_rate_hz=args.timing_rate,
+        window_s=args.window_s,
+        rescan_s=5,
+        max_concurrent_samplers=args.max_concurrent,
+        cpu_budget_cores=args.cpu_budget,
+        log_level="warning",
     )
 
 
@@ -296,8 +286,8 @@ def main() -> int:
     )
     ap.add_argument(
         "--timing-rate",
-        type=float,
-        default=0.0,
+        type=int,
+        default=0,
         help="the daemon's timing_rate_hz: a stack-change run per window (default 0: none)",
     )
     ap.add_argument(
@@ -334,10 +324,10 @@ def main() -> int:
         for _ in range(args.competitors)
     ]
     cfg = tmp / "serwatt.yaml"
-    write_config(
-        cfg, 0, tmp / "runs", args.rate, args.window_s, marker, args.max_concurrent,
-        args.cpu_budget, args.timing_rate,
-    )  # fmt: skip
+    # Part 2 switches between these by SIGHUP: matching the targets, and matching nothing
+    watched_cfg = bench_config(tmp / "runs", args, marker)
+    unwatched_cfg = bench_config(tmp / "runs", args, "nothing_matches_this_" + marker)
+    cfg.write_text(watched_cfg)
     log = open(tmp / "daemon.log", "wb")  # noqa: SIM115
     daemon = subprocess.Popen(
         [sys.executable, "-m", "profiler", "daemon", "--config", str(cfg)],
@@ -476,8 +466,6 @@ def main() -> int:
         )
 
         # Part 2: interleaved watched / unwatched phases, switched by SIGHUP.
-        unwatched_cfg = cfg.read_text().replace(marker, "nothing_matches_this_" + marker)
-        watched_cfg = cfg.read_text()
         # Two throughputs per phase: chunks per wall second inside chunks (what the
         # job sees: includes CPU contention from py-spy and from everything else on the
         # machine) and chunks per CPU second (in-process perturbation only: py-spy
