@@ -50,7 +50,7 @@ from profiler.classify import source_cache
 from profiler.classify.codepaths import CODEPATHS
 from profiler.classify.direction import DIRECTIONS
 from profiler.profile.processes import ProcessTally
-from profiler.sampling import collect
+from profiler.sampling import collect, eligible
 from profiler.sampling.collect import ClassifierLike, RawWindow, collect_window, finish_window
 from profiler.sampling.retry import RetryPolicy
 from profiler.sampling.window import WindowReport
@@ -472,14 +472,15 @@ class ProfileSession:
         t.start()
 
     def _discover(self) -> None:
+        """Start sampling every descendant of the root that the daemon's rule admits."""
         for pid in procstat.descendants(self.root_pid, self.procfs):
             if pid in self.targets:
                 continue
             try:
-                kind = procstat.python_kind(pid, self.procfs)
-            except OSError:
-                continue
-            if kind.is_python:
+                refused = eligible.refusal(procstat.ProcessFiles(pid, self.procfs))
+            except (procstat.ProcessGone, procstat.ProcessUnreadable, ValueError, IndexError):
+                continue  # exited while read (a half-written stat), or not ours to read
+            if refused is None:
                 self._start_target(pid)
 
     # ------------------------------------------------------------ run

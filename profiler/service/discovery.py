@@ -7,7 +7,9 @@ environment values from /proc/<pid>/environ, the pid in a pid file) and it runs
 Python. The first target (in config order) that matches a process gets it, so a
 process is sampled once.
 
-Never targets: kernel threads, this process, serwatt itself, py-spy.
+Never targets: this process, and what profiler/sampling/eligible.py refuses (kernel
+threads, serwatt itself, py-spy, processes that are not CPython): the rule a profile
+applies to the children it follows.
 
 Processes come and go while we read them: a process that vanishes mid-scan, or
 whose files we may not read, is skipped and counted in `stats`, never raised.
@@ -27,9 +29,9 @@ from pathlib import Path
 from collectors import procstat
 from collectors.procstat import ProcessFiles
 from profiler.records.run_ids import render_run_id
+from profiler.sampling import eligible
 from profiler.service.config import TargetMatch, TargetSpec
 
-PF_KTHREAD = 0x00200000  # include/linux/sched.h: the task is a kernel thread
 _UNIT_RE = re.compile(r"\.(service|scope|socket|mount|swap|target|timer|path|device)$")
 
 
@@ -53,23 +55,6 @@ def _units(proc: ProcessFiles) -> list[str]:
             if _UNIT_RE.search(part) and part not in found:
                 found.append(part)
     return found
-
-
-def _is_serwatt_or_pyspy(proc: ProcessFiles) -> bool:
-    argv = proc.argv()
-    exe = proc.exe()
-    if exe and os.path.basename(exe) == "py-spy":
-        return True
-    heads = [os.path.basename(a) for a in argv[:2]]
-    if "py-spy" in heads[:1] or "serwatt" in heads:
-        return True
-    # `python -m profiler ...` is serwatt run from a checkout; `python -m collectors.fsevents
-    # DIR` is a serwatt's checkpoint watch (its argv names the job's directory, which a
-    # target's cmdline pattern may match)
-    return any(
-        a == "-m" and (b in ("profiler", "profiler.cli") or b.startswith("collectors."))
-        for a, b in zip(argv, argv[1:], strict=False)
-    )
 
 
 def _read_pid_file(path: Path) -> int | None:
@@ -150,16 +135,11 @@ def discover(
             )
             if spec is None:
                 continue
+            refused = eligible.refusal(proc)
+            if refused is not None:
+                count(refused)
+                continue
             st = proc.stat()
-            if st.flags & PF_KTHREAD or pid == 2 or st.ppid == 2:
-                count("kernel_thread")
-                continue
-            if _is_serwatt_or_pyspy(proc):
-                count("self")
-                continue
-            if not proc.python_kind().is_python:
-                count("not_python")
-                continue
             units = _units(proc)
             start_time = st.started_at(boot_s)
             unit = units[0] if units else None

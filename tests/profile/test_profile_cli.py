@@ -144,6 +144,30 @@ def test_python_children_are_followed(tmp_path: Path) -> None:
     assert low * (1 - CHILDREN_REL) <= share <= high * (1 + CHILDREN_REL), (share, low, high)
 
 
+CHILDREN = """
+import subprocess, sys, time
+work = "import json, time\\nuntil = time.monotonic() + 2.5\\nwhile time.monotonic() < until: json.dumps(list(range(3000)))"
+plain = subprocess.Popen([sys.executable, "-c", work])
+# a Python child whose argv[0] says it is serwatt, as the console script's does
+like_serwatt = subprocess.Popen(["serwatt", "-c", work], executable=sys.executable)
+sys.exit(plain.wait() or like_serwatt.wait())
+"""
+
+
+def test_children_are_admitted_by_the_daemons_rule(tmp_path: Path) -> None:
+    """A profile follows the children the daemon's discovery would admit
+    (profiler/sampling/eligible.py): a Python child is sampled, a child that is serwatt
+    itself is not (sampling the sampler would bill its cost to the job)."""
+    out = tmp_path / "p.json"
+    r = serwatt("profile", "--json", str(out), "--", sys.executable, "-c", CHILDREN)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(out.read_text())
+    commands = {t["command"].split(" ", 1)[0]: t for t in doc["targets"]}
+    assert set(commands) == {sys.executable}, doc["targets"]
+    children = [t for t in doc["targets"] if t["pid"] != doc["target"]["pid"]]
+    assert len(children) == 1 and children[0]["samples"] > 0, doc["targets"]
+
+
 def test_attach_with_pid_and_duration() -> None:
     p = subprocess.Popen(
         [PY310, "-c", "import json\nd=list(range(30000))\nwhile True: s = json.dumps(d)"]
