@@ -146,7 +146,10 @@ def test_python_children_are_followed(tmp_path: Path) -> None:
 
 CHILDREN = """
 import subprocess, sys, time
-work = "import json, time\\nuntil = time.monotonic() + 2.5\\nwhile time.monotonic() < until: json.dumps(list(range(3000)))"
+work = (
+    "import json, time\\nuntil = time.monotonic() + 2.5\\n"
+    "while time.monotonic() < until: json.dumps(list(range(3000)))"
+)
 plain = subprocess.Popen([sys.executable, "-c", work])
 # a Python child whose argv[0] says it is serwatt, as the console script's does
 like_serwatt = subprocess.Popen(["serwatt", "-c", work], executable=sys.executable)

@@ -15,8 +15,8 @@ from types import MappingProxyType
 import pytest
 
 from profiler.records.run_ids import NO_UNIT, format_start_time, render_run_id
-from profiler.service.config import TargetMatch, TargetSpec
 from profiler.sampling.eligible import PF_KTHREAD
+from profiler.service.config import TargetMatch, TargetSpec
 from profiler.service.discovery import discover
 
 SLEEPER = "import time, sys; time.sleep(120)"
