@@ -310,12 +310,24 @@ def delta(before: CpuSnapshot, after: CpuSnapshot) -> ThreadCpuDelta:
     )
 
 
+# procfs root -> its btime, as first read by this process
+_BOOT_S: dict[str, float] = {}
+
+
 def boot_time_s(procfs: Path = Path("/proc")) -> float:
-    """When the node booted, epoch seconds (the `btime` line of <procfs>/stat)."""
+    """When the node booted, epoch seconds (the `btime` line of <procfs>/stat), read once
+    per procfs root and kept: the kernel recomputes btime on every read as the wall clock
+    minus the time since boot, so while NTP slews the clock it moves by a second now and
+    then (prometheus/client_golang#289, osquery#6911), and every process start time with
+    it. A daemon keys its processes and names their runs by start time: a moving btime
+    would make a running job a new process and split its run in two."""
+    key = str(procfs)
+    if key in _BOOT_S:
+        return _BOOT_S[key]
     # the node's stat grows with CPUs and interrupts (an `intr` line per IRQ source)
     for line in _read(procfs / "stat", limit=64 * MAX_READ_BYTES).splitlines():
         if line.startswith("btime "):
-            return float(line.split()[1])
+            return _BOOT_S.setdefault(key, float(line.split()[1]))
     raise NotProcfs(f"{procfs}/stat has no btime line: is {procfs} a procfs?")
 
 

@@ -273,6 +273,19 @@ def test_fake_procfs_comm_with_parentheses_and_spaces(procfs: Path) -> None:
     assert d.start_time == 1_800_000_000 + 7 / os.sysconf("SC_CLK_TCK")
 
 
+def test_a_btime_that_moves_under_ntp_keeps_each_process_and_its_run(procfs: Path) -> None:
+    """The kernel recomputes btime on every read (wall clock minus time since boot): NTP
+    slewing moves it by a second now and then. A process's start time, its identity to
+    the daemon and its run id stay as first read."""
+    make_proc(procfs, 10, ["python3", "train.py"], start_ticks=100 * os.sysconf("SC_CLK_TCK"))
+    target = spec("trainer", cmdline="train")
+    (first,) = discover([target], procfs)
+    (procfs / "stat").write_text("cpu  1 2 3\nbtime 1800000001\nprocesses 10\n")
+    (again,) = discover([target], procfs)
+    assert (again.start_time, again.run_id) == (first.start_time, first.run_id)
+    assert first.start_time == 1_800_000_100.0
+
+
 def test_procfs_without_btime_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "stat").write_text("cpu 1\n")
     with pytest.raises(RuntimeError, match="no btime"):
