@@ -408,6 +408,13 @@ def _verdict(m: dict[str, Any] | None, unit: str = "s") -> str | None:
     )
 
 
+def _below(bound_s: Any) -> str:
+    """What an untimed restore's missing samples bound: its wall time."""
+    if not isinstance(bound_s, int | float):
+        return ""
+    return f", each under {fmt(bound_s * 1000.0)} ms (no sample in it)"
+
+
 def _restore_missing(report: dict[str, Any], label: str) -> str:
     """The headline's restore line when none was compared: 'not measured' when no run
     restored, else which side's restores were seen but none timed (a lazy open is often
@@ -422,7 +429,7 @@ def _restore_missing(report: dict[str, Any], label: str) -> str:
         return "restore: not measured"
     untimed = [
         f"{name}: {side.get('file_event_only') or 0} of {side['restores']} seen only as a "
-        "file event"
+        "file event" + _below(side.get("file_event_only_below_s"))
         for name, side in seen.items()
         if not side.get("wall_s")
     ]

@@ -203,9 +203,14 @@ def restore_side(side: _Side) -> dict[str, Any]:
     else:
         cache = f"cold: {read_bytes} bytes read from storage over the runs"
     lazy = any(x.lazy for x in restores)
+    # An interval two sampling periods long holds a tick however the ticks fall: a restore
+    # no sample fell in was shorter (while the sampler kept pace; the slowest run's rate).
+    rates = [r.rate_hz for r in side.runs if r.rate_hz > 0]
+    untimed = len(restores) - len(timed)
     return {
         "restores": len(restores),
-        "file_event_only": len(restores) - len(timed),
+        "file_event_only": untimed,
+        "file_event_only_below_s": 2.0 / min(rates) if untimed and rates else None,
         "wall_s": quantiles(timed),
         "resolution_s": max((x.resolution_s or 0.0 for x in restores), default=None),
         "read_bytes": read_bytes,

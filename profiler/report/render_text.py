@@ -275,7 +275,13 @@ def _checkpoint_lines(report: Mapping[str, Any]) -> list[str]:
         if r.get("restores"):
             out += _wrap(
                 "  restore: ",
-                f"{name}: {r['restores']} ({r['file_event_only']} untimed)"
+                f"{name}: {r['restores']} ({r['file_event_only']} untimed"
+                + (
+                    f", each under {fmt(r['file_event_only_below_s'] * 1000.0)} ms: no sample"
+                    if r.get("file_event_only_below_s")
+                    else ""
+                )
+                + ")"
                 + (f"; {r['cache']}" if r.get("cache") else "")
                 + (f"; {r['note']}" if r.get("note") else ""),
             )

@@ -381,6 +381,12 @@ def test_the_headline_says_why_no_restore_was_compared() -> None:
         "restore (cold): not compared, no timed restore "
         "(candidate: 2 of 2 seen only as a file event)"
     )
+    # with the bound the sampling puts on them: shorter than two sampling periods
+    report["restore"]["candidate"] = untimed | {"file_event_only_below_s": 0.04}
+    assert headline(report, opts)[1] == (
+        "restore (cold): not compared, no timed restore "
+        "(candidate: 2 of 2 seen only as a file event, each under 40 ms (no sample in it))"
+    )
     none = {"restores": 0, "file_event_only": 0, "wall_s": None}
     report["restore"] = {"baseline": none, "candidate": none, "wall_s": None}
     report["ab"] = {"runs": [{"side": "baseline", "resumed": False, "restore_cache": None}]}

@@ -189,6 +189,8 @@ def test_restores_are_counted_timed_and_compared_per_side() -> None:
     b, c = restore["baseline"], restore["candidate"]
     assert (b["restores"], b["file_event_only"]) == (12, 1)
     assert (c["restores"], c["file_event_only"]) == (11, 0)
+    # the untimed one was shorter than two 50 Hz periods; no bound where all were timed
+    assert (b["file_event_only_below_s"], c["file_event_only_below_s"]) == (0.04, None)
     timed_b = [w for ws in walls_b for w in ws if w is not None]
     assert b["wall_s"]["mean"] == pytest.approx(sum(timed_b) / len(timed_b))
     assert b["read_bytes"] == 2 * (64 << 20) and b["cache"].startswith("cold: ")
@@ -226,6 +228,9 @@ def test_the_table_shows_files_written_and_the_restores() -> None:
     ]
     untimed = next(ln for ln in text.splitlines() if "untimed (files)" in ln)
     assert untimed.split()[2:4] == ["1", "2"]
-    assert "restore: baseline: 2 (1 untimed); cold: 67108864 bytes read" in text
+    assert (
+        "restore: baseline: 2 (1 untimed, each under 40 ms: no sample); cold: 67108864 bytes"
+        in text
+    )
     assert "restore: candidate: 1 (0 untimed); warm: " in text
     assert max(len(ln) for ln in text.splitlines()) <= 100
