@@ -320,6 +320,12 @@ class EnergyTracker:
         last = self._rapl_series.last_t if status["rapl"].up else self._cpu_series.last_t
         if last is None or end > last:
             self.poll_once()
+        # NVML is polled every nvml_poll_s, less often than the CPU: a CPU reading after
+        # `end` says nothing of NVML's, whose samples could stop a whole poll interval
+        # before `end` (the span's GPU-wait then unknown for want of its last edge)
+        if status["nvml"].up and self._last_nvml_poll < end:
+            self.nvml.poll()
+            self._last_nvml_poll = self._clock()
 
     def gpu_window(self, start: float, end: float) -> tuple[GpuWindow, ...]:
         """NVML readings over [start, end] (none when NVML is down); reads now if `end` is

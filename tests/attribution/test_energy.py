@@ -149,6 +149,34 @@ def test_required_collectors_fail_with_the_fix(tmp_path: Path) -> None:
         EnergyTracker(tmp_path, rapl_mode="yes")
 
 
+def test_a_span_that_just_ended_gets_nvml_read_to_its_end(tmp_path: Path) -> None:
+    """NVML is polled every nvml_poll_s, the CPU more often: a CPU reading newer than a
+    span's end must not stop the tracker reading NVML up to it, or the span's last
+    edge is uncovered and its GPU-wait unknown (an episode closing at a profile's end)."""
+    clock = FakeClock()
+    fake = ReplayNvmlBackend(
+        load_timeline("h200_checkpoint_stall"), target_pids=[TARGET], clock=clock
+    )
+    procfs = tmp_path / "proc"
+    procfs.mkdir()
+    _cpuinfo(procfs)
+    (procfs / "stat").write_text(_stat(0, 0))
+    tr = EnergyTracker(
+        tmp_path / "sys", procfs, nvml_backend=fake, clock=clock, nvml_boottime=fake.boottime,
+        nvml_poll_s=1.0,
+    )  # fmt: skip
+    t0 = clock()
+    clock.advance(1.0)
+    tr.poll_once()  # CPU and NVML read at t0 + 1
+    clock.advance(0.8)
+    (procfs / "stat").write_text(_stat(50, 50))
+    tr.poll_once()  # the CPU read at t0 + 1.8; NVML not (within its poll interval)
+    clock.advance(0.05)
+    (g,) = tr.gpu_window(t0 + 0.2, t0 + 1.75)  # ended before the last CPU reading
+    # the utilisation intervals reach the span's end, to one driver sample period
+    assert max(iv.t1 for iv in g.intervals) >= t0 + 1.75 - g.sample_period_s, g.intervals
+
+
 def test_gpu_wait_through_tracker_with_replayed_gpu(tmp_path: Path) -> None:
     clock = FakeClock()
     fake = ReplayNvmlBackend(

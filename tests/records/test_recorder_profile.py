@@ -122,7 +122,22 @@ def test_profile_session_is_recorded_with_model_energy_and_replayed_gpu_wait(
     nvml_period_s = backend.timeline["gpus"][0]["period_s"]
     episodes = rec.episodes(summary.run_id) or ()
     timed = [e for e in episodes if e["gpu_wait_s"] is not None]
-    assert timed, episodes
+
+    def coverage() -> list[tuple]:
+        """Per episode: its span, and the replayed GPU's utilisation intervals over it."""
+        out: list[tuple] = []
+        for e in episodes:
+            try:
+                gpus = tracker.gpu_window(e["start"], e["end"])
+            except Exception as exc:  # a failure message, not a second failure
+                out.append((e["start"], e["end"], repr(exc)))
+                continue
+            for g in gpus:
+                ivs = [(iv.t0, iv.t1) for iv in g.intervals]
+                out.append((e["start"], e["end"], g.up, g.pids, ivs[:2], ivs[-2:]))
+        return out
+
+    assert timed, (episodes, coverage(), backend.start)
     for e in timed:
         truth = backend.true_idle_s(0, e["start"], e["end"])
         assert e["gpu_wait_s"] == pytest.approx(truth, abs=2 * nvml_period_s), e
