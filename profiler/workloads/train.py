@@ -17,7 +17,9 @@ baseline and `.many` runs are comparable under `serwatt profile`.
 checkpoint in flight, written in the background, waited for before exit); with `--overlap`
 the weights and Adam moments are copied while the next step computes and that step's
 `optimizer.step()` waits for the copy (torch backend). Its checkpoint entries say the
-training stall (`save_s`) and that wait (`step_wait_s`) apart, and their sum (`cost_s`).
+training stall (`save_s`) and that wait (`step_wait_s`) apart, and their sum (`cost_s`),
+and `cpu_s_all_threads`: the process's CPU, every thread, from the call's start until the
+file is durable (`time.process_time()` at both ends; the end read on the writer thread).
 
 The summary (one JSON line on stdout) carries `params_blake3`, a hash of the final weights,
 so runs can be checked for equal work.
@@ -628,8 +630,9 @@ def train_async(args: argparse.Namespace) -> dict[str, Any]:
         trainer.restore(tree["tensors"], tree["meta"])
         restore_s = time.perf_counter() - t0
         start_step = int(tree["meta"]["step"])
-    durable: dict[str, Written] = {}
-    cp.on_written = lambda w: durable.__setitem__(w.path, w)  # on the background thread
+    durable: dict[str, tuple[Written, float]] = {}
+    # on the background thread, as each file becomes durable: the process's CPU then
+    cp.on_written = lambda w: durable.__setitem__(w.path, (w, time.process_time()))
     checkpoints: list[dict[str, Any]] = []
     loss = float("nan")
     try:
@@ -642,7 +645,7 @@ def train_async(args: argparse.Namespace) -> dict[str, Any]:
             meta = dict(meta, step=step, format=ASYNC_MANY, width=width, backend=trainer.backend)
             # around the call, as for the other formats (Staged.stall_s is the call's own
             # figure, about 0.1 ms shorter: it stops before the hand-off)
-            t0 = time.perf_counter()
+            cpu0, t0 = time.process_time(), time.perf_counter()
             staged = cp.checkpoint(
                 {"tensors": tensors, "meta": meta},
                 metadata={"step": step},
@@ -656,6 +659,7 @@ def train_async(args: argparse.Namespace) -> dict[str, Any]:
                     "path": staged.path,
                     "bytes": staged.nbytes,
                     "save_s": save_s,
+                    "cpu0": cpu0,
                 }
             )
             print(
@@ -667,7 +671,8 @@ def train_async(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         cp.close()  # the checkpoint in flight is made durable before the summary
     for entry in checkpoints:
-        w = durable[entry["path"]]
+        w, cpu_durable = durable[entry["path"]]
+        entry["cpu_s_all_threads"] = round(cpu_durable - entry.pop("cpu0"), 6)
         entry["step_wait_s"] = round(w.step_wait_s, 6)
         entry["cost_s"] = round(entry["save_s"] + w.step_wait_s, 6)
         entry["save_s"] = round(entry["save_s"], 6)

@@ -103,6 +103,9 @@ def test_a_write_seen_only_merged_with_the_one_before_gets_no_stall() -> None:
     first, second = m.checkpoints
     assert first.episode is writes and first.stall is stall0 and first.stall_s == stall0.wall_s
     assert second.stall is None and second.stall_s is None
+    # nor where its span starts: the writer's episode began before write 0's event, so the
+    # process's CPU from there is both checkpoints'; the first's span starts at its stall
+    assert second.cpu_s_all_threads is None and first.cpu_s_all_threads == 0.0
 
 
 def test_a_thread_idle_in_many_frames_across_sync_saves_is_not_their_writer() -> None:
