@@ -149,10 +149,11 @@ def test_required_collectors_fail_with_the_fix(tmp_path: Path) -> None:
         EnergyTracker(tmp_path, rapl_mode="yes")
 
 
-def test_a_span_that_just_ended_gets_nvml_read_to_its_end(tmp_path: Path) -> None:
-    """NVML is polled every nvml_poll_s, the CPU more often: a CPU reading newer than a
-    span's end must not stop the tracker reading NVML up to it, or the span's last
-    edge is uncovered and its GPU-wait unknown (an episode closing at a profile's end)."""
+def _replayed_h200_tracker(
+    tmp_path: Path, **kwargs: float
+) -> tuple[EnergyTracker, FakeClock, Path]:
+    """A tracker on a fake clock over a hand-built procfs (idle so far) and the replayed
+    H200 checkpoint-stall timeline, TARGET on the GPU: (tracker, clock, procfs)."""
     clock = FakeClock()
     fake = ReplayNvmlBackend(
         load_timeline("h200_checkpoint_stall"), target_pids=[TARGET], clock=clock
@@ -163,8 +164,16 @@ def test_a_span_that_just_ended_gets_nvml_read_to_its_end(tmp_path: Path) -> Non
     (procfs / "stat").write_text(_stat(0, 0))
     tr = EnergyTracker(
         tmp_path / "sys", procfs, nvml_backend=fake, clock=clock, nvml_boottime=fake.boottime,
-        nvml_poll_s=1.0,
+        **kwargs,
     )  # fmt: skip
+    return tr, clock, procfs
+
+
+def test_a_span_that_just_ended_gets_nvml_read_to_its_end(tmp_path: Path) -> None:
+    """NVML is polled every nvml_poll_s, the CPU more often: a CPU reading newer than a
+    span's end must not stop the tracker reading NVML up to it, or the span's last
+    edge is uncovered and its GPU-wait unknown (an episode closing at a profile's end)."""
+    tr, clock, procfs = _replayed_h200_tracker(tmp_path, nvml_poll_s=1.0)
     t0 = clock()
     clock.advance(1.0)
     tr.poll_once()  # CPU and NVML read at t0 + 1
@@ -178,17 +187,7 @@ def test_a_span_that_just_ended_gets_nvml_read_to_its_end(tmp_path: Path) -> Non
 
 
 def test_gpu_wait_through_tracker_with_replayed_gpu(tmp_path: Path) -> None:
-    clock = FakeClock()
-    fake = ReplayNvmlBackend(
-        load_timeline("h200_checkpoint_stall"), target_pids=[TARGET], clock=clock
-    )
-    procfs = tmp_path / "proc"
-    procfs.mkdir()
-    _cpuinfo(procfs)
-    (procfs / "stat").write_text(_stat(0, 0))
-    tr = EnergyTracker(
-        tmp_path / "sys", procfs, nvml_backend=fake, clock=clock, nvml_boottime=fake.boottime
-    )
+    tr, clock, procfs = _replayed_h200_tracker(tmp_path)
     assert tr.probe()["nvml"].up
     t0 = clock()
     tr.poll_once()
