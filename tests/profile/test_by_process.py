@@ -72,7 +72,10 @@ def test_a_child_doing_json_and_a_parent_pickling_are_separate_rows(tmp_path: Pa
         cp: [p["cpu_s"] for p in row.get("processes", ()) if p["pid"] == parent]
         for cp, row in doc["codepaths"].items()
     }
-    assert pickle_rows.get(parent, {}).get("cpu_s", 0.0) > 0.5, (seen, doc["sampler"])
+    # (the parent's own record first: pytest cuts a long message, and a CI run lost all of
+    # the parent's rows with no py-spy error to say why)
+    mine = next(t for t in doc["targets"] if t["pid"] == parent)
+    assert pickle_rows.get(parent, {}).get("cpu_s", 0.0) > 0.5, (mine, doc["sampler"], seen)
     assert json_rows[child]["cpu_s"] > 0.5, json_rows
     assert pickle_rows.get(child, {}).get("cpu_s", 0.0) < 0.1 * pickle_rows[parent]["cpu_s"]
     assert json_rows.get(parent, {}).get("cpu_s", 0.0) < 0.1 * json_rows[child]["cpu_s"]
