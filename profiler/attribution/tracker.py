@@ -318,12 +318,14 @@ class EnergyTracker:
 
     def _poll_if_before(self, end: float, status: Mapping[str, CollectorStatus]) -> None:
         last = self._rapl_series.last_t if status["rapl"].up else self._cpu_series.last_t
+        nvml_before = self._last_nvml_poll
         if last is None or end > last:
             self.poll_once()
         # NVML is polled every nvml_poll_s, less often than the CPU: a CPU reading after
         # `end` says nothing of NVML's, whose samples could stop a whole poll interval
-        # before `end` (the span's GPU-wait then unknown for want of its last edge)
-        if status["nvml"].up and self._last_nvml_poll < end:
+        # before `end` (the span's GPU-wait then unknown for want of its last edge). Read
+        # it here unless poll_once just did (a span ending after now: the read is now).
+        if status["nvml"].up and self._last_nvml_poll == nvml_before and nvml_before < end:
             self.nvml.poll()
             self._last_nvml_poll = self._clock()
 
