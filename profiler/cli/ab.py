@@ -51,7 +51,13 @@ from profiler.report import (
     stats,
 )
 from profiler.report.from_records import load_runs
-from profiler.report.render_text import change_text, fmt, n_text, p_text
+from profiler.report.render_text import (
+    change_text,
+    fmt,
+    n_text,
+    p_text,
+    untimed_restore_bound,
+)
 from profiler.yamlcheck import ConfigError
 
 INTERRUPTED = 130  # a shell's code for SIGINT, as `serwatt` itself returns on Ctrl-C
@@ -373,10 +379,11 @@ def _report(args: argparse.Namespace, opts: AbOptions, result: AbResult, cluster
             safeio.write_text(args.json, json.dumps(report, indent=2, allow_nan=False) + "\n")
         if args.html is not None:
             safeio.write_text(args.html, with_headline(render_html(report), report))
-            _say(f"HTML report: {args.html}")
     except OSError as exc:
         _say(f"cannot write: {exc}")
         return EXIT_RUNTIME
+    print()
+    print("\n".join(escape_text(line) for line in closing(report, args.html, args.json)))
     return INTERRUPTED if result.interrupted else EXIT_OK
 
 
@@ -408,13 +415,6 @@ def _verdict(m: dict[str, Any] | None, unit: str = "s") -> str | None:
     )
 
 
-def _below(bound_s: Any) -> str:
-    """What an untimed restore's missing samples bound: its wall time."""
-    if not isinstance(bound_s, int | float):
-        return ""
-    return f", each under {fmt(bound_s * 1000.0)} ms (no sample in it)"
-
-
 def _restore_missing(report: dict[str, Any], label: str) -> str:
     """The headline's restore line when none was compared: 'not measured' when no run
     restored, else which side's restores were seen but none timed (a lazy open is often
@@ -429,7 +429,7 @@ def _restore_missing(report: dict[str, Any], label: str) -> str:
         return "restore: not measured"
     untimed = [
         f"{name}: {side.get('file_event_only') or 0} of {side['restores']} seen only as a "
-        "file event" + _below(side.get("file_event_only_below_s"))
+        "file event" + untimed_restore_bound(side)
         for name, side in seen.items()
         if not side.get("wall_s")
     ]
@@ -470,6 +470,31 @@ def headline(report: dict[str, Any], opts: AbOptions) -> list[str]:
         f"{opts.order}" + (", each resumed" if opts.resume_args else "")
     )
     return lines
+
+
+def closing(report: dict[str, Any], html_path: Path | None, json_path: Path | None) -> list[str]:
+    """The three lines `serwatt ab` ends with, below the long report: the stall per
+    checkpoint before and after with its interval and verdict, the restore likewise with
+    the storage bytes each side's runs read, and where the page is."""
+    stall, restore = report["ab"]["headline"][:2]
+    sides = report.get("restore") or {}
+    read = {
+        name: side.get("read_bytes")
+        for name in ("baseline", "candidate")
+        if isinstance(side := sides.get(name), dict) and side.get("restores")
+    }
+    if read:
+        restore += "; read from storage: " + ", ".join(
+            f"{name} {fmt(b / 1e6)} MB" if isinstance(b, int) else f"{name} not measured"
+            for name, b in read.items()
+        )
+    if html_path is not None:
+        where = f"HTML report: {html_path}"
+    elif json_path is not None:
+        where = f"JSON report: {json_path} (--html FILE writes the page)"
+    else:
+        where = "report: the text above (--html FILE writes the page, --json FILE the document)"
+    return [stall, restore, where]
 
 
 def with_headline(page: str, report: dict[str, Any]) -> str:

@@ -276,11 +276,7 @@ def _checkpoint_lines(report: Mapping[str, Any]) -> list[str]:
             out += _wrap(
                 "  restore: ",
                 f"{name}: {r['restores']} ({r['file_event_only']} untimed"
-                + (
-                    f", each under {fmt(r['file_event_only_below_s'] * 1000.0)} ms: no sample"
-                    if r.get("file_event_only_below_s")
-                    else ""
-                )
+                + untimed_restore_bound(r)
                 + ")"
                 + (f"; {r['cache']}" if r.get("cache") else "")
                 + (f"; {r['note']}" if r.get("note") else ""),
@@ -292,6 +288,15 @@ def _checkpoint_lines(report: Mapping[str, Any]) -> list[str]:
     if res:
         out.append(f"  durations timed to ± {fmt(res, 3)} s (95%; resolution_s, docs/report.md)")
     return out
+
+
+def untimed_restore_bound(side: Mapping[str, Any]) -> str:
+    """What an untimed restore's missing samples bound, its wall time (`restore.<side>.
+    file_event_only_below_s`), as the text report and the ab headline say it; "" when none."""
+    bound_s = side.get("file_event_only_below_s")
+    if not isinstance(bound_s, int | float) or isinstance(bound_s, bool):
+        return ""
+    return f", each under {fmt(bound_s * 1000.0)} ms: no sample"
 
 
 def _codepath_lines(report: Mapping[str, Any]) -> list[str]:

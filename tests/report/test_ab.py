@@ -17,6 +17,7 @@ from profiler.exitcodes import EXIT_USAGE
 from profiler.many.format import MAGIC
 from profiler.profile.ab import cache_state, run_order, unsupported_by_swap
 from profiler.records.store import Recorder
+from profiler.report.render_text import fmt
 from tests.serwatt_cli import serwatt
 
 PY = sys.executable
@@ -331,6 +332,17 @@ def test_swap_ab_of_the_training_job_with_cold_restore(tmp_path: Path) -> None:
     assert lines[2].startswith("compared: ") and "torch_compat" in lines[2]
     assert lines[3] == "" and lines[4].startswith("serwatt A/B report")
     assert ab["headline"] == lines[:3]
+    # it ends with what the numbers mean: stall, restore with the bytes read, the page
+    stall, restore, where = lines[-3:]
+    assert lines[-4] == "" and stall == lines[0]
+    read = {s: report["restore"][s]["read_bytes"] for s in ("baseline", "candidate")}
+    assert all(isinstance(b, int) and b > 0 for b in read.values()), read  # evicted: cold
+    mb = {s: fmt(b / 1e6) for s, b in read.items()}
+    assert restore == (
+        f"{lines[1]}; read from storage: baseline {mb['baseline']} MB, "
+        f"candidate {mb['candidate']} MB"
+    )
+    assert where == "HTML report: r.html"
     page = (tmp_path / "r.html").read_text()
     assert page.index('id="ab-headline"') < page.index("<table")
 
@@ -385,9 +397,34 @@ def test_the_headline_says_why_no_restore_was_compared() -> None:
     report["restore"]["candidate"] = untimed | {"file_event_only_below_s": 0.04}
     assert headline(report, opts)[1] == (
         "restore (cold): not compared, no timed restore "
-        "(candidate: 2 of 2 seen only as a file event, each under 40 ms (no sample in it))"
+        "(candidate: 2 of 2 seen only as a file event, each under 40 ms: no sample)"
     )
     none = {"restores": 0, "file_event_only": 0, "wall_s": None}
     report["restore"] = {"baseline": none, "candidate": none, "wall_s": None}
     report["ab"] = {"runs": [{"side": "baseline", "resumed": False, "restore_cache": None}]}
     assert headline(report, opts)[1] == "restore: not measured"
+
+
+def test_the_closing_lines_name_where_the_report_is() -> None:
+    """Without --html the last line says where the report went instead; a side whose
+    reads were not measured says so rather than 0 MB."""
+    from profiler.cli.ab import closing
+
+    report = {
+        "ab": {"headline": ["stall per checkpoint: x", "restore (cold): y", "compared: z"]},
+        "restore": {
+            "baseline": {"restores": 2, "read_bytes": 67108864},
+            "candidate": {"restores": 2, "read_bytes": None},
+        },
+    }
+    assert closing(report, None, Path("r.json")) == [
+        "stall per checkpoint: x",
+        "restore (cold): y; read from storage: baseline 67.1 MB, candidate not measured",
+        "JSON report: r.json (--html FILE writes the page)",
+    ]
+    report["restore"] = {"baseline": {"restores": 0}, "candidate": None}
+    assert closing(report, None, None) == [
+        "stall per checkpoint: x",
+        "restore (cold): y",
+        "report: the text above (--html FILE writes the page, --json FILE the document)",
+    ]
