@@ -165,7 +165,10 @@ def _background_writer(
     close() or wait() for the write it had handed over. So is one of `main`'s codepath
     that began later where `main`, not durable, only ends at the event: the call handed
     the write over and returned as it completed (a 4 MB write done in 8 ms, the copy's
-    episode ending 1 ms past its file, within resolution)."""
+    episode ending 1 ms past its file, within resolution). So, last, is one of `main`'s
+    codepath whose stack named an encode call where `main`'s named none: the main thread
+    waited in the codepath's frames (the last save's copy, then `.wait()` before exit, one
+    episode) while the other thread wrote."""
     others = [
         e
         for e in encoders
@@ -176,6 +179,11 @@ def _background_writer(
             e.start < main.start
             or (e.durable and not main.durable)
             or (e.codepath == main.codepath and not main.durable and _ends_at(main, t))
+            or (
+                e.codepath == main.codepath
+                and _direction(e) == "encode"
+                and _direction(main) != "encode"
+            )
         )
         and _spans(e, t) is not None
         # A main episode that fsynced wrote a file itself (a synchronous save): another

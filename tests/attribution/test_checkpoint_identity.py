@@ -31,23 +31,29 @@ def _profile(tmp: Path, name: str, fmt: str, *train: str) -> tuple[dict, dict]:
     return json.loads(doc.read_text()), summary
 
 
-def _writes_near(doc: dict, c: dict, before_s: float = 0.5) -> list[dict]:
+def _writes_near(doc: dict, c: dict, slack_s: float = 0.05) -> list[dict]:
     """Episodes off the main thread of the checkpoint's process that could have written it:
-    ending no earlier than `before_s` ahead of its file event, begun by the event."""
+    the file event inside the episode, to within its stated resolution (resolution_s and
+    the time it may have run unseen, edge_unknown_s) and `slack_s` for the watch's stamp.
+    The previous save's write, done before this save's copy began, is not one of them."""
     return [
         e
         for e in doc["episodes"]
         if e["pid"] == c["episode"]["pid"]
         and not e["main_thread"]
-        and e["end"] >= c["event_t"] - before_s
-        and e["start"] <= c["event_t"] + 0.05
+        and e["start"] - (tol := e["resolution_s"] + e["edge_unknown_s"] + slack_s)
+        <= c["event_t"]
+        <= e["end"] + tol
     ]
 
 
 @pytest.mark.serial
 @pytest.mark.parametrize("fmt", ["torch", "many", "many-async"])
 def test_every_file_is_one_checkpoint_and_each_stall_is_the_save(tmp_path: Path, fmt: str) -> None:
-    doc, summary = _profile(tmp_path, "save", fmt, "--steps", "400")
+    # many-async's copy of 4 MB takes ~1 ms, and one save in three or more leaves no sample
+    # in it: 16 saves, so that some are timed (four saves had none in one CI run of ~15)
+    steps = 1600 if fmt == "many-async" else 400
+    doc, summary = _profile(tmp_path, "save", fmt, "--steps", str(steps))
     saves = {c["path"]: c["save_s"] for c in summary["checkpoints"]}
     assert doc["checkpoint_identity"]["identified_by"] == "file events"
     # the checkpoint count is the files written, each once
@@ -82,7 +88,7 @@ def test_every_file_is_one_checkpoint_and_each_stall_is_the_save(tmp_path: Path,
     assert len(missed) <= allowed, (len(timed), allowed, missed)
     assert doc["restores"] == []  # nothing read back in a run that starts afresh
 
-    doc, summary = _profile(tmp_path, "resume", fmt, "--steps", "500", "--resume")
+    doc, summary = _profile(tmp_path, "resume", fmt, "--steps", str(steps + 100), "--resume")
     assert [Path(c["path"]).name for c in doc["checkpoints"]] == [
         Path(c["path"]).name for c in summary["checkpoints"]
     ]

@@ -16,12 +16,19 @@ RES = 0.005
 
 
 def ep(
-    thread: int, start: float, end: float, *, durable: bool = False, main: bool | None = None
+    thread: int,
+    start: float,
+    end: float,
+    *,
+    durable: bool = False,
+    main: bool | None = None,
+    direction: str = "unknown",
 ) -> Episode:
     return Episode(
         pid=PID, thread=thread, codepath="many", start=start, end=end, wall_s=end - start,
         period_s=0.01, resolution_s=RES, cpu_s=(end - start) / 2,
         main_thread=(thread == MAIN) if main is None else main, durable=durable,
+        direction=direction,
     )  # fmt: skip
 
 
@@ -138,3 +145,17 @@ def test_a_write_done_as_its_call_returns_is_the_background_threads() -> None:
     other = replace(write, codepath="pickle")
     (c,) = _match([written(74.348, 3)], [main, other]).checkpoints
     assert c.episode is main
+
+
+def test_a_wait_after_the_last_save_is_not_the_writer_of_the_file_written_under_it() -> None:
+    # A serial-pass CI run: the last save's copy and the `.wait()` before exit were one main
+    # episode (no encode call in its stack), beginning 0.18 s before the writer thread's
+    # encode episode and running on past the file; the writer's fsync went unseen. The
+    # file is the writer's; the main episode, spanning the whole write, is no stall of it.
+    main = ep(MAIN, 18.148, 18.80)
+    write = ep(WRITER, 18.331, 18.36, direction="encode")
+    (c,) = _match([written(18.36, 3)], [main, write]).checkpoints
+    assert c.episode is write and c.thread_id == WRITER
+    # a main episode whose stack named the encode call is the synchronous save itself
+    (c,) = _match([written(18.36, 3)], [replace(main, direction="encode"), write]).checkpoints
+    assert c.episode.thread == MAIN
