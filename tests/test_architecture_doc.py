@@ -141,3 +141,16 @@ def test_the_checks_can_fail() -> None:
     doc = "#### `serwatt runs list`\n\n`--json`\n\n#### `serwatt runs show`\n\n`--windows`\n"
     assert sections(doc) == {"serwatt runs list": "\n\n`--json`\n\n", "serwatt runs show":
                              "\n\n`--windows`\n"}  # fmt: skip
+
+
+def test_the_readme_is_a_users_guide_with_at_most_eight_headline_figures() -> None:
+    # issue 23 ask 5: at most 200 lines, and a headline table of at most 8 measured
+    # figures, each with the command that measures it; the rest live in docs/benchmarks.md
+    text = (REPO / "README.md").read_text()
+    assert len(text.splitlines()) <= 200, len(text.splitlines())
+    table = text.split("## Headline figures", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("|")][2:]  # less the head
+    assert 0 < len(rows) <= 8, rows
+    for row in rows:
+        command = row.rstrip(" |").rsplit(" | ", 1)[1]
+        assert "`" in command, row  # each figure names its command
