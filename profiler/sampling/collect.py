@@ -360,16 +360,37 @@ def finish_window(
 
 
 def _classify(raw: RawWindow, classifier: ClassifierLike, deadline: float) -> _Classified:
-    """Every sample of the window classified, and the samples that carry its CPU chosen."""
+    """Every sample of the window classified, and the samples that carry its CPU chosen.
+
+    Sources are read inside the target's root (/proc/<pid>/root). That path dies with the
+    target, a zombie's included, and the call-site rules still need its sources: a target
+    gone is classified from the same paths on the host (right unless it lived in another
+    mount namespace). One that exits while its window is classified (the profiled
+    command's root, exiting as its last window closes) is classified again that way:
+    its reads through /proc/<pid>/root failed partway, and those samples were `other`."""
     durability = reader_for(classifier)
     counts_before = _classify_counts(classifier, durability)
-    window, pid, procfs = resolve_changes(raw.window), raw.pid, raw.procfs
-    proc_root: Path | None = procfs / str(pid) / "root"
+    pid, procfs = raw.pid, raw.procfs
     if not procstat.exists(pid, procfs):
-        # /proc/<pid>/root died with the target; the call-site rules still need its
-        # sources: read them at the same paths on the host (right unless the target
-        # lived in another mount namespace).
-        proc_root = None
+        return _classify_in(raw, classifier, deadline, None, durability, counts_before)
+    got = _classify_in(
+        raw, classifier, deadline, procfs / str(pid) / "root", durability, counts_before
+    )
+    if not procstat.exists(pid, procfs):
+        got = _classify_in(raw, classifier, deadline, None, durability, counts_before)
+    return got
+
+
+def _classify_in(
+    raw: RawWindow,
+    classifier: ClassifierLike,
+    deadline: float,
+    proc_root: Path | None,
+    durability: DurabilityReader,
+    counts_before: tuple[int, int],
+) -> _Classified:
+    """_classify with the sources read inside `proc_root` (None: at host paths)."""
+    window = resolve_changes(raw.window)
     # durability first: few files decide where each checkpoint ends (see prepare)
     durability.prepare(
         (s.frames for s in (*(window.changes or ()), *window.samples)), proc_root, deadline
