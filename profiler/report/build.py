@@ -717,7 +717,17 @@ def _projection(
                 energy_source=_energy_source(side),
                 restore_s=float(np.mean(restores)) if restores else None,
                 checkpoints=tuple(
-                    CheckpointSize(float(c.bytes), c.stall_s, c.async_tail_s, c.resolution_s)
+                    CheckpointSize(
+                        float(c.bytes),
+                        c.stall_s,
+                        c.async_tail_s,
+                        c.resolution_s,
+                        written_apart=(
+                            c.thread_id is not None
+                            and c.stall_thread is not None
+                            and c.thread_id != c.stall_thread
+                        ),
+                    )
                     for c in watched_checkpoints(side, skip)
                     if c.bytes is not None and c.stall_s is not None and c.resolution_s is not None
                 ),

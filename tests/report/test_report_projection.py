@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -325,6 +326,19 @@ def test_an_asynchronous_side_keeps_its_copy_and_waits_for_its_background_write(
     # a tail within the checkpoints' resolution is no background write
     late = tuple(CheckpointSize(64 * MB, 0.3, 0.04, 0.01) for _ in range(4))
     c = project(cfg, _side("baseline", 0.3, checkpoints=late), _side("candidate", 0.05))
+    assert c["baseline"]["scaling"]["mode"] == "synchronous"
+    # unless the files were seen written by another thread than the stalled one: the
+    # demo's many.Checkpointer, a 64 MB write and fsync 40-70 ms after a 15 ms copy,
+    # resolution 15 ms. Most of the files, not one: a stray match does not make it so.
+    quick = tuple(CheckpointSize(64 * MB, 0.015, 0.05, 0.015, written_apart=True) for _ in range(4))
+    c = project(cfg, _side("baseline", 0.3), _side("candidate", 0.015, checkpoints=quick))
+    scaling = c["candidate"]["scaling"]
+    assert scaling["mode"] == "asynchronous", scaling
+    assert scaling["mode_source"].startswith("measured: 4 of 4 files written by another thread")
+    assert c["candidate"]["delta_s"] == pytest.approx(0.15, rel=1e-12)  # the copy, scaled
+    assert scaling["background_write_s"] == pytest.approx(0.5, rel=1e-12)
+    stray = (*late[:3], replace(late[3], written_apart=True))
+    c = project(cfg, _side("baseline", 0.3, checkpoints=stray), _side("candidate", 0.05))
     assert c["baseline"]["scaling"]["mode"] == "synchronous"
 
 
