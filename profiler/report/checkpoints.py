@@ -39,8 +39,10 @@ def quantiles(values: Sequence[float]) -> dict[str, float] | None:
 def stall_episodes(run: RunInput, skip: int) -> tuple[list[EpisodeInput], int]:
     """A file-event run's checkpoints after the first `skip` (in event order) as their stall
     episodes, each with the checkpoint's stall_s as wall_s (profiler/attribution/
-    checkpoints.py trims a stall that spans its file event), and how many of them have no
-    stall episode (file event only, or one episode several files' events fall in)."""
+    checkpoints.py trims a stall that spans its file event) and durable when an fsync was
+    seen in the stall or in the file's writer (a background writer fsyncs where the
+    training thread only copied), and how many of them have no stall episode (file event
+    only, or one episode several files' events fall in)."""
     by_key: dict[tuple[int | None, int | None, float | None], EpisodeInput] = {
         (e.pid, e.thread, e.start): e for e in run.episodes or ()
     }
@@ -50,7 +52,10 @@ def stall_episodes(run: RunInput, skip: int) -> tuple[list[EpisodeInput], int]:
         if e is None or c.stall_s is None:
             without += 1
             continue
-        matched.append(replace(e, wall_s=c.stall_s, end=max(e.start, e.start + c.stall_s)))
+        writer = by_key.get((c.pid, c.thread_id, c.episode_start))
+        durable = e.durable or (writer is not None and writer.durable)
+        end = max(e.start, e.start + c.stall_s)
+        matched.append(replace(e, wall_s=c.stall_s, end=end, durable=durable))
     return matched, without
 
 

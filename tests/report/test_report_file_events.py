@@ -234,3 +234,34 @@ def test_the_table_shows_files_written_and_the_restores() -> None:
     )
     assert "restore: candidate: 1 (0 untimed); warm: " in text
     assert max(len(ln) for ln in text.splitlines()) <= 100
+
+
+def test_a_background_writers_fsync_makes_its_checkpoint_durable() -> None:
+    # many.Checkpointer: the training thread copies (no fsync), a thread of its own writes
+    # and fsyncs the file; "fsync seen in" counts the checkpoint's, not only the copy's
+    def background(run: RunInput) -> RunInput:
+        copies = {(e.thread, e.start): e for e in run.episodes or ()}
+        writers, files = [], []
+        for c in run.checkpoints or ():
+            stall = copies.get((c.stall_thread, c.stall_start))
+            if stall is None:
+                files.append(c)
+                continue
+            w = dataclasses.replace(
+                stall, thread=stall.thread + 1, main_thread=False, start=stall.end,
+                end=stall.end + 0.05, wall_s=0.05, durable=len(writers) % 2 == 0,
+            )  # fmt: skip
+            writers.append(w)
+            files.append(dataclasses.replace(c, thread_id=w.thread, episode_start=w.start))
+        copied = tuple(dataclasses.replace(e, durable=False) for e in run.episodes or ())
+        return dataclasses.replace(run, episodes=(*copied, *writers), checkpoints=tuple(files))
+
+    base = [watched("b-1", seed=1), watched("b-2", seed=2)]
+    cand = [background(watched("c-1", seed=3)), background(watched("c-2", seed=4))]
+    ck = build_report(base, cand)["checkpoint"]
+    n = ck["candidate"]["episodes"]
+    fsynced = sum(
+        e.durable for r in cand for e in r.episodes or () if not e.main_thread
+    )  # every other writer fsynced where the samples saw it
+    assert 0 < fsynced < n
+    assert ck["candidate"]["durable"] == f"fsync seen in {fsynced} of {n}"
