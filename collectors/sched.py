@@ -6,10 +6,10 @@ Linux 6.6+) lets the running target thread finish its slice and notices the end 
 slice at the thread's next accounting point: the tick, or a system call that reads the
 thread's runtime, such as `clock_gettime(CLOCK_THREAD_CPUTIME_ID)` behind
 `time.thread_time()`. py-spy then runs right after that system call and finds the
-thread runnable (`R`, so "active") at that line. Measured on the 2-vCPU reference VM
-(docs/sampling.md): with two busy threads and default scheduling, 8% of on-CPU samples
-sit on `thread_time()` lines that really cost ~0.2%, and bench/accuracy.py misses its
-3 pp goal by 2-4 pp.
+thread runnable (`R`, so "active") at that line: with two busy threads and default
+scheduling, on-CPU samples gather on `thread_time()` lines that cost almost nothing, and
+bench/accuracy.py misses its goal (docs/benchmarks.md, "1.3 The cause: the sampler's
+wake-ups followed the target's system calls").
 
 What serwatt does to every py-spy thread, through sched_setattr(2):
 - a custom slice of 0.1 ms (Linux 6.12+; the kernel's minimum). A waking task with
@@ -21,12 +21,9 @@ What serwatt does to every py-spy thread, through sched_setattr(2):
 Both keep py-spy in the normal (fair) class. A waking py-spy still goes to an idle CPU
 when there is one, so it takes nothing from the targets on a node with spare CPUs.
 SCHED_FIFO fixes the accuracy too, but a real-time task wakes on the CPU it last used
-and preempts whatever runs there: it takes 3.8-4.5% of a busy target's time at 100 Hz,
-against 0.2% for this scheme.
-
-Measured, two-thread bench/accuracy.py max error: default scheduling 5.2-6.8 pp; both
-0.38, 1.10 and 0.41 pp (idle VM). Single trial runs with one more busy process on the
-VM: slice only 1.20 pp, nice -20 only 2.68 pp, both 0.75 and 1.44 pp.
+and preempts whatever runs there, taking far more of a busy target's time than this
+scheme. The options measured against each other, with the figures: docs/benchmarks.md,
+"1.4 Sampler scheduling options" and "1.5 Slice + nice -20".
 
 Modes, as for the energy collectors: 'auto' (apply what is possible and note what was
 not), 'required' (fail unless both apply), 'off'.

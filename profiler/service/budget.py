@@ -4,9 +4,9 @@ processes under `cpu_budget_cores`.
 Why the rate and not fewer windows: a window the daemon skips is time nobody sees,
 and serialization is bursty (a torch.save every few minutes), so skipping windows
 misses whole events. A lower rate keeps every target watched all the time and only
-widens the statistical error of each share. Measured on the reference VM (docs/
-daemon.md): py-spy costs ~20 ms to start plus ~0.28 ms per sample, so its cost falls
-with the rate but not to zero, and the daemon has a fixed part of its own.
+widens the statistical error of each share. py-spy's cost is a start-up cost per window
+plus a cost per sample (docs/benchmarks.md, "7.5 One `--idle` py-spy run per window"),
+so it falls with the rate but not to zero, and the daemon has a fixed part of its own.
 
 The governor is a multiplicative controller on the measured usage of each slot
 (daemon CPU + its reaped py-spy children's CPU, over the slot's wall time): next
