@@ -611,3 +611,77 @@ def test_checkpoint_overlap_prints_stall_slowdown_and_verdicts_per_regime(tmp_pa
             assert f"stall <= {g['at_most']:g}x {g['vs']}'s: ratio" in r.stdout
             assert f"{g['verdict'].upper()}" in r.stdout
     assert not [p for p in tmp_path.iterdir() if p.name != "overlap.json"]  # cleaned up
+
+
+# ------------------------------------------------------------------- checkpoint_identity
+
+
+def _identity_run(stalls: list[tuple[float | None, float]], *, codepath: str = "many") -> tuple:
+    """A save run's (document, summary): one file per (serwatt's stall, the job's save_s)."""
+    checkpoints = [
+        {
+            "path": f"/ck/{k}.many",
+            "stall_s": stall,
+            "resolution_s": 0.01,
+            "episode": {"codepath": codepath},
+        }
+        for k, (stall, _job) in enumerate(stalls)
+    ]
+    summary = [{"path": f"/ck/{k}.many", "save_s": job} for k, (_s, job) in enumerate(stalls)]
+    return {"checkpoints": checkpoints}, {"checkpoints": summary}
+
+
+def _identity_resume(wall_s: float | None, job_s: float) -> tuple:
+    restore = {"path": "/ck/3.many", "wall_s": wall_s, "resolution_s": 0.01, "lazy": True}
+    return {"restores": [restore]}, {"restored_from": "/ck/3.many", "restore_s": job_s}
+
+
+def test_checkpoint_identity_verdicts_hold_and_fail_on_each_rule() -> None:
+    ci = load_bench("checkpoint_identity")
+    good = [(0.050, 0.052)] * 20
+    cell = ci.check_cell("many", _identity_run(good), _identity_resume(0.02, 0.03))
+    assert cell["verdict"] == "holds" and cell["failed"] == [], cell
+    assert (cell["files"], cell["checkpoints"], cell["timed"]) == (20, 20, 20)
+    # the misses a 95% half-width allows in 20 but once in 1,000 runs: P(X >= 6) = 3e-4
+    # for X ~ Binomial(20, 0.05), P(X >= 5) = 2.6e-3
+    assert cell["allowed"] == 5
+    six = [(0.2, 0.05)] * 6 + good[6:]
+    assert ci.check_cell("many", _identity_run(six), _identity_resume(0.02, 0.03))["failed"] == [
+        "6 stalls outside resolution, 5 allowed"
+    ]
+    # a checkpoint written by a log line's json episode is not the format's
+    stranger = ci.check_cell(
+        "many-async", _identity_run(good, codepath="json"), _identity_resume(0.02, 0.03)
+    )
+    assert stranger["failed"] == ["20 checkpoint(s) written by ['json']"]
+    # a restore longer than the job's whole restore, past its error's 99.9% quantile
+    error = 0.01 * 3.090232 / 1.959964
+    assert (
+        ci.check_cell("many", _identity_run(good), _identity_resume(0.03 + error * 0.99, 0.03))[
+            "verdict"
+        ]
+        == "holds"
+    )
+    late = ci.check_cell("many", _identity_run(good), _identity_resume(0.03 + error * 1.01, 0.03))
+    assert late["verdict"] == "fails" and late["failed"][0].startswith("restore ")
+    # nothing timed proves nothing
+    blind = ci.check_cell("many", _identity_run([(None, 0.05)] * 4), _identity_resume(None, 0.03))
+    assert blind["failed"] == ["no stall timed"]
+
+
+def test_checkpoint_identity_bench_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "cells.json"
+    r = bench(
+        "checkpoint_identity.py", "--formats", "many,json", "--sizes", "1", "--saves", "2",
+        "--json-max-mb", "0.5", "--json", str(out), timeout=180,
+    )  # fmt: skip
+    assert r.returncode in (0, 1), r.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    (cell,) = doc["cells"]
+    assert (cell["format"], cell["size_mb"], cell["files"]) == ("many", 1.0, 2)
+    assert doc["skipped"] == ["json 1 MB (over --json-max-mb 0.5)"]
+    assert re.search(
+        rf"^many +1 +2 +{cell['checkpoints']} .* {cell['verdict'].upper()}", r.stdout, re.M
+    )
+    assert r.returncode == (0 if cell["verdict"] == "holds" else 1)
+    assert r.stdout.splitlines()[-1] == f"cells: {int(cell['verdict'] == 'holds')} of 1 hold"
