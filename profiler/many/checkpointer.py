@@ -246,9 +246,10 @@ class Checkpointer:
     """Asynchronous, chained `.many` checkpoints of a state tree into `directory`.
 
     Files are `<prefix>-<seq>.many` (seq zero-padded to 8 digits, counting on from the newest
-    file already there). `keep=N` deletes all but the newest N after each successful write.
-    `on_written(Written)` runs on the background thread after each durable checkpoint; if it
-    raises, the error surfaces like a failed write. Call `checkpoint()` from one thread.
+    file already there). `on_written(Written)` runs on the background thread after each
+    durable checkpoint; if it raises, the error surfaces like a failed write. `keep=N` then
+    deletes all but the newest N (not after a write or an on_written that failed). Call
+    `checkpoint()` from one thread.
     """
 
     def __init__(
@@ -548,14 +549,16 @@ class Checkpointer:
             overlap_copy_s=job.overlap_copy_s,
             step_wait_s=step_wait_s,
         )
+        if self.on_written is not None:
+            self.on_written(written)
+        # Pruning comes after on_written: a callback that uploads each file sees it through
+        # before the one before it goes, and a callback that raises keeps every file.
         if self.keep is not None:
             for _, old in self.checkpoints()[: -self.keep]:
                 try:
                     os.unlink(old)
                 except FileNotFoundError:
                     pass
-        if self.on_written is not None:
-            self.on_written(written)
         return written
 
     # -- directory housekeeping ---------------------------------------------------------------

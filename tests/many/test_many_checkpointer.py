@@ -299,3 +299,29 @@ def test_sigkill_at_random_moments_leaves_the_previous_checkpoint_valid(tmp_path
     assert mid_write >= 1  # and some landed while a checkpoint was being written
     leftovers = [n for n in os.listdir(d) if ".tmp-" in n]
     assert leftovers == []
+
+
+def test_keep_prunes_once_on_written_has_seen_the_new_file_through(tmp_path: Path) -> None:
+    # an upload in on_written must not find the previous checkpoint gone (it may be the
+    # only complete copy while the upload runs); one that fails keeps every file
+    seen: list[list[str]] = []
+
+    def upload(w: Written) -> None:
+        seen.append(sorted(p.name for p in tmp_path.glob("*.many")))
+
+    with Checkpointer(tmp_path, keep=1, on_written=upload) as cp:
+        for k in range(3):
+            cp.checkpoint(_state(k))
+            cp.wait()
+    names = [f"ckpt-{k:08d}.many" for k in range(3)]
+    assert seen == [names[:1], names[:2], names[1:3]]
+    assert sorted(p.name for p in tmp_path.glob("*.many")) == names[2:]
+
+    def broken(w: Written) -> None:
+        raise OSError("upload failed")
+
+    with pytest.raises(CheckpointError, match="upload failed"):
+        with Checkpointer(tmp_path, keep=1, on_written=broken) as cp:
+            cp.checkpoint(_state(3))
+            cp.wait()
+    assert sorted(p.name for p in tmp_path.glob("*.many")) == [names[2], "ckpt-00000003.many"]
