@@ -16,8 +16,9 @@ then a matter of time: inotify names no thread, so
   that began before that call and spans the event is then the writer, not the call;
 - `async_tail_s` is the time from the stall's end to the event (0 when the stall spans it);
 - `cpu_s_all_threads` is the process's CPU, every thread (exited ones too), between the
-  save's start (the stall's, else the writer's) and the event; None for a checkpoint with
-  no stall whose writer's episode began before the process's previous file event;
+  save's start (its stall's) and the event; None for a checkpoint with no stall: its writer
+  is then a background thread, whose first sample is not where the save began (the copy
+  on the training thread went unseen, or the writer was busy from an earlier save);
 - an event no episode spans still counts, with no episode, `wall_s` None and timed_by
   "file event only" (a save lost to a window gap, or too short to sample);
 - a stall several files' events fall in (saves closer together than the episode rules'
@@ -45,7 +46,6 @@ is then never the save when the save itself went unsampled.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
@@ -359,7 +359,9 @@ def _checkpoint(
         stall_s=stall_s,
         resolution_s=resolution,
         timed_by=timed_by,
-        cpu_s_all_threads=cpu_s(writer.pid, begin, max(begin, ev.t)),
+        cpu_s_all_threads=(
+            cpu_s(writer.pid, begin, max(begin, ev.t)) if stall is not None else None
+        ),
         async_tail_s=max(0.0, ev.t - stall_end) if stall_end is not None else None,
     )
 
@@ -372,13 +374,6 @@ def _unshared(checkpoints: list[Checkpoint]) -> list[Checkpoint]:
     for c in checkpoints:
         if c.stall is not None:
             sharing[id(c.stall)] = sharing.get(id(c.stall), 0) + 1
-    # each checkpoint's previous file event in its process
-    previous: dict[int, float] = {}
-    last_event: dict[int | None, float] = {}
-    for c in sorted(checkpoints, key=lambda c: c.event_t):
-        if c.pid in last_event:
-            previous[id(c)] = last_event[c.pid]
-        last_event[c.pid] = c.event_t
     out = []
     for c in checkpoints:
         n = sharing.get(id(c.stall), 0) if c.stall is not None else 0
@@ -387,15 +382,6 @@ def _unshared(checkpoints: list[Checkpoint]) -> list[Checkpoint]:
                 c, stall_s=None, resolution_s=None, cpu_s_all_threads=None, async_tail_s=None,
                 timed_by=f"{SHARED} ({n} files)",
             )  # fmt: skip
-        elif (
-            c.stall is None
-            and c.episode is not None
-            and c.episode.start < previous.get(id(c), -math.inf)
-        ):
-            # no stall to start its span, and the writer's episode began before the
-            # process's previous file (a background writer busy from save to save): from
-            # there the process's CPU is several checkpoints', not this one's
-            c = replace(c, cpu_s_all_threads=None)
         out.append(c)
     return out
 

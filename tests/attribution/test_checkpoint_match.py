@@ -159,3 +159,23 @@ def test_a_wait_after_the_last_save_is_not_the_writer_of_the_file_written_under_
     # a main episode whose stack named the encode call is the synchronous save itself
     (c,) = _match([written(18.36, 3)], [replace(main, direction="encode"), write]).checkpoints
     assert c.episode.thread == MAIN
+
+
+def test_a_checkpoint_without_a_stall_has_no_cpu_figure() -> None:
+    # A CI run of tests/attribution/test_async_checkpoint_cpu.py: the last save's 256 MB
+    # copy went unseen, its writer's first sample came late, and the process's CPU from
+    # there to the file read 95% short of the job's. Without a stall the save's start is
+    # not known, so neither is its CPU; with one, the span starts at the stall.
+    cpu = {10.00: 1.0, 10.20: 0.05}  # by the span's start: from the call, from the writer
+    stall, write = ep(MAIN, 10.00, 10.19), ep(WRITER, 10.20, 10.31, durable=True)
+    seen = match(
+        [written(10.31, 0)], [stall, write], cpu_s=lambda pid, t0, t1: cpu[t0],
+        read_bytes=lambda *_: 0.0,
+    )  # fmt: skip
+    assert seen.checkpoints[0].cpu_s_all_threads == 1.0
+    unseen = match(
+        [written(10.31, 0)], [write], cpu_s=lambda pid, t0, t1: cpu[t0],
+        read_bytes=lambda *_: 0.0,
+    )  # fmt: skip
+    (c,) = unseen.checkpoints
+    assert c.episode is write and c.stall is None and c.cpu_s_all_threads is None
