@@ -4,8 +4,9 @@ the training thread and its write on a thread of its own, 256 MB a save. Each ch
 within 10% (the issue's goal) of the workload's own figure: time.process_time() at the
 call and in on_written, which runs as the file is durable, before `keep` prunes the file
 before it (pruning a 256 MB file is the kernel's CPU, after the file event: when it ran
-first, the 2nd and 3rd checkpoints read 6-21% low). Measured on the quiet VM: within
--2.9..+2.1% (docs/benchmarks.md, "A background checkpoint's CPU on every thread")."""
+first, the 2nd and 3rd checkpoints read 6-21% low). Measured on the quiet VM with this
+command: within -1.2..+1.0% (docs/benchmarks.md, "A background checkpoint's CPU on every
+thread")."""
 
 from __future__ import annotations
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -337,7 +336,7 @@ def test_an_asynchronous_side_keeps_its_copy_and_waits_for_its_background_write(
     assert scaling["mode_source"].startswith("measured: 4 of 4 files written by another thread")
     assert c["candidate"]["delta_s"] == pytest.approx(0.15, rel=1e-12)  # the copy, scaled
     assert scaling["background_write_s"] == pytest.approx(0.5, rel=1e-12)
-    stray = (*late[:3], replace(late[3], written_apart=True))
+    stray = (*late[:3], dataclasses.replace(late[3], written_apart=True))
     c = project(cfg, _side("baseline", 0.3, checkpoints=stray), _side("candidate", 0.05))
     assert c["baseline"]["scaling"]["mode"] == "synchronous"
 
