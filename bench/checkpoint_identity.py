@@ -4,6 +4,7 @@ against the workload's own perf_counter figures (issue 24, "episode identity").
 
     .venv/bin/python bench/checkpoint_identity.py [--formats torch,json,many,many-async]
         [--sizes 1,4,16,64,256] [--saves 4] [--rate 100] [--json-max-mb 16] [--json FILE]
+        [--backend torch|numpy]
 
 Each cell (format, size) holds when, in its save run, the checkpoints are exactly the files
 written, every checkpoint's writer is an episode of the format's own codepath (never an
@@ -14,6 +15,8 @@ above the workload's `restore_s` (which also holds load_state_dict) by more than
 error's one-sided 99.9% quantile. tests/attribution/test_checkpoint_identity.py holds the
 same rules at 4 MB in CI; this runs them from 1 MB to 256 MB.
 
+--backend numpy trains the workload's numpy model (its smoke test's: no torch import in
+each run, a few seconds less per run); the figures in docs/benchmarks.md are torch's.
 JSON above --json-max-mb is left out and said so: the workload's JSON encoder takes ~0.35 s
 per MB here (a 256 MB save would be ~90 s, a cell ~15 minutes). Exit 0 when every cell
 run holds, 1 when one fails.
@@ -44,7 +47,9 @@ def every_for(size_mb: float) -> int:
     return max(2, round(400 / size_mb))
 
 
-def profile(out: Path, name: str, fmt: str, size_mb: float, rate: float, *train: str) -> tuple:
+def profile(
+    out: Path, name: str, fmt: str, size_mb: float, rate: float, backend: str, *train: str
+) -> tuple:
     """(profile document, the workload's summary line) of one run."""
     ckpt = out / "ckpt"
     ckpt.mkdir(parents=True, exist_ok=True)
@@ -53,7 +58,7 @@ def profile(out: Path, name: str, fmt: str, size_mb: float, rate: float, *train:
         *SERWATT, "profile", "--rate", f"{rate:g}", "--window", "2",
         "--checkpoints", str(ckpt), "--json", str(doc), "--",
         sys.executable, "-m", "profiler.workloads.train", "--ckpt", fmt, "--size", f"{size_mb:g}",
-        "--dir", str(ckpt), "--keep", "0", *train,
+        "--dir", str(ckpt), "--keep", "0", "--backend", backend, *train,
     ]  # fmt: skip
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if r.returncode != 0:
@@ -112,15 +117,15 @@ def check_cell(fmt: str, save: tuple, resume: tuple) -> dict[str, Any]:
     }
 
 
-def run_cell(fmt: str, size_mb: float, saves: int, rate: float) -> dict[str, Any]:
+def run_cell(fmt: str, size_mb: float, saves: int, rate: float, backend: str) -> dict[str, Any]:
     every = every_for(size_mb)
     with tempfile.TemporaryDirectory(prefix="serwatt-identity-") as tmp:
         out = Path(tmp)
         steps = saves * every
         save = profile(
-            out, "save", fmt, size_mb, rate, "--steps", str(steps), "--every", str(every)
+            out, "save", fmt, size_mb, rate, backend, "--steps", str(steps), "--every", str(every)
         )
-        resume = profile(out, "resume", fmt, size_mb, rate, "--steps", str(steps + every),
+        resume = profile(out, "resume", fmt, size_mb, rate, backend, "--steps", str(steps + every),
                          "--every", str(every), "--resume")  # fmt: skip
     return {"format": fmt, "size_mb": size_mb, "every": every, **check_cell(fmt, save, resume)}
 
@@ -149,6 +154,7 @@ def main() -> int:
     p.add_argument("--rate", type=float, default=100.0)
     p.add_argument("--json-max-mb", type=float, default=16.0)
     p.add_argument("--json", type=Path, help="write the cells as JSON")
+    p.add_argument("--backend", choices=("torch", "numpy"), default="torch")
     args = p.parse_args()
     formats = [f for f in args.formats.split(",") if f]
     unknown = sorted(set(formats) - set(FORMATS))
@@ -165,7 +171,7 @@ def main() -> int:
             if fmt == "json" and size > args.json_max_mb:
                 skipped.append(f"json {size:g} MB (over --json-max-mb {args.json_max_mb:g})")
                 continue
-            cell = run_cell(fmt, size, args.saves, args.rate)
+            cell = run_cell(fmt, size, args.saves, args.rate, args.backend)
             cells.append(cell)
             print(line(cell), flush=True)
     for s in skipped:

@@ -673,7 +673,7 @@ def test_checkpoint_identity_bench_smoke(tmp_path: Path) -> None:
     out = tmp_path / "cells.json"
     r = bench(
         "checkpoint_identity.py", "--formats", "many,json", "--sizes", "1", "--saves", "2",
-        "--json-max-mb", "0.5", "--json", str(out), timeout=180,
+        "--json-max-mb", "0.5", "--backend", "numpy", "--json", str(out), timeout=180,
     )  # fmt: skip
     assert r.returncode in (0, 1), r.stderr[-3000:]
     doc = json.loads(out.read_text())
