@@ -367,6 +367,25 @@ def exists(pid: int, procfs: Path = Path("/proc")) -> bool:
     return st.state not in ("Z", "X")
 
 
+# How long a process that py-spy saw go may still show as running: its memory is torn
+# down (py-spy can no longer read it) before the kernel makes it a zombie, and on a loaded
+# machine the exiting task can wait for a CPU in between (a window taken for a live
+# target's failure in a parallel test run: py-spy and its wrapper were done before /proc
+# said the target had gone).
+EXIT_GRACE_S = 0.5
+
+
+def exits_within(pid: int, procfs: Path = Path("/proc"), grace_s: float = EXIT_GRACE_S) -> bool:
+    """True when the pid is gone (or a zombie) now or within grace_s: a target that was
+    exiting when py-spy failed on it, not one py-spy failed on while it ran."""
+    deadline = time.monotonic() + grace_s
+    while exists(pid, procfs):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def _live_parents(procfs: Path) -> dict[int, int]:
     """pid -> ppid for every live (not zombie, not dead) process, from one procfs scan.
 

@@ -217,3 +217,23 @@ def test_a_window_on_a_procfs_that_does_not_parse_is_a_sampling_error(fake: Path
         collect_window(
             80, duration_s=1, plan=SamplingPlan(rate_hz=10, on_cpu_run=True), procfs=fake
         )
+
+
+def test_exits_within_waits_for_an_exiting_process_not_for_a_running_one() -> None:
+    # exits 0.2 s from now and is left a zombie (not reaped until the end): gone for /proc
+    exiting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.2)"])
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        time.sleep(0.1)  # both started: the first has not exited yet
+        assert procstat.exists(exiting.pid)
+        began = time.monotonic()
+        assert procstat.exits_within(exiting.pid, grace_s=5.0)
+        assert time.monotonic() - began < 4.0  # it returned when the process went
+        began = time.monotonic()
+        assert not procstat.exits_within(running.pid, grace_s=0.3)
+        assert time.monotonic() - began >= 0.3
+        assert procstat.exits_within(999_999_999, grace_s=0.0)  # no such pid at all
+    finally:
+        running.kill()
+        for p in (exiting, running):
+            p.wait()
