@@ -14,6 +14,10 @@ then a matter of time: inotify names no thread, so
   before its background thread writes). With one save in flight the next call waits for
   the write in progress and so spans its event: a background episode of the same process
   that began before that call and spans the event is then the writer, not the call;
+- a stall begins where the job's own save function began preparing the state for the
+  serializer (the episode's `prepared_s`: profiler/attribution/episodes.py, profiler/
+  classify/saver.py), since the training thread waits for that too; its resolution
+  widens by the count noise of those ticks when timed by sample counts;
 - `async_tail_s` is the time from the stall's end to the event (0 when the stall spans it);
 - `cpu_s_all_threads` is the process's CPU, every thread (exited ones too), between the
   save's start (its stall's) and the event; None for a checkpoint with no stall: its writer
@@ -46,6 +50,7 @@ is then never the save when the save itself went unsampled.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
@@ -111,6 +116,22 @@ def binary_head(head: bytes | None) -> bool:
 def stated_resolution_s(ep: Episode) -> float:
     """The episode's 95% half-width, widened by the time it may have run unobserved."""
     return ep.resolution_s + ep.edge_unknown_s
+
+
+def _prepared_s(ep: Episode) -> float:
+    return getattr(ep, "prepared_s", 0.0) or 0.0
+
+
+def _stall_resolution_s(ep: Episode, *, stated: bool = True) -> float:
+    """A stall's 95% half-width: its episode's (stated: widened by unobserved time), plus,
+    when timed by sample counts, what the Poisson noise of its preparation's ticks adds
+    (2*sqrt(n) periods over all n ticks, against the episode's own samples alone)."""
+    base = stated_resolution_s(ep) if stated else ep.resolution_s
+    prep = _prepared_s(ep)
+    if prep <= 0 or ep.timed_by != "sample counts" or ep.period_s <= 0:
+        return base
+    n = max(0, ep.samples)
+    return base + 2.0 * ep.period_s * (math.sqrt(n + prep / ep.period_s) - math.sqrt(n))
 
 
 def _direction(ep: Episode) -> str | None:
@@ -323,9 +344,9 @@ def _checkpoint(
     timed = stall if stall is not None else writer
     if stall is not None:
         used.add(id(stall))
-    begin = timed.start
-    stall_s = stall.wall_s if stall is not None else None
-    resolution = stated_resolution_s(stall) if stall is not None else None
+    begin = timed.start - (_prepared_s(stall) if stall is not None else 0.0)
+    stall_s = stall.wall_s + _prepared_s(stall) if stall is not None else None
+    resolution = _stall_resolution_s(stall) if stall is not None else None
     timed_by = timed.timed_by
     stall_end = stall.end + stall.host_lag_s if stall is not None else None
     tol = _tolerance_s(writer)
@@ -337,15 +358,15 @@ def _checkpoint(
     ):
         # the main thread went on waiting for the write it handed over (close() or wait()
         # right after the last save): the checkpoint's stall ends where the write began
-        stall_s = max(0.0, writer.start - stall.start)
-        resolution = stated_resolution_s(stall) + stated_resolution_s(writer)
+        stall_s = max(0.0, writer.start - begin)
+        resolution = _stall_resolution_s(stall) + stated_resolution_s(writer)
         timed_by = f"{timed_by}, ended where its background write began"
         stall_end = writer.start
     elif stall is not None and stall.truncated and ev.t < stall.end + stall.host_lag_s:
         # sampling stopped inside it (the job exits after its last save): its last cell
         # runs to the end of the run, so it ends at the file event instead
-        stall_s = max(0.0, ev.t - stall.start - stall.host_lag_s / 2)
-        resolution = stall.resolution_s + STAMP_SLACK_S + stall.host_lag_s / 2
+        stall_s = max(0.0, ev.t - begin - stall.host_lag_s / 2)
+        resolution = _stall_resolution_s(stall, stated=False) + STAMP_SLACK_S + stall.host_lag_s / 2
         timed_by = f"{timed_by}, ended at the file event"
         stall_end = ev.t
     return Checkpoint(

@@ -42,6 +42,15 @@ blocked in it. The timeline of a window (every thread at every tick of py-spy's
   contains an fsync-like sample (a rename alone makes a file atomic, not durable).
   `.many`'s own save fsyncs inside `many`'s frames (profiler/many/writer.py), so its
   fsync samples are `many` samples with a sync tag: the episode is durable the same way.
+- Like with like at the other end: a save function of the job's own code often turns its
+  state into what the serializer takes first (tensors to lists for JSON): `other`
+  samples on the same thread, in the same call of the same save function
+  (TimedLabel.saver, profiler/classify/saver.py). The run of such samples right before
+  an episode, with no more than GAP_TICKS missing between them and it, is its
+  `prepared_s`: not in the episode's wall_s (the serializer's own), taken into a
+  checkpoint's stall (profiler/attribution/checkpoints.py). A run that began in the
+  window before is not seen (its preparation is then counted from the window's start,
+  and the window gap is the episode's edge_unknown_s).
 - `durable=False` means no fsync was *seen*: an fsync of d seconds gets no sample with
   probability exp(-d/P), so at 10 Hz a fast disk's 20 ms fsync is missed 4 times in 5.
 
@@ -111,6 +120,8 @@ class Episode:
         or ended in a gap between windows): the true duration may be this much longer.
     truncated: sampling started or stopped while it ran (wall_s is a lower bound).
     durability_s: time its samples spent in durability calls (fsync, replace...).
+    prepared_s: time its thread spent right before it in the same call of the job's own
+        save function, calling no serializer (the module docstring); not in wall_s.
     durable: an fsync-like call was seen in it (see the module docstring).
     main_thread: the thread is the process's main thread (tid == pid); None when the
         kernel tid is not known.
@@ -146,6 +157,7 @@ class Episode:
     # encode / decode when every one of its samples said so, else unknown (a checkpoint
     # matches encode episodes and a restore decode ones: profiler/attribution/checkpoints.py)
     direction: str = "unknown"
+    prepared_s: float = 0.0
 
 
 _Key = tuple[bool, int]  # (kernel tid known, tid or py-spy thread id)
@@ -227,6 +239,7 @@ class _Open:
     cpu_at_start: float | None = None
     cpu_at_end: float | None = None
     directions: set[str] = field(default_factory=set)  # of its own cells
+    prepared_s: float = 0.0  # its save function's preparation right before it
 
     def take_cpu(self, cpu: _CpuIndex, ticks: _CpuIndex | None, lo: float, hi: float) -> None:
         """The thread's CPU (and, for stack-change cells, its --idle samples) in [lo, hi)."""
@@ -387,6 +400,7 @@ class EpisodeTracker:
             finishing.append(ep)
 
         cursors: dict[_Key, float] = {}
+        gap_limit = (GAP_TICKS + 0.5) * period  # as _Open.tolerance, for a preparation
         for key, thread_cells in cells.items():
             by_changes = key in timed
             begin, end = timed[key] if by_changes else (report.started_at, report.ended_at)
@@ -394,8 +408,18 @@ class EpisodeTracker:
             if cur is not None:
                 cur.timed_by_changes = cur.timed_by_changes and by_changes
             cursor = begin  # everything before it is accounted for
+            # the run of `other` cells in one save function call just before: (its key,
+            # first cell start, last cell end)
+            prep: tuple[str, float, float] | None = None
             for a, b, lab in thread_cells:
                 seen = max(0.0, a - cursor)  # time without a sample of this thread
+                if lab.codepath != _OTHER or not lab.saver:
+                    prepared = prep if lab.codepath != _OTHER else None
+                    prep = None
+                elif prep is not None and prep[0] == lab.saver and a - prep[2] <= gap_limit:
+                    prep = prepared = (prep[0], prep[1], b)
+                else:
+                    prep = prepared = (lab.saver, a, b)
                 if cur is not None:
                     same = lab.codepath == cur.codepath
                     takes_tail = cur.codepath in self.tail_codepaths
@@ -416,6 +440,7 @@ class EpisodeTracker:
                             cur.hit_window = seq
                             self._take(cur, lab, b - a, sample=not by_changes)
                             cursor = b
+                            prep = None  # the episode's own (or its tail's)
                             continue
                         close(cur)
                         cur = None
@@ -431,6 +456,13 @@ class EpisodeTracker:
                             cur = None
                         continue
                 if lab.codepath != _OTHER:
+                    first_edge = a
+                    if (
+                        prepared is not None
+                        and prepared[0] == lab.saver
+                        and a - prepared[2] <= gap_limit
+                    ):
+                        first_edge = prepared[1]
                     cur = _Open(
                         pid=pid,
                         key=key,
@@ -444,8 +476,9 @@ class EpisodeTracker:
                         timed_by_changes=by_changes,
                         start_clock=report.changes_clock_s if by_changes else 0.0,
                         cpu_at_start=_cumulative_cpu(report, key, a) if by_changes else None,
+                        prepared_s=a - first_edge,
                     )
-                    if a - begin < period / 2:
+                    if first_edge - begin < period / 2:
                         # its first sample is the window's first tick: it may have begun
                         # earlier
                         if first:
@@ -564,6 +597,7 @@ class EpisodeTracker:
             clock_s=clock,
             host_lag_s=max(ep.start_clock, ep.end_clock) if timed_by == "stack changes" else 0.0,
             direction=next(iter(ep.directions)) if len(ep.directions) == 1 else "unknown",
+            prepared_s=ep.prepared_s,
         )
 
 

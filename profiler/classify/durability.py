@@ -25,7 +25,7 @@ from pathlib import Path
 from collectors.samples import Frame
 from profiler.classify.prefilter import CallsitePrefilter
 from profiler.classify.source_cache import NOT_READY, SourceCache
-from profiler.classify.target_files import source_path
+from profiler.classify.target_files import is_job_file, source_path
 
 SYNC = "sync"  # data reaches the disk: os.fsync, os.fdatasync, os.sync
 RENAME = "rename"  # the file is moved into place: os.replace, os.rename
@@ -82,7 +82,7 @@ class DurabilityReader:
         deadline: float | None = None,
     ) -> None:
         """Answer `kind` now for every distinct leaf line of `stacks` in the job's own files
-        (not the standard library's or installed packages', `_is_job_file`), so the files
+        (not the standard library's or installed packages', `is_job_file`), so the files
         that make checkpoints durable load before the window's deadline is spent on the
         rest. A window's classification loads a torch job's hundreds of
         source files in time order; a script's fsync line, seconds into the run, came
@@ -96,7 +96,7 @@ class DurabilityReader:
         # only the job's own files: each load started here is one the classifier's loads
         # (at most 4 per target root at once) wait behind
         for key in leaves:
-            if _is_job_file(key[0]):
+            if is_job_file(key[0]):
                 self.kind(leaves[key], proc_root, deadline)
 
     def kind(
@@ -136,16 +136,6 @@ class DurabilityReader:
             self._memo.clear()
         self._memo[key] = found
         return found
-
-
-def _is_job_file(path: str) -> bool:
-    """Neither an installed package's file nor the standard library's."""
-    if "/site-packages/" in path or "/dist-packages/" in path:
-        return False
-    return _STDLIB.search(path) is None
-
-
-_STDLIB = re.compile(r"/lib/python\d+(\.\d+)?t?/")
 
 
 # One reader per classifier: a classifier is used by one sampling thread at a time

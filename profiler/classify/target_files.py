@@ -14,6 +14,7 @@ import errno
 import io
 import os
 import platform
+import re
 import stat
 import tokenize
 from pathlib import Path
@@ -24,6 +25,16 @@ from pathlib import Path
 # parser's arena, freed once the index is built; the index keeps under 11 B/byte):
 # docs/classification.md "Hostile sources".
 MAX_SOURCE_BYTES = 1536 * 1024
+
+
+_STDLIB = re.compile(r"/lib/python\d+(\.\d+)?t?/")
+
+
+def is_job_file(path: str) -> bool:
+    """Neither an installed package's file nor the standard library's: the job's own."""
+    if "/site-packages/" in path or "/dist-packages/" in path:
+        return False
+    return _STDLIB.search(path) is None
 
 
 class NotRegularFile(OSError):

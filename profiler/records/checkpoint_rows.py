@@ -26,6 +26,8 @@ EPISODE_COLUMNS_V3 = (
     ("durability_s", "REAL"),  # time in fsync/replace calls
     ("host_lag_s", "REAL"),  # how much earlier than the host's its times may be
 )
+# Added to `episodes` in version 5: NULL in rows an older writer recorded.
+EPISODE_COLUMNS_V5 = (("prepared_s", "REAL"),)  # its save function's preparation before it
 
 SCHEMA_V3 = """
 CREATE TABLE IF NOT EXISTS checkpoint_runs (

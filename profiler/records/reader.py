@@ -31,6 +31,7 @@ from profiler.records.validation import (
 
 _EPISODE_NULLABLE = (
     "gpu_wait_s", "gpu_idle_j", "timing_period_s", "clock_s", "durability_s", "host_lag_s",
+    "prepared_s",
 )  # fmt: skip
 _EPISODE_BOOLS = ("truncated", "main_thread", "durable")
 

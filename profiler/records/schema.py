@@ -17,9 +17,9 @@ from profiler.attribution.episodes import Episode
 from profiler.records import checkpoint_rows, direction_rows
 from profiler.records.validation import RecordError, _damaged, _shown
 
-SCHEMA_VERSION = 4  # 2 adds serialization episodes, 3 checkpoints by file events
-# (profiler/records/checkpoint_rows.py), 4 encode / decode (direction_rows.py); older
-# files are upgraded in place
+SCHEMA_VERSION = 5  # 2 adds serialization episodes, 3 checkpoints by file events
+# (profiler/records/checkpoint_rows.py), 4 encode / decode (direction_rows.py), 5 the
+# episodes' prepared_s (checkpoint_rows.py); older files are upgraded in place
 _APPLICATION = "serwatt.runs"
 
 _SCHEMA = """
@@ -148,6 +148,7 @@ _EPISODE_COLUMNS = (
     *_EPISODE_COLUMNS_V2,
     *(name for name, _kind in checkpoint_rows.EPISODE_COLUMNS_V3),
     *(name for name, _kind in direction_rows.EPISODE_COLUMNS_V4),
+    *(name for name, _kind in checkpoint_rows.EPISODE_COLUMNS_V5),
 )
 # The record's episode columns are the Episode dataclass's fields, so none is lost on the
 # way to the report: a field without a column stops serwatt at import, here, rather than
@@ -201,8 +202,9 @@ def upgrade(db: sqlite3.Connection) -> None:
     """Older versions in place, in the caller's transaction: 1 -> 2 adds the episode
     tables (earlier runs keep no episodes), 2 -> 3 the episode fields and the checkpoint
     tables (earlier runs read as identified by the heuristic), 3 -> 4 the episodes'
-    direction and the per-direction totals (earlier runs read as not recorded). Each
-    statement is idempotent, so one pass does all."""
+    direction and the per-direction totals (earlier runs read as not recorded), 4 -> 5
+    the episodes' prepared_s (NULL in earlier rows). Each statement is idempotent, so one
+    pass does all."""
     for stmt in _SCHEMA_V2.split(";"):
         if stmt.strip():
             db.execute(stmt)
@@ -210,16 +212,17 @@ def upgrade(db: sqlite3.Connection) -> None:
     db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
 
 
-# What versions 3 (checkpoint_rows.py) and 4 (direction_rows.py) add: episode columns,
-# then tables; each statement is idempotent
+# What versions 3 (checkpoint_rows.py), 4 (direction_rows.py) and 5 add: episode
+# columns, then tables; each statement is idempotent
 _VERSIONS = (
     (checkpoint_rows.EPISODE_COLUMNS_V3, checkpoint_rows.SCHEMA_V3),
     (direction_rows.EPISODE_COLUMNS_V4, direction_rows.SCHEMA_V4),
+    (checkpoint_rows.EPISODE_COLUMNS_V5, ""),
 )
 
 
 def _add_versions(db: sqlite3.Connection) -> None:
-    """Versions 3 and 4 onto a file that has version 2's tables (caller's transaction)."""
+    """Versions 3 to 5 onto a file that has version 2's tables (caller's transaction)."""
     for columns, tables in _VERSIONS:
         have = {r[1] for r in db.execute("PRAGMA table_info(episodes)")}
         for name, kind in columns:

@@ -54,8 +54,10 @@ def stall_episodes(run: RunInput, skip: int) -> tuple[list[EpisodeInput], int]:
             continue
         writer = by_key.get((c.pid, c.thread_id, c.episode_start))
         durable = e.durable or (writer is not None and writer.durable)
-        end = max(e.start, e.start + c.stall_s)
-        matched.append(replace(e, wall_s=c.stall_s, end=end, durable=durable))
+        # the stall begins where its save function began preparing (episodes.py)
+        start = e.start - (e.prepared_s or 0.0)
+        end = max(start, start + c.stall_s)
+        matched.append(replace(e, wall_s=c.stall_s, start=start, end=end, durable=durable))
     return matched, without
 
 

@@ -104,6 +104,7 @@ def run_input(detail: RunDetail) -> RunInput:
                 durability_s=e.get("durability_s"),
                 host_lag_s=e.get("host_lag_s"),
                 direction=e.get("direction"),
+                prepared_s=e.get("prepared_s"),
             )
             for e in detail.episodes
         )

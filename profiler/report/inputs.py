@@ -148,7 +148,8 @@ class EpisodeInput:
     was seen inside the episode. The rest as the profile document has them (None: a record
     from before they were stored): unknown_s, edge_unknown_s (it may have run this much
     longer, unobserved), truncated (sampling started or stopped inside it), samples,
-    timed_by, timing_period_s, clock_s, durability_s, host_lag_s, direction.
+    timed_by, timing_period_s, clock_s, durability_s, host_lag_s, direction, prepared_s
+    (its save function's preparation right before it, not in wall_s).
     """
 
     pid: int
@@ -173,6 +174,7 @@ class EpisodeInput:
     durability_s: float | None = None
     host_lag_s: float | None = None
     direction: str | None = None  # encode | decode | unknown; None: not recorded
+    prepared_s: float | None = None
 
     @property
     def stated_resolution_s(self) -> float:
@@ -207,6 +209,7 @@ class EpisodeInput:
             "clock_s",
             "durability_s",
             "host_lag_s",
+            "prepared_s",
         ):
             _set(self, name, _optional(where, name, getattr(self, name)))
         if self.direction is not None and self.direction not in DIRECTIONS:

@@ -41,6 +41,7 @@ from collectors.pyspy.chrometrace import resolve_changes
 from collectors.samples import Sample, SamplerErrors
 from profiler.classify.codepaths import Classification
 from profiler.classify.durability import DurabilityReader, reader_for
+from profiler.classify.saver import saver_call
 from profiler.sampling.weighting import (
     CpuSeries,
     Phases,
@@ -424,6 +425,7 @@ def _classify_in(
             codepath=c.codepath,
             durability=durability.kind(s.frames, proc_root, deadline),
             direction=c.direction,
+            saver=saver_call(s.frames),
         )
         for s in window.changes or ()
         if not s.partial
@@ -517,6 +519,7 @@ def _timelines(
             low_confidence=c.low_confidence,
             durability=durability.kind(s.frames, got.proc_root, got.deadline),
             direction=c.direction,
+            saver=saver_call(s.frames),
         )
         for s, c in zip(window.samples, got.labels, strict=True)
     )

@@ -58,6 +58,9 @@ class TimedLabel:
     # rename/replace call); "" otherwise (profiler/classify/durability.py)
     durability: str = ""
     direction: str = "unknown"  # encode / decode / unknown (profiler/classify/direction.py)
+    # on timeline and stack-change samples: the call of the job's own save function the
+    # thread is in, "" when none (profiler/classify/saver.py)
+    saver: str = ""
 
 
 @dataclass(frozen=True)

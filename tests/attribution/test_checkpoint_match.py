@@ -179,3 +179,23 @@ def test_a_checkpoint_without_a_stall_has_no_cpu_figure() -> None:
     )  # fmt: skip
     (c,) = unseen.checkpoints
     assert c.episode is write and c.stall is None and c.cpu_s_all_threads is None
+
+
+def test_a_stall_begins_where_its_save_function_began_preparing() -> None:
+    # save_json's tolist() for 80 ms before json.dump's 0.2 s (episodes.py prepared_s)
+    dump = replace(ep(MAIN, 50.08, 50.28, durable=True), samples=20, prepared_s=0.08)
+    spent: list[tuple[float, float]] = []
+
+    def cpu_s(pid: int, lo: float, hi: float) -> float:
+        spent.append((lo, hi))
+        return 0.0
+
+    (c,) = match([written(50.28, 0)], [dump], cpu_s=cpu_s, read_bytes=lambda *_: 0.0).checkpoints
+    assert c.stall is dump and abs(c.stall_s - 0.28) < 1e-9
+    # timed by sample counts: 2*sqrt(n) periods over its 20 + 8 ticks, not its 20 alone
+    assert abs(c.resolution_s - (RES + 0.02 * (28**0.5 - 20**0.5))) < 1e-9
+    assert spent == [(50.0, 50.28)]  # the CPU of every thread from the preparation on
+    # timed by stack changes, the edges' error does not grow with the ticks between them
+    by_changes = replace(dump, timed_by="stack changes")
+    (c,) = _match([written(50.28, 0)], [by_changes]).checkpoints
+    assert abs(c.stall_s - 0.28) < 1e-9 and c.resolution_s == RES

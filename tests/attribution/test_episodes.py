@@ -52,8 +52,12 @@ WORKLOAD = REPO / "tests" / "workloads" / "blocking_dumps.py"
 PID = 4242
 P = 0.01  # tick period of the built windows
 
-# one character per tick: the sample's codepath and durability tag; " " = no sample
-CODES = {
+# one character per tick: the sample's codepath, durability tag and save function call
+# (profiler/classify/saver.py; "A" and "B": two calls); " " = no sample
+CODES: dict[str, tuple[str, str] | tuple[str, str, str]] = {
+    "a": ("other", "", "A"),
+    "b": ("other", "", "B"),
+    "J": ("json", "", "A"),
     "p": ("pickle", ""),
     "t": ("torch", ""),
     "j": ("json", ""),
@@ -83,7 +87,7 @@ def window(
         for k, ch in enumerate(codes):
             if ch == " ":
                 continue
-            codepath, durability = CODES[ch]
+            codepath, durability, *saver = CODES[ch]
             labels.append(
                 TimedLabel(
                     t=start + (k + 0.5) * period,
@@ -92,6 +96,7 @@ def window(
                     codepath=codepath,
                     cpu_s=(cpu or {}).get((tid, k), 0.0),
                     durability=durability,
+                    saver=saver[0] if saver else "",
                 )
             )
     labels.sort(key=lambda lab: lab.t)
@@ -304,6 +309,25 @@ def test_a_rename_alone_is_not_durable_and_a_tail_alone_is_no_episode() -> None:
 def test_a_tail_across_a_window_boundary_joins() -> None:
     ep = one([window(0.0, {PID: "..pppp"}), window(0.1, {PID: "sss..."})])
     assert ep.durable and ep.unknown_s == pytest.approx(0.04)
+
+
+def test_a_save_functions_preparation_right_before_its_episode_is_prepared_s() -> None:
+    # 5 ticks in save call A calling no serializer, then its json.dump: not in wall_s
+    ep = one([window(0.0, {PID: "...aaaaaJJJJ..."})])
+    assert ep.codepath == "json" and ep.wall_s == pytest.approx(0.04)
+    assert ep.start == pytest.approx(0.08) and ep.prepared_s == pytest.approx(0.05)
+    # up to two missing ticks inside it or before the episode do not end it
+    assert one([window(0.0, {PID: "...aa  aa  JJJJ..."})]).prepared_s == pytest.approx(0.08)
+    # three do; so does a sample of training (no save call) or of another call (B)
+    assert one([window(0.0, {PID: "...aaa   JJJJ..."})]).prepared_s == 0.0
+    assert one([window(0.0, {PID: "...aa.aaJJJJ..."})]).prepared_s == pytest.approx(0.02)
+    assert one([window(0.0, {PID: "...aabaaJJJJ..."})]).prepared_s == pytest.approx(0.02)
+    # an episode outside the call (`j`: a log line's json.dumps in training) takes none
+    assert one([window(0.0, {PID: "...aaaajjj..."})]).prepared_s == 0.0
+    # a preparation that starts at a window's first tick may have begun in the gap before
+    w1, w2 = window(0.0, {PID: "....."}), window(0.06, {PID: "aaaJJJ..."})
+    ep = one([w1, w2])
+    assert ep.prepared_s == pytest.approx(0.03) and ep.edge_unknown_s == pytest.approx(0.01)
 
 
 def test_many_fsyncs_inside_its_own_frames() -> None:

@@ -406,7 +406,7 @@ def _episode(**over: object) -> object:
         resolution_s=0.2, unknown_s=0.0, edge_unknown_s=0.0, truncated=False, samples=40,
         cpu_s=0.75, gpu_wait_s=None, gpu_idle_j=None, main_thread=True, durable=False,
         timed_by="stack changes", timing_period_s=0.005, clock_s=0.001, durability_s=0.1,
-        host_lag_s=0.02, direction="encode",
+        host_lag_s=0.02, direction="encode", prepared_s=0.03,
     )  # fmt: skip
     fields.update(over)
     return type("Episode", (), fields)()
@@ -445,9 +445,34 @@ def test_episodes_round_trip_and_a_version_1_file_says_it_has_none(tmp_path: Pat
             0.005,
             0.1,
         )
-    assert eps[0]["direction"] == "encode"
+    assert eps[0]["direction"] == "encode" and eps[0]["prepared_s"] == 0.03
     meta = dict(sqlite3.connect(path).execute("SELECT key, value FROM meta"))
-    assert meta["schema_version"] == str(SCHEMA_VERSION) == "4"
+    assert meta["schema_version"] == str(SCHEMA_VERSION) == "5"
+
+
+def test_a_version_4_files_episodes_read_no_prepared_s_and_new_ones_keep_it(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "r.sqlite"
+    with Recorder(path) as rec:
+        rec.start_run("old", "t", host={}, config={}, sources={})
+        rec.append_episodes("old", [_episode()])
+    db = sqlite3.connect(path)  # the file a version 4 writer left
+    db.executescript(
+        "ALTER TABLE episodes DROP COLUMN prepared_s;"
+        " UPDATE meta SET value = '4' WHERE key = 'schema_version';"
+    )
+    db.close()
+    with Recorder(path, readonly=True) as rec:  # read as it is
+        assert [e["prepared_s"] for e in rec.run("old").episodes or ()] == [None]
+    with Recorder(path) as rec:  # upgraded in place
+        rec.start_run("new", "t", host={}, config={}, sources={})
+        rec.append_episodes("new", [_episode()])
+    with Recorder(path, readonly=True) as rec:
+        assert [e["prepared_s"] for e in rec.run("old").episodes or ()] == [None]
+        assert [e["prepared_s"] for e in rec.run("new").episodes or ()] == [0.03]
+    meta = dict(sqlite3.connect(path).execute("SELECT key, value FROM meta"))
+    assert meta["schema_version"] == "5"
 
 
 def _directed(encode: tuple[int, float], decode: tuple[int, float]) -> WindowReport:
