@@ -134,9 +134,11 @@ def test_a_checkpoint_alone_on_a_cpu_gets_its_cpu_share_not_its_runnable_share(
     # README: the CPU-share error when the target waits for a CPU, <= 1.5 pp: the bench's
     # mean over repeats (bench/accuracy.py --contention) guards that figure. One run
     # scatters around it (four windows: 1.8-5.2 pp against an even spread's 11-14 pp, a
-    # ratio of 0.21-0.37; eight: 0.07-0.19), so this single run guards the mechanism:
-    # under a third of the error the even spread (the runnable share) makes, over 5 pp.
-    assert err <= 0.3 * err_even, (got, truth, even)
+    # ratio of 0.21-0.37; eight: 0.07-0.19 on a quiet VM, 0.35 in a fresh-clone run whose
+    # serial pass took 1.4x its usual time: 16.5% against 20.2%, even spread 9.9%), so
+    # this single run guards the mechanism: under 0.4 of the error the even spread (the
+    # runnable share) makes, over 5 pp; undone, the two are equal.
+    assert err <= 0.4 * err_even, (got, truth, even)
 
 
 def test_waits_after_wakeups_are_taken_off_the_sleep_line(tmp_path: Path) -> None:
