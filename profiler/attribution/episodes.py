@@ -38,8 +38,11 @@ blocked in it. The timeline of a window (every thread at every tick of py-spy's
   its file durable follows it with fsync/fdatasync, os.replace/rename and a directory
   fsync; those samples are `other` (C calls: profiler/classify/durability.py tags them).
   An episode of a codepath in TAIL_CODEPATHS takes in such samples that follow on the
-  same thread within TAIL_GAP_S (or GAP_TICKS, when longer), and is `durable` when it
-  contains an fsync-like sample (a rename alone makes a file atomic, not durable).
+  same thread within TAIL_GAP_S (or GAP_TICKS, or TAIL_GAP_SHARE of the episode's wall
+  time, whichever is longest), and is `durable` when it contains an fsync-like sample (a
+  rename alone makes a file atomic, not durable). The share is for what a big save
+  frees as it returns: a 30 s `json.dump` of 64 MB was followed by 0.26 s of freeing
+  the lists it had dumped before its fsync began.
   `.many`'s own save fsyncs inside `many`'s frames (profiler/many/writer.py), so its
   fsync samples are `many` samples with a sync tag: the episode is durable the same way.
 - Like with like at the other end: a save function of the job's own code often turns its
@@ -48,9 +51,9 @@ blocked in it. The timeline of a window (every thread at every tick of py-spy's
   (TimedLabel.saver, profiler/classify/saver.py). The run of such samples right before
   an episode, with no more than GAP_TICKS missing between them and it, is its
   `prepared_s`: not in the episode's wall_s (the serializer's own), taken into a
-  checkpoint's stall (profiler/attribution/checkpoints.py). A run that began in the
-  window before is not seen (its preparation is then counted from the window's start,
-  and the window gap is the episode's edge_unknown_s).
+  checkpoint's stall (profiler/attribution/checkpoints.py). A run that reaches a
+  window's end is joined across the gap to the next window's, as an episode is (the
+  gap counts in it, unobserved).
 - `durable=False` means no fsync was *seen*: an fsync of d seconds gets no sample with
   probability exp(-d/P), so at 10 Hz a fast disk's 20 ms fsync is missed 4 times in 5.
 
@@ -79,6 +82,10 @@ GAP_TICKS = 2
 # before its file did. Same-codepath gaps stay GAP_TICKS: only a durability call
 # continues an episode past them.
 TAIL_GAP_S = 0.05
+# ... or this share of the episode's wall time, when longer: a save frees what it built
+# as it returns (the training workload's save_json, 64 MB: 0.26 s after a 30.3 s dump,
+# 0.9%; at 4 MB ~15 ms), and only then makes the file durable
+TAIL_GAP_SHARE = 0.02
 # Every serializer writes files that a caller may make durable: each takes a tail.
 TAIL_CODEPATHS: frozenset[str] = frozenset(SERIALIZATION_CODEPATHS)
 # Longest gap between two windows of a target that an episode is joined across: the
@@ -302,6 +309,8 @@ class _Target:
     # where the last window's observation ended for threads timed by stack changes
     # (that run's end), else its ended_at
     changes_end: float | None = None
+    # a save function's preparation still running at the last window's end, per thread
+    prep: dict[_Key, tuple[str, float, float]] = field(default_factory=dict)
 
 
 class EpisodeTracker:
@@ -400,6 +409,7 @@ class EpisodeTracker:
             finishing.append(ep)
 
         cursors: dict[_Key, float] = {}
+        carried_preps, target.prep = target.prep, {}
         gap_limit = (GAP_TICKS + 0.5) * period  # as _Open.tolerance, for a preparation
         for key, thread_cells in cells.items():
             by_changes = key in timed
@@ -411,6 +421,13 @@ class EpisodeTracker:
             # the run of `other` cells in one save function call just before: (its key,
             # first cell start, last cell end)
             prep: tuple[str, float, float] | None = None
+            carried_prep = carried_preps.get(key)
+            joined_from: float | None = None
+            if carried_prep is not None and not first and gap <= self.max_join_gap_s:
+                # it ran to the last window's end: joined across the gap, as an episode
+                # is (the gap counts in it, unobserved)
+                prep = (carried_prep[0], carried_prep[1], begin)
+                joined_from = carried_prep[1]
             for a, b, lab in thread_cells:
                 seen = max(0.0, a - cursor)  # time without a sample of this thread
                 if lab.codepath != _OTHER or not lab.saver:
@@ -425,7 +442,15 @@ class EpisodeTracker:
                     takes_tail = cur.codepath in self.tail_codepaths
                     tail = lab.codepath == _OTHER and lab.durability != "" and takes_tail
                     # how long a gap a durability tail may still end (GAP_TICKS for others)
-                    tail_limit = max(cur.tolerance(), TAIL_GAP_S) if takes_tail else cur.tolerance()
+                    tail_limit = (
+                        max(
+                            cur.tolerance(),
+                            TAIL_GAP_S,
+                            TAIL_GAP_SHARE * (cur.last_edge - cur.start),
+                        )
+                        if takes_tail
+                        else cur.tolerance()
+                    )
                     if same or tail:
                         if cur.gap_s + seen <= (tail_limit if tail else cur.tolerance()):
                             cur.unknown_s += cur.pending_unknown_s
@@ -478,9 +503,9 @@ class EpisodeTracker:
                         cpu_at_start=_cumulative_cpu(report, key, a) if by_changes else None,
                         prepared_s=a - first_edge,
                     )
-                    if first_edge - begin < period / 2:
+                    if first_edge != joined_from and first_edge - begin < period / 2:
                         # its first sample is the window's first tick: it may have begun
-                        # earlier
+                        # earlier (a preparation joined from the window before did not)
                         if first:
                             cur.truncated_start = True
                         else:
@@ -489,6 +514,8 @@ class EpisodeTracker:
                 cursor = b
             if cur is not None:
                 target.open[key] = cur
+            elif prep is not None and end - prep[2] < period / 2:
+                target.prep[key] = prep
             cursors[key] = cursor
         # the rest of the window: open episodes whose thread sampled nothing more
         for key, ep in list(target.open.items()):

@@ -291,6 +291,17 @@ def test_a_tail_starting_more_than_tail_gap_s_after_is_not_the_checkpoints() -> 
     assert ep.durable and ep.wall_s == pytest.approx(0.11)
 
 
+def test_after_a_long_save_the_tail_may_start_later_in_proportion() -> None:
+    # 5 s of dump (500 ticks): 2% of it, 100 ms, for what the save frees as it returns
+    ep = one([window(0.0, {PID: "." + "j" * 500 + "." * 8 + "sss..."})])
+    assert ep.durable and ep.wall_s == pytest.approx(5.11)  # 80 ms freeing, 30 ms fsync
+    ep = one([window(0.0, {PID: "." + "j" * 500 + "." * 12 + "sss..."})])
+    assert not ep.durable and ep.wall_s == pytest.approx(5.0)
+    # the same codepath after a gap is still a new episode: only a tail bridges it
+    eps = episodes_of([window(0.0, {PID: "." + "j" * 500 + "." * 8 + "jj..."})])
+    assert [round(e.wall_s / P) for e in eps] == [500, 2]
+
+
 def test_at_a_fast_stack_change_rate_a_tail_gap_is_time_not_two_ticks() -> None:
     # 2.5 ms ticks (a 400 Hz stack-change run): a 10 ms close-and-reopen is 4 ticks
     ep = one([window(0.0, {PID: ".pppp....sss..."}, period=0.0025)])
@@ -328,6 +339,15 @@ def test_a_save_functions_preparation_right_before_its_episode_is_prepared_s() -
     w1, w2 = window(0.0, {PID: "....."}), window(0.06, {PID: "aaaJJJ..."})
     ep = one([w1, w2])
     assert ep.prepared_s == pytest.approx(0.03) and ep.edge_unknown_s == pytest.approx(0.01)
+    # one that runs to a window's end is joined across the gap, which counts in it
+    w1, w2 = window(0.0, {PID: "...aa"}), window(0.06, {PID: "aaaJJJ..."})
+    ep = one([w1, w2])
+    assert ep.prepared_s == pytest.approx(0.02 + 0.01 + 0.03)  # 2 ticks, the gap, 3 ticks
+    assert ep.edge_unknown_s == 0.0
+    # ... but not past a window in which the thread did something else
+    w3 = window(0.2, {PID: "aaaJJJ..."})
+    eps = episodes_of([window(0.0, {PID: "...aa"}), window(0.06, {PID: "....."}), w3])
+    assert [e.prepared_s for e in eps] == [pytest.approx(0.03)]
 
 
 def test_many_fsyncs_inside_its_own_frames() -> None:
