@@ -17,9 +17,9 @@ same rules at 4 MB in CI; this runs them from 1 MB to 256 MB.
 
 --backend numpy trains the workload's numpy model (its smoke test's: no torch import in
 each run, a few seconds less per run); the figures in docs/benchmarks.md are torch's.
-JSON above --json-max-mb is left out and said so: the workload's JSON encoder takes ~0.35 s
-per MB here (a 256 MB save would be ~90 s, a cell ~15 minutes). Exit 0 when every cell
-run holds, 1 when one fails.
+JSON above --json-max-mb is left out and said so: the workload's JSON encoder takes
+~0.4-0.6 s per MB here (a 256 MB save 2-3 minutes, the 64 and 256 MB cells ~25 minutes
+together). Exit 0 when every cell run holds, 1 when one fails.
 """
 
 from __future__ import annotations
