@@ -367,23 +367,20 @@ def exists(pid: int, procfs: Path = Path("/proc")) -> bool:
     return st.state not in ("Z", "X")
 
 
-# How long a process that py-spy saw go may still show as running: its memory is torn
-# down (py-spy can no longer read it) before the kernel makes it a zombie, and on a loaded
-# machine the exiting task can wait for a CPU in between (a window taken for a live
-# target's failure in a parallel test run: py-spy and its wrapper were done before /proc
-# said the target had gone).
-EXIT_GRACE_S = 0.5
+# The kernel's task flag for a task inside do_exit (include/linux/sched.h). It is set
+# before the task's memory is torn down, which is when py-spy can no longer read it, and
+# the task shows as running (R or D) until it becomes a zombie after that.
+PF_EXITING = 0x00000004
 
 
-def exits_within(pid: int, procfs: Path = Path("/proc"), grace_s: float = EXIT_GRACE_S) -> bool:
-    """True when the pid is gone (or a zombie) now or within grace_s: a target that was
-    exiting when py-spy failed on it, not one py-spy failed on while it ran."""
-    deadline = time.monotonic() + grace_s
-    while exists(pid, procfs):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.01)
-    return True
+def exiting(pid: int, procfs: Path = Path("/proc")) -> bool:
+    """True when the pid is gone, a zombie, or on its way out (PF_EXITING): a target that
+    was exiting when py-spy failed on it, not one py-spy failed on while it ran."""
+    try:
+        st = parse_stat(_read(procfs / str(pid) / "stat"))
+    except (FileNotFoundError, ProcessLookupError, ValueError):
+        return True
+    return st.state in ("Z", "X") or bool(st.flags & PF_EXITING)
 
 
 def _live_parents(procfs: Path) -> dict[int, int]:

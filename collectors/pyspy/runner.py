@@ -338,7 +338,7 @@ class _Run:
         if rc != 0 or not self.out.exists():
             failure = _classify_failure(self.pid, self.text, procfs)
             wrote = self.out.exists() and self.out.stat().st_size > 0
-            gone = isinstance(failure, TargetGone) or procstat.exits_within(self.pid, procfs)
+            gone = isinstance(failure, TargetGone) or procstat.exiting(self.pid, procfs)
             if not (gone and wrote):
                 raise failure
             # py-spy failed as its target exited, after writing what it had sampled:

@@ -330,7 +330,7 @@ class ProfileSession:
                 self._record_failure(stats, exc, is_root)
                 break
             except SamplingError as exc:
-                if procstat.exits_within(pid, self.procfs):
+                if procstat.exiting(pid, self.procfs):
                     self._lost_at_exit(stats, exc, time.monotonic() - began)
                     stats.exited = True
                     break
