@@ -358,13 +358,18 @@ def process_info(pid: int, procfs: Path = Path("/proc")) -> ProcessInfo:
     )
 
 
+def _stat_of(pid: int, procfs: Path) -> ProcStat | None:
+    """The pid's stat; None when it is gone (or its stat is cut short: exiting)."""
+    try:
+        return parse_stat(_read(procfs / str(pid) / "stat"))
+    except (FileNotFoundError, ProcessLookupError, ValueError):
+        return None
+
+
 def exists(pid: int, procfs: Path = Path("/proc")) -> bool:
     """True while the pid exists and is not a zombie."""
-    try:
-        st = parse_stat(_read(procfs / str(pid) / "stat"))
-    except (FileNotFoundError, ProcessLookupError, ValueError):
-        return False
-    return st.state not in ("Z", "X")
+    st = _stat_of(pid, procfs)
+    return st is not None and st.state not in ("Z", "X")
 
 
 # The kernel's task flag for a task inside do_exit (include/linux/sched.h). It is set
@@ -376,11 +381,8 @@ PF_EXITING = 0x00000004
 def exiting(pid: int, procfs: Path = Path("/proc")) -> bool:
     """True when the pid is gone, a zombie, or on its way out (PF_EXITING): a target that
     was exiting when py-spy failed on it, not one py-spy failed on while it ran."""
-    try:
-        st = parse_stat(_read(procfs / str(pid) / "stat"))
-    except (FileNotFoundError, ProcessLookupError, ValueError):
-        return True
-    return st.state in ("Z", "X") or bool(st.flags & PF_EXITING)
+    st = _stat_of(pid, procfs)
+    return st is None or st.state in ("Z", "X") or bool(st.flags & PF_EXITING)
 
 
 def _live_parents(procfs: Path) -> dict[int, int]:

@@ -118,16 +118,12 @@ def stated_resolution_s(ep: Episode) -> float:
     return ep.resolution_s + ep.edge_unknown_s
 
 
-def _prepared_s(ep: Episode) -> float:
-    return getattr(ep, "prepared_s", 0.0) or 0.0
-
-
 def _stall_resolution_s(ep: Episode, *, stated: bool = True) -> float:
     """A stall's 95% half-width: its episode's (stated: widened by unobserved time), plus,
     when timed by sample counts, what the Poisson noise of its preparation's ticks adds
     (2*sqrt(n) periods over all n ticks, against the episode's own samples alone)."""
     base = stated_resolution_s(ep) if stated else ep.resolution_s
-    prep = _prepared_s(ep)
+    prep = ep.prepared_s
     if prep <= 0 or ep.timed_by != "sample counts" or ep.period_s <= 0:
         return base
     n = max(0, ep.samples)
@@ -344,8 +340,8 @@ def _checkpoint(
     timed = stall if stall is not None else writer
     if stall is not None:
         used.add(id(stall))
-    begin = timed.start - (_prepared_s(stall) if stall is not None else 0.0)
-    stall_s = stall.wall_s + _prepared_s(stall) if stall is not None else None
+    begin = timed.start - (stall.prepared_s if stall is not None else 0.0)
+    stall_s = stall.wall_s + stall.prepared_s if stall is not None else None
     resolution = _stall_resolution_s(stall) if stall is not None else None
     timed_by = timed.timed_by
     stall_end = stall.end + stall.host_lag_s if stall is not None else None
