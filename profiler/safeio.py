@@ -172,11 +172,15 @@ def check_output_path(path: os.PathLike[str] | str) -> None:
     os.close(dir_fd)
 
 
-def write_bytes(path: os.PathLike[str] | str, data: bytes, *, mode: int = 0o666) -> None:
+def write_bytes(
+    path: os.PathLike[str] | str, data: bytes, *, mode: int = 0o666, durable: bool = True
+) -> None:
     """Write `data` to `path` whole (a reader sees the old file or the new one) and durably.
 
-    `mode` is masked by the umask, as open() does. Raises UnsafePathError or OSError; on
-    any failure the temp file is removed and an existing file at `path` is untouched.
+    `mode` is masked by the umask, as open() does. `durable=False` skips the fsyncs: for a
+    cache, whose reader treats a file a crash left empty or short as missing. Raises
+    UnsafePathError or OSError; on any failure the temp file is removed and an existing
+    file at `path` is untouched.
     """
     path, dir_fd = _open_checked(path)
     try:
@@ -199,7 +203,8 @@ def write_bytes(path: os.PathLike[str] | str, data: bytes, *, mode: int = 0o666)
                 view = memoryview(data)
                 while view:
                     view = view[os.write(fd, view) :]
-                os.fsync(fd)
+                if durable:
+                    os.fsync(fd)
             finally:
                 os.close(fd)
             os.replace(tmp, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
@@ -208,12 +213,13 @@ def write_bytes(path: os.PathLike[str] | str, data: bytes, *, mode: int = 0o666)
                 os.unlink(tmp, dir_fd=dir_fd)
             raise
         # the rename is durable once the directory is; an O_PATH fd cannot be fsynced
-        with contextlib.suppress(OSError):
-            sync_fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
-            try:
-                os.fsync(sync_fd)
-            finally:
-                os.close(sync_fd)
+        if durable:
+            with contextlib.suppress(OSError):
+                sync_fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
+                try:
+                    os.fsync(sync_fd)
+                finally:
+                    os.close(sync_fd)
     finally:
         os.close(dir_fd)
 

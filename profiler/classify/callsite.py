@@ -21,6 +21,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 # A dotted name longer than this (`a.b.c...`) is not resolved: its line is `other`,
 # low confidence.
@@ -50,6 +51,13 @@ class LineCalls:
     # a call on the line has a name too deep to resolve (MAX_NAME_PARTS): what the
     # line calls is not known
     unresolved: bool = False
+
+
+class LineIndex(Protocol):
+    """What classification asks of a source file: each line's calls (a SourceIndex, parsed
+    now, or a StoredIndex, read from the on-disk store)."""
+
+    def calls_at(self, line: int) -> LineCalls: ...
 
 
 Binding = tuple[str, bool]  # (dotted name, imported)

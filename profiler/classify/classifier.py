@@ -36,6 +36,7 @@ resolve: the sample is `other`, low confidence (docs/classification.md).
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -44,13 +45,14 @@ from typing import Any
 
 from collectors import procstat
 from collectors.samples import Frame, Sample
-from profiler.classify.callsite import MAX_NAME_PARTS, LineCalls
+from profiler.classify.callsite import MAX_NAME_PARTS, LineCalls, LineIndex
 from profiler.classify.codepaths import OTHER, Classification
 from profiler.classify.direction import UNKNOWN, combined, name_direction
 from profiler.classify.prefilter import CallsitePrefilter
 from profiler.classify.rules import PatternSet, Rule, RuleSet, load_rules
 from profiler.classify.source_cache import NOT_READY, SourceCache
-from profiler.classify.source_index import TOO_COSTLY, SourceIndex
+from profiler.classify.source_index import TOO_COSTLY
+from profiler.classify.source_store import SourceStore
 from profiler.classify.target_files import source_path
 
 _MEMO_MAX = 1 << 17
@@ -122,6 +124,9 @@ class ClassifierStats:
     sources_not_ready: int = 0
     # source files given up past the CPU budget (source_index.SOURCE_CPU_BUDGET_S)
     sources_too_costly: int = 0
+    # source files the on-disk store answered (source_store.py): neither prefiltered nor
+    # parsed again
+    sources_from_store: int = 0
 
 
 class Classifier:
@@ -135,6 +140,7 @@ class Classifier:
         stat_ttl_s: float = 2.0,
         callsite_prefilter: bool = True,
         proc_fs: Path = Path("/proc"),
+        source_store: SourceStore | None = None,
     ) -> None:
         self.rules = rules
         self._python_rules = rules.layer("python")
@@ -142,16 +148,20 @@ class Classifier:
         self._callsite_rules = rules.layer("callsite")
         self._inner_wins_ids = frozenset(r.id for r in rules.rules if r.inner_wins)
         self._stack_cache_size = stack_cache_size
-        self._sources = SourceCache(stat_ttl_s=stat_ttl_s)
+        self._sources = SourceCache(stat_ttl_s=stat_ttl_s, store=source_store)
         # Reads a leaf's file before parsing it; None parses every file (the reference
         # the prefilter is tested against: tests/classify/test_callsite_prefilter.py).
         self._prefilter: CallsitePrefilter | None = None
         if callsite_prefilter:
             calls = [p for r in self._callsite_rules if r.calls for p in r.calls.patterns]
-            methods = PatternSet(
-                [p for r in self._callsite_rules if r.methods for p in r.methods.patterns]
+            method_patterns = [
+                p for r in self._callsite_rules if r.methods for p in r.methods.patterns
+            ]
+            self._prefilter = CallsitePrefilter(
+                calls,
+                PatternSet(method_patterns).match,
+                fingerprint=json.dumps([sorted(calls), sorted(method_patterns)]),
             )
-            self._prefilter = CallsitePrefilter(calls, methods.match)
         self._generation = self._sources.generation
         self._stacks: dict[tuple[str | None, tuple[Frame, ...]], Classification] = {}
         self._python_memo: dict[tuple[str, str], Rule | None] = {}
@@ -301,18 +311,22 @@ class Classifier:
         self._callsite_memo[key] = result
         return result
 
-    def _source(self, path: str, proc_root: Path | None) -> tuple[SourceIndex | None, str | None]:
+    def _source(self, path: str, proc_root: Path | None) -> tuple[LineIndex | None, str | None]:
         """(index, error) of one source, read inside the target's root, counted."""
         src = self._sources
-        before = (src.parses, src.shared_hits, src.filtered, src.not_ready, src.too_costly)
+        before = (
+            src.parses, src.shared_hits, src.filtered, src.not_ready, src.too_costly, src.stored
+        )  # fmt: skip
         index, error, _mtime = src.get(
             path,
             self._prefilter,
             root=str(proc_root) if proc_root is not None else None,
             deadline=self._deadline,
         )
-        parses, shared, filtered, not_ready, too_costly = before
+        parses, shared, filtered, not_ready, too_costly, stored = before
         self.stats.source_parses += src.parses - parses + src.shared_hits - shared
+        self.stats.sources_from_store += src.stored - stored
+        # (a no-match marker from the store counts here too: the file cannot match)
         self.stats.sources_prefiltered += src.filtered - filtered
         self.stats.sources_not_ready += src.not_ready - not_ready
         self.stats.sources_too_costly += src.too_costly - too_costly

@@ -84,8 +84,18 @@ class CallsitePrefilter:
     segment, makes every file a "maybe".
     """
 
-    def __init__(self, calls: Iterable[str], methods: Callable[[str], bool]) -> None:
+    def __init__(
+        self,
+        calls: Iterable[str],
+        methods: Callable[[str], bool],
+        *,
+        fingerprint: str | None = None,
+    ) -> None:
+        """fingerprint: text that changes whenever `calls` or `methods` match differently
+        (the rules' patterns); the on-disk store keeps "no match" verdicts under it. None:
+        they are not stored."""
         self.method_match = methods
+        self.fingerprint = fingerprint
         self.always = False
         need: list[tuple[str | None, frozenset[str]]] = []
         for pattern in calls:

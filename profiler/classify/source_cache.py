@@ -1,7 +1,8 @@
 """The threaded source cache: target files loaded, prefiltered and indexed off the caller's thread.
 
-A file is opened inside its target's root (target_files.py), prefiltered (prefilter.py)
-and indexed (source_index.py) on a loader thread that callers wait on only until their
+A file is opened inside its target's root (target_files.py), looked up in the on-disk
+store when one is given (source_store.py), else prefiltered (prefilter.py) and indexed
+(source_index.py) and stored, on a loader thread that callers wait on only until their
 deadline (SOURCE_WAIT_S), so no file can stall a sampling thread; loader threads are
 capped (MAX_LOADS, MAX_LOADS_PER_ROOT). An index is shared by every cache in the
 process that reads the same file version. docs/classification.md "Hostile sources".
@@ -20,8 +21,10 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
 
+from profiler.classify.callsite import LineIndex
 from profiler.classify.prefilter import CallsitePrefilter
 from profiler.classify.source_index import SourceIndex, SourceTooCostly
+from profiler.classify.source_store import SourceStore
 from profiler.classify.target_files import (
     MAX_SOURCE_BYTES,
     decode_source,
@@ -52,12 +55,13 @@ class _Loaded:
     """What one load found (on a loader thread)."""
 
     key: tuple[int, int] | None  # (mtime_ns, size); None when the file could not be opened
-    index: SourceIndex | None = None
+    index: LineIndex | None = None
     error: str | None = None
     filtered: bool = False  # read, and the prefilter found no possible match
     parsed: bool = False  # this load built the index
     shared: bool = False  # the index was built by another load or cache
     too_costly: bool = False
+    stored: bool = False  # answered by the on-disk store (an index or a no-match marker)
 
 
 # Parsed files shared by every SourceCache in the process, keyed by the file's identity
@@ -67,10 +71,10 @@ class _Loaded:
 # would be parsed once per (process, classifier) pair and the daemon's RSS would grow
 # as processes come and go (docs/daemon.md). Weak values: an index lives as long as
 # some cache holds it.
-_SHARED: weakref.WeakValueDictionary[_Ident, SourceIndex] = weakref.WeakValueDictionary()
+_SHARED: weakref.WeakValueDictionary[_Ident, LineIndex] = weakref.WeakValueDictionary()
 _SHARED_LOCK = threading.Lock()
 # Versions being indexed now: a second load of one waits for the first (one parse).
-_INDEXING: dict[_Ident, Future[SourceIndex]] = {}
+_INDEXING: dict[_Ident, Future[LineIndex]] = {}
 # Versions given up as too costly (bounded: oldest forgotten first).
 _GIVEN_UP: OrderedDict[_Ident, str] = OrderedDict()
 _GIVEN_UP_MAX = 4096
@@ -103,12 +107,13 @@ atexit.register(wait_for_loads, EXIT_WAIT_S)
 
 def _index_once(
     ident: _Ident, text: str, path: str, package: str | None, started: float
-) -> tuple[SourceIndex, bool]:
-    """(index, built here) for one file version; raises what indexing raised."""
+) -> tuple[LineIndex, SourceIndex | None]:
+    """(the shared index, the one built here or None) for one file version; raises what
+    indexing raised."""
     with _SHARED_LOCK:
         index = _SHARED.get(ident)
         if index is not None:
-            return index, False
+            return index, None
         pending = _INDEXING.get(ident)
         if pending is None:
             pending = _INDEXING[ident] = Future()
@@ -116,9 +121,9 @@ def _index_once(
         else:
             mine = False
     if not mine:
-        return pending.result(), False  # on a loader thread: bounded by the CPU budget
+        return pending.result(), None  # on a loader thread: bounded by the CPU budget
     try:
-        index = SourceIndex(text, path, package, cpu_started=started)
+        built = SourceIndex(text, path, package, cpu_started=started)
     except BaseException as exc:
         with _SHARED_LOCK:
             del _INDEXING[ident]
@@ -129,13 +134,20 @@ def _index_once(
         pending.set_exception(exc)
         raise
     with _SHARED_LOCK:
-        index = _SHARED.setdefault(ident, index)
+        index = _SHARED.setdefault(ident, built)
         del _INDEXING[ident]
     pending.set_result(index)
-    return index, True
+    return index, built
 
 
-def _load(path: str, root: str | None, prefilter: CallsitePrefilter | None) -> _Loaded:
+def _shared(ident: _Ident, index: LineIndex) -> LineIndex:
+    with _SHARED_LOCK:
+        return _SHARED.setdefault(ident, index)
+
+
+def _load(
+    path: str, root: str | None, prefilter: CallsitePrefilter | None, store: SourceStore | None
+) -> _Loaded:
     """Open, read, prefilter and index one file (runs on a loader thread)."""
     started = time.thread_time()
     try:
@@ -159,12 +171,24 @@ def _load(path: str, root: str | None, prefilter: CallsitePrefilter | None) -> _
     finally:
         os.close(fd)
     try:
-        text = decode_source(data)
         package = package_of(Path(path), root)
+        fingerprint = prefilter.fingerprint if prefilter is not None else None
+        entry = store.entry(data, package, fingerprint) if store is not None else None
+        if entry is not None:
+            if entry.no_match():
+                return _Loaded(key, filtered=True, stored=True)
+            stored = entry.index()
+            if stored is not None:
+                return _Loaded(key, _shared(ident, stored), stored=True)
+        text = decode_source(data)
         if prefilter is not None and not prefilter.may_match(text, package):
+            if entry is not None:
+                entry.put_no_match()
             return _Loaded(key, filtered=True)
         index, built = _index_once(ident, text, path, package, started)
-        return _Loaded(key, index, parsed=built, shared=not built)
+        if built is not None and entry is not None:
+            entry.put_index(built)
+        return _Loaded(key, index, parsed=built is not None, shared=built is None)
     except SourceTooCostly as exc:
         return _Loaded(key, error=str(exc), too_costly=True)
     except (OSError, ValueError, SyntaxError, RecursionError, MemoryError) as exc:
@@ -178,7 +202,7 @@ def _reason(exc: BaseException) -> str:
 
 
 def _start_load(
-    path: str, root: str | None, prefilter: CallsitePrefilter | None
+    path: str, root: str | None, prefilter: CallsitePrefilter | None, store: SourceStore | None
 ) -> Future[_Loaded] | None:
     """A load on its own thread; None when MAX_LOADS (or MAX_LOADS_PER_ROOT) run."""
     with _SHARED_LOCK:
@@ -190,7 +214,7 @@ def _start_load(
 
     def run() -> None:
         try:
-            future.set_result(_load(path, root, prefilter))
+            future.set_result(_load(path, root, prefilter, store))
         except BaseException as exc:  # handed to the waiter, never lost
             future.set_exception(exc)
         finally:
@@ -207,7 +231,7 @@ def _start_load(
 @dataclass
 class _Entry:
     key: tuple[int, int] | None  # (mtime_ns, size); None when the file could not be stat'ed
-    index: SourceIndex | None
+    index: LineIndex | None
     error: str | None
     checked_at: float
     # the prefilter read the text and found no possible call-site match: not parsed
@@ -229,8 +253,11 @@ class SourceCache:
     again next time. Not thread-safe: one per sampling thread.
     """
 
-    def __init__(self, *, max_files: int = 2048, stat_ttl_s: float = 2.0) -> None:
+    def __init__(
+        self, *, max_files: int = 2048, stat_ttl_s: float = 2.0, store: SourceStore | None = None
+    ) -> None:
         self.max_files = max_files
+        self.store = store
         self.stat_ttl_s = stat_ttl_s
         self.generation = 0
         self.sweeps = 0
@@ -239,6 +266,7 @@ class SourceCache:
         self.shared_hits = 0  # files another path or cache had parsed already
         self.not_ready = 0  # answers NOT_READY: the load was not waited for
         self.too_costly = 0  # files given up past the CPU budget
+        self.stored = 0  # files the on-disk store answered (read, not prefiltered or parsed)
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._roots: dict[str, str | None] = {}  # path -> the root it resolves in
         self._pending: dict[tuple[str, bool], tuple[Future[_Loaded], float]] = {}
@@ -289,7 +317,7 @@ class SourceCache:
         *,
         root: str | None = None,
         deadline: float | None = None,
-    ) -> tuple[SourceIndex | None, str | None, int | None]:
+    ) -> tuple[LineIndex | None, str | None, int | None]:
         """(index, error, mtime_ns) for one path; the error says why there is no index.
 
         `root`: `path` starts with it and resolves inside it (a target's
@@ -312,7 +340,7 @@ class SourceCache:
             self.not_ready += 1
             return None, NOT_READY, None
         if pending is None:
-            future = _start_load(path, root, prefilter)
+            future = _start_load(path, root, prefilter, self.store)
             if future is None:
                 self.not_ready += 1
                 return None, NOT_READY, None
@@ -334,6 +362,7 @@ class SourceCache:
         self.shared_hits += loaded.shared
         self.filtered += loaded.filtered
         self.too_costly += loaded.too_costly
+        self.stored += loaded.stored
         self._entries[path] = _Entry(
             loaded.key, loaded.index, loaded.error, time.monotonic(), loaded.filtered
         )

@@ -326,6 +326,27 @@ class SourceIndex:
         self.work = budget.work
 
     @property
+    def call_count(self) -> int:
+        return len(self._calls)
+
+    def line_table(self, max_entries: int) -> dict[int, LineCalls] | None:
+        """Every line's LineCalls that is not the empty answer (no call, no comprehension),
+        for the on-disk store (source_store.py); None once the calls listed pass
+        `max_entries` (a call is listed on every line it spans, so deep multi-line calls
+        would make the table quadratic in the file's size)."""
+        last = max([c.end for c in self._calls] + [len(self._comp_lines) - 1])
+        table: dict[int, LineCalls] = {}
+        listed = 0
+        for line in range(1, last + 1):
+            lc = self.calls_at(line)
+            listed += len(lc.calls)
+            if listed > max_entries:
+                return None
+            if lc.calls or lc.comprehension or lc.unresolved:
+                table[line] = lc
+        return table
+
+    @property
     def tree(self) -> ast.Module:
         """The file's syntax tree (parsed again: the index does not keep it)."""
         return parse_source(self._text, self._filename)

@@ -29,6 +29,7 @@ from collectors.pyspy import (
     UnsupportedPython,
 )
 from profiler import safeio
+from profiler.classify import source_store
 from profiler.cli.argtypes import PID_MAX_LIMIT, Number, check_output_option
 from profiler.cli.main import UsageError
 from profiler.exitcodes import EXIT_OK, EXIT_RUNTIME
@@ -42,6 +43,10 @@ from profiler.sampling.collect import (
 )
 
 BAD_INPUT_ERRORS = (TargetGone, NotPython, UnsupportedPython, PtraceDenied)
+
+
+def _store_dir(text: str) -> Path | str:
+    return "off" if text == "off" else Path(text)
 
 
 def add_common_options(parser: argparse.ArgumentParser) -> None:
@@ -103,6 +108,12 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
         help="NVML GPU busy/idle and energy: auto, required, off",
     )  # fmt: skip
     parser.add_argument(
+        "--source-store", type=_store_dir, default=None, metavar="DIR|off",
+        help="where what indexing the target's Python files found is kept, so the next run "
+        f"does not read and parse them again (default {source_store.default_dir()}; "
+        "off: nowhere)",
+    )  # fmt: skip
+    parser.add_argument(
         "--by", choices=("codepath", "process"), default="codepath",
         help="table rows: per codepath (default), or per codepath with a row per process "
         "(pid, role main/worker, command) under each; the JSON always has both",
@@ -160,9 +171,12 @@ def validate_common(args: argparse.Namespace) -> ProfileSetup:
     if args.pyspy is not None and not (args.pyspy.is_file() and os.access(args.pyspy, os.X_OK)):
         raise UsageError(f"--pyspy {args.pyspy}: not an executable file")
     try:
-        return ProfileSetup.open(profile_options(args))
+        setup = ProfileSetup.open(profile_options(args))
     except SetupError as exc:
         raise UsageError(str(exc)) from None
+    if setup.source_store is not None and setup.source_store.problem is not None:
+        print(f"serwatt: note: {escape_text(setup.source_store.problem)}", file=sys.stderr)
+    return setup
 
 
 def profile_options(args: argparse.Namespace) -> ProfileOptions:
@@ -185,6 +199,13 @@ def profile_options(args: argparse.Namespace) -> ProfileOptions:
         run_id=getattr(args, "run_id", None),
         checkpoints=getattr(args, "checkpoints", None),
         checkpoint_glob=getattr(args, "checkpoint_glob", None),
+        source_store=(
+            source_store.default_dir()
+            if args.source_store is None
+            else None
+            if args.source_store == "off"
+            else args.source_store
+        ),
     )
 
 

@@ -20,6 +20,7 @@ from typing import Any
 from collectors.pyspy import DEFAULT_RATE_HZ, PySpy, SamplingError, SamplingPlan
 from profiler.attribution.tracker import EnergyTracker, EnergyUnavailableError
 from profiler.classify.classifier import Classifier
+from profiler.classify.source_store import SourceStore
 from profiler.profile.checkpoint_sink import CheckpointSink, heuristic_section
 from profiler.profile.document import build_document
 from profiler.profile.energy_sink import EnergySink
@@ -58,6 +59,9 @@ class ProfileOptions:
     run_id: str | None = None
     checkpoints: Path | None = None
     checkpoint_glob: str | None = None
+    # where what indexing the target's source files found is kept across runs
+    # (profiler/classify/source_store.py); None: nowhere, every file is indexed anew
+    source_store: Path | None = None
 
     def plan(self) -> SamplingPlan:
         return SamplingPlan(
@@ -80,6 +84,7 @@ class ProfileSetup:
     energy_sink: EnergySink
     checkpoint_sink: CheckpointSink | None = None
     record_sink: RecordSink | None = None
+    source_store: SourceStore | None = None
 
     @classmethod
     def open(cls, options: ProfileOptions) -> ProfileSetup:
@@ -93,10 +98,13 @@ class ProfileSetup:
             if record_sink is not None:
                 record_sink.recorder.close()
             raise SetupError(str(exc)) from exc
+        # a store that cannot be used says why (`problem`) and the session runs without it
+        store = SourceStore.open(options.source_store) if options.source_store else None
         return cls(
             options=options,
             pyspy=spy,
-            classifier=Classifier.default(),
+            classifier=Classifier.default(source_store=store),
+            source_store=store,
             tracker=tracker,
             energy_sink=energy_sink,
             checkpoint_sink=checkpoint_sink,
