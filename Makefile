@@ -3,16 +3,22 @@
 PYTHON ?= $(shell command -v python3.11 || pyenv which python3.11 2>/dev/null || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
+# the test tools (pytest, ruff, mypy, ...): `make test` installs them, `make demo` does not
+TEST_DEPS := $(VENV)/.test-deps
 
 .PHONY: demo test lint system-deps clean target-venvs
 
 $(BIN)/serwatt: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e .
 	# CPU PyTorch from the machine's local wheel: the torch codepath and the checkpoint
 	# benchmark need it; serwatt itself runs without it.
 	$(BIN)/pip install -q 'torch==2.13.0' || echo "torch not installed: torch tests will fail"
+	touch $@
+
+$(TEST_DEPS): $(BIN)/serwatt pyproject.toml
+	$(BIN)/pip install -q -e '.[test]'
 	touch $@
 
 # Debian packages the tests use: a real Prometheus server (+ promtool), systemd-analyze,
@@ -33,14 +39,14 @@ demo: $(BIN)/serwatt
 
 # Target interpreters for the real-process classification tests: CPython 3.10 and
 # 3.12 (pyenv) venvs with protobuf, msgpack, pyyaml, orjson (tests/workloads/targets.py).
-target-venvs: $(BIN)/serwatt
+target-venvs: $(TEST_DEPS)
 	$(BIN)/python -m tests.workloads.targets
 
 # Two passes: the tests that do not measure run in parallel workers (most of them wait on
 # subprocesses, so more workers than CPUs pays: docs/benchmarks.md "Test suite"); the ones
 # marked `serial` (time, CPU shares, scheduling) run alone afterwards, on a quiet machine.
 PYTEST_WORKERS ?= 6
-test: $(BIN)/serwatt system-deps target-venvs lint
+test: $(TEST_DEPS) system-deps target-venvs lint
 	@start=$$(date +%s); \
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) -m "not serial" --durations=15; parallel=$$?; \
 	mid=$$(date +%s); \
@@ -49,7 +55,7 @@ test: $(BIN)/serwatt system-deps target-venvs lint
 	echo "pytest wall time: $$((end - start)) s ($$((mid - start)) s in $(PYTEST_WORKERS) workers, $$((end - mid)) s serial)"; \
 	test $$parallel -eq 0 && test $$serial -eq 0
 
-lint: $(BIN)/serwatt
+lint: $(TEST_DEPS)
 	$(BIN)/ruff check profiler collectors tests bench
 	$(BIN)/ruff format --check profiler collectors tests bench
 	$(BIN)/mypy profiler collectors
