@@ -182,8 +182,9 @@ class SourceStore:
         self.problem: str | None = None
         self.hits = self.misses = self.written = self.bad = 0
         self._lock = threading.Lock()
-        self._salt = _code_hash((callsite, source_index))
-        self._filter_salt = _code_hash((prefilter,))
+        self._salt = self._filter_salt = b""
+        # one process writes at most half the store: a target that makes new source files
+        # for as long as it runs cannot fill the disk through one serwatt
         self._writes_left = MAX_ENTRIES // 2
 
     @classmethod
@@ -200,6 +201,12 @@ class SourceStore:
                 self.problem = f"source store {self.directory}: {why}; files are indexed anew"
 
     def _prepare(self) -> None:
+        try:
+            self._salt = _code_hash((callsite, source_index))
+            self._filter_salt = _code_hash((prefilter,))
+        except (OSError, ValueError) as exc:  # serwatt installed without its .py sources
+            self._disable(f"cannot hash serwatt's own indexing code ({exc})")
+            return
         try:
             _make_dirs(self.directory)
             safeio.check_output_path(self.directory / "probe")

@@ -211,3 +211,16 @@ def test_serwatt_profile_fills_the_store_and_off_leaves_none(tmp_path: Path) -> 
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert "note: source store" in out.stderr and "other users can write it" in out.stderr
+
+
+def test_without_serwatts_own_sources_the_store_is_off_and_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The key hashes serwatt's indexing code; an install without its .py files (a zipapp,
+    .pyc only) cannot key entries, so it stores nothing rather than failing the run."""
+    monkeypatch.setattr(source_store.source_index, "__file__", str(tmp_path / "gone.py"))
+    store = SourceStore.open(tmp_path / "s")
+    assert store.problem is not None and "cannot hash serwatt's own indexing code" in store.problem
+    entry = store.entry(b"x = 1\n", None, "rules")
+    entry.put_no_match()
+    assert not (tmp_path / "s").exists() and not entry.no_match()
