@@ -45,8 +45,8 @@ from profiler.sampling.collect import (
 BAD_INPUT_ERRORS = (TargetGone, NotPython, UnsupportedPython, PtraceDenied)
 
 
-def _store_dir(text: str) -> Path | str:
-    return "off" if text == "off" else Path(text)
+def _store_dir(text: str) -> Path | None:
+    return None if text == "off" else Path(text)
 
 
 def add_common_options(parser: argparse.ArgumentParser) -> None:
@@ -108,7 +108,7 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
         help="NVML GPU busy/idle and energy: auto, required, off",
     )  # fmt: skip
     parser.add_argument(
-        "--source-store", type=_store_dir, default=None, metavar="DIR|off",
+        "--source-store", type=_store_dir, default=source_store.default_dir(), metavar="DIR|off",
         help="where what indexing the target's Python files found is kept, so the next run "
         f"does not read and parse them again (default {source_store.default_dir()}; "
         "off: nowhere)",
@@ -199,13 +199,7 @@ def profile_options(args: argparse.Namespace) -> ProfileOptions:
         run_id=getattr(args, "run_id", None),
         checkpoints=getattr(args, "checkpoints", None),
         checkpoint_glob=getattr(args, "checkpoint_glob", None),
-        source_store=(
-            source_store.default_dir()
-            if args.source_store is None
-            else None
-            if args.source_store == "off"
-            else args.source_store
-        ),
+        source_store=args.source_store,
     )
 
 
