@@ -112,6 +112,42 @@ def attribute_energy(
     )
 
 
+def overlap_factor(attributed_j: float, dynamic_j: float) -> float:
+    """The one rule for joules attributed to several target windows over one span (a
+    daemon slot's targets, a profile's process tree): together they never take more than
+    the node's dynamic joules over it, the part the model shares out (idle is charged to
+    nobody). Past it, because the targets' and the node's CPU clocks tick separately or
+    the windows were read over slightly different spans, every part is scaled by this
+    same factor, so the parts keep their proportions; otherwise it is 1."""
+    bound = max(0.0, dynamic_j)
+    if not attributed_j > bound:
+        return 1.0
+    return bound / attributed_j
+
+
+def scaled_energy(e: EnergyAttribution, factor: float) -> EnergyAttribution:
+    """`e` with its target's joules scaled by `factor` (overlap_factor); what no longer
+    goes to the target goes to the residual, as other processes' part."""
+    if factor == 1.0:
+        return e
+    target_j = e.target_j * factor
+    cps = {cp: j * factor for cp, j in e.codepaths_j.items()}
+    attributed = math.fsum(cps.values())
+    return EnergyAttribution(
+        source=e.source,
+        total_j=e.total_j,
+        dynamic_j=e.dynamic_j,
+        idle_j=e.idle_j,
+        target_share=e.target_share * factor,
+        target_j=target_j,
+        codepaths_j=cps,
+        unattributed_j=max(0.0, e.total_j - attributed),
+        unattributed_idle_j=e.unattributed_idle_j,
+        unattributed_other_processes_j=max(0.0, e.dynamic_j - target_j),
+        unattributed_target_unsampled_j=max(0.0, target_j - attributed),
+    )
+
+
 @dataclass(frozen=True)
 class IdleSpan:
     """GPU utilisation over (t0, t1]: busy_frac of the time busy. Mirrors

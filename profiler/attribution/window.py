@@ -6,7 +6,8 @@ record and the profile document.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from collectors.nvml import DEFAULT_SAMPLE_PERIOD_S, GpuWindow, clip_intervals
@@ -18,6 +19,8 @@ from profiler.attribution.apportion import (
     attribute_energy,
     attribute_gpu_wait,
     gpus_used_by,
+    overlap_factor,
+    scaled_energy,
 )
 from profiler.attribution.episodes import Episode
 from profiler.attribution.tracker import EnergyTracker, WindowEnergy
@@ -329,3 +332,42 @@ def attribute(
 ) -> AttributedWindow:
     """Attribute one window against a reading: the one place a window gets its joules."""
     return AttributedWindow(report, reading, attribute_window(report, reading), slot=slot)
+
+
+@dataclass(frozen=True)
+class SlotAttribution:
+    """A slot's windows attributed against its one reading (the daemon's): `windows` in
+    the order of the reports, their joules fitted to the node's (overlap_factor);
+    `node_j` the node's measured joules (None: not measured), `attributed_j` what the
+    windows hold of them."""
+
+    windows: tuple[AttributedWindow, ...]
+    node_j: float | None
+    attributed_j: float
+
+
+def attribute_slot(reports: Sequence[WindowReport], reading: WindowEnergy) -> SlotAttribution:
+    """Every target window of one slot against the slot's reading: each gets its CPU share
+    of the slot's dynamic joules, and where the shares sum past them (the targets' and
+    the node's CPU clocks tick separately), all are scaled by one factor
+    (apportion.overlap_factor)."""
+    windows = [attribute(report, reading, slot=True) for report in reports]
+    if reading.source not in ("rapl", "model") or reading.package_j is None:
+        return SlotAttribution(tuple(windows), None, _joules(windows))
+    node_j = max(0.0, reading.package_j)
+    dynamic_j = reading.dynamic_j if reading.dynamic_j is not None else node_j
+    factor = overlap_factor(_joules(windows), dynamic_j)
+    if factor != 1.0:
+        windows = [_scaled(w, factor) for w in windows]
+    return SlotAttribution(tuple(windows), node_j, min(_joules(windows), node_j))
+
+
+def _joules(windows: Sequence[AttributedWindow]) -> float:
+    return math.fsum(math.fsum(w.energy_j.values()) for w in windows if w.energy_j)
+
+
+def _scaled(w: AttributedWindow, factor: float) -> AttributedWindow:
+    ta = w.attribution
+    if ta is None or ta.energy is None:
+        return w
+    return replace(w, attribution=replace(ta, energy=scaled_energy(ta.energy, factor)))

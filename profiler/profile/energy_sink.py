@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from profiler.attribution.apportion import overlap_factor
 from profiler.attribution.tracker import ENERGY_METHOD, GPU_WAIT_METHOD, EnergyTracker
 from profiler.attribution.window import (
     AttributedWindow,
@@ -233,12 +234,14 @@ class EnergySink:
             return {"source": "unavailable", "reason": reason, "package_j": None}
         (source,) = self._sources
         total = self._node["package_j"]
-        attributed = math.fsum(self._cp_j.values())
-        if attributed > total > 0:  # overlapping target windows: never claim more than measured
-            scale = total / attributed
-            for cp in self._cp_j:
-                self._cp_j[cp] *= scale
-            attributed = math.fsum(self._cp_j.values())
+        # the targets of a process tree share the node's dynamic joules: the one overlap rule
+        dynamic = total if "dynamic_j" in self._node_missing else self._node.get("dynamic_j", total)
+        factor = overlap_factor(math.fsum(self._cp_j.values()), dynamic)
+        for cp in self._cp_j:
+            self._cp_j[cp] *= factor
+            for d in self._dir_j[cp]:
+                self._dir_j[cp][d] *= factor
+        attributed = min(math.fsum(self._cp_j.values()), total)
         node = {k: (None if k in self._node_missing else _r(v)) for k, v in self._node.items()}
         notes = list(self._notes)
         if self._node_unavailable_s > 0:

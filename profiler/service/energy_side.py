@@ -9,7 +9,7 @@ from typing import Any
 
 from profiler.attribution.episodes import Episode
 from profiler.attribution.tracker import EnergyTracker, EnergyUnavailableError, WindowEnergy
-from profiler.attribution.window import AttributedWindow, attribute, episode_gpu_reading
+from profiler.attribution.window import AttributedWindow, attribute_slot, episode_gpu_reading
 from profiler.records.sources import run_sources
 from profiler.sampling.window import WindowReport
 from profiler.service.collector_health import Health, publish, run_collector
@@ -36,10 +36,11 @@ class EnergySide:
     """The daemon's use of the energy tracker (profiler/attribution/tracker.py): one tracker for the
     node, one reading per slot, split over the slot's target windows.
 
-    All windows of a slot are attributed against the slot's single energy reading:
-    each target gets (its window CPU / node busy CPU over the slot) of the slot's
-    dynamic energy, so the targets' shares can never sum past the node's, and what is
-    left (idle part, other processes, targets not sampled this slot) is exported as
+    All windows of a slot are attributed against the slot's single energy reading
+    (attribution.window.attribute_slot): each target gets (its window CPU / node busy CPU
+    over the slot) of the slot's dynamic energy, fitted by the one overlap rule so the
+    targets' joules never sum past the node's, and what is left (idle part, other
+    processes, targets not sampled this slot) is exported as
     `serwatt_unattributed_energy_joules_total`.
     """
 
@@ -96,26 +97,15 @@ class EnergySide:
         )
         if we is None:
             return None
-        windows = []
-        attributed_j = 0.0
-        for report in reports:
-            aw = attribute(report, we, slot=True)
-            if aw.energy_j is not None:
-                attributed_j += sum(aw.energy_j.values())
-            windows.append(aw)
-        if we.source in ("rapl", "model") and we.package_j is not None:
-            node_j = max(0.0, we.package_j)
-            if attributed_j > node_j:
-                # Windows measured over slightly different spans than the slot: the
-                # excess is measurement jitter, the residual cannot be negative.
-                log.debug("slot attributed %.3f J of %.3f J measured", attributed_j, node_j)
+        got = attribute_slot(reports, we)
+        if got.node_j is not None:
             ledger.add_node_energy(
-                we.source, node_j=node_j, unattributed_j=max(0.0, node_j - attributed_j)
+                we.source, node_j=got.node_j, unattributed_j=got.node_j - got.attributed_j
             )
         for g in we.gpus:
             if g.up:
                 ledger.add_gpu_idle(g.index, max(0.0, g.idle_s))
-        return SlotEnergy(windows)
+        return SlotEnergy(list(got.windows))
 
     def with_gpu(self, episodes: list[Episode]) -> list[Episode]:
         """The episodes with their GPU-wait and GPU idle joules from the node's NVML."""
