@@ -110,7 +110,7 @@ def test_the_train_demo_is_serwatt_ab_of_torch_save_against_the_checkpointer(
     assert len(lost) == doc["checkpoint"]["baseline"]["file_event_only"]
     # and, rarely, one with none of those reasons: the first torch.save of a process with no
     # sample in either py-spy run (2 of 160 baseline saves in ~20 fresh-clone suite runs, 0 of
-    # ~210 in runs of the demo's job alone; cause not found, docs/benchmarks.md "The train
+    # ~250 in runs of the demo's job alone; cause not found, docs/benchmarks.md "The train
     # demo's unexplained misses"). Allowed: what Binomial(8, 2/160) exceeds once in 1,000 runs
     unexplained = [path for path, why in lost if not why]
     allowed = int(binom.ppf(0.999, 8, UNEXPLAINED_MISS_RATE))
