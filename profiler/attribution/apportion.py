@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from collectors.series import interpolate
 from profiler.classify.codepaths import CODEPATHS, SERIALIZATION_CODEPATHS
@@ -133,16 +133,12 @@ def scaled_energy(e: EnergyAttribution, factor: float) -> EnergyAttribution:
     target_j = e.target_j * factor
     cps = {cp: j * factor for cp, j in e.codepaths_j.items()}
     attributed = math.fsum(cps.values())
-    return EnergyAttribution(
-        source=e.source,
-        total_j=e.total_j,
-        dynamic_j=e.dynamic_j,
-        idle_j=e.idle_j,
+    return replace(
+        e,
         target_share=e.target_share * factor,
         target_j=target_j,
         codepaths_j=cps,
         unattributed_j=max(0.0, e.total_j - attributed),
-        unattributed_idle_j=e.unattributed_idle_j,
         unattributed_other_processes_j=max(0.0, e.dynamic_j - target_j),
         unattributed_target_unsampled_j=max(0.0, target_j - attributed),
     )

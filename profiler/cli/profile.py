@@ -110,7 +110,7 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--source-store", type=_store_dir, default=source_store.default_dir(), metavar="DIR|off",
         help="where what indexing the target's Python files found is kept, so the next run "
-        f"does not read and parse them again (default {source_store.default_dir()}; "
+        "does not read and parse them again (default %(default)s; "
         "off: nowhere)",
     )  # fmt: skip
     parser.add_argument(

@@ -48,11 +48,16 @@ def _cpuinfo(tmp: Path) -> None:
 
 
 def _report(
-    start: float, end: float, cpu: dict[str, float], labels: list[TimedLabel], rate: float = 100
+    start: float,
+    end: float,
+    cpu: dict[str, float],
+    labels: list[TimedLabel],
+    rate: float = 100,
+    pid: int = TARGET,
 ) -> WindowReport:
     cps = {cp: CodepathWindow(cpu_s=cpu.get(cp, 0.0)) for cp in CODEPATHS}
     return WindowReport(
-        pid=TARGET,
+        pid=pid,
         started_at=start,
         ended_at=end,
         rate_hz=rate,
@@ -275,6 +280,37 @@ def test_observer_fills_the_document_parts(tmp_path: Path) -> None:
     assert g["used_by_target"] and g["name"] == "NVIDIA H200"
     assert g["clock"]["domain"] == "boottime"
     assert part["nvml"]["up"] is True
+
+
+def test_a_profiles_process_tree_is_held_to_the_overlap_rule(tmp_path: Path) -> None:
+    """The one overlap rule (tests/attribution/test_overlap_rule.py) in a profile of two
+    processes whose windows cover the same 4 s, each with more CPU than the node's busy CPU
+    (2 s each against 1.6 s: the clocks tick separately), so each alone takes all 8 dynamic
+    joules: together they hold 8, not 16, and the per-direction split shrinks with them."""
+    clock = FakeClock()
+    sysfs, procfs = tmp_path / "sys", tmp_path / "proc"
+    procfs.mkdir()
+    tree = build_powercap(sysfs, max_uj=30_000_000, psys=False)
+    (procfs / "stat").write_text(_stat(0, 0))
+    tr = EnergyTracker(sysfs, procfs, nvml_mode="off", clock=clock)
+    sink = EnergySink(tr)
+    t0 = clock()
+    tr.poll_once()
+    for i in range(1, 9):
+        clock.advance(0.5)
+        tree.advance("intel-rapl:0", 5.0)  # 10 W
+        (procfs / "stat").write_text(_stat(20 * i, 80 * i))  # 2 CPUs 20% busy: 1.6 CPU-s
+        tr.poll_once()
+    for pid, cpu in ((1, {"pickle": 2.0}), (2, {"pickle": 1.0, "other": 1.0})):
+        rep = _report(t0, t0 + 4.0, cpu, [], pid=pid)
+        sink.on_window(attribute(rep, tr.window(t0, t0 + 4.0)))
+    e = sink.finish().energy
+    assert e["package_j"] == pytest.approx(40.0) and e["dynamic_j"] == pytest.approx(8.0)
+    assert e["attributed_j"] == pytest.approx(8.0)  # not 16: each window alone took all 8
+    cps = sink.summary.codepaths if sink.summary else {}
+    assert cps["pickle"].energy_j == pytest.approx(6.0)  # (8 + 4) x 8 / 16
+    assert cps["other"].energy_j == pytest.approx(2.0)
+    assert sum(j for j, _ in cps["pickle"].by_direction.values() if j) == pytest.approx(6.0)
 
 
 @pytest.mark.serial  # the writer thread's lag is the tolerance: a loaded CI pass lagged 37 ms

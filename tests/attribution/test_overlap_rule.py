@@ -1,21 +1,18 @@
 """The one overlap rule: targets' joules over a span never take more than the node's dynamic
-joules over it, in a daemon slot and in a profile of a process tree alike."""
+joules over it, in a daemon slot and in a profile of a process tree alike (the profile's case:
+tests/attribution/test_energy.py, test_a_profiles_process_tree_is_held_to_the_overlap_rule)."""
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 
 from profiler.attribution.apportion import attribute_energy, overlap_factor, scaled_energy
-from profiler.attribution.tracker import EnergyTracker, WindowEnergy
+from profiler.attribution.tracker import WindowEnergy
 from profiler.attribution.window import attribute, attribute_slot
 from profiler.classify.codepaths import CODEPATHS
-from profiler.profile.energy_sink import EnergySink
 from profiler.sampling.window import CodepathWindow, WindowReport
-from tests.nvml_replay import FakeClock
-from tests.powercap import build_powercap
 
 
 def _report(pid: int, start: float, end: float, cpu: dict[str, float]) -> WindowReport:
@@ -100,38 +97,3 @@ def test_a_slot_within_the_bound_is_left_as_attributed() -> None:
         attribute(r, reading, slot=True).energy_j for r in reports
     ]
     assert got.attributed_j == pytest.approx(22.5)
-
-
-def _stat(busy: int, idle: int) -> str:
-    return f"cpu  {busy} 0 0 {idle} 0 0 0 0 0 0\ncpu0 0 0 0 0 0 0 0 0 0 0\n"
-
-
-def test_a_profiles_process_tree_is_held_to_the_same_rule(tmp_path: Path) -> None:
-    """A profile of two processes whose windows cover the same 4 s, each with more CPU than
-    the node's busy CPU (2 s each against 1.6 s: the clocks tick separately), so each alone
-    takes all 8 dynamic joules: together they hold 8, not 16, and the per-direction split
-    shrinks with them."""
-    clock = FakeClock()
-    sysfs, procfs = tmp_path / "sys", tmp_path / "proc"
-    procfs.mkdir()
-    tree = build_powercap(sysfs, max_uj=30_000_000, psys=False)
-    (procfs / "stat").write_text(_stat(0, 0))
-    tr = EnergyTracker(sysfs, procfs, nvml_mode="off", clock=clock)
-    sink = EnergySink(tr)
-    t0 = clock()
-    tr.poll_once()
-    for i in range(1, 9):
-        clock.advance(0.5)
-        tree.advance("intel-rapl:0", 5.0)  # 10 W
-        (procfs / "stat").write_text(_stat(20 * i, 80 * i))  # 2 CPUs 20% busy: 1.6 CPU-s
-        tr.poll_once()
-    for pid, cpu in ((1, {"pickle": 2.0}), (2, {"pickle": 1.0, "other": 1.0})):
-        rep = _report(pid, t0, t0 + 4.0, cpu)
-        sink.on_window(attribute(rep, tr.window(t0, t0 + 4.0)))
-    e = sink.finish().energy
-    assert e["package_j"] == pytest.approx(40.0) and e["dynamic_j"] == pytest.approx(8.0)
-    assert e["attributed_j"] == pytest.approx(8.0)  # not 16: each window alone took all 8
-    cps = sink.summary.codepaths if sink.summary else {}
-    assert cps["pickle"].energy_j == pytest.approx(6.0)  # (8 + 4) x 8 / 16
-    assert cps["other"].energy_j == pytest.approx(2.0)
-    assert sum(j for j, _ in cps["pickle"].by_direction.values() if j) == pytest.approx(6.0)
