@@ -8,8 +8,10 @@ config's static labels such as `variant`). Its "windows" are the steps of the ra
 query: the counter deltas between consecutive grid points, per codepath, so a window's
 figures are exact differences of scraped counter values (no `increase()`
 extrapolation). A delta below zero is a counter reset (a restarted daemon) and counts
-the new value, as Prometheus' `increase()` does. A step in which the target took no
-samples (it was down, or no daemon window ended in it) is no window.
+the new value, as Prometheus' `increase()` does. A step in which no counter moved (the
+target was down, or no daemon window ended in it) is no window. A step whose CPU moved
+with no samples is a window: a target's last window, cut short by its exit, can hold
+CPU-seconds and no sample, and the record keeps that CPU too.
 
 What Prometheus does not carry, and what the report then says:
 - episodes (per-checkpoint stalls): the checkpoint section and the projection say
@@ -647,8 +649,7 @@ def _run(
     ways: dict[str, dict[str, list[float]]] = {}  # codepath -> direction -> [samples, cpu_s]
     for t in sorted(steps):
         cps = steps[t]
-        samples = sum(round(f.get("samples", 0.0)) for f in cps.values())
-        if samples <= 0:
+        if not any(v > 0 for f in cps.values() for v in f.values()):
             continue  # no daemon window ended in this step: nothing was seen
         figures = {}
         for cp, f in cps.items():

@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 import socket
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
@@ -18,14 +20,19 @@ class _Server:
     """Answers every request with (status, body) from `reply`, and keeps the paths."""
 
     def __init__(self) -> None:
-        self.reply: tuple[int, bytes] = (200, b"{}")
+        # one answer to every request, or one per query: reply(query) -> (status, body)
+        self.reply: tuple[int, bytes] | Callable[[str], tuple[int, bytes]] = (200, b"{}")
         self.paths: list[str] = []
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802
                 outer.paths.append(self.path)
-                code, body = outer.reply
+                reply = outer.reply
+                if callable(reply):
+                    query = parse_qs(urlsplit(self.path).query).get("query", [""])[0]
+                    reply = reply(query)
+                code, body = reply
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
@@ -217,3 +224,34 @@ def test_durations_times_and_ranges():
 
 def test_counter_deltas_count_a_reset_as_the_new_value():
     assert fp._deltas([(0, 5.0), (10, 7.0), (20, 1.0), (30, 4.0)]) == {10: 2.0, 20: 1.0, 30: 3.0}
+
+
+def test_a_step_whose_cpu_moved_without_samples_is_a_window(server):
+    """A target's last window, cut short by its exit, can hold CPU and no sample (the
+    record keeps its CPU-seconds). A step in which nothing moved is no window."""
+    labels = {"job": "serwatt", "instance": "n:1", "target": "trainer", "codepath": "other"}
+    counters = {
+        "serwatt_cpu_seconds_total": ["0", "0.5", "1.0", "1.05", "1.05"],
+        "serwatt_samples_total": ["0", "10", "20", "20", "20"],
+    }
+
+    def reply(query: str) -> tuple[int, bytes]:
+        name = query.split("{", 1)[0]
+        if name in counters:
+            values = [[10 * i, v] for i, v in enumerate(counters[name])]
+            return 200, _matrix([{"metric": labels, "values": values}])
+        if name in ("serwatt_sample_rate_hz", "serwatt_build_info"):
+            info = {"job": "serwatt", "instance": "n:1", "version": "0.1.0"}
+            return 200, _matrix([{"metric": info, "values": [[0, "20"], [40, "20"]]}])
+        return 200, _matrix([])
+
+    server.reply = reply
+    side = fp.SideQuery("baseline", '{target="trainer"}', 0.0, 40.0, 10.0)
+    (run,), idle = fp.load_side(fp.PromQL(server.url), side)
+    assert idle == []
+    assert [(w.ended_at, w.codepaths["other"].samples) for w in run.windows] == [
+        (10.0, 10),
+        (20.0, 10),
+        (30.0, 0),
+    ]
+    assert sum(w.cpu_s for w in run.windows) == pytest.approx(1.05, abs=1e-12)
