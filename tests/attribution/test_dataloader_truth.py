@@ -20,15 +20,15 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 WORKLOAD = REPO / "tests" / "workloads" / "dataloader_job.py"
-# Issue 22's goal is 15%; it is NOT met (docs/benchmarks.md). Quiet fresh clones once gave
-# tensors -12.8% to -15.5% and plain +15.7% to +20.2%; on the VM as it is now, where nine
-# py-spy runs (3 processes x 3 runs) at 100-400 Hz take most of the 2 CPUs, the same code
-# gives tensors -42.1% and -53.5% (a CI run), plain -35.3% to -36.8%: the local-wait
-# correction takes the workers' and the main process's run-queue wait off their pickle
-# samples. Held to the nearest bound every measured run met, 55%, so a regression past
-# that (pickling unclassified, workers unfollowed) fails; the issue stays open.
+# Issue 22's goal is 15%. In 26 quiet runs of this harness at the current sampling plan
+# (docs/benchmarks.md "DataLoader pickle CPU against in-job ForkingPickler truth"), 25 were
+# within it: tensors mean +0.4%, sd 8.6% (13 runs, -19.4% to +11.5%); plain mean +8.1%, sd
+# 4.3% (13 runs, +0.1% to +14.1%). Each mode is held to the 99.9% prediction interval of
+# its own runs (Student t, 12 df): tensors -38.3% to +39.0%, plain -11.2% to +27.4%. A run
+# outside it is a regression (pickling unclassified, workers unfollowed: the bug this test
+# came from read -50%), not noise, at the suite's false-failure budget of 1 in 1,000.
 GOAL = 0.15
-TOLERANCE = 0.55
+BOUNDS = {"tensors": (-0.383, 0.390), "plain": (-0.112, 0.274)}
 SECONDS = "8"
 
 
@@ -59,7 +59,9 @@ def _profile(tmp_path: Path, mode: str) -> tuple[float, float, dict[str, float]]
 def test_dataloader_pickle_cpu_against_forkingpickler_truth(tmp_path: Path, mode: str) -> None:
     seen, truth, by_role = _profile(tmp_path, mode)
     error = seen / truth - 1
-    assert abs(error) <= TOLERANCE, (
+    low, high = BOUNDS[mode]
+    assert low <= error <= high, (
         f"{mode}: serwatt pickle {seen:.3f} CPU-s against ForkingPickler dumps + loads "
-        f"{truth:.3f} CPU-s ({error:+.1%}, goal {GOAL:.0%}; by process {by_role})"
+        f"{truth:.3f} CPU-s ({error:+.1%}, held to {low:+.1%}..{high:+.1%}, goal {GOAL:.0%}; "
+        f"by process {by_role})"
     )
