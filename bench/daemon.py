@@ -29,13 +29,14 @@ stays up; SIGHUP switches its config between matching the targets and matching
 nothing, and a phase is measured only once the switch is done (every target has a
 py-spy attached, or none has), so only the py-spy attachment differs.
 
-Each target runs a fixed serialization chunk (pickle + json, ~2 ms) then sleeps
-18 ms (a host thread that serializes between GPU steps), and publishes (chunks,
-wall and CPU seconds spent in chunks) to a file. Throughput = chunks per wall second
-spent working (includes CPU contention) and chunks per CPU second (in-process
-perturbation only); each ratio is watched / unwatched (1.0 = no slowdown), with a
-95% interval (Student t) over the watched phases: confirmed when the interval's low end
-clears the goal, not met when its high end is below it, undecided when it straddles it.
+Each target (tests/workloads/alternating.py) runs a fixed serialization chunk (pickle +
+json, ~2 ms) then sleeps 18 ms (a host thread that serializes between GPU steps), and
+publishes (chunks, wall and CPU seconds in chunks, and in pickle and json) to a file.
+Throughput = chunks per wall second spent working (includes CPU contention) and chunks
+per CPU second (in-process perturbation only); each ratio is watched / unwatched (1.0 =
+no slowdown), with a 95% interval (Student t) over the watched phases: confirmed when
+the interval's low end clears the goal, not met when its high end is below it, undecided
+when it straddles it.
 `--recompute FILE` recomputes those from an earlier --json output's per-pair ratios.
 
 Goals (issues 4 and 28): daemon + py-spy < 10% of one core for 8 targets at 50 Hz, RSS <
@@ -53,7 +54,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 import urllib.request
 from pathlib import Path
@@ -67,33 +67,8 @@ from profiler.intervals import SlopeInterval, mean_interval, slope_interval, ver
 from tests.daemon_support import daemon_config  # noqa: E402
 from tests.ports import listening_port  # noqa: E402
 
-TARGET = textwrap.dedent(
-    """
-    import json, os, pickle, sys, time
-    out = sys.argv[1]
-    data = {"k%d" % i: list(range(30)) for i in range(60)}
-    chunks, busy_s, cpu_s, last_pub = 0, 0.0, 0.0, time.monotonic()
-    pickle_s = json_s = 0.0
-    while True:
-        t0, c0 = time.perf_counter(), time.thread_time()
-        for _ in range(4):
-            a = time.thread_time()
-            pickle.loads(pickle.dumps(data))
-            b = time.thread_time()
-            json.loads(json.dumps(data))
-            pickle_s += b - a
-            json_s += time.thread_time() - b
-        busy_s += time.perf_counter() - t0
-        cpu_s += time.thread_time() - c0
-        chunks += 1
-        if time.monotonic() - last_pub > 0.25:
-            with open(out + ".tmp", "w") as f:
-                f.write(f"{chunks} {busy_s!r} {cpu_s!r} {pickle_s!r} {json_s!r}")
-            os.replace(out + ".tmp", out)
-            last_pub = time.monotonic()
-        time.sleep(0.018)
-    """
-)
+# Each target: tests/workloads/alternating.py, timing its pickle and json calls in process
+ALTERNATING = REPO / "tests" / "workloads" / "alternating.py"
 
 
 def bench_config(record_dir: Path, args: argparse.Namespace, pattern: str) -> str:
@@ -310,11 +285,11 @@ def main() -> int:
 
     tmp = Path(tempfile.mkdtemp(prefix="serwatt-bench-daemon-"))
     marker = f"swbench_{os.getpid()}"
-    script = tmp / f"{marker}.py"
-    script.write_text(TARGET)
     progress = [tmp / f"progress{i}" for i in range(args.targets)]
     targets = [
-        subprocess.Popen([sys.executable, str(script), str(p)], stdout=subprocess.DEVNULL)
+        subprocess.Popen(
+            [sys.executable, str(ALTERNATING), marker, str(p)], stdout=subprocess.DEVNULL
+        )
         for p in progress
     ]
     # Not matched by the daemon's pattern (no marker in their command line): they only
