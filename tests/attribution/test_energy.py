@@ -18,7 +18,7 @@ from profiler.profile.document import add_energy as _add_energy
 from profiler.profile.energy_sink import EnergySink, ProfileEnergy
 from profiler.sampling.window import CodepathWindow, TimedLabel, WindowReport
 from tests.nvml_replay import FakeClock, ReplayNvmlBackend, load_timeline
-from tests.powercap import build_powercap
+from tests.powercap import PowercapTree, build_powercap
 
 TARGET = 4321
 
@@ -72,13 +72,22 @@ def _labels(cp: str, t0: float, t1: float, rate: float = 100) -> list[TimedLabel
     return [TimedLabel(t=t0 + i / rate, tid=1, thread_id=1, codepath=cp) for i in range(n)]
 
 
-def test_rapl_window_split_and_attribution_deterministic(tmp_path: Path) -> None:
+def _rapl_tracker(
+    tmp_path: Path, **powercap: object
+) -> tuple[EnergyTracker, FakeClock, PowercapTree, Path]:
+    """A tracker on a fake clock over a hand-built powercap tree (build_powercap's keywords)
+    and procfs (idle so far), NVML off: (tracker, clock, tree, procfs)."""
     clock = FakeClock()
     sysfs, procfs = tmp_path / "sys", tmp_path / "proc"
     procfs.mkdir()
-    tree = build_powercap(sysfs, max_uj=30_000_000, start_uj=25_000_000)  # wraps at 30 J
+    tree = build_powercap(sysfs, **powercap)
     (procfs / "stat").write_text(_stat(0, 0))
-    tr = EnergyTracker(sysfs, procfs, nvml_mode="off", clock=clock)
+    return EnergyTracker(sysfs, procfs, nvml_mode="off", clock=clock), clock, tree, procfs
+
+
+def test_rapl_window_split_and_attribution_deterministic(tmp_path: Path) -> None:
+    # both packages wrap at 30 J
+    tr, clock, tree, procfs = _rapl_tracker(tmp_path, max_uj=30_000_000, start_uj=25_000_000)
     st = tr.probe()
     assert st["rapl"].up and not st["nvml"].up and st["nvml"].reason == "off"
     assert tr.energy_source == "rapl"
@@ -287,12 +296,7 @@ def test_a_profiles_process_tree_is_held_to_the_overlap_rule(tmp_path: Path) -> 
     processes whose windows cover the same 4 s, each with more CPU than the node's busy CPU
     (2 s each against 1.6 s: the clocks tick separately), so each alone takes all 8 dynamic
     joules: together they hold 8, not 16, and the per-direction split shrinks with them."""
-    clock = FakeClock()
-    sysfs, procfs = tmp_path / "sys", tmp_path / "proc"
-    procfs.mkdir()
-    tree = build_powercap(sysfs, max_uj=30_000_000, psys=False)
-    (procfs / "stat").write_text(_stat(0, 0))
-    tr = EnergyTracker(sysfs, procfs, nvml_mode="off", clock=clock)
+    tr, clock, tree, procfs = _rapl_tracker(tmp_path, max_uj=30_000_000, psys=False)
     sink = EnergySink(tr)
     t0 = clock()
     tr.poll_once()
@@ -346,12 +350,7 @@ def test_tracker_thread_polls_real_files(tmp_path: Path) -> None:
 
 
 def test_reads_too_far_apart_for_the_power_seen_are_noted(tmp_path: Path) -> None:
-    clock = FakeClock()
-    sysfs, procfs = tmp_path / "sys", tmp_path / "proc"
-    procfs.mkdir()
-    tree = build_powercap(sysfs, max_uj=30_000_000, dram=False, psys=False)
-    (procfs / "stat").write_text(_stat(0, 0))
-    tr = EnergyTracker(sysfs, procfs, nvml_mode="off", clock=clock)
+    tr, clock, tree, procfs = _rapl_tracker(tmp_path, max_uj=30_000_000, dram=False, psys=False)
     obs = EnergySink(tr)
     t0 = clock()
     tr.poll_once()
@@ -463,12 +462,7 @@ def test_table_shows_joules_source_gpu_wait_and_gpu_idle_joules(tmp_path: Path) 
 
 
 def test_rapl_read_error_is_noted_in_its_window_only(tmp_path: Path) -> None:
-    clock = FakeClock()
-    sysfs, procfs = tmp_path / "sys", tmp_path / "proc"
-    procfs.mkdir()
-    tree = build_powercap(sysfs, dram=False, psys=False)
-    (procfs / "stat").write_text(_stat(0, 0))
-    tr = EnergyTracker(sysfs, procfs, nvml_mode="off", clock=clock)
+    tr, clock, tree, procfs = _rapl_tracker(tmp_path, dram=False, psys=False)
     t0 = clock()
     tr.poll_once()
     f = tree.zone_dir("intel-rapl:1") / "energy_uj"
