@@ -66,9 +66,11 @@ sys.path.insert(0, str(REPO))
 from profiler.intervals import SlopeInterval, mean_interval, slope_interval, verdict  # noqa: E402
 from tests.daemon_support import daemon_config  # noqa: E402
 from tests.ports import listening_port  # noqa: E402
+from tests.workloads import alternating  # noqa: E402
+from tests.workloads.alternating import Progress  # noqa: E402
 
 # Each target: tests/workloads/alternating.py, timing its pickle and json calls in process
-ALTERNATING = REPO / "tests" / "workloads" / "alternating.py"
+ALTERNATING = Path(alternating.__file__)
 
 
 def bench_config(record_dir: Path, args: argparse.Namespace, pattern: str) -> str:
@@ -113,14 +115,10 @@ def pyspy_records(proc: psutil.Process) -> list[psutil.Process]:
     return out
 
 
-def read_progress(path: Path) -> tuple[int, float, float, float, float]:
+def read_progress(path: Path) -> Progress:
     """(chunks, wall s inside chunks, thread CPU s inside chunks, of which in pickle, in
-    json) so far."""
-    try:
-        chunks, busy, cpu, in_pickle, in_json = path.read_text().split()
-        return int(chunks), float(busy), float(cpu), float(in_pickle), float(in_json)
-    except (OSError, ValueError):
-        return 0, 0.0, 0.0, 0.0, 0.0
+    json) so far; all 0 before the target's first publish."""
+    return alternating.read_progress(path) or (0, 0.0, 0.0, 0.0, 0.0)
 
 
 THROUGHPUT_GOAL = 0.99  # watched / unwatched throughput

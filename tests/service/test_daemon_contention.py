@@ -34,9 +34,11 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from collectors import procstat
 from tests.daemon_support import start_daemon, stop_process, total, wait_for
+from tests.workloads import alternating
 
-ALTERNATING = Path(__file__).parents[1] / "workloads" / "alternating.py"
+ALTERNATING = Path(alternating.__file__)
 TARGETS = 4
 COMPETITORS = 1
 WATCH_S = 30.0
@@ -67,17 +69,19 @@ def _bounds_pp(wait: float) -> tuple[float, float, float]:
 def _progress(path: Path) -> tuple[float, float, float]:
     """(thread CPU s inside chunks, of which in pickle, in json) the target published."""
     for _ in range(50):  # written aside and renamed: a read never sees half a file
-        try:
-            _chunks, _busy, cpu, in_pickle, in_json = path.read_text().split()
-            return float(cpu), float(in_pickle), float(in_json)
-        except (OSError, ValueError):
-            time.sleep(0.1)
+        got = alternating.read_progress(path)
+        if got is not None:
+            return got[2], got[3], got[4]
+        time.sleep(0.1)
     raise AssertionError(f"{path}: the target published no progress")
 
 
 def _run_queue_wait_s(pids: list[int]) -> float:
     """Seconds the (one-thread) targets spent runnable, waiting for a CPU (schedstat)."""
-    return sum(int(Path(f"/proc/{p}/schedstat").read_text().split()[1]) / 1e9 for p in pids)
+    return (
+        sum(procstat.parse_schedstat(Path(f"/proc/{p}/schedstat").read_text())[1] for p in pids)
+        / 1e9
+    )
 
 
 def _tracked(metrics: dict) -> int:
@@ -90,12 +94,8 @@ def _tracked(metrics: dict) -> int:
 
 
 def _process_cpu_s(pids: list[int]) -> float:
-    ticks = os.sysconf("SC_CLK_TCK")
-    out = 0.0
-    for pid in pids:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        out += (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
-    return out
+    stats = [procstat.parse_stat(Path(f"/proc/{pid}/stat").read_text()) for pid in pids]
+    return sum(st.utime_ticks + st.stime_ticks for st in stats) / procstat.CLOCK_TICKS_PER_S
 
 
 @pytest.mark.serial  # CPU shares under contention

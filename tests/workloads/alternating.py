@@ -18,6 +18,19 @@ import os
 import pickle
 import sys
 import time
+from pathlib import Path
+
+Progress = tuple[int, float, float, float, float]
+
+
+def read_progress(path: Path) -> Progress | None:
+    """What the loop last published to PROGRESS_FILE: (chunks, wall s inside chunks, thread
+    CPU s inside chunks, of which in pickle, in json); None before its first publish."""
+    try:
+        chunks, busy, cpu, in_pickle, in_json = path.read_text().split()
+        return int(chunks), float(busy), float(cpu), float(in_pickle), float(in_json)
+    except (OSError, ValueError):
+        return None
 
 
 def main() -> None:
