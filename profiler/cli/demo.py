@@ -3,7 +3,9 @@
 `--workload train` (the default) is `serwatt ab` on the training workload
 (profiler/workloads/train.py): the baseline checkpoints with synchronous torch.save (+
 fsync + rename), the candidate with `many.Checkpointer` (`--ckpt many-async`: the
-training thread stalls for one copy, the write happens behind it); `--repeats` runs per
+training thread stalls for one copy, the write happens behind it; `--overlap`: the copy of
+the weights and optimizer state runs during the next step, whose `optimizer.step()` waits
+for it); `--repeats` runs per
 side, interleaved, each followed by a resumed run from a cold page cache, so save stall
 and restore are both measured. Then the A/B report (text, JSON, HTML) with the default
 cluster projection, all under `--out`. `--workload mixed` profiles the built-in mixed
@@ -64,6 +66,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="train: runs per side, each resumed once (default 2)",
     )  # fmt: skip
     parser.add_argument(
+        "--overlap", action="store_true",
+        help="train: the candidate checkpoints with overlap=True (the weights and optimizer "
+        "state copied while the next step's forward and backward run)",
+    )  # fmt: skip
+    parser.add_argument(
         "--size", type=Number(float, above=0, unit="MB"), default=64.0,
         help="train: checkpoint size in MB (default 64)",
     )  # fmt: skip
@@ -95,9 +102,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _train_command(ckpt: str, args: argparse.Namespace) -> str:
+    overlap = ["--overlap"] if args.overlap and ckpt == SIDES[1][1] else []
     return shlex.join(
         [
-            sys.executable, "-m", "profiler.workloads.train", "--ckpt", ckpt,
+            sys.executable, "-m", "profiler.workloads.train", "--ckpt", ckpt, *overlap,
             "--steps", str(args.steps), "--every", str(args.every), "--size", f"{args.size:g}",
             "--dir", "{dir}",
         ]
@@ -127,7 +135,8 @@ def _train_ab(args: argparse.Namespace) -> int:
     parser = argparse.ArgumentParser(prog="serwatt ab")
     ab.configure(parser)
     print(
-        f"serwatt demo: serwatt ab, torch.save against many.Checkpointer, {args.size:g} MB "
+        f"serwatt demo: serwatt ab, torch.save against many.Checkpointer"
+        f"{' (overlap=True)' if args.overlap else ''}, {args.size:g} MB "
         f"every {args.every} steps, {args.repeats} runs a side, each resumed from a cold cache",
         file=sys.stderr,
     )

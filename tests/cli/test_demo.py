@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import shlex
 import sqlite3
 import subprocess
 import sys
@@ -10,6 +12,8 @@ from pathlib import Path
 
 import pytest
 from scipy.stats import binom
+
+from profiler.cli import demo
 
 REPO = Path(__file__).resolve().parents[2]
 # a baseline save missed with no reason the record gives, as measured (docs/benchmarks.md)
@@ -70,6 +74,18 @@ def test_the_train_demo_refuses_profile_options_it_would_not_use(tmp_path: Path)
     assert r.returncode == 2, r.stderr
     assert "--rate: profile options apply to --workload mixed" in r.stderr
     assert not (tmp_path / "runs.sqlite").exists()
+
+
+def test_demo_overlap_is_passed_to_the_candidate_alone() -> None:
+    # `serwatt demo --overlap`: the candidate's many.Checkpointer copies during the next step;
+    # the baseline's torch.save has nothing to overlap, and without the flag neither does
+    parser = argparse.ArgumentParser()
+    demo.configure(parser)
+    (_, base), (_, cand) = demo.SIDES
+    for argv, want in ((["--overlap"], True), ([], False)):
+        args = parser.parse_args(argv)
+        assert ("--overlap" in shlex.split(demo._train_command(cand, args))) == want
+        assert "--overlap" not in shlex.split(demo._train_command(base, args))
 
 
 @pytest.mark.serial  # eight profiled training runs
