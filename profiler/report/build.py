@@ -35,6 +35,7 @@ from profiler.report.checkpoints import (
     known_durable,
     quantiles,
     restore_section,
+    waits_after_call,
     watched_checkpoints,
 )
 from profiler.report.cluster import ClusterConfig
@@ -587,6 +588,7 @@ def _checkpoint_section(
             **file_event_fields(side, skip),
             "stall_s": quantiles([e.wall_s for e in eps]),
             "stall_values_s": sorted(e.wall_s for e in eps),
+            **_wait_fields(side, skip),
             "resolution_s": max((e.resolution_s for e in eps), default=None),
             "cpu_s_per_checkpoint": float(np.mean([e.cpu_s for e in eps])) if eps else None,
             "gpu_wait_s_per_checkpoint": _mean_or_none([e.gpu_wait_s for e in eps]),
@@ -661,6 +663,26 @@ def _checkpoint_section(
             "cheaper without saying so"
         )
     return out
+
+
+def _wait_fields(side: _Side, skip: int) -> dict[str, Any]:
+    """The training thread's wait for a checkpoint after its call (waits_after_call: an
+    overlapped copy's wait in the next `optimizer.step()`, or a wait for the write), beside
+    the stall and summed with it, means over the checkpoints whose call was seen and whose
+    file a background thread wrote. None without file events (the heuristic's episodes
+    say nothing of which file they wrote) and when there are no such checkpoints."""
+    pairs = [p for r in side.runs for p in waits_after_call(r, skip)] if side.file_events else []
+    if not pairs:
+        return dict.fromkeys(
+            ("wait_s_per_checkpoint", "waits_seen", "wait_checkpoints",
+             "stall_and_wait_s_per_checkpoint"),
+        )  # fmt: skip
+    return {
+        "wait_s_per_checkpoint": float(np.mean([w for _s, w in pairs])),
+        "waits_seen": sum(w > 0 for _s, w in pairs),
+        "wait_checkpoints": len(pairs),
+        "stall_and_wait_s_per_checkpoint": float(np.mean([s + w for s, w in pairs])),
+    }
 
 
 def _durability_verdicts(checkpoint: Mapping[str, Any]) -> None:

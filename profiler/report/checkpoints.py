@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from profiler.attribution.checkpoints import STAMP_SLACK_S
 from profiler.classify.codepaths import KNOWN_DURABLE
 from profiler.report.inputs import CheckpointInput, EpisodeInput, RunInput
 
@@ -36,6 +37,22 @@ def quantiles(values: Sequence[float]) -> dict[str, float] | None:
     }
 
 
+def _stalls(
+    run: RunInput, skip: int
+) -> list[tuple[CheckpointInput, EpisodeInput | None, dict[tuple[Any, ...], EpisodeInput]]]:
+    """A file-event run's checkpoints after the first `skip` (in event order), each with its
+    stall episode (None: file event only, or one episode several files' events fall in)
+    and the run's episodes by (pid, thread, start)."""
+    by_key: dict[tuple[Any, ...], EpisodeInput] = {
+        (e.pid, e.thread, e.start): e for e in run.episodes or ()
+    }
+    out = []
+    for c in sorted(run.checkpoints or (), key=lambda c: c.event_t)[skip:]:
+        e = by_key.get((c.pid, c.stall_thread, c.stall_start))
+        out.append((c, e if c.stall_s is not None else None, by_key))
+    return out
+
+
 def stall_episodes(run: RunInput, skip: int) -> tuple[list[EpisodeInput], int]:
     """A file-event run's checkpoints after the first `skip` (in event order) as their stall
     episodes, each with the checkpoint's stall_s as wall_s (profiler/attribution/
@@ -43,12 +60,8 @@ def stall_episodes(run: RunInput, skip: int) -> tuple[list[EpisodeInput], int]:
     seen in the stall or in the file's writer (a background writer fsyncs where the
     training thread only copied), and how many of them have no stall episode (file event
     only, or one episode several files' events fall in)."""
-    by_key: dict[tuple[int | None, int | None, float | None], EpisodeInput] = {
-        (e.pid, e.thread, e.start): e for e in run.episodes or ()
-    }
     matched, without = [], 0
-    for c in sorted(run.checkpoints or (), key=lambda c: c.event_t)[skip:]:
-        e = by_key.get((c.pid, c.stall_thread, c.stall_start))
+    for c, e, by_key in _stalls(run, skip):
         if e is None or c.stall_s is None:
             without += 1
             continue
@@ -59,6 +72,37 @@ def stall_episodes(run: RunInput, skip: int) -> tuple[list[EpisodeInput], int]:
         end = max(start, start + c.stall_s)
         matched.append(replace(e, wall_s=c.stall_s, start=start, end=end, durable=durable))
     return matched, without
+
+
+def waits_after_call(run: RunInput, skip: int) -> list[tuple[float, float]]:
+    """(stall_s, wait_s) per file-event checkpoint after the first `skip` that has a stall
+    episode and a writer episode on another thread: wait_s is how long the training thread
+    waited for it after its call returned and before its file was complete. That is the
+    next `optimizer.step()` held in a pre-hook in profiler/many until an overlapped copy is
+    done (`many.Checkpointer.checkpoint(..., overlap=True)`), or a `wait()`/`close()` for
+    the write, seen as the main thread's episodes of the stall's codepath that begin after
+    the stall episode ends and end by the file's event (within the watch's STAMP_SLACK_S),
+    and are no checkpoint's stall; 0 when none was sampled (a wait shorter than a sample
+    period can escape them, as a stall can). A checkpoint whose call went unsampled is left
+    out: its writer episode is no anchor (a background writer's saves a step or two apart
+    merge into one episode that began at an earlier file)."""
+    waits = []
+    stalls = {(x.pid, x.stall_thread, x.stall_start) for x in run.checkpoints or ()}
+    for c, e, by_key in _stalls(run, skip):
+        writer = by_key.get((c.pid, c.thread_id, c.episode_start))
+        if e is None or c.stall_s is None or writer is None or writer.main_thread:
+            continue  # no call seen, or the file written in the call: nothing after it
+        wait = sum(
+            w.wall_s
+            for key, w in by_key.items()
+            if key[:2] == (c.pid, c.stall_thread)
+            and key not in stalls
+            and w.codepath == e.codepath
+            and w.start >= e.end
+            and w.end <= c.event_t + STAMP_SLACK_S
+        )
+        waits.append((c.stall_s, wait))
+    return waits
 
 
 def checkpoint_choice(side: _Side, given: str | None) -> tuple[str | None, str, bool]:

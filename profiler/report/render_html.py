@@ -364,6 +364,22 @@ def _checkpoint(report: Mapping[str, Any]) -> str:
         ["stall p50 s", q(b, "p50"), q(c, "p50")],
         ["stall p95 s", q(b, "p95"), q(c, "p95")],
         ["stall max s", q(b, "max"), q(c, "max")],
+        *(
+            [
+                [
+                    "+ wait after the call s (mean)",
+                    fmt(b["wait_s_per_checkpoint"]),
+                    fmt(c["wait_s_per_checkpoint"]),
+                ],
+                [
+                    "= stall + wait s (mean)",
+                    fmt(b["stall_and_wait_s_per_checkpoint"]),
+                    fmt(c["stall_and_wait_s_per_checkpoint"]),
+                ],
+            ]
+            if b.get("waits_seen") is not None or c.get("waits_seen") is not None
+            else []
+        ),
         ["CPU s per checkpoint", fmt(b["cpu_s_per_checkpoint"]), fmt(c["cpu_s_per_checkpoint"])],
         [
             "GPU-wait s per checkpoint",

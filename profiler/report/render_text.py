@@ -243,6 +243,8 @@ def _checkpoint_lines(report: Mapping[str, Any]) -> list[str]:
                     n_text(m),
                 ]
             )
+        if key == "stall_s":
+            rows += _wait_rows(b, c)
     d = ck["durability"]
     rows.append(
         [
@@ -288,6 +290,38 @@ def _checkpoint_lines(report: Mapping[str, Any]) -> list[str]:
     if res:
         out.append(f"  durations timed to ± {fmt(res, 3)} s (95%; resolution_s, docs/report.md)")
     return out
+
+
+def _wait_rows(b: Mapping[str, Any], c: Mapping[str, Any]) -> list[list[str]]:
+    """The training thread's wait after a checkpoint's call (an overlapped copy's wait in the
+    next optimizer.step(), or a wait for the write), and stall + wait: shown when a side
+    writes in the background (not tested: the stall is the comparison; the wait is part of
+    its cost)."""
+    if b.get("waits_seen") is None and c.get("waits_seen") is None:
+        return []
+
+    def seen(side: Mapping[str, Any]) -> str:
+        n = side.get("waits_seen")
+        return "-" if n is None else f"{n} of {side['wait_checkpoints']}"
+
+    return [
+        [
+            "  + wait after s",
+            fmt(b.get("wait_s_per_checkpoint")),
+            fmt(c.get("wait_s_per_checkpoint")),
+            f"waits seen: {seen(b)}, {seen(c)}",
+            "",
+            "",
+        ],
+        [
+            "  = stall + wait s",
+            fmt(b.get("stall_and_wait_s_per_checkpoint")),
+            fmt(c.get("stall_and_wait_s_per_checkpoint")),
+            "",
+            "",
+            "",
+        ],
+    ]
 
 
 def untimed_restore_bound(side: Mapping[str, Any]) -> str:

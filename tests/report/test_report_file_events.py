@@ -265,3 +265,109 @@ def test_a_background_writers_fsync_makes_its_checkpoint_durable() -> None:
     )  # every other writer fsynced where the samples saw it
     assert 0 < fsynced < n
     assert ck["candidate"]["durable"] == f"fsync seen in {fsynced} of {n}"
+
+
+def _overlapped(run: RunInput, waits: list[float]) -> RunInput:
+    """many.Checkpointer with overlap=True: the training thread's call (the stall), the file
+    written by a thread of its own and complete 0.4 s after the call; in between, the next
+    optimizer.step() of checkpoint k waits `waits[k % len(waits)]` s for the copy in a
+    `many` episode of the training thread (0: none sampled). Beside them, episodes the
+    wait must not take in: a log line's json episode inside the same span, and a `many`
+    episode that ends after the file was complete."""
+    copies = {(e.thread, e.start): e for e in run.episodes or ()}
+    extra: list[EpisodeInput] = []
+    files = []
+    k = 0
+    for c in run.checkpoints or ():
+        stall = copies.get((c.stall_thread, c.stall_start))
+        if stall is None:
+            files.append(c)
+            continue
+        event = stall.end + 0.4
+
+        def on_main(
+            codepath: str, start: float, wall: float, s: EpisodeInput = stall
+        ) -> EpisodeInput:
+            return dataclasses.replace(
+                s, codepath=codepath, start=start, end=start + wall, wall_s=wall, cpu_s=wall
+            )
+
+        writer = dataclasses.replace(
+            stall, thread=stall.thread + 1, main_thread=False, start=stall.end, end=event,
+            wall_s=event - stall.end,
+        )  # fmt: skip
+        extra += [
+            writer,
+            on_main("json", stall.end + 0.05, 0.02),
+            on_main("many", event - 0.01, 0.2),
+        ]
+        if waits[k % len(waits)]:
+            extra.append(on_main("many", stall.end + 0.1, waits[k % len(waits)]))
+        files.append(
+            dataclasses.replace(
+                c, thread_id=writer.thread, episode_start=writer.start, event_t=event
+            )
+        )
+        k += 1
+    return dataclasses.replace(
+        run, episodes=(*(run.episodes or ()), *extra), checkpoints=tuple(files)
+    )
+
+
+def _call_unsampled(run: RunInput) -> RunInput:
+    """The run's first checkpoint with its call too short for a sample: no stall episode,
+    only its background writer (and its wait after)."""
+    first, *rest = run.checkpoints or ()
+    episodes = tuple(
+        e
+        for e in run.episodes or ()
+        if (e.pid, e.thread, e.start) != (first.pid, first.stall_thread, first.stall_start)
+    )
+    untimed = dataclasses.replace(
+        first, stall_thread=None, stall_start=None, stall_s=None, timed_by="sample counts"
+    )
+    return dataclasses.replace(run, episodes=episodes, checkpoints=(untimed, *rest))
+
+
+def test_an_overlapped_checkpoints_wait_in_step_is_shown_beside_its_stall_and_summed() -> None:
+    waits = [0.06, 0.0, 0.03]
+    base = [watched("b-1", seed=1, lost=0), watched("b-2", seed=2, lost=0)]
+    cand = [
+        _call_unsampled(_overlapped(watched("c-1", seed=3, lost=0), waits)),
+        _overlapped(watched("c-2", seed=4, lost=0), waits),
+    ]
+    report = build_report(base, cand)
+    ck = report["checkpoint"]
+    c = ck["candidate"]
+    stalls = [x.stall_s for r in cand for x in r.checkpoints or () if x.stall_s is not None]
+    # each file's wait where its call was seen; the file whose call went unsampled is left
+    # out (its wait episode is not taken by the next file either)
+    pairs = [
+        (x.stall_s, waits[k % len(waits)])
+        for r in cand
+        for k, x in enumerate(r.checkpoints or ())
+        if x.stall_s is not None
+    ]
+    per = [w for _s, w in pairs]
+    assert len(pairs) == c["episodes"] == c["wait_checkpoints"] == len(stalls)
+    assert c["wait_s_per_checkpoint"] == pytest.approx(sum(per) / len(per), abs=1e-9)
+    assert c["waits_seen"] == sum(w > 0 for w in per)
+    assert c["stall_and_wait_s_per_checkpoint"] == pytest.approx(
+        sum(a + w for a, w in pairs) / len(pairs), abs=1e-9
+    )
+    # the stall is the call alone: the wait is beside it, not in it
+    assert sorted(c["stall_values_s"]) == pytest.approx(sorted(stalls), abs=1e-12)
+    # a side that writes on the training thread has no wait to show
+    assert ck["baseline"]["wait_s_per_checkpoint"] is None
+    text = render_text(report)
+    row = next(ln for ln in text.splitlines() if "+ wait after s" in ln)
+    assert row.split()[4:6] == ["-", f"{c['wait_s_per_checkpoint']:.3g}"]
+    assert f"waits seen: -, {c['waits_seen']} of {len(per)}" in row
+    total = next(ln for ln in text.splitlines() if "= stall + wait s" in ln)
+    assert total.split()[5:7] == ["-", f"{c['stall_and_wait_s_per_checkpoint']:.3g}"]
+    # without a wait seen anywhere the rows still say it was looked for: 0
+    plain = [watched("c-1", seed=3, lost=0), watched("c-2", seed=4, lost=0)]
+    quiet = build_report(base, [_overlapped(r, [0.0]) for r in plain])
+    assert quiet["checkpoint"]["candidate"]["wait_s_per_checkpoint"] == 0.0
+    assert "+ wait after s" in render_text(quiet)
+    assert "+ wait after s" not in render_text(build_report(base, plain))
