@@ -371,3 +371,31 @@ def test_an_overlapped_checkpoints_wait_in_step_is_shown_beside_its_stall_and_su
     assert quiet["checkpoint"]["candidate"]["wait_s_per_checkpoint"] == 0.0
     assert "+ wait after s" in render_text(quiet)
     assert "+ wait after s" not in render_text(build_report(base, plain))
+
+
+def test_the_next_checkpoints_call_is_not_the_wait_of_the_one_before() -> None:
+    # one save in flight: the next call waits for the write still going, so its stall can
+    # end just after the earlier file's event, inside that file's window; it is a stall
+    run = _overlapped(watched("c-1", seed=3, lost=0), [0.0])
+    first, second, *rest = run.checkpoints or ()
+    episodes = list(run.episodes or ())
+    i = next(
+        k
+        for k, e in enumerate(episodes)
+        if (e.thread, e.start) == (second.stall_thread, second.stall_start)
+    )
+    first_stall = next(
+        e for e in episodes if (e.thread, e.start) == (first.stall_thread, first.stall_start)
+    )
+    start = first_stall.end + 0.2
+    episodes[i] = dataclasses.replace(
+        episodes[i], start=start, end=first.event_t + 0.02, wall_s=first.event_t + 0.02 - start
+    )
+    moved = dataclasses.replace(
+        run,
+        episodes=tuple(episodes),
+        checkpoints=(first, dataclasses.replace(second, stall_start=start), *rest),
+    )
+    base = [watched("b-1", seed=1, lost=0), watched("b-2", seed=2, lost=0)]
+    c = build_report(base, [moved, _overlapped(watched("c-2", seed=4, lost=0), [0.0])])
+    assert c["checkpoint"]["candidate"]["waits_seen"] == 0
