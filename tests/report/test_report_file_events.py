@@ -399,3 +399,29 @@ def test_the_next_checkpoints_call_is_not_the_wait_of_the_one_before() -> None:
     base = [watched("b-1", seed=1, lost=0), watched("b-2", seed=2, lost=0)]
     c = build_report(base, [moved, _overlapped(watched("c-2", seed=4, lost=0), [0.0])])
     assert c["checkpoint"]["candidate"]["waits_seen"] == 0
+
+
+def test_untimed_files_give_a_floor_under_the_stall_mean_and_a_warning_when_it_matters() -> None:
+    # files with no stall sampled are left out of the stall figures, which then read high
+    # when the untimed ones were short (an overlapped call of a few ms): the report says
+    # so, with the mean that takes them as 0 s
+    base = [watched("b-1", seed=1, lost=0), watched("b-2", seed=2, lost=0)]
+    cand = [watched("c-1", seed=3, lost=12), watched("c-2", seed=4, lost=12)]
+    report = build_report(base, cand)
+    c = report["checkpoint"]["candidate"]
+    stalls = [x.stall_s for r in cand for x in r.checkpoints or () if x.stall_s is not None]
+    assert c["file_event_only"] == 24
+    assert c["stall_mean_untimed_as_0_s"] == pytest.approx(sum(stalls) / (len(stalls) + 24))
+    assert report["checkpoint"]["baseline"]["stall_mean_untimed_as_0_s"] is None
+    [w] = [
+        w
+        for w in report["warnings"]
+        if w["scope"] == "checkpoint" and "no stall sampled" in w["message"]
+    ]
+    assert w["side"] == "candidate"
+    assert f"24 of {len(stalls) + 24} checkpoint files have no stall sampled" in w["message"]
+    assert "no stall sampled" in render_text(report)
+    # one untimed file among many moves the mean by less than the stalls are timed to
+    few = build_report(base, [watched("c-1", seed=3, lost=1), watched("c-2", seed=4, lost=0)])
+    assert few["checkpoint"]["candidate"]["stall_mean_untimed_as_0_s"] is not None
+    assert not [w for w in few["warnings"] if "no stall sampled" in w["message"]]
