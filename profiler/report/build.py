@@ -35,7 +35,8 @@ from profiler.report.checkpoints import (
     known_durable,
     quantiles,
     restore_section,
-    waits_after_call,
+    untimed_stall_floor,
+    wait_fields,
     watched_checkpoints,
 )
 from profiler.report.cluster import ClusterConfig
@@ -588,7 +589,7 @@ def _checkpoint_section(
             **file_event_fields(side, skip),
             "stall_s": quantiles([e.wall_s for e in eps]),
             "stall_values_s": sorted(e.wall_s for e in eps),
-            **_wait_fields(side, skip),
+            **wait_fields(side, skip),
             "resolution_s": max((e.resolution_s for e in eps), default=None),
             "cpu_s_per_checkpoint": float(np.mean([e.cpu_s for e in eps])) if eps else None,
             "gpu_wait_s_per_checkpoint": _mean_or_none([e.gpu_wait_s for e in eps]),
@@ -607,7 +608,9 @@ def _checkpoint_section(
             entry["note"] = side.no_episodes
         elif not eps:
             entry["note"] = "no checkpoint episodes"
-        entry["stall_mean_untimed_as_0_s"] = _untimed_stalls(side, entry, eps, warnings)
+        entry["stall_mean_untimed_as_0_s"] = untimed_stall_floor(
+            side, entry["file_event_only"] or 0, eps, warnings
+        )
     base, cand = ckpt_eps
     src = {s.name: out[s.name]["source"] for s in sides}
     block = (blocks[0], blocks[1])
@@ -664,57 +667,6 @@ def _checkpoint_section(
             "cheaper without saying so"
         )
     return out
-
-
-def _untimed_stalls(
-    side: _Side, entry: Mapping[str, Any], eps: Sequence[EpisodeInput], warnings: list[Any]
-) -> float | None:
-    """The stall mean with the side's untimed files (no stall sampled) taken as 0 s, a floor
-    under the mean of the timed ones, and a warning saying why the two differ: a stall
-    shorter than a sample period leaves no episode, so the timed ones are the longer ones
-    (an overlapped call of a few ms is mostly unsampled). The warning only where the two
-    means differ by more than the stalls' resolution. None when every file was timed."""
-    untimed = entry.get("file_event_only") or 0
-    if not untimed or not eps:
-        return None
-    floor = float(sum(e.wall_s for e in eps)) / (len(eps) + untimed)
-    timed_mean = float(np.mean([e.wall_s for e in eps]))
-    if timed_mean - floor <= max(e.resolution_s for e in eps):
-        return floor  # within what the stalls are timed to: not worth a warning
-    rates = [r.rate_hz for r in side.runs if r.rate_hz > 0]
-    period = f", {1000.0 / min(rates):.3g} ms at the slowest run's rate" if rates else ""
-    warnings.append(
-        {
-            "scope": "checkpoint",
-            "side": side.name,
-            "message": f"{side.name}: {untimed} of {len(eps) + untimed} checkpoint files have no "
-            f"stall sampled (shorter than a sample period{period}, or in a gap between "
-            f"windows); the stall figures are over the {len(eps)} timed ones and read high "
-            f"when short stalls go unsampled: with the untimed taken as 0 s the mean is "
-            f"{floor:.3g} s",
-        }
-    )
-    return floor
-
-
-def _wait_fields(side: _Side, skip: int) -> dict[str, Any]:
-    """The training thread's wait for a checkpoint after its call (waits_after_call: an
-    overlapped copy's wait in the next `optimizer.step()`, or a wait for the write), beside
-    the stall and summed with it, means over the checkpoints whose call was seen and whose
-    file a background thread wrote. None without file events (the heuristic's episodes
-    say nothing of which file they wrote) and when there are no such checkpoints."""
-    pairs = [p for r in side.runs for p in waits_after_call(r, skip)] if side.file_events else []
-    if not pairs:
-        return dict.fromkeys(
-            ("wait_s_per_checkpoint", "waits_seen", "wait_checkpoints",
-             "stall_and_wait_s_per_checkpoint"),
-        )  # fmt: skip
-    return {
-        "wait_s_per_checkpoint": float(np.mean([w for _s, w in pairs])),
-        "waits_seen": sum(w > 0 for _s, w in pairs),
-        "wait_checkpoints": len(pairs),
-        "stall_and_wait_s_per_checkpoint": float(np.mean([s + w for s, w in pairs])),
-    }
 
 
 def _durability_verdicts(checkpoint: Mapping[str, Any]) -> None:

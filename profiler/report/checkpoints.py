@@ -88,21 +88,74 @@ def waits_after_call(run: RunInput, skip: int) -> list[tuple[float, float]]:
     merge into one episode that began at an earlier file)."""
     waits = []
     stalls = {(x.pid, x.stall_thread, x.stall_start) for x in run.checkpoints or ()}
-    for c, e, by_key in _stalls(run, skip):
+    checkpoints = _stalls(run, skip)
+    # no checkpoint's stall can be a wait: left out once, not per checkpoint
+    others = [w for w in run.episodes or () if (w.pid, w.thread, w.start) not in stalls]
+    for c, e, by_key in checkpoints:
         writer = by_key.get((c.pid, c.thread_id, c.episode_start))
         if e is None or c.stall_s is None or writer is None or writer.main_thread:
             continue  # no call seen, or the file written in the call: nothing after it
         wait = sum(
             w.wall_s
-            for key, w in by_key.items()
-            if key[:2] == (c.pid, c.stall_thread)
-            and key not in stalls
+            for w in others
+            if (w.pid, w.thread) == (c.pid, c.stall_thread)
             and w.codepath == e.codepath
             and w.start >= e.end
             and w.end <= c.event_t + STAMP_SLACK_S
         )
         waits.append((c.stall_s, wait))
     return waits
+
+
+def wait_fields(side: _Side, skip: int) -> dict[str, Any]:
+    """The training thread's wait for a checkpoint after its call (waits_after_call: an
+    overlapped copy's wait in the next `optimizer.step()`, or a wait for the write), beside
+    the stall and summed with it, means over the checkpoints whose call was seen and whose
+    file a background thread wrote. None without file events (the heuristic's episodes
+    say nothing of which file they wrote) and when there are no such checkpoints."""
+    pairs = [p for r in side.runs for p in waits_after_call(r, skip)] if side.file_events else []
+    if not pairs:
+        return dict.fromkeys(
+            ("wait_s_per_checkpoint", "waits_seen", "wait_checkpoints",
+             "stall_and_wait_s_per_checkpoint"),
+        )  # fmt: skip
+    return {
+        "wait_s_per_checkpoint": float(np.mean([w for _s, w in pairs])),
+        "waits_seen": sum(w > 0 for _s, w in pairs),
+        "wait_checkpoints": len(pairs),
+        "stall_and_wait_s_per_checkpoint": float(np.mean([s + w for s, w in pairs])),
+    }
+
+
+def untimed_stall_floor(
+    side: _Side, untimed: int, eps: Sequence[EpisodeInput], warnings: list[Any]
+) -> float | None:
+    """The stall mean with the side's `untimed` files (no stall sampled) taken as 0 s, a
+    floor under the mean of its timed stalls `eps`, and a warning saying why the two
+    differ: a stall shorter than a sample period leaves no episode, so the timed ones are
+    the longer ones (an overlapped call of a few ms is mostly unsampled). The warning only
+    where the two means differ by more than the stalls' resolution. None when every file
+    was timed."""
+    if not untimed or not eps:
+        return None
+    floor = float(sum(e.wall_s for e in eps)) / (len(eps) + untimed)
+    timed_mean = float(np.mean([e.wall_s for e in eps]))
+    if timed_mean - floor <= max(e.resolution_s for e in eps):
+        return floor  # within what the stalls are timed to: not worth a warning
+    rates = [r.rate_hz for r in side.runs if r.rate_hz > 0]
+    period = f", {1000.0 / min(rates):.3g} ms at the slowest run's rate" if rates else ""
+    warnings.append(
+        {
+            "scope": "checkpoint",
+            "side": side.name,
+            "message": f"{side.name}: {untimed} of {len(eps) + untimed} checkpoint files have no "
+            f"stall sampled (shorter than a sample period{period}, or in a gap between "
+            f"windows); the stall figures are over the {len(eps)} timed ones and read high "
+            f"when short stalls go unsampled: with the untimed taken as 0 s the mean is "
+            f"{floor:.3g} s",
+        }
+    )
+    return floor
 
 
 def checkpoint_choice(side: _Side, given: str | None) -> tuple[str | None, str, bool]:
