@@ -169,7 +169,39 @@ def test_daemon_bench_smoke(tmp_path: Path) -> None:
         "throughput ratio >= 0.99 (wall)",
         "throughput ratio >= 0.99 (CPU)",
     ]
-    assert all(goals[g] in ("met", "not met") for g in list(goals)[:4]), goals
+    assert goals["every window at 20 Hz"] in ("met", "not met"), goals
+    # the CPU and accuracy goals: verdicts from the intervals over the watch's segments
+    # (6 s of 1 s windows: segments of ~2 s, cut where the 2 s RSS poll passes one),
+    # each segment's figures in the JSON
+    segments = fig["segments"]
+    assert len(segments) >= 2, segments
+    for name, values in (
+        ("segment_cpu_pct_of_one_core", [g["cpu_pct_of_one_core"] for g in segments]),
+        (
+            "segment_serialization_error_pp",
+            [g["serialization_cpu_share_error_pp"] for g in segments],
+        ),
+    ):
+        iv = mean_interval(values)
+        assert fig[name]["mean"] == pytest.approx(iv.estimate, abs=1e-3), name
+        assert fig[name]["ci95"] == pytest.approx([iv.lo, iv.hi], abs=1e-3), name
+    for g in segments:
+        assert g["serialization_cpu_share_error_pp"] == pytest.approx(
+            g["error_pp"]["pickle"] + g["error_pp"]["json"], abs=0.011
+        ), g
+        assert g["error_pp"]["other"] == pytest.approx(
+            -g["serialization_cpu_share_error_pp"], abs=0.011
+        ), g
+    lo, hi = fig["segment_cpu_pct_of_one_core"]["ci95"]
+    assert goals["cpu < 10% of one core"] == at_most(lo, hi, 10.0)
+    lo, hi = fig["segment_serialization_error_pp"]["ci95"]
+    assert goals["serialization share within 2 pp of the truth"] == band(lo, hi, -2.0, 2.0)
+    # the cost floor: py-spy's CPU over the samples asked for (1 target, 2 runs, 20 Hz)
+    floor = fig["cost_floor"]
+    assert floor["pyspy_samples_per_s"] == 40
+    assert floor["pyspy_ms_per_sample"] == pytest.approx(
+        1000 * fig["cpu_pct_pyspy_children"] / 100 / 40, rel=0.01
+    )
     # per codepath: the daemon's shares and the in-process truth's each cover the targets'
     # CPU, the serialization share is pickle + json, and its goal reads off its error
     shares = fig["codepath_shares"]
@@ -183,16 +215,9 @@ def test_daemon_bench_smoke(tmp_path: Path) -> None:
     assert fig["serialization_cpu_share_daemon"] == pytest.approx(
         shares["pickle"]["daemon"] + shares["json"]["daemon"], abs=2e-4
     )
-    error = fig["serialization_cpu_share_error_pp"]
-    assert goals["serialization share within 2 pp of the truth"] == (
-        "met" if abs(error) <= 2 else "not met"
-    )
     for cp, f in shares.items():
         assert re.search(rf"^    {cp} +{f['daemon']:.3f} / {f['truth']:.3f} ", r.stdout, re.M), cp
     assert fig["competitors"] == 0
-    assert goals["cpu < 10% of one core"] == (
-        "met" if fig["cpu_pct_of_one_core"] < 10 else "not met"
-    )
     assert goals["RSS < 150 MB"] == ("met" if fig["rss_mb_max"] < 150 else "not met")
     # three RSS samples 2 s apart: a slope and its interval
     lo, hi = fig["rss_slope_ci95"]
