@@ -27,14 +27,17 @@ WORKLOAD = REPO / "tests" / "workloads" / "dataloader_job.py"
 # prediction interval of those runs (-21.7%), as loaded runs read -35% to -54% before.
 # So the runs in the working tree do not stand for the suite's, and the test stays at the
 # bound every measured run met, 55%: a regression past it (workers unfollowed, pickling
-# unclassified: the bug this test came from read -67% in the issue's job) fails.
+# unclassified: the bug this test came from read -67% in the issue's job) fails. The error
+# follows the machine's load: with 0, 1 and 2 busy processes beside the job, 6 of 6 quiet
+# runs were within 8% and 5 of 12 loaded ones past 15% (-31% at worst; docs/benchmarks.md).
 GOAL = 0.15
 TOLERANCE = 0.55
 SECONDS = "8"
 
 
-def _profile(tmp_path: Path, mode: str) -> tuple[float, float, dict[str, float]]:
-    """(serwatt's pickle cpu_s, the truth's dumps + loads cpu_s, truth by role)."""
+def _profile(tmp_path: Path, mode: str) -> tuple[float, float, dict[str, float], float]:
+    """(serwatt's pickle cpu_s, the truth's dumps + loads cpu_s, truth by role, the job's
+    run-queue wait per CPU second: its processes' main threads, from schedstat)."""
     out = tmp_path / "profile.json"
     # One window over the whole run (--window 60): py-spy's restart between windows
     # would miss part of what the truth counts.
@@ -51,17 +54,20 @@ def _profile(tmp_path: Path, mode: str) -> tuple[float, float, dict[str, float]]
     roles = sorted(t["role"] for t in truths)
     assert roles == ["main", "worker0", "worker1"], roles
     by_role = {t["role"]: t["dumps_cpu_s"] + t["loads_cpu_s"] for t in truths}
+    wait = sum(t["run_delay_s"] for t in truths) / max(1e-9, sum(t["cpu_s"] for t in truths))
     doc = json.loads(out.read_text())
-    return doc["codepaths"]["pickle"]["cpu_s"], sum(by_role.values()), by_role
+    return doc["codepaths"]["pickle"]["cpu_s"], sum(by_role.values()), by_role, wait
 
 
 @pytest.mark.serial
 @pytest.mark.parametrize("mode", ["tensors", "plain"])
 def test_dataloader_pickle_cpu_against_forkingpickler_truth(tmp_path: Path, mode: str) -> None:
-    seen, truth, by_role = _profile(tmp_path, mode)
+    seen, truth, by_role, wait = _profile(tmp_path, mode)
     error = seen / truth - 1
+    # the wait says how loaded the machine was: quiet, this job's processes wait 0.3-0.6 s
+    # per CPU second (3 of them on 2 CPUs); the errors past 15% came at 0.6-1.6 s
     assert abs(error) <= TOLERANCE, (
         f"{mode}: serwatt pickle {seen:.3f} CPU-s against ForkingPickler dumps + loads "
         f"{truth:.3f} CPU-s ({error:+.1%}, held to {TOLERANCE:.0%}, goal {GOAL:.0%}; "
-        f"by process {by_role})"
+        f"by process {by_role}; the job waited {wait:.2f} s in the run queue per CPU s)"
     )

@@ -73,6 +73,10 @@ def timed_loads(*args: Any, **kwargs: Any) -> Any:
 def _write_truth(out_dir: str, role: str) -> None:
     with _lock:
         doc = {"pid": os.getpid(), "role": role, **_totals}
+    # the process's main thread (the training loop, or the worker's loop): its CPU and the
+    # time it waited for one in the run queue, from the kernel (schedstat, ns)
+    on_cpu_ns, run_delay_ns, _ = Path("/proc/self/schedstat").read_text().split()
+    doc["cpu_s"], doc["run_delay_s"] = int(on_cpu_ns) / 1e9, int(run_delay_ns) / 1e9
     path = Path(out_dir) / f"truth-{os.getpid()}.json"
     path.write_text(json.dumps(doc))
 
