@@ -66,7 +66,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from collectors.series import interpolate
@@ -350,10 +350,8 @@ class EpisodeTracker:
         same pid (windows must come in order per target).
         """
         self._seq += 1
-        seq = self._seq
         pid = report.pid
         period = period_s(report)
-        lag = max(0.0, report.errors.behind_s)
         target = self._targets.get(pid)
         closed: list[Episode] = []
         first = target is None
@@ -363,184 +361,22 @@ class EpisodeTracker:
         if target is None:
             target = self._targets[pid] = _Target(report.started_at, report.ended_at, {})
         else:
-            if report.started_at < target.started_at:
-                raise ValueError(
-                    f"window of pid {pid} starting at {report.started_at:.3f} came after one "
-                    f"starting at {target.started_at:.3f}: EpisodeTracker.add takes each "
-                    "target's windows in time order"
-                )
-            gap = max(0.0, report.started_at - target.ended_at)
-            if timed:
-                seen_until = (
-                    target.changes_end if target.changes_end is not None else target.ended_at
-                )
-                changes_gap = max(0.0, min(b for b, _ in timed.values()) - seen_until)
-            for key, carried in list(target.open.items()):
-                unseen = changes_gap if key in timed else gap
-                carried.pending_unknown_s += unseen
-                # one that had already left its codepath counts the gap as missing ticks
-                left = not carried.touches_end
-                if gap > self.max_join_gap_s or (
-                    left and carried.gap_s + unseen > carried.tolerance()
-                ):
-                    closed.append(self._close(carried))
-                    del target.open[key]
-                elif left:
-                    carried.gap_s += unseen
-            target.started_at, target.ended_at = report.started_at, report.ended_at
+            gap, changes_gap = self._carry_over(target, report, timed, closed)
         target.changes_end = max((e for _, e in timed.values()), default=None)
-        cpu = _CpuIndex(report.cpu_timeline or report.timeline)
-        # stack-change cells are not samples: an episode's samples are then counted here
-        ticks = _CpuIndex(report.timeline, count=True) if timed else None
-        finishing: list[_Open] = []  # closed in this window
-
-        def took(ep: _Open, lo: float, hi: float) -> None:
-            ep.take_cpu(cpu, ticks if ep.key in timed else None, lo, hi)
-
-        def took_last(ep: _Open) -> None:
-            """What this window, the one of its last cell, adds to the episode's figures."""
-            took(ep, ep.start if ep.window == seq else -math.inf, ep.last_edge)
-            timed_here = ep.key in timed
-            ep.cpu_at_end = _cumulative_cpu(report, ep.key, ep.last_edge) if timed_here else None
-
-        def close(ep: _Open) -> None:
-            if ep.hit_window == seq:
-                took_last(ep)
-            finishing.append(ep)
-
-        cursors: dict[_Key, float] = {}
+        walk = _WindowWalk(
+            self, report, self._seq, target, timed, period, first=first, gap=gap,
+            changes_gap=changes_gap,
+        )  # fmt: skip
         carried_preps, target.prep = target.prep, {}
-        gap_limit = (GAP_TICKS + 0.5) * period  # as _Open.tolerance, for a preparation
-        for key, thread_cells in cells.items():
-            by_changes = key in timed
-            begin, end = timed[key] if by_changes else (report.started_at, report.ended_at)
-            cur: _Open | None = target.open.pop(key, None)
-            if cur is not None:
-                cur.timed_by_changes = cur.timed_by_changes and by_changes
-            cursor = begin  # everything before it is accounted for
-            # the run of `other` cells in one save function call just before: (its key,
-            # first cell start, last cell end)
-            prep: tuple[str, float, float] | None = None
-            carried_prep = carried_preps.get(key)
-            joined_from: float | None = None
-            if carried_prep is not None and not first and gap <= self.max_join_gap_s:
-                # it ran to the last window's end: joined across the gap, as an episode
-                # is (the gap counts in it, unobserved)
-                prep = (carried_prep[0], carried_prep[1], begin)
-                joined_from = carried_prep[1]
-            for a, b, lab in thread_cells:
-                seen = max(0.0, a - cursor)  # time without a sample of this thread
-                if lab.codepath != _OTHER or not lab.saver:
-                    prepared = prep if lab.codepath != _OTHER else None
-                    prep = None
-                elif prep is not None and prep[0] == lab.saver and a - prep[2] <= gap_limit:
-                    prep = prepared = (prep[0], prep[1], b)
-                else:
-                    prep = prepared = (lab.saver, a, b)
-                if cur is not None:
-                    same = lab.codepath == cur.codepath
-                    takes_tail = cur.codepath in self.tail_codepaths
-                    tail = lab.codepath == _OTHER and lab.durability != "" and takes_tail
-                    # how long a gap a durability tail may still end (GAP_TICKS for others)
-                    tail_limit = (
-                        max(
-                            cur.tolerance(),
-                            TAIL_GAP_S,
-                            TAIL_GAP_SHARE * (cur.last_edge - cur.start),
-                        )
-                        if takes_tail
-                        else cur.tolerance()
-                    )
-                    if same or tail:
-                        if cur.gap_s + seen <= (tail_limit if tail else cur.tolerance()):
-                            cur.unknown_s += cur.pending_unknown_s
-                            cur.cpu_s += cur.pending_cpu_s
-                            cur.samples += round(cur.pending_samples)
-                            cur.pending_unknown_s = cur.pending_cpu_s = cur.gap_s = 0.0
-                            cur.pending_samples = 0
-                            cur.touches_end = False
-                            cur.last_edge = b
-                            cur.period = max(cur.period, period)
-                            cur.lag = max(cur.lag, lag)
-                            cur.hit_window = seq
-                            self._take(cur, lab, b - a, sample=not by_changes)
-                            cursor = b
-                            prep = None  # the episode's own (or its tail's)
-                            continue
-                        close(cur)
-                        cur = None
-                    elif lab.codepath != _OTHER:
-                        close(cur)
-                        cur = None
-                    else:
-                        cur.gap_s += seen + (b - a)
-                        cursor = b
-                        # past GAP_TICKS only a durability tail may still continue it
-                        if cur.gap_s > tail_limit:
-                            close(cur)
-                            cur = None
-                        continue
-                if lab.codepath != _OTHER:
-                    first_edge = a
-                    if (
-                        prepared is not None
-                        and prepared[0] == lab.saver
-                        and a - prepared[2] <= gap_limit
-                    ):
-                        first_edge = prepared[1]
-                    cur = _Open(
-                        pid=pid,
-                        key=key,
-                        codepath=lab.codepath,
-                        start=a,
-                        last_edge=b,
-                        period=period,
-                        lag=lag,
-                        window=seq,
-                        hit_window=seq,
-                        timed_by_changes=by_changes,
-                        start_clock=report.changes_clock_s if by_changes else 0.0,
-                        cpu_at_start=_cumulative_cpu(report, key, a) if by_changes else None,
-                        prepared_s=a - first_edge,
-                    )
-                    if first_edge != joined_from and first_edge - begin < period / 2:
-                        # its first sample is the window's first tick: it may have begun
-                        # earlier (a preparation joined from the window before did not)
-                        if first:
-                            cur.truncated_start = True
-                        else:
-                            cur.edge_unknown_start = changes_gap if by_changes else gap
-                    self._take(cur, lab, b - a, sample=not by_changes)
-                cursor = b
-            if cur is not None:
-                target.open[key] = cur
-            elif prep is not None and end - prep[2] < period / 2:
-                target.prep[key] = prep
-            cursors[key] = cursor
-        # the rest of the window: open episodes whose thread sampled nothing more
-        for key, ep in list(target.open.items()):
-            begin, end = timed.get(key, (report.started_at, report.ended_at))
-            ep.gap_s += max(0.0, end - cursors.get(key, begin))
-            if ep.gap_s > ep.tolerance():
-                del target.open[key]
-                close(ep)
-                continue
-            ep.touches_end = ep.gap_s < ep.period / 2
-            counted = ticks if key in timed else None
-            if ep.hit_window == seq:
-                ep.end_clock = report.changes_clock_s if key in timed else 0.0
-                ep.changes_period = max(ep.changes_period, report.changes_period_s)
-                took_last(ep)
-                ep.pending_cpu_s = cpu.between(key, ep.last_edge, math.inf)
-                ep.pending_samples = counted.between(key, ep.last_edge, math.inf) if counted else 0
-            else:
-                ep.pending_cpu_s += cpu.between(key, -math.inf, math.inf)
-                if counted is not None:
-                    ep.pending_samples += counted.between(key, -math.inf, math.inf)
+        cursors = {
+            key: walk.thread(key, thread_cells, carried_preps.get(key))
+            for key, thread_cells in cells.items()
+        }
+        walk.rest_of_window(cursors)
+        finishing = walk.finishing
         for ep in finishing:
-            if ep.hit_window == seq:
-                ep.end_clock = report.changes_clock_s if ep.key in timed else 0.0
-                ep.changes_period = max(ep.changes_period, report.changes_period_s)
+            if ep.hit_window == walk.seq:
+                walk.stamp_end(ep)
         exiting: set[int] = set()
         if report.exited:
             # the process ended: its episodes ended with it (where the samples stop); one
@@ -555,6 +391,40 @@ class EpisodeTracker:
         closed.extend(self._close(ep, truncated_end=id(ep) in exiting) for ep in finishing)
         closed.sort(key=lambda e: (e.end, e.thread))
         return closed
+
+    def _carry_over(
+        self,
+        target: _Target,
+        report: WindowReport,
+        timed: Mapping[_Key, tuple[float, float]],
+        closed: list[Episode],
+    ) -> tuple[float, float]:
+        """The episodes the target's last window left open, across the unobserved gap
+        before this one: those the gap ends go into `closed`, the others count it. Returns
+        (the gap, the gap of the stack-change run's threads)."""
+        if report.started_at < target.started_at:
+            raise ValueError(
+                f"window of pid {report.pid} starting at {report.started_at:.3f} came after "
+                f"one starting at {target.started_at:.3f}: EpisodeTracker.add takes each "
+                "target's windows in time order"
+            )
+        gap = max(0.0, report.started_at - target.ended_at)
+        changes_gap = 0.0
+        if timed:
+            seen_until = target.changes_end if target.changes_end is not None else target.ended_at
+            changes_gap = max(0.0, min(b for b, _ in timed.values()) - seen_until)
+        for key, carried in list(target.open.items()):
+            unseen = changes_gap if key in timed else gap
+            carried.pending_unknown_s += unseen
+            # one that had already left its codepath counts the gap as missing ticks
+            left = not carried.touches_end
+            if gap > self.max_join_gap_s or (left and carried.gap_s + unseen > carried.tolerance()):
+                closed.append(self._close(carried))
+                del target.open[key]
+            elif left:
+                carried.gap_s += unseen
+        target.started_at, target.ended_at = report.started_at, report.ended_at
+        return gap, changes_gap
 
     def finish(self, pid: int | None = None) -> list[Episode]:
         """Close the open episodes of `pid` (or of every target): sampling stopped.
@@ -626,6 +496,207 @@ class EpisodeTracker:
             direction=next(iter(ep.directions)) if len(ep.directions) == 1 else "unknown",
             prepared_s=ep.prepared_s,
         )
+
+
+class _WindowWalk:
+    """One window's pass over its target's threads (EpisodeTracker.add): it extends the
+    episodes left open, opens new ones and closes those that end; `finishing` holds the
+    ones it closed, each with this window's part of its figures taken."""
+
+    def __init__(
+        self,
+        tracker: EpisodeTracker,
+        report: WindowReport,
+        seq: int,
+        target: _Target,
+        timed: Mapping[_Key, tuple[float, float]],
+        period: float,
+        *,
+        first: bool,
+        gap: float,
+        changes_gap: float,
+    ) -> None:
+        self.tracker, self.report, self.seq, self.target = tracker, report, seq, target
+        self.timed, self.period = timed, period
+        self.first, self.gap, self.changes_gap = first, gap, changes_gap
+        self.lag = max(0.0, report.errors.behind_s)
+        self.cpu = _CpuIndex(report.cpu_timeline or report.timeline)
+        # stack-change cells are not samples: an episode's samples are then counted here
+        self.ticks = _CpuIndex(report.timeline, count=True) if timed else None
+        self.gap_limit = (GAP_TICKS + 0.5) * period  # as _Open.tolerance, for a preparation
+        self.finishing: list[_Open] = []  # closed in this window
+
+    def took(self, ep: _Open, lo: float, hi: float) -> None:
+        ep.take_cpu(self.cpu, self.ticks if ep.key in self.timed else None, lo, hi)
+
+    def took_last(self, ep: _Open) -> None:
+        """What this window, the one of its last cell, adds to the episode's figures."""
+        self.took(ep, ep.start if ep.window == self.seq else -math.inf, ep.last_edge)
+        timed_here = ep.key in self.timed
+        ep.cpu_at_end = _cumulative_cpu(self.report, ep.key, ep.last_edge) if timed_here else None
+
+    def close(self, ep: _Open) -> None:
+        if ep.hit_window == self.seq:
+            self.took_last(ep)
+        self.finishing.append(ep)
+
+    def stamp_end(self, ep: _Open) -> None:
+        """The stack-change clock and period of the window an episode last ran in."""
+        ep.end_clock = self.report.changes_clock_s if ep.key in self.timed else 0.0
+        ep.changes_period = max(ep.changes_period, self.report.changes_period_s)
+
+    def thread(
+        self,
+        key: _Key,
+        thread_cells: Sequence[_Cell],
+        carried_prep: tuple[str, float, float] | None,
+    ) -> float:
+        """One thread's cells in order; returns its cursor (everything before it is
+        accounted for). `carried_prep`: the preparation the last window ended in."""
+        report, target, period = self.report, self.target, self.period
+        by_changes = key in self.timed
+        begin, end = self.timed[key] if by_changes else (report.started_at, report.ended_at)
+        cur: _Open | None = target.open.pop(key, None)
+        if cur is not None:
+            cur.timed_by_changes = cur.timed_by_changes and by_changes
+        cursor = begin  # everything before it is accounted for
+        # the run of `other` cells in one save function call just before: (its key,
+        # first cell start, last cell end)
+        prep: tuple[str, float, float] | None = None
+        joined_from: float | None = None
+        if carried_prep is not None and not self.first and self.gap <= self.tracker.max_join_gap_s:
+            # it ran to the last window's end: joined across the gap, as an episode
+            # is (the gap counts in it, unobserved)
+            prep = (carried_prep[0], carried_prep[1], begin)
+            joined_from = carried_prep[1]
+        for a, b, lab in thread_cells:
+            seen = max(0.0, a - cursor)  # time without a sample of this thread
+            if lab.codepath != _OTHER or not lab.saver:
+                prepared = prep if lab.codepath != _OTHER else None
+                prep = None
+            elif prep is not None and prep[0] == lab.saver and a - prep[2] <= self.gap_limit:
+                prep = prepared = (prep[0], prep[1], b)
+            else:
+                prep = prepared = (lab.saver, a, b)
+            if cur is not None:
+                cur, outcome = self._follow(cur, lab, a, b, seen, by_changes)
+                if outcome is not None:
+                    cursor = b
+                    if outcome == "extended":
+                        prep = None  # the episode's own (or its tail's)
+                    continue
+            if lab.codepath != _OTHER:
+                cur = self._open(key, lab, a, b, prepared, joined_from, begin, by_changes)
+            cursor = b
+        if cur is not None:
+            target.open[key] = cur
+        elif prep is not None and end - prep[2] < period / 2:
+            target.prep[key] = prep
+        return cursor
+
+    def _follow(
+        self, cur: _Open, lab: TimedLabel, a: float, b: float, seen: float, by_changes: bool
+    ) -> tuple[_Open | None, str | None]:
+        """The open episode `cur` against the thread's next cell [a, b): ("extended": the
+        cell is the episode's; "gap": an `other` cell it may still outlast; None: it
+        ended before the cell, which is then free), with the episode or None once closed."""
+        same = lab.codepath == cur.codepath
+        takes_tail = cur.codepath in self.tracker.tail_codepaths
+        tail = lab.codepath == _OTHER and lab.durability != "" and takes_tail
+        # how long a gap a durability tail may still end (GAP_TICKS for others)
+        tail_limit = (
+            max(cur.tolerance(), TAIL_GAP_S, TAIL_GAP_SHARE * (cur.last_edge - cur.start))
+            if takes_tail
+            else cur.tolerance()
+        )
+        if same or tail:
+            if cur.gap_s + seen <= (tail_limit if tail else cur.tolerance()):
+                cur.unknown_s += cur.pending_unknown_s
+                cur.cpu_s += cur.pending_cpu_s
+                cur.samples += round(cur.pending_samples)
+                cur.pending_unknown_s = cur.pending_cpu_s = cur.gap_s = 0.0
+                cur.pending_samples = 0
+                cur.touches_end = False
+                cur.last_edge = b
+                cur.period = max(cur.period, self.period)
+                cur.lag = max(cur.lag, self.lag)
+                cur.hit_window = self.seq
+                self.tracker._take(cur, lab, b - a, sample=not by_changes)
+                return cur, "extended"
+            self.close(cur)
+            return None, None
+        if lab.codepath != _OTHER:
+            self.close(cur)
+            return None, None
+        cur.gap_s += seen + (b - a)
+        # past GAP_TICKS only a durability tail may still continue it
+        if cur.gap_s > tail_limit:
+            self.close(cur)
+            return None, "gap"
+        return cur, "gap"
+
+    def _open(
+        self,
+        key: _Key,
+        lab: TimedLabel,
+        a: float,
+        b: float,
+        prepared: tuple[str, float, float] | None,
+        joined_from: float | None,
+        begin: float,
+        by_changes: bool,
+    ) -> _Open:
+        """A new episode at the cell [a, b), with the preparation just before it, if any."""
+        report = self.report
+        first_edge = a
+        if prepared is not None and prepared[0] == lab.saver and a - prepared[2] <= self.gap_limit:
+            first_edge = prepared[1]
+        cur = _Open(
+            pid=report.pid,
+            key=key,
+            codepath=lab.codepath,
+            start=a,
+            last_edge=b,
+            period=self.period,
+            lag=self.lag,
+            window=self.seq,
+            hit_window=self.seq,
+            timed_by_changes=by_changes,
+            start_clock=report.changes_clock_s if by_changes else 0.0,
+            cpu_at_start=_cumulative_cpu(report, key, a) if by_changes else None,
+            prepared_s=a - first_edge,
+        )
+        if first_edge != joined_from and first_edge - begin < self.period / 2:
+            # its first sample is the window's first tick: it may have begun
+            # earlier (a preparation joined from the window before did not)
+            if self.first:
+                cur.truncated_start = True
+            else:
+                cur.edge_unknown_start = self.changes_gap if by_changes else self.gap
+        self.tracker._take(cur, lab, b - a, sample=not by_changes)
+        return cur
+
+    def rest_of_window(self, cursors: Mapping[_Key, float]) -> None:
+        """The rest of the window: open episodes whose thread sampled nothing more."""
+        report, target = self.report, self.target
+        for key, ep in list(target.open.items()):
+            begin, end = self.timed.get(key, (report.started_at, report.ended_at))
+            ep.gap_s += max(0.0, end - cursors.get(key, begin))
+            if ep.gap_s > ep.tolerance():
+                del target.open[key]
+                self.close(ep)
+                continue
+            ep.touches_end = ep.gap_s < ep.period / 2
+            counted = self.ticks if key in self.timed else None
+            if ep.hit_window == self.seq:
+                self.stamp_end(ep)
+                self.took_last(ep)
+                ep.pending_cpu_s = self.cpu.between(key, ep.last_edge, math.inf)
+                ep.pending_samples = counted.between(key, ep.last_edge, math.inf) if counted else 0
+            else:
+                ep.pending_cpu_s += self.cpu.between(key, -math.inf, math.inf)
+                if counted is not None:
+                    ep.pending_samples += counted.between(key, -math.inf, math.inf)
 
 
 def episodes_of(
