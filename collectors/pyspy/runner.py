@@ -504,72 +504,13 @@ class PySpy:
         precheck(pid, procfs)
         wake = threading.Event()
         with tempfile.TemporaryDirectory(prefix="serwatt-pyspy-") as tmp:
-            idle_run = _Run(
-                self, pid, duration_s, plan.idle_run_rate_hz, Path(tmp) / "all.json",
-                idle=True, wake=wake,
-            )  # fmt: skip
-            cpu_run: _Run | None = None
-            if plan.on_cpu_run:
-                cpu_run = _Run(
-                    self, pid, duration_s, plan.rate_hz, Path(tmp) / "oncpu.json",
-                    idle=False, wake=wake,
-                )  # fmt: skip
-            timing: _Run | None = None
-            if plan.timing_rate_hz is not None:
-                timing = _Run(
-                    self, pid, duration_s, plan.timing_rate_hz, Path(tmp) / "changes.json",
-                    idle=True, wake=wake, fmt="chrometrace",
-                )  # fmt: skip
+            idle_run, cpu_run, timing = self._runs(pid, duration_s, plan, Path(tmp), wake)
             runs = [r for r in (idle_run, cpu_run, timing) if r is not None]
-            linked = isinstance(stop_event, StopEvent)
-            if linked:
-                stop_event.link(wake)  # type: ignore[union-attr]
-            try:
-                started: list[_Run] = []
-                try:
-                    for run in runs:
-                        run.start()
-                        started.append(run)
-                except SamplingError:
-                    for run in started:
-                        run.proc.kill()
-                        run.proc.wait()
-                    raise
-                self._supervise(runs, wake, stop_event, linked, self.on_look)
-            finally:
-                if linked:
-                    stop_event.unlink(wake)  # type: ignore[union-attr]
-            # Finish (kill if need be, and reap) every run before raising for one: a run
-            # left behind would be a py-spy nobody waits for, outside the sampler bound.
-            finished: dict[int, Any] = {}
-            try:
-                for run in runs:
-                    try:
-                        if run is timing:  # read now, parsed off the sampling path
-                            text = run.finish(procfs, max_bytes=MAX_CHANGES_BYTES, raw=True)
-                            finished[id(run)] = text
-                        else:
-                            finished[id(run)] = run.finish(procfs)
-                    except (SamplingError, ValueError) as exc:
-                        if run is not timing and not isinstance(exc, SamplingError):
-                            exc = SamplingError(
-                                f"py-spy's output for pid {pid} is unreadable: {exc}"
-                            )
-                        finished[id(run)] = exc
-            finally:
-                for run in runs:
-                    run.close()
+            self._run_all(runs, wake, stop_event)
+            finished = self._finish_all(pid, runs, timing, procfs)
             for counted in (idle_run, cpu_run):
                 if counted is not None and isinstance(finished[id(counted)], SamplingError):
                     raise finished[id(counted)]
-            changes_doc: Any = None
-            changes_problem: str | None = None
-            if timing is not None:
-                outcome = finished[id(timing)]
-                if isinstance(outcome, Exception):
-                    changes_problem = str(outcome)
-                else:
-                    changes_doc = outcome
 
         def assemble(run: _Run) -> WindowSamples:
             # A run's span: py-spy's banner to its end line, else spawn to exit.
@@ -585,31 +526,16 @@ class PySpy:
 
         result = assemble(idle_run)
         if cpu_run is not None:
-            cpu = assemble(cpu_run)
-            # py-spy knows a thread's run state only when it knows its kernel tid
-            # (decimal label; <3.11 in nonblocking mode it does not, and then keeps
-            # every sample): only those threads' on-CPU samples mean anything.
-            known = {
-                tid
-                for label, tid in cpu.mapping.tid_of.items()
-                if cpu.mapping.method.get(label) == "pyspy"
-            }
-            on_cpu = tuple(s for s in cpu.samples if s.tid in known)
-            if known or idle_run.rate_hz == cpu_run.rate_hz or not cpu.samples:
-                result = replace(result, on_cpu=on_cpu, on_cpu_errors=cpu.errors)
-            else:
-                # No thread's state was known, so the "on-CPU" run kept every sample
-                # of every thread: it is an --idle run at the full rate. Use it as one
-                # (the slower --idle run would only cost precision).
-                merged = cpu.errors.with_run(result.errors)
-                note = (
-                    "py-spy knew no thread's run state (no kernel tid): cpu on "
-                    f"--idle-like samples at {cpu_run.rate_hz:g} Hz"
-                )
-                result = replace(cpu, errors=replace(merged, notes=(*merged.notes, note)))
+            result = self._with_on_cpu(result, assemble(cpu_run), idle_run, cpu_run)
         if timing is not None:
+            outcome = finished[id(timing)]
+            failed = isinstance(outcome, Exception)
             result = self._with_changes(
-                result, timing, changes_doc, changes_problem, rate_hz=timing.rate_hz
+                result,
+                timing,
+                None if failed else outcome,
+                str(outcome) if failed else None,
+                rate_hz=timing.rate_hz,
             )
         problems = sorted({run.priority_problem for run in runs if run.priority_problem})
         if problems:
@@ -622,6 +548,102 @@ class PySpy:
                 result, errors=replace(result.errors, notes=(*result.errors.notes, note))
             )
         return result
+
+    def _runs(
+        self, pid: int, duration_s: float, plan: SamplingPlan, tmp: Path, wake: threading.Event
+    ) -> tuple[_Run, _Run | None, _Run | None]:
+        """The window's py-spy runs, not started: (the --idle run, the on-CPU run, the
+        stack-change run), the last two None where the plan has none."""
+        idle_run = _Run(
+            self, pid, duration_s, plan.idle_run_rate_hz, tmp / "all.json", idle=True, wake=wake
+        )
+        cpu_run: _Run | None = None
+        if plan.on_cpu_run:
+            cpu_run = _Run(
+                self, pid, duration_s, plan.rate_hz, tmp / "oncpu.json", idle=False, wake=wake
+            )
+        timing: _Run | None = None
+        if plan.timing_rate_hz is not None:
+            timing = _Run(
+                self, pid, duration_s, plan.timing_rate_hz, tmp / "changes.json",
+                idle=True, wake=wake, fmt="chrometrace",
+            )  # fmt: skip
+        return idle_run, cpu_run, timing
+
+    def _run_all(
+        self, runs: list[_Run], wake: threading.Event, stop_event: threading.Event | None
+    ) -> None:
+        """Start every run (a failed start kills those started) and watch them to the end."""
+        linked = isinstance(stop_event, StopEvent)
+        if linked:
+            stop_event.link(wake)  # type: ignore[union-attr]
+        try:
+            started: list[_Run] = []
+            try:
+                for run in runs:
+                    run.start()
+                    started.append(run)
+            except SamplingError:
+                for run in started:
+                    run.proc.kill()
+                    run.proc.wait()
+                raise
+            self._supervise(runs, wake, stop_event, linked, self.on_look)
+        finally:
+            if linked:
+                stop_event.unlink(wake)  # type: ignore[union-attr]
+
+    @staticmethod
+    def _finish_all(
+        pid: int, runs: list[_Run], timing: _Run | None, procfs: Path
+    ) -> dict[int, Any]:
+        """Each run's output (the stack-change run's as raw text), or the SamplingError
+        that stands for it, by id(run). Every run is finished (killed if need be, and
+        reaped) before any error is raised for one: a run left behind would be a py-spy
+        nobody waits for, outside the sampler bound."""
+        finished: dict[int, Any] = {}
+        try:
+            for run in runs:
+                try:
+                    if run is timing:  # read now, parsed off the sampling path
+                        text = run.finish(procfs, max_bytes=MAX_CHANGES_BYTES, raw=True)
+                        finished[id(run)] = text
+                    else:
+                        finished[id(run)] = run.finish(procfs)
+                except (SamplingError, ValueError) as exc:
+                    if run is not timing and not isinstance(exc, SamplingError):
+                        exc = SamplingError(f"py-spy's output for pid {pid} is unreadable: {exc}")
+                    finished[id(run)] = exc
+        finally:
+            for run in runs:
+                run.close()
+        return finished
+
+    @staticmethod
+    def _with_on_cpu(
+        result: WindowSamples, cpu: WindowSamples, idle_run: _Run, cpu_run: _Run
+    ) -> WindowSamples:
+        """The --idle run's window with the on-CPU run's samples."""
+        # py-spy knows a thread's run state only when it knows its kernel tid
+        # (decimal label; <3.11 in nonblocking mode it does not, and then keeps
+        # every sample): only those threads' on-CPU samples mean anything.
+        known = {
+            tid
+            for label, tid in cpu.mapping.tid_of.items()
+            if cpu.mapping.method.get(label) == "pyspy"
+        }
+        on_cpu = tuple(s for s in cpu.samples if s.tid in known)
+        if known or idle_run.rate_hz == cpu_run.rate_hz or not cpu.samples:
+            return replace(result, on_cpu=on_cpu, on_cpu_errors=cpu.errors)
+        # No thread's state was known, so the "on-CPU" run kept every sample
+        # of every thread: it is an --idle run at the full rate. Use it as one
+        # (the slower --idle run would only cost precision).
+        merged = cpu.errors.with_run(result.errors)
+        note = (
+            "py-spy knew no thread's run state (no kernel tid): cpu on "
+            f"--idle-like samples at {cpu_run.rate_hz:g} Hz"
+        )
+        return replace(cpu, errors=replace(merged, notes=(*merged.notes, note)))
 
     @staticmethod
     def _with_changes(
