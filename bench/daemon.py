@@ -44,8 +44,8 @@ The watch is also cut into segments (--segment-s, default two windows), each wit
 own CPU and shares: the CPU goal and the accuracy goal are read off the Student t
 interval of their means over the segments. Segments follow each other, so they are not
 fully independent: a slot's CPU counted at the end of one segment is missing from the
-next, which makes neighbouring segments' errors swing apart and widens the interval
-rather than narrowing it.
+next, so neighbouring segments' errors swing apart (negatively correlated), which makes
+the interval wider than it need be, not narrower.
 
 The cost floor: py-spy's CPU per sample (its CPU over the samples the windows' rates
 ask for), per target, and what the CPU goal would need at this rate (the cost per
@@ -333,7 +333,8 @@ def cost_floor(
         "pyspy_ms_per_sample": round(ms, 4),
         "pct_of_one_core_per_target": round((spy_pct + daemon_pct) / targets, 3),
         "goal_needs_ms_per_sample": round(1000 * room / per_s, 4) if per_s else None,
-        "goal_fits_rate_hz": round(room / (targets * runs * ms / 1000), 1)
+        # the stack-change run scaled with the rate, as the daemon's governor scales it
+        "goal_fits_rate_hz": round(room / (targets * (runs + timing_hz / rate_hz) * ms / 1000), 1)
         if ms and math.isfinite(ms)
         else None,
     }
