@@ -37,20 +37,18 @@ def quantiles(values: Sequence[float]) -> dict[str, float] | None:
     }
 
 
+_EpisodesByKey = dict[tuple[Any, ...], EpisodeInput]
+
+
 def _stalls(
     run: RunInput, skip: int
-) -> list[tuple[CheckpointInput, EpisodeInput | None, dict[tuple[Any, ...], EpisodeInput]]]:
-    """A file-event run's checkpoints after the first `skip` (in event order), each with its
-    stall episode (None: file event only, or one episode several files' events fall in)
-    and the run's episodes by (pid, thread, start)."""
-    by_key: dict[tuple[Any, ...], EpisodeInput] = {
-        (e.pid, e.thread, e.start): e for e in run.episodes or ()
-    }
-    out = []
-    for c in sorted(run.checkpoints or (), key=lambda c: c.event_t)[skip:]:
-        e = by_key.get((c.pid, c.stall_thread, c.stall_start))
-        out.append((c, e if c.stall_s is not None else None, by_key))
-    return out
+) -> tuple[_EpisodesByKey, list[tuple[CheckpointInput, EpisodeInput | None]]]:
+    """A file-event run's episodes by (pid, thread, start), and its checkpoints after the
+    first `skip` (in event order), each with the episode its stall points at (None: none;
+    a checkpoint without stall_s has no stall whatever it points at)."""
+    by_key: _EpisodesByKey = {(e.pid, e.thread, e.start): e for e in run.episodes or ()}
+    ordered = sorted(run.checkpoints or (), key=lambda c: c.event_t)[skip:]
+    return by_key, [(c, by_key.get((c.pid, c.stall_thread, c.stall_start))) for c in ordered]
 
 
 def stall_episodes(run: RunInput, skip: int) -> tuple[list[EpisodeInput], int]:
@@ -61,7 +59,8 @@ def stall_episodes(run: RunInput, skip: int) -> tuple[list[EpisodeInput], int]:
     training thread only copied), and how many of them have no stall episode (file event
     only, or one episode several files' events fall in)."""
     matched, without = [], 0
-    for c, e, by_key in _stalls(run, skip):
+    by_key, checkpoints = _stalls(run, skip)
+    for c, e in checkpoints:
         if e is None or c.stall_s is None:
             without += 1
             continue
@@ -88,10 +87,10 @@ def waits_after_call(run: RunInput, skip: int) -> list[tuple[float, float]]:
     merge into one episode that began at an earlier file)."""
     waits = []
     stalls = {(x.pid, x.stall_thread, x.stall_start) for x in run.checkpoints or ()}
-    checkpoints = _stalls(run, skip)
+    by_key, checkpoints = _stalls(run, skip)
     # no checkpoint's stall can be a wait: left out once, not per checkpoint
     others = [w for w in run.episodes or () if (w.pid, w.thread, w.start) not in stalls]
-    for c, e, by_key in checkpoints:
+    for c, e in checkpoints:
         writer = by_key.get((c.pid, c.thread_id, c.episode_start))
         if e is None or c.stall_s is None or writer is None or writer.main_thread:
             continue  # no call seen, or the file written in the call: nothing after it
