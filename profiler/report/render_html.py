@@ -27,6 +27,7 @@ from profiler.report.render_text import (
     input_text,
     n_text,
     p_text,
+    shows_waits,
 )
 
 COLORS = {"baseline": "#4c72b0", "candidate": "#dd8452"}
@@ -377,7 +378,7 @@ def _checkpoint(report: Mapping[str, Any]) -> str:
                     fmt(c["stall_and_wait_s_per_checkpoint"]),
                 ],
             ]
-            if b.get("waits_seen") is not None or c.get("waits_seen") is not None
+            if shows_waits(b, c)
             else []
         ),
         ["CPU s per checkpoint", fmt(b["cpu_s_per_checkpoint"]), fmt(c["cpu_s_per_checkpoint"])],

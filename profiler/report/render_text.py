@@ -290,7 +290,7 @@ def _wait_rows(b: Mapping[str, Any], c: Mapping[str, Any]) -> list[list[str]]:
     next optimizer.step(), or a wait for the write), and stall + wait: shown when a side
     writes in the background (not tested: the stall is the comparison; the wait is part of
     its cost)."""
-    if b.get("waits_seen") is None and c.get("waits_seen") is None:
+    if not shows_waits(b, c):
         return []
 
     def seen(side: Mapping[str, Any]) -> str:
@@ -310,6 +310,11 @@ def _wait_rows(b: Mapping[str, Any], c: Mapping[str, Any]) -> list[list[str]]:
             fmt(c.get("stall_and_wait_s_per_checkpoint")),
         ),
     ]
+
+
+def shows_waits(b: Mapping[str, Any], c: Mapping[str, Any]) -> bool:
+    """Whether the checkpoint table has the wait rows: a side writes in the background."""
+    return b.get("waits_seen") is not None or c.get("waits_seen") is not None
 
 
 def _untested_row(label: str, base: str, cand: str, note: str = "") -> list[str]:
