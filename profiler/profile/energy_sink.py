@@ -3,22 +3,15 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from profiler.attribution.apportion import overlap_factor
+from profiler.attribution.apportion import GpuWaitAttribution, overlap_factor
 from profiler.attribution.tracker import ENERGY_METHOD, GPU_WAIT_METHOD, EnergyTracker
-from profiler.attribution.window import (
-    AttributedWindow,
-    add_by_direction,
-    gpu_wait_for,
-    split_by_direction,
-    used_gpus,
-)
+from profiler.attribution.window import AttributedWindow, add_by_direction, split_by_direction
 from profiler.classify.codepaths import CODEPATHS
 from profiler.classify.direction import DIRECTIONS
-from profiler.sampling.window import TimedLabel
 
 
 def _r(v: float | None, nd: int = 6) -> float | None:
@@ -74,12 +67,10 @@ class ProfileEnergy:
 class EnergySink:
     """Session sink (profiler/profile/session.py) adding joules and GPU-wait to a profile.
 
-    Joules are attributed per target window (each window's own utilisation and CPU
-    share) and summed. Node totals are accumulated span by span as windows arrive,
-    and GPU-wait is computed over the merged timeline of every target once all
-    targets' windows have passed a span (two window lengths behind the newest), so
-    an instant where two processes serialize counts once, and a profile of any
-    length stays inside the tracker's history.
+    Joules and GPU-wait are each window's own attribution (AttributedWindow: the figures
+    the run record keeps), summed. Node totals and each GPU's reading are accumulated
+    span by span as windows arrive, so a profile of any length stays inside the
+    tracker's history.
     """
 
     def __init__(self, tracker: EnergyTracker) -> None:
@@ -93,10 +84,7 @@ class EnergySink:
         self._sources: set[str] = set()
         self._reasons: list[str] = []
         self._notes: list[str] = []
-        self._labels: list[TimedLabel] = []
         self._pids: set[int] = set()
-        self._rate_hz: float | None = None
-        self._window_s = 5.0
         self._first: float | None = None
         self._last: float | None = None
         self._e_until: float | None = None  # node energy accumulated up to here
@@ -108,19 +96,19 @@ class EnergySink:
         self._gpus: dict[int, _GpuAcc] = {}
 
     def on_start(self, info: Any) -> None:
-        if info is not None and getattr(info, "window_s", None):
-            self._window_s = float(info.window_s)
+        """Nothing to set up: the tracker runs from its constructor."""
 
     def on_window(self, window: AttributedWindow) -> None:
         report = window.report
         self._pids.add(report.pid)
-        self._rate_hz = report.rate_hz
-        self._labels.extend(report.timeline)
         self._first = (
             report.started_at if self._first is None else min(self._first, report.started_at)
         )
         self._last = report.ended_at if self._last is None else max(self._last, report.ended_at)
         self._advance_node(report.started_at, report.ended_at)
+        self._advance_gpus(self._last)
+        if window.attribution is not None:
+            self._add_gpu_wait(window.attribution.gpu_wait)
         e = window.attribution.energy if window.attribution else None
         if e is not None:
             self._sources.add(e.source)
@@ -137,8 +125,6 @@ class EnergySink:
             self._reasons.append(window.reading.reason)
         elif window.failure is not None:
             self._reasons.append(f"attribution failed: {window.failure}")
-        # every target's window covering this far back has arrived by now
-        self._advance_gpus(self._last - 2 * self._window_s)
 
     def _advance_node(self, start: float, end: float) -> None:
         a = start if self._e_until is None else self._e_until
@@ -171,21 +157,24 @@ class EnergySink:
             if note not in self._notes:
                 self._notes.append(note)
 
+    def _gpu(self, index: int) -> _GpuAcc:
+        acc = self._gpus.get(index)
+        if acc is None:
+            acc = self._gpus[index] = _GpuAcc(index, None, None)
+        return acc
+
     def _advance_gpus(self, until: float) -> None:
-        if not self.status["nvml"].up or self._first is None or not self._rate_hz:
+        """Each GPU's reading (coverage, busy and idle time, energy) span by span, as the
+        node's energy: the GPU as NVML saw it, whichever process used it."""
+        if not self.status["nvml"].up or self._first is None:
             return
         a = self._first if self._g_until is None else self._g_until
         if until <= a:
             return
         self._g_until = until
-        labels = [lab for lab in self._labels if lab.t < until]
-        # a label's sample still covers [t, t + 1/rate): keep what reaches past `until`
-        keep_from = until - 1.0 / self._rate_hz
-        self._labels = [lab for lab in self._labels if lab.t >= keep_from]
-        gpu_windows = self.tracker.nvml.window(a, until)
-        used = used_gpus(gpu_windows, self._pids)
-        for g in gpu_windows:
-            acc = self._gpus.setdefault(g.index, _GpuAcc(g.index, g.uuid, g.name))
+        for g in self.tracker.nvml.window(a, until):
+            acc = self._gpu(g.index)
+            acc.uuid, acc.name = acc.uuid or g.uuid, acc.name or g.name
             acc.up, acc.reason = g.up, g.reason
             acc.covered_s += g.covered_s
             acc.busy_s += g.busy_s
@@ -195,10 +184,13 @@ class EnergySink:
                 acc.energy_source = g.energy_source
             acc.sample_period_s = g.sample_period_s or acc.sample_period_s
             acc.clock = g.clock or acc.clock
-            if g.index not in used:
-                continue
+
+    def _add_gpu_wait(self, waits: Sequence[GpuWaitAttribution]) -> None:
+        """A window's GPU-wait, as its attribution computed it (the record's figure):
+        summed per GPU over the windows of every process that used it."""
+        for w in waits:
+            acc = self._gpu(w.gpu_index)
             acc.used = True
-            w = gpu_wait_for(g, labels, self._rate_hz, a, until)
             acc.wait_s = acc.wait_s or dict.fromkeys(CODEPATHS, 0.0)
             for cp, v in w.wait_s.items():
                 acc.wait_s[cp] += v

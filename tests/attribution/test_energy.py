@@ -291,6 +291,39 @@ def test_observer_fills_the_document_parts(tmp_path: Path) -> None:
     assert part["nvml"]["up"] is True
 
 
+def test_a_profiles_gpu_wait_is_its_windows_own_as_the_record_keeps_it(tmp_path: Path) -> None:
+    """GPU-wait is computed once per window (the attribution's, which the record keeps):
+    a DataLoader-like worker that is not on the GPU and pickles through the stall gets
+    none of it in the document, as in its record and the daemon's counters; the main
+    process, in `other` through the stall, gets it all."""
+    tr, clock, procfs = _replayed_h200_tracker(tmp_path)
+    t0 = clock()
+    tr.poll_once()
+    for i in range(1, 21):
+        clock.advance(0.5)
+        (procfs / "stat").write_text(_stat(50 * i, 50 * i))
+        tr.poll_once()
+    sink = EnergySink(tr)
+    main = _report(t0 + 1, t0 + 8, {"other": 3.0}, _labels("other", t0 + 1, t0 + 8))
+    worker = _report(
+        t0 + 1, t0 + 8, {"pickle": 3.0}, _labels("pickle", t0 + 4, t0 + 7), pid=TARGET + 1
+    )
+    windows = [_attributed(tr, main), _attributed(tr, worker)]
+    for w in windows:
+        sink.on_window(w)
+    cps = _document_part(sink.finish())["codepaths"]
+    recorded = {cp: 0.0 for cp in CODEPATHS}
+    for w in windows:
+        g = w.gpu_record()
+        for cp, v in (g.codepaths_wait_s if g else {}).items():
+            recorded[cp] += v
+    for cp in CODEPATHS:
+        assert cps[cp]["gpu_wait_s"] == pytest.approx(recorded[cp], abs=1e-6), cp
+    assert cps["pickle"]["gpu_wait_s"] == 0.0
+    # the 4-7 s stall (3 s idle) and 4% of the busy 1-4 s and 7-8 s at 88%: all `other`'s
+    assert cps["other"]["gpu_wait_s"] == pytest.approx(3.0 + 3 * 0.04 + 0.12, abs=1e-4)
+
+
 def test_a_profiles_process_tree_is_held_to_the_overlap_rule(tmp_path: Path) -> None:
     """The one overlap rule (tests/attribution/test_overlap_rule.py) in a profile of two
     processes whose windows cover the same 4 s, each with more CPU than the node's busy CPU

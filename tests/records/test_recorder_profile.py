@@ -114,6 +114,12 @@ def test_profile_session_is_recorded_with_model_energy_and_replayed_gpu_wait(
         else:
             assert all(w.codepaths[cp]["gpu_wait_s"] is None for cp in CODEPATHS)
     assert sum(w.gpu is not None for w in detail.windows) >= len(detail.windows) - 1
+    # GPU-wait is computed once per window: the profile document's is the record's, summed
+    doc = energy.summary.codepaths if energy.summary else {}
+    for cp in CODEPATHS:
+        recorded = sum(w.codepaths[cp]["gpu_wait_s"] or 0.0 for w in detail.windows)
+        assert doc[cp].gpu_wait_s == pytest.approx(recorded, abs=1e-5), cp
+    assert sum(doc[cp].gpu_wait_s or 0.0 for cp in CODEPATHS) > 0
     total_j = sum(w.energy["package_j"] for w in detail.windows)
     assert 0 < sum(t.energy_j or 0.0 for t in detail.codepaths.values()) <= total_j + 1e-6
     # Each episode's GPU-wait is the replayed GPU's idle time over its span, within two
