@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from profiler.profile.checkpoint_sink import CheckpointSink
 from profiler.records.host import fingerprint
 from profiler.records.run_ids import format_start_time
+from profiler.records.run_sink import RunSink
 from profiler.records.sources import run_sources
 from profiler.records.store import Recorder
 
@@ -69,6 +70,7 @@ class RecordSink:
         self._host = host
         self._config = dict(config or {})
         self._started = False
+        self._run: RunSink | None = None
         self.windows = 0
         self.errors: list[str] = []  # the first MAX_ERROR_MESSAGES problems
         self.energy_failures = 0  # windows recorded without joules
@@ -118,21 +120,20 @@ class RecordSink:
             started_at=info.started_at,
         )
         self._started = True
+        self._run = RunSink(self.recorder, self.run_id)  # how the daemon records a window
 
     def on_window(self, window: AttributedWindow) -> None:
         if window.failure is not None:  # the window is still recorded, without joules
             self.energy_failures += 1
             self._problem(f"energy for window at {window.report.started_at:.0f}: {window.failure}")
-        assert self.run_id is not None, "on_start comes first"
-        self.recorder.append_window(
-            self.run_id, window.report, energy=window.energy_record(), gpu=window.gpu_record()
-        )
+        assert self._run is not None, "on_start comes first"
+        self._run.on_window(window)
         self.windows += 1
         self._anchor_checkpoints()
 
     def on_episodes(self, episodes: Sequence[Episode]) -> None:
-        assert self.run_id is not None, "on_start comes first"
-        self.recorder.append_episodes(self.run_id, episodes)
+        assert self._run is not None, "on_start comes first"
+        self._run.on_episodes(episodes)
 
     def _problem(self, message: str) -> None:
         if len(self.errors) < MAX_ERROR_MESSAGES:

@@ -6,9 +6,10 @@ workers, torchrun children, multiprocessing pools): each is a separate *target*
 with its own worker thread running back-to-back `sample_window`s, until the target
 exits, `duration_s` ends, or `stop()` is called.
 
-Each window is attributed once (profiler.attribution.window: joules and GPU-wait
-against the session's energy tracker, when it has one) and the one AttributedWindow
-goes to every *sink*: any object with
+Each window goes through the window pipeline the daemon runs too
+(profiler.attribution.pipeline: attributed once against the session's energy tracker,
+when it has one, then the one AttributedWindow to every *sink*, then the episodes it
+closed). A sink is any object with
 
     on_start(info: SessionInfo) -> None               # once, before the first window
     on_window(window: AttributedWindow) -> None       # every window of every target
@@ -43,9 +44,10 @@ from collectors.pyspy import (
     precheck,
 )
 from collectors.samples import SamplerErrors
-from profiler.attribution.episodes import Episode, EpisodeTracker
+from profiler.attribution.episodes import Episode
+from profiler.attribution.pipeline import WindowPipeline
 from profiler.attribution.tracker import EnergyTracker
-from profiler.attribution.window import AttributedWindow, attribute, episode_gpu_reading
+from profiler.attribution.window import AttributedWindow
 from profiler.classify import source_cache
 from profiler.classify.codepaths import CODEPATHS
 from profiler.classify.direction import DIRECTIONS
@@ -246,7 +248,7 @@ class ProfileSession:
         self.procfs = procfs
         self.tracker = tracker
         self.sinks = list(sinks)
-        self._episode_tracker = EpisodeTracker()
+        self._pipeline = WindowPipeline(tracker)
         self._episodes: list[Episode] = []
         self.follow_children = follow_children
         self.progress = progress
@@ -399,29 +401,8 @@ class ProfileSession:
                 stats.cpu_s += report.cpu_s
                 stats.first_t = stats.first_t or report.started_at
                 stats.last_t = report.ended_at
-                window = self._attribute(report)
-                for sink in self.sinks:
-                    sink.on_window(window)
-                self._close_episodes(self._episode_tracker.add(report))
-
-    def _close_episodes(self, closed: list[Episode]) -> None:
-        """Episodes that closed: their GPU-wait (when NVML sees a GPU the target uses), then
-        every sink."""
-        if not closed:
-            return
-        if self.tracker is not None:
-            closed = [episode_gpu_reading(self.tracker, ep) for ep in closed]
-        self._episodes.extend(closed)
-        for sink in self.sinks:
-            sink.on_episodes(closed)
-
-    def _attribute(self, report: WindowReport) -> AttributedWindow:
-        if self.tracker is None:
-            return AttributedWindow(report)
-        try:
-            return attribute(report, self.tracker.window(report.started_at, report.ended_at))
-        except Exception as exc:  # the window is kept, without joules, and says why
-            return AttributedWindow(report, failure=f"{type(exc).__name__}: {exc}")
+                window = self._pipeline.attribute(report)
+                self._episodes.extend(self._pipeline.deliver(window, self.sinks))
 
     def _record_failure(self, stats: TargetStats, exc: SamplingError, is_root: bool) -> None:
         with self._lock:
@@ -534,7 +515,7 @@ class ProfileSession:
             self._print_progress(time.time(), final=True)
         if self.strict_root and self._root_error is not None:
             raise self._root_error
-        self._close_episodes(self._episode_tracker.finish())
+        self._episodes.extend(self._pipeline.finish(self.sinks))
         for sink in self.sinks:
             sink.finish()
         return SessionResult(

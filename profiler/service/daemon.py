@@ -33,10 +33,11 @@ from typing import Any
 
 from collectors.pyspy import PySpy, SamplingError
 from profiler import __version__
-from profiler.attribution.episodes import Episode, EpisodeTracker
+from profiler.attribution.pipeline import WindowPipeline, WindowRejected
 from profiler.attribution.window import AttributedWindow
 from profiler.exitcodes import EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME
 from profiler.records.host import fingerprint
+from profiler.records.run_sink import RunSink
 from profiler.records.store import Recorder, RecordError
 from profiler.sampling.retry import TARGET_KINDS
 from profiler.sampling.window import WindowReport
@@ -60,6 +61,7 @@ from profiler.service.pools import (
 )
 from profiler.service.run_checkpoints import RunCheckpoints
 from profiler.service.sdnotify import SdNotifier
+from profiler.service.window_sinks import CheckpointsSink, LedgerSink
 
 log = logging.getLogger("serwatt.daemon")
 
@@ -159,8 +161,9 @@ class Daemon:
         self._windows_started = 0
         self._classifiers: ClassifierPool = None  # type: ignore[assignment]
         self._recorder: Any = None
-        # serialization episodes of every tracked process (its windows come in order)
-        self._episodes = EpisodeTracker()
+        # attribution's consumers and the episodes of every tracked process (its windows
+        # come in order); its tracker is the energy side's, once started
+        self._pipeline = WindowPipeline()
         self._energy: EnergySide | None = None
         self._server: MetricsServer | None = None
         self._host: dict[str, Any] = {}
@@ -231,6 +234,7 @@ class Daemon:
             self._sampler = PySpyWindows(pyspy, cfg.path_procfs)
         try:
             self._energy = EnergySide(cfg, nvml_backend=self._nvml_backend)
+            self._pipeline.tracker = self._energy.tracker
         except RequiredCollectorMissing as exc:
             log.error("%s", exc)
             return EXIT_CONFIG
@@ -497,6 +501,10 @@ class Daemon:
                 faults += 1
         return faults
 
+    def _run_sinks(self, run_id: str) -> tuple[CheckpointsSink, RunSink]:
+        """Where a run's closed episodes go: its checkpoint watch, then its record."""
+        return (CheckpointsSink(self._checkpoints, run_id), RunSink(self._recorder, run_id))
+
     def _apply_windows(
         self, jobs: list[SamplingJob], windows: list[AttributedWindow]
     ) -> Exception | None:
@@ -505,21 +513,13 @@ class Daemon:
         for j, window in zip(jobs, windows, strict=True):
             report = window.report
             try:
-                self._add_to_ledger(j.target, window)
-            except ValueError as exc:
+                sinks = (LedgerSink(self.ledger, j.target), *self._run_sinks(j.run_id))
+                self._pipeline.deliver(window, sinks)
+            except WindowRejected as exc:
                 # A malformed report must not take the daemon down; it is not counted.
                 self.ledger.add_sampler_error(j.target, "bad_report")
                 log.error("window of %s pid %d rejected: %s", j.target, j.pid, exc)
                 continue
-            # sources the classifier could not use (not loaded by the window's
-            # deadline, too costly to index): kinds classify_timeout, source_too_costly
-            for kind, n in report.classify_errors.items():
-                self.ledger.add_sampler_error(j.target, kind, n)
-            try:
-                self._recorder.append_window(
-                    j.run_id, report, energy=window.energy_record(), gpu=window.gpu_record()
-                )
-                self._record_episodes(j.run_id, self._episodes.add(report), raising=True)
             except Exception as exc:
                 # Counters are still exported; the record says what it missed in the log.
                 failed = exc
@@ -533,21 +533,6 @@ class Daemon:
                 if report.exited:
                     self._forget(j.key, reason="exited")
         return failed
-
-    def _add_to_ledger(self, target: str, window: AttributedWindow) -> None:
-        f = window.by_direction()
-        if window.attribution is None:
-            self.ledger.add_window(target, samples=f.samples, cpu_s=f.cpu_s)
-            return
-        self.ledger.add_window(
-            target,
-            samples=f.samples,
-            cpu_s=f.cpu_s,
-            energy_j=f.energy_j,
-            energy_source=window.energy_source,
-            gpu_wait_s=f.gpu_wait_s,
-            gpu_wait_energy_j=f.gpu_wait_energy_j,
-        )
 
     def _on_window_error(self, job: SamplingJob) -> bool:
         """Count a failed window; True when the target caused it (not serwatt's sampler)."""
@@ -651,7 +636,7 @@ class Daemon:
             return
         run_id = tracked.proc.run_id
         log.info("forgetting %s pid %d (%s)", tracked.proc.target, tracked.proc.pid, reason)
-        self._record_episodes(run_id, self._episodes.finish(tracked.proc.pid))
+        self._finish_episodes(tracked.proc)
         if any(t.proc.run_id == run_id for t in self._tracked.values()):
             return  # other ranks still write this run
         if self._open_runs.pop(run_id, None) is not None:
@@ -731,26 +716,17 @@ class Daemon:
 
     # ------------------------------------------------------------------ shutdown
 
-    def _with_gpu(self, episodes: list[Episode]) -> list[Episode]:
-        return self._energy.with_gpu(episodes) if self._energy is not None else episodes
-
-    def _record_episodes(
-        self, run_id: str, episodes: list[Episode], *, raising: bool = False
-    ) -> None:
-        """Closed episodes into the record and the run's checkpoint watch, if any."""
-        episodes = self._with_gpu(episodes)
-        self._checkpoints.add_episodes(run_id, episodes)
+    def _finish_episodes(self, proc: Any) -> None:
+        """A process's open episodes closed into its run's checkpoint watch and record."""
         try:
-            self._recorder.append_episodes(run_id, episodes)
+            self._pipeline.finish(self._run_sinks(proc.run_id), pid=proc.pid)
         except Exception as exc:
-            if raising:
-                raise
-            log.error("recording episodes of %s failed: %s", run_id, exc)
+            log.error("recording episodes of %s failed: %s", proc.run_id, exc)
 
     def _shutdown(self) -> None:
         self.notifier.stopping("stopping: closing runs")
         for tracked in self._tracked.values():
-            self._record_episodes(tracked.proc.run_id, self._episodes.finish(tracked.proc.pid))
+            self._finish_episodes(tracked.proc)
         for run_id in list(self._open_runs):
             self._checkpoints.store(run_id, self._recorder)
             try:

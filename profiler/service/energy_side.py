@@ -7,9 +7,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from profiler.attribution.episodes import Episode
 from profiler.attribution.tracker import EnergyTracker, EnergyUnavailableError, WindowEnergy
-from profiler.attribution.window import AttributedWindow, attribute_slot, episode_gpu_reading
+from profiler.attribution.window import AttributedWindow, attribute_slot
 from profiler.records.sources import run_sources
 from profiler.sampling.window import WindowReport
 from profiler.service.collector_health import Health, publish, run_collector
@@ -107,9 +106,10 @@ class EnergySide:
                 ledger.add_gpu_idle(g.index, max(0.0, g.idle_s))
         return SlotEnergy(list(got.windows))
 
-    def with_gpu(self, episodes: list[Episode]) -> list[Episode]:
-        """The episodes with their GPU-wait and GPU idle joules from the node's NVML."""
-        return [episode_gpu_reading(self._tracker, ep) for ep in episodes]
+    @property
+    def tracker(self) -> EnergyTracker:
+        """The node's tracker: the window pipeline reads closed episodes' GPU-wait from it."""
+        return self._tracker
 
     def _slot_health(self, we: WindowEnergy) -> dict[str, Health]:
         """What one slot reading says of the collectors behind it."""
