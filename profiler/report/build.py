@@ -424,23 +424,9 @@ def build_report(
     adapters name what their source lacks); skip_warmup: checkpoint episodes left out at
     the start of each run (page cache and allocator warm-up), printed as skipped.
     """
-    if isinstance(skip_warmup, bool) or not isinstance(skip_warmup, int) or skip_warmup < 0:
-        raise InputError(f"skip_warmup must be a whole number >= 0, got {skip_warmup!r}")
-    sides = (
-        _side("baseline", baseline, no_episodes_note),
-        _side("candidate", candidate, no_episodes_note),
+    sides, given = _checked_input(
+        baseline, candidate, checkpoint_codepaths, no_episodes_note, skip_warmup
     )
-    ids = [r.run_id for s in sides for r in s.runs]
-    dupes = sorted({i for i in ids if ids.count(i) > 1})
-    if dupes:
-        raise InputError(f"run(s) given twice (a run belongs to one side once): {dupes}")
-    given = dict(checkpoint_codepaths or {})
-    for key, cp in given.items():
-        if key not in SIDES or cp not in SERIALIZATION_CODEPATHS:
-            raise InputError(
-                f"checkpoint_codepaths: {key!r}: {cp!r}; want baseline/candidate mapped to "
-                f"one of {', '.join(SERIALIZATION_CODEPATHS)}"
-            )
     found = comparability.check([r for s in sides for r in s.runs], allow_mismatch=allow_mismatch)
     caveats = [f"not comparable: {m}" for m in found]
 
@@ -452,15 +438,12 @@ def build_report(
     ckpt_eps = [[e for run in runs for e in run[1]] for runs in per_run]
     n_ckpt = [len(e) for e in ckpt_eps]
 
-    tested: list[dict[str, Any]] = []
-    codepaths: dict[str, Any] = {}
-    for cp in CODEPATHS:
-        codepaths[cp] = {
-            metric: _window_metric(sides, cp, metric, unit, n_ckpt) for metric, unit in METRICS
-        }
-        tested.extend(codepaths[cp].values())
+    codepaths = {
+        cp: {metric: _window_metric(sides, cp, metric, unit, n_ckpt) for metric, unit in METRICS}
+        for cp in CODEPATHS
+    }
     total = {metric: _window_metric(sides, TOTAL, metric, unit, n_ckpt) for metric, unit in METRICS}
-    tested.extend(total.values())
+    tested = [row for rows in (*codepaths.values(), total) for row in rows.values()]
 
     warnings: list[dict[str, Any]] = [
         {
@@ -493,29 +476,7 @@ def build_report(
         "caveats": caveats,
         "mismatches": [m.to_json() for m in found],
         "warnings": warnings,
-        "statistics": {
-            "alpha": stats.ALPHA,
-            "confidence": stats.CONFIDENCE,
-            "correction": "holm",
-            "families": families,
-            "family_size": sum(families.values()),
-            "min_attainable_p": min_attainable,
-            "min_ci_n": stats.MIN_CI_N,
-            "skip_warmup": skip_warmup,
-            "blocking": "consecutive windows of each (run, pid) series in blocks of "
-            "L = max(1, round(n^(1/3))) windows, split near-equally (numpy.array_split); "
-            "checkpoint episodes blocked by L = ceil((1 + r1)/(1 - r1)) when a side shows a "
-            "trend or lag-1 autocorrelation",
-            "interval": f"{stats.CI_METHOD}: the ratios r for which the test of candidate/r "
-            f"against baseline keeps p >= {stats.ALPHA:g}; none below {stats.MIN_CI_N} "
-            "observations per side",
-            "bootstrap": "none: the interval inverts the permutation test (statistics.interval)",
-            "test": f"{stats.TEST}: statistic Σvalue/Σweight candidate over baseline, every "
-            f"arrangement up to {stats.N_RESAMPLES}, else {stats.N_RESAMPLES} seeded random "
-            f"ones (seed {stats.SEED}) over each side sorted; the statistic the report shows",
-            "method": "ratio of means, tested by a permutation test of that ratio, with the "
-            "interval from inverting the same test",
-        },
+        "statistics": stats.description(families, min_attainable, skip_warmup),
         "interleaving": comparability.interleaving(
             [r for r in sides[0].runs], [r for r in sides[1].runs]
         ),
@@ -538,106 +499,195 @@ def build_report(
     return report
 
 
+def _checked_input(
+    baseline: Sequence[RunInput],
+    candidate: Sequence[RunInput],
+    checkpoint_codepaths: Mapping[str, str] | None,
+    no_episodes_note: str,
+    skip_warmup: int,
+) -> tuple[tuple[_Side, _Side], dict[str, str]]:
+    """The two sides, and the codepaths named for their checkpoints; InputError for a
+    bad --skip-warmup, a run on both sides or twice, or a codepath that is not a
+    serializer."""
+    if isinstance(skip_warmup, bool) or not isinstance(skip_warmup, int) or skip_warmup < 0:
+        raise InputError(f"skip_warmup must be a whole number >= 0, got {skip_warmup!r}")
+    sides = (
+        _side("baseline", baseline, no_episodes_note),
+        _side("candidate", candidate, no_episodes_note),
+    )
+    ids = [r.run_id for s in sides for r in s.runs]
+    dupes = sorted({i for i in ids if ids.count(i) > 1})
+    if dupes:
+        raise InputError(f"run(s) given twice (a run belongs to one side once): {dupes}")
+    given = dict(checkpoint_codepaths or {})
+    for key, cp in given.items():
+        if key not in SIDES or cp not in SERIALIZATION_CODEPATHS:
+            raise InputError(
+                f"checkpoint_codepaths: {key!r}: {cp!r}; want baseline/candidate mapped to "
+                f"one of {', '.join(SERIALIZATION_CODEPATHS)}"
+            )
+    return sides, given
+
+
+_RunEpisodes = list[tuple[str, list[EpisodeInput], int]]  # (run, its episodes, skipped)
+
+
+def _warmup(side: _Side, runs: _RunEpisodes, warnings: list[dict[str, Any]]) -> dict[str, Any]:
+    """A side's stalls tested for a trend and lag-1 autocorrelation (warned when found:
+    they are then resampled in blocks), with the warm-up episodes skipped."""
+    dep = stats.serial_dependence([e.wall_s for _run, eps, _k in runs for e in eps])
+    skipped = sum(k for _run, _eps, k in runs)
+    if dep.found:
+        found = []
+        if dep.trend_p is not None and dep.trend_p < stats.ALPHA:
+            found.append(f"a trend (Kendall p = {dep.trend_p:.3g})")
+        if dep.lag1_autocorrelation is not None and dep.block_length > 1:
+            found.append(f"lag-1 autocorrelation {dep.lag1_autocorrelation:.3g}")
+        warnings.append(
+            {
+                "scope": "checkpoint",
+                "side": side.name,
+                "message": f"{side.name} checkpoint stalls are not independent in time "
+                f"({', '.join(found)}; {skipped} skipped as warm-up): resampled in blocks of "
+                f"{dep.block_length} episodes; --skip-warmup N leaves out each run's first N",
+            }
+        )
+    return {
+        "trend_p": dep.trend_p,
+        "lag1_autocorrelation": dep.lag1_autocorrelation,
+        "skipped": skipped,
+        "skipped_per_run": {run: k for run, _eps, k in runs},
+        "block_length": dep.block_length,
+        "detected": dep.found,
+    }
+
+
+def _side_checkpoints(
+    side: _Side,
+    choice: tuple[str | None, str, bool],
+    eps: list[EpisodeInput],
+    skip: int,
+    warnings: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """One side's checkpoint figures: what it checkpoints through, its stalls, waits, CPU,
+    GPU-wait and durability, and where they come from."""
+    cp, how, main_only = choice
+    entry: dict[str, Any] = {
+        "codepath": cp,
+        "chosen_by": how,
+        "main_thread_only": main_only,
+        "episodes": len(eps),
+        "checkpoints": checkpoint_count(side, eps, skip),
+        **file_event_fields(side, skip),
+        "stall_s": quantiles([e.wall_s for e in eps]),
+        "stall_values_s": sorted(e.wall_s for e in eps),
+        **wait_fields(side, skip),
+        "resolution_s": max((e.resolution_s for e in eps), default=None),
+        "cpu_s_per_checkpoint": float(np.mean([e.cpu_s for e in eps])) if eps else None,
+        "gpu_wait_s_per_checkpoint": _mean_or_none([e.gpu_wait_s for e in eps]),
+        "gpu_idle_j_per_checkpoint": _mean_or_none([e.gpu_idle_j for e in eps]),
+        "durable": durability(eps),
+        "source": (
+            "measured: file events under --checkpoints, stalls from py-spy episodes of the "
+            "training thread, timed to ± resolution_s"
+            if side.file_events
+            else "measured: py-spy episodes of the training thread, timed to ± resolution_s"
+        )
+        if side.has_episodes
+        else f"unavailable: {side.no_episodes}",
+    }
+    if not side.has_episodes:
+        entry["note"] = side.no_episodes
+    elif not eps:
+        entry["note"] = "no checkpoint episodes"
+    entry["stall_mean_untimed_as_0_s"] = untimed_stall_floor(
+        side, entry["file_event_only"] or 0, eps, warnings
+    )
+    return entry
+
+
+def _compared_episodes(
+    sides: tuple[_Side, _Side],
+    per_run: list[_RunEpisodes],
+    ckpt_eps: list[list[EpisodeInput]],
+    sources: dict[str, str],
+    block: tuple[int, int],
+) -> dict[str, Any]:
+    """The stall and CPU per checkpoint compared (and GPU-wait where both sides have it),
+    or why not."""
+
+    def series(runs: _RunEpisodes, key: str) -> list[list[float]]:
+        return [[float(getattr(e, key)) for e in eps] for _run, eps, _k in runs]
+
+    base, cand = ckpt_eps
+    out: dict[str, Any] = {}
+    if not (base and cand):
+        missing = [s.name for s, e in zip(sides, ckpt_eps, strict=True) if not e]
+        out["stall_s"] = None
+        out["note"] = "checkpoint cost not compared: no checkpoint episodes on " + " and ".join(
+            missing
+        )
+        return out
+    b_runs, c_runs = per_run
+    for key in ("stall_s", "cpu_s"):
+        attr = "wall_s" if key == "stall_s" else "cpu_s"
+        out[key] = _episode_metric(series(b_runs, attr), series(c_runs, attr), "s", sources, block)
+    gb, gc = [e.gpu_wait_s for e in base], [e.gpu_wait_s for e in cand]
+    if None not in gb and None not in gc:
+        out["gpu_wait_s"] = _episode_metric(
+            series(b_runs, "gpu_wait_s"),
+            series(c_runs, "gpu_wait_s"),
+            "s",
+            {s.name: "measured: nvml during the episodes" for s in sides},
+            block,
+        )
+    return out
+
+
+def _durability_part(
+    out: dict[str, Any],
+    choices: list[tuple[str | None, str, bool]],
+    ckpt_eps: list[list[EpisodeInput]],
+    caveats: list[str],
+) -> dict[str, Any]:
+    """Whether both sides' checkpoints are durable alike; a caveat when they may not be."""
+    (kb, why_b), (kc, why_c) = (
+        known_durable(cp, eps) for (cp, _how, _main), eps in zip(choices, ckpt_eps, strict=True)
+    )
+    same = kb == kc
+    if all(ckpt_eps) and not same:
+        caveats.append(
+            f"checkpoints may differ in durability (baseline: {why_b}; candidate: {why_c}): "
+            "the checkpoint comparison may not be like with like, and no side is called "
+            "cheaper without saying so"
+        )
+    return {
+        "baseline": out["baseline"]["durable"],
+        "candidate": out["candidate"]["durable"],
+        "baseline_durable": kb,
+        "candidate_durable": kc,
+        "baseline_basis": why_b,
+        "candidate_basis": why_c,
+        "same": same,
+    }
+
+
 def _checkpoint_section(
     sides: tuple[_Side, _Side],
     choices: list[tuple[str | None, str, bool]],
-    per_run: list[list[tuple[str, list[EpisodeInput], int]]],
+    per_run: list[_RunEpisodes],
     caveats: list[str],
     warnings: list[dict[str, Any]],
     skip: int = 0,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {}
     ckpt_eps = [[e for run in runs for e in run[1]] for runs in per_run]
-    blocks = []
-    for side, runs in zip(sides, per_run, strict=True):
-        dep = stats.serial_dependence([e.wall_s for _run, eps, _k in runs for e in eps])
-        blocks.append(dep.block_length)
-        skipped = sum(k for _run, _eps, k in runs)
-        out[side.name] = {
-            "warmup": {
-                "trend_p": dep.trend_p,
-                "lag1_autocorrelation": dep.lag1_autocorrelation,
-                "skipped": skipped,
-                "skipped_per_run": {run: k for run, _eps, k in runs},
-                "block_length": dep.block_length,
-                "detected": dep.found,
-            }
-        }
-        if dep.found:
-            found = []
-            if dep.trend_p is not None and dep.trend_p < stats.ALPHA:
-                found.append(f"a trend (Kendall p = {dep.trend_p:.3g})")
-            if dep.lag1_autocorrelation is not None and dep.block_length > 1:
-                found.append(f"lag-1 autocorrelation {dep.lag1_autocorrelation:.3g}")
-            warnings.append(
-                {
-                    "scope": "checkpoint",
-                    "side": side.name,
-                    "message": f"{side.name} checkpoint stalls are not independent in time "
-                    f"({', '.join(found)}; {skipped} skipped as warm-up): resampled in blocks of "
-                    f"{dep.block_length} episodes; --skip-warmup N leaves out each run's first N",
-                }
-            )
-    for side, (cp, how, main_only), eps in zip(sides, choices, ckpt_eps, strict=True):
-        entry: dict[str, Any] = out[side.name]
-        entry |= {
-            "codepath": cp,
-            "chosen_by": how,
-            "main_thread_only": main_only,
-            "episodes": len(eps),
-            "checkpoints": checkpoint_count(side, eps, skip),
-            **file_event_fields(side, skip),
-            "stall_s": quantiles([e.wall_s for e in eps]),
-            "stall_values_s": sorted(e.wall_s for e in eps),
-            **wait_fields(side, skip),
-            "resolution_s": max((e.resolution_s for e in eps), default=None),
-            "cpu_s_per_checkpoint": float(np.mean([e.cpu_s for e in eps])) if eps else None,
-            "gpu_wait_s_per_checkpoint": _mean_or_none([e.gpu_wait_s for e in eps]),
-            "gpu_idle_j_per_checkpoint": _mean_or_none([e.gpu_idle_j for e in eps]),
-            "durable": durability(eps),
-            "source": (
-                "measured: file events under --checkpoints, stalls from py-spy episodes of the "
-                "training thread, timed to ± resolution_s"
-                if side.file_events
-                else "measured: py-spy episodes of the training thread, timed to ± resolution_s"
-            )
-            if side.has_episodes
-            else f"unavailable: {side.no_episodes}",
-        }
-        if not side.has_episodes:
-            entry["note"] = side.no_episodes
-        elif not eps:
-            entry["note"] = "no checkpoint episodes"
-        entry["stall_mean_untimed_as_0_s"] = untimed_stall_floor(
-            side, entry["file_event_only"] or 0, eps, warnings
-        )
-    base, cand = ckpt_eps
-    src = {s.name: out[s.name]["source"] for s in sides}
-    block = (blocks[0], blocks[1])
-
-    def series(runs: list[tuple[str, list[EpisodeInput], int]], key: str) -> list[list[float]]:
-        return [[float(getattr(e, key)) for e in eps] for _run, eps, _k in runs]
-
-    if base and cand:
-        b_runs, c_runs = per_run
-        for key in ("stall_s", "cpu_s"):
-            attr = "wall_s" if key == "stall_s" else "cpu_s"
-            out[key] = _episode_metric(series(b_runs, attr), series(c_runs, attr), "s", src, block)
-        gb, gc = [e.gpu_wait_s for e in base], [e.gpu_wait_s for e in cand]
-        if None not in gb and None not in gc:
-            out["gpu_wait_s"] = _episode_metric(
-                series(b_runs, "gpu_wait_s"),
-                series(c_runs, "gpu_wait_s"),
-                "s",
-                {s.name: "measured: nvml during the episodes" for s in sides},
-                block,
-            )
-    else:
-        missing = [s.name for s, e in zip(sides, ckpt_eps, strict=True) if not e]
-        out["stall_s"] = None
-        out["note"] = "checkpoint cost not compared: no checkpoint episodes on " + " and ".join(
-            missing
-        )
+    warmups = [_warmup(side, runs, warnings) for side, runs in zip(sides, per_run, strict=True)]
+    for side, choice, eps, warmup in zip(sides, choices, ckpt_eps, warmups, strict=True):
+        out[side.name] = {"warmup": warmup} | _side_checkpoints(side, choice, eps, skip, warnings)
+    sources = {s.name: out[s.name]["source"] for s in sides}
+    block = (warmups[0]["block_length"], warmups[1]["block_length"])
+    out |= _compared_episodes(sides, per_run, ckpt_eps, sources, block)
     # a restore is compared whether or not the runs also saved (a resumed run may not)
     rb = [v for r in sides[0].runs for v in r.restore_s]
     rc = [v for r in sides[1].runs for v in r.restore_s]
@@ -646,26 +696,7 @@ def _checkpoint_section(
             [rb], [rc], "s", {s.name: "measured: checkpoint restores" for s in sides}
         )
         out["restore_s"]["basis"] = "per measured restore (mean)"
-    db, dc = out["baseline"]["durable"], out["candidate"]["durable"]
-    (kb, why_b), (kc, why_c) = (
-        known_durable(cp, eps) for (cp, _how, _main), eps in zip(choices, ckpt_eps, strict=True)
-    )
-    same = kb == kc
-    out["durability"] = {
-        "baseline": db,
-        "candidate": dc,
-        "baseline_durable": kb,
-        "candidate_durable": kc,
-        "baseline_basis": why_b,
-        "candidate_basis": why_c,
-        "same": same,
-    }
-    if base and cand and not same:
-        caveats.append(
-            f"checkpoints may differ in durability (baseline: {why_b}; candidate: {why_c}): "
-            "the checkpoint comparison may not be like with like, and no side is called "
-            "cheaper without saying so"
-        )
+    out["durability"] = _durability_part(out, choices, ckpt_eps, caveats)
     return out
 
 

@@ -274,19 +274,38 @@ def restart_with_restore(
     )
 
 
-def _side(
+@dataclass(frozen=True)
+class _SideFigures:
+    """One side's projected figures, before they are written out with their provenance."""
+
+    scaling: dict[str, Any]  # scaled_delta's, with the binding bound
+    delta_s: float
+    interval_s: float
+    restart_s: float
+    restart_note: str
+    lost: float
+    gpus: float
+    per_node: float
+    gpu_hours: float
+    checkpoints: float | None  # per year
+    host_mwh: float | None
+    it_mwh: float
+    facility: list[float]  # [at PUE low, at PUE high]
+    water: list[float]  # [at WUE low, at WUE high]
+
+
+def _figures(
     cfg: ClusterConfig,
     m: SideMeasurement,
     mtbf_s: float,
-    delta_s: float | None = None,
-    restore_reference_s: float | None = None,
-) -> dict[str, Any]:
-    """The side's projection; delta_s: its node's δ, when not the measured one;
-    restore_reference_s: the restore taken as the read inside restart_s."""
-    if m.delta_s is None:
-        return {"unavailable": m.unavailable or "no checkpoint episodes"}
+    delta_node_s: float,
+    restore_reference_s: float | None,
+) -> _SideFigures:
+    """The model run once for one side: δ scaled to the cluster, τ (Daly or the policy,
+    never under the bound an asynchronous save or the storage sets), the lost fraction
+    and what it costs a year."""
     restart, restart_note = restart_with_restore(cfg, m, restore_reference_s)
-    scaling = scaled_delta(cfg, m, m.delta_s if delta_s is None else delta_s)
+    scaling = scaled_delta(cfg, m, delta_node_s)
     delta = scaling["delta_s"]
     if cfg.policy.kind == "daly":
         interval = daly_interval(delta, mtbf_s)
@@ -311,22 +330,44 @@ def _side(
     )
     it_mwh = gpu_mwh + (host_mwh or 0.0)
     pue, wue = cfg.inputs["pue"], cfg.inputs["wue_l_per_kwh"]
-    facility = [it_mwh * pue.low, it_mwh * pue.high]
-    water = [it_mwh * 1000.0 * wue.low, it_mwh * 1000.0 * wue.high]
-    measured_delta = (
-        f"delta_node_s = {scaling['delta_node_s']:.6g} s: {m.delta_basis}, {m.episodes} "
+    return _SideFigures(
+        scaling=scaling,
+        delta_s=delta,
+        interval_s=interval,
+        restart_s=restart,
+        restart_note=restart_note,
+        lost=lost,
+        gpus=gpus,
+        per_node=per_node,
+        gpu_hours=gpu_hours,
+        checkpoints=checkpoints,
+        host_mwh=host_mwh,
+        it_mwh=it_mwh,
+        facility=[it_mwh * pue.low, it_mwh * pue.high],
+        water=[it_mwh * 1000.0 * wue.low, it_mwh * 1000.0 * wue.high],
+    )
+
+
+def _measured_delta(m: SideMeasurement, f: _SideFigures) -> str:
+    return (
+        f"delta_node_s = {f.scaling['delta_node_s']:.6g} s: {m.delta_basis}, {m.episodes} "
         f"{m.codepath} episode(s) (runs {_runs(m)})"
     )
-    delta_line = {
+
+
+def _delta_line(cfg: ClusterConfig, m: SideMeasurement, f: _SideFigures) -> dict[str, Any]:
+    scaling = f.scaling
+    asynchronous = scaling["mode"] == "asynchronous"
+    return {
         "name": "delta_s",
-        "value": delta,
+        "value": f.delta_s,
         "formula": "δ = δ_node × scaling to state_bytes_per_gpu ("
         + scaling["note"]
-        + ("" if scaling["mode"] == "asynchronous" else "), at least S × gpus / bandwidth")
+        + ("" if asynchronous else "), at least S × gpus / bandwidth")
         + (
             "); asynchronous: δ is the copy, and τ ≥ the background write × S / bytes, at "
             "least S × gpus / bandwidth"
-            if scaling["mode"] == "asynchronous"
+            if asynchronous
             else ""
         ),
         "inputs": {
@@ -335,7 +376,7 @@ def _side(
             "bandwidth_bound_s": scaling["bandwidth_bound_s"],
             "background_write_s": scaling["background_write_s"],
         },
-        "measured": [measured_delta]
+        "measured": [_measured_delta(m, f)]
         + (
             [f"bytes per checkpoint = {scaling['bytes_measured']:.6g} B (file events)"]
             if scaling["bytes_measured"] is not None
@@ -347,11 +388,50 @@ def _side(
             _assumed(cfg, "gpus"),
         ],
     }
+
+
+def _interval_lines(
+    cfg: ClusterConfig, m: SideMeasurement, f: _SideFigures, mtbf_s: float
+) -> list[dict[str, Any]]:
+    """τ, and the lost fraction it gives with δ, the MTBF and the restart."""
+    daly = cfg.policy.kind == "daly"
+    measured_delta = _measured_delta(m, f)
     measured_restart = (
-        [f"restore_s = {m.restore_s:.6g} s: measured restore (runs {_runs(m)}); {restart_note}"]
+        [f"restore_s = {m.restore_s:.6g} s: measured restore (runs {_runs(m)}); {f.restart_note}"]
         if m.restore_s is not None
         else []
     )
+    return [
+        {
+            "name": "interval_s",
+            "value": f.interval_s,
+            "formula": DALY_FORMULA if daly else f"τ = {cfg.policy.text}",
+            "inputs": {"delta_s": f.delta_s, "mtbf_s": mtbf_s},
+            "measured": [measured_delta] if daly else [],
+            "assumed": [_assumed(cfg, "mtbf_h")]
+            if daly
+            else [f"policy = {cfg.policy.text} ({_policy_source(cfg)})"],
+        },
+        {
+            "name": "lost_fraction",
+            "value": f.lost,
+            "formula": LOST_FORMULA,
+            "inputs": {
+                "interval_s": f.interval_s,
+                "delta_s": f.delta_s,
+                "mtbf_s": mtbf_s,
+                "restart_s": f.restart_s,
+            },
+            "measured": [measured_delta, *measured_restart],
+            "assumed": [_assumed(cfg, "mtbf_h"), _assumed(cfg, "restart_s")]
+            + ([] if m.restore_s is not None else [f"restore: not measured; {f.restart_note}"]),
+        },
+    ]
+
+
+def _cost_lines(cfg: ClusterConfig, m: SideMeasurement, f: _SideFigures) -> list[dict[str, Any]]:
+    """What the lost fraction costs a year: GPU-hours, IT and facility energy, water."""
+    pue, wue = cfg.inputs["pue"], cfg.inputs["wue_l_per_kwh"]
     host_measured = (
         [
             f"host_energy_j_per_checkpoint = {m.host_energy_j_per_checkpoint:.6g} J "
@@ -360,52 +440,26 @@ def _side(
         if m.host_energy_j_per_checkpoint is not None
         else []
     )
-    interval_line = {
-        "name": "interval_s",
-        "value": interval,
-        "formula": DALY_FORMULA if cfg.policy.kind == "daly" else f"τ = {cfg.policy.text}",
-        "inputs": {"delta_s": delta, "mtbf_s": mtbf_s},
-        "measured": [measured_delta] if cfg.policy.kind == "daly" else [],
-        "assumed": [_assumed(cfg, "mtbf_h")]
-        if cfg.policy.kind == "daly"
-        else [f"policy = {cfg.policy.text} ({_policy_source(cfg)})"],
-    }
-    lines = [
-        delta_line,
-        interval_line,
-        {
-            "name": "lost_fraction",
-            "value": lost,
-            "formula": LOST_FORMULA,
-            "inputs": {
-                "interval_s": interval,
-                "delta_s": delta,
-                "mtbf_s": mtbf_s,
-                "restart_s": restart,
-            },
-            "measured": [measured_delta, *measured_restart],
-            "assumed": [_assumed(cfg, "mtbf_h"), _assumed(cfg, "restart_s")]
-            + ([] if m.restore_s is not None else [f"restore: not measured; {restart_note}"]),
-        },
+    return [
         {
             "name": "gpu_hours_per_year",
-            "value": gpu_hours,
+            "value": f.gpu_hours,
             "formula": "lost × gpus × 8760 h",
-            "inputs": {"lost_fraction": lost, "gpus": gpus},
+            "inputs": {"lost_fraction": f.lost, "gpus": f.gpus},
             "measured": [],
             "assumed": [_assumed(cfg, "gpus")],
         },
         {
             "name": "it_mwh_per_year",
-            "value": it_mwh,
+            "value": f.it_mwh,
             "formula": "GPU-h lost × gpu_power_w / 1e6 + host J/checkpoint × gpus/gpus_per_node "
             "× checkpoints/year / 3.6e9; checkpoints/year = (1 − lost) × 8760 h / τ",
             "inputs": {
-                "gpu_hours_per_year": gpu_hours,
+                "gpu_hours_per_year": f.gpu_hours,
                 "gpu_power_w": cfg.value("gpu_power_w"),
                 "host_energy_j_per_checkpoint": m.host_energy_j_per_checkpoint,
-                "nodes": gpus / per_node,
-                "checkpoints_per_year": checkpoints,
+                "nodes": f.gpus / f.per_node,
+                "checkpoints_per_year": f.checkpoints,
             },
             "measured": host_measured,
             "assumed": [_assumed(cfg, "gpu_power_w"), _assumed(cfg, "gpus_per_node")]
@@ -417,46 +471,64 @@ def _side(
         },
         {
             "name": "facility_mwh_per_year",
-            "value": facility,
+            "value": f.facility,
             "formula": "IT MWh × PUE",
-            "inputs": {"it_mwh_per_year": it_mwh, "pue": [pue.low, pue.high]},
+            "inputs": {"it_mwh_per_year": f.it_mwh, "pue": [pue.low, pue.high]},
             "measured": [],
             "assumed": [_assumed(cfg, "pue")],
         },
         {
             "name": "water_l_per_year",
-            "value": water,
+            "value": f.water,
             "formula": "IT kWh × WUE",
-            "inputs": {"it_kwh_per_year": it_mwh * 1000.0, "wue_l_per_kwh": [wue.low, wue.high]},
+            "inputs": {"it_kwh_per_year": f.it_mwh * 1000.0, "wue_l_per_kwh": [wue.low, wue.high]},
             "measured": [],
             "assumed": [_assumed(cfg, "wue_l_per_kwh")],
         },
     ]
+
+
+def _side(
+    cfg: ClusterConfig,
+    m: SideMeasurement,
+    mtbf_s: float,
+    delta_s: float | None = None,
+    restore_reference_s: float | None = None,
+) -> dict[str, Any]:
+    """The side's projection; delta_s: its node's δ, when not the measured one;
+    restore_reference_s: the restore taken as the read inside restart_s."""
+    if m.delta_s is None:
+        return {"unavailable": m.unavailable or "no checkpoint episodes"}
+    f = _figures(cfg, m, mtbf_s, m.delta_s if delta_s is None else delta_s, restore_reference_s)
     return {
-        "delta_s": delta,
-        "delta_node_s": scaling["delta_node_s"],
-        "scaling": scaling,
-        "bound": scaling["bound"],
+        "delta_s": f.delta_s,
+        "delta_node_s": f.scaling["delta_node_s"],
+        "scaling": f.scaling,
+        "bound": f.scaling["bound"],
         "delta_basis": m.delta_basis,
         "codepath": m.codepath,
         "episodes": m.episodes,
         "runs": list(m.runs),
-        "restart_s": restart,
-        "restart_note": restart_note,
-        "interval_s": interval,
-        "lost_fraction": lost,
-        "lost_parts": lost_parts(interval, delta, mtbf_s, restart),
+        "restart_s": f.restart_s,
+        "restart_note": f.restart_note,
+        "interval_s": f.interval_s,
+        "lost_fraction": f.lost,
+        "lost_parts": lost_parts(f.interval_s, f.delta_s, mtbf_s, f.restart_s),
         "lost_parts_note": "restart and rework are set by the assumed MTBF and restart_s; "
         "only the stall part is what serialization causes",
-        "gpu_hours_per_year": gpu_hours,
+        "gpu_hours_per_year": f.gpu_hours,
         "gpu_hours_note": "mostly assumption (restart and rework); the difference between "
         "the sides is the result",
-        "checkpoints_per_year": checkpoints,
-        "it_mwh_per_year": it_mwh,
-        "host_mwh_per_year": host_mwh,
-        "facility_mwh_per_year": facility,
-        "water_l_per_year": water,
-        "lines": lines,
+        "checkpoints_per_year": f.checkpoints,
+        "it_mwh_per_year": f.it_mwh,
+        "host_mwh_per_year": f.host_mwh,
+        "facility_mwh_per_year": f.facility,
+        "water_l_per_year": f.water,
+        "lines": [
+            _delta_line(cfg, m, f),
+            *_interval_lines(cfg, m, f, mtbf_s),
+            *_cost_lines(cfg, m, f),
+        ],
     }
 
 

@@ -46,9 +46,10 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 from scipy import stats as sps
@@ -460,3 +461,33 @@ def power_warning(
         f"{k} per side" + (f" (or {' or '.join(alternatives)})" if alternatives else "")
     )
     return PowerWarning(unit, (n_baseline, n_candidate), family, best, k, nb, nc, message)
+
+
+def description(
+    families: Mapping[str, int], min_attainable: Mapping[str, Any], skip_warmup: int
+) -> dict[str, Any]:
+    """The report's `statistics`: the families tested and how every figure is tested,
+    blocked and given its interval, in words."""
+    return {
+        "alpha": ALPHA,
+        "confidence": CONFIDENCE,
+        "correction": "holm",
+        "families": families,
+        "family_size": sum(families.values()),
+        "min_attainable_p": min_attainable,
+        "min_ci_n": MIN_CI_N,
+        "skip_warmup": skip_warmup,
+        "blocking": "consecutive windows of each (run, pid) series in blocks of "
+        "L = max(1, round(n^(1/3))) windows, split near-equally (numpy.array_split); "
+        "checkpoint episodes blocked by L = ceil((1 + r1)/(1 - r1)) when a side shows a "
+        "trend or lag-1 autocorrelation",
+        "interval": f"{CI_METHOD}: the ratios r for which the test of candidate/r "
+        f"against baseline keeps p >= {ALPHA:g}; none below {MIN_CI_N} "
+        "observations per side",
+        "bootstrap": "none: the interval inverts the permutation test (statistics.interval)",
+        "test": f"{TEST}: statistic Σvalue/Σweight candidate over baseline, every "
+        f"arrangement up to {N_RESAMPLES}, else {N_RESAMPLES} seeded random "
+        f"ones (seed {SEED}) over each side sorted; the statistic the report shows",
+        "method": "ratio of means, tested by a permutation test of that ratio, with the "
+        "interval from inverting the same test",
+    }
