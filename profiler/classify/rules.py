@@ -46,6 +46,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -245,7 +246,10 @@ def _scalar(path: Path, node: yaml.Node, what: str) -> str:
     return value
 
 
-def _mapping(path: Path, node: yaml.Node, what: str) -> dict[str, tuple[yaml.Node, yaml.Node]]:
+_Fields = dict[str, tuple[yaml.Node, yaml.Node]]  # key -> (its key node, its value node)
+
+
+def _mapping(path: Path, node: yaml.Node, what: str) -> _Fields:
     if not isinstance(node, yaml.MappingNode):
         raise RuleError(path, _line(node), f"{what} must be a mapping")
     out: dict[str, tuple[yaml.Node, yaml.Node]] = {}
@@ -296,9 +300,7 @@ def _patterns(path: Path, node: yaml.Node, what: str, rule_id: str | None = None
     return out
 
 
-def _rule(path: Path, node: yaml.Node, seen: dict[str, str]) -> Rule:
-    fields = _mapping(path, node, "a rule")
-    line = _line(node)
+def _rule_id(path: Path, fields: _Fields, line: int, seen: dict[str, str]) -> str:
     if "id" not in fields:
         raise RuleError(path, line, "rule has no `id` (every rule needs a unique id)")
     rule_id = _scalar(path, fields["id"][1], "id")
@@ -312,6 +314,11 @@ def _rule(path: Path, node: yaml.Node, seen: dict[str, str]) -> Rule:
         raise RuleError(
             path, _line(fields["id"][1]), f"duplicate id {rule_id!r} (first at {seen[rule_id]})"
         )
+    return rule_id
+
+
+def _codepath_and_layer(path: Path, fields: _Fields, line: int, rule_id: str) -> tuple[str, str]:
+    """The rule's codepath and layer, and no key its layer does not take."""
     if "codepath" not in fields:
         raise RuleError(path, line, f"rule {rule_id!r} has no `codepath`")
     codepath = _scalar(path, fields["codepath"][1], "codepath")
@@ -341,6 +348,11 @@ def _rule(path: Path, node: yaml.Node, seen: dict[str, str]) -> Rule:
                 f"unknown key {key!r} in {layer} rule {rule_id!r} "
                 f"(allowed: {', '.join(sorted(allowed))})",
             )
+    return codepath, layer
+
+
+def _options(path: Path, fields: _Fields, rule_id: str, layer: str) -> tuple[str, bool, str | None]:
+    """(confidence, inner_wins, direction), each defaulted when the rule leaves it out."""
     confidence = "high"
     if "confidence" in fields:
         confidence = _scalar(path, fields["confidence"][1], "confidence")
@@ -350,7 +362,6 @@ def _rule(path: Path, node: yaml.Node, seen: dict[str, str]) -> Rule:
                 _line(fields["confidence"][1]),
                 f"confidence must be high or low, not {confidence!r}",
             )
-
     inner_wins = False
     if "inner_wins" in fields:
         node_iw = fields["inner_wins"][1]
@@ -366,7 +377,6 @@ def _rule(path: Path, node: yaml.Node, seen: dict[str, str]) -> Rule:
                 f"inner_wins applies to python and native rules, not to {layer} rule "
                 f"{rule_id!r} (a call site is only looked at on the leaf frame)",
             )
-
     direction = None
     if "direction" in fields:
         direction = _scalar(path, fields["direction"][1], "direction")
@@ -378,54 +388,50 @@ def _rule(path: Path, node: yaml.Node, seen: dict[str, str]) -> Rule:
                 f"not {direction!r}, in rule {rule_id!r} (leave it out to read it from "
                 "the names)",
             )
+    return confidence, inner_wins, direction
+
+
+def _matchers(path: Path, fields: _Fields, line: int, rule_id: str, layer: str) -> dict[str, Any]:
+    """The Rule's pattern fields for its layer; a rule with none of its layer's keys is an
+    error."""
 
     def pats(key: str) -> list[str] | None:
         return _patterns(path, fields[key][1], key, rule_id) if key in fields else None
 
-    origin = f"{path}:{line}"
     if layer == "python":
         files = pats("file")
         if files is None:
             raise RuleError(path, line, f"python rule {rule_id!r} needs `file`")
-        functions = pats("function") or ["*"]
-        return Rule(
-            rule_id,
-            codepath,
-            layer,
-            confidence,
-            origin,
-            inner_wins,
-            direction,
-            files=_suffix_patterns(files),
-            functions=FunctionPatterns(functions),
-        )
+        return {
+            "files": _suffix_patterns(files),
+            "functions": FunctionPatterns(pats("function") or ["*"]),
+        }
     if layer == "native":
         modules, symbols = pats("module"), pats("symbol")
         if modules is None and symbols is None:
             raise RuleError(path, line, f"native rule {rule_id!r} needs `module` or `symbol`")
-        return Rule(
-            rule_id,
-            codepath,
-            layer,
-            confidence,
-            origin,
-            inner_wins,
-            direction,
-            modules=PatternSet(modules or ["*"]),
-            symbols=PatternSet(symbols or ["*"]),
-        )
+        return {"modules": PatternSet(modules or ["*"]), "symbols": PatternSet(symbols or ["*"])}
     calls, methods = pats("calls"), pats("methods")
     if calls is None and methods is None:
         raise RuleError(path, line, f"callsite rule {rule_id!r} needs `calls` or `methods`")
+    return {"calls": PatternSet(calls or []), "methods": PatternSet(methods or [])}
+
+
+def _rule(path: Path, node: yaml.Node, seen: dict[str, str]) -> Rule:
+    fields = _mapping(path, node, "a rule")
+    line = _line(node)
+    rule_id = _rule_id(path, fields, line, seen)
+    codepath, layer = _codepath_and_layer(path, fields, line, rule_id)
+    confidence, inner_wins, direction = _options(path, fields, rule_id, layer)
     return Rule(
         rule_id,
         codepath,
         layer,
         confidence,
-        origin,
-        direction=direction,
-        calls=PatternSet(calls or []),
-        methods=PatternSet(methods or []),
+        f"{path}:{line}",
+        inner_wins,
+        direction,
+        **_matchers(path, fields, line, rule_id, layer),
     )
 
 

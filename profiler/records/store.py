@@ -75,6 +75,67 @@ def _codepath_values(values: Mapping[str, float] | None, key: str) -> dict[str, 
     return {cp: _finite(v, f"{key}[{cp}]") for cp, v in values.items()}
 
 
+_INSERT_WINDOW = (
+    "INSERT INTO windows(run_id, pid, started_at, ended_at, rate_hz, cpu_s, python,"
+    " exited, pyspy_samples, pyspy_errors, partial_stacks, behind_s, notes_json,"
+    " energy_source, energy_json, gpu_json)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_INSERT_WINDOW_CODEPATHS = (
+    "INSERT INTO window_codepaths(window_id, codepath, samples, cpu_s, wall_s,"
+    " low_confidence_samples, energy_j, energy_source, gpu_wait_s, gpu_wait_energy_j)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+# a window's codepath rows added to its run's totals; a NULL (not measured) adds nothing
+_ADD_RUN_CODEPATHS = (
+    "INSERT INTO run_codepaths(run_id, codepath, samples, cpu_s, wall_s,"
+    " low_confidence_samples, energy_j, gpu_wait_s, gpu_wait_energy_j)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT(run_id, codepath) DO UPDATE SET"
+    " samples = samples + excluded.samples,"
+    " cpu_s = cpu_s + excluded.cpu_s,"
+    " wall_s = wall_s + excluded.wall_s,"
+    " low_confidence_samples = low_confidence_samples"
+    "   + excluded.low_confidence_samples,"
+    " energy_j = CASE WHEN excluded.energy_j IS NULL THEN energy_j"
+    "   ELSE coalesce(energy_j, 0) + excluded.energy_j END,"
+    " gpu_wait_s = CASE WHEN excluded.gpu_wait_s IS NULL THEN gpu_wait_s"
+    "   ELSE coalesce(gpu_wait_s, 0) + excluded.gpu_wait_s END,"
+    " gpu_wait_energy_j = CASE WHEN excluded.gpu_wait_energy_j IS NULL"
+    "   THEN gpu_wait_energy_j"
+    "   ELSE coalesce(gpu_wait_energy_j, 0) + excluded.gpu_wait_energy_j END"
+)
+
+
+def _window_row(
+    run_id: str,
+    window: WindowReport,
+    energy_source: str | None,
+    energy: EnergyRecord | None,
+    gpu: GpuRecord | None,
+) -> tuple[Any, ...]:
+    """The window's row of `windows` (_INSERT_WINDOW), every float checked finite."""
+    e = window.errors
+    return (
+        run_id,
+        window.pid,
+        _finite(window.started_at, "started_at"),
+        _finite(window.ended_at, "ended_at"),
+        _finite(window.rate_hz, "rate_hz"),
+        _finite(window.cpu_s, "cpu_s"),
+        window.python,
+        int(window.exited),
+        e.pyspy_samples,
+        e.pyspy_errors,
+        e.partial_stacks,
+        _finite(e.behind_s, "behind_s"),
+        _json(list(e.notes)),
+        energy_source,
+        None if energy is None else _json(energy.to_json()),
+        None if gpu is None else _json(gpu.to_json()),
+    )
+
+
 class Recorder:
     """One SQLite file (WAL) holding many runs; the daemon keeps one per record dir.
 
@@ -314,28 +375,7 @@ class Recorder:
             if db.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone() is None:
                 raise KeyError(f"run {run_id!r} was not started: call start_run first")
             cur = db.execute(
-                "INSERT INTO windows(run_id, pid, started_at, ended_at, rate_hz, cpu_s, python,"
-                " exited, pyspy_samples, pyspy_errors, partial_stacks, behind_s, notes_json,"
-                " energy_source, energy_json, gpu_json)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    run_id,
-                    window.pid,
-                    _finite(window.started_at, "started_at"),
-                    _finite(window.ended_at, "ended_at"),
-                    _finite(window.rate_hz, "rate_hz"),
-                    _finite(window.cpu_s, "cpu_s"),
-                    window.python,
-                    int(window.exited),
-                    e.pyspy_samples,
-                    e.pyspy_errors,
-                    e.partial_stacks,
-                    _finite(e.behind_s, "behind_s"),
-                    _json(list(e.notes)),
-                    energy_source,
-                    None if energy is None else _json(energy.to_json()),
-                    None if gpu is None else _json(gpu.to_json()),
-                ),
+                _INSERT_WINDOW, _window_row(run_id, window, energy_source, energy, gpu)
             )
             window_id = int(cur.lastrowid or 0)
             codepath_rows = [
@@ -353,29 +393,9 @@ class Recorder:
                 )
                 for cp, cw in ((cp, window.codepaths[cp]) for cp in CODEPATHS)
             ]
+            db.executemany(_INSERT_WINDOW_CODEPATHS, codepath_rows)
             db.executemany(
-                "INSERT INTO window_codepaths(window_id, codepath, samples, cpu_s, wall_s,"
-                " low_confidence_samples, energy_j, energy_source, gpu_wait_s, gpu_wait_energy_j)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                codepath_rows,
-            )
-            db.executemany(
-                "INSERT INTO run_codepaths(run_id, codepath, samples, cpu_s, wall_s,"
-                " low_confidence_samples, energy_j, gpu_wait_s, gpu_wait_energy_j)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-                " ON CONFLICT(run_id, codepath) DO UPDATE SET"
-                " samples = samples + excluded.samples,"
-                " cpu_s = cpu_s + excluded.cpu_s,"
-                " wall_s = wall_s + excluded.wall_s,"
-                " low_confidence_samples = low_confidence_samples"
-                "   + excluded.low_confidence_samples,"
-                " energy_j = CASE WHEN excluded.energy_j IS NULL THEN energy_j"
-                "   ELSE coalesce(energy_j, 0) + excluded.energy_j END,"
-                " gpu_wait_s = CASE WHEN excluded.gpu_wait_s IS NULL THEN gpu_wait_s"
-                "   ELSE coalesce(gpu_wait_s, 0) + excluded.gpu_wait_s END,"
-                " gpu_wait_energy_j = CASE WHEN excluded.gpu_wait_energy_j IS NULL"
-                "   THEN gpu_wait_energy_j"
-                "   ELSE coalesce(gpu_wait_energy_j, 0) + excluded.gpu_wait_energy_j END",
+                _ADD_RUN_CODEPATHS,
                 [(run_id, *row[1:6], row[6], row[8], row[9]) for row in codepath_rows],
             )
             direction_rows.add_window(db, run_id, direction)

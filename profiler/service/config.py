@@ -386,6 +386,131 @@ _TOP_KEYS = (
 _ENABLED = {"auto": "auto", True: "required", False: "off"}
 
 
+def _check_listen(c: YamlChecker, node: yaml.Node) -> dict[str, Any]:
+    listen = c.string("listen", node)
+    if listen is not INVALID:
+        try:
+            parse_listen(listen, any_port=True)
+        except ValueError as exc:
+            c.problem("listen", node, f"bad listen address {listen!r}: {exc}")
+            listen = INVALID
+    return {"listen": listen}
+
+
+def _check_targets(c: YamlChecker, node: yaml.Node) -> dict[str, Any]:
+    targets: list[TargetSpec] = []
+    if not isinstance(node, yaml.SequenceNode):
+        c.problem("targets", node, f"must be a list of targets, got {node_kind(node, c)}")
+        return {"targets": ()}
+    seen: dict[str, int] = {}
+    for i, item in enumerate(node.value):
+        spec = _check_target(c, f"targets[{i}]", item)
+        if spec is None:
+            continue
+        if spec.name in seen:
+            c.problem(
+                f"targets[{i}].name",
+                item,
+                f"target name {spec.name!r} is already used by targets[{seen[spec.name]}]",
+            )
+            continue
+        seen[spec.name] = i
+        targets.append(spec)
+    return {"targets": tuple(targets)}
+
+
+def _check_collectors(c: YamlChecker, node: yaml.Node) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    ckeys = c.mapping("collectors", node, ("rapl", "nvml", "cpu_model"))
+    for name in ("rapl", "nvml"):
+        if ckeys and name in ckeys:
+            sub = c.mapping(f"collectors.{name}", ckeys[name], ("enabled",))
+            if sub and "enabled" in sub:
+                out[name] = c.choice(f"collectors.{name}.enabled", sub["enabled"], _ENABLED)
+    if ckeys and "cpu_model" in ckeys:
+        sub = c.mapping("collectors.cpu_model", ckeys["cpu_model"], ("tdp_w",))
+        if sub and "tdp_w" in sub:
+            out["cpu_tdp_w"] = c.number(
+                "collectors.cpu_model.tdp_w",
+                sub["tdp_w"],
+                minimum=0,
+                exclusive_minimum=True,
+                maximum=5000,
+                nullable=True,
+            )
+    return out
+
+
+def _check_record(c: YamlChecker, node: yaml.Node) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    rkeys = c.mapping("record", node, ("dir", "retention_days"))
+    if rkeys and "dir" in rkeys:
+        out["record_dir"] = c.path_value("record.dir", rkeys["dir"])
+    if rkeys and "retention_days" in rkeys:
+        out["retention_days"] = c.number(
+            "record.retention_days", rkeys["retention_days"], minimum=0, exclusive_minimum=True
+        )
+    return out
+
+
+def _check_classify(c: YamlChecker, node: yaml.Node) -> dict[str, Any]:
+    ckeys = c.mapping("classify", node, ("rules_files",))
+    if not ckeys or "rules_files" not in ckeys:
+        return {}
+    node = ckeys["rules_files"]
+    if not isinstance(node, yaml.SequenceNode):
+        if not (isinstance(node, yaml.ScalarNode) and c.value(node) is None):
+            c.problem(
+                "classify.rules_files", node, f"must be a list of paths, got {node_kind(node, c)}"
+            )
+        return {}
+    files: list[Path] = []
+    for i, item in enumerate(node.value):
+        p = c.path_value(f"classify.rules_files[{i}]", item)
+        if p is INVALID:
+            continue
+        if not p.is_file():
+            c.problem(
+                f"classify.rules_files[{i}]",
+                item,
+                f"no such rules file: {p} (relative paths are relative to the config file)",
+            )
+            continue
+        files.append(p)
+    return {"rules_files": tuple(files)}
+
+
+def _check_paths(c: YamlChecker, node: yaml.Node) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    pkeys = c.mapping("paths", node, ("sysfs", "procfs"))
+    for name in ("sysfs", "procfs"):
+        if pkeys and name in pkeys:
+            fs_root = c.path_value(f"paths.{name}", pkeys[name])
+            # A procfs has /stat (btime, which run start times need); a sysfs has
+            # /class (powercap lives there). A typo fails here, not at the first scan.
+            probe = "stat" if name == "procfs" else "class"
+            if fs_root is not INVALID and not (fs_root / probe).exists():
+                c.problem(
+                    f"paths.{name}",
+                    pkeys[name],
+                    f"{fs_root} does not look like a {name} ({fs_root / probe} is missing)",
+                )
+                fs_root = INVALID
+            out[f"path_{name}"] = fs_root
+    return out
+
+
+# the top-level keys that are sections of their own, each checked by its function
+_SECTIONS: dict[str, Callable[[YamlChecker, yaml.Node], dict[str, Any]]] = {
+    "listen": _check_listen,
+    "targets": _check_targets,
+    "collectors": _check_collectors,
+    "record": _check_record,
+    "classify": _check_classify,
+    "paths": _check_paths,
+}
+
+
 def _check_document(c: YamlChecker, root: yaml.Node | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if root is None:
@@ -414,104 +539,9 @@ def _check_document(c: YamlChecker, root: yaml.Node | None) -> dict[str, Any]:
     for key, check in simple.items():
         if key in keys:
             out[key] = check(key, keys[key])
-    if "listen" in keys:
-        listen = c.string("listen", keys["listen"])
-        if listen is not INVALID:
-            try:
-                parse_listen(listen, any_port=True)
-            except ValueError as exc:
-                c.problem("listen", keys["listen"], f"bad listen address {listen!r}: {exc}")
-                listen = INVALID
-        out["listen"] = listen
-    if "targets" in keys:
-        tnode = keys["targets"]
-        targets: list[TargetSpec] = []
-        if not isinstance(tnode, yaml.SequenceNode):
-            c.problem("targets", tnode, f"must be a list of targets, got {node_kind(tnode, c)}")
-        else:
-            seen: dict[str, int] = {}
-            for i, item in enumerate(tnode.value):
-                spec = _check_target(c, f"targets[{i}]", item)
-                if spec is None:
-                    continue
-                if spec.name in seen:
-                    c.problem(
-                        f"targets[{i}].name",
-                        item,
-                        f"target name {spec.name!r} is already used by targets[{seen[spec.name]}]",
-                    )
-                    continue
-                seen[spec.name] = i
-                targets.append(spec)
-        out["targets"] = tuple(targets)
-    if "collectors" in keys:
-        ckeys = c.mapping("collectors", keys["collectors"], ("rapl", "nvml", "cpu_model"))
-        for name in ("rapl", "nvml"):
-            if ckeys and name in ckeys:
-                sub = c.mapping(f"collectors.{name}", ckeys[name], ("enabled",))
-                if sub and "enabled" in sub:
-                    out[name] = c.choice(f"collectors.{name}.enabled", sub["enabled"], _ENABLED)
-        if ckeys and "cpu_model" in ckeys:
-            sub = c.mapping("collectors.cpu_model", ckeys["cpu_model"], ("tdp_w",))
-            if sub and "tdp_w" in sub:
-                out["cpu_tdp_w"] = c.number(
-                    "collectors.cpu_model.tdp_w",
-                    sub["tdp_w"],
-                    minimum=0,
-                    exclusive_minimum=True,
-                    maximum=5000,
-                    nullable=True,
-                )
-    if "record" in keys:
-        rkeys = c.mapping("record", keys["record"], ("dir", "retention_days"))
-        if rkeys and "dir" in rkeys:
-            out["record_dir"] = c.path_value("record.dir", rkeys["dir"])
-        if rkeys and "retention_days" in rkeys:
-            out["retention_days"] = c.number(
-                "record.retention_days", rkeys["retention_days"], minimum=0, exclusive_minimum=True
-            )
-    if "classify" in keys:
-        ckeys = c.mapping("classify", keys["classify"], ("rules_files",))
-        if ckeys and "rules_files" in ckeys:
-            node = ckeys["rules_files"]
-            files: list[Path] = []
-            if isinstance(node, yaml.SequenceNode):
-                for i, item in enumerate(node.value):
-                    p = c.path_value(f"classify.rules_files[{i}]", item)
-                    if p is INVALID:
-                        continue
-                    if not p.is_file():
-                        c.problem(
-                            f"classify.rules_files[{i}]",
-                            item,
-                            f"no such rules file: {p} (relative paths are relative to the "
-                            "config file)",
-                        )
-                        continue
-                    files.append(p)
-                out["rules_files"] = tuple(files)
-            elif not (isinstance(node, yaml.ScalarNode) and c.value(node) is None):
-                c.problem(
-                    "classify.rules_files",
-                    node,
-                    f"must be a list of paths, got {node_kind(node, c)}",
-                )
-    if "paths" in keys:
-        pkeys = c.mapping("paths", keys["paths"], ("sysfs", "procfs"))
-        for name in ("sysfs", "procfs"):
-            if pkeys and name in pkeys:
-                fs_root = c.path_value(f"paths.{name}", pkeys[name])
-                # A procfs has /stat (btime, which run start times need); a sysfs has
-                # /class (powercap lives there). A typo fails here, not at the first scan.
-                probe = "stat" if name == "procfs" else "class"
-                if fs_root is not INVALID and not (fs_root / probe).exists():
-                    c.problem(
-                        f"paths.{name}",
-                        pkeys[name],
-                        f"{fs_root} does not look like a {name} ({fs_root / probe} is missing)",
-                    )
-                    fs_root = INVALID
-                out[f"path_{name}"] = fs_root
+    for key, section in _SECTIONS.items():
+        if key in keys:
+            out |= section(c, keys[key])
     return out
 
 
