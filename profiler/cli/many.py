@@ -20,6 +20,7 @@ import math
 import os
 import stat
 import sys
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from profiler.cli.main import UsageError
@@ -146,34 +147,20 @@ def _finite(value: Any) -> Any:
     return root
 
 
-def _inspect(path: str, as_json: bool) -> int:
+def _signature_doc(ckpt: Any) -> dict[str, object] | None:
+    """The checkpoint's signature as `inspect` shows it (None: unsigned)."""
     try:
-        ckpt = load(path)
-        slots = ckpt.slots()
-        try:
-            sig = ckpt.signature
-            sig_doc: dict[str, object] | None = (
-                None
-                if sig is None
-                else {
-                    "algorithm": "ed25519",
-                    "public_key": sig.public_key.hex(),
-                    "valid": sig.valid,
-                }
-            )
-        except ManyFormatError as exc:
-            sig_doc = {"error": "; ".join(exc.problems)}
+        sig = ckpt.signature
     except ManyFormatError as exc:
-        for problem in exc.problems:
-            _say(path, problem, file=sys.stderr)
-        return EXIT_RUNTIME
-    except OSError as exc:
-        _say(path, f"cannot read: {exc.strerror or exc}", file=sys.stderr)
-        return EXIT_RUNTIME
+        return {"error": "; ".join(exc.problems)}
+    if sig is None:
+        return None
+    return {"algorithm": "ed25519", "public_key": sig.public_key.hex(), "valid": sig.valid}
+
+
+def _inspect_doc(path: str, ckpt: Any, slots: Sequence[Any], sig_doc: Any) -> dict[str, object]:
     h = ckpt.header
-    state_bytes = sum(s.length for s in slots)
-    metadata = _finite(ckpt.metadata)
-    doc: dict[str, object] = {
+    return {
         "file": path,
         "format": f"{VERSION_MAJOR}.{h.version_minor}",
         "receipt": str(ckpt.receipt),
@@ -182,8 +169,8 @@ def _inspect(path: str, as_json: bool) -> int:
         "dirty": bool(h.flags & HEADER_DIRTY),
         "signature": sig_doc,
         "file_bytes": h.file_length,
-        "state_bytes": state_bytes,
-        "metadata": metadata,
+        "state_bytes": sum(s.length for s in slots),
+        "metadata": _finite(ckpt.metadata),
         "slots": [
             {
                 "index": s.index,
@@ -199,20 +186,18 @@ def _inspect(path: str, as_json: bool) -> int:
             for s in slots
         ],
     }
-    ckpt.close()
-    if as_json:
-        try:
-            # ensure_ascii: names reach the terminal as \\u escapes, never as raw controls.
-            print(json.dumps(doc, indent=2, allow_nan=False))
-        except RecursionError:
-            _say(path, "metadata is nested too deeply to print as JSON", file=sys.stderr)
-            return EXIT_RUNTIME
-        return EXIT_OK
+
+
+def _print_inspect(path: str, doc: Mapping[str, Any], slots: Sequence[Any]) -> None:
+    """`inspect`'s text: the header, the signature, sizes and metadata, then one line per
+    slot (names made printable and cut to the column)."""
+    sig_doc = doc["signature"]
     print(f"file          {_safe(path)}")
     print(f"format        .many {doc['format']}")
     print(f"receipt       {doc['receipt']}")
     print(f"prev_receipt  {doc['prev_receipt'] or '(none: first in chain)'}")
-    print(f"commit_seq    {h.commit_seq}{'  DIRTY (uncommitted updates)' if doc['dirty'] else ''}")
+    dirty = "  DIRTY (uncommitted updates)" if doc["dirty"] else ""
+    print(f"commit_seq    {doc['commit_seq']}{dirty}")
     if sig_doc is None:
         print("signature     (none)")
     elif "error" in sig_doc:
@@ -224,12 +209,12 @@ def _inspect(path: str, as_json: bool) -> int:
             "(verify --key PUB proves data and signer)"
         )
     print(
-        f"size          {_human(h.file_length)} on disk, {_human(state_bytes)} of tensors "
-        f"in {len(slots)} slots"
+        f"size          {_human(doc['file_bytes'])} on disk, {_human(doc['state_bytes'])} of "
+        f"tensors in {len(slots)} slots"
     )
-    if ckpt.metadata:
+    if doc["metadata"]:
         # json.dumps escapes every control and non-ASCII character: printable as it is.
-        print(f"metadata      {json.dumps(metadata)[:200]}")
+        print(f"metadata      {json.dumps(doc['metadata'])[:200]}")
     print()
     shown = [display_name(s.name, _NAME_COLUMN) for s in slots]
     width = max([len(n) for n in shown] + [4])
@@ -243,6 +228,31 @@ def _inspect(path: str, as_json: bool) -> int:
             f"{s.index:>4}  {name:<{width}}  {s.dtype:<10} {shape:<18} {s.length:>12}  "
             f"{s.rights_text}  {s.generation:>3}  {digest}"
         )
+
+
+def _inspect(path: str, as_json: bool) -> int:
+    try:
+        ckpt = load(path)
+        slots = ckpt.slots()
+        sig_doc = _signature_doc(ckpt)
+    except ManyFormatError as exc:
+        for problem in exc.problems:
+            _say(path, problem, file=sys.stderr)
+        return EXIT_RUNTIME
+    except OSError as exc:
+        _say(path, f"cannot read: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_RUNTIME
+    doc = _inspect_doc(path, ckpt, slots, sig_doc)
+    ckpt.close()
+    if not as_json:
+        _print_inspect(path, doc, slots)
+        return EXIT_OK
+    try:
+        # ensure_ascii: names reach the terminal as \\u escapes, never as raw controls.
+        print(json.dumps(doc, indent=2, allow_nan=False))
+    except RecursionError:
+        _say(path, "metadata is nested too deeply to print as JSON", file=sys.stderr)
+        return EXIT_RUNTIME
     return EXIT_OK
 
 

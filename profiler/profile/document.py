@@ -175,19 +175,19 @@ def unmapped_threads_section(acc: Accumulator) -> dict[str, Any]:
     }
 
 
-def build_document(result: SessionResult, energy: ProfileEnergy | None = None) -> dict[str, Any]:
-    """The serwatt.profile/1 document of a session; `energy`: the energy sink's sections."""
+def _codepath_sections(result: SessionResult, main: int) -> dict[str, Any]:
+    """Each codepath's samples, CPU, share with its interval, wall time, directions,
+    episodes and processes (energy and GPU-wait None until add_energy fills them)."""
     acc = result.acc
     total = acc.total_cpu_s
     rows = batches(acc.bins)
-    main = main_pid(result.info.root_pid, result.targets)
     commands = {t.pid: t.command for t in result.targets}
-    codepaths: dict[str, Any] = {}
     shares: dict[str, float] = {}
     for cp in CODEPATHS:
         if cp != "other":
             shares[cp] = acc.cpu_s[cp] / total if total > 0 else 0.0
     shares["other"] = max(0.0, 1.0 - sum(shares.values()))
+    codepaths: dict[str, Any] = {}
     for cp in CODEPATHS:
         ci = share_ci95(rows, cp)
         n = acc.samples[cp]
@@ -214,6 +214,32 @@ def build_document(result: SessionResult, energy: ProfileEnergy | None = None) -
             "main_thread_wall_s": main_thread_wall_s(acc.processes, cp, main),
             "processes": codepath_processes(acc.processes, cp, commands, main),
         }
+    return codepaths
+
+
+def _target_rows(result: SessionResult, main: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "pid": t.pid,
+            "command": t.command,
+            "role": role(t.pid, main),
+            "python": t.python,
+            "windows": t.windows,
+            "samples": t.samples,
+            "cpu_s": round(t.cpu_s, 6),
+            "exited": t.exited,
+            "error": t.error,
+            "windows_lost": t.windows_lost,
+        }
+        for t in sorted(result.targets, key=lambda t: t.pid)
+    ]
+
+
+def build_document(result: SessionResult, energy: ProfileEnergy | None = None) -> dict[str, Any]:
+    """The serwatt.profile/1 document of a session; `energy`: the energy sink's sections."""
+    acc = result.acc
+    total = acc.total_cpu_s
+    main = main_pid(result.info.root_pid, result.targets)
     root = next((t for t in result.targets if t.pid == result.info.root_pid), None)
     doc: dict[str, Any] = {
         "schema": SCHEMA,
@@ -227,7 +253,7 @@ def build_document(result: SessionResult, energy: ProfileEnergy | None = None) -
         "rate_hz": result.info.rate_hz,
         "samples": sum(acc.samples.values()),
         "cpu_s": round(total, 6),
-        "codepaths": codepaths,
+        "codepaths": _codepath_sections(result, main),
         "energy": {
             "source": "unavailable",
             "reason": "energy attribution is not enabled for this profile",
@@ -255,20 +281,6 @@ def build_document(result: SessionResult, energy: ProfileEnergy | None = None) -
             "bound": MAX_DOC_EPISODES,
             "method": EPISODE_METHOD,
         },
-        "targets": [
-            {
-                "pid": t.pid,
-                "command": t.command,
-                "role": role(t.pid, main),
-                "python": t.python,
-                "windows": t.windows,
-                "samples": t.samples,
-                "cpu_s": round(t.cpu_s, 6),
-                "exited": t.exited,
-                "error": t.error,
-                "windows_lost": t.windows_lost,
-            }
-            for t in sorted(result.targets, key=lambda t: t.pid)
-        ],
+        "targets": _target_rows(result, main),
     }
     return add_energy(doc, energy) if energy is not None else doc

@@ -447,95 +447,86 @@ def _tornado(sens: Sequence[Mapping[str, Any]]) -> str:
     return "".join(parts)
 
 
-def _projection(p: Mapping[str, Any] | None) -> str:
-    if p is None:
-        return "<p>No cluster projection (no cluster file given).</p>"
-    out = [f'<p class="warning">Scaling assumption: {e(p["scaling"])}</p>']
-    out += [f'<p class="caveat">{e(c)}</p>' for c in p.get("caveats") or []]
-    b, c, s = p["baseline"], p["candidate"], p.get("saved")
-    if s is None:
-        for name, side in (("baseline", b), ("candidate", c)):
-            if "unavailable" in side:
-                out.append(f"<p>{e(name)}: not projected: {e(side['unavailable'])}</p>")
-    else:
+def _projection_table(b: Mapping[str, Any], c: Mapping[str, Any], s: Mapping[str, Any]) -> str:
+    """Both sides' projected figures and what the candidate saves, with their intervals."""
 
-        def saved(name: str) -> str:
-            f = s.get(name) or {}
-            ci = f.get("ci95")
-            shown = fmt(f.get("value")) + (f" [{fmt(ci[0])}, {fmt(ci[1])}]" if ci else " [no CI]")
-            return ("~ " if f.get("display") == "~" else "") + shown
+    def saved(name: str) -> str:
+        f = s.get(name) or {}
+        ci = f.get("ci95")
+        shown = fmt(f.get("value")) + (f" [{fmt(ci[0])}, {fmt(ci[1])}]" if ci else " [no CI]")
+        return ("~ " if f.get("display") == "~" else "") + shown
 
-        def parts(side: Mapping[str, Any]) -> str:
-            lp = side["lost_parts"]
-            return " / ".join(fmt(lp[k]) for k in ("stall", "rework", "restart"))
+    def parts(side: Mapping[str, Any]) -> str:
+        lp = side["lost_parts"]
+        return " / ".join(fmt(lp[k]) for k in ("stall", "rework", "restart"))
 
-        keys = [
-            ("stall δ s (cluster)", "delta_s", None),
-            ("stall δ s measured on the node", "delta_node_s", None),
-            ("interval τ s", "interval_s", None),
-            ("lost fraction", "lost_fraction", "lost_fraction"),
-            ("GPU-hours / year (mostly assumption)", "gpu_hours_per_year", "gpu_h"),
-            ("IT MWh / year", "it_mwh_per_year", "it_mwh"),
-            ("facility MWh / year", "facility_mwh_per_year", "facility_mwh"),
-            ("water L / year", "water_l_per_year", "water_l"),
+    keys = [
+        ("stall δ s (cluster)", "delta_s", None),
+        ("stall δ s measured on the node", "delta_node_s", None),
+        ("interval τ s", "interval_s", None),
+        ("lost fraction", "lost_fraction", "lost_fraction"),
+        ("GPU-hours / year (mostly assumption)", "gpu_hours_per_year", "gpu_h"),
+        ("IT MWh / year", "it_mwh_per_year", "it_mwh"),
+        ("facility MWh / year", "facility_mwh_per_year", "facility_mwh"),
+        ("water L / year", "water_l_per_year", "water_l"),
+    ]
+    rows = [
+        [
+            label,
+            fmt(b[k]),
+            fmt(c[k]),
+            (fmt(s[sk]) if sk == "lost_fraction" else saved(sk)) if sk else "",
         ]
-        rows = [
-            [
-                label,
-                fmt(b[k]),
-                fmt(c[k]),
-                (fmt(s[sk]) if sk == "lost_fraction" else saved(sk)) if sk else "",
-            ]
-            for label, k, sk in keys
+        for label, k, sk in keys
+    ]
+    rows.insert(2, ["δ set by", b["bound"], c["bound"], ""])
+    rows.insert(5, ["lost: stall / rework / restart", parts(b), parts(c), ""])
+    return _table(["", "baseline", "candidate", "saved [95% CI]"], rows)
+
+
+def _sensitivity(sensitivity: list[Mapping[str, Any]]) -> str:
+    """The tornado and its table: the saved figure at each ranged input's low and high."""
+    sens = [
+        [
+            x["input"],
+            f"{fmt(x['low'])}–{fmt(x['high'])} {x['unit']}",
+            x["figure"],
+            fmt(x["saved_at_low"]),
+            fmt(x["saved_at_central"]),
+            fmt(x["saved_at_high"]),
         ]
-        rows.insert(2, ["δ set by", b["bound"], c["bound"], ""])
-        rows.insert(5, ["lost: stall / rework / restart", parts(b), parts(c), ""])
-        out.append(_table(["", "baseline", "candidate", "saved [95% CI]"], rows))
-        out.append(f'<p class="src">{e(s.get("interval_basis", ""))}</p>')
-        for name, side in (("baseline", b), ("candidate", c)):
-            sc = side["scaling"]
-            out.append(
-                f'<p class="src">{e(name)} δ: {e(sc["note"])}; {e(sc["mode"])} '
-                f"({e(sc['mode_source'])}); bandwidth bound {fmt(sc['bandwidth_bound_s'])} s</p>"
-            )
-        out.append("<h3>Sensitivity: the saved figure at each input's low and high</h3>")
-        out.append(_tornado(p["sensitivity"]))
-        sens = [
-            [
-                x["input"],
-                f"{fmt(x['low'])}–{fmt(x['high'])} {x['unit']}",
-                x["figure"],
-                fmt(x["saved_at_low"]),
-                fmt(x["saved_at_central"]),
-                fmt(x["saved_at_high"]),
-            ]
-            for x in p["sensitivity"]
+        for x in sensitivity
+    ]
+    return (
+        "<h3>Sensitivity: the saved figure at each input's low and high</h3>"
+        + _tornado(sensitivity)
+        + _table(["input", "range", "figure", "saved at low", "central", "saved at high"], sens)
+    )
+
+
+def _projection_lines(b: Mapping[str, Any], c: Mapping[str, Any]) -> str:
+    """Every line of each side: its formula, inputs, and what was measured and assumed."""
+    lines = [
+        [
+            side_name,
+            line["name"],
+            fmt(line["value"]),
+            line["formula"],
+            "; ".join(f"{k}={fmt(v)}" for k, v in line["inputs"].items()),
+            "; ".join(line["measured"]) or "-",
+            "; ".join(line["assumed"]) or "-",
         ]
-        out.append(
-            _table(["input", "range", "figure", "saved at low", "central", "saved at high"], sens)
-        )
-        out.append("<h3>Each line: formula, inputs, measured and assumed</h3>")
-        lines = []
-        for side_name, side in (("baseline", b), ("candidate", c)):
-            for line in side["lines"]:
-                lines.append(
-                    [
-                        side_name,
-                        line["name"],
-                        fmt(line["value"]),
-                        line["formula"],
-                        "; ".join(f"{k}={fmt(v)}" for k, v in line["inputs"].items()),
-                        "; ".join(line["measured"]) or "-",
-                        "; ".join(line["assumed"]) or "-",
-                    ]
-                )
-        out.append(
-            _table(
-                ["side", "line", "value", "formula", "inputs", "measured", "assumed"],
-                lines,
-                numeric_from=99,
-            )
-        )
+        for side_name, side in (("baseline", b), ("candidate", c))
+        for line in side["lines"]
+    ]
+    return "<h3>Each line: formula, inputs, measured and assumed</h3>" + _table(
+        ["side", "line", "value", "formula", "inputs", "measured", "assumed"],
+        lines,
+        numeric_from=99,
+    )
+
+
+def _projection_inputs(p: Mapping[str, Any]) -> str:
     inputs = [
         [
             name,
@@ -548,11 +539,104 @@ def _projection(p: Mapping[str, Any] | None) -> str:
         for name, i in p["inputs"].items()
     ]
     inputs.append(["policy", "assumed", p["policy"]["text"], "", "", p["policy"]["source"]])
-    out.append("<h3>Inputs: measured, estimated, assumed</h3>")
-    out.append(
-        _table(["input", "kind", "value", "unit", "range", "source"], inputs, numeric_from=99)
+    return "<h3>Inputs: measured, estimated, assumed</h3>" + _table(
+        ["input", "kind", "value", "unit", "range", "source"], inputs, numeric_from=99
     )
+
+
+def _projection(p: Mapping[str, Any] | None) -> str:
+    if p is None:
+        return "<p>No cluster projection (no cluster file given).</p>"
+    out = [f'<p class="warning">Scaling assumption: {e(p["scaling"])}</p>']
+    out += [f'<p class="caveat">{e(c)}</p>' for c in p.get("caveats") or []]
+    b, c, s = p["baseline"], p["candidate"], p.get("saved")
+    if s is None:
+        for name, side in (("baseline", b), ("candidate", c)):
+            if "unavailable" in side:
+                out.append(f"<p>{e(name)}: not projected: {e(side['unavailable'])}</p>")
+    else:
+        out.append(_projection_table(b, c, s))
+        out.append(f'<p class="src">{e(s.get("interval_basis", ""))}</p>')
+        for name, side in (("baseline", b), ("candidate", c)):
+            sc = side["scaling"]
+            out.append(
+                f'<p class="src">{e(name)} δ: {e(sc["note"])}; {e(sc["mode"])} '
+                f"({e(sc['mode_source'])}); bandwidth bound {fmt(sc['bandwidth_bound_s'])} s</p>"
+            )
+        out.append(_sensitivity(p["sensitivity"]))
+        out.append(_projection_lines(b, c))
+    out.append(_projection_inputs(p))
     return "".join(out)
+
+
+def _per_codepath(report: Mapping[str, Any]) -> str:
+    """The codepath bars (CPU, energy, GPU-wait, where measured) and the metric table."""
+    out = []
+    for metric in ("cpu_s", "energy_j", "gpu_wait_s"):
+        chart = _codepath_bars(report, metric)
+        if chart:
+            rows = bar_rows(report, metric)
+            src = rows[0][1]["source"]
+            out.append(
+                f"{_legend()}{chart}"
+                f'<p class="src">source: baseline {e(src["baseline"])}; '
+                f"candidate {e(src['candidate'])}</p>"
+            )
+    table_rows = []
+    for name, metrics in [*report["codepaths"].items(), ("total", report["total"])]:
+        for metric, m in metrics.items():
+            if m.get("baseline") or m.get("candidate"):
+                table_rows.append((name, METRIC_LABELS[metric], m))
+    out.append(
+        _metric_table(table_rows, "per measured wall-hour; n = blocks of consecutive windows")
+    )
+    return "\n".join(out)
+
+
+def _directions(ways: Mapping[str, Any]) -> str:
+    way_rows = direction_rows(ways)
+    table = (
+        _table(DIRECTION_HEAD, way_rows, numeric_from=2)
+        if way_rows
+        else "<p>no serialization CPU on either side</p>"
+    )
+    notes = [f"{side}: {status}" for side, status in ways["sides"].items() if status != "measured"]
+    return table + "\n" + f'<p class="src">source: {e("; ".join([ways["source"], *notes]))}</p>'
+
+
+def _receipts(report: Mapping[str, Any]) -> str:
+    out = [
+        f"<p>Report receipt: <code>{e(report['receipt'])}</code> — BLAKE3 over the canonical "
+        "form of every run, window and episode used; it proves the inputs are unchanged, "
+        "not who wrote them.</p>"
+    ]
+    files = report.get("checkpoint_files")
+    if files is not None:
+        out.append(
+            _table(
+                ["checkpoint files", "value"],
+                [
+                    [k, fmt(v) if not isinstance(v, (dict, list)) else str(v)]
+                    for k, v in files.items()
+                ],
+                numeric_from=99,
+            )
+        )
+    return "\n".join(out)
+
+
+def _method(st: Mapping[str, Any]) -> str:
+    return (
+        "<p>"
+        + e(
+            f"{st['blocking']}; {st['bootstrap']}; {st['test']}; Holm within the checkpoint "
+            f"comparison ({st['families']['checkpoint']} tests) and within the codepath table "
+            f"({st['families']['codepaths']} tests), significant when the corrected p < "
+            f"{st['alpha']:g}. "
+            "A change that is not significant shows as ~ (no significant change)."
+        )
+        + "</p>"
+    )
 
 
 def render_html(report: Mapping[str, Any]) -> str:
@@ -581,38 +665,11 @@ def render_html(report: Mapping[str, Any]) -> str:
     )
 
     body.append("<h2>Per codepath</h2>")
-    for metric in ("cpu_s", "energy_j", "gpu_wait_s"):
-        chart = _codepath_bars(report, metric)
-        if chart:
-            rows = bar_rows(report, metric)
-            src = rows[0][1]["source"]
-            body.append(
-                f"{_legend()}{chart}"
-                f'<p class="src">source: baseline {e(src["baseline"])}; '
-                f"candidate {e(src['candidate'])}</p>"
-            )
-    table_rows = []
-    for name, metrics in [*report["codepaths"].items(), ("total", report["total"])]:
-        for metric, m in metrics.items():
-            if m.get("baseline") or m.get("candidate"):
-                table_rows.append((name, METRIC_LABELS[metric], m))
-    body.append(
-        _metric_table(table_rows, "per measured wall-hour; n = blocks of consecutive windows")
-    )
-
+    body.append(_per_codepath(report))
     ways = report.get("direction")
     if ways is not None:
         body.append("<h2>Encode and decode per codepath</h2>")
-        way_rows = direction_rows(ways)
-        body.append(
-            _table(DIRECTION_HEAD, way_rows, numeric_from=2)
-            if way_rows
-            else "<p>no serialization CPU on either side</p>"
-        )
-        notes = [
-            f"{side}: {status}" for side, status in ways["sides"].items() if status != "measured"
-        ]
-        body.append(f'<p class="src">source: {e("; ".join([ways["source"], *notes]))}</p>')
+        body.append(_directions(ways))
 
     body.append(f"<h2>Serialization CPU per window, over time</h2>{_legend()}{_timeline(report)}")
 
@@ -620,36 +677,9 @@ def render_html(report: Mapping[str, Any]) -> str:
     body.append(_projection(report.get("projection")))
 
     body.append("<h2>Receipts</h2>")
-    body.append(
-        f"<p>Report receipt: <code>{e(report['receipt'])}</code> — BLAKE3 over the canonical "
-        "form of every run, window and episode used; it proves the inputs are unchanged, "
-        "not who wrote them.</p>"
-    )
-    files = report.get("checkpoint_files")
-    if files is not None:
-        body.append(
-            _table(
-                ["checkpoint files", "value"],
-                [
-                    [k, fmt(v) if not isinstance(v, (dict, list)) else str(v)]
-                    for k, v in files.items()
-                ],
-                numeric_from=99,
-            )
-        )
-    st = report["statistics"]
+    body.append(_receipts(report))
     body.append("<h2>Method</h2>")
-    body.append(
-        "<p>"
-        + e(
-            f"{st['blocking']}; {st['bootstrap']}; {st['test']}; Holm within the checkpoint "
-            f"comparison ({st['families']['checkpoint']} tests) and within the codepath table "
-            f"({st['families']['codepaths']} tests), significant when the corrected p < "
-            f"{st['alpha']:g}. "
-            "A change that is not significant shows as ~ (no significant change)."
-        )
-        + "</p>"
-    )
+    body.append(_method(report["statistics"]))
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{e(title)}</title><style>{_CSS}</style></head><body>"

@@ -193,17 +193,11 @@ def render_text(report: Mapping[str, Any]) -> str:
     return "\n".join(_shown(line) for line in lines) + "\n"
 
 
-def _checkpoint_lines(report: Mapping[str, Any]) -> list[str]:
-    ck = report["checkpoint"]
+def _checkpoint_rows(ck: Mapping[str, Any]) -> list[list[str]]:
+    """The checkpoint table: counts, stall quantiles, each compared figure (the wait rows
+    under the stall) and durability."""
     b, c = ck["baseline"], ck["candidate"]
-    out = ["CHECKPOINT COST (per checkpoint, training thread)"]
-    if ck.get("stall_s") is None:
-        out += _wrap("  ", ck.get("note") or "not compared")
-    out += _wrap(
-        "  ", f"through: baseline {b['codepath'] or '-'}, candidate {c['codepath'] or '-'}"
-    )
     head = ["", "baseline", "candidate", "change % [95% CI]", "p Holm", "n"]
-    widths = [18, 11, 11, 38, 7, 7]
 
     def q(side: Mapping[str, Any]) -> str:
         s = side.get("stall_s")
@@ -249,8 +243,15 @@ def _checkpoint_lines(report: Mapping[str, Any]) -> list[str]:
             "" if d["same"] else "differs: see caveats",
         )
     )
-    res = b.get("resolution_s") or c.get("resolution_s")
-    out += ["  " + line for line in _table(rows, widths)]
+    return rows
+
+
+def _checkpoint_notes(report: Mapping[str, Any]) -> list[str]:
+    """Under the table: each side's warm-up, its restores, the intervals not given and
+    the durations' resolution."""
+    ck = report["checkpoint"]
+    b, c = ck["baseline"], ck["candidate"]
+    out: list[str] = []
     for name, side in (("baseline", b), ("candidate", c)):
         w = side.get("warmup")
         if w:
@@ -280,9 +281,23 @@ def _checkpoint_lines(report: Mapping[str, Any]) -> list[str]:
         m = ck.get(key)
         if m and m.get("ci_note"):
             out += _wrap("  ", f"{key}: {m['ci_note']}")
+    res = b.get("resolution_s") or c.get("resolution_s")
     if res:
         out.append(f"  durations timed to ± {fmt(res, 3)} s (95%; resolution_s, docs/report.md)")
     return out
+
+
+def _checkpoint_lines(report: Mapping[str, Any]) -> list[str]:
+    ck = report["checkpoint"]
+    b, c = ck["baseline"], ck["candidate"]
+    out = ["CHECKPOINT COST (per checkpoint, training thread)"]
+    if ck.get("stall_s") is None:
+        out += _wrap("  ", ck.get("note") or "not compared")
+    out += _wrap(
+        "  ", f"through: baseline {b['codepath'] or '-'}, candidate {c['codepath'] or '-'}"
+    )
+    out += ["  " + line for line in _table(_checkpoint_rows(ck), [18, 11, 11, 38, 7, 7])]
+    return out + _checkpoint_notes(report)
 
 
 def _wait_rows(b: Mapping[str, Any], c: Mapping[str, Any]) -> list[list[str]]:
@@ -400,40 +415,34 @@ def _direction_lines(ways: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def _projection_lines(p: Mapping[str, Any]) -> list[str]:
-    out = ["CLUSTER PROJECTION (every input measured or assumed, as named)"]
-    if p.get("cluster_assumed"):
-        out += _wrap("  ", p["cluster_assumed"])
-    out += _wrap("  scaling: ", p["scaling"])
-    for c in p.get("caveats") or []:
-        out += _wrap("  ! ", c)
-    b, c = p["baseline"], p["candidate"]
-    if "unavailable" in b or "unavailable" in c:
-        for name, side in (("baseline", b), ("candidate", c)):
-            if "unavailable" in side:
-                out += _wrap("  ", f"{name}: not projected: {side['unavailable']}")
-        return out
-    s = p["saved"]
+_SAVED_FIGURES = ("gpu_h", "it_mwh", "facility_mwh", "water_l")
 
-    costs = False
 
-    def saving(value: float | None, ci: Any = None, no_ci: str = "") -> str:
-        # a negative saving is a cost and reads as one, with the cost's interval
-        nonlocal costs
-        if value is not None and value < 0:
-            costs = True
-            ci = [None if v is None else -v for v in reversed(ci)] if ci else None
-            return f"costs {fmt(-value)}" + (f" [{fmt(ci[0])}, {fmt(ci[1])}]" if ci else no_ci)
-        return fmt(value) + (f" [{fmt(ci[0])}, {fmt(ci[1])}]" if ci else no_ci)
+def _saving(value: float | None, ci: Any = None, no_ci: str = "") -> str:
+    """A saved figure with its interval; a negative saving is a cost and reads as one,
+    with the cost's interval."""
+    if value is not None and value < 0:
+        ci = [None if v is None else -v for v in reversed(ci)] if ci else None
+        return f"costs {fmt(-value)}" + (f" [{fmt(ci[0])}, {fmt(ci[1])}]" if ci else no_ci)
+    return fmt(value) + (f" [{fmt(ci[0])}, {fmt(ci[1])}]" if ci else no_ci)
+
+
+def _projection_table(
+    b: Mapping[str, Any], c: Mapping[str, Any], s: Mapping[str, Any]
+) -> list[str]:
+    """Both sides' projected figures and what the candidate saves, row by row."""
 
     def saved(name: str) -> str:
         f = s.get(name) or {}
-        shown = saving(f.get("value"), f.get("ci95"), " [no CI]")
+        shown = _saving(f.get("value"), f.get("ci95"), " [no CI]")
         return ("~ " if f.get("display") == "~" else "") + shown
 
     def parts(side: Mapping[str, Any]) -> str:
         lp = side["lost_parts"]
         return "/".join(fmt(lp[k]) for k in ("stall", "rework", "restart"))
+
+    def row(label: str, key: str, saved_as: str) -> list[str]:
+        return [label, fmt(b[key]), fmt(c[key]), saved(saved_as)]
 
     rows = [
         ["", "baseline", "candidate", "saved [95% CI]"],
@@ -445,41 +454,30 @@ def _projection_lines(p: Mapping[str, Any]) -> list[str]:
             "lost fraction",
             fmt(b["lost_fraction"]),
             fmt(c["lost_fraction"]),
-            saving(s["lost_fraction"]),
+            _saving(s["lost_fraction"]),
         ],
         ["  stall/rework/restart", parts(b), parts(c), ""],
-        [
-            "GPU-h / year *",
-            fmt(b["gpu_hours_per_year"]),
-            fmt(c["gpu_hours_per_year"]),
-            saved("gpu_h"),
-        ],
-        [
-            "IT MWh / year",
-            fmt(b["it_mwh_per_year"]),
-            fmt(c["it_mwh_per_year"]),
-            saved("it_mwh"),
-        ],
-        [
-            "facility MWh / year",
-            fmt(b["facility_mwh_per_year"]),
-            fmt(c["facility_mwh_per_year"]),
-            saved("facility_mwh"),
-        ],
-        [
-            "water L / year",
-            fmt(b["water_l_per_year"]),
-            fmt(c["water_l_per_year"]),
-            saved("water_l"),
-        ],
+        row("GPU-h / year *", "gpu_hours_per_year", "gpu_h"),
+        row("IT MWh / year", "it_mwh_per_year", "it_mwh"),
+        row("facility MWh / year", "facility_mwh_per_year", "facility_mwh"),
+        row("water L / year", "water_l_per_year", "water_l"),
     ]
-    out += ["  " + line for line in _table(rows, [24, 20, 20, 30])]
-    if costs:
+    out = ["  " + line for line in _table(rows, [24, 20, 20, 30])]
+    values = [s["lost_fraction"], *((s.get(n) or {}).get("value") for n in _SAVED_FIGURES)]
+    if any(v is not None and v < 0 for v in values):
         out += _wrap(
             "  costs N: ",
             "a negative saving: the candidate costs N more a year than the baseline (the "
             "interval is the cost's)",
         )
+    return out
+
+
+def _projection_basis(p: Mapping[str, Any]) -> list[str]:
+    """Under the table: how δ was scaled, the saved interval's basis, the sensitivity to
+    each ranged input, the formulas and every input with its kind and source."""
+    b, c, s = p["baseline"], p["candidate"], p["saved"]
+    out: list[str] = []
     for name, side in (("baseline", b), ("candidate", c)):
         sc = side["scaling"]
         out += _wrap(
@@ -511,3 +509,19 @@ def _projection_lines(p: Mapping[str, Any]) -> list[str]:
         )
     out += _wrap("  assumed: ", f"policy = {p['policy']['text']} ({p['policy']['source']})")
     return out
+
+
+def _projection_lines(p: Mapping[str, Any]) -> list[str]:
+    out = ["CLUSTER PROJECTION (every input measured or assumed, as named)"]
+    if p.get("cluster_assumed"):
+        out += _wrap("  ", p["cluster_assumed"])
+    out += _wrap("  scaling: ", p["scaling"])
+    for c in p.get("caveats") or []:
+        out += _wrap("  ! ", c)
+    b, c = p["baseline"], p["candidate"]
+    if "unavailable" in b or "unavailable" in c:
+        for name, side in (("baseline", b), ("candidate", c)):
+            if "unavailable" in side:
+                out += _wrap("  ", f"{name}: not projected: {side['unavailable']}")
+        return out
+    return out + _projection_table(b, c, p["saved"]) + _projection_basis(p)

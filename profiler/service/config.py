@@ -265,60 +265,63 @@ def _check_labels(c: YamlChecker, path: str, node: yaml.Node) -> Any:
     return INVALID if bad else MappingProxyType(dict(sorted(out.items())))
 
 
-def _check_target(c: YamlChecker, path: str, node: yaml.Node) -> TargetSpec | None:
-    keys = c.mapping(
-        path, node, ("name", "match", "run", "labels", "checkpoints", "checkpoint_glob")
-    )
-    if keys is None:
-        return None
-    name: Any = INVALID
+_Keys = dict[str, yaml.Node]  # a mapping's keys -> their value nodes (YamlChecker.mapping)
+
+
+def _check_target_name(c: YamlChecker, path: str, node: yaml.Node, keys: _Keys) -> Any:
     if "name" not in keys:
         c.problem(f"{path}.name", node, "missing: every target needs a name (the `target` label)")
-    else:
-        name = c.string(f"{path}.name", keys["name"])
-        if name is not INVALID and not TARGET_NAME_RE.match(name):
-            c.problem(
-                f"{path}.name",
-                keys["name"],
-                f"{name!r} is not a valid target name: use 1-64 letters, digits, '_', '.', '-'",
-            )
-            name = INVALID
-    run = DEFAULT_RUN_TEMPLATE
-    if "run" in keys:
-        run = _check_run_template(c, f"{path}.run", keys["run"])
-    labels: Any = MappingProxyType({})
-    if "labels" in keys:
-        labels = _check_labels(c, f"{path}.labels", keys["labels"])
-    checkpoints: Any = None
-    if "checkpoints" in keys:
-        checkpoints = c.path_value(f"{path}.checkpoints", keys["checkpoints"], nullable=True)
-    glob: Any = None
-    if "checkpoint_glob" in keys:
-        glob = c.string(f"{path}.checkpoint_glob", keys["checkpoint_glob"], nullable=True)
-        if isinstance(glob, str) and (not glob or "/" in glob or "\0" in glob):
-            c.problem(
-                f"{path}.checkpoint_glob",
-                keys["checkpoint_glob"],
-                f"{glob!r} is not a file-name pattern: give one without '/', e.g. '*.pt'",
-            )
-            glob = INVALID
-        elif glob is not None and checkpoints is None:
-            c.problem(
-                f"{path}.checkpoint_glob",
-                keys["checkpoint_glob"],
-                "without checkpoints: name the directory the pattern applies in",
-            )
-            glob = INVALID
-    if "match" not in keys:
+        return INVALID
+    name = c.string(f"{path}.name", keys["name"])
+    if name is not INVALID and not TARGET_NAME_RE.match(name):
         c.problem(
-            f"{path}.match",
-            node,
-            "missing: say which processes this target is, e.g. match: {cmdline: 'train\\.py'}",
+            f"{path}.name",
+            keys["name"],
+            f"{name!r} is not a valid target name: use 1-64 letters, digits, '_', '.', '-'",
         )
-        return None
-    mpath = f"{path}.match"
+        return INVALID
+    return name
+
+
+def _check_checkpoint_glob(c: YamlChecker, path: str, node: yaml.Node, checkpoints: Any) -> Any:
+    glob = c.string(f"{path}.checkpoint_glob", node, nullable=True)
+    if isinstance(glob, str) and (not glob or "/" in glob or "\0" in glob):
+        c.problem(
+            f"{path}.checkpoint_glob",
+            node,
+            f"{glob!r} is not a file-name pattern: give one without '/', e.g. '*.pt'",
+        )
+        return INVALID
+    if glob is not None and checkpoints is None:
+        c.problem(
+            f"{path}.checkpoint_glob",
+            node,
+            "without checkpoints: name the directory the pattern applies in",
+        )
+        return INVALID
+    return glob
+
+
+def _check_environ(c: YamlChecker, mpath: str, node: yaml.Node) -> MappingProxyType:
+    ekeys = c.mapping(f"{mpath}.environ", node, None)
+    env: dict[str, str] = {}
+    for k, vnode in (ekeys or {}).items():
+        v = c.value(vnode) if isinstance(vnode, yaml.ScalarNode) else INVALID
+        if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+            c.problem(
+                f"{mpath}.environ.{k}",
+                vnode,
+                f"must be a string (the exact value), got {node_kind(vnode, c)}",
+            )
+            continue
+        env[k] = str(v)
+    return MappingProxyType(env)
+
+
+def _check_match(c: YamlChecker, mpath: str, node: yaml.Node) -> dict[str, Any] | None:
+    """TargetMatch's fields; None when the match is not a mapping or names no criterion."""
     mkeys = c.mapping(
-        mpath, keys["match"], ("cmdline", "exe", "systemd_unit", "cgroup", "environ", "pid_file")
+        mpath, node, ("cmdline", "exe", "systemd_unit", "cgroup", "environ", "pid_file")
     )
     if mkeys is None:
         return None
@@ -334,26 +337,46 @@ def _check_target(c: YamlChecker, path: str, node: yaml.Node) -> TargetSpec | No
     if "pid_file" in mkeys:
         values["pid_file"] = c.path_value(f"{mpath}.pid_file", mkeys["pid_file"], nullable=True)
     if "environ" in mkeys:
-        ekeys = c.mapping(f"{mpath}.environ", mkeys["environ"], None)
-        env: dict[str, str] = {}
-        for k, vnode in (ekeys or {}).items():
-            v = c.value(vnode) if isinstance(vnode, yaml.ScalarNode) else INVALID
-            if isinstance(v, bool) or not isinstance(v, (str, int, float)):
-                c.problem(
-                    f"{mpath}.environ.{k}",
-                    vnode,
-                    f"must be a string (the exact value), got {node_kind(vnode, c)}",
-                )
-                continue
-            env[k] = str(v)
-        values["environ"] = MappingProxyType(env)
+        values["environ"] = _check_environ(c, mpath, mkeys["environ"])
     if not any(v is not None and v != {} for v in values.values()):
         c.problem(
             mpath,
-            keys["match"],
+            node,
             "needs at least one criterion (cmdline, exe, systemd_unit, cgroup, environ, "
             "pid_file); an empty match would profile every Python process on the node",
         )
+        return None
+    return values
+
+
+def _check_target(c: YamlChecker, path: str, node: yaml.Node) -> TargetSpec | None:
+    keys = c.mapping(
+        path, node, ("name", "match", "run", "labels", "checkpoints", "checkpoint_glob")
+    )
+    if keys is None:
+        return None
+    name = _check_target_name(c, path, node, keys)
+    run = DEFAULT_RUN_TEMPLATE
+    if "run" in keys:
+        run = _check_run_template(c, f"{path}.run", keys["run"])
+    labels: Any = MappingProxyType({})
+    if "labels" in keys:
+        labels = _check_labels(c, f"{path}.labels", keys["labels"])
+    checkpoints: Any = None
+    if "checkpoints" in keys:
+        checkpoints = c.path_value(f"{path}.checkpoints", keys["checkpoints"], nullable=True)
+    glob: Any = None
+    if "checkpoint_glob" in keys:
+        glob = _check_checkpoint_glob(c, path, keys["checkpoint_glob"], checkpoints)
+    if "match" not in keys:
+        c.problem(
+            f"{path}.match",
+            node,
+            "missing: say which processes this target is, e.g. match: {cmdline: 'train\\.py'}",
+        )
+        return None
+    values = _check_match(c, f"{path}.match", keys["match"])
+    if values is None:
         return None
     if any(v is INVALID for v in (*values.values(), name, run, labels, checkpoints, glob)):
         return None
