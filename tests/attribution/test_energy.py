@@ -183,6 +183,18 @@ def _replayed_h200_tracker(
     return tr, clock, procfs
 
 
+def _half_busy_polls(tr: EnergyTracker, clock: FakeClock, procfs: Path, n: int) -> float:
+    """Poll the tracker at its start and every 0.5 s for n more, the node's two CPUs half
+    busy; returns the start."""
+    t0 = clock()
+    tr.poll_once()
+    for i in range(1, n + 1):
+        clock.advance(0.5)
+        (procfs / "stat").write_text(_stat(50 * i, 50 * i))
+        tr.poll_once()
+    return t0
+
+
 def test_a_span_that_just_ended_gets_nvml_read_to_its_end(tmp_path: Path) -> None:
     """NVML is polled every nvml_poll_s, the CPU more often: a CPU reading newer than a
     span's end must not stop the tracker reading NVML up to it, or the span's last
@@ -203,12 +215,7 @@ def test_a_span_that_just_ended_gets_nvml_read_to_its_end(tmp_path: Path) -> Non
 def test_gpu_wait_through_tracker_with_replayed_gpu(tmp_path: Path) -> None:
     tr, clock, procfs = _replayed_h200_tracker(tmp_path)
     assert tr.probe()["nvml"].up
-    t0 = clock()
-    tr.poll_once()
-    for i in range(1, 33):
-        clock.advance(0.5)
-        (procfs / "stat").write_text(_stat(50 * i, 50 * i))
-        tr.poll_once()
+    t0 = _half_busy_polls(tr, clock, procfs, 32)
     # training loop (other) while busy, pickle during the 4-7 s stall, json after
     labels = _labels("other", t0 + 1, t0 + 4) + _labels("pickle", t0 + 4, t0 + 7)
     labels += _labels("json", t0 + 7, t0 + 9)
@@ -297,12 +304,7 @@ def test_a_profiles_gpu_wait_is_its_windows_own_as_the_record_keeps_it(tmp_path:
     none of it in the document, as in its record and the daemon's counters; the main
     process, in `other` through the stall, gets it all."""
     tr, clock, procfs = _replayed_h200_tracker(tmp_path)
-    t0 = clock()
-    tr.poll_once()
-    for i in range(1, 21):
-        clock.advance(0.5)
-        (procfs / "stat").write_text(_stat(50 * i, 50 * i))
-        tr.poll_once()
+    t0 = _half_busy_polls(tr, clock, procfs, 20)
     sink = EnergySink(tr)
     main = _report(t0 + 1, t0 + 8, {"other": 3.0}, _labels("other", t0 + 1, t0 + 8))
     worker = _report(
