@@ -207,42 +207,14 @@ class RaplCollector:
         for p in entries:
             if p.name not in names:
                 continue
-            m = _ZONE_DIR.match(p.name)
-            assert m is not None
-            name = names[p.name]
-            kind, package, die = self._classify(name, m, names)
-            if kind is None:
-                skipped.append(SkippedZone(p.name, f"unrecognised zone name {name!r}"))
-                continue
-            try:
-                raw_max = int(_read_text(p / "max_energy_range_uj"))
-                if raw_max <= 0:
-                    raise ValueError(f"non-positive value {raw_max}")
-            except (OSError, ValueError) as exc:
-                why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-                skipped.append(
-                    SkippedZone(
-                        p.name,
-                        f"max_energy_range_uj unreadable ({why}): its wraps cannot be "
-                        "corrected, so the zone is left out rather than guessed",
-                    )
-                )
-                continue
-            try:
-                raw = int(_read_text(p / "energy_uj"))
-            except PermissionError:
+            zone = self._zone(p, names)
+            if zone is None:
                 permission_denied.append(p.name)
-                continue
-            except (OSError, ValueError) as exc:
-                skipped.append(SkippedZone(p.name, f"energy_uj unreadable: {exc}"))
-                continue
-            if not 0 <= raw <= raw_max:
-                skipped.append(
-                    SkippedZone(p.name, f"energy_uj {raw} outside [0, max_energy_range_uj]")
-                )
-                continue
-            max_uj[p.name] = raw_max
-            zones.append(RaplZone(p.name, p, name, kind, package, die, raw_max / UJ_PER_J))
+            elif isinstance(zone, SkippedZone):
+                skipped.append(zone)
+            else:
+                zones.append(zone[0])
+                max_uj[p.name] = zone[1]
         if permission_denied:
             return RaplStatus(
                 False,
@@ -270,6 +242,37 @@ class RaplCollector:
             skipped=tuple(skipped),
             poll_period_s=derive_poll_period_s(counted, self.max_power_w),
         )
+
+    def _zone(self, p: Path, names: Mapping[str, str]) -> tuple[RaplZone, int] | SkippedZone | None:
+        """One zone directory read: the zone and its counter's range in µJ, why it is left
+        out, or None when its energy_uj may not be read (permission: the caller says how
+        to fix it)."""
+        m = _ZONE_DIR.match(p.name)
+        assert m is not None
+        name = names[p.name]
+        kind, package, die = self._classify(name, m, names)
+        if kind is None:
+            return SkippedZone(p.name, f"unrecognised zone name {name!r}")
+        try:
+            raw_max = int(_read_text(p / "max_energy_range_uj"))
+            if raw_max <= 0:
+                raise ValueError(f"non-positive value {raw_max}")
+        except (OSError, ValueError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            return SkippedZone(
+                p.name,
+                f"max_energy_range_uj unreadable ({why}): its wraps cannot be "
+                "corrected, so the zone is left out rather than guessed",
+            )
+        try:
+            raw = int(_read_text(p / "energy_uj"))
+        except PermissionError:
+            return None
+        except (OSError, ValueError) as exc:
+            return SkippedZone(p.name, f"energy_uj unreadable: {exc}")
+        if not 0 <= raw <= raw_max:
+            return SkippedZone(p.name, f"energy_uj {raw} outside [0, max_energy_range_uj]")
+        return RaplZone(p.name, p, name, kind, package, die, raw_max / UJ_PER_J), raw_max
 
     @staticmethod
     def _classify(

@@ -189,17 +189,7 @@ def attribute_gpu_wait(
     if sample_period_s <= 0:
         raise ValueError(f"sample_period_s must be > 0, got {sample_period_s}")
     window_s = max(0.0, end - start)
-    # +1 / -1 coverage events per codepath; several threads may overlap.
-    events: list[tuple[float, int, str, str]] = []
-    for lab in timeline:
-        if only_active and lab.active is False:
-            continue
-        a, b = max(lab.t, start), min(lab.t + sample_period_s, end)
-        if b > a:
-            cp = lab.codepath if lab.codepath in CODEPATHS else "other"
-            d = lab.direction if lab.direction in DIRECTIONS else UNKNOWN
-            events.append((a, 1, cp, d))
-            events.append((b, -1, cp, d))
+    events = _coverage_events(timeline, sample_period_s, start, end, only_active)
     gpu = sorted(
         (max(s.t0, start), min(s.t1, end), min(1.0, max(0.0, s.busy_frac)))
         for s in spans
@@ -270,6 +260,28 @@ def attribute_gpu_wait(
         unattributed_idle_energy_j=None if energy_missing else unattributed_e,
         wait_by_direction_s=by_dir,
     )
+
+
+def _coverage_events(
+    timeline: Iterable[TimedLabel],
+    sample_period_s: float,
+    start: float,
+    end: float,
+    only_active: bool,
+) -> list[tuple[float, int, str, str]]:
+    """+1 / -1 events (t, step, codepath, direction) where each sample's [t, t + period)
+    begins and ends inside [start, end]; several threads may overlap."""
+    events: list[tuple[float, int, str, str]] = []
+    for lab in timeline:
+        if only_active and lab.active is False:
+            continue
+        a, b = max(lab.t, start), min(lab.t + sample_period_s, end)
+        if b > a:
+            cp = lab.codepath if lab.codepath in CODEPATHS else "other"
+            d = lab.direction if lab.direction in DIRECTIONS else UNKNOWN
+            events.append((a, 1, cp, d))
+            events.append((b, -1, cp, d))
+    return events
 
 
 def _split(into: dict[str, float], running: Mapping[str, int], seconds: float) -> None:

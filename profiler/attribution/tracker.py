@@ -350,56 +350,11 @@ class EnergyTracker:
             busy = self._cpu_series.delta("busy", start, end)
             total = self._cpu_series.delta("total", start, end)
             gpus = self.nvml.window(start, end) if status["nvml"].up else ()
-            notes: list[str] = []
             util = None
             if busy is not None and total is not None and total > 0:
                 util = min(1.0, max(0.0, busy / total))
             if status["rapl"].up:
-                pkg = self._rapl_series.delta("package", start, end)
-                if pkg is None:
-                    return WindowEnergy(
-                        start, end, "unavailable",
-                        "no RAPL reading brackets this window (it began before the tracker)",
-                        gpus=gpus,
-                    )  # fmt: skip
-                if util is None:
-                    notes.append("node CPU time unavailable: idle part not separated")
-                dyn = pkg * (util if util is not None else 1.0)
-                rs = self.rapl.probe()
-                if rs.skipped:
-                    notes.append(
-                        "zones left out: "
-                        + "; ".join(f"{s.zone_id}: {s.reason}" for s in rs.skipped)
-                    )
-                errs = sorted(
-                    {e for t, es in self._rapl_error_log if start <= t <= end for e in es}
-                )
-                if errs:
-                    # energy of a failed read is carried, then caught up by the next good one
-                    notes.append("RAPL read errors in this window: " + ", ".join(errs))
-                has_dram = any(z.kind == "dram" for z in rs.zones)
-                has_psys = any(z.kind == "psys" for z in rs.zones)
-                per_pkg = {}
-                for p, s in sorted(self._per_package.items()):
-                    d = s.delta("j", start, end)
-                    if d is not None:
-                        per_pkg[p] = d
-                return WindowEnergy(
-                    start=start,
-                    end=end,
-                    source="rapl",
-                    reason=None,
-                    package_j=pkg,
-                    dynamic_j=dyn,
-                    idle_j=pkg - dyn,
-                    dram_j=self._rapl_series.delta("dram", start, end) if has_dram else None,
-                    psys_j=self._rapl_series.delta("psys", start, end) if has_psys else None,
-                    per_package_j=per_pkg,
-                    node_busy_cpu_s=busy,
-                    node_total_cpu_s=total,
-                    gpus=gpus,
-                    notes=tuple(notes),
-                )
+                return self._rapl_window(start, end, util, busy, total, gpus)
             rapl_why = f"rapl {status['rapl'].reason}: {status['rapl'].detail}"
             if self._model is not None and util is not None:
                 m = self._model.energy(end - start, util)
@@ -422,3 +377,59 @@ class EnergyTracker:
             else:
                 why += "; no /proc/stat reading brackets this window"
             return WindowEnergy(start, end, "unavailable", why, gpus=gpus)
+
+    def _rapl_window(
+        self,
+        start: float,
+        end: float,
+        util: float | None,
+        busy: float | None,
+        total: float | None,
+        gpus: tuple[GpuWindow, ...],
+    ) -> WindowEnergy:
+        """window()'s RAPL reading (under the lock): the package joules, their dynamic part
+        by the node's CPU utilisation, DRAM and psys where present, per package, and notes
+        on zones left out and failed reads."""
+        pkg = self._rapl_series.delta("package", start, end)
+        if pkg is None:
+            return WindowEnergy(
+                start, end, "unavailable",
+                "no RAPL reading brackets this window (it began before the tracker)",
+                gpus=gpus,
+            )  # fmt: skip
+        notes: list[str] = []
+        if util is None:
+            notes.append("node CPU time unavailable: idle part not separated")
+        dyn = pkg * (util if util is not None else 1.0)
+        rs = self.rapl.probe()
+        if rs.skipped:
+            notes.append(
+                "zones left out: " + "; ".join(f"{s.zone_id}: {s.reason}" for s in rs.skipped)
+            )
+        errs = sorted({e for t, es in self._rapl_error_log if start <= t <= end for e in es})
+        if errs:
+            # energy of a failed read is carried, then caught up by the next good one
+            notes.append("RAPL read errors in this window: " + ", ".join(errs))
+        has_dram = any(z.kind == "dram" for z in rs.zones)
+        has_psys = any(z.kind == "psys" for z in rs.zones)
+        per_pkg = {}
+        for p, s in sorted(self._per_package.items()):
+            d = s.delta("j", start, end)
+            if d is not None:
+                per_pkg[p] = d
+        return WindowEnergy(
+            start=start,
+            end=end,
+            source="rapl",
+            reason=None,
+            package_j=pkg,
+            dynamic_j=dyn,
+            idle_j=pkg - dyn,
+            dram_j=self._rapl_series.delta("dram", start, end) if has_dram else None,
+            psys_j=self._rapl_series.delta("psys", start, end) if has_psys else None,
+            per_package_j=per_pkg,
+            node_busy_cpu_s=busy,
+            node_total_cpu_s=total,
+            gpus=gpus,
+            notes=tuple(notes),
+        )

@@ -6,11 +6,11 @@ The one place the report meets SQLite: everything after this reads RunInput only
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from profiler.classify.codepaths import CODEPATHS
-from profiler.records.store import Recorder, RunDetail
+from profiler.records.store import Recorder, RunDetail, WindowRecord
 from profiler.report.inputs import (
     CheckpointInput,
     CodepathFigures,
@@ -60,54 +60,56 @@ def _figures(row: dict[str, Any]) -> CodepathFigures:
     )
 
 
+def _window_input(w: WindowRecord) -> WindowInput:
+    return WindowInput(
+        started_at=w.started_at,
+        ended_at=w.ended_at,
+        cpu_s=w.cpu_s,
+        codepaths={cp: _figures(dict(w.codepaths[cp])) for cp in CODEPATHS if w.codepaths.get(cp)},
+        energy_source=w.energy.get("source") if w.energy is not None else None,
+        pid=w.pid,
+    )
+
+
+def _episode_input(e: Mapping[str, Any]) -> EpisodeInput:
+    """A recorded episode row as report input (columns a file of an older schema lacks
+    read None)."""
+    return EpisodeInput(
+        pid=e["pid"],
+        thread=e["thread"],
+        codepath=e["codepath"],
+        start=e["start"],
+        end=e["end"],
+        wall_s=e["wall_s"],
+        resolution_s=e["resolution_s"],
+        cpu_s=e["cpu_s"],
+        gpu_wait_s=e["gpu_wait_s"],
+        gpu_idle_j=e["gpu_idle_j"],
+        # an unknown thread (no kernel tid) is not taken for the training thread
+        main_thread=bool(e["main_thread"]),
+        durable=e["durable"],
+        unknown_s=e["unknown_s"],
+        edge_unknown_s=e["edge_unknown_s"],
+        truncated=e["truncated"],
+        samples=e["samples"],
+        timed_by=e.get("timed_by"),
+        timing_period_s=e.get("timing_period_s"),
+        clock_s=e.get("clock_s"),
+        durability_s=e.get("durability_s"),
+        host_lag_s=e.get("host_lag_s"),
+        direction=e.get("direction"),
+        prepared_s=e.get("prepared_s"),
+    )
+
+
 def run_input(detail: RunDetail) -> RunInput:
     """One recorded run as report input (raises report.InputError on a damaged record)."""
     s = detail.summary
     energy_source, energy_reason = _energy_source(detail)
-    windows = tuple(
-        WindowInput(
-            started_at=w.started_at,
-            ended_at=w.ended_at,
-            cpu_s=w.cpu_s,
-            codepaths={
-                cp: _figures(dict(w.codepaths[cp])) for cp in CODEPATHS if w.codepaths.get(cp)
-            },
-            energy_source=w.energy.get("source") if w.energy is not None else None,
-            pid=w.pid,
-        )
-        for w in detail.windows
-    )
+    windows = tuple(_window_input(w) for w in detail.windows)
     episodes = None
     if detail.episodes is not None:
-        episodes = tuple(
-            EpisodeInput(
-                pid=e["pid"],
-                thread=e["thread"],
-                codepath=e["codepath"],
-                start=e["start"],
-                end=e["end"],
-                wall_s=e["wall_s"],
-                resolution_s=e["resolution_s"],
-                cpu_s=e["cpu_s"],
-                gpu_wait_s=e["gpu_wait_s"],
-                gpu_idle_j=e["gpu_idle_j"],
-                # an unknown thread (no kernel tid) is not taken for the training thread
-                main_thread=bool(e["main_thread"]),
-                durable=e["durable"],
-                unknown_s=e["unknown_s"],
-                edge_unknown_s=e["edge_unknown_s"],
-                truncated=e["truncated"],
-                samples=e["samples"],
-                timed_by=e.get("timed_by"),
-                timing_period_s=e.get("timing_period_s"),
-                clock_s=e.get("clock_s"),
-                durability_s=e.get("durability_s"),
-                host_lag_s=e.get("host_lag_s"),
-                direction=e.get("direction"),
-                prepared_s=e.get("prepared_s"),
-            )
-            for e in detail.episodes
-        )
+        episodes = tuple(_episode_input(e) for e in detail.episodes)
     watched = detail.checkpoint_events
     checkpoints = restores = None
     if watched is not None:
