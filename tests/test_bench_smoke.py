@@ -92,6 +92,35 @@ def test_record_append_with_one_block_says_why_it_has_no_interval(
     assert exc.value.code == 2
 
 
+# ---------------------------------------------------------------------------- record_validation
+
+
+def test_record_validation_compares_each_library_on_the_same_rows(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rv = load_bench("record_validation")
+    out = tmp_path / "fig.json"
+    args = ["--windows", "8", "--blocks", "2", "--dir", str(tmp_path), "--json", str(out)]
+    assert rv.main(args) == 0
+    text = capsys.readouterr().out
+    fig = json.loads(out.read_text())
+    assert fig["rows"] == 8 * 10 and fig["blocks"] == 2
+    # every checker refuses every damaged row, the record's own included
+    assert fig["let_through"] == {"record": [], "pydantic": [], "msgspec": []}, fig["let_through"]
+    assert text.count("refuses every damaged row") == 3, text
+    for lib in ("pydantic", "msgspec"):
+        f = fig["libraries"][lib]
+        lo, hi = f["read_ratio_ci95"]
+        assert lo <= f["read_ratio"] <= hi
+        assert f["read_verdict"] == at_most(lo, hi, 1.0)
+        lo, hi = f["write_extra_share_ci95"]
+        assert f["write_verdict"] == at_most(lo, hi, 0.01)
+        assert f["startup_s"] > 0
+        m = re.search(rf"{lib}\s+read: {NUM} us per row, {NUM} \(95% CI", text)
+        assert m and float(m.group(2)) == pytest.approx(f["read_ratio"], abs=5e-3), text
+    assert [p.name for p in tmp_path.iterdir()] == ["fig.json"]  # the record is removed
+
+
 # ---------------------------------------------------------------------------- overhead
 
 
