@@ -208,8 +208,12 @@ def _record(
             tracker=tracker,
             checkpoints=o.checkpoints,
             checkpoint_sink=checkpoint_sink,
-            # the stack-change run's rate sets episodes' resolution: the report compares it
-            config={"timing_rate_hz": o.plan().timing_rate_hz},
+            # the stack-change run's rate sets episodes' resolution: the report compares it;
+            # the checkpoint directory lets it compare commands that name their own one
+            config={
+                "timing_rate_hz": o.plan().timing_rate_hz,
+                "checkpoint_dir": None if o.checkpoints is None else str(o.checkpoints),
+            },
         )
     except ValueError as exc:
         raise SetupError(f"--run-id: {exc}") from exc

@@ -4,7 +4,7 @@ Two runs are comparable (an A/B report) only on like hardware, so each record sa
 the CPU model, sockets, logical CPUs, whether it is a VM, memory, GPUs (from NVML,
 or why there are none), kernel, OS, the CPU frequency governor, the load average at
 the start, the Python, torch, numpy and serwatt versions that recorded it. Target
-processes' Python versions are recorded per window.
+processes' Python versions, and the 1-minute load (load_1min), are recorded per window.
 
 Every root is a parameter (procfs, sysfs, os-release) so tests read built trees.
 A fact that cannot be read is None with the reason in `unreadable`, never guessed.
@@ -12,6 +12,7 @@ A fact that cannot be read is None with the reason in `unreadable`, never guesse
 
 from __future__ import annotations
 
+import math
 import platform
 import socket
 from collections.abc import Mapping
@@ -66,6 +67,17 @@ def _cpu_governor(sysfs: Path, unreadable: dict[str, str]) -> str | None:
     except OSError as exc:
         unreadable["cpu_governor"] = f"{path}: {exc.strerror or exc}"
         return None
+
+
+def load_1min(procfs: Path = Path("/proc")) -> float | None:
+    """The 1-minute load average now; None when /proc/loadavg cannot be read. The run
+    sink records it with every window, so a report compares the load over the runs, not
+    only at their start."""
+    try:
+        value = float((procfs / "loadavg").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return value if math.isfinite(value) and value >= 0 else None
 
 
 def _load_average(procfs: Path, unreadable: dict[str, str]) -> list[float] | None:

@@ -80,6 +80,7 @@ class WindowRecord:
     energy: Mapping[str, Any] | None
     gpu: Mapping[str, Any] | None
     codepaths: Mapping[str, Mapping[str, Any]]
+    load_1min: float | None = None  # the host's 1-minute load at the window's end
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,7 @@ class RunDetail:
                     "energy": w.energy,
                     "gpu": w.gpu,
                     "codepaths": {k: dict(v) for k, v in w.codepaths.items()},
+                    "load_1min": w.load_1min,
                 }
                 for w in self.windows
             ]
@@ -193,10 +195,13 @@ def run_detail(db: sqlite3.Connection, summary: RunSummary, *, windows: bool) ->
     ).fetchall()
     wrows = crows = []
     if windows:
+        # a file older than version 6 opened read-only (not upgraded) has no load_1min
+        have = {r[1] for r in db.execute("PRAGMA table_info(windows)")}
+        load = "load_1min" if "load_1min" in have else "NULL AS load_1min"
         wrows = db.execute(
             "SELECT window_id, pid, started_at, ended_at, rate_hz, cpu_s, python,"
             " exited, pyspy_samples, pyspy_errors, partial_stacks, behind_s,"
-            " notes_json, energy_json, gpu_json FROM windows WHERE run_id = ?"
+            f" notes_json, energy_json, gpu_json, {load} FROM windows WHERE run_id = ?"
             " ORDER BY started_at, window_id",
             (run_id,),
         ).fetchall()
@@ -359,6 +364,7 @@ def _windows(wrows: list[tuple], crows: list[tuple]) -> tuple[WindowRecord, ...]
                 energy=_json_of(r[13], f"{what}: energy_json", dict, nullable=True),
                 gpu=_json_of(r[14], f"{what}: gpu_json", dict, nullable=True),
                 codepaths={cp: per_window.get(r[0], {}).get(cp, {}) for cp in CODEPATHS},
+                load_1min=_number(r[15], f"{what}: load_1min", nullable=True),
             )
         )
     return tuple(out)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from profiler.attribution.episodes import Episode
 from profiler.attribution.window import AttributedWindow
+from profiler.records.host import load_1min
 from profiler.records.store import Recorder
 
 
@@ -23,7 +24,11 @@ class RunSink:
 
     def on_window(self, window: AttributedWindow) -> None:
         self.recorder.append_window(
-            self.run_id, window.report, energy=window.energy_record(), gpu=window.gpu_record()
+            self.run_id,
+            window.report,
+            energy=window.energy_record(),
+            gpu=window.gpu_record(),
+            load_1min=load_1min(),
         )
 
     def on_episodes(self, episodes: Sequence[Episode]) -> None:

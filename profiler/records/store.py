@@ -78,8 +78,8 @@ def _codepath_values(values: Mapping[str, float] | None, key: str) -> dict[str, 
 _INSERT_WINDOW = (
     "INSERT INTO windows(run_id, pid, started_at, ended_at, rate_hz, cpu_s, python,"
     " exited, pyspy_samples, pyspy_errors, partial_stacks, behind_s, notes_json,"
-    " energy_source, energy_json, gpu_json)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " energy_source, energy_json, gpu_json, load_1min)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _INSERT_WINDOW_CODEPATHS = (
     "INSERT INTO window_codepaths(window_id, codepath, samples, cpu_s, wall_s,"
@@ -113,6 +113,7 @@ def _window_row(
     energy_source: str | None,
     energy: EnergyRecord | None,
     gpu: GpuRecord | None,
+    load_1min: float | None,
 ) -> tuple[Any, ...]:
     """The window's row of `windows` (_INSERT_WINDOW), every float checked finite."""
     e = window.errors
@@ -133,6 +134,7 @@ def _window_row(
         energy_source,
         None if energy is None else _json(energy.to_json()),
         None if gpu is None else _json(gpu.to_json()),
+        None if load_1min is None else _finite(load_1min, "load_1min"),
     )
 
 
@@ -345,6 +347,7 @@ class Recorder:
         *,
         energy: EnergyRecord | None = None,
         gpu: GpuRecord | None = None,
+        load_1min: float | None = None,
     ) -> int:
         """Record one window; durable (committed) on return. Returns the window id.
 
@@ -352,6 +355,8 @@ class Recorder:
         name get 0 J); None when the run measures no energy. gpu: its GPU-wait seconds and
         idle joules per codepath; None when it had no GPU data. Both are stored whole as
         their `to_json()` (windows.energy_json / gpu_json) and per codepath in the rows.
+        load_1min: the host's 1-minute load average at the window's end (records/host.py);
+        None when not read.
         """
         missing = [cp for cp in CODEPATHS if cp not in window.codepaths]
         unknown = [cp for cp in window.codepaths if cp not in CODEPATHS]
@@ -375,7 +380,7 @@ class Recorder:
             if db.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone() is None:
                 raise KeyError(f"run {run_id!r} was not started: call start_run first")
             cur = db.execute(
-                _INSERT_WINDOW, _window_row(run_id, window, energy_source, energy, gpu)
+                _INSERT_WINDOW, _window_row(run_id, window, energy_source, energy, gpu, load_1min)
             )
             window_id = int(cur.lastrowid or 0)
             codepath_rows = [

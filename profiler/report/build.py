@@ -451,7 +451,7 @@ def build_report(
             "field": m.field,
             "message": f"{m}: this may move the figures; the runs are compared all the same",
         }
-        for m in comparability.differences([r for s in sides for r in s.runs])
+        for m in comparability.differences([s.runs for s in sides])
     ]
     checkpoint = _checkpoint_section(sides, choices, per_run, caveats, warnings, skip_warmup)
     # Three Holm families: the checkpoint stall is the question the report is run to

@@ -19,6 +19,8 @@ from typing import Any
 from profiler.many.format import escape_text
 from profiler.report.inputs import RunInput
 
+SIDE_NAMES = ("baseline", "candidate")
+
 
 @dataclass(frozen=True)
 class Mismatch:
@@ -90,8 +92,8 @@ FIELDS: tuple[tuple[str, Callable[[RunInput], Any]], ...] = (
 
 # Differences that may move the numbers but do not make them incomparable: each one found
 # is a warning in the report (`warnings`, scope "comparability"), never a refusal. The
-# command line is recorded (RunInput.config) but not compared: an A/B's sides differ in
-# it by design, and `serwatt ab` gives every run its own checkpoint directory.
+# command line is compared within each side only (_commands): the sides differ in it by
+# design.
 WARN_FIELDS: tuple[tuple[str, Callable[[RunInput], Any]], ...] = (
     ("host.logical_cpus", lambda r: r.host.get("logical_cpus")),
     ("host.memory_bytes", lambda r: r.host.get("memory_bytes")),
@@ -104,9 +106,34 @@ WARN_FIELDS: tuple[tuple[str, Callable[[RunInput], Any]], ...] = (
     ("target pythons", lambda r: r.config.get("target_pythons")),
     ("config.window_s", lambda r: r.config.get("window_s")),
 )
-# How far the 1-minute load average at the start may differ between runs before it is
-# a warning: a busy machine's run-queue waits lengthen every stall.
+# How far the 1-minute load average (at the start, or over the run) may differ between
+# runs before it is a warning: a busy machine's run-queue waits lengthen every stall.
 LOAD_SPREAD = 1.0
+
+
+def _start_load(run: RunInput) -> float | None:
+    la = run.host.get("load_average")
+    if isinstance(la, (list, tuple)) and la:
+        first = la[0]
+        if isinstance(first, (int, float)) and not isinstance(first, bool):
+            return float(first)
+    return None
+
+
+def load_over_run(run: RunInput) -> float | None:
+    """The mean of the host's 1-minute load average at the end of each of the run's windows
+    (recorded since schema 6); None when no window holds one (an older record, Prometheus)."""
+    loads = [w.load_1min for w in run.windows if w.load_1min is not None]
+    return sum(loads) / len(loads) if loads else None
+
+
+def _load_spread(
+    runs: Sequence[RunInput], name: str, get: Callable[[RunInput], float | None]
+) -> list[Mismatch]:
+    loads = {r.run_id: v for r in runs if (v := get(r)) is not None}
+    if loads and max(loads.values()) - min(loads.values()) > LOAD_SPREAD:
+        return [Mismatch(name, tuple((f"{v:.2f}", (run,)) for run, v in loads.items()))]
+    return []
 
 
 def _differences(
@@ -123,26 +150,55 @@ def _differences(
     return out
 
 
-def differences(runs: Sequence[RunInput]) -> list[Mismatch]:
-    """What differs among `runs` without making them incomparable (WARN_FIELDS, and the
-    load average at the start when it spreads over LOAD_SPREAD)."""
-    out = _differences(runs, WARN_FIELDS)
-    loads = {
-        r.run_id: float(la[0])
-        for r in runs
-        if isinstance(la := r.host.get("load_average"), (list, tuple))
-        and la
-        and isinstance(la[0], (int, float))
-        and not isinstance(la[0], bool)
-    }
-    if loads and max(loads.values()) - min(loads.values()) > LOAD_SPREAD:
-        out.append(
-            Mismatch(
-                "host.load_average (1 min, at start)",
-                tuple((f"{v:.2f}", (run,)) for run, v in loads.items()),
-            )
+def workload_command(run: RunInput) -> str | None:
+    """The run's recorded command with its own checkpoint directory written `{dir}`
+    (`serwatt ab` gives every run its own); None when the record holds no command."""
+    command = run.config.get("command")
+    if not command:
+        return None
+    directory = run.config.get("checkpoint_dir")
+    return command.replace(directory, "{dir}") if directory else command
+
+
+def _commands(side: Sequence[RunInput], name: str) -> list[Mismatch]:
+    """The workload commands of one side's runs, when they differ. A run that read a
+    checkpoint back and whose command is another's with arguments appended is that run's
+    resume (`serwatt ab --resume-args`), the same workload."""
+    commands = {r.run_id: c for r in side if (c := workload_command(r)) is not None}
+    starts = set(commands.values())
+    by_value: dict[str, list[str]] = {}
+    for run in side:
+        command = commands.get(run.run_id)
+        if command is None:
+            continue
+        resumes = run.restores and any(
+            command.startswith(other + " ") for other in starts if other != command
         )
-    return out
+        if not resumes:
+            by_value.setdefault(command, []).append(run.run_id)
+    if len(by_value) < 2:
+        return []
+    return [Mismatch(name, tuple((v, tuple(ids)) for v, ids in by_value.items()))]
+
+
+def differences(sides: Sequence[Sequence[RunInput]]) -> list[Mismatch]:
+    """What differs among the runs of `sides` without making them incomparable
+    (WARN_FIELDS; the 1-minute load average, at the start and over the run, when it
+    spreads over LOAD_SPREAD: a load that rose during one run is missed by its start
+    alone; and the workload command within each side)."""
+    runs = [r for side in sides for r in side]
+    return [
+        *_differences(runs, WARN_FIELDS),
+        *_load_spread(runs, "host.load_average (1 min, at start)", _start_load),
+        *_load_spread(
+            runs, "load over the run (mean 1-min load at its windows' ends)", load_over_run
+        ),
+        *(
+            m
+            for i, side in enumerate(sides)
+            for m in _commands(side, f"workload command ({SIDE_NAMES[i]} runs)")
+        ),
+    ]
 
 
 def mismatches(runs: Sequence[RunInput]) -> list[Mismatch]:

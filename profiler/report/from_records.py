@@ -68,6 +68,7 @@ def _window_input(w: WindowRecord) -> WindowInput:
         codepaths={cp: _figures(dict(w.codepaths[cp])) for cp in CODEPATHS if w.codepaths.get(cp)},
         energy_source=w.energy.get("source") if w.energy is not None else None,
         pid=w.pid,
+        load_1min=w.load_1min,
     )
 
 

@@ -98,7 +98,8 @@ class WindowInput:
     (all codepaths, `other` included); codepaths: figures per codepath of the closed set
     (a codepath that is missing had nothing); energy_source: rapl | model | unavailable,
     None when the window's energy was not given; pid: the process, None when unknown
-    (windows of one pid are one autocorrelated series, blocked together).
+    (windows of one pid are one autocorrelated series, blocked together); load_1min: the
+    host's 1-minute load average at the window's end, None when not recorded.
     """
 
     started_at: float
@@ -107,6 +108,7 @@ class WindowInput:
     codepaths: Mapping[str, CodepathFigures]
     energy_source: str | None = None
     pid: int | None = None
+    load_1min: float | None = None
 
     def __post_init__(self) -> None:
         where = "window"
@@ -117,6 +119,8 @@ class WindowInput:
                 f"window: ended_at {self.ended_at!r} is before started_at {self.started_at!r}"
             )
         _set(self, "cpu_s", _number(where, "cpu_s", self.cpu_s))
+        if self.load_1min is not None:
+            _set(self, "load_1min", _number(where, "load_1min", self.load_1min))
         for name, figures in self.codepaths.items():
             if name not in CODEPATHS:
                 raise InputError(
@@ -293,7 +297,7 @@ class RestoreInput:
 
 
 # The recorded settings the report compares (comparability.py); others are not carried.
-CONFIG_KEYS = ("command", "window_s", "timing_rate_hz", "target_pythons")
+CONFIG_KEYS = ("command", "window_s", "timing_rate_hz", "target_pythons", "checkpoint_dir")
 
 
 def _run_config(where: str, config: Mapping[str, Any]) -> dict[str, Any]:
@@ -322,8 +326,8 @@ class RunInput:
     `unavailable: <why>`; started_at, ended_at: epoch seconds; windows: in any order;
     episodes: None for a record that has none (schema 1), else every episode of the run;
     restore_s: measured checkpoint restore (load) durations, seconds, if any; config:
-    how the run was made (command, window_s, timing_rate_hz, as recorded; target_pythons:
-    the targets' Python versions its windows saw, comma-separated).
+    how the run was made (command, window_s, timing_rate_hz, checkpoint_dir, as recorded;
+    target_pythons: the targets' Python versions its windows saw, comma-separated).
     """
 
     run_id: str

@@ -17,8 +17,10 @@ from pathlib import Path
 import pytest
 
 from collectors.samples import SamplerErrors
+from profiler.attribution.window import AttributedWindow
 from profiler.attribution.window_records import EnergyRecord, GpuRecord
 from profiler.classify.codepaths import CODEPATHS
+from profiler.records.run_sink import RunSink
 from profiler.records.store import RECORD_FILENAME, SCHEMA_VERSION, Recorder, RecordError
 from profiler.sampling.window import CodepathWindow, WindowReport
 
@@ -447,7 +449,7 @@ def test_episodes_round_trip_and_a_version_1_file_says_it_has_none(tmp_path: Pat
         )
     assert eps[0]["direction"] == "encode" and eps[0]["prepared_s"] == 0.03
     meta = dict(sqlite3.connect(path).execute("SELECT key, value FROM meta"))
-    assert meta["schema_version"] == str(SCHEMA_VERSION) == "5"
+    assert meta["schema_version"] == str(SCHEMA_VERSION) == "6"
 
 
 def test_a_version_4_files_episodes_read_no_prepared_s_and_new_ones_keep_it(
@@ -472,7 +474,7 @@ def test_a_version_4_files_episodes_read_no_prepared_s_and_new_ones_keep_it(
         assert [e["prepared_s"] for e in rec.run("old").episodes or ()] == [None]
         assert [e["prepared_s"] for e in rec.run("new").episodes or ()] == [0.03]
     meta = dict(sqlite3.connect(path).execute("SELECT key, value FROM meta"))
-    assert meta["schema_version"] == "5"
+    assert meta["schema_version"] == str(SCHEMA_VERSION)
 
 
 def _directed(encode: tuple[int, float], decode: tuple[int, float]) -> WindowReport:
@@ -530,3 +532,36 @@ def test_directions_are_kept_per_run_and_an_older_run_says_it_has_none(tmp_path:
     other = got["other"]["unknown"]
     assert (other.samples, other.cpu_s, other.energy_j) == (6, pytest.approx(0.2), 1.0)
     assert got["json"]["encode"].samples == 0 and got["json"]["encode"].energy_j is None
+
+
+def test_each_window_keeps_the_load_and_a_version_5_file_is_upgraded(tmp_path: Path) -> None:
+    """Schema 6: every window row holds the host's 1-minute load at its end (the report
+    compares the load over the runs, issue 25 section 3); a version 5 file reads NULL for
+    its old windows, read-only as it is and after the upgrade in place."""
+    path = tmp_path / "r.sqlite"
+    with Recorder(path) as rec:
+        rec.start_run("old", "t", host={}, config={}, sources={})
+        rec.append_window("old", window())
+    db = sqlite3.connect(path)  # the file a version 5 writer left
+    db.executescript(
+        "ALTER TABLE windows DROP COLUMN load_1min;"
+        " UPDATE meta SET value = '5' WHERE key = 'schema_version';"
+    )
+    db.close()
+    with Recorder(path, readonly=True) as rec:
+        assert [w.load_1min for w in rec.run("old").windows] == [None]
+    with Recorder(path) as rec:
+        rec.start_run("new", "t", host={}, config={}, sources={})
+        rec.append_window("new", window(), load_1min=2.5)
+        RunSink(rec, "new").on_window(AttributedWindow(report=window(t0=1_800_000_010.0)))
+        with pytest.raises(ValueError, match="load_1min is inf"):
+            rec.append_window("new", window(), load_1min=math.inf)
+    with Recorder(path, readonly=True) as rec:
+        assert [w.load_1min for w in rec.run("old").windows] == [None]
+        loads = [w.load_1min for w in rec.run("new").windows]
+        assert loads[0] == 2.5
+        # the run sink reads the host's load when it records the window: this machine's
+        assert loads[1] is not None and 0 <= loads[1] <= 1000, loads
+        assert rec.run("new").to_json()["window_list"][0]["load_1min"] == 2.5
+    meta = dict(sqlite3.connect(path).execute("SELECT key, value FROM meta"))
+    assert meta["schema_version"] == "6"

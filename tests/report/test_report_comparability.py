@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from profiler.report import ReportRefused, build_report, render_text
-from profiler.report.inputs import InputError, RunInput
+from profiler.report.inputs import InputError, RestoreInput, RunInput
 from tests.report_synth import HOST, make_run
 
 
@@ -95,3 +95,60 @@ def test_a_refusal_prints_one_line_per_mismatch_and_escapes_each_value() -> None
         "  config.timing_rate_hz (stack-change run) differs: 400.0 (a-1); 0.0 (b\\n\\x1b[2J-1)",
         "compare runs from like hosts and settings, or allow the mismatches",
     ]
+
+
+def _loaded(run: RunInput, load: float | None) -> RunInput:
+    windows = tuple(dataclasses.replace(w, load_1min=load) for w in run.windows)
+    return dataclasses.replace(run, windows=windows)
+
+
+def test_a_load_that_rose_during_a_run_is_a_warning_its_start_misses() -> None:
+    # the same load at every start; the candidate's rose after it began (a busy neighbour)
+    base = [_loaded(_run("a-1", 1, load_average=[0.3, 0, 0]), 0.4)]
+    cand = [_loaded(_run("b-1", 3, load_average=[0.3, 0, 0]), 1.6)]
+    report = build_report(base, cand)
+    field = "load over the run (mean 1-min load at its windows' ends)"
+    assert _fields(report) == [field]
+    (message,) = [w["message"] for w in report["warnings"] if w.get("field") == field]
+    assert "0.40 (a-1); 1.60 (b-1)" in message
+    # within LOAD_SPREAD (1.0) of each other: no warning; unrecorded (None): none either
+    assert _fields(build_report(base, [_loaded(cand[0], 1.3)])) == []
+    assert _fields(build_report([_loaded(base[0], None)], cand)) == []
+
+
+def _command(run: RunInput, command: str, directory: str | None = None) -> RunInput:
+    config = dict(run.config, command=command, checkpoint_dir=directory)
+    return dataclasses.replace(run, config=config)
+
+
+def test_a_sides_runs_of_different_commands_are_a_warning() -> None:
+    # `serwatt ab` gives each run its own checkpoint directory: not a difference
+    base = [
+        _command(_run("a-1", 1), "python train.py --dir /ck/a-1", "/ck/a-1"),
+        _command(_run("a-2", 2), "python train.py --dir /ck/a-2", "/ck/a-2"),
+    ]
+    # the sides differ by design; a resume (restores, arguments appended) is the same job
+    resumed = dataclasses.replace(
+        _command(_run("b-1-resumed", 4), "python t2.py --resume", None),
+        restores=(
+            RestoreInput(
+                path="/ck/b-1/ckpt.many", bytes=1 << 20, open_t=1_700_000_100.0, pid=1,
+                thread_id=1, episode_start=None, wall_s=None, resolution_s=None,
+                timed_by="file event", read_bytes=None, lazy=False,
+            ),
+        ),
+    )  # fmt: skip
+    cand = [_command(_run("b-1", 3), "python t2.py"), resumed]
+    assert _fields(build_report(base, cand)) == []
+    # a repeat run with other arguments is named, the directory written {dir}
+    odd = _command(_run("a-3", 5), "python train.py --dir /ck/a-3 --batch 64", "/ck/a-3")
+    report = build_report([*base, odd], cand)
+    assert _fields(report) == ["workload command (baseline runs)"]
+    (message,) = [w["message"] for w in report["warnings"]]
+    assert message.startswith(
+        "workload command (baseline runs) differs: python train.py --dir {dir} (a-1, a-2); "
+        "python train.py --dir {dir} --batch 64 (a-3)"
+    )
+    # without a restore an extended command is a different job, not a resume
+    plain = dataclasses.replace(resumed, restores=())
+    assert _fields(build_report(base, [cand[0], plain])) == ["workload command (candidate runs)"]
