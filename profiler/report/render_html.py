@@ -31,6 +31,9 @@ from profiler.report.render_text import (
 )
 
 COLORS = {"baseline": "#4c72b0", "candidate": "#dd8452"}
+# each warning's lead: a power warning (too few blocks or episodes for significance)
+# carries `needed_per_side`; the others by their scope
+WARNING_KINDS = {"comparability": "Runs differ", "checkpoint": "Checkpoints"}
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px auto;
 max-width:1100px;color:#222;padding:0 16px}
@@ -652,7 +655,12 @@ def render_html(report: Mapping[str, Any]) -> str:
     for c in report["caveats"]:
         body.append(f'<p class="caveat">Caveat: {e(c)}</p>')
     for w in report["warnings"]:
-        body.append(f'<p class="warning">Too few samples: {e(w["message"])}</p>')
+        kind = (
+            "Too few samples"
+            if "needed_per_side" in w
+            else WARNING_KINDS.get(w.get("scope"), "Warning")
+        )
+        body.append(f'<p class="warning">{kind}: {e(w["message"])}</p>')
     body.append("<h2>Runs, hosts and sources</h2>")
     body.append(_sides(report))
 

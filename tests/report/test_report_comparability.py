@@ -152,3 +152,14 @@ def test_a_sides_runs_of_different_commands_are_a_warning() -> None:
     # without a restore an extended command is a different job, not a resume
     plain = dataclasses.replace(resumed, restores=())
     assert _fields(build_report(base, [cand[0], plain])) == ["workload command (candidate runs)"]
+
+
+def test_the_html_page_leads_each_warning_with_its_kind() -> None:
+    from profiler.report import render_html
+
+    base = [_run("a-1", 1, cpu_governor="performance")]
+    cand = [_run("b-1", 3, cpu_governor="powersave")]
+    page = render_html(build_report(base, cand))
+    assert '<p class="warning">Runs differ: host.cpu_governor differs:' in page
+    # a comparability warning is not a shortage of samples
+    assert "Too few samples: host.cpu_governor" not in page
