@@ -12,8 +12,10 @@ report.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 from typing import Any
 
 from profiler.many.format import escape_text
@@ -150,13 +152,30 @@ def _differences(
     return out
 
 
+def _checkpoint_dir(run: RunInput, command: str) -> str | None:
+    """The run's watched checkpoint directory: as recorded, or, in a record from before
+    serwatt kept it, the deepest directory above all its checkpoint files that its
+    command names."""
+    recorded = run.config.get("checkpoint_dir")
+    if recorded:
+        return str(recorded)
+    paths = [PurePosixPath(c.path) for c in run.checkpoints or ()]
+    if not paths:
+        return None
+    common = PurePosixPath(os.path.commonpath([str(p.parent) for p in paths]))
+    for directory in (common, *common.parents):
+        if str(directory) not in ("/", ".") and str(directory) in command:
+            return str(directory)
+    return None
+
+
 def workload_command(run: RunInput) -> str | None:
     """The run's recorded command with its own checkpoint directory written `{dir}`
     (`serwatt ab` gives every run its own); None when the record holds no command."""
     command = run.config.get("command")
     if not command:
         return None
-    directory = run.config.get("checkpoint_dir")
+    directory = _checkpoint_dir(run, command)
     return command.replace(directory, "{dir}") if directory else command
 
 

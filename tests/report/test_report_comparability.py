@@ -163,3 +163,26 @@ def test_the_html_page_leads_each_warning_with_its_kind() -> None:
     assert '<p class="warning">Runs differ: host.cpu_governor differs:' in page
     # a comparability warning is not a shortage of samples
     assert "Too few samples: host.cpu_governor" not in page
+
+
+def test_an_older_record_without_its_directory_finds_it_above_its_checkpoint_files() -> None:
+    from profiler.report.comparability import workload_command
+    from profiler.report.inputs import CheckpointInput
+
+    def saved(path: str) -> CheckpointInput:
+        return CheckpointInput(
+            path=path, bytes=1 << 20, event_t=1_700_000_010.0, pid=1, thread_id=1,
+            episode_start=None, stall_thread=None, stall_start=None, stall_s=None,
+            resolution_s=None, timed_by="file event", cpu_s_all_threads=None,
+            async_tail_s=None,
+        )  # fmt: skip
+
+    run = _command(_run("a-1", 1), "python train.py --dir /ck/ab-1/a-1 --steps 8")
+    files = (saved("/ck/ab-1/a-1/step-2/model.pt"), saved("/ck/ab-1/a-1/step-4/model.pt"))
+    old = dataclasses.replace(run, checkpoints=files)
+    assert workload_command(old) == "python train.py --dir {dir} --steps 8"
+    # the recorded directory wins; no files and none recorded: the command as it is
+    assert workload_command(_command(run, run.config["command"], "/ck/ab-1")) == (
+        "python train.py --dir {dir}/a-1 --steps 8"
+    )
+    assert workload_command(run) == "python train.py --dir /ck/ab-1/a-1 --steps 8"
