@@ -73,11 +73,10 @@ def load_1min(procfs: Path = Path("/proc")) -> float | None:
     """The 1-minute load average now; None when /proc/loadavg cannot be read. The run
     sink records it with every window, so a report compares the load over the runs, not
     only at their start."""
-    try:
-        value = float((procfs / "loadavg").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
+    loads = _load_average(procfs, {})
+    if not loads or not math.isfinite(loads[0]) or loads[0] < 0:
         return None
-    return value if math.isfinite(value) and value >= 0 else None
+    return loads[0]
 
 
 def _load_average(procfs: Path, unreadable: dict[str, str]) -> list[float] | None:
