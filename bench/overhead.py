@@ -25,7 +25,13 @@ runs and the stack-change run at profile's own rate for --rate
 (profiler.sampling.collect.timing_rate_hz; --timing-rate 0 leaves it out), on the
 process of the tree the session gives it (profiler/profile/session.py). --rate: 100 Hz
 for loop, serwatt profile's default (50 Hz) for dataloader. One py-spy window spans a
-phase.
+phase, or --window s of it.
+
+--cpu-budget (default: off for loop; `serwatt profile`'s default for dataloader, 2% of
+the CPUs) runs every profiled phase under one rate governor, as one long profile would
+be: the rates it learnt carry from phase to phase, and it starts from the cost model.
+With a budget, run phases of two windows or more (--phase 10 --window 5), so each phase
+observes its cost.
 
 Each ratio is printed with a 95% confidence interval of its mean over the pairs
 (Student t): the goal is confirmed only when the interval's lower end is at or above
@@ -137,11 +143,21 @@ def main() -> int:
         help="the stack-change run, as `serwatt profile --timing-rate` (default: profile's "
         "own, 4x --rate up to 400 Hz; 0: none)",
     )
+    ap.add_argument(
+        "--window", type=float, default=None, metavar="S",
+        help="py-spy window length (default: the phase)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--cpu-budget", default=None, metavar="CORES|off",
+        help="serwatt profile --cpu-budget (default: off for loop, profile's default for "
+        "dataloader)",
+    )  # fmt: skip
     args = ap.parse_args()
 
     from collectors.pyspy import SamplingPlan
     from profiler.classify.classifier import Classifier
     from profiler.profile.session import ProfileSession
+    from profiler.sampling.budget import PROFILE_FIX, RateGovernor, default_budget_cores
     from profiler.sampling.collect import timing_rate_hz as timing_rule
 
     if args.rate is None:
@@ -150,6 +166,14 @@ def main() -> int:
     goal, unit = GOALS[args.workload], UNITS[args.workload]
     # as `serwatt profile --pid` does: the workers are profiled with their main process
     tree = args.workload == "dataloader"
+    window_s = min(args.window or args.phase, args.phase)
+    budget = args.cpu_budget or ("auto" if tree else "off")
+    budget_cores = None if budget == "off" else (
+        default_budget_cores() if budget == "auto" else float(budget)
+    )  # fmt: skip
+    governor = None
+    if budget_cores is not None:
+        governor = RateGovernor(budget_cores, args.rate, fix=PROFILE_FIX)
 
     classifier = Classifier.default()
     log_dir = tempfile.TemporaryDirectory(prefix="serwatt-overhead-")
@@ -199,6 +223,7 @@ def main() -> int:
         return total
 
     serwatt_cpu: list[float] = []  # per profiled phase, in cores (CPU-s per wall-s)
+    rates: list[float] = []  # the governed rate after each profiled phase
     phases: list[tuple[str, float]] = []
     try:
         # the DataLoader job imports torch and starts its workers before its first step
@@ -212,7 +237,7 @@ def main() -> int:
         warm = SamplingPlan(rate_hz=args.rate, on_cpu_run=True)
         ProfileSession(
             proc.pid, classifier=classifier, plan=warm, window_s=2, duration_s=2,
-            follow_children=tree, progress=None,
+            follow_children=tree, progress=None, governor=governor,
         ).run()  # fmt: skip
         time.sleep(1.0)
         for _ in range(args.pairs):
@@ -224,9 +249,11 @@ def main() -> int:
                 proc.pid, classifier=classifier, plan=SamplingPlan(
                     rate_hz=args.rate, on_cpu_run=True, timing_rate_hz=timing_rate_hz
                 ),
-                window_s=args.phase, duration_s=args.phase, follow_children=tree,
-                progress=None,
+                window_s=window_s, duration_s=args.phase, follow_children=tree,
+                progress=None, governor=governor,
             ).run()  # fmt: skip
+            if governor is not None:
+                rates.append(governor.rate_hz)
             serwatt_cpu.append((own_cpu_s() - c0) / (time.time() - t0))
             phases.append(("B", rate(t0 + 0.3, time.time() - 0.1, w0)))
         t0, w0 = time.time(), schedstat()
@@ -254,6 +281,12 @@ def main() -> int:
         f"unprofiled {statistics.mean(a):.1f} {unit}/s (sd {statistics.stdev(a):.1f}), "
         f"profiled {statistics.mean(b):.1f} {unit}/s"
     )
+    if governor is not None:
+        print(
+            f"cpu budget {budget_cores:g} cores: governed rate after each profiled phase "
+            + ", ".join(f"{r:g}" for r in rates)
+            + " Hz"
+        )
     print("per-pair ratio B/mean(A neighbours): " + ", ".join(f"{x:.3f}" for x in ratios))
     ratio = mean_interval(ratios)
     print(

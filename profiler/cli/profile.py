@@ -37,6 +37,7 @@ from profiler.many.format import escape_text
 from profiler.profile.session import ProfileSession, SessionResult
 from profiler.profile.setup import ProfileOptions, ProfileSetup, SetupError
 from profiler.profile.table import render_table
+from profiler.sampling.budget import DEFAULT_BUDGET_SHARE, default_budget_cores
 from profiler.sampling.collect import (
     TIMING_RATE_FACTOR,
     TIMING_RATE_MAX_HZ,
@@ -47,6 +48,16 @@ BAD_INPUT_ERRORS = (TargetGone, NotPython, UnsupportedPython, PtraceDenied)
 
 def _store_dir(text: str) -> Path | None:
     return None if text == "off" else Path(text)
+
+
+_CORES = Number(float, above=0, max=4096, unit="cores")
+
+
+OFF = "off"
+
+
+def _cpu_budget(text: str) -> float | str:
+    return OFF if text == OFF else float(_CORES(text))
 
 
 def add_common_options(parser: argparse.ArgumentParser) -> None:
@@ -133,7 +144,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--duration", type=Number(float, above=0, unit="s"), metavar="S",
         help="stop profiling after S s",
     )  # fmt: skip
+    parser.add_argument(
+        "--cpu-budget", type=_cpu_budget, default=None, metavar="CORES|off",
+        help="the most CPU serwatt and its py-spy runs may use, in cores: after every window "
+        "length the measured use sets the next windows' rates, every run lowered in "
+        f"proportion, never above --rate (default: {DEFAULT_BUDGET_SHARE:.0%} of the CPUs "
+        f"serwatt may run on, {default_budget_cores():g} here; off when --rate is given; "
+        "off: always --rate)",
+    )  # fmt: skip
     add_common_options(parser)
+    # --rate given means that rate: the default budget applies only to the default rate
+    parser.set_defaults(rate=None)
     parser.add_argument(
         "--record", type=Path, metavar="FILE",
         help="also append this session as a run to a run-record file (see `serwatt runs`)",
@@ -179,11 +200,22 @@ def validate_common(args: argparse.Namespace) -> ProfileSetup:
     return setup
 
 
+def _budget_cores(args: argparse.Namespace) -> float | None:
+    """--cpu-budget as given; not given: the default share of the CPUs at the default
+    rate, none when --rate was given (`serwatt demo` has no budget)."""
+    if "cpu_budget" not in args:
+        return None
+    if args.cpu_budget is not None:
+        return None if args.cpu_budget == OFF else float(args.cpu_budget)
+    return default_budget_cores() if args.rate is None else None
+
+
 def profile_options(args: argparse.Namespace) -> ProfileOptions:
     """The typed options of a command line that has add_common_options' (and maybe
     configure's --record, --run-id, --checkpoints, --checkpoint-glob)."""
     return ProfileOptions(
-        rate_hz=args.rate,
+        rate_hz=DEFAULT_RATE_HZ if args.rate is None else args.rate,
+        cpu_budget_cores=_budget_cores(args),
         window_s=args.window,
         timing_rate_hz=args.timing_rate,
         on_cpu_run=args.on_cpu_run,

@@ -404,6 +404,10 @@ class Ab:
             str(o.record),
             "--run-id",
             planned.run_id,
+            # each run is a measurement at the full rates, and both sides pay the same
+            # cost: the budget that shields a production job would blur the stalls
+            "--cpu-budget",
+            "off",
         ]
         if directory is not None:
             argv += ["--checkpoints", str(directory)]

@@ -251,6 +251,7 @@ def build_document(result: SessionResult, energy: ProfileEnergy | None = None) -
         "started_at": _iso(result.info.started_at),
         "duration_s": round(result.ended_at - result.info.started_at, 3),
         "rate_hz": result.info.rate_hz,
+        "cpu_budget": result.cpu_budget,
         "samples": sum(acc.samples.values()),
         "cpu_s": round(total, 6),
         "codepaths": _codepath_sections(result, main),

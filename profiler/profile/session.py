@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Protocol, TextIO
+from typing import Any, Protocol, TextIO
 
 from collectors import procstat
 from collectors.pyspy import (
@@ -51,8 +51,10 @@ from profiler.attribution.window import AttributedWindow
 from profiler.classify import source_cache
 from profiler.classify.codepaths import CODEPATHS
 from profiler.classify.direction import DIRECTIONS
+from profiler.profile.cpu_budget import SessionBudget
 from profiler.profile.processes import ProcessTally
 from profiler.sampling import collect, eligible
+from profiler.sampling.budget import RateGovernor
 from profiler.sampling.collect import ClassifierLike, RawWindow, collect_window, finish_window
 from profiler.sampling.retry import RetryPolicy
 from profiler.sampling.window import WindowReport
@@ -207,6 +209,8 @@ class SessionResult:
     targets: list[TargetStats]
     acc: Accumulator
     episodes: list[Episode] = field(default_factory=list)  # in the order they closed
+    # the CPU budget, the rates it set and serwatt's own measured CPU (cpu_budget.py)
+    cpu_budget: dict[str, Any] = field(default_factory=dict)
 
 
 class ProfileSession:
@@ -228,6 +232,7 @@ class ProfileSession:
         strict_root: bool = True,
         root_exit_check: Callable[[], bool] | None = None,
         root_may_be_wrapper: bool = False,
+        governor: RateGovernor | None = None,
     ) -> None:
         """plan: the root's windows' py-spy runs (collectors/pyspy/plan.py); its
         timing_rate_hz is the stack-change run's budget the tree shares (_plan_for; None:
@@ -238,7 +243,9 @@ class ProfileSession:
         root_may_be_wrapper: a root that is not Python (a shell or wrapper launched by
         `serwatt profile -- CMD`) is not an error: its Python descendants are profiled.
         root_exit_check: returns True once the launched command has exited (used to
-        reap it: a zombie still shows in /proc)."""
+        reap it: a zombie still shows in /proc).
+        governor: the CPU budget's (profiler/profile/cpu_budget.py); None: every window
+        at `plan`'s rates."""
         self.root_pid = root_pid
         self.classifier = classifier
         self.plan = plan
@@ -255,6 +262,8 @@ class ProfileSession:
         self.strict_root = strict_root
         self.root_exit_check = root_exit_check
         self.root_may_be_wrapper = root_may_be_wrapper
+        self.budget = SessionBudget(governor)
+        self._launched_exited = False
         self._timing_pid: int | None = root_pid  # the one target the stack-change run samples
         if command is None:
             try:
@@ -350,6 +359,7 @@ class ProfileSession:
                 stats.exited = True
                 break
             if is_root and self.root_exit_check is not None and self.root_exit_check():
+                self._launched_exited = True
                 stats.exited = True
                 break
         with self._lock:
@@ -364,19 +374,22 @@ class ProfileSession:
         never below the counted runs' rate. Every process of a DataLoader tree with its own
         run at 4x the rate cost a 2-CPU node 45% of the job's steps (issue 22); the other
         targets get the counted runs."""
-        budget = self.plan.timing_rate_hz
-        if budget is None:
-            return self.plan
+        plan = self.budget.plan(self.plan)
+        shared = plan.timing_rate_hz
+        if shared is None:
+            return plan
         with self._lock:
             if self._timing_pid is None:
                 self._timing_pid = pid
             if self._timing_pid != pid:
-                return replace(self.plan, timing_rate_hz=None)
-        tree = (
-            1 + len(procstat.descendants(self.root_pid, self.procfs)) if self.follow_children else 1
-        )
-        rate = max(min(self.plan.rate_hz, budget), budget / tree)
-        return replace(self.plan, timing_rate_hz=rate)
+                return replace(plan, timing_rate_hz=None)
+        rate = max(min(plan.rate_hz, shared), shared / self._tree_size())
+        return replace(plan, timing_rate_hz=rate)
+
+    def _tree_size(self) -> int:
+        if not self.follow_children:
+            return 1
+        return 1 + len(procstat.descendants(self.root_pid, self.procfs))
 
     def _finisher(self) -> None:
         while True:
@@ -484,6 +497,9 @@ class ProfileSession:
         elif procstat.exists(self.root_pid, self.procfs):
             precheck(self.root_pid, self.procfs)  # free-threaded: refuse at once
         self._finisher_thread.start()
+        self.budget.begin(
+            time.monotonic(), tree=self._tree_size(), plan=self.plan, window_s=self.window_s
+        )
         self._start_target(self.root_pid)
         if self.root_pid not in self.targets and self.strict_root:
             raise TargetGone(f"no such process: {self.root_pid} (it is not running)")
@@ -504,6 +520,9 @@ class ProfileSession:
                     self._stop.set()
                     if not alive:
                         break
+                over = self.budget.tick(time.monotonic(), launched_exited=self._launched_exited)
+                if over is not None and self.progress is not None:
+                    print(f"serwatt: CPU budget not met: {over}", file=self.progress)
                 if self.progress is not None and now - last_progress >= self._progress_every():
                     self._print_progress(now)
                     last_progress = now
@@ -524,6 +543,7 @@ class ProfileSession:
             targets=list(self.targets.values()),
             acc=self.acc,
             episodes=self._episodes,
+            cpu_budget=self.budget.section(),
         )
 
     def _root_running(self) -> bool:

@@ -28,6 +28,7 @@ from profiler.profile.record_sink import RecordSink
 from profiler.profile.session import ProfileSession, SessionResult, SessionSink
 from profiler.records.run_ids import check_run_id
 from profiler.records.store import RecordError
+from profiler.sampling.budget import PROFILE_FIX, RateGovernor
 from profiler.sampling.collect import timing_rate_hz
 
 MODES = ("auto", "required", "off")
@@ -43,6 +44,9 @@ class ProfileOptions:
     of that name (docs/architecture.md lists them)."""
 
     rate_hz: float = DEFAULT_RATE_HZ
+    # the most cores serwatt and its py-spy runs may use (profiler/profile/cpu_budget.py);
+    # None: no budget, every window at rate_hz (`serwatt ab`, the demos, direct callers)
+    cpu_budget_cores: float | None = None
     window_s: float = 5.0
     # the stack-change run's rate as asked: None for the default at rate_hz, 0 for none
     timing_rate_hz: float | None = None
@@ -143,6 +147,11 @@ class ProfileSetup:
             follow_children=o.follow_children,
             root_exit_check=(lambda: proc.poll() is not None) if proc is not None else None,
             root_may_be_wrapper=root_may_be_wrapper,
+            governor=(
+                None
+                if o.cpu_budget_cores is None
+                else RateGovernor(o.cpu_budget_cores, o.rate_hz, fix=PROFILE_FIX)
+            ),
         )
 
     def document(self, result: SessionResult) -> dict[str, Any]:

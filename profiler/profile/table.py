@@ -44,7 +44,7 @@ def render_table(doc: Mapping[str, Any], *, by_process: bool = False) -> str:
     lines = [
         f"serwatt profile: pid {doc['target']['pid']} ({doc['target']['command'][:60]}), "
         f"python {doc['target']['python'] or '?'}, {doc['duration_s']:.1f} s at "
-        f"{doc['rate_hz']:g} Hz, {len(doc.get('targets', []))} process(es)",
+        f"{_rates(doc)}, {len(doc.get('targets', []))} process(es)",
         head,
     ]
     for cp in CODEPATHS:
@@ -89,6 +89,7 @@ def render_table(doc: Mapping[str, Any], *, by_process: bool = False) -> str:
         f"partial stacks {s['partial_stacks']}, max lag {s['behind_s']:.2f} s, "
         f"windows {s['windows']}, window failures: {fails}"
     )
+    lines.append(_budget_line(doc.get("cpu_budget") or {}))
     energy = doc.get("energy") or {}
     if energy.get("source") == "unavailable":
         lines.append(f"energy: unavailable ({energy.get('reason')})")
@@ -202,3 +203,36 @@ def energy_lines(doc: Mapping[str, Any]) -> list[str]:
             f"of {g.get('covered_s') or 0:.2f} s with NVML data{e_s}{wait_s}"
         )
     return out
+
+
+def _budget_line(b: Mapping[str, Any]) -> str:
+    """The CPU budget, the rates it set, and serwatt's own CPU with its source."""
+    own = b.get("own_cpu_cores")
+    used = (
+        f"serwatt used {own:.3f} cores ({b.get('own_cpu_source')})"
+        if own is not None
+        else f"serwatt's own CPU {b.get('own_cpu_source')}"
+    )
+    if b.get("budget_cores") is None:
+        return f"cpu budget: none (--cpu-budget off); {used}"
+    rates = b.get("rates_hz") or []
+    ran = (
+        f"windows at {rates[0]:g}-{rates[-1]:g} Hz"
+        if len(rates) > 1
+        else f"windows at {rates[0]:g} Hz"
+        if rates
+        else "no slot observed"
+    )
+    line = f"cpu budget: {b['budget_cores']:g} cores (--cpu-budget), {ran}; {used}"
+    if b.get("over_budget"):
+        line += f"; not met: {b['over_budget']}"
+    return line
+
+
+def _rates(doc: Mapping[str, Any]) -> str:
+    """The rate the windows ran at: --rate, or the range the CPU budget set."""
+    rates = (doc.get("cpu_budget") or {}).get("rates_hz") or []
+    if not rates or rates == [doc["rate_hz"]]:
+        return f"{doc['rate_hz']:g} Hz"
+    span = f"{rates[0]:g}-{rates[-1]:g}" if len(rates) > 1 else f"{rates[0]:g}"
+    return f"{span} Hz (the CPU budget's; --rate {doc['rate_hz']:g})"

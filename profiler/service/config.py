@@ -99,7 +99,9 @@ class Config:
     window_s: float = 10.0
     rescan_s: float = 5.0
     max_concurrent_samplers: int = 8
-    cpu_budget_cores: float | None = None  # profiler/service/budget.py; None: always sample_rate_hz
+    cpu_budget_cores: float | None = (
+        None  # profiler/sampling/budget.py; None: always sample_rate_hz
+    )
     # the stack-change run's rate at sample_rate_hz (scaled with the governed rate); 0: none
     timing_rate_hz: float = 0.0
     sampler_priority: str = "auto"  # 'auto' | 'required' | 'off' (collectors/sched.py)

@@ -39,9 +39,9 @@ from profiler.exitcodes import EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME
 from profiler.records.host import fingerprint
 from profiler.records.run_sink import RunSink
 from profiler.records.store import Recorder, RecordError
+from profiler.sampling.budget import RateGovernor
 from profiler.sampling.retry import TARGET_KINDS
 from profiler.sampling.window import WindowReport
-from profiler.service.budget import RateGovernor
 from profiler.service.clock import Clock, SystemClock
 from profiler.service.collector_health import run_collector
 from profiler.service.config import Config, ConfigError, load_config

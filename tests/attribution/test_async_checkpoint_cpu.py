@@ -26,7 +26,9 @@ def test_a_background_checkpoints_cpu_is_the_processs_over_its_span(tmp_path: Pa
     ckpt.mkdir()
     r = subprocess.run(
         [
-            sys.executable, "-m", "profiler", "profile", "--checkpoints", str(ckpt),
+            # the checkpoints' CPU at the full rate (a budget lowers it on a 2-CPU node)
+            sys.executable, "-m", "profiler", "profile", "--cpu-budget", "off",
+            "--checkpoints", str(ckpt),
             "--json", str(doc), "--",
             sys.executable, "-m", "profiler.workloads.train", "--ckpt", "many-async",
             "--backend", "numpy", "--size", "256", "--steps", "12", "--every", "3",

@@ -178,7 +178,8 @@ def test_attach_with_pid_and_duration() -> None:
     try:
         time.sleep(0.5)
         t0 = time.time()
-        r = serwatt("profile", "--pid", str(p.pid), "--duration", "3")
+        # at the full rate: the sample count below is 3 s of 50 Hz, not the budget's
+        r = serwatt("profile", "--pid", str(p.pid), "--duration", "3", "--cpu-budget", "off")
         elapsed = time.time() - t0
         assert p.poll() is None  # attaching never stops the target
     finally:

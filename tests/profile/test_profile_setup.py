@@ -4,6 +4,7 @@ would outlive it, and a record file that is not one is left as it was."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
@@ -57,3 +58,38 @@ def test_a_run_id_already_taken_is_refused(tmp_path: Path) -> None:
     first.record_sink.recorder.close()
     with pytest.raises(SetupError, match="--run-id a-1: .* already holds a run of that id"):
         ProfileSetup.open(ProfileOptions(record=db, run_id="a-1"))
+
+
+def _profile_parser() -> argparse.ArgumentParser:
+    from profiler.cli import profile
+
+    parser = argparse.ArgumentParser(prog="serwatt profile")
+    profile.configure(parser)
+    return parser
+
+
+@pytest.mark.parametrize(
+    ("argv", "rate", "budget"),
+    [
+        ([], 50, "default"),  # the default rate under the default budget
+        (["--rate", "100"], 100, None),  # a rate given is that rate
+        (["--rate", "100", "--cpu-budget", "0.5"], 100, 0.5),  # unless a budget is too
+        (["--cpu-budget", "off"], 50, None),
+        (["--cpu-budget", "0.25"], 50, 0.25),
+    ],
+)
+def test_the_cpu_budget_of_a_command_line(argv, rate, budget) -> None:
+    from profiler.cli.profile import profile_options
+    from profiler.sampling.budget import default_budget_cores
+
+    args = _profile_parser().parse_args([*argv, "--", "true"])
+    options = profile_options(args)
+    assert options.rate_hz == rate
+    assert options.cpu_budget_cores == (default_budget_cores() if budget == "default" else budget)
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "nan", "lots"])
+def test_a_bad_cpu_budget_is_refused_with_its_name(bad, capsys) -> None:
+    with pytest.raises(SystemExit):
+        _profile_parser().parse_args(["--cpu-budget", bad, "--", "true"])
+    assert "--cpu-budget" in capsys.readouterr().err

@@ -191,7 +191,9 @@ def test_a_bad_record_file_fails_before_profiling(tmp_path: Path) -> None:
 def test_serwatt_profile_record_writes_a_run_that_serwatt_runs_shows(tmp_path: Path) -> None:
     db = tmp_path / "runs.sqlite"
     out = subprocess.run(
+        # --cpu-budget off: 1 s windows under the default budget on 2 CPUs run at 1 Hz
         [sys.executable, "-m", "profiler", "profile", "--record", str(db), "--window", "1",
+         "--cpu-budget", "off",
          "--path.sysfs", str(tmp_path), "--tdp", "100", "--nvml", "off", "--",
          sys.executable, "-c", JSON_LOOP.replace("60", "4")],
         capture_output=True, text=True, timeout=300, cwd=REPO,

@@ -1,13 +1,26 @@
-"""The CPU budget's rate governor (profiler/budget.py), driven by a cost model shaped
+"""The CPU budget's rate governor (profiler/sampling/budget.py), driven by a cost model shaped
 like the measured one: a fixed part plus a part per sample."""
 
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 
-from profiler.service.budget import HEADROOM, MAX_STEP, MIN_RATE_HZ, RateGovernor
+from profiler.sampling.budget import (
+    DEFAULT_BUDGET_SHARE,
+    HEADROOM,
+    MAX_STEP,
+    MIN_RATE_HZ,
+    OWN_CORES,
+    PROFILE_FIX,
+    RUN_START_CPU_S,
+    TICK_CPU_S,
+    RateGovernor,
+    default_budget_cores,
+    starting_rate,
+)
 
 # Measured on the reference VM (docs/daemon.md), 8 targets, 10 s windows: the daemon
 # ~2.3% of a core, py-spy 20 ms per start and 0.28 ms per sample.
@@ -101,3 +114,49 @@ def test_another_runs_rate_falls_in_proportion_with_the_governed_rate():
     for _ in range(20):
         g.observe(100.0)  # far over: the floor
     assert g.rate_hz == MIN_RATE_HZ and g.scaled(40) == MIN_RATE_HZ  # never below 1 Hz
+
+
+def test_the_profiles_over_budget_note_names_its_own_options():
+    g = RateGovernor(0.01, 50, fix=PROFILE_FIX)
+    for _ in range(20):
+        g.observe(usage(g.rate_hz))
+    assert g.over_budget is not None and "--cpu-budget" in g.over_budget
+    assert "max_concurrent_samplers" not in g.over_budget
+    assert g.observed == 20
+
+
+def test_the_default_budget_is_a_share_of_the_cpus():
+    assert default_budget_cores(2) == pytest.approx(2 * DEFAULT_BUDGET_SHARE)
+    assert default_budget_cores(64) == pytest.approx(64 * DEFAULT_BUDGET_SHARE)
+    assert default_budget_cores(0) == pytest.approx(DEFAULT_BUDGET_SHARE)  # at least one CPU
+    assert default_budget_cores() == pytest.approx(
+        len(os.sched_getaffinity(0)) * DEFAULT_BUDGET_SHARE
+    )
+
+
+def modelled(rate_hz: float, *, runs: int, window_s: float, ticks_per_hz: float) -> float:
+    """The cost model's cores at rate_hz, written out from its constants."""
+    return OWN_CORES + runs * RUN_START_CPU_S / window_s + TICK_CPU_S * ticks_per_hz * rate_hz
+
+
+@pytest.mark.parametrize(
+    ("budget", "runs", "ticks"),
+    [(0.04, 7, 7.33), (0.04, 3, 6.0), (0.2, 7, 7.33), (1.28, 7, 7.33)],
+)
+def test_the_starting_rate_is_the_highest_whole_rate_the_model_fits_under_the_aim(
+    budget, runs, ticks
+):
+    rate = starting_rate(budget, 50, runs_per_window=runs, window_s=5, ticks_per_hz=ticks)
+    assert rate == int(rate) and MIN_RATE_HZ <= rate <= 50
+    aim = HEADROOM * budget
+    if rate < 50:
+        assert modelled(rate, runs=runs, window_s=5, ticks_per_hz=ticks) <= aim
+        assert modelled(rate + 1, runs=runs, window_s=5, ticks_per_hz=ticks) > aim
+    else:
+        assert modelled(50, runs=runs, window_s=5, ticks_per_hz=ticks) <= aim
+
+
+def test_a_budget_the_model_cannot_fit_starts_at_the_floor():
+    assert starting_rate(0.005, 50, runs_per_window=7, window_s=5, ticks_per_hz=7) == MIN_RATE_HZ
+    with pytest.raises(ValueError):
+        starting_rate(0.0, 50, runs_per_window=7, window_s=5, ticks_per_hz=7)
