@@ -53,6 +53,7 @@ class SessionBudget:
         self._last: _Mark | None = None  # the last observed slot's end
         self._slot_s = 0.0
         self._due = float("inf")  # when the next slot ends
+        self._base: SamplingPlan | None = None  # the session's plan, ungoverned
         self.rates_hz: set[float] = set()  # the rates windows were started at
 
     def begin(self, now: float, *, tree: int, plan: SamplingPlan, window_s: float) -> None:
@@ -63,8 +64,14 @@ class SessionBudget:
         # them not yet reaped, and the next slot would count them twice over).
         self._slot_s = window_s
         self._due = now + 1.5 * window_s
-        g = self.governor
-        if g is None or g.budget_cores is None or g.observed:
+        self._base = plan
+        self.tree_grew(tree)
+
+    def tree_grew(self, tree: int) -> None:
+        """Until a slot has been measured, the cost model sets the rate for the processes
+        sampled now (a launched job's workers start after its first windows)."""
+        g, plan = self.governor, self._base
+        if g is None or g.budget_cores is None or g.observed or plan is None:
             return
         runs = 2 if plan.on_cpu_run else 1
         timing = plan.timing_rate_hz
@@ -76,7 +83,7 @@ class SessionBudget:
                 g.budget_cores,
                 g.max_rate_hz,
                 runs_per_window=tree * runs + (1 if timing else 0),
-                window_s=window_s,
+                window_s=self._slot_s,
                 ticks_per_hz=tree * runs + share,
             ),
         )

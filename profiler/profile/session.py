@@ -461,6 +461,7 @@ class ProfileSession:
         except procstat.ProcessGone:
             return
         self.targets[pid] = TargetStats(pid=pid, command=command)
+        self.budget.tree_grew(len(self.targets))
         t = threading.Thread(target=self._worker, args=(pid,), name=f"serwatt-target-{pid}")
         self._workers[pid] = t
         t.start()

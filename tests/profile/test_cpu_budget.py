@@ -114,3 +114,21 @@ def test_no_slot_observed_says_so():
     section = b.section()
     assert section["own_cpu_cores"] is None
     assert section["own_cpu_source"].startswith("unavailable")
+
+
+def test_workers_that_start_before_the_first_slot_lower_the_models_rate():
+    cpu = Cpu()
+    g = RateGovernor(0.1, 50, fix=PROFILE_FIX)
+    b = SessionBudget(g, cpu_s=cpu)
+    b.begin(0.0, tree=1, plan=BASE, window_s=5)  # a launched job: its root alone at start
+    alone = g.rate_hz
+    b.tree_grew(3)  # its two workers
+    assert g.rate_hz == starting_rate(
+        0.1, 50, runs_per_window=7, window_s=5, ticks_per_hz=6 + 200 / 150
+    )
+    assert g.rate_hz < alone
+    cpu.s = 0.1
+    b.tick(7.5, launched_exited=False)  # measured from here on: the model no longer applies
+    measured = g.rate_hz
+    b.tree_grew(8)
+    assert g.rate_hz == measured
