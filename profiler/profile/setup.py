@@ -221,6 +221,9 @@ def _record(
             # the checkpoint directory lets it compare commands that name their own one
             config={
                 "timing_rate_hz": o.plan().timing_rate_hz,
+                # under a budget the windows ran at or below rate_hz (each window's rate
+                # is in its row): the report warns when runs' budgets differ
+                "cpu_budget_cores": o.cpu_budget_cores,
                 "checkpoint_dir": None if o.checkpoints is None else str(o.checkpoints),
             },
         )

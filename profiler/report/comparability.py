@@ -107,6 +107,7 @@ WARN_FIELDS: tuple[tuple[str, Callable[[RunInput], Any]], ...] = (
     ("host.packages.numpy", lambda r: (r.host.get("packages") or {}).get("numpy")),
     ("target pythons", lambda r: r.config.get("target_pythons")),
     ("config.window_s", lambda r: r.config.get("window_s")),
+    ("config.cpu_budget_cores", lambda r: r.config.get("cpu_budget_cores")),
 )
 # How far the 1-minute load average (at the start, or over the run) may differ between
 # runs before it is a warning: a busy machine's run-queue waits lengthen every stall.

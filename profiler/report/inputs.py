@@ -297,7 +297,14 @@ class RestoreInput:
 
 
 # The recorded settings the report compares (comparability.py); others are not carried.
-CONFIG_KEYS = ("command", "window_s", "timing_rate_hz", "target_pythons", "checkpoint_dir")
+CONFIG_KEYS = (
+    "command",
+    "window_s",
+    "timing_rate_hz",
+    "target_pythons",
+    "checkpoint_dir",
+    "cpu_budget_cores",
+)
 
 
 def _run_config(where: str, config: Mapping[str, Any]) -> dict[str, Any]:

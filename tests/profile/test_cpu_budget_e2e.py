@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from collectors import procstat
+from profiler.records.store import Recorder
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = REPO / "tests" / "workloads" / "dataloader_loop.py"
@@ -43,10 +44,11 @@ def test_serwatt_stays_under_its_cpu_budget_on_a_dataloader_job(tmp_path):
     try:
         assert job.stdout is not None
         job.stdout.readline()  # its first counter line: torch imported, workers started
-        out = tmp_path / "profile.json"
+        out, db = tmp_path / "profile.json", tmp_path / "runs.sqlite"
         serwatt = subprocess.Popen(
             [sys.executable, "-m", "profiler", "profile", "--pid", str(job.pid),
-             "--duration", "28", "--cpu-budget", str(BUDGET), "--json", str(out)],
+             "--duration", "28", "--cpu-budget", str(BUDGET), "--json", str(out),
+             "--record", str(db), "--run-id", "budgeted"],
             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
         )  # fmt: skip
         time.sleep(8)  # its imports and attach are start-up, not sampling
@@ -69,3 +71,8 @@ def test_serwatt_stays_under_its_cpu_budget_on_a_dataloader_job(tmp_path):
     assert budget["own_cpu_cores"] == pytest.approx(used, rel=0.15)
     assert budget["own_cpu_source"].startswith("measured")
     assert f"cpu budget: {BUDGET:g} cores" in stdout
+    # the record says so, and each window's row has the rate it ran at
+    with Recorder(db, readonly=True) as rec:
+        run = rec.run("budgeted")
+    assert run.config["cpu_budget_cores"] == BUDGET and run.config["rate_hz"] == 50
+    assert {w.rate_hz for w in run.windows} <= set(budget["rates_hz"])

@@ -186,3 +186,19 @@ def test_an_older_record_without_its_directory_finds_it_above_its_checkpoint_fil
         "python train.py --dir {dir}/a-1 --steps 8"
     )
     assert workload_command(run) == "python train.py --dir /ck/ab-1/a-1 --steps 8"
+
+
+def test_a_run_under_another_cpu_budget_is_a_warning() -> None:
+    """`serwatt profile --cpu-budget` lowers the rates a run's windows ran at: runs made
+    under different budgets were sampled differently (serwatt ab runs with none)."""
+    base = [_run("a-1", 1)]
+    cand = [
+        dataclasses.replace(
+            _run("b-1", 3),
+            config={"command": "python train.py", "window_s": 5.0, "timing_rate_hz": 400.0,
+                    "cpu_budget_cores": 0.04},
+        )
+    ]  # fmt: skip
+    report = build_report(base, cand)
+    assert _fields(report) == ["config.cpu_budget_cores"]
+    assert "null (a-1); 0.04 (b-1)" in report["warnings"][0]["message"]
