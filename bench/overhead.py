@@ -31,7 +31,8 @@ phase, or --window s of it.
 the CPUs) runs every profiled phase under one rate governor, as one long profile would
 be: the rates it learnt carry from phase to phase, and it starts from the cost model.
 With a budget, run phases of two windows or more (--phase 10 --window 5), so each phase
-observes its cost.
+observes its cost; a profile of --settle s before the pairs lets the governor's rate
+settle first, so the pairs measure a long profile's steady rate.
 
 Each ratio is printed with a 95% confidence interval of its mean over the pairs
 (Student t): the goal is confirmed only when the interval's lower end is at or above
@@ -148,6 +149,11 @@ def main() -> int:
         help="py-spy window length (default: the phase)",
     )  # fmt: skip
     ap.add_argument(
+        "--settle", type=float, default=60.0, metavar="S",
+        help="under a budget, one profile this long before the pairs, so the governor's "
+        "rate has settled (default 60)",
+    )  # fmt: skip
+    ap.add_argument(
         "--cpu-budget", default=None, metavar="CORES|off",
         help="serwatt profile --cpu-budget (default: off for loop, profile's default for "
         "dataloader)",
@@ -234,11 +240,16 @@ def main() -> int:
             raise SystemExit(f"the target printed no counter line (exit status {proc.poll()})")
         time.sleep(2.0)
         # warm the classifier's caches first: its first parse of each file is not overhead
-        warm = SamplingPlan(rate_hz=args.rate, on_cpu_run=True)
+        warm = SamplingPlan(rate_hz=args.rate, on_cpu_run=True, timing_rate_hz=timing_rate_hz)
+        # ...and, under a budget, let the governor settle as a long profile's would:
+        # the pairs then measure its steady rate, not its climb from the cost model
+        settle_s = args.settle if governor is not None else 2.0
         ProfileSession(
-            proc.pid, classifier=classifier, plan=warm, window_s=2, duration_s=2,
-            follow_children=tree, progress=None, governor=governor,
+            proc.pid, classifier=classifier, plan=warm, window_s=min(window_s, settle_s),
+            duration_s=settle_s, follow_children=tree, progress=None, governor=governor,
         ).run()  # fmt: skip
+        if governor is not None:
+            print(f"cpu budget: {governor.rate_hz:g} Hz after {settle_s:g} s", flush=True)
         time.sleep(1.0)
         for _ in range(args.pairs):
             t0, w0 = time.time(), schedstat()
