@@ -160,7 +160,7 @@ def test_relative_import_inside_a_package_is_parsed(tmp_path: Path) -> None:
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     src = pkg / "q.py"
-    src.write_text("from .reduction import ForkingPickler\nb = ForkingPickler.dumps(obj)\n")
+    src.write_text("from .reduction import ForkingPickler\nb = ForkingPickler.loads(obj)\n")
     on, off = _pair()
     frames = (Frame("put", str(src), 2),)
     assert on.classify_frames(frames).codepath == "pickle"
