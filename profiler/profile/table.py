@@ -216,13 +216,7 @@ def _budget_line(b: Mapping[str, Any]) -> str:
     if b.get("budget_cores") is None:
         return f"cpu budget: none (--cpu-budget off); {used}"
     rates = b.get("rates_hz") or []
-    ran = (
-        f"windows at {rates[0]:g}-{rates[-1]:g} Hz"
-        if len(rates) > 1
-        else f"windows at {rates[0]:g} Hz"
-        if rates
-        else "no slot observed"
-    )
+    ran = f"windows at {_span(rates)} Hz" if rates else "no slot observed"
     line = f"cpu budget: {b['budget_cores']:g} cores (--cpu-budget), {ran}; {used}"
     if b.get("over_budget"):
         line += f"; not met: {b['over_budget']}"
@@ -234,5 +228,9 @@ def _rates(doc: Mapping[str, Any]) -> str:
     rates = (doc.get("cpu_budget") or {}).get("rates_hz") or []
     if not rates or rates == [doc["rate_hz"]]:
         return f"{doc['rate_hz']:g} Hz"
-    span = f"{rates[0]:g}-{rates[-1]:g}" if len(rates) > 1 else f"{rates[0]:g}"
-    return f"{span} Hz (the CPU budget's; --rate {doc['rate_hz']:g})"
+    return f"{_span(rates)} Hz (the CPU budget's; --rate {doc['rate_hz']:g})"
+
+
+def _span(rates: list[float]) -> str:
+    """Sorted rates as `lo-hi`, or the one rate."""
+    return f"{rates[0]:g}-{rates[-1]:g}" if len(rates) > 1 else f"{rates[0]:g}"

@@ -104,13 +104,21 @@ class RateGovernor:
         return max(MIN_RATE_HZ, float(math.floor(rate_hz * self.rate_hz / self.max_rate_hz)))
 
     def _floor(self) -> float:
-        return min(MIN_RATE_HZ, self.max_rate_hz)
+        return _floor(self.max_rate_hz)
 
     def _clamp(self, rate: float) -> float:
-        # py-spy takes a whole number of samples per second (--rate N): round down so
-        # the recorded rate is the one py-spy ran at, and the budget is not exceeded.
-        whole = float(math.floor(rate)) if rate >= 1 else rate
-        return min(self.max_rate_hz, max(self._floor(), whole))
+        return _clamp(rate, self.max_rate_hz)
+
+
+def _floor(max_rate_hz: float) -> float:
+    return min(MIN_RATE_HZ, max_rate_hz)
+
+
+def _clamp(rate: float, max_rate_hz: float) -> float:
+    # py-spy takes a whole number of samples per second (--rate N): round down so the
+    # recorded rate is the one py-spy ran at, and the budget is not exceeded.
+    whole = float(math.floor(rate)) if rate >= 1 else rate
+    return min(max_rate_hz, max(_floor(max_rate_hz), whole))
 
 
 def default_budget_cores(cpus: int | None = None) -> float:
@@ -135,6 +143,4 @@ def starting_rate(
     if not (budget_cores > 0 and max_rate_hz > 0 and window_s > 0 and ticks_per_hz > 0):
         raise ValueError("starting_rate needs a positive budget, rate, window and tick count")
     left = HEADROOM * budget_cores - OWN_CORES - runs_per_window * RUN_START_CPU_S / window_s
-    rate = left / (TICK_CPU_S * ticks_per_hz)
-    floor = min(MIN_RATE_HZ, max_rate_hz)
-    return min(max_rate_hz, max(floor, float(math.floor(rate)) if rate >= 1 else floor))
+    return _clamp(left / (TICK_CPU_S * ticks_per_hz), max_rate_hz)
