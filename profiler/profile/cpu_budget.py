@@ -56,8 +56,11 @@ class SessionBudget:
         self._base: SamplingPlan | None = None  # the session's plan, ungoverned
         self.rates_hz: set[float] = set()  # the rates windows were started at
 
-    def begin(self, now: float, *, tree: int, plan: SamplingPlan, window_s: float) -> None:
-        """Mark the start and set the first windows' rate from the cost model."""
+    def begin(
+        self, now: float, *, tree: Callable[[], int], plan: SamplingPlan, window_s: float
+    ) -> None:
+        """Mark the start and set the first windows' rate from the cost model for the
+        processes `tree()` counts (called only when the model applies: it scans /proc)."""
         self._mark = self._first = _Mark(self._cpu_s(), now)
         # Slots end half a window off the windows' ends, so each holds the py-spy runs
         # reaped at one set of window ends (a slot ending with the windows would find
@@ -67,24 +70,26 @@ class SessionBudget:
         self._base = plan
         self.tree_grew(tree)
 
-    def tree_grew(self, tree: int) -> None:
+    def tree_grew(self, tree: Callable[[], int]) -> None:
         """Until a slot has been measured, the cost model sets the rate for the processes
-        sampled now (a launched job's workers start after its first windows)."""
+        sampled now, `tree()` of them (a launched job's workers start after its first
+        windows)."""
         g, plan = self.governor, self._base
         if g is None or g.budget_cores is None or g.observed or plan is None:
             return
+        n = tree()
         runs = 2 if plan.on_cpu_run else 1
         timing = plan.timing_rate_hz
         # the stack-change run is shared by the tree (ProfileSession._plan_for)
-        share = max(1.0, timing / (plan.rate_hz * tree)) if timing else 0.0
+        share = max(1.0, timing / (plan.rate_hz * n)) if timing else 0.0
         g.rate_hz = min(
             g.rate_hz,
             starting_rate(
                 g.budget_cores,
                 g.max_rate_hz,
-                runs_per_window=tree * runs + (1 if timing else 0),
+                runs_per_window=n * runs + (1 if timing else 0),
                 window_s=self._slot_s,
-                ticks_per_hz=tree * runs + share,
+                ticks_per_hz=n * runs + share,
             ),
         )
 

@@ -461,7 +461,7 @@ class ProfileSession:
         except procstat.ProcessGone:
             return
         self.targets[pid] = TargetStats(pid=pid, command=command)
-        self.budget.tree_grew(len(self.targets))
+        self.budget.tree_grew(lambda: len(self.targets))
         t = threading.Thread(target=self._worker, args=(pid,), name=f"serwatt-target-{pid}")
         self._workers[pid] = t
         t.start()
@@ -499,7 +499,7 @@ class ProfileSession:
             precheck(self.root_pid, self.procfs)  # free-threaded: refuse at once
         self._finisher_thread.start()
         self.budget.begin(
-            time.monotonic(), tree=self._tree_size(), plan=self.plan, window_s=self.window_s
+            time.monotonic(), tree=self._tree_size, plan=self.plan, window_s=self.window_s
         )
         self._start_target(self.root_pid)
         if self.root_pid not in self.targets and self.strict_root:

@@ -26,7 +26,7 @@ class Cpu:
 def test_without_a_budget_the_plan_is_the_sessions_and_its_own_cpu_is_still_measured():
     cpu = Cpu()
     b = SessionBudget(None, cpu_s=cpu)
-    b.begin(100.0, tree=3, plan=BASE, window_s=5)
+    b.begin(100.0, tree=lambda: 3, plan=BASE, window_s=5)
     assert b.plan(BASE) is BASE
     cpu.s = 0.75
     assert b.tick(107.5, launched_exited=False) is None
@@ -39,7 +39,7 @@ def test_without_a_budget_the_plan_is_the_sessions_and_its_own_cpu_is_still_meas
 def test_the_first_windows_start_at_the_cost_models_rate_for_the_tree():
     g = RateGovernor(0.04, 50, fix=PROFILE_FIX)
     b = SessionBudget(g, cpu_s=Cpu())
-    b.begin(0.0, tree=3, plan=BASE, window_s=5)
+    b.begin(0.0, tree=lambda: 3, plan=BASE, window_s=5)
     # 3 processes x 2 counted runs, and the root's stack-change run at 200 Hz shared by 3
     assert g.rate_hz == starting_rate(
         0.04, 50, runs_per_window=7, window_s=5, ticks_per_hz=6 + 200 / 150
@@ -55,7 +55,7 @@ def test_the_first_windows_start_at_the_cost_models_rate_for_the_tree():
 def test_a_governor_that_has_learnt_its_rate_keeps_it_at_the_next_sessions_start():
     g = RateGovernor(0.04, 50, fix=PROFILE_FIX)
     g.observe(HEADROOM * 0.04)  # one slot right at the aim: stays at 50
-    SessionBudget(g, cpu_s=Cpu()).begin(0.0, tree=3, plan=BASE, window_s=5)
+    SessionBudget(g, cpu_s=Cpu()).begin(0.0, tree=lambda: 3, plan=BASE, window_s=5)
     assert g.rate_hz == 50
 
 
@@ -63,7 +63,7 @@ def test_each_slot_of_a_window_length_sets_the_next_rate():
     cpu = Cpu()
     g = RateGovernor(0.1, 50, fix=PROFILE_FIX)
     b = SessionBudget(g, cpu_s=cpu)
-    b.begin(0.0, tree=1, plan=SamplingPlan(rate_hz=50), window_s=5)
+    b.begin(0.0, tree=lambda: 1, plan=SamplingPlan(rate_hz=50), window_s=5)
     start = g.rate_hz
     cpu.s = 1.5
     # the first slot ends half a window after the first windows' end
@@ -82,7 +82,7 @@ def test_the_slot_the_launched_command_exits_in_is_not_observed():
     cpu = Cpu()
     g = RateGovernor(0.1, 50, fix=PROFILE_FIX)
     b = SessionBudget(g, cpu_s=cpu)
-    b.begin(0.0, tree=1, plan=SamplingPlan(rate_hz=50), window_s=5)
+    b.begin(0.0, tree=lambda: 1, plan=SamplingPlan(rate_hz=50), window_s=5)
     cpu.s = 0.6
     b.tick(7.5, launched_exited=False)
     rate = g.rate_hz
@@ -96,7 +96,7 @@ def test_a_budget_not_met_at_the_floor_is_said_once_with_the_fix():
     cpu = Cpu()
     g = RateGovernor(0.01, 50, fix=PROFILE_FIX)
     b = SessionBudget(g, cpu_s=cpu)
-    b.begin(0.0, tree=3, plan=BASE, window_s=5)
+    b.begin(0.0, tree=lambda: 3, plan=BASE, window_s=5)
     said = []
     for i in range(1, 12):
         cpu.s += 1.0  # 0.2 cores whatever the rate
@@ -109,7 +109,7 @@ def test_a_budget_not_met_at_the_floor_is_said_once_with_the_fix():
 
 def test_no_slot_observed_says_so():
     b = SessionBudget(RateGovernor(0.04, 50, fix=PROFILE_FIX), cpu_s=Cpu())
-    b.begin(0.0, tree=1, plan=BASE, window_s=5)
+    b.begin(0.0, tree=lambda: 1, plan=BASE, window_s=5)
     b.tick(7.0, launched_exited=False)
     section = b.section()
     assert section["own_cpu_cores"] is None
@@ -120,9 +120,9 @@ def test_workers_that_start_before_the_first_slot_lower_the_models_rate():
     cpu = Cpu()
     g = RateGovernor(0.1, 50, fix=PROFILE_FIX)
     b = SessionBudget(g, cpu_s=cpu)
-    b.begin(0.0, tree=1, plan=BASE, window_s=5)  # a launched job: its root alone at start
+    b.begin(0.0, tree=lambda: 1, plan=BASE, window_s=5)  # a launched job: its root alone at start
     alone = g.rate_hz
-    b.tree_grew(3)  # its two workers
+    b.tree_grew(lambda: 3)  # its two workers
     assert g.rate_hz == starting_rate(
         0.1, 50, runs_per_window=7, window_s=5, ticks_per_hz=6 + 200 / 150
     )
@@ -130,5 +130,17 @@ def test_workers_that_start_before_the_first_slot_lower_the_models_rate():
     cpu.s = 0.1
     b.tick(7.5, launched_exited=False)  # measured from here on: the model no longer applies
     measured = g.rate_hz
-    b.tree_grew(8)
+    b.tree_grew(lambda: 8)
     assert g.rate_hz == measured
+
+
+def test_the_tree_is_not_counted_where_the_model_does_not_apply():
+    def scan() -> int:  # counting the tree scans /proc: only the cost model needs it
+        raise AssertionError("the tree was counted")
+
+    SessionBudget(None, cpu_s=Cpu()).begin(0.0, tree=scan, plan=BASE, window_s=5)
+    g = RateGovernor(0.04, 50, fix=PROFILE_FIX)
+    g.observe(HEADROOM * 0.04)  # measured: the model no longer applies
+    b = SessionBudget(g, cpu_s=Cpu())
+    b.begin(0.0, tree=scan, plan=BASE, window_s=5)
+    b.tree_grew(scan)
