@@ -32,9 +32,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from scipy.stats import binom, norm
+from scipy.stats import binom
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from profiler.attribution.episodes import error_quantile_s  # noqa: E402
+
 SERWATT = [sys.executable, "-m", "profiler"]
 FORMATS = ("torch", "json", "many", "many-async")
 SIZES_MB = (1.0, 4.0, 16.0, 64.0, 256.0)
@@ -98,7 +102,7 @@ def check_cell(fmt: str, save: tuple, resume: tuple) -> dict[str, Any]:
         failed.append(f"restores {[r['path'] for r in restores]}, not the file read back")
     elif restores[0]["wall_s"] is not None:
         r = restores[0]
-        error_s = r["resolution_s"] * norm.ppf(1 - FALSE_FAILURE) / norm.ppf(0.975)
+        error_s = error_quantile_s(r["resolution_s"], r["timed_by"], FALSE_FAILURE)
         restore.update(wall_s=r["wall_s"], error_s=error_s, lazy=r["lazy"])
         if r["wall_s"] > rsummary["restore_s"] + error_s:
             failed.append(

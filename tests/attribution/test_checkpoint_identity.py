@@ -10,7 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from scipy.stats import binom, norm
+from scipy.stats import binom
+
+from profiler.attribution.episodes import error_quantile_s
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -105,8 +107,11 @@ def test_every_file_is_one_checkpoint_and_each_stall_is_the_save(tmp_path: Path,
     if r["wall_s"] is not None:
         # the workload's restore_s also holds the model's load_state_dict, after the
         # decode episode: the episode cannot be longer than it, but for its timing error.
-        # resolution_s is a 95% half-width (1.96 sigma); at it this one-sided bound failed
-        # one fresh-clone run in several (39.0 ms against 30.4 + 7.5 ms): the bound is the
-        # error's 99.9% one-sided quantile, 3.09 sigma.
-        error_s = r["resolution_s"] * norm.ppf(0.999) / norm.ppf(0.975)
+        # resolution_s is a 95% half-width; at it this one-sided bound failed one
+        # fresh-clone run in several (39.0 ms against 30.4 + 7.5 ms): the bound is the
+        # error's 99.9% one-sided quantile under the model of how it was timed (stack
+        # changes: Laplace, whose tail is heavier; at a normal's 3.09 sigma a fresh-clone
+        # run failed, two episodes at 32.6 ms against 5.7 + 23.6 ms, inside its 31.0 ms).
+        # many-async's restore_s holds the Checkpointer's read of the file's receipt.
+        error_s = error_quantile_s(r["resolution_s"], r["timed_by"], 0.001)
         assert r["wall_s"] <= summary["restore_s"] + error_s, (r, summary)
