@@ -31,7 +31,7 @@ import math
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -226,6 +226,10 @@ class ExitedCpu:
     # the rest of the process's CPU (exited threads that samples name, threads no
     # snapshot saw): one pool for the samples of threads without a live CPU count
     pool_s: float
+    # every exited thread a schedstat snapshot saw: its run-queue wait up to its last
+    # sighting, so its on-CPU samples are weighed by their running part as a live
+    # thread's are (a DataLoader's index-queue feeders exit at each epoch's end)
+    wait_per_tid_s: dict[int, float] = field(default_factory=dict)
 
 
 def exited_threads_cpu(raw: RawWindow, sampled_tids: Iterable[int | None]) -> ExitedCpu:
@@ -244,19 +248,25 @@ def exited_threads_cpu(raw: RawWindow, sampled_tids: Iterable[int | None]) -> Ex
     def cpu(th: procstat.ThreadCpu) -> float:
         return (th.sched_ns or 0) / 1e9 if sched else th.stat_ticks / procstat.CLOCK_TICKS_PER_S
 
-    latest = {tid: cpu(th) for snap in raw.snapshots for tid, th in snap.threads.items()}
+    latest = {tid: th for snap in raw.snapshots for tid, th in snap.threads.items()}
     sampled = set(sampled_tids)
     gone = [tid for tid in latest if tid not in last]
     per_tid = {
-        tid: max(0.0, latest[tid] - (cpu(first[tid]) if tid in first else 0.0))
+        tid: max(0.0, cpu(latest[tid]) - (cpu(first[tid]) if tid in first else 0.0))
         for tid in gone
         if tid not in sampled
+    }
+    wait = {
+        tid: max(0, (latest[tid].wait_ns or 0) - ((first[tid].wait_ns or 0) if tid in first else 0))
+        / 1e9
+        for tid in gone
+        if sched and latest[tid].wait_ns is not None
     }
     pool = 0.0
     known_gone = bool(gone) or any(t is not None and t not in latest for t in sampled)
     if known_gone and raw.process_cpu_s is not None:
         pool = max(0.0, raw.process_cpu_s - raw.cpu.total_s - sum(per_tid.values()))
-    return ExitedCpu(per_tid, pool)
+    return ExitedCpu(per_tid, pool, wait)
 
 
 def unmapped_threads(raw: RawWindow, per_tid_s: Mapping[int, float]) -> tuple[UnmappedThread, ...]:
@@ -458,6 +468,8 @@ def _weigh(raw: RawWindow, got: _Classified) -> _Weighed:
     }
     sigma = window_time_sigma_s(window)
     n_on_cpu, n_counted = got.n_on_cpu, len(carriers) - len(got.held_s)
+    seen = [*window.samples, *(window.on_cpu or ()), *(window.changes or ())]
+    exited = exited_threads_cpu(raw, [s.tid for s in seen])
     prior: list[float] | None = None
     rq: RunqueueWeights | None = None
     if n_on_cpu:
@@ -466,7 +478,7 @@ def _weigh(raw: RawWindow, got: _Classified) -> _Weighed:
             window.samples,
             on_cpu_rate_hz=raw.rate_hz,
             idle_rate_hz=window.rate_hz,
-            wait_per_tid_s=cpu.wait_per_tid_s,
+            wait_per_tid_s={**exited.wait_per_tid_s, **cpu.wait_per_tid_s},
             wakeup_share_per_tid=cpu.wakeup_share_per_tid,
             series=series,
             span=(window.started_at, window.ended_at),
@@ -478,8 +490,6 @@ def _weigh(raw: RawWindow, got: _Classified) -> _Weighed:
         carriers[:n_on_cpu] = [
             replace(s, t=t) for s, t in zip(carriers[:n_on_cpu], rq.times, strict=True)
         ]
-    seen = [*window.samples, *(window.on_cpu or ()), *(window.changes or ())]
-    exited = exited_threads_cpu(raw, [s.tid for s in seen])
     per_tid_s = {**exited.per_tid_s, **cpu.per_tid_s}
     if got.held_s:
         prior = [*(prior or [1.0] * n_counted), *got.held_s]
@@ -490,6 +500,7 @@ def _weigh(raw: RawWindow, got: _Classified) -> _Weighed:
         series=idle_series,
         half_width_s=max(2 * raw.poll_s, sigma),
         prior=prior,
+        pool_prior=[*rq.weights, *([1.0] * (len(carriers) - n_on_cpu))] if rq else None,
     )
     return _Weighed(
         thread_cpu_s=thread_cpu_s,

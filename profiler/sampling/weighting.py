@@ -381,14 +381,19 @@ def distribute_cpu(
     series: Mapping[int, CpuSeries] | None = None,
     half_width_s: float = 0.25,
     prior: Sequence[float] | None = None,
+    pool_prior: Sequence[float] | None = None,
 ) -> Weighting:
     """Each sample's share of its thread's measured CPU delta (model in the module doc).
     exited_cpu_s: CPU the window's exited threads used, which no live thread's delta
-    holds; it goes only to samples whose thread has no live delta (uniformly).
+    holds; it goes only to samples whose thread has no live delta, by pool_prior.
     prior: per-sample weights (aligned with samples) for threads without a CPU series,
-    e.g. `runqueue_weights`; None: 1 each."""
+    e.g. `runqueue_weights`; None: 1 each. pool_prior: per-sample weights within the
+    exited pool (aligned with samples: the running part of an on-CPU sample, 1 for
+    others, whose units differ); None: 1 each."""
     if prior is not None and len(prior) != len(samples):
         raise ValueError("prior must align with samples")
+    if pool_prior is not None and len(pool_prior) != len(samples):
+        raise ValueError("pool_prior must align with samples")
     by_tid: dict[int | None, list[int]] = {}
     for i, s in enumerate(samples):
         tid = s.tid if (s.tid is not None and s.tid in cpu_per_tid_s) else None
@@ -416,8 +421,15 @@ def distribute_cpu(
     pool = 0.0
     unmapped = by_tid.get(None, [])
     if unmapped and exited > 0:
-        for i in unmapped:
-            out[i] = exited / len(unmapped)
+        # by each sample's running part (pool_prior), as a thread's own CPU is spread:
+        # an exited thread's wake-up waits at its blocking lines take no more of the
+        # pool than they would of its own CPU
+        weights = [pool_prior[i] for i in unmapped] if pool_prior else [1.0] * len(unmapped)
+        total_w = sum(weights)
+        if total_w <= 0:
+            weights, total_w = [1.0] * len(unmapped), float(len(unmapped))
+        for i, w in zip(unmapped, weights, strict=True):
+            out[i] = exited * w / total_w
         pool, exited = exited, 0.0
     return Weighting(
         cpu_s=tuple(out),

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from collectors import procstat
 from collectors.samples import Frame, Sample
 from profiler.classify.codepaths import CODEPATHS, Classification
+from profiler.sampling.collect import RawWindow, exited_threads_cpu
 from profiler.sampling.weighting import (
     CpuSeries,
     Phases,
@@ -66,6 +69,49 @@ def test_unmapped_samples_share_only_exited_threads_cpu() -> None:
     assert w.cpu_s[1] == w.cpu_s[2] == pytest.approx(0.1)
     assert w.exited_pool_s == pytest.approx(0.2)
     assert w.unsampled_per_tid_s == {7: pytest.approx(0.3), 8: pytest.approx(0.1)}
+
+
+def test_the_exited_pool_goes_by_each_samples_running_part() -> None:
+    # two samples of an exited thread: one a wake-up wait (running part 0.25), one its
+    # work; the pool goes as that thread's own CPU would, not evenly
+    samples = [s(1, 0.1), s(None, 0.1), s(None, 0.2)]
+    w = distribute_cpu(
+        samples, {1: 0.5}, exited_cpu_s=0.25, prior=[1.0, 0.25, 1.0], pool_prior=[1.0, 0.25, 1.0]
+    )
+    assert w.cpu_s == (pytest.approx(0.5), pytest.approx(0.05), pytest.approx(0.2))
+    assert w.exited_pool_s == pytest.approx(0.25)
+    with pytest.raises(ValueError, match="pool_prior must align"):
+        distribute_cpu(samples, {1: 0.5}, exited_cpu_s=0.25, pool_prior=[1.0])
+
+
+def test_exited_threads_keep_their_run_queue_wait() -> None:
+    # thread 12 exits between the second and the last snapshot: its wait up to its last
+    # sighting is known, as a live thread's is, so its on-CPU samples can be weighed
+    def snap(t: float, threads: dict[int, tuple[int, int]]) -> procstat.CpuSnapshot:
+        return procstat.CpuSnapshot(
+            pid=11,
+            t=t,
+            threads={
+                tid: procstat.ThreadCpu(tid, "x", ns // 10**7, ns, "R", wait_ns=wait)
+                for tid, (ns, wait) in threads.items()
+            },
+        )
+
+    snaps = (
+        snap(0.0, {11: (10**8, 10**7), 12: (2 * 10**7, 0)}),
+        snap(0.1, {11: (2 * 10**8, 3 * 10**7), 12: (6 * 10**7, 5 * 10**7)}),
+        snap(0.2, {11: (3 * 10**8, 4 * 10**7)}),
+    )
+    raw = RawWindow(
+        pid=11, rate_hz=100.0, poll_s=0.1, procfs=Path("/proc"),
+        window=None,  # type: ignore[arg-type]  # not read
+        snapshots=snaps, cpu=procstat.delta(snaps[0], snaps[-1]), exited=False, python=None,
+        process_cpu_s=0.3,
+    )  # fmt: skip
+    exited = exited_threads_cpu(raw, [11, 12])
+    assert exited.wait_per_tid_s == {12: pytest.approx(0.05)}
+    assert exited.per_tid_s == {}  # sampled: its CPU is in the pool
+    assert exited.pool_s == pytest.approx(0.3 - 0.2)
 
 
 def test_native_thread_cpu_goes_to_other() -> None:
