@@ -3,50 +3,78 @@
 tests/workloads/dataloader_job.py runs 2 forked workers feeding a small MLP under a real
 `serwatt profile -- python dataloader_job.py` (which follows the workers), and times
 every outermost ForkingPickler.dumps / .loads call with time.thread_time in every
-process. serwatt's `pickle` CPU must be within 15% of the sum over all processes, with
+process. serwatt's `pickle` CPU must be within 15% of the sum over all processes on a
+quiet node (the test measures whether it was: other processes' CPU over the run), with
 the batches' tensors crossing by file descriptor (unpickling runs Python frames under
 `_ForkingPickler.loads(res)`: rebuild_storage_fd, resource_sharer, connection) and
 without tensors (plain pickling, the control)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import resource
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from collectors.cpustat import CpuStat, cpu_delta
+
 REPO = Path(__file__).resolve().parents[2]
 WORKLOAD = REPO / "tests" / "workloads" / "dataloader_job.py"
-# Issue 22's goal is 15%; it is not met in every run. 32 of 34 quiet runs of this harness
-# in the working tree were within it (tensors -19.4% to +11.5%, plain -12.1% to +15.2%;
-# docs/benchmarks.md "DataLoader pickle CPU against in-job ForkingPickler truth"), but in a
-# fresh-clone suite run, after the parallel pass, plain read -34.6%, outside the 99.9%
-# prediction interval of those runs (-21.7%), as loaded runs read -35% to -54% before.
-# So the runs in the working tree do not stand for the suite's, and the test stays at the
-# bound every measured run met, 55%: a regression past it (workers unfollowed, pickling
-# unclassified: the bug this test came from read -67% in the issue's job) fails. The error
-# follows the machine's load: with 0, 1 and 2 busy processes beside the job, 6 of 6 quiet
-# runs were within 8% and 5 of 12 loaded ones past 15% (-31% at worst; docs/benchmarks.md).
+# Issue 22's goal. It holds on a node where nothing but the job and serwatt runs; beside
+# other busy processes serwatt reads low (docs/benchmarks.md "DataLoader pickle CPU against
+# in-job ForkingPickler truth": a job's processes wait for a CPU least while they unpickle,
+# in phases too short for the 0.1 s schedstat polls to tell apart), by up to 40% beside
+# two busy loops, so there the test holds the bound every loaded run met.
 GOAL = 0.15
-TOLERANCE = 0.55
-SECONDS = "8"
+LOADED_TOLERANCE = 0.55
+# Other processes' CPU, in cores, over the run, above which the node counts as loaded: the
+# job and serwatt alone left 0.000 cores to everything else on this VM in 10 runs (the
+# difference clamps at 0); one busy loop beside them took 0.80-0.84
+QUIET_CORES = 0.15
+# 20 s, not 8: each run's estimate stands on its pickle samples (~340 at 8 s, noise 5-6%);
+# 14 quiet 20 s runs read -10.1% to +4.4% (mean -3.3%, sd 3.8%: 15% is 3 sd away)
+SECONDS = "20"
 
 
-def _profile(tmp_path: Path, mode: str) -> tuple[float, float, dict[str, float], float]:
-    """(serwatt's pickle cpu_s, the truth's dumps + loads cpu_s, truth by role, the job's
-    run-queue wait per CPU second: its processes' main threads, from schedstat)."""
+@dataclass(frozen=True)
+class Run:
+    seen: float  # serwatt's pickle cpu_s
+    truth: float  # ForkingPickler dumps + loads, every process
+    by_role: dict[str, float]
+    wait: float  # the job's main threads' run-queue wait per CPU second (schedstat)
+    others_cores: float  # CPU the rest of the node used over the run, in cores
+
+
+def _own_cpu_s() -> float:
+    """This process's CPU and its reaped descendants' (serwatt, py-spy, the job, its
+    workers: each waits for its children)."""
+    me, kids = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _profile(tmp_path: Path, mode: str) -> Run:
     out = tmp_path / "profile.json"
+    node = CpuStat()
+    before, own = node.read(), _own_cpu_s()
     # One window over the whole run (--window 60): py-spy's restart between windows
     # would miss part of what the truth counts.
     proc = subprocess.run(
         [sys.executable, "-m", "profiler", "profile", "--rate", "100", "--window", "60",
          "--json", str(out), "--", sys.executable, str(WORKLOAD), str(tmp_path), mode, SECONDS],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        cwd=REPO, capture_output=True, text=True, timeout=150,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )  # fmt: skip
+    spent = cpu_delta(before, node.read())
+    others = max(0.0, spent.busy_s - (_own_cpu_s() - own)) / max(1e-9, spent.wall_s)
     assert proc.returncode == 0, proc.stderr[-2000:]
     job = json.loads((tmp_path / "job.json").read_text())
     assert job["sampler"], "the job started before py-spy was attached"
@@ -56,18 +84,22 @@ def _profile(tmp_path: Path, mode: str) -> tuple[float, float, dict[str, float],
     by_role = {t["role"]: t["dumps_cpu_s"] + t["loads_cpu_s"] for t in truths}
     wait = sum(t["run_delay_s"] for t in truths) / max(1e-9, sum(t["cpu_s"] for t in truths))
     doc = json.loads(out.read_text())
-    return doc["codepaths"]["pickle"]["cpu_s"], sum(by_role.values()), by_role, wait
+    run = Run(doc["codepaths"]["pickle"]["cpu_s"], sum(by_role.values()), by_role, wait, others)
+    (tmp_path / "run.json").write_text(json.dumps(dataclasses.asdict(run)))  # for the record
+    return run
 
 
 @pytest.mark.serial
 @pytest.mark.parametrize("mode", ["tensors", "plain"])
 def test_dataloader_pickle_cpu_against_forkingpickler_truth(tmp_path: Path, mode: str) -> None:
-    seen, truth, by_role, wait = _profile(tmp_path, mode)
-    error = seen / truth - 1
-    # the wait says how loaded the machine was: quiet, this job's processes wait 0.3-0.6 s
-    # per CPU second (3 of them on 2 CPUs); the errors past 15% came at 0.6-1.6 s
-    assert abs(error) <= TOLERANCE, (
-        f"{mode}: serwatt pickle {seen:.3f} CPU-s against ForkingPickler dumps + loads "
-        f"{truth:.3f} CPU-s ({error:+.1%}, held to {TOLERANCE:.0%}, goal {GOAL:.0%}; "
-        f"by process {by_role}; the job waited {wait:.2f} s in the run queue per CPU s)"
+    run = _profile(tmp_path, mode)
+    error = run.seen / run.truth - 1
+    quiet = run.others_cores <= QUIET_CORES
+    bound = GOAL if quiet else LOADED_TOLERANCE
+    assert abs(error) <= bound, (
+        f"{mode}: serwatt pickle {run.seen:.3f} CPU-s against ForkingPickler dumps + loads "
+        f"{run.truth:.3f} CPU-s ({error:+.1%}, held to {bound:.0%}: other processes used "
+        f"{run.others_cores:.2f} cores, {'at most' if quiet else 'over'} the {QUIET_CORES} of "
+        f"a quiet node; by process {run.by_role}; the job waited {run.wait:.2f} s in the run "
+        "queue per CPU s)"
     )
