@@ -256,12 +256,12 @@ def exited_threads_cpu(raw: RawWindow, sampled_tids: Iterable[int | None]) -> Ex
         for tid in gone
         if tid not in sampled
     }
-    wait = {
-        tid: max(0, (latest[tid].wait_ns or 0) - ((first[tid].wait_ns or 0) if tid in first else 0))
-        / 1e9
-        for tid in gone
-        if sched and latest[tid].wait_ns is not None
-    }
+    wait: dict[int, float] = {}
+    for tid in gone:
+        last_ns = latest[tid].wait_ns
+        if sched and last_ns is not None:
+            first_ns = (first[tid].wait_ns or 0) if tid in first else 0
+            wait[tid] = max(0, last_ns - first_ns) / 1e9
     pool = 0.0
     known_gone = bool(gone) or any(t is not None and t not in latest for t in sampled)
     if known_gone and raw.process_cpu_s is not None:
