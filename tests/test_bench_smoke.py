@@ -8,6 +8,7 @@ bench/checkpoint.py's smoke test is tests/test_bench_checkpoint.py."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -686,7 +687,13 @@ def _identity_run(stalls: list[tuple[float | None, float]], *, codepath: str = "
 
 
 def _identity_resume(wall_s: float | None, job_s: float) -> tuple:
-    restore = {"path": "/ck/3.many", "wall_s": wall_s, "resolution_s": 0.01, "lazy": True}
+    restore = {
+        "path": "/ck/3.many",
+        "wall_s": wall_s,
+        "resolution_s": 0.01,
+        "timed_by": "stack changes",
+        "lazy": True,
+    }
     return {"restores": [restore]}, {"restored_from": "/ck/3.many", "restore_s": job_s}
 
 
@@ -709,7 +716,8 @@ def test_checkpoint_identity_verdicts_hold_and_fail_on_each_rule() -> None:
     )
     assert stranger["failed"] == ["20 checkpoint(s) written by ['json']"]
     # a restore longer than the job's whole restore, past its error's 99.9% quantile
-    error = 0.01 * 3.090232 / 1.959964
+    # (timed by stack changes: Laplace, ln(1/0.002) periods where 95% is ln(20))
+    error = 0.01 * math.log(500) / math.log(20)
     assert (
         ci.check_cell("many", _identity_run(good), _identity_resume(0.03 + error * 0.99, 0.03))[
             "verdict"

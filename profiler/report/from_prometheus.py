@@ -290,9 +290,12 @@ def _http_get(url: str, deadline: float) -> bytes:
                 error_body = exc.read(MAX_ERROR_BODY_BYTES)
             raise _http_error(url, exc.code, error_body) from None
         except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
-            if watchdog.fired or isinstance(exc, TimeoutError):
-                raise TimeoutError("the deadline passed") from None
             reason = getattr(exc, "reason", None) or exc
+            # urllib wraps a connect that ran out of time (the watchdog refuses one past the
+            # deadline; the connect's own timeout is the time left) in a URLError, and under
+            # load that can happen before the watchdog's timer has fired
+            if watchdog.fired or isinstance(exc, TimeoutError) or isinstance(reason, TimeoutError):
+                raise TimeoutError("the deadline passed") from None
             if isinstance(exc, http.client.HTTPException):
                 raise PrometheusError(
                     f"cannot read the answer of {root}: {type(exc).__name__}: "

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from profiler.cli.main import main
+from profiler.report import deadline_http
 from profiler.report import from_prometheus as fp
 
 REPO = Path(__file__).resolve().parents[2]
@@ -176,6 +177,19 @@ def test_the_reports_deadline_bounds_all_its_queries_together(raw_server) -> Non
     assert took < 1.0 + 1.0, f"the report ran {took:.1f} s past its 1 s deadline"
     assert "1 s report deadline" in str(info.value)
     assert not info.value.usage
+
+
+def test_a_deadline_that_passes_before_connecting_is_the_deadline(raw_server, monkeypatch) -> None:
+    # under load the report's deadline can pass between two queries, before the
+    # watchdog's timer thread has run (here: it never runs): the error must name the
+    # deadline, not say the server cannot be reached (a fresh-clone suite run did)
+    monkeypatch.setattr(deadline_http._Watchdog, "_fire", lambda self: None)
+    server = raw_server(lambda conn: None)
+    with pytest.raises(TimeoutError):
+        fp._http_get(f"{server.url}/api/v1/query_range?query=up", time.monotonic() - 1.0)
+    prom = fp.PromQL(server.url, request_deadline_s=10.0, report_deadline_s=0.0)
+    with pytest.raises(fp.PrometheusError, match="0 s report deadline"):
+        prom.range("up", 0.0, 60.0, 60.0)
 
 
 def test_a_short_body_is_an_error_line_not_a_traceback(raw_server) -> None:
