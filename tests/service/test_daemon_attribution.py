@@ -46,10 +46,12 @@ def test_cpu_of_a_work_sleep_loop_goes_to_the_serializers_not_the_sleep_line(tmp
         serialization = cpu["pickle"] + cpu["json"]
         share = serialization / (serialization + cpu["other"])
         # Truth is ~96.5% (the loop's CPU is the serializers'; the --idle-only daemon
-        # measured 11%). The README's figure is 81.5% for eight such targets on an
-        # oversubscribed node; one target here waits less, so it must do at least as
-        # well (measured 92.3% on the loaded 2-CPU VM, load 19).
-        assert share >= 0.815, cpu
+        # measured 11%). This was held to the 81.5% of eight such targets on an
+        # oversubscribed node, on the reasoning that one target waits less; two fresh-clone
+        # suite runs read 0.812 and 0.813, and 12 runs here 0.841-0.957 (14 runs: mean
+        # 0.892, sd 0.049). The bound is their one-sided 99.9% prediction bound (Student t,
+        # 13 df): 0.70, still 6x what the --idle-only weighting gave.
+        assert share >= 0.70, cpu
         assert d.stop()[0] == 0
     finally:
         d.kill()
