@@ -70,14 +70,14 @@ class RateGovernor:
             raise ValueError(f"budget_cores must be > 0 or None, got {self.budget_cores!r}")
         if not self.max_rate_hz > 0:
             raise ValueError(f"max_rate_hz must be > 0, got {self.max_rate_hz!r}")
-        self.rate_hz = self._clamp(self.rate_hz or self.max_rate_hz)
+        self.rate_hz = _clamp(self.rate_hz or self.max_rate_hz, self.max_rate_hz)
 
     def reconfigure(self, budget_cores: float | None, max_rate_hz: float) -> None:
         """A reload: keep the learnt rate within the new limits."""
         self.budget_cores, self.max_rate_hz = budget_cores, max_rate_hz
         self.__post_init__()
         if budget_cores is None:
-            self.rate_hz, self.over_budget = self._clamp(max_rate_hz), None
+            self.rate_hz, self.over_budget = _clamp(max_rate_hz, max_rate_hz), None
 
     def observe(self, used_cores: float) -> float:
         """One slot with windows used `used_cores` (CPU s / wall s): the next rate."""
@@ -88,8 +88,8 @@ class RateGovernor:
         self.observed += 1
         aim = HEADROOM * self.budget_cores
         step = MAX_STEP if used_cores <= 0 else min(MAX_STEP, max(1 / MAX_STEP, aim / used_cores))
-        self.rate_hz = self._clamp(self.rate_hz * step)
-        if self.rate_hz <= self._floor() and used_cores > self.budget_cores:
+        self.rate_hz = _clamp(self.rate_hz * step, self.max_rate_hz)
+        if self.rate_hz <= _floor(self.max_rate_hz) and used_cores > self.budget_cores:
             self.over_budget = (
                 f"used {used_cores:.3f} cores at {self.rate_hz:g} Hz, over the budget of "
                 f"{self.budget_cores:g}: {self.fix}"
@@ -102,12 +102,6 @@ class RateGovernor:
         """Another py-spy run's rate, configured for max_rate_hz, lowered in proportion
         with the governed rate (so the budget governs every run), at least 1 Hz."""
         return max(MIN_RATE_HZ, float(math.floor(rate_hz * self.rate_hz / self.max_rate_hz)))
-
-    def _floor(self) -> float:
-        return _floor(self.max_rate_hz)
-
-    def _clamp(self, rate: float) -> float:
-        return _clamp(rate, self.max_rate_hz)
 
 
 def _floor(max_rate_hz: float) -> float:
