@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import resource
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from collectors.cpustat import CpuStat, cpu_delta
+from profiler.profile.cpu_budget import own_cpu_s
 
 REPO = Path(__file__).resolve().parents[2]
 WORKLOAD = REPO / "tests" / "workloads" / "dataloader_job.py"
@@ -51,20 +51,10 @@ class Run:
     others_cores: float  # CPU the rest of the node used over the run, in cores
 
 
-def _own_cpu_s() -> float:
-    """This process's CPU and its reaped descendants' (serwatt, py-spy, the job, its
-    workers: each waits for its children)."""
-    me, kids = (
-        resource.getrusage(resource.RUSAGE_SELF),
-        resource.getrusage(resource.RUSAGE_CHILDREN),
-    )
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
-
-
 def _profile(tmp_path: Path, mode: str) -> Run:
     out = tmp_path / "profile.json"
     node = CpuStat()
-    before, own = node.read(), _own_cpu_s()
+    before, own = node.read(), own_cpu_s()
     # One window over the whole run (--window 60): py-spy's restart between windows
     # would miss part of what the truth counts.
     proc = subprocess.run(
@@ -74,7 +64,9 @@ def _profile(tmp_path: Path, mode: str) -> Run:
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )  # fmt: skip
     spent = cpu_delta(before, node.read())
-    others = max(0.0, spent.busy_s - (_own_cpu_s() - own)) / max(1e-9, spent.wall_s)
+    # own_cpu_s holds this process and its reaped descendants (serwatt, py-spy, the job,
+    # its workers: each waits for its children), so the rest is the node's other processes
+    others = max(0.0, spent.busy_s - (own_cpu_s() - own)) / max(1e-9, spent.wall_s)
     assert proc.returncode == 0, proc.stderr[-2000:]
     job = json.loads((tmp_path / "job.json").read_text())
     assert job["sampler"], "the job started before py-spy was attached"
