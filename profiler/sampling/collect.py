@@ -471,6 +471,7 @@ def _weigh(raw: RawWindow, got: _Classified) -> _Weighed:
     seen = [*window.samples, *(window.on_cpu or ()), *(window.changes or ())]
     exited = exited_threads_cpu(raw, [s.tid for s in seen])
     prior: list[float] | None = None
+    pool_prior: list[float] | None = None
     rq: RunqueueWeights | None = None
     if n_on_cpu:
         rq = runqueue_weights(
@@ -486,7 +487,10 @@ def _weigh(raw: RawWindow, got: _Classified) -> _Weighed:
             phases=_phases(got.changes, window.changes_end),
             codepaths=[c.codepath for c in got.carrier_labels[:n_on_cpu]],
         )
+        # the counted carriers' running parts; the pool weighs held stack changes
+        # (seconds, not a running part) as one carrier each
         prior = [*rq.weights, *([1.0] * (n_counted - n_on_cpu))]
+        pool_prior = [*prior, *([1.0] * len(got.held_s))]
         carriers[:n_on_cpu] = [
             replace(s, t=t) for s, t in zip(carriers[:n_on_cpu], rq.times, strict=True)
         ]
@@ -500,7 +504,7 @@ def _weigh(raw: RawWindow, got: _Classified) -> _Weighed:
         series=idle_series,
         half_width_s=max(2 * raw.poll_s, sigma),
         prior=prior,
-        pool_prior=[*rq.weights, *([1.0] * (len(carriers) - n_on_cpu))] if rq else None,
+        pool_prior=pool_prior,
     )
     return _Weighed(
         thread_cpu_s=thread_cpu_s,
