@@ -142,8 +142,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def needed_repeats(family: int = 1) -> int:
     """The fewest runs per side at which a test in a Holm family of `family` can reach
-    p < alpha, counting one observation (checkpoint or restore) per run."""
-    n = 2
+    p < alpha: the run is the test's unit, whatever its checkpoints."""
+    n = stats.MIN_RUNS
     while stats.min_attainable_p(n, n, family) >= stats.ALPHA:
         n += 1
     return n
@@ -294,9 +294,9 @@ def run(args: argparse.Namespace) -> int:
     need = needed_repeats()
     restore_need = needed_repeats(family=2)
     _say(
-        f"the stall comparison (one test) can reach p < {stats.ALPHA:g} from {need} checkpoints "
-        f"per side: {need} runs per side at one checkpoint a run (fewer checkpoints per run "
-        f"cannot, more help unless their stalls are serially dependent)"
+        f"the stall comparison (one test) can reach p < {stats.ALPHA:g} from {need} runs per "
+        f"side: the run is the unit (its checkpoints share its cache, node and warm-up), so "
+        f"more checkpoints per run make each run's mean steadier but never replace runs"
         + (
             f"; restore, one per resumed run, in a family of at least 2 tests needs {restore_need}"
             if opts.resume_args

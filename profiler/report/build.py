@@ -3,7 +3,7 @@
 The document is plain JSON data; the renderers (render_text, render_html) read only it.
 Layout, units and the statistics are written out in docs/report.md. In short:
 - `codepaths.<name>.<metric>` and `total.<metric>` compare cpu_s, energy_j and
-  gpu_wait_s per measured wall-hour (blocks of windows, see profiler.report.stats), with
+  gpu_wait_s per measured wall-hour (each run one observation, see profiler.report.stats), with
   totals and per-checkpoint figures alongside;
 - `checkpoint` compares the cost of one checkpoint across the codepaths each side
   checkpoints through (episodes of the training thread);
@@ -97,7 +97,7 @@ def _window_value(w: WindowInput, codepath: str, metric: str) -> float | None:
 class _Side:
     name: str
     runs: tuple[RunInput, ...]
-    blocks: tuple[tuple[WindowInput, ...], ...]
+    blocks: tuple[tuple[WindowInput, ...], ...]  # one per run with windows: the test's unit
     no_episodes: str = SCHEMA1_NOTE  # what a run without episodes says (the input's kind)
 
     @property
@@ -123,14 +123,15 @@ class _Side:
 
 
 def _observations(side: _Side, codepath: str, metric: str) -> tuple[list[float], list[float]]:
-    """Per block: (value, window-seconds) where every window of the block has the value."""
+    """Per run: (Σ value, Σ window-seconds) over the run's windows that have the value."""
     values, weights = [], []
     for block in side.blocks:
-        got = [_window_value(w, codepath, metric) for w in block]
-        if any(v is None for v in got):
+        values_in = [(_window_value(w, codepath, metric), w.wall_s) for w in block]
+        got = [(v, secs) for v, secs in values_in if v is not None]
+        if not got:
             continue
-        values.append(float(sum(v for v in got if v is not None)))
-        weights.append(float(sum(w.wall_s for w in block)))
+        values.append(float(sum(v for v, _s in got)))
+        weights.append(float(sum(s for _v, s in got)))
     return values, weights
 
 
@@ -188,7 +189,9 @@ def _pct(r: float | None) -> float | None:
     return None if r is None else (r - 1.0) * 100.0
 
 
-def _comparison_fields(c: stats.Comparison, n_unit: str) -> dict[str, Any]:
+def _comparison_fields(
+    c: stats.Comparison, within: Sequence[float], within_unit: str
+) -> dict[str, Any]:
     ci = list(c.ci95) if c.ci95 is not None else None
     return {
         "test": stats.TEST if c.p is not None else None,
@@ -203,7 +206,9 @@ def _comparison_fields(c: stats.Comparison, n_unit: str) -> dict[str, Any]:
         "p": _num(c.p),
         "p_holm": None,
         "n": list(c.n),
-        "n_unit": n_unit,
+        "n_unit": stats.UNIT,
+        "n_within": list(within),
+        "n_within_unit": within_unit,
         "significant": False,
         "display": "~" if c.p is not None else NOT_TESTED,
         "verdict": c.note if c.p is None else "no significant change",
@@ -233,7 +238,8 @@ def _window_metric(
         },
         "source": {s.name: _source(s, metric) for s in sides},
     }
-    out.update(_comparison_fields(c, "blocks"))
+    windows = [sum(len(b) for b in s.blocks) for s in sides]
+    out.update(_comparison_fields(c, windows, "windows"))
     if metric == "energy_j" and all(_energy_source(s) == "model" for s in sides):
         # the model's energy is a function of CPU: testing it again would test CPU twice
         out.update(p=None, test=None, display=FOLLOWS_CPU, verdict=FOLLOWS_CPU, note=FOLLOWS_CPU)
@@ -249,15 +255,12 @@ def _episode_metric(
     cand: Sequence[Sequence[float]],
     unit: str,
     source: Mapping[str, str],
-    block: tuple[int, int] = (1, 1),
+    within_unit: str = "checkpoint episodes",
 ) -> dict[str, Any]:
-    """One per-checkpoint metric; base and cand hold each run's values in time order,
-    blocked by each side's block length (1: every episode one observation)."""
-    (xb, wb), (xc, wc) = (
-        _blocked(runs, length) for runs, length in zip((base, cand), block, strict=True)
-    )
+    """One per-checkpoint metric; base and cand hold each run's values. Each run with a
+    value is one observation: (Σ its values, how many)."""
+    (xb, wb), (xc, wc) = (_per_run(runs) for runs in (base, cand))
     c = stats.compare(xb, xc, wb, wc)
-    unit_n = "episodes" if block == (1, 1) else "blocks of episodes"
     out: dict[str, Any] = {
         "unit": unit,
         "basis": "per checkpoint episode (mean)",
@@ -268,18 +271,13 @@ def _episode_metric(
         "side_ci_note": SIDE_CI_NOTE,
         "source": dict(source),
     }
-    out.update(_comparison_fields(c, unit_n))
+    out.update(_comparison_fields(c, [sum(wb), sum(wc)], within_unit))
     return out
 
 
-def _blocked(runs: Sequence[Sequence[float]], length: int) -> tuple[list[float], list[float]]:
-    values: list[float] = []
-    weights: list[float] = []
-    for series in runs:
-        v, w = stats.block_series(series, length)
-        values += v
-        weights += w
-    return values, weights
+def _per_run(runs: Sequence[Sequence[float]]) -> tuple[list[float], list[float]]:
+    kept = [series for series in runs if len(series)]
+    return [float(sum(series)) for series in kept], [float(len(series)) for series in kept]
 
 
 def _change_display(change_pct: float) -> str:
@@ -324,7 +322,7 @@ def _apply_holm(metrics: list[dict[str, Any]], family: str) -> int:
 def _side(name: str, runs: Sequence[RunInput], no_episodes: str) -> _Side:
     if not runs:
         raise InputError(f"the {name} side has no runs")
-    blocks = tuple(tuple(b) for r in runs for b in stats.block_windows(r.windows))
+    blocks = tuple(tuple(r.windows) for r in runs if r.windows)
     return _Side(name, tuple(runs), blocks, no_episodes)
 
 
@@ -533,23 +531,25 @@ _RunEpisodes = list[tuple[str, list[EpisodeInput], int]]  # (run, its episodes, 
 
 
 def _warmup(side: _Side, runs: _RunEpisodes, warnings: list[dict[str, Any]]) -> dict[str, Any]:
-    """A side's stalls tested for a trend and lag-1 autocorrelation (warned when found:
-    they are then resampled in blocks), with the warm-up episodes skipped."""
+    """A side's stalls in time order, described: a trend or lag-1 autocorrelation is
+    warned of (the test takes whole runs, so it holds either way), with the warm-up
+    episodes skipped."""
     dep = stats.serial_dependence([e.wall_s for _run, eps, _k in runs for e in eps])
     skipped = sum(k for _run, _eps, k in runs)
     if dep.found:
         found = []
         if dep.trend_p is not None and dep.trend_p < stats.ALPHA:
             found.append(f"a trend (Kendall p = {dep.trend_p:.3g})")
-        if dep.lag1_autocorrelation is not None and dep.block_length > 1:
+        if dep.lag1_autocorrelation is not None:
             found.append(f"lag-1 autocorrelation {dep.lag1_autocorrelation:.3g}")
         warnings.append(
             {
                 "scope": "checkpoint",
                 "side": side.name,
                 "message": f"{side.name} checkpoint stalls are not independent in time "
-                f"({', '.join(found)}; {skipped} skipped as warm-up): resampled in blocks of "
-                f"{dep.block_length} episodes; --skip-warmup N leaves out each run's first N",
+                f"({', '.join(found)}; {skipped} skipped as warm-up): the test takes whole "
+                "runs, so this moves the mean, not the test's validity; --skip-warmup N "
+                "leaves out each run's first N",
             }
         )
     return {
@@ -557,7 +557,6 @@ def _warmup(side: _Side, runs: _RunEpisodes, warnings: list[dict[str, Any]]) -> 
         "lag1_autocorrelation": dep.lag1_autocorrelation,
         "skipped": skipped,
         "skipped_per_run": {run: k for run, _eps, k in runs},
-        "block_length": dep.block_length,
         "detected": dep.found,
     }
 
@@ -611,7 +610,6 @@ def _compared_episodes(
     per_run: list[_RunEpisodes],
     ckpt_eps: list[list[EpisodeInput]],
     sources: dict[str, str],
-    block: tuple[int, int],
 ) -> dict[str, Any]:
     """The stall and CPU per checkpoint compared (and GPU-wait where both sides have it),
     or why not."""
@@ -631,7 +629,7 @@ def _compared_episodes(
     b_runs, c_runs = per_run
     for key in ("stall_s", "cpu_s"):
         attr = "wall_s" if key == "stall_s" else "cpu_s"
-        out[key] = _episode_metric(series(b_runs, attr), series(c_runs, attr), "s", sources, block)
+        out[key] = _episode_metric(series(b_runs, attr), series(c_runs, attr), "s", sources)
     gb, gc = [e.gpu_wait_s for e in base], [e.gpu_wait_s for e in cand]
     if None not in gb and None not in gc:
         out["gpu_wait_s"] = _episode_metric(
@@ -639,7 +637,6 @@ def _compared_episodes(
             series(c_runs, "gpu_wait_s"),
             "s",
             {s.name: "measured: nvml during the episodes" for s in sides},
-            block,
         )
     return out
 
@@ -686,14 +683,13 @@ def _checkpoint_section(
     for side, choice, eps, warmup in zip(sides, choices, ckpt_eps, warmups, strict=True):
         out[side.name] = {"warmup": warmup} | _side_checkpoints(side, choice, eps, skip, warnings)
     sources = {s.name: out[s.name]["source"] for s in sides}
-    block = (warmups[0]["block_length"], warmups[1]["block_length"])
-    out |= _compared_episodes(sides, per_run, ckpt_eps, sources, block)
+    out |= _compared_episodes(sides, per_run, ckpt_eps, sources)
     # a restore is compared whether or not the runs also saved (a resumed run may not)
-    rb = [v for r in sides[0].runs for v in r.restore_s]
-    rc = [v for r in sides[1].runs for v in r.restore_s]
-    if rb and rc:
+    rb = [list(r.restore_s) for r in sides[0].runs]
+    rc = [list(r.restore_s) for r in sides[1].runs]
+    if any(rb) and any(rc):
         out["restore_s"] = _episode_metric(
-            [rb], [rc], "s", {s.name: "measured: checkpoint restores" for s in sides}
+            rb, rc, "s", {s.name: "measured: checkpoint restores" for s in sides}, "restores"
         )
         out["restore_s"]["basis"] = "per measured restore (mean)"
     out["durability"] = _durability_part(out, choices, ckpt_eps, caveats)

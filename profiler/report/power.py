@@ -1,12 +1,10 @@
 """The report's power warnings: whether a family of comparisons can reach significance
-at all with the observations it is tested on (windows' blocks for the codepaths; the
-stall's episodes, or their blocks when a side's stalls trend), and what would suffice.
+at all with the runs it is tested on, and how many runs would suffice.
 profiler.report.build puts them first among the report's warnings."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from profiler.report import stats
@@ -44,33 +42,19 @@ def power_warnings(
 ) -> list[dict[str, Any]]:
     out = []
     nb, nc = (len(s.blocks) for s in sides)
-    w = stats.power_warning(nb, nc, "blocks", family=max(1, families["codepaths"]))
+    w = stats.power_warning(nb, nc, stats.UNIT, family=max(1, families["codepaths"]))
     if w is not None:
-        need = stats.windows_for_blocks(w.needed_per_side)
-        out.append(
-            _row(
-                "windows",
-                w,
-                f"{w.message}; one run of {need} windows makes {stats.block_count(need)} blocks",
-            )
-        )
+        out.append(_row("windows", w, f"codepath table: {w.message}"))
     if all(s.has_episodes for s in sides):
-        # The stall is tested on what its comparison resampled: blocks of episodes when a
-        # side's stalls trend or are autocorrelated, so 16 episodes in blocks of 5 are 3
-        # observations, whose smallest p (0.1) no change can get below 0.05.
+        # The stall is tested on whole runs: more checkpoints per run do not lower its p's
+        # floor, only more runs do.
         stall = checkpoint.get("stall_s")
-        n = stall["n"] if stall else n_ckpt
-        lengths = [checkpoint[s.name]["warmup"]["block_length"] for s in sides]
-        unit = "checkpoint episodes" if max(lengths) == 1 else "blocks of checkpoint episodes"
-        w = stats.power_warning(n[0], n[1], unit, family=1)
-        if w is not None and max(lengths) > 1:
-            w = replace(
-                w,
-                message=f"{w.message}; episodes are resampled in blocks of "
-                f"{'/'.join(str(k) for k in lengths)} (baseline/candidate), so a side needs "
-                f"about {w.needed_per_side * max(lengths)} checkpoints, or --skip-warmup N "
-                "to leave out the warm-up that made the blocks",
-            )
+        n = stall["n"] if stall else [len(s.runs) for s in sides]
+        w = stats.power_warning(n[0], n[1], stats.UNIT, family=1)
         if w is not None:
-            out.append(_row("checkpoint", w, w.message))
+            message = (
+                f"checkpoint stall: {w.message} ({n_ckpt[0]}+{n_ckpt[1]} checkpoints; more "
+                "checkpoints per run do not help, more runs do)"
+            )
+            out.append(_row("checkpoint", w, message))
     return out

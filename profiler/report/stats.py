@@ -1,38 +1,33 @@
-"""The report's statistics: blocking, the permutation test of a ratio of means and the
-interval that inverts it, Holm, the smallest attainable p, serial dependence.
+"""The report's statistics: the run as the unit, a studentized permutation test of a ratio
+of means over whole runs and the interval that inverts it, Holm, the smallest attainable p.
 
-Windows of one process are autocorrelated (a slow stretch of a noisy node spans several),
-so they are not tested one by one. The windows of each (run, pid) series, in time order,
-are grouped into consecutive blocks and each block becomes one observation, its rate
-Σvalue / Σwindow-seconds. Block length rule: L = max(1, round(n^(1/3))) windows for a
-series of n windows (the n^(1/3) growth of Hall, Horowitz and Jing 1995 for block
-resampling), and the series is split into ⌊n/L⌋ consecutive blocks of near-equal size
-(numpy.array_split), so no window is dropped and no block spans two series.
+The unit is the run. The checkpoints of one run share its page cache, allocator, node and
+noisy neighbours, and consecutive windows of one process are autocorrelated, so neither is
+an independent observation; a pre-test for dependence (a trend, a lag-1 autocorrelation)
+misses it at the counts a report has (it fired in 9-37% of dependent trials at 6-10 per
+side), and what it misses is then tested as independent. So nothing inside a run is
+resampled: each run is one cluster (S_i, W_i), S_i its summed values (stall seconds,
+CPU-seconds) and W_i its weight (checkpoint episodes, window-seconds, restores).
 
-Checkpoint episodes of one run can be seconds apart and share a warm-up (page cache,
-allocator), so each side's series is tested (`serial_dependence`): Kendall's tau of value
-against order for a trend, and the lag-1 autocorrelation r1 against its large-sample bound
-1.96/√n. When either is found the episodes are resampled in consecutive blocks of
-L = ⌈(1 + r1)/(1 − r1)⌉ (at least 2; the AR(1) variance inflation n/n_eff), each block one
-observation weighted by its episode count.
-
-Per comparison (observations x_i with weights w_i: window-seconds for blocks, episode
-counts for episodes):
-- each side's value is Σx/Σw; the change is the ratio ρ = candidate/baseline of those;
-- p is a two-sided permutation test of that same statistic, log ρ, between the sides'
-  observations (scipy.stats.permutation_test's definition: 2 × the smaller tail, every
-  arrangement when there are at most N_RESAMPLES of them, else N_RESAMPLES seeded random
-  ones with the observed counted in);
-- the 95% interval of ρ inverts that test: the ratios r for which dividing the candidate
-  by r leaves a test p >= alpha (the scale model: the sides differ by a factor). So p < alpha
-  exactly when the interval excludes 1, up to a gap in the accepted set (`ci_note` says).
-  Under the scale model the coverage is at least 95% by construction; on lognormal data the
-  report's own procedure is simulated in tests/report/test_report_coverage.py and
-  bench/report_coverage.py;
-- no interval below MIN_CI_N observations per side (benchstat's rule: "need >= 6 samples
-  for confidence interval");
-- resampling runs on each side's observations sorted by (value, weight) with a fixed seed,
-  so the same data in any order give the same p and interval;
+Per comparison, with G runs on a side:
+- each side's value is the ratio estimator R = ΣS/ΣW; the change is ρ = R_c / R_b;
+- its statistic is studentized: T = log(R_c/R_b) / √(v_b + v_c), v = the cluster-robust
+  (linearization) relative variance of R, Σ(S_i − R·W_i)² / (W̄² · G(G−1) · R²). Studentized,
+  the permutation test is exact when the sides' runs are exchangeable under no change and
+  stays asymptotically valid when they differ in spread or count (Janssen 1997; Chung and
+  Romano 2013, "Exact and asymptotically robust permutation tests", Ann. Statist. 41);
+- p is two-sided over arrangements of whole runs between the sides (scipy.stats.
+  permutation_test's definition: 2 × the smaller tail, every arrangement when there are at
+  most N_RESAMPLES, else N_RESAMPLES seeded random ones with the observed counted in);
+- the 95% interval of ρ inverts that test: the ratios r for which dividing the candidate's
+  runs by r leaves p >= alpha. So p < alpha exactly when the interval excludes 1, up to a
+  gap in the accepted set (`ci_note` says). Coverage is simulated on the cases that broke
+  the old per-episode test (autocorrelation, run effects, unequal shapes) through this
+  function in tests/report/test_report_coverage.py and bench/report_coverage.py;
+- no test with fewer than 2 runs on a side (the run-to-run variation is not seen), and no
+  interval where the arrangements cannot reach alpha (`min_p`);
+- resampling runs on each side's runs sorted by (value, weight) with a fixed seed, so the
+  same data in any order give the same p and interval;
 - the family of every p is Holm-corrected (`holm`); a change is significant only when its
   corrected p < 0.05. scipy has no Holm (false_discovery_control is Benjamini-Hochberg/
   Yekutieli), so `holm` is the five-line step-down, tested against a hand-worked table.
@@ -40,6 +35,10 @@ counts for episodes):
 Smallest attainable p: the test cannot go below 2 / (number of arrangements) (exact) or
 2 / (N_RESAMPLES + 1) (random), and in a Holm family of k tests the smallest adjusted p is
 k times the smallest raw one; `power_warning` says when no outcome could reach alpha.
+More checkpoints per run do not lower it: only runs do.
+
+`serial_dependence` stays as a description of a side's stalls in time order (a warm-up
+trend); it changes no test.
 """
 
 from __future__ import annotations
@@ -54,56 +53,23 @@ from typing import Any
 import numpy as np
 from scipy import stats as sps
 
-from profiler.report.inputs import WindowInput
-
 Values = Sequence[float] | np.ndarray  # observations: a list or a numpy array
 
 ALPHA = 0.05
 CONFIDENCE = 0.95
 N_RESAMPLES = 9999
 SEED = 2006  # fixed: the same inputs give the same intervals
-MIN_CI_N = 6  # per side; benchstat: "need >= 6 samples for confidence interval"
-TEST = "permutation test of the ratio of means, two-sided"
-CI_METHOD = "inverted permutation test (scale model)"
+MIN_RUNS = 2  # per side: one run shows no run-to-run variation
+UNIT = "runs"
+TEST = (
+    "studentized permutation test of the ratio of means over whole runs "
+    "(Janssen 1997; Chung and Romano 2013), two-sided"
+)
+CI_METHOD = "inverted studentized permutation test over runs (scale model)"
 _MAX_NEEDED = 10_000  # search bound for `needed_n`
 _BRACKET_STEPS = 10  # log-ratio steps 0.25 * 2^k out from the estimate: e^256 at most
 _BISECTIONS = 20  # to 2^-20 of the bracket in log ratio: far below 3 significant digits
-_TIE = 1e-12  # relative: statistics this close count as equal (scipy's tie tolerance idea)
-
-
-# --------------------------------------------------------------------------- blocking
-
-
-def block_length(n_windows: int) -> int:
-    """Windows per block for a series of n windows: max(1, round(n^(1/3)))."""
-    return max(1, round(n_windows ** (1.0 / 3.0))) if n_windows > 0 else 1
-
-
-def block_count(n_windows: int) -> int:
-    """Blocks a series of n windows becomes."""
-    return n_windows // block_length(n_windows) if n_windows > 0 else 0
-
-
-def windows_for_blocks(blocks: int) -> int:
-    """The fewest windows in one series that make at least `blocks` blocks."""
-    n = blocks
-    while block_count(n) < blocks:
-        n += 1
-    return n
-
-
-def block_windows(windows: Sequence[WindowInput]) -> list[list[WindowInput]]:
-    """Consecutive blocks of one run's windows, per pid series (see the module docstring)."""
-    series: dict[int | None, list[WindowInput]] = {}
-    for w in windows:
-        series.setdefault(w.pid, []).append(w)
-    out: list[list[WindowInput]] = []
-    for pid in sorted(series, key=lambda p: -1 if p is None else p):
-        ordered = sorted(series[pid], key=lambda w: w.started_at)
-        count = block_count(len(ordered))
-        idx = np.array_split(np.arange(len(ordered)), count)
-        out.extend([ordered[i] for i in chunk] for chunk in idx)
-    return out
+_TIE = 1e-9  # statistics this close (relative, or absolute near 0) count as equal
 
 
 # --------------------------------------------------------------------------- serial dependence
@@ -111,17 +77,18 @@ def block_windows(windows: Sequence[WindowInput]) -> list[list[WindowInput]]:
 
 @dataclass(frozen=True)
 class SerialDependence:
-    """One side's series in time order: Kendall's tau trend p, lag-1 autocorrelation, and
-    the block length the resampling uses (1: independent)."""
+    """One side's series in time order: Kendall's tau trend p and lag-1 autocorrelation.
+    Descriptive: the test takes runs as its unit whatever these say."""
 
     n: int
     trend_p: float | None
     lag1_autocorrelation: float | None
-    block_length: int
 
     @property
     def found(self) -> bool:
-        return self.block_length > 1
+        trend = self.trend_p is not None and self.trend_p < ALPHA
+        r1 = self.lag1_autocorrelation
+        return trend or (r1 is not None and r1 > 1.96 / math.sqrt(self.n))
 
 
 def lag1_autocorrelation(values: Values) -> float | None:
@@ -135,29 +102,12 @@ def lag1_autocorrelation(values: Values) -> float | None:
 
 
 def serial_dependence(values: Values) -> SerialDependence:
-    """Trend and lag-1 autocorrelation of a series in time order, and the block length
-    they call for (module docstring)."""
+    """Trend and lag-1 autocorrelation of a series in time order."""
     x = np.asarray(values, dtype=float)
-    n = len(x)
-    r1 = lag1_autocorrelation(x)
     trend_p = None
-    if n >= 3 and float(np.ptp(x)) > 0:
-        trend_p = float(sps.kendalltau(np.arange(n), x).pvalue)
-    length = 1
-    correlated = r1 is not None and r1 > 1.96 / math.sqrt(n)
-    if correlated or (trend_p is not None and trend_p < ALPHA):
-        r = min(max(r1 or 0.0, 0.0), 0.9)
-        length = max(2, math.ceil((1 + r) / (1 - r)))
-    return SerialDependence(n, trend_p, r1, length)
-
-
-def block_series(values: Values, length: int) -> tuple[list[float], list[float]]:
-    """Consecutive blocks of `length` (near-equal, numpy.array_split): (Σ value, count)."""
-    x = np.asarray(values, dtype=float)
-    if length <= 1 or len(x) == 0:
-        return [float(v) for v in x], [1.0] * len(x)
-    chunks = np.array_split(x, max(1, len(x) // length))
-    return [float(c.sum()) for c in chunks], [float(len(c)) for c in chunks]
+    if len(x) >= 3 and float(np.ptp(x)) > 0:
+        trend_p = float(sps.kendalltau(np.arange(len(x)), x).pvalue)
+    return SerialDependence(len(x), trend_p, lag1_autocorrelation(x))
 
 
 # --------------------------------------------------------------------------- the test
@@ -167,11 +117,10 @@ def block_series(values: Values, length: int) -> tuple[list[float], list[float]]
 class Comparison:
     """One metric compared between the sides.
 
-    baseline, candidate: Σx/Σw per side; ratio: candidate/baseline (None when the
+    baseline, candidate: ΣS/ΣW per side; ratio: candidate/baseline (None when the
     baseline is zero); ci95: the ratio's 95% interval, a bound None when unbounded (None
-    when there is none: `ci_note` says why); p: the permutation test's two-sided p (None
-    when not tested: `note` says why); n: observations per side; ci_method: how the
-    interval was formed.
+    when there is none: `ci_note` says why); p: the test's two-sided p (None when not
+    tested: `note` says why); n: runs per side; ci_method: how the interval was formed.
     """
 
     baseline: float
@@ -188,9 +137,9 @@ class Comparison:
 
 @lru_cache(maxsize=64)
 def _arrangements(n: int, m: int) -> tuple[np.ndarray, bool]:
-    """(membership matrix, exact): row b marks which of the n + m pooled observations
-    (baseline first) arrangement b puts on the candidate side. Every arrangement when
-    there are at most N_RESAMPLES, else N_RESAMPLES seeded random ones."""
+    """(membership matrix, exact): row b marks which of the n + m pooled runs (baseline
+    first) arrangement b puts on the candidate side. Every arrangement when there are at
+    most N_RESAMPLES, else N_RESAMPLES seeded random ones."""
     total = n + m
     if math.comb(total, m) <= N_RESAMPLES:
         rows = np.zeros((math.comb(total, m), total), dtype=bool)
@@ -212,8 +161,8 @@ def _sorted_pairs(x: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]
 
 @dataclass(frozen=True)
 class RatioTests:
-    """A batch of ratio-of-means permutation tests: p at ratio 1 and the inverted
-    interval, one entry per trial (nan bounds: unbounded)."""
+    """A batch of tests: p at ratio 1 and the inverted interval, one entry per trial (nan
+    bounds: unbounded)."""
 
     p: np.ndarray
     lo: np.ndarray
@@ -221,39 +170,73 @@ class RatioTests:
     p_at_bounds_ok: np.ndarray  # False where the accepted set has a gap at 1
 
 
+class _Arm:
+    """One side of every arrangement (the observed one first): the sums over the runs it
+    holds, split by where each run came from, so that the candidate's runs can be divided
+    by any r in a few vector operations."""
+
+    def __init__(self, member: np.ndarray, n: int, s: tuple[np.ndarray, ...]) -> None:
+        sb, wb, sc, wc = s
+        mb, mc = member[:, :n].astype(float), member[:, n:].astype(float)
+        self.g = member.sum(axis=1).astype(float)[:, None]  # runs on this side
+        # (arrangements, trials): Σ S, Σ S², Σ S·W from baseline runs (0) and candidate runs (1)
+        self.s0, self.s1 = mb @ sb.T, mc @ sc.T
+        self.ss0, self.ss1 = mb @ (sb * sb).T, mc @ (sc * sc).T
+        self.sw0, self.sw1 = mb @ (sb * wb).T, mc @ (sc * wc).T
+        self.w = mb @ wb.T + mc @ wc.T
+        self.ww = mb @ (wb * wb).T + mc @ (wc * wc).T
+
+    def value_and_var(self, inv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(R, v): the ratio estimator and its cluster-robust relative variance, with the
+        candidate's runs divided by r = 1/inv."""
+        s = self.s0 + self.s1 * inv
+        ss = self.ss0 + self.ss1 * inv * inv
+        sw = self.sw0 + self.sw1 * inv
+        with np.errstate(divide="ignore", invalid="ignore"):
+            r = s / self.w
+            resid = np.maximum(ss - 2.0 * r * sw + r * r * self.ww, 0.0)
+            wbar = self.w / self.g
+            v = resid / (wbar * wbar * self.g * (self.g - 1.0)) / (r * r)
+        return r, v
+
+
 class _Batch:
-    """The sums every arrangement gives, so that p(r) for any r is a few vector ops."""
+    """The studentized statistic of every arrangement of whole runs, for a batch of
+    trials, so that p(r) for any r is a few vector ops."""
 
     def __init__(self, xb: np.ndarray, wb: np.ndarray, xc: np.ndarray, wc: np.ndarray) -> None:
         xb, wb = _sorted_pairs(xb, wb)
         xc, wc = _sorted_pairs(xc, wc)
         n, m = xb.shape[1], xc.shape[1]
         g, self.exact = _arrangements(n, m)
-        gb, gc = g[:, :n].astype(float), g[:, n:].astype(float)
+        observed = np.zeros((1, n + m), dtype=bool)
+        observed[0, n:] = True
+        member = np.vstack([observed, g])  # row 0: the observed arrangement
+        pieces = (xb, wb, xc, wc)
+        self.cand, self.base = _Arm(member, n, pieces), _Arm(~member, n, pieces)
         self.size = g.shape[0]
-        # (arrangements, trials): each side's sums of baseline and of candidate values
-        self.a = gb @ xb.T
-        self.c = gc @ xc.T
-        self.a_rest = xb.sum(axis=1) - self.a
-        self.c_rest = xc.sum(axis=1) - self.c
-        w_cand = gb @ wb.T + gc @ wc.T
-        w_base = wb.sum(axis=1) + wc.sum(axis=1) - w_cand
         with np.errstate(divide="ignore", invalid="ignore"):
-            self.weight_ratio = w_base / w_cand
-            # the observed ratio of means at r = 1
-            self.observed = (xc.sum(axis=1) / wc.sum(axis=1)) / (xb.sum(axis=1) / wb.sum(axis=1))
+            self.ratio = (xc.sum(axis=1) / wc.sum(axis=1)) / (xb.sum(axis=1) / wb.sum(axis=1))
+
+    def statistic(self, inv: np.ndarray) -> np.ndarray:
+        """T of every arrangement (row 0 the observed) with the candidate divided by 1/inv."""
+        rc, vc = self.cand.value_and_var(inv)
+        rb, vb = self.base.value_and_var(inv)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            log_ratio = np.log(rc / rb)
+            t = log_ratio / np.sqrt(vb + vc)
+        # a side zero in every run it holds: beyond any finite T; 0/0 (no spread, no change): 0
+        t = np.where(np.isinf(log_ratio), log_ratio, t)
+        return np.where(np.isnan(t), 0.0, t)
 
     def p(self, log_r: np.ndarray) -> np.ndarray:
-        """Two-sided p of the test that candidate / e^log_r and baseline are exchangeable:
-        the statistic is the ratio of means (compared as a ratio, the same order as its
-        logarithm); arrangements within a relative 1e-12 of the observed count as ties."""
-        inv = np.exp(-log_r)
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            null = (self.a + self.c * inv) / (self.a_rest + self.c_rest * inv)
-            null *= self.weight_ratio
-            observed = self.observed * inv
-            less = (null <= observed * (1.0 + _TIE)).sum(axis=0)
-            greater = (null >= observed * (1.0 - _TIE)).sum(axis=0)
+        """Two-sided p of the test that candidate / e^log_r and baseline are exchangeable."""
+        t = self.statistic(np.exp(-log_r))
+        observed, null = t[0], t[1:]
+        with np.errstate(invalid="ignore"):
+            tol = _TIE * np.maximum(1.0, np.abs(np.where(np.isinf(observed), 0.0, observed)))
+            less = (null <= observed + tol).sum(axis=0)
+            greater = (null >= observed - tol).sum(axis=0)
         extra = 0 if self.exact else 1  # a random sample counts the observed arrangement in
         tail = (np.minimum(less, greater) + extra) / (self.size + extra)
         return np.minimum(1.0, 2.0 * tail)
@@ -284,12 +267,12 @@ class _Batch:
 
 
 def ratio_tests(xb: np.ndarray, wb: np.ndarray, xc: np.ndarray, wc: np.ndarray) -> RatioTests:
-    """The report's test and interval for a batch of trials: arrays (trials, n) and
-    (trials, m) of observations and weights; every baseline and candidate value sum > 0.
+    """The report's test and interval for a batch of trials: arrays (trials, runs) of each
+    run's summed value and weight, at least 2 runs a side; every side's value sum > 0.
     One implementation for the report (a batch of one) and its coverage simulation."""
     batch = _Batch(xb, wb, xc, wc)
     p1 = batch.p(np.zeros(xb.shape[0]))
-    est = np.log(batch.observed)
+    est = np.log(batch.ratio)
     lo = batch.bound(est, -1.0)
     hi = batch.bound(est, +1.0)
     lo_r, hi_r = np.exp(lo), np.exp(hi)
@@ -298,10 +281,19 @@ def ratio_tests(xb: np.ndarray, wb: np.ndarray, xc: np.ndarray, wc: np.ndarray) 
     return RatioTests(p1, lo_r, hi_r, consistent)
 
 
+def ratio_p(
+    xb: np.ndarray, wb: np.ndarray, xc: np.ndarray, wc: np.ndarray, ratio: float = 1.0
+) -> np.ndarray:
+    """The test's p of `ratio` for a batch of trials (as `ratio_tests`). The interval is
+    the set of ratios this accepts, so it holds a ratio exactly when p >= alpha here (up to
+    a gap, `RatioTests.p_at_bounds_ok`): the coverage simulation reads it at the truth."""
+    batch = _Batch(xb, wb, xc, wc)
+    return batch.p(np.full(xb.shape[0], math.log(ratio)))
+
+
 def permutation_p(xb: np.ndarray, wb: np.ndarray, xc: np.ndarray, wc: np.ndarray) -> float:
     """The test's p alone, for one comparison (at ratio 1)."""
-    batch = _Batch(xb[None, :], wb[None, :], xc[None, :], wc[None, :])
-    return float(batch.p(np.zeros(1))[0])
+    return float(ratio_p(xb[None, :], wb[None, :], xc[None, :], wc[None, :])[0])
 
 
 def _arrays(values: Values, weights: Values | None) -> tuple[np.ndarray, np.ndarray]:
@@ -314,7 +306,7 @@ def _arrays(values: Values, weights: Values | None) -> tuple[np.ndarray, np.ndar
 
 
 def side_value(values: Values, weights: Values | None = None) -> float | None:
-    """Σx/Σw, None when there is no weight."""
+    """ΣS/ΣW, None when there is no weight."""
     x, w = _arrays(values, weights)
     total_w = float(w.sum())
     return float(x.sum()) / total_w if total_w > 0 else None
@@ -330,7 +322,7 @@ def compare(
     baseline_weights: Values | None = None,
     candidate_weights: Values | None = None,
 ) -> Comparison:
-    """Compare two sides' observations (values with weights; weights default to 1)."""
+    """Compare two sides' runs: each run's summed value with its weight (default 1)."""
     xb, wb = _arrays(baseline, baseline_weights)
     xc, wc = _arrays(candidate, candidate_weights)
     n = (len(xb), len(xc))
@@ -338,12 +330,17 @@ def compare(
     vc = float(xc.sum() / wc.sum()) if wc.sum() > 0 else 0.0
 
     def untested(why: str) -> Comparison:
-        return Comparison(vb, vc, None, None, None, n, None, why, why)
+        return Comparison(vb, vc, None if vb == 0 else vc / vb, None, None, n, None, why, why)
 
     if n[0] == 0 or n[1] == 0:
         return untested(f"not tested: no {'baseline' if n[0] == 0 else 'candidate'} data")
     if vb == 0 and vc == 0:
         return untested("not tested: zero on both sides")
+    if min(n) < MIN_RUNS:
+        return untested(
+            f"not tested: needs at least {MIN_RUNS} runs per side (one run shows no "
+            f"run-to-run variation), has {n[0]}+{n[1]}"
+        )
     if vb == 0 or vc == 0:
         p = permutation_p(xb, wb, xc, wc)
         side = "baseline" if vb == 0 else "candidate"
@@ -351,10 +348,11 @@ def compare(
         ratio = None if vb == 0 else 0.0
         return Comparison(vb, vc, ratio, None, p, n, None, why if vb == 0 else None, why)
     ratio = vc / vb
-    if min(n) < MIN_CI_N:
+    if min_p(*n) >= ALPHA:
         p = permutation_p(xb, wb, xc, wc)
         why = (
-            f"no interval: needs at least {MIN_CI_N} per side (benchstat's rule), has {n[0]}+{n[1]}"
+            f"no interval: {n[0]}+{n[1]} runs have no arrangement extreme enough to reject "
+            f"any ratio (smallest p {min_p(*n):.3g})"
         )
         return Comparison(vb, vc, ratio, None, p, n, None, None, why)
     res = ratio_tests(xb[None, :], wb[None, :], xc[None, :], wc[None, :])
@@ -388,10 +386,10 @@ def holm(pvalues: Sequence[float | None]) -> list[float | None]:
 
 @lru_cache(maxsize=4096)
 def min_p(n: int, m: int) -> float:
-    """The smallest two-sided p the permutation test can give with n and m observations:
+    """The smallest two-sided p the permutation test can give with n and m runs:
     2 / C(n+m, n) when every arrangement is enumerated, 2 / (N_RESAMPLES + 1) when they
-    are sampled (the observed arrangement the only one as extreme)."""
-    if n < 1 or m < 1:
+    are sampled (the observed arrangement the only one as extreme); 1 below MIN_RUNS."""
+    if n < MIN_RUNS or m < MIN_RUNS:
         return 1.0
     arrangements = math.comb(n + m, n)
     if arrangements <= N_RESAMPLES:
@@ -408,9 +406,9 @@ def min_attainable_p(n: int, m: int, family: int = 1) -> float:
 def needed_n(other: int, alpha: float = ALPHA, family: int = 1) -> int | None:
     """The fewest observations on one side that, against `other` on the other side, can
     reach an adjusted p < alpha in a family of `family`; None when none up to 10,000 can."""
-    if other < 1:
+    if other < MIN_RUNS:
         return None
-    for n in range(1, _MAX_NEEDED + 1):
+    for n in range(MIN_RUNS, _MAX_NEEDED + 1):
         if min_attainable_p(n, other, family) < alpha:
             return n
     return None
@@ -418,7 +416,7 @@ def needed_n(other: int, alpha: float = ALPHA, family: int = 1) -> int | None:
 
 def needed_per_side(alpha: float = ALPHA, family: int = 1) -> int:
     """The fewest observations per side (equal sizes) that can reach an adjusted p < alpha."""
-    k = 1
+    k = MIN_RUNS
     while min_attainable_p(k, k, family) >= alpha:
         k += 1
     return k
@@ -444,7 +442,7 @@ def power_warning(
     """A warning when no outcome with these sizes, in a Holm family of `family` tests,
     can reach an adjusted p < alpha; else None."""
     best = min_attainable_p(n_baseline, n_candidate, family)
-    if n_baseline >= 1 and n_candidate >= 1 and best < alpha:
+    if best < alpha:
         return None
     k = needed_per_side(alpha, family)
     nb = needed_n(n_candidate, alpha, family)
@@ -475,19 +473,18 @@ def description(
         "families": families,
         "family_size": sum(families.values()),
         "min_attainable_p": min_attainable,
-        "min_ci_n": MIN_CI_N,
+        "min_runs": MIN_RUNS,
+        "blocking": "none: each run is one observation (its windows and checkpoints summed)",
+        "bootstrap": "none: the interval inverts the permutation test",
+        "unit": "run: each run's summed value and weight is one observation; nothing inside "
+        "a run (checkpoints, windows) is resampled, so dependence inside a run and "
+        "run-to-run variation are both in the variance",
         "skip_warmup": skip_warmup,
-        "blocking": "consecutive windows of each (run, pid) series in blocks of "
-        "L = max(1, round(n^(1/3))) windows, split near-equally (numpy.array_split); "
-        "checkpoint episodes blocked by L = ceil((1 + r1)/(1 - r1)) when a side shows a "
-        "trend or lag-1 autocorrelation",
-        "interval": f"{CI_METHOD}: the ratios r for which the test of candidate/r "
-        f"against baseline keeps p >= {ALPHA:g}; none below {MIN_CI_N} "
-        "observations per side",
-        "bootstrap": "none: the interval inverts the permutation test (statistics.interval)",
-        "test": f"{TEST}: statistic Σvalue/Σweight candidate over baseline, every "
-        f"arrangement up to {N_RESAMPLES}, else {N_RESAMPLES} seeded random "
-        f"ones (seed {SEED}) over each side sorted; the statistic the report shows",
-        "method": "ratio of means, tested by a permutation test of that ratio, with the "
-        "interval from inverting the same test",
+        "test": f"{TEST}: statistic T = log(R_c/R_b) / sqrt(v_b + v_c), R = ΣS/ΣW over a "
+        "side's runs, v its cluster-robust relative variance; every arrangement of whole "
+        f"runs up to {N_RESAMPLES}, else {N_RESAMPLES} seeded random ones (seed {SEED})",
+        "interval": f"{CI_METHOD}: the ratios r for which the test of candidate/r against "
+        f"baseline keeps p >= {ALPHA:g}; none where no arrangement can reach it",
+        "method": "ratio of means over runs, tested by a studentized permutation test of "
+        "whole runs, with the interval from inverting the same test",
     }

@@ -20,6 +20,7 @@ from profiler.report import (
     default_cluster,
     receipt,
     render_text,
+    stats,
     verify_receipt,
 )
 from profiler.report.cluster import parse_cluster
@@ -27,17 +28,19 @@ from profiler.report.inputs import CodepathFigures, RunInput
 from tests.report_synth import HOST, make_run
 
 
-def _aa() -> tuple[list[RunInput], list[RunInput]]:
-    base = [make_run("base-1", seed=1), make_run("base-2", seed=2)]
-    cand = [make_run("base-3", seed=3), make_run("base-4", seed=4)]
+def _aa(runs: int = 2) -> tuple[list[RunInput], list[RunInput]]:
+    # the run is the test's unit: 4 runs a side is the fewest that can reach p < 0.05
+    base = [make_run(f"base-{k}", seed=k) for k in range(1, runs + 1)]
+    cand = [make_run(f"base-{k}", seed=k) for k in range(runs + 1, 2 * runs + 1)]
     return base, cand
 
 
-def _ab() -> tuple[list[RunInput], list[RunInput]]:
-    base = [make_run("torch-1", seed=1), make_run("torch-2", seed=2)]
+def _ab(runs: int = 2) -> tuple[list[RunInput], list[RunInput]]:
+    # 6 runs a side: the codepath family of about 8 tests can reach Holm p < 0.05
+    base = [make_run(f"torch-{k}", seed=k) for k in range(1, runs + 1)]
     cand = [
-        make_run("many-1", seed=3, codepath="many", ckpt_cpu_s=0.25, stall_s=0.2),
-        make_run("many-2", seed=4, codepath="many", ckpt_cpu_s=0.25, stall_s=0.2),
+        make_run(f"many-{k}", seed=runs + k, codepath="many", ckpt_cpu_s=0.25, stall_s=0.2)
+        for k in range(1, runs + 1)
     ]
     return base, cand
 
@@ -50,7 +53,7 @@ def _all_metrics(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def test_aa_reports_no_significant_change_anywhere() -> None:
-    report = build_report(*_aa())
+    report = build_report(*_aa(4))
     stall = report["checkpoint"]["stall_s"]
     assert stall["significant"] is False
     assert stall["display"] == "~" and stall["verdict"] == "no significant change"
@@ -64,7 +67,7 @@ def test_aa_reports_no_significant_change_anywhere() -> None:
 
 
 def test_a_large_constructed_difference_is_significant_with_an_interval_excluding_1() -> None:
-    report = build_report(*_ab())
+    report = build_report(*_ab(6))
     ck = report["checkpoint"]
     assert ck["baseline"]["codepath"] == "torch" and ck["candidate"]["codepath"] == "many"
     assert ck["baseline"]["chosen_by"] == "most episode wall time on the main thread"
@@ -73,7 +76,9 @@ def test_a_large_constructed_difference_is_significant_with_an_interval_excludin
     assert stall["ratio"] == pytest.approx(0.25, rel=0.1)
     assert stall["ci95"][1] < 1.0
     assert stall["display"].startswith("-7")
-    assert stall["n"] == [ck["baseline"]["episodes"], ck["candidate"]["episodes"]]
+    # the run is the unit: n counts runs, and the checkpoints inside them beside it
+    assert stall["n"] == [6, 6] and stall["n_unit"] == "runs"
+    assert stall["n_within"] == [ck["baseline"]["episodes"], ck["candidate"]["episodes"]]
     cpu = ck["cpu_s"]
     assert cpu["significant"] and cpu["ci95"][1] < 1.0
     # the torch codepath vanishes on the candidate, the many codepath appears
@@ -101,7 +106,7 @@ def test_holm_is_applied_within_the_stall_the_secondary_and_the_codepath_familie
     for m in tested:
         assert m["p_holm"] == m["p_adjusted"] >= m["p"]
         assert m["significant"] == (m["p_holm"] < 0.05)
-        assert m["test"] == "permutation test of the ratio of means, two-sided"
+        assert m["test"] == stats.TEST
     # the model's energy follows CPU: shown as such, not tested a second time
     energy = report["codepaths"]["torch"]["energy_j"]
     assert energy["p"] is None and energy["display"] == "follows CPU (model)"
@@ -179,7 +184,7 @@ def test_gpu_names_are_compared_as_a_multiset() -> None:
 
 
 def test_durability_difference_is_a_caveat_and_qualifies_the_verdict() -> None:
-    base, cand = _ab()
+    base, cand = _ab(6)
     base = [make_run(r.run_id, seed=i, durable=False) for i, r in enumerate(base)]
     report = build_report(base, cand)
     d = report["checkpoint"]["durability"]
@@ -200,9 +205,9 @@ def test_durability_difference_is_a_caveat_and_qualifies_the_verdict() -> None:
 def test_a_many_side_is_durable_by_its_code_whatever_the_samples_saw() -> None:
     """Every `.many` save fsyncs; samples that missed some (0 of N here) do not make it
     'not durable', and against a torch side whose fsyncs were seen the sides match."""
-    base, cand = _ab()
+    base, cand = _ab(6)
     cand = [make_run(r.run_id, seed=i + 3, codepath="many", stall_s=0.2, durable=False)
-            for i, r in enumerate(cand)]  # fmt: skip
+            for i, r in enumerate(cand, start=6)]  # fmt: skip
     report = build_report(base, cand)
     d = report["checkpoint"]["durability"]
     assert d["candidate"].startswith("fsync seen in 0 of ") and d["candidate_durable"] is True
@@ -212,8 +217,8 @@ def test_a_many_side_is_durable_by_its_code_whatever_the_samples_saw() -> None:
 
 
 def test_a_schema_1_side_says_it_has_no_episodes() -> None:
-    base, cand = _ab()
-    base = [make_run("old-1", seed=1, episodes=False), make_run("old-2", seed=2, episodes=False)]
+    base, cand = _ab(6)
+    base = [make_run(f"old-{k}", seed=k, episodes=False) for k in range(1, 7)]
     report = build_report(base, cand, cluster=default_cluster())
     assert report["baseline"]["episodes"] is None
     assert report["baseline"]["episodes_note"] == "no episodes recorded (schema 1)"
@@ -225,27 +230,23 @@ def test_a_schema_1_side_says_it_has_no_episodes() -> None:
     assert report["total"]["cpu_s"]["significant"]
 
 
-def test_too_few_blocks_and_episodes_warn_with_the_needed_n() -> None:
-    base = [make_run("b", windows=6, every_s=10.0, seed=1)]
-    cand = [make_run("c", windows=6, every_s=10.0, seed=2, stall_s=0.1)]
+def test_too_few_runs_warn_with_the_needed_n() -> None:
+    base = [make_run(f"b{k}", windows=6, every_s=10.0, seed=k) for k in range(3)]
+    cand = [make_run(f"c{k}", windows=6, every_s=10.0, seed=9 + k, stall_s=0.1) for k in range(3)]
     report = build_report(base, cand)
     by_scope = {w["scope"]: w for w in report["warnings"]}
-    # 6 windows -> L = 2 -> 3 blocks per side: 2/C(6,3) = 0.1 can never be < 0.05, and
-    # in the codepath family of k tests Holm multiplies the smallest p by k
+    # 3 runs a side: 2/C(6,3) = 0.1 can never be < 0.05, and in the codepath family of k
+    # tests Holm multiplies the smallest p by k
     k = report["statistics"]["families"]["codepaths"]
     windows = by_scope["windows"]
     assert windows["n"] == [3, 3] and windows["family"] == "codepaths"
     assert windows["min_attainable_p"] == pytest.approx(min(1.0, k * 0.1))
-    need = next(n for n in range(1, 50) if k * 2 / math.comb(2 * n, n) < 0.05)
+    need = next(n for n in range(2, 50) if k * 2 / math.comb(2 * n, n) < 0.05)
     assert windows["needed_per_side"] == need
     assert f"Holm family of {k} tests" in windows["message"]
     assert report["statistics"]["min_attainable_p"]["codepaths"] == pytest.approx(min(1.0, k * 0.1))
     assert by_scope["checkpoint"]["n"] == [3, 3]
-    assert by_scope["checkpoint"]["min_attainable_p"] == pytest.approx(0.1)
-    # below 6 per side: no interval, and the row says why
-    stall = report["checkpoint"]["stall_s"]
-    assert stall["ci95"] is None and "at least 6 per side" in stall["ci_note"]
-    assert report["checkpoint"]["stall_s"]["significant"] is False
+    assert "more checkpoints per run do not help" in by_scope["checkpoint"]["message"]
 
 
 def _trending(run: RunInput) -> RunInput:
@@ -257,34 +258,18 @@ def _trending(run: RunInput) -> RunInput:
     return dataclasses.replace(run, episodes=eps)
 
 
-def test_the_checkpoint_power_warning_counts_the_blocks_the_stall_is_tested_on() -> None:
-    # 16 checkpoints a side whose stalls trend: they are resampled in blocks, and the
-    # warning must count those blocks, not the 16 episodes (16 + 16 could reach p < 0.05;
-    # a few blocks cannot)
+def test_more_checkpoints_per_run_never_lower_the_stall_tests_floor() -> None:
+    # one run a side of 16 checkpoints: the run is the unit, so nothing is tested, and
+    # the warning says runs are what is missing (the per-episode test called this 16+16)
     base = [_trending(make_run("b", windows=19, every_s=6.0, seed=1))]
     cand = [_trending(make_run("c", windows=19, every_s=6.0, seed=2))]
     assert [len(r.episodes or ()) for r in (*base, *cand)] == [16, 16]
     report = build_report(base, cand)
-    ck = report["checkpoint"]
-    lengths = [ck[side]["warmup"]["block_length"] for side in ("baseline", "candidate")]
-    assert min(lengths) > 1, lengths
-    stall_n = ck["stall_s"]["n"]
-    assert stall_n == [16 // lengths[0], 16 // lengths[1]], (stall_n, lengths)
-    best = 2 / math.comb(sum(stall_n), stall_n[1])
-    assert best >= 0.05, (stall_n, best)  # the case the warning is for
+    stall = report["checkpoint"]["stall_s"]
+    assert stall["n"] == [1, 1] and stall["n_within"] == [16, 16] and stall["p"] is None
     warned = [w for w in report["warnings"] if w.get("family") == "checkpoint"]
-    assert len(warned) == 1 and warned[0]["n"] == stall_n, warned
-    assert warned[0]["min_attainable_p"] == pytest.approx(best)
-    message = warned[0]["message"]
-    assert "blocks of checkpoint episodes" in message, message
-    assert f"about {warned[0]['needed_per_side'] * max(lengths)} checkpoints" in message
-    # the same runs with independent stalls are tested on 16 episodes a side: no warning
-    plain = build_report(
-        [make_run("b", windows=19, every_s=6.0, seed=1)],
-        [make_run("c", windows=19, every_s=6.0, seed=2)],
-    )
-    assert plain["checkpoint"]["stall_s"]["n"] == [16, 16]
-    assert not [w for w in plain["warnings"] if w.get("family") == "checkpoint"]
+    assert len(warned) == 1 and warned[0]["n"] == [1, 1], warned
+    assert warned[0]["needed_per_side"] == 4
 
 
 def test_explicit_checkpoint_codepaths_override_the_choice() -> None:
@@ -403,14 +388,14 @@ def test_hostile_inputs_are_refused_on_construction() -> None:
 
 
 def test_the_terminal_table_fits_100_columns_and_never_says_faster() -> None:
-    aa = render_text(build_report(*_aa(), cluster=default_cluster()))
+    aa = render_text(build_report(*_aa(4), cluster=default_cluster()))
     assert max(len(line) for line in aa.splitlines()) <= 100
     stall_line = next(line for line in aa.splitlines() if line.strip().startswith("stall mean"))
     # a change that is not significant still shows its interval, p and n
     assert re.search(r"~ \[-\d+(\.\d+)?, \+\d+(\.\d+)?\] no significant change", stall_line)
     assert "faster" not in aa and "slower" not in aa
     assert "the stall change is not significant" in aa
-    ab = render_text(build_report(*_ab(), cluster=default_cluster()))
+    ab = render_text(build_report(*_ab(6), cluster=default_cluster()))
     stall_line = next(line for line in ab.splitlines() if line.strip().startswith("stall mean"))
     assert re.search(r"-7\d(\.\d)?% \[-\d+(\.\d+)?, -\d+(\.\d+)?\]", stall_line)
     # at most 3 significant digits in every figure of the stall and projection rows
@@ -438,7 +423,7 @@ def test_skip_warmup_leaves_out_each_runs_first_episodes_and_says_so() -> None:
         build_report(base, cand, skip_warmup=-1)
 
 
-def test_a_warm_up_is_detected_and_the_episodes_are_blocked() -> None:
+def test_a_warm_up_is_detected_and_described_while_runs_stay_the_unit() -> None:
     base, cand = _ab()
     slow_start = []
     for run in base:
@@ -451,8 +436,8 @@ def test_a_warm_up_is_detected_and_the_episodes_are_blocked() -> None:
         slow_start.append(dataclasses.replace(run, episodes=tuple(eps)))
     report = build_report(slow_start, cand)
     warmup = report["checkpoint"]["baseline"]["warmup"]
-    assert warmup["detected"] and warmup["block_length"] >= 2
-    assert report["checkpoint"]["stall_s"]["n_unit"] == "blocks of episodes"
+    assert warmup["detected"]
+    assert report["checkpoint"]["stall_s"]["n_unit"] == "runs"
     assert any(w.get("side") == "baseline" for w in report["warnings"])
     assert not report["checkpoint"]["candidate"]["warmup"]["detected"]
 

@@ -1,32 +1,70 @@
-"""Coverage of the report's 95% ratio interval on lognormal data (issue 25 §1): at least
-0.93 wherever an interval is printed (from stats.MIN_CI_N per side). The full-precision run
-(±1%) is bench/report_coverage.py, its result in docs/benchmarks.md; here fewer trials, so
-the check allows the one-sided 99% sampling margin of that trial count."""
+"""The report's test and interval on the data that broke the per-episode test (issue 46):
+autocorrelated stalls inside runs, run-to-run effects, sides of different shape, 4-30 runs
+a side, all through stats.ratio_p/ratio_tests, the functions `compare` calls. The goal: A/A
+false positives <= 6% and coverage of the true ratio >= 0.93. bench/report_coverage.py runs
+the same cases to +-1%; here fewer trials, so each check allows the one-sided 99%
+Monte-Carlo margin of its trial count (and is shown able to fail)."""
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pytest
 
 from profiler.report import stats
-from tests.report_coverage import coverage, one_sided_margin
+from tests.report_coverage import CASES, TRUE_RATIO, Case, Side, run_case, stalls
 
-TRIALS = {6: 1000, 10: 600, 30: 600}
-
-
-@pytest.mark.parametrize("sigma", [0.5, 1.0])
-@pytest.mark.parametrize("n", [6, 10, 30])
-def test_the_ratio_interval_covers_at_least_93_percent(sigma: float, n: int) -> None:
-    assert n >= stats.MIN_CI_N  # an interval is printed at this n
-    trials = TRIALS[n]
-    got, unbounded = coverage(sigma, n, trials, seed=n * 10 + int(sigma * 2))
-    assert got >= 0.93 - one_sided_margin(trials), (sigma, n, got)
-    assert unbounded == 0
+TRIALS = 400  # +-2.1% (95%) at 5%: a 10% false-positive rate fails the 6% check
+Z99 = 2.326
+# measured at 2000 trials (docs/report.md): the one case no method tried here holds,
+# a heavy-tailed side (sigma 1.4) with the fewer runs; its figures are asserted as known
+KNOWN_SHORT = "unequal shapes sigma 1.4 (8) vs 0.8 (18)"
 
 
-def test_the_check_can_fail_an_interval_that_is_too_narrow(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # the same check rejects a 90% procedure (alpha 0.10 in place of 0.05)
-    monkeypatch.setattr(stats, "ALPHA", 0.10)
-    got, _ = coverage(1.0, 6, TRIALS[6], seed=1)
-    assert got < 0.93 - one_sided_margin(TRIALS[6]), got
+def _margin(target: float, trials: int) -> float:
+    return Z99 * math.sqrt(target * (1 - target) / trials)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.name != KNOWN_SHORT], ids=lambda c: c.name)
+def test_aa_false_positives_at_most_6_percent_and_coverage_at_least_93(case: Case) -> None:
+    got = run_case(case, TRIALS, seed=sum(map(ord, case.name)))
+    assert got.false_positive <= 0.06 + _margin(0.06, TRIALS), (case.name, got)
+    assert got.coverage >= 0.93 - _margin(0.93, TRIALS), (case.name, got)
+
+
+def test_the_heavy_tailed_small_side_is_the_known_shortfall() -> None:
+    # kept honest in both directions: if a change fixes it, this test says so
+    case = next(c for c in CASES if c.name == KNOWN_SHORT)
+    got = run_case(case, TRIALS, seed=7)
+    assert 0.06 + _margin(0.06, TRIALS) < got.false_positive < 0.25, got
+
+
+def test_two_runs_a_side_never_reject_however_many_checkpoints() -> None:
+    case = next(c for c in CASES if "2 runs x 16" in c.name)
+    got = run_case(case, 100, seed=3)
+    assert got.false_positive == 0.0 and got.coverage == 1.0 and got.unbounded == 100
+
+
+def test_the_check_fails_the_old_per_episode_test_on_run_effects() -> None:
+    # the same data tested with each checkpoint as its own unit (4 runs x 8 as 32 + 32)
+    # reject far above 6%: the check can fail
+    rng = np.random.default_rng(11)
+    side = Side(4, 8, 0.5, 0, 0.15)
+    xb = stalls(side, TRIALS, rng).reshape(TRIALS, 32)
+    xc = stalls(side, TRIALS, rng).reshape(TRIALS, 32)
+    ones = np.ones((TRIALS, 32))
+    rejected = float((stats.ratio_p(xb[:50], ones[:50], xc[:50], ones[:50]) < stats.ALPHA).mean())
+    assert rejected > 0.06 + _margin(0.06, 50), rejected
+
+
+def test_coverage_read_at_the_truth_is_the_interval_holding_it() -> None:
+    rng = np.random.default_rng(5)
+    side = Side(6, 3, 0.8, 0.4, 0.1)
+    xb, xc = stalls(side, 40, rng).sum(2), stalls(side, 40, rng).sum(2) * TRUE_RATIO
+    w = np.full((40, 6), 3.0)
+    res = stats.ratio_tests(xb, w, xc, w)
+    p = stats.ratio_p(xb, w, xc, w, TRUE_RATIO)
+    lo = np.where(np.isnan(res.lo), 0.0, res.lo)
+    hi = np.where(np.isnan(res.hi), np.inf, res.hi)
+    assert np.array_equal((lo <= TRUE_RATIO) & (TRUE_RATIO <= hi), p >= stats.ALPHA)

@@ -96,10 +96,15 @@ class _Dom(HTMLParser):
 @pytest.fixture(scope="module")
 def report() -> dict[str, Any]:
     hostile = dict(HOST, hostname=HOSTILE_HOST)
-    base = [make_run(HOSTILE_RUN, seed=1, host=hostile), make_run("torch-2", seed=2)]
+    # four runs a side: the run is the test's unit, and 4 + 4 can give the stall an interval
+    base = [make_run(HOSTILE_RUN, seed=1, host=hostile)]
+    base += [make_run(f"torch-{k}", seed=k) for k in (2, 5, 6)]
     cand = [
         make_run("many-1", seed=3, codepath="many", ckpt_cpu_s=0.25, stall_s=0.2, windows=20),
-        make_run("many-2", seed=4, codepath="many", ckpt_cpu_s=0.25, stall_s=0.2),
+        *(
+            make_run(f"many-{k}", seed=k + 5, codepath="many", ckpt_cpu_s=0.25, stall_s=0.2)
+            for k in (2, 3, 4)
+        ),
     ]
     return build_report(base, cand, cluster=default_cluster())
 
@@ -155,8 +160,8 @@ def test_the_browser_renders_every_chart_with_the_expected_marks(
         assert dom.count("line", "median", "episode-durations:", data_side=side) == 1
         windows = report[side]["windows"]
         assert dom.count("circle", "point", "window-timeline:", data_side=side) == windows
-        assert dom.count("polyline", "series", "window-timeline:", data_side=side) == 2
-    assert report["candidate"]["windows"] == 44  # 20 + 24: the counts above are not equal
+        assert dom.count("polyline", "series", "window-timeline:", data_side=side) == 4  # a series per run
+    assert report["candidate"]["windows"] == 92  # 20 + 3 x 24: the counts above are not equal
 
     # the projection: the tornado has a bar per ranged input and end, each as long as its
     # swing from the central saved figure on one scale, in the report's order (largest

@@ -22,8 +22,9 @@ from tests.report_synth import make_run
 # Stalls in the order the job took them: no trend and no lag-1 dependence, so each
 # episode is one observation (the report checks that, below). 7 + 7 episodes: 3432
 # arrangements, so the permutation test is exact and scipy's must give the same p.
-BASELINE = ((0.81, 0.74, 0.93, 0.70), (0.88, 0.69, 0.79))
-CANDIDATE = ((0.52, 0.61, 0.47, 0.58), (0.50, 0.66, 0.55))
+# four runs a side: the run is the test's unit, and 4 + 4 is the fewest that can reject
+BASELINE = ((0.81, 0.74, 0.93, 0.70), (0.88, 0.69, 0.79), (0.77, 0.85, 0.72), (0.90, 0.76))
+CANDIDATE = ((0.52, 0.61, 0.47, 0.58), (0.50, 0.66, 0.55), (0.59, 0.49, 0.57), (0.54, 0.63))
 CLUSTER = """\
 gpus: 4096
 gpus_per_node: 8
@@ -87,21 +88,34 @@ def test_the_report_is_what_its_inputs_give_recomputed_by_hand(tmp_path: Path) -
     report = build_report(baseline, candidate, cluster=load_cluster(cluster_file))
     ck = report["checkpoint"]
     assert not ck["baseline"]["warmup"]["detected"] and not ck["candidate"]["warmup"]["detected"]
-    assert report["interleaving"]["order"] == "ABAB"
+    assert report["interleaving"]["order"] == "ABABABAB"
 
-    # the stall: the ratio of the sides' means, tested by an exact permutation test
+    # the stall: the ratio of the sides' means over their checkpoints, tested by an exact
+    # permutation test of whole runs, studentized by the runs' cluster-robust variance
     x = np.array([s for run in BASELINE for s in run])
     y = np.array([s for run in CANDIDATE for s in run])
+    # a run as one complex number: its summed stall (real) and its checkpoints (imag)
+    xr = np.array([sum(run) + 1j * len(run) for run in BASELINE])
+    yr = np.array([sum(run) + 1j * len(run) for run in CANDIDATE])
 
-    def log_ratio(a: np.ndarray, b: np.ndarray, axis: int = -1) -> np.ndarray:
-        return np.log(b.mean(axis=axis)) - np.log(a.mean(axis=axis))
+    def side(runs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        s, w = runs.real, runs.imag
+        g = s.shape[-1]
+        r = s.sum(-1) / w.sum(-1)
+        resid = (s - r[..., None] * w) / w.mean(-1)[..., None]
+        return r, (resid**2).sum(-1) / (g * (g - 1)) / r**2
+
+    def studentized(a: np.ndarray, b: np.ndarray, axis: int = -1) -> np.ndarray:
+        (ra, va), (rb, vb) = side(a), side(b)
+        return np.log(rb / ra) / np.sqrt(va + vb)
 
     def p_of(r: float) -> float:
+        scaled = yr.real / r + 1j * yr.imag
         return float(
             sps.permutation_test(
-                (x, y / r), log_ratio, permutation_type="independent", vectorized=True,
+                (xr, scaled), studentized, permutation_type="independent", vectorized=True,
                 n_resamples=math.inf,
-            ).pvalue
+            ).pvalue.real
         )  # fmt: skip
 
     stall = ck["stall_s"]
