@@ -160,7 +160,7 @@ def test_the_browser_renders_every_chart_with_the_expected_marks(
         assert dom.count("line", "median", "episode-durations:", data_side=side) == 1
         windows = report[side]["windows"]
         assert dom.count("circle", "point", "window-timeline:", data_side=side) == windows
-        assert dom.count("polyline", "series", "window-timeline:", data_side=side) == 4  # a series per run
+        assert dom.count("polyline", "series", "window-timeline:", data_side=side) == 4  # per run
     assert report["candidate"]["windows"] == 92  # 20 + 3 x 24: the counts above are not equal
 
     # the projection: the tornado has a bar per ranged input and end, each as long as its
