@@ -231,14 +231,11 @@ def test_a_b_json_against_many_is_a_significant_change(
     assert (ck["baseline"]["codepath"], ck["candidate"]["codepath"]) == ("json", "many")
     for metric in ("stall_s", "cpu_s"):
         m = ck[metric]
-        assert m["significant"] is True and m["p"] < 0.05, (metric, m)
-        # The interval excludes "no change". A side whose stalls are autocorrelated is
-        # resampled in blocks (a `.many` run: lag-1 0.6, blocks of 5, 3 blocks of 18), and
-        # below 6 blocks a side the report prints no interval and says why.
-        if min(m["n"]) >= 6:
-            assert m["ci95"][1] < 1.0, (metric, m)
-        else:
-            assert m["ci95"] is None and "needs at least 6 per side" in m["ci_note"], m
+        # one run a side: the run is the test's unit, so however many checkpoints each
+        # holds, nothing is tested and the report says why (the checkpoints beside it)
+        assert m["p"] is None and m["significant"] is False, (metric, m)
+        assert m["n"] == [1, 1] and min(m["n_within"]) >= 3, m
+        assert "needs at least 2 runs per side" in m["note"], m
     assert doc["comparable"] is True and doc["receipt"].startswith("rcpt_")
 
 
