@@ -31,7 +31,7 @@ from profiler.report.render_text import (
 )
 
 COLORS = {"baseline": "#4c72b0", "candidate": "#dd8452"}
-# each warning's lead: a power warning (too few blocks or episodes for significance)
+# each warning's lead: a power warning (too few runs for significance)
 # carries `needed_per_side`; the others by their scope
 WARNING_KINDS = {"comparability": "Runs differ", "checkpoint": "Checkpoints"}
 _CSS = """
@@ -316,7 +316,7 @@ def _sides(report: Mapping[str, Any]) -> str:
         "side",
         "runs",
         "windows",
-        "blocks",
+        "runs with windows",
         "measured s",
         "episodes",
         "checkpoints via",
@@ -591,7 +591,7 @@ def _per_codepath(report: Mapping[str, Any]) -> str:
             if m.get("baseline") or m.get("candidate"):
                 table_rows.append((name, METRIC_LABELS[metric], m))
     out.append(
-        _metric_table(table_rows, "per measured wall-hour; n = blocks of consecutive windows")
+        _metric_table(table_rows, "per measured wall-hour; n = runs (their windows: n_within)")
     )
     return "\n".join(out)
 

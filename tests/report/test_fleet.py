@@ -445,9 +445,9 @@ def test_report_from_promql_agrees_with_the_records(fleet, store, capsys):
         assert doc[side]["energy_source"] == "model"
         assert doc[side]["episodes"] is None and "Prometheus" in doc[side]["episodes_note"]
         assert doc[side]["serwatt_version"] and doc[side]["rate_hz"] == [20.0]
-    # Statistics across instances and time blocks: ~8 steps of 4 s per node, in blocks
-    # of 2, each node's its own series (no block spans two instances).
-    assert doc["baseline"]["blocks"] >= 4 and doc["candidate"]["blocks"] >= 2, doc["baseline"]
+    # The run is the test's unit: each instance's series is one run (no run spans two
+    # instances), its ~8 steps of 4 s the windows inside it.
+    assert doc["baseline"]["blocks"] == 2 and doc["candidate"]["blocks"] == 1, doc["baseline"]
     for side, variant in (("baseline", "torch"), ("candidate", "many")):
         got = doc["total"]["cpu_s"]["total"][side]
         assert _explained_by_first_scrape(fleet, variant, got), (side, got)
@@ -458,7 +458,10 @@ def test_report_from_promql_agrees_with_the_records(fleet, store, capsys):
     assert ways["sides"] == {"baseline": "measured", "candidate": "measured"}, ways["sides"]
     split = sum(v["baseline"]["cpu_s"] for v in ways["codepaths"]["torch"].values())
     assert split == pytest.approx(torch_cpu["total"]["baseline"], rel=1e-5, abs=1e-5)
-    assert torch_cpu["p"] is not None and torch_cpu["n"][0] == doc["baseline"]["blocks"]
+    # two baseline nodes and one candidate: one run on a side is not tested, and says so
+    assert torch_cpu["n"] == [2, 1] and torch_cpu["n_unit"] == "runs", torch_cpu
+    assert torch_cpu["p"] is None and "needs at least 2 runs per side" in torch_cpu["note"]
+    assert torch_cpu["n_within"][0] >= 4 and torch_cpu["n_within_unit"] == "windows"
     assert any("host fingerprints" in c for c in doc["caveats"])
     assert doc["checkpoint"]["stall_s"] is None  # no episodes in Prometheus, said so
     assert doc["projection"]["baseline"].get("unavailable")
