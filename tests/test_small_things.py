@@ -77,10 +77,11 @@ def test_wall_time_over_threads_is_labelled_thread_s_beside_the_main_threads_wal
 
 
 def _projection_text(cand_stall_s: float, cluster=None) -> tuple[dict, str]:
-    base = [make_run(f"torch-{i}", seed=i, stall_s=0.4) for i in range(3)]
+    # 4 runs a side: the fewest whose arrangements give the stall ratio an interval
+    base = [make_run(f"torch-{i}", seed=i, stall_s=0.4) for i in range(4)]
     cand = [
         make_run(f"many-{i}", seed=10 + i, codepath="many", ckpt_cpu_s=0.5, stall_s=cand_stall_s)
-        for i in range(3)
+        for i in range(4)
     ]
     report = build_report(base, cand, cluster=cluster or default_cluster())
     return report["projection"], render_text(report)

@@ -3,7 +3,7 @@
     serwatt ab --baseline 'CMD...' --candidate 'CMD...' [--repeats N]
                [--order interleaved|random --seed S] [--prepare 'CMD'] [--resume-args 'ARGS']
                [--cold-restore] [--checkpoints DIR] [--record DB] [--json F] [--html F]
-               [--cluster F] [--skip-warmup N]
+               [--full] [--cluster F | --project] [--skip-warmup N]
     serwatt ab --swap torch --checkpoints DIR [--resume-args 'ARGS'] -- CMD ARGS...
 
 Each run is `serwatt profile --record DB --run-id ab-<start>-<side>-<k> --checkpoints DIR`
@@ -44,8 +44,7 @@ from profiler.report import (
     InputError,
     ReportRefused,
     build_report,
-    default_cluster,
-    load_cluster,
+    projection_cluster,
     render_html,
     render_text,
     stats,
@@ -123,8 +122,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, metavar="F", help="write serwatt.report/1 JSON")
     parser.add_argument("--html", type=Path, metavar="F", help="write a self-contained HTML page")
     parser.add_argument(
-        "--cluster", type=Path, metavar="F", help="cluster assumptions for the projection"
-    )
+        "--cluster", type=Path, metavar="F",
+        help="project the saving onto a cluster with these assumptions (an estimate; "
+        "off unless asked)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--full", action="store_true",
+        help="print every detail below the first table (the method, each caveat and warning, "
+        "the checkpoint and codepath tables); the JSON and HTML always have them",
+    )  # fmt: skip
+    parser.add_argument(
+        "--project", action="store_true",
+        help="project the saving onto the documented default cluster (an estimate)",
+    )  # fmt: skip
     parser.add_argument(
         "--skip-warmup",
         type=Number(int, min=0, max=MAX_REPEATS),
@@ -282,7 +292,7 @@ def run(args: argparse.Namespace) -> int:
         if path is not None:
             check_output_option(option, path)
     try:
-        cluster = load_cluster(args.cluster) if args.cluster is not None else default_cluster()
+        cluster = projection_cluster(args.cluster, args.project)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
     try:
@@ -370,7 +380,7 @@ def _report(args: argparse.Namespace, opts: AbOptions, result: AbResult, cluster
     if partial is not None:
         report["ab"]["partial"] = partial
         report["caveats"].append(partial)
-    text = render_text(report)
+    text = render_text(report, full=args.full)
     print("\n".join(escape_text(line) for line in report["ab"]["headline"]))
     print()
     print(text, end="")

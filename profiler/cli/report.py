@@ -1,11 +1,12 @@
 """`serwatt report`: the A/B report of baseline runs against candidate runs.
 
     serwatt report --baseline RUN [RUN...] --candidate RUN [RUN...] [--db FILE | --dir DIR]
-                   [--json FILE] [--html FILE] [--cluster FILE.yaml] [--checkpoints DIR]
+                   [--json FILE] [--html FILE] [--full] [--cluster FILE.yaml | --project]
+                   [--checkpoints DIR]
                    [--allow-mismatch]
     serwatt report --verify REPORT.json [--db FILE | --dir DIR]
     serwatt report --prometheus URL --baseline SELECTOR --candidate SELECTOR --range 30m
-                   [--step 60s] [--json FILE] [--html FILE] [--cluster FILE.yaml]
+                   [--step 60s] [--json FILE] [--html FILE] [--cluster FILE.yaml | --project]
     serwatt report --prometheus URL --selector SELECTOR
                    --baseline-range START..END --candidate-range START..END
 
@@ -37,8 +38,7 @@ from profiler.report import (
     InputError,
     ReportRefused,
     build_report,
-    default_cluster,
-    load_cluster,
+    projection_cluster,
     render_html,
     render_text,
     verify_receipt,
@@ -96,7 +96,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--cluster", type=Path, metavar="FILE.yaml",
-        help="cluster assumptions for the projection (default: the documented defaults)",
+        help="project the saving onto a cluster with these assumptions (an estimate; "
+        "off unless asked)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--full", action="store_true",
+        help="print every detail below the first table (the method, each caveat and warning, "
+        "the checkpoint and codepath tables); the JSON and HTML always have them",
+    )  # fmt: skip
+    parser.add_argument(
+        "--project", action="store_true",
+        help="project the saving onto the documented default cluster (an estimate)",
     )  # fmt: skip
     parser.add_argument(
         "--checkpoints", type=Path, metavar="DIR",
@@ -311,7 +321,7 @@ def _run(args: argparse.Namespace) -> int:
         if path is not None:
             check_output_option(option, path)
     try:
-        cluster = load_cluster(args.cluster) if args.cluster is not None else default_cluster()
+        cluster = projection_cluster(args.cluster, args.project)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
     checkpoints = None
@@ -350,7 +360,7 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     except InputError as exc:
         raise UsageError(str(exc)) from None
-    print(render_text(report))
+    print(render_text(report, full=args.full))
     try:
         if args.json is not None:
             safeio.write_text(args.json, json.dumps(report, indent=2, allow_nan=False) + "\n")

@@ -14,7 +14,12 @@ profile session or hardware.
 """
 
 from profiler.report.build import REPORT_SCHEMA, build_report
-from profiler.report.cluster import ClusterConfig, default_cluster, load_cluster
+from profiler.report.cluster import (
+    ClusterConfig,
+    default_cluster,
+    load_cluster,
+    projection_cluster,
+)
 from profiler.report.comparability import Mismatch, ReportRefused
 from profiler.report.inputs import (
     CodepathFigures,
@@ -40,6 +45,7 @@ __all__ = [
     "build_report",
     "default_cluster",
     "load_cluster",
+    "projection_cluster",
     "receipt",
     "render_html",
     "render_text",

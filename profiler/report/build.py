@@ -237,6 +237,7 @@ def _window_metric(
             for side, (t, _wall), k in zip(sides, totals, checkpoints, strict=True)
         },
         "source": {s.name: _source(s, metric) for s in sides},
+        **_side_medians((xb, wb), (xc, wc), 3600.0),
     }
     windows = [sum(len(b) for b in s.blocks) for s in sides]
     out.update(_comparison_fields(c, windows, "windows"))
@@ -270,8 +271,23 @@ def _episode_metric(
         "candidate_ci95": None,
         "side_ci_note": SIDE_CI_NOTE,
         "source": dict(source),
+        **_side_medians((xb, wb), (xc, wc)),
     }
     out.update(_comparison_fields(c, [sum(wb), sum(wc)], within_unit))
+    return out
+
+
+def _side_medians(
+    base: tuple[Sequence[float], Sequence[float]],
+    cand: tuple[Sequence[float], Sequence[float]],
+    scale: float = 1.0,
+) -> dict[str, Any]:
+    """Each side's median over its runs (each run's Σ value / Σ weight) with the order
+    statistics' interval: the one per-side interval of known coverage (docs/report.md)."""
+    out = {}
+    for name, (x, w) in zip(SIDES, (base, cand), strict=True):
+        per_run = [v / k * scale for v, k in zip(x, w, strict=True) if k > 0]
+        out[f"{name}_run_median"] = stats.median_interval(per_run)
     return out
 
 
@@ -292,6 +308,9 @@ def _apply_holm(metrics: list[dict[str, Any]], family: str) -> int:
         if p is None:
             continue
         m["family"] = family
+        n0, n1 = m["n"]
+        m["min_attainable_p"] = stats.min_attainable_p(n0, n1, size)
+        m["can_reach_significance"] = m["min_attainable_p"] < stats.ALPHA
         m["significant"] = p < stats.ALPHA
         ci = m["ci95"]
         holds_one = (
@@ -442,6 +461,7 @@ def build_report(
     }
     total = {metric: _window_metric(sides, TOTAL, metric, unit, n_ckpt) for metric, unit in METRICS}
     tested = [row for rows in (*codepaths.values(), total) for row in rows.values()]
+    per_run_rows = {"cpu_s": _per_run_metric(sides, "cpu_s", "s")}
 
     warnings: list[dict[str, Any]] = [
         {
@@ -460,8 +480,10 @@ def build_report(
         "checkpoint": [m for k in PRIMARY_METRICS if (m := checkpoint.get(k))],
         "checkpoint_secondary": [m for k in SECONDARY_METRICS if (m := checkpoint.get(k))],
         "codepaths": tested,
+        "per_run": list(per_run_rows.values()),
     }
     families = {name: _apply_holm(rows, name) for name, rows in family_rows.items()}
+    warnings += _unreachable_warnings(checkpoint, per_run_rows)
     _durability_verdicts(checkpoint)
     min_attainable = {
         name: power.min_attainable(rows, families[name]) for name, rows in family_rows.items()
@@ -480,6 +502,7 @@ def build_report(
         ),
         "baseline": _side_section(sides[0], choices[0], ckpt_eps[0], skip_warmup),
         "candidate": _side_section(sides[1], choices[1], ckpt_eps[1], skip_warmup),
+        "per_run": per_run_rows,
         "codepaths": codepaths,
         "total": total,
         "direction": direction_section({s.name: s.runs for s in sides}),
@@ -495,6 +518,66 @@ def build_report(
             cluster, sides, choices, ckpt_eps, checkpoint, skip_warmup
         )
     return report
+
+
+def _per_run_metric(sides: tuple[_Side, _Side], metric: str, unit: str) -> dict[str, Any]:
+    """A whole-job figure per run (Σ over the run's windows), each run one observation with
+    weight 1: per work where every run does the same work, as `serwatt ab`'s do."""
+    (xb, _wb), (xc, _wc) = (_observations(s, TOTAL, metric) for s in sides)
+    ones = [1.0] * len(xb), [1.0] * len(xc)
+    c = stats.compare(xb, xc, *ones)
+    out: dict[str, Any] = {
+        "unit": unit,
+        "basis": "per run (Σ over the run's windows): per work when every run does the same "
+        "work, as serwatt ab's runs do",
+        "baseline": c.baseline if c.n[0] else None,
+        "candidate": c.candidate if c.n[1] else None,
+        "source": {s.name: _source(s, metric) for s in sides},
+        **_side_medians((xb, ones[0]), (xc, ones[1])),
+    }
+    windows = [sum(len(b) for b in s.blocks) for s in sides]
+    out.update(_comparison_fields(c, windows, "windows"))
+    return out
+
+
+ROW_LABELS = {
+    "stall_s": "stall s/checkpoint",
+    "cpu_s": "CPU s/checkpoint",
+    "gpu_wait_s": "GPU-wait s/checkpoint",
+    "restore_s": "restore s",
+}
+
+
+def _unreachable_warnings(
+    checkpoint: Mapping[str, Any], per_run: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """A warning per family whose tested rows cannot reach a corrected p < 0.05 at their
+    runs, whatever the data (the stall's own is among the power warnings)."""
+    out = []
+    for family, rows in (
+        ("checkpoint_secondary", [(k, checkpoint.get(k)) for k in SECONDARY_METRICS]),
+        ("per_run", [(f"{k} per run", m) for k, m in per_run.items()]),
+    ):
+        stuck = [
+            (ROW_LABELS.get(k, k), m)
+            for k, m in rows
+            if m and m.get("p") is not None and not m["can_reach_significance"]
+        ]
+        if not stuck:
+            continue
+        n = stuck[0][1]["n"]
+        out.append(
+            {
+                "scope": "row",
+                "family": family,
+                "rows": [label for label, _m in stuck],
+                "min_attainable_p": stuck[0][1]["min_attainable_p"],
+                "message": f"{', '.join(label for label, _m in stuck)}: at {n[0]}+{n[1]} runs "
+                f"the smallest attainable corrected p is {stuck[0][1]['min_attainable_p']:.3g}, "
+                "so no result can be significant; more runs a side can",
+            }
+        )
+    return out
 
 
 def _checked_input(
@@ -641,6 +724,25 @@ def _compared_episodes(
     return out
 
 
+def _without_first(per_run: list[_RunEpisodes], flagged: list[str]) -> dict[str, Any]:
+    """The stall ratio with each run's first checkpoint left out: beside the ratio with it
+    when a side's stalls trend or are autocorrelated (a flagged warm-up)."""
+    (xb, wb), (xc, wc) = (
+        _per_run([[e.wall_s for e in eps[1:]] for _run, eps, _k in runs]) for runs in per_run
+    )
+    c = stats.compare(xb, xc, wb, wc)
+    ci = list(c.ci95) if c.ci95 is not None else None
+    return {
+        "flagged": flagged,
+        "left_out": "each run's first checkpoint",
+        "ratio": _num(c.ratio),
+        "change_pct": _num(_pct(c.ratio)),
+        "change_pct_ci95": [_pct(b) for b in ci] if ci is not None else None,
+        "p": _num(c.p),
+        "n": list(c.n),
+    }
+
+
 def _durability_part(
     out: dict[str, Any],
     choices: list[tuple[str | None, str, bool]],
@@ -684,6 +786,9 @@ def _checkpoint_section(
         out[side.name] = {"warmup": warmup} | _side_checkpoints(side, choice, eps, skip, warnings)
     sources = {s.name: out[s.name]["source"] for s in sides}
     out |= _compared_episodes(sides, per_run, ckpt_eps, sources)
+    flagged = [s.name for s, w in zip(sides, warmups, strict=True) if w["detected"]]
+    if flagged and out.get("stall_s"):
+        out["stall_s"]["warmup"] = _without_first(per_run, flagged)
     # a restore is compared whether or not the runs also saved (a resumed run may not)
     rb = [list(r.restore_s) for r in sides[0].runs]
     rc = [list(r.restore_s) for r in sides[1].runs]

@@ -13,6 +13,7 @@ assumptions; every key is optional and falls back to the default below:
     wue_l_per_kwh: [0.30, 1.8]  # site water per IT kWh: a value or [low, high]
     state_bytes_per_gpu: 346069336  # checkpoint bytes each GPU's rank writes
     storage_write_gb_s: 2000     # the storage's write bandwidth, cluster-wide, GB/s
+    machine_stall_factor: 1      # cluster machine's stall per byte / the measured node's
     policy: daly           # or {interval_s: 1800} or {interval_steps: 500, step_s: 3.6}
 
 Unknown keys and bad values are errors naming the key and its line (the daemon config's
@@ -134,6 +135,14 @@ DEFAULTS: Mapping[str, tuple[float | tuple[float, float], tuple[float, float], s
                 "assumed default: Llama 3's Tectonic storage, 2 TB/s sustained to 7 TB/s "
                 "peak (arXiv 2407.21783 §3.3.1), cluster-wide",
             ),
+            "machine_stall_factor": (
+                1.0,
+                (0.5, 2.0),
+                "x",
+                "assumed default: the measured node's stall per byte holds on the cluster's "
+                "machines (no measurement fixes a scaling from one machine class to "
+                "another); range a factor of 2 either way",
+            ),
         }
     )
 )
@@ -151,6 +160,7 @@ _BOUNDS: Mapping[str, tuple[float, bool, float, bool]] = MappingProxyType(
         "wue_l_per_kwh": (0, False, 100, False),
         "state_bytes_per_gpu": (0, True, 1e15, False),
         "storage_write_gb_s": (0, True, 1e9, False),
+        "machine_stall_factor": (0, True, 1000, False),
     }
 )
 
@@ -277,3 +287,11 @@ def load_cluster(path: Path | str) -> ClusterConfig:
     path = Path(path)
     text = read_yaml_file(path, missing_hint="see docs/report.md for the keys")
     return parse_cluster(text, path.absolute())
+
+
+def projection_cluster(path: Path | str | None, project: bool) -> ClusterConfig | None:
+    """The cluster to project onto, or None: the projection is an estimate, made only when
+    asked for (`--cluster FILE` or `--project` for the defaults)."""
+    if path is not None:
+        return load_cluster(path)
+    return default_cluster() if project else None

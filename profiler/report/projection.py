@@ -38,14 +38,15 @@ The slowest rank sets a synchronous stall, so when ranks vary this is a lower bo
 
 from __future__ import annotations
 
+import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
-from profiler.report.cluster import RANGED, ClusterConfig, ClusterInput
+from profiler.report.cluster import RANGED, ClusterConfig, ClusterInput, Policy
 
 HOURS_PER_YEAR = 8760.0
 SECONDS_PER_YEAR = HOURS_PER_YEAR * 3600.0
@@ -194,6 +195,10 @@ def scaled_delta(cfg: ClusterConfig, m: SideMeasurement, delta_node_s: float) ->
             f"stall taken as linear in bytes through zero, measured at "
             f"{float(nbytes.mean()):.4g} B per checkpoint"
         )
+        if nbytes.max() < SIZE_SPREAD * nbytes.min():
+            out["note"] += (
+                " (one measured size: it fixes no slope, so the line through zero is assumed)"
+            )
         if nbytes.max() >= SIZE_SPREAD * nbytes.min() and float(stalls.mean()) > 0:
             slope, intercept = (float(v) for v in np.polyfit(nbytes, stalls, 1))
             at_state = intercept + slope * state
@@ -209,6 +214,13 @@ def scaled_delta(cfg: ClusterConfig, m: SideMeasurement, delta_node_s: float) ->
                     f"; a line over {nbytes.min():.4g}-{nbytes.max():.4g} B gave no positive "
                     "stall at state_bytes_per_gpu, so not used"
                 )
+    machine = cfg.value("machine_stall_factor")
+    out["machine_stall_factor"] = machine
+    out["machine_note"] = (
+        f"× machine_stall_factor {machine:g} (assumed: the measured node's stall per byte on "
+        "the cluster's machines)"
+    )
+    factor *= machine
     scaled = delta_node_s * factor
     out["factor"] = factor
     out["delta_scaled_s"] = scaled
@@ -564,7 +576,7 @@ def _with(cfg: ClusterConfig, name: str, value: float) -> ClusterConfig:
 
 
 def _central(cfg: ClusterConfig) -> ClusterConfig:
-    """Every ranged-only input (pue, wue) at its midpoint, for single saved figures."""
+    """Every ranged-only input (pue, wue) at its middle, for single saved figures."""
     for name in RANGED:
         if cfg.inputs[name].value is None:
             cfg = _with(cfg, name, cfg.inputs[name].central)
@@ -592,6 +604,60 @@ def _saved_figures(
     }
 
 
+def _holds_one(ratio_ci: tuple[float | None, float | None] | None) -> bool:
+    """Whether the stall ratio's interval allows no change (None: there is none)."""
+    if ratio_ci is None:
+        return True
+    lo, hi = ratio_ci
+    return (lo is None or lo <= 1.0) and (hi is None or hi >= 1.0)
+
+
+def _envelope(
+    cfg: ClusterConfig, base: SideMeasurement, cand: SideMeasurement
+) -> dict[str, list[float]]:
+    """Each saved figure's least and greatest value over every corner of the assumed
+    inputs' ranges (each at its low or high end, δ at the measured values): the spread the
+    assumptions alone allow."""
+    names = [n for n, i in cfg.inputs.items() if i.low != i.high]
+    lows: dict[str, float] = {}
+    highs: dict[str, float] = {}
+    for corner in itertools.product((0, 1), repeat=len(names)):
+        at = cfg
+        for name, end in zip(names, corner, strict=True):
+            i = cfg.inputs[name]
+            at = _with(at, name, i.high if end else i.low)
+        for fig, v in _saved_figures(at, base, cand, None).items():
+            lows[fig] = min(lows.get(fig, v), v)
+            highs[fig] = max(highs.get(fig, v), v)
+    return {fig: [lows[fig], highs[fig]] for fig in lows}
+
+
+# the policies the sensitivity table sets beside the configured one: Daly's optimum and
+# fixed intervals of 30 min and 3 h, common in LLM training
+POLICIES = (Policy("daly"), Policy("fixed", 1800.0, "fixed: every 1800 s"),
+            Policy("fixed", 10800.0, "fixed: every 10800 s"))  # fmt: skip
+
+
+def _policy_sensitivity(
+    cfg: ClusterConfig, base: SideMeasurement, cand: SideMeasurement
+) -> list[dict[str, Any]]:
+    """The saved figures under each checkpoint policy (the configured one marked)."""
+    policies = list(POLICIES)
+    if all(p.text != cfg.policy.text for p in policies):
+        policies.insert(0, cfg.policy)
+    out = []
+    for policy in policies:
+        at = ClusterConfig(cfg.inputs, policy, cfg.path)
+        out.append(
+            {
+                "policy": policy.text,
+                "configured": policy.text == cfg.policy.text,
+                "saved": _saved_figures(at, base, cand, None),
+            }
+        )
+    return out
+
+
 def _saved_with_intervals(
     cfg: ClusterConfig,
     base: SideMeasurement,
@@ -611,13 +677,22 @@ def _saved_with_intervals(
             for r in ratio_ci
             if r is not None
         ]
+    envelope = _envelope(cfg, base, cand)
+    no_change = _holds_one(ratio_ci)
     out: dict[str, Any] = {}
     for name in SAVED_FIGURES:
         ci = None
         if bounds is not None:
             ci = _span(bounds[0][name], bounds[1][name])
         holds_zero = ci is None or ci[0] <= 0.0 <= ci[1]
-        out[name] = {"value": central[name], "ci95": ci, "display": "~" if holds_zero else None}
+        out[name] = {
+            "value": central[name],
+            "ci95": ci,
+            "ci95_basis": "sampling only",
+            "envelope": envelope[name],
+            "envelope_basis": "assumptions only: best and worst corner of their ranges",
+            "display": "~" if holds_zero or no_change else None,
+        }
     return out
 
 
@@ -687,6 +762,23 @@ def _measured_inputs(base: SideMeasurement, cand: SideMeasurement) -> dict[str, 
     return out
 
 
+def _default_at(i: ClusterInput) -> dict[str, Any]:
+    """Where an assumed input's default sits in its range: the figures at defaults are not
+    central when it sits at an end."""
+    if i.low == i.high:
+        return {"default_at": None}
+    if i.value is None:
+        return {"default_at": "a range, used at its middle"}
+    at = (
+        "at the low end"
+        if i.value == i.low
+        else "at the high end"
+        if i.value == i.high
+        else "inside"
+    )
+    return {"default_at": at}
+
+
 def project(
     cluster: ClusterConfig,
     baseline: SideMeasurement,
@@ -699,22 +791,43 @@ def project(
     the candidate's δ over the baseline's, carried to every saved figure."""
     mtbf_s = cluster.value("mtbf_h") * 3600.0
     ref = restore_reference(baseline, candidate)
+    # The candidate is projected through the baseline's checkpoint sizes and write mode:
+    # only its measured stall (and restore and host energy) differ, so the saving follows
+    # the measured ratio. Its own files' sizes and mode (a background write that hides the
+    # storage bound) are a model's difference, shown apart and never in the saving.
+    measured_only = replace(candidate, checkpoints=baseline.checkpoints)
     base = _side(cluster, baseline, mtbf_s, restore_reference_s=ref)
-    cand = _side(cluster, candidate, mtbf_s, restore_reference_s=ref)
+    cand = _side(cluster, measured_only, mtbf_s, restore_reference_s=ref)
     both = "unavailable" not in base and "unavailable" not in cand
     saved = None
+    own_model = None
     if both:
         saved = _saved(cluster, base, cand) | _saved_with_intervals(
-            cluster, baseline, candidate, ratio_ci95
+            cluster, baseline, measured_only, ratio_ci95
         )
         saved["interval_basis"] = (
-            "the candidate's δ at the bounds of the stall ratio's 95% interval (the "
-            "baseline's δ at its mean), through the same model; ranged inputs at their "
-            "midpoints (the sensitivity table varies them)"
+            "sampling only: the candidate's δ at the bounds of the stall ratio's 95% "
+            "interval (the baseline's δ at its mean), through the same model, every "
+            "assumption at its default (pue and wue at their range's middle)"
         )
-    inputs = {name: i.to_json() for name, i in cluster.inputs.items()}
+        saved["envelope_basis"] = (
+            "assumptions only: the least and greatest saving over every corner of the "
+            "assumed inputs' ranges, δ as measured"
+        )
+        saved["no_change"] = _holds_one(ratio_ci95)
+        own = _side(cluster, candidate, mtbf_s, restore_reference_s=ref)
+        own_model = own | {
+            "saved_gpu_h": base["gpu_hours_per_year"] - own["gpu_hours_per_year"],
+            "note": "the candidate with its own files' sizes and write mode: a model's "
+            "difference, not measured, and not in the saving",
+        }
+    inputs = {name: i.to_json() | _default_at(i) for name, i in cluster.inputs.items()}
     inputs.update(_measured_inputs(baseline, candidate))
     return {
+        "estimated": True,
+        "heading": "ESTIMATED CLUSTER PROJECTION (a model of a cluster run, not a measurement)",
+        "candidate_own_model": own_model,
+        "policy_sensitivity": _policy_sensitivity(cluster, baseline, measured_only) if both else [],
         "inputs": inputs,
         "policy": {
             "kind": cluster.policy.kind,
@@ -729,6 +842,6 @@ def project(
         "baseline": base,
         "candidate": cand,
         "saved": saved,
-        "sensitivity": _sensitivity(cluster, baseline, candidate) if both else [],
+        "sensitivity": _sensitivity(cluster, baseline, measured_only) if both else [],
         "caveats": list(caveats),
     }

@@ -112,7 +112,7 @@ def _side_line(name: str, s: Mapping[str, Any]) -> list[str]:
     ck = s.get("checkpoint_codepath")
     durable = s.get("durable") or "-"
     text = (
-        f"{', '.join(s['runs'])}: {s['windows']} windows, {s['blocks']} blocks, "
+        f"{', '.join(s['runs'])}: {s['windows']} windows in {s['blocks']} run(s), "
         f"{fmt(s['wall_s'])} s measured; {episodes}; "
         + (f"checkpoints through {ck} ({s['checkpoints']}, {durable})" if ck else "no checkpoints")
         + (
@@ -140,8 +140,143 @@ def input_text(report: Mapping[str, Any]) -> str | None:
     return f"run records in {src.get('file')}"
 
 
-def render_text(report: Mapping[str, Any]) -> str:
-    """The whole report as text lines of at most 100 columns (long free text wraps)."""
+def render_text(report: Mapping[str, Any], full: bool = False) -> str:
+    """The report as text lines of at most 100 columns (long free text wraps): by default
+    one benchstat-like table with its footnotes (and the projection, when one was asked
+    for); full=True adds every detail below it."""
+    lines = summary_lines(report)
+    if full:
+        lines += ["", "DETAIL", *_detail_lines(report)]
+    elif report.get("projection"):
+        lines += ["", *_projection_lines(report["projection"])]
+    return "\n".join(_shown(line) for line in lines) + "\n"
+
+
+# (section, key, label, per work): the first screen's rows, per work first
+SUMMARY_ROWS = (
+    ("checkpoint", "stall_s", "stall s/checkpoint", True),
+    ("checkpoint", "cpu_s", "CPU s/checkpoint", True),
+    ("checkpoint", "gpu_wait_s", "GPU-wait s/checkpoint", True),
+    ("checkpoint", "restore_s", "restore s", True),
+    ("per_run", "cpu_s", "CPU s/run", True),
+    ("total", "cpu_s", "CPU s/wall-h †", False),
+    ("total", "energy_j", "energy J/wall-h †", False),
+    ("total", "gpu_wait_s", "GPU-wait s/wall-h †", False),
+)
+P_FLOOR = 0.001  # below it p prints as "< 0.001": the resampling supports no finer
+
+
+def side_spread(m: Mapping[str, Any], side: str) -> str:
+    """'± 4%': the order-statistic 95% interval of the side's median over runs, as % of the
+    median (its larger half); '± ∞' where the runs are too few for one (under 6)."""
+    med = m.get(f"{side}_run_median") or {}
+    ci, mid = med.get("ci95"), med.get("median")
+    if ci is None or not mid:
+        return "± ∞"
+    half = max(abs(ci[1] - mid), abs(mid - ci[0])) / abs(mid) * 100.0
+    return f"± {float(f'{half:.2g}'):g}%"
+
+
+def p_cell(m: Mapping[str, Any]) -> str:
+    p = m.get("p_holm")
+    if p is None:
+        return "-"
+    return "< 0.001" if p < P_FLOOR else f"{p:.2g}"
+
+
+def _summary_row(label: str, m: Mapping[str, Any]) -> list[str]:
+    mark = " ‡" if m.get("p") is not None and m.get("can_reach_significance") is False else ""
+    return [
+        label,
+        f"{fmt(m.get('baseline'))} {side_spread(m, 'baseline')}",
+        f"{fmt(m.get('candidate'))} {side_spread(m, 'candidate')}",
+        change_text(m, words=False) + mark,
+        p_cell(m),
+        n_text(m),
+    ]
+
+
+def _headline(report: Mapping[str, Any]) -> list[str]:
+    ck = report["checkpoint"]
+    stall = ck.get("stall_s")
+    if not stall:
+        return _wrap("headline  ", f"stall per checkpoint not compared: {ck.get('note') or '-'}")
+    out = _wrap(
+        "headline  ",
+        f"stall per checkpoint {change_text(stall)} (Holm p {p_cell(stall)}, "
+        f"{n_text(stall)} runs; baseline {fmt(stall['baseline'])} s, candidate "
+        f"{fmt(stall['candidate'])} s)",
+    )
+    if (w := stall.get("warmup")) is not None:
+        ci = w.get("change_pct_ci95")
+        shown = "-" if w.get("change_pct") is None else _pct_bound(w["change_pct"]) + "%"
+        interval = f" [{_pct_bound(ci[0])}, {_pct_bound(ci[1])}]" if ci else " no CI"
+        out += _wrap(
+            "warm-up   ",
+            f"flagged on the {' and '.join(w['flagged'])} (a trend or autocorrelation in "
+            f"its stalls): with every checkpoint the change is {change_text(stall)}; without "
+            f"{w['left_out']} {shown}{interval} (raw p {fmt(w.get('p'), 2)})",
+        )
+    return out
+
+
+def summary_lines(report: Mapping[str, Any]) -> list[str]:
+    """The first screen: who was compared, the headline, one table and its footnotes."""
+    base, cand = report["baseline"], report["candidate"]
+    lines = [f"serwatt A/B report ({report['schema']}), receipt {report['receipt']}"]
+    for name, s in (("baseline", base), ("candidate", cand)):
+        ck = s.get("checkpoint_codepath")
+        lines += _wrap(
+            f"{name:<10}",
+            f"{len(s['runs'])} run(s), "
+            + (f"checkpoints through {ck} ({s['checkpoints']})" if ck else "no checkpoints")
+            + f", {fmt(s['wall_s'])} s measured",
+        )
+    lines += _headline(report)
+    for c in report["caveats"]:
+        lines += _wrap("  ! ", c)
+    rows = [["", "baseline", "candidate", "change [95% CI]", "p", "n runs"]]
+    for section, key, label, _work in SUMMARY_ROWS:
+        m = (report.get(section) or {}).get(key)
+        if not m or (m.get("baseline") is None and m.get("candidate") is None):
+            continue
+        rows.append(_summary_row(label, m))
+    lines += ["", *_table(rows, [22, 16, 16, 26, 8, 6])]
+    lines += _footnotes(report, rows)
+    return lines
+
+
+def _footnotes(report: Mapping[str, Any], rows: Sequence[Sequence[str]]) -> list[str]:
+    shown = " ".join(" ".join(r) for r in rows)
+    notes = [
+        "± the 95% order-statistic interval of the median over runs, as % of it (∞: fewer "
+        "than 6 runs); the value is the mean over runs, the one compared",
+        "change: candidate/baseline − 1 by a studentized permutation test of whole runs; "
+        "~ no significant change (Holm p ≥ 0.05); p Holm-corrected within the stall, the "
+        "checkpoint's other rows, per run and the wall-hour table"
+        + ("; p < 0.001: below what the resampling resolves" if "< 0.001" in shown else ""),
+    ]
+    if "†" in shown:
+        notes.append(
+            "† per wall-hour rate, secondary: it moves with how busy the job was, not with "
+            "the work done"
+        )
+    if "‡" in shown:
+        notes.append("‡ cannot reach p < 0.05 at its runs, whatever the data (see warnings)")
+    if report["warnings"]:
+        notes.append(
+            f"{len(report['warnings'])} warning(s); --full, the JSON and the HTML have them, "
+            "the method and every detail"
+        )
+    out: list[str] = []
+    for note in notes:
+        out += _wrap("  ", note)
+    return out
+
+
+def _detail_lines(report: Mapping[str, Any]) -> list[str]:
+    """Everything: sides, hosts, caveats, warnings, the checkpoint and codepath tables,
+    encode/decode, the projection, the .many receipt chain and the method."""
     lines: list[str] = [
         f"serwatt A/B report ({report['schema']})",
         f"receipt   {report['receipt']}",
@@ -190,7 +325,7 @@ def render_text(report: Mapping[str, Any]) -> str:
         f"{st['alpha']:g}; smallest attainable corrected p: "
         + ", ".join(f"{k} {fmt(v)}" for k, v in (st.get("min_attainable_p") or {}).items()),
     )
-    return "\n".join(_shown(line) for line in lines) + "\n"
+    return lines
 
 
 def _checkpoint_rows(ck: Mapping[str, Any]) -> list[list[str]]:
@@ -260,7 +395,7 @@ def _checkpoint_notes(report: Mapping[str, Any]) -> list[str]:
                 f"{name}: {w['skipped']} skipped; trend p {fmt(w['trend_p'])}, lag-1 "
                 f"autocorrelation {fmt(w['lag1_autocorrelation'])}: "
                 + (
-                    f"not independent, resampled in blocks of {w['block_length']}"
+                    "detected (the test takes whole runs, so it holds)"
                     if w.get("detected")
                     else "none detected"
                 ),
@@ -437,6 +572,15 @@ def _projection_table(
         shown = _saving(f.get("value"), f.get("ci95"), " [no CI]")
         return ("~ " if f.get("display") == "~" else "") + shown
 
+    def envelope(name: str) -> str:
+        env = (s.get(name) or {}).get("envelope")
+        if not env:
+            return ""
+        lo, hi = env
+        if hi <= 0:  # a cost throughout, read as one
+            return f"costs {fmt(-hi)} to {fmt(-lo)}"
+        return f"costs {fmt(-lo)} to {fmt(hi)}" if lo < 0 else f"{fmt(lo)} to {fmt(hi)}"
+
     def parts(side: Mapping[str, Any]) -> str:
         lp = side["lost_parts"]
         return "/".join(fmt(lp[k]) for k in ("stall", "rework", "restart"))
@@ -445,7 +589,7 @@ def _projection_table(
         return [label, fmt(b[key]), fmt(c[key]), saved(saved_as)]
 
     rows = [
-        ["", "baseline", "candidate", "saved [95% CI]"],
+        ["", "baseline", "candidate", "saved [sampling-only 95% CI]"],
         ["stall δ s (cluster)", fmt(b["delta_s"]), fmt(c["delta_s"]), ""],
         ["  measured on the node", fmt(b["delta_node_s"]), fmt(c["delta_node_s"]), ""],
         ["  δ set by", b["bound"], c["bound"], ""],
@@ -463,6 +607,26 @@ def _projection_table(
         row("water L / year", "water_l_per_year", "water_l"),
     ]
     out = ["  " + line for line in _table(rows, [24, 20, 20, 30])]
+    out += _wrap(
+        "  envelope: ",
+        "saved with every assumption at the best and worst corner of its range, δ as "
+        "measured: "
+        + "; ".join(
+            f"{label} {envelope(key)}"
+            for label, key in (
+                ("GPU-h", "gpu_h"),
+                ("IT MWh", "it_mwh"),
+                ("facility MWh", "facility_mwh"),
+                ("water L", "water_l"),
+            )
+        ),
+    )
+    if s.get("no_change"):
+        out += _wrap(
+            "  ~ ",
+            "the stall ratio's interval holds 1 (or there is none): no saving was measured; "
+            "the figures are what the model gives at the measured means",
+        )
     values = [s["lost_fraction"], *((s.get(n) or {}).get("value") for n in _SAVED_FIGURES)]
     if any(v is not None and v < 0 for v in values):
         out += _wrap(
@@ -482,13 +646,30 @@ def _projection_basis(p: Mapping[str, Any]) -> list[str]:
         sc = side["scaling"]
         out += _wrap(
             f"  {name} δ: ",
-            f"{sc['note']}; {sc['mode']} ({sc['mode_source']}); bandwidth bound "
+            f"{sc['note']} {sc.get('machine_note', '')}; {sc['mode']} ({sc['mode_source']}); "
+            "bandwidth bound "
             f"{fmt(sc['bandwidth_bound_s'])} s",
         )
     out += _wrap("  * ", b.get("gpu_hours_note", ""))
     out += _wrap("  saved CI: ", s.get("interval_basis", ""))
+    if (own := p.get("candidate_own_model")) is not None:
+        out += _wrap(
+            "  model only: ",
+            f"{own['note']}: {own['scaling']['mode']}, δ set by {own['bound']}, GPU-h saved "
+            f"{_saving(own['saved_gpu_h'])}",
+        )
+    if p.get("policy_sensitivity"):
+        out += _wrap(
+            "  policy: ",
+            "; ".join(
+                f"{e['policy']}{' (configured)' if e['configured'] else ''}: GPU-h saved "
+                f"{_saving(e['saved']['gpu_h'])}, facility MWh "
+                f"{_saving(e['saved']['facility_mwh'])}"
+                for e in p["policy_sensitivity"]
+            ),
+        )
     if p["sensitivity"]:
-        out.append("  sensitivity (saved figure at each input's low and high, others central):")
+        out.append("  sensitivity (saved figure at each input's low and high, others at defaults):")
         for sens in p["sensitivity"]:
             out += _wrap(
                 "    ",
@@ -503,6 +684,8 @@ def _projection_basis(p: Mapping[str, Any]) -> list[str]:
         digits = 3 if i.get("kind") != "assumed" else 6
         shown = fmt(i["value"], digits) if i["value"] is not None else fmt(i["range"], digits)
         span = f"; range {fmt(i['range'], digits)}" if i.get("range") is not None else ""
+        if i.get("default_at"):
+            span += f", default {i['default_at']}"
         out += _wrap(
             f"  {i.get('kind', 'assumed')}: ",
             f"{name} = {shown} {i['unit']} ({i['source']}{span})",
@@ -512,7 +695,8 @@ def _projection_basis(p: Mapping[str, Any]) -> list[str]:
 
 
 def _projection_lines(p: Mapping[str, Any]) -> list[str]:
-    out = ["CLUSTER PROJECTION (every input measured or assumed, as named)"]
+    out = [p.get("heading") or "ESTIMATED CLUSTER PROJECTION"]
+    out += _wrap("  ", "every input measured or assumed, as named")
     if p.get("cluster_assumed"):
         out += _wrap("  ", p["cluster_assumed"])
     out += _wrap("  scaling: ", p["scaling"])

@@ -146,7 +146,7 @@ def test_sensitivity_covers_every_ranged_input_sorted_by_swing() -> None:
     sens = {e["input"]: e for e in out["sensitivity"]}
     assert set(sens) == {
         "mtbf_h", "restart_s", "gpu_power_w", "pue", "wue_l_per_kwh", "state_bytes_per_gpu",
-        "storage_write_gb_s",
+        "storage_write_gb_s", "machine_stall_factor",
     }  # fmt: skip
     swings = [e["relative_swing"] for e in out["sensitivity"]]
     assert swings == sorted(swings, reverse=True)
@@ -309,7 +309,9 @@ def test_an_asynchronous_side_keeps_its_copy_and_waits_for_its_background_write(
     copy = tuple(CheckpointSize(64 * MB, 0.05, 2.0, 0.01) for _ in range(4))
     out = project(cfg, _side("baseline", 0.3, checkpoints=_sync(64 * MB, 0.3)),
                   _side("candidate", 0.05, checkpoints=copy))  # fmt: skip
-    c = out["candidate"]
+    # the saving takes the baseline's sizes and mode: the candidate's own is a model's
+    assert out["candidate"]["scaling"]["mode"] == "synchronous"
+    c = out["candidate_own_model"]
     assert c["scaling"]["mode"] == "asynchronous"
     assert c["delta_s"] == pytest.approx(0.5, rel=1e-12)  # the copy, not the bandwidth bound
     assert c["scaling"]["background_write_s"] == pytest.approx(20.0, rel=1e-12)
@@ -321,7 +323,8 @@ def test_an_asynchronous_side_keeps_its_copy_and_waits_for_its_background_write(
         tmp_path / "c.yaml",
     )
     c = project(slow, _side("baseline", 0.3), _side("candidate", 0.05, checkpoints=copy))
-    assert c["candidate"]["interval_s"] == 600 and c["candidate"]["bound"] == "measured stall"
+    own = c["candidate_own_model"]
+    assert own["interval_s"] == 600 and own["bound"] == "measured stall"
     # a tail within the checkpoints' resolution is no background write
     late = tuple(CheckpointSize(64 * MB, 0.3, 0.04, 0.01) for _ in range(4))
     c = project(cfg, _side("baseline", 0.3, checkpoints=late), _side("candidate", 0.05))
@@ -331,10 +334,10 @@ def test_an_asynchronous_side_keeps_its_copy_and_waits_for_its_background_write(
     # resolution 15 ms. Most of the files, not one: a stray match does not make it so.
     quick = tuple(CheckpointSize(64 * MB, 0.015, 0.05, 0.015, written_apart=True) for _ in range(4))
     c = project(cfg, _side("baseline", 0.3), _side("candidate", 0.015, checkpoints=quick))
-    scaling = c["candidate"]["scaling"]
+    scaling = c["candidate_own_model"]["scaling"]
     assert scaling["mode"] == "asynchronous", scaling
     assert scaling["mode_source"].startswith("measured: 4 of 4 files written by another thread")
-    assert c["candidate"]["delta_s"] == pytest.approx(0.15, rel=1e-12)  # the copy, scaled
+    assert c["candidate_own_model"]["delta_s"] == pytest.approx(0.15, rel=1e-12)  # the copy
     assert scaling["background_write_s"] == pytest.approx(0.5, rel=1e-12)
     stray = (*late[:3], dataclasses.replace(late[3], written_apart=True))
     c = project(cfg, _side("baseline", 0.3, checkpoints=stray), _side("candidate", 0.05))
@@ -380,3 +383,83 @@ def test_a_measured_restore_replaces_the_read_restart_s_holds_never_adds_to_it(
     assert one["baseline"]["restart_s"] == one["candidate"]["restart_s"] == 600.0
     assert "one side only" in one["baseline"]["restart_note"]
     assert one["saved"]["lost_fraction"] == 0.0
+
+
+SAVED = ("gpu_h", "it_mwh", "facility_mwh", "water_l")
+# a background writer: the stall (the copy) ends 2 s before the file is durable, and the
+# file is written by another thread. The projection used to model such a candidate with
+# no storage bound on its δ, so an equal or slower stall still "saved".
+ASYNC_COPY = tuple(CheckpointSize(64 * MB, 0.3, 2.0, 0.01, written_apart=True) for _ in range(4))
+
+
+@pytest.mark.parametrize(
+    "cluster",
+    ["", "storage_write_gb_s: 1000000\n", "policy: {interval_s: 1800}\n"],
+    ids=["defaults", "fast-storage", "fixed-30-min"],
+)
+def test_two_equal_sides_save_nothing(cluster: str, tmp_path: Path) -> None:
+    cfg = parse_cluster(cluster, tmp_path / "c.yaml")
+    base = _side("baseline", 0.3, checkpoints=_sync(64 * MB, 0.3))
+    cand = _side("candidate", 0.3, checkpoints=ASYNC_COPY)
+    saved = project(cfg, base, cand, ratio_ci95=(0.8, 1.25))["saved"]
+    for name in SAVED:
+        assert saved[name]["value"] == 0.0 and saved[name]["display"] == "~", (name, saved[name])
+    assert saved["lost_fraction"] == 0.0 and saved["gpu_hours_per_year"] == 0.0
+    assert saved["no_change"] is True
+
+
+@pytest.mark.parametrize(
+    "cluster",
+    ["", "storage_write_gb_s: 1000000\n", "policy: {interval_s: 1800}\n"],
+    ids=["defaults", "fast-storage", "fixed-30-min"],
+)
+@pytest.mark.parametrize("slower", [1.2, 2.8])
+def test_a_slower_candidate_never_saves(cluster: str, slower: float, tmp_path: Path) -> None:
+    cfg = parse_cluster(cluster, tmp_path / "c.yaml")
+    base = _side("baseline", 0.3, checkpoints=_sync(64 * MB, 0.3))
+    cand = dataclasses.replace(
+        _side("candidate", 0.3 * slower, checkpoints=ASYNC_COPY), host_energy_j_per_checkpoint=100.0
+    )
+    out = project(cfg, base, cand, ratio_ci95=(slower * 0.9, slower * 1.1))
+    saved = out["saved"]
+    for name in SAVED:
+        assert saved[name]["value"] <= 0.0, (name, saved[name])
+        assert saved[name]["ci95"][1] <= 0.0, (name, saved[name])
+    assert saved["lost_fraction"] <= 0.0 and saved["gpu_hours_per_year"] <= 0.0
+    for e in out["policy_sensitivity"]:
+        assert e["saved"]["gpu_h"] <= 0.0, e
+
+
+def test_the_envelope_and_the_sampling_interval_are_each_labelled() -> None:
+    base, cand = _side("baseline", 60.0), _side("candidate", 6.0)
+    out = project(default_cluster(), base, cand, ratio_ci95=(0.05, 0.2))
+    gpu = out["saved"]["gpu_h"]
+    assert gpu["ci95_basis"] == "sampling only" and gpu["envelope_basis"].startswith("assumptions")
+    lo, hi = gpu["envelope"]
+    assert lo <= gpu["value"] <= hi and hi > 1.5 * lo  # the assumptions spread it far wider
+    assert out["estimated"] is True and out["heading"].startswith("ESTIMATED")
+    policies = {e["policy"]: e for e in out["policy_sensitivity"]}
+    assert set(policies) == {"daly", "fixed: every 1800 s", "fixed: every 10800 s"}
+    assert policies["daly"]["configured"] and not policies["fixed: every 1800 s"]["configured"]
+    # defaults at an end of their range say so (the text no longer calls them midpoints)
+    assert out["inputs"]["storage_write_gb_s"]["default_at"] == "at the low end"
+    assert out["inputs"]["gpu_power_w"]["default_at"] == "at the high end"
+    assert "midpoint" not in out["saved"]["interval_basis"]
+
+
+def test_a_machine_class_scaling_is_an_assumption_and_one_size_fixes_no_slope(
+    tmp_path: Path,
+) -> None:
+    cfg = parse_cluster(
+        "gpus: 1024\nstate_bytes_per_gpu: 640000000\nstorage_write_gb_s: 1000000\n"
+        "machine_stall_factor: 0.5\n",
+        tmp_path / "c.yaml",
+    )
+    out = project(
+        cfg, _side("baseline", 0.3, checkpoints=_sync(64 * MB, 0.3)), _side("candidate", 0.1)
+    )
+    sc = out["baseline"]["scaling"]
+    assert sc["delta_s"] == pytest.approx(0.3 * 10 * 0.5, rel=1e-12)
+    assert "one measured size: it fixes no slope" in sc["note"]
+    assert out["inputs"]["machine_stall_factor"]["kind"] == "assumed"
+    assert DEFAULTS["machine_stall_factor"][1] == (0.5, 2.0)
