@@ -81,3 +81,12 @@ def pyspy_proc_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(PYSPY_FIXTURES / copy, dst)
     return root
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--update-golden",
+        action="store_true",
+        default=False,
+        help="rewrite the golden files from the code under test instead of comparing",
+    )

@@ -117,7 +117,7 @@ def test_a_records_host_fields_are_escaped_in_the_report() -> None:
     host = {**HOST, **{k: v for k, v in _hostile_host().items() if k in HOST}}
     base = [make_run(f"b{i}", seed=i, host=host) for i in range(3)]
     cand = [make_run(f"c{i}", seed=10 + i, host=host, ckpt_cpu_s=0.5) for i in range(3)]
-    text = render_text(build_report(base, cand, cluster=default_cluster()))
+    text = render_text(build_report(base, cand, cluster=default_cluster()), full=True)
     assert_no_raw_controls(text)
     assert "node\\x1b]0;PWNED\\x07: EPYC\\x1b[2J\\x1b[H" in text
 

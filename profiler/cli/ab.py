@@ -56,6 +56,7 @@ from profiler.report.render_text import (
     n_text,
     p_text,
     untimed_restore_bound,
+    warmup_text,
 )
 from profiler.yamlcheck import ConfigError
 
@@ -447,8 +448,9 @@ def _restore_missing(report: dict[str, Any], label: str) -> str:
 
 
 def headline(report: dict[str, Any], opts: AbOptions) -> list[str]:
-    """At most three lines: the stall verdict with its interval, the restore's (or 'restore:
-    not measured'), and what was compared."""
+    """Three lines: the stall verdict with its interval, the restore's (or 'restore: not
+    measured'), and what was compared; a fourth with the stall's change without each run's
+    first checkpoint when a warm-up is flagged."""
     ck = report["checkpoint"]
     stall = _verdict(ck.get("stall_s"))
     lines = [
@@ -479,6 +481,8 @@ def headline(report: dict[str, Any], opts: AbOptions) -> list[str]:
         f"compared: {what}; {per_side['baseline']}+{per_side['candidate']} runs, "
         f"{opts.order}" + (", each resumed" if opts.resume_args else "")
     )
+    if ck.get("stall_s") and (warm := warmup_text(ck["stall_s"])) is not None:
+        lines.append(f"warm-up: {warm}")
     return lines
 
 

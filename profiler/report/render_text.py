@@ -207,23 +207,33 @@ def _headline(report: Mapping[str, Any]) -> list[str]:
         f"{n_text(stall)} runs; baseline {fmt(stall['baseline'])} s, candidate "
         f"{fmt(stall['candidate'])} s)",
     )
-    if (w := stall.get("warmup")) is not None:
-        ci = w.get("change_pct_ci95")
-        shown = "-" if w.get("change_pct") is None else _pct_bound(w["change_pct"]) + "%"
-        interval = f" [{_pct_bound(ci[0])}, {_pct_bound(ci[1])}]" if ci else " no CI"
-        out += _wrap(
-            "warm-up   ",
-            f"flagged on the {' and '.join(w['flagged'])} (a trend or autocorrelation in "
-            f"its stalls): with every checkpoint the change is {change_text(stall)}; without "
-            f"{w['left_out']} {shown}{interval} (raw p {fmt(w.get('p'), 2)})",
-        )
+    if (warm := warmup_text(stall)) is not None:
+        out += _wrap("warm-up   ", warm)
     return out
+
+
+def warmup_text(stall: Mapping[str, Any]) -> str | None:
+    """The stall's change with and without each run's first checkpoint, when a side's
+    stalls trend or are autocorrelated (a flagged warm-up); None when none is flagged."""
+    w = stall.get("warmup")
+    if w is None:
+        return None
+    ci = w.get("change_pct_ci95")
+    shown = "-" if w.get("change_pct") is None else _pct_bound(w["change_pct"]) + "%"
+    interval = f" [{_pct_bound(ci[0])}, {_pct_bound(ci[1])}]" if ci else " no CI"
+    return (
+        f"flagged on the {' and '.join(w['flagged'])} (a trend or autocorrelation in its "
+        f"stalls): with every checkpoint the change is {change_text(stall)}; without "
+        f"{w['left_out']} {shown}{interval} (raw p {fmt(w.get('p'), 2)})"
+    )
 
 
 def summary_lines(report: Mapping[str, Any]) -> list[str]:
     """The first screen: who was compared, the headline, one table and its footnotes."""
     base, cand = report["baseline"], report["candidate"]
-    lines = [f"serwatt A/B report ({report['schema']}), receipt {report['receipt']}"]
+    lines = [f"serwatt A/B report ({report['schema']})", f"receipt   {report['receipt']}"]
+    if (where := input_text(report)) is not None:
+        lines += _wrap("input     ", where)
     for name, s in (("baseline", base), ("candidate", cand)):
         ck = s.get("checkpoint_codepath")
         lines += _wrap(
@@ -277,12 +287,7 @@ def _footnotes(report: Mapping[str, Any], rows: Sequence[Sequence[str]]) -> list
 def _detail_lines(report: Mapping[str, Any]) -> list[str]:
     """Everything: sides, hosts, caveats, warnings, the checkpoint and codepath tables,
     encode/decode, the projection, the .many receipt chain and the method."""
-    lines: list[str] = [
-        f"serwatt A/B report ({report['schema']})",
-        f"receipt   {report['receipt']}",
-    ]
-    if (where := input_text(report)) is not None:
-        lines += _wrap("input     ", where)
+    lines: list[str] = []
     base, cand = report["baseline"], report["candidate"]
     lines += _side_line("baseline", base) + _side_line("candidate", cand)
     lines += _wrap("host      ", _host_line(base))

@@ -388,14 +388,14 @@ def test_hostile_inputs_are_refused_on_construction() -> None:
 
 
 def test_the_terminal_table_fits_100_columns_and_never_says_faster() -> None:
-    aa = render_text(build_report(*_aa(4), cluster=default_cluster()))
+    aa = render_text(build_report(*_aa(4), cluster=default_cluster()), full=True)
     assert max(len(line) for line in aa.splitlines()) <= 100
     stall_line = next(line for line in aa.splitlines() if line.strip().startswith("stall mean"))
     # a change that is not significant still shows its interval, p and n
     assert re.search(r"~ \[-\d+(\.\d+)?, \+\d+(\.\d+)?\] no significant change", stall_line)
     assert "faster" not in aa and "slower" not in aa
     assert "the stall change is not significant" in aa
-    ab = render_text(build_report(*_ab(6), cluster=default_cluster()))
+    ab = render_text(build_report(*_ab(6), cluster=default_cluster()), full=True)
     stall_line = next(line for line in ab.splitlines() if line.strip().startswith("stall mean"))
     assert re.search(r"-7\d(\.\d)?% \[-\d+(\.\d+)?, -\d+(\.\d+)?\]", stall_line)
     # at most 3 significant digits in every figure of the stall and projection rows
@@ -418,7 +418,9 @@ def test_skip_warmup_leaves_out_each_runs_first_episodes_and_says_so() -> None:
         assert warmup["skipped"] == 6 and set(warmup["skipped_per_run"].values()) == {3}
         assert skipped["checkpoint"][side]["episodes"] == full["checkpoint"][side]["episodes"] - 6
         assert {"trend_p", "lag1_autocorrelation"} <= set(warmup)
-    assert "3 skipped" not in render_text(full) and "6 skipped" in render_text(skipped)
+    assert "3 skipped" not in render_text(full, full=True) and "6 skipped" in render_text(
+        skipped, full=True
+    )
     with pytest.raises(InputError, match="skip_warmup"):
         build_report(base, cand, skip_warmup=-1)
 

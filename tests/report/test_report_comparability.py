@@ -54,7 +54,7 @@ def test_each_differing_field_is_one_warning_naming_the_runs() -> None:
         "host.cpu_governor differs: performance (a-1); powersave (b-1)"
     )
     assert "0.20 (a-1); 3.50 (b-1)" in by_field["host.load_average (1 min, at start)"]
-    text = render_text(report)
+    text = render_text(report, full=True)
     assert "host.cpu_governor differs: performance (a-1); powersave (b-1)" in text
 
 

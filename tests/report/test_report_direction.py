@@ -51,7 +51,7 @@ def test_a_side_recorded_without_directions_is_unavailable_not_unknown() -> None
     ways = report["direction"]
     assert ways["sides"]["candidate"].startswith("unavailable: c1 recorded no directions")
     assert ways["codepaths"]["torch"]["encode"]["candidate"] is None
-    text = render_text(report)
+    text = render_text(report, full=True)
     assert "ENCODE / DECODE" in text
     row = next(ln for ln in text.splitlines() if ln.strip().startswith("torch") and "encode" in ln)
     assert row.split()[-4:] == ["3", "75%", "-", "-"], row

@@ -217,7 +217,9 @@ def test_a_a_shows_no_change_in_checkpoint_cost(
         assert slowed[metric]["p_holm"] < REPORT_ALPHA, (metric, slowed[metric], warmup)
         assert slowed[metric]["p_holm"] < ck[metric]["p_holm"], (metric, slowed[metric])
     # The table says what the JSON says (the verdict at the report's own alpha, 0.05).
-    text = serwatt(capsys, "report", "--db", str(db), "--baseline", "aa-1", "--candidate", "aa-2")
+    text = serwatt(
+        capsys, "report", "--full", "--db", str(db), "--baseline", "aa-1", "--candidate", "aa-2"
+    )
     stall_line = next(ln for ln in text.stdout.splitlines() if ln.strip().startswith("stall mean"))
     assert ck["stall_s"]["verdict"] in stall_line, (stall_line, ck["stall_s"])
 

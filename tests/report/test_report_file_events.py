@@ -224,7 +224,7 @@ def test_the_table_shows_files_written_and_the_restores() -> None:
     base = [_resumed(watched("torch-1", seed=1), [1.2, None], 64 << 20, lazy=False)]
     cand = [_resumed(watched("many-1", seed=3, lost=2), [0.011], 0, lazy=True)]
     report = build_report(base, cand)
-    text = render_text(report)
+    text = render_text(report, full=True)
     files = next(ln for ln in text.splitlines() if ln.strip().startswith("files written"))
     assert files.split()[2:4] == [
         str(report["checkpoint"]["baseline"]["checkpoints"]),
@@ -363,7 +363,7 @@ def test_an_overlapped_checkpoints_wait_in_step_is_shown_beside_its_stall_and_su
     assert sorted(c["stall_values_s"]) == pytest.approx(sorted(stalls), abs=1e-12)
     # a side that writes on the training thread has no wait to show
     assert ck["baseline"]["wait_s_per_checkpoint"] is None
-    text = render_text(report)
+    text = render_text(report, full=True)
     row = next(ln for ln in text.splitlines() if "+ wait after s" in ln)
     assert row.split()[4:6] == ["-", f"{c['wait_s_per_checkpoint']:.3g}"]
     assert f"waits seen: -, {c['waits_seen']} of {len(per)}" in row
@@ -373,8 +373,8 @@ def test_an_overlapped_checkpoints_wait_in_step_is_shown_beside_its_stall_and_su
     plain = [watched("c-1", seed=3, lost=0), watched("c-2", seed=4, lost=0)]
     quiet = build_report(base, [_overlapped(r, [0.0]) for r in plain])
     assert quiet["checkpoint"]["candidate"]["wait_s_per_checkpoint"] == 0.0
-    assert "+ wait after s" in render_text(quiet)
-    assert "+ wait after s" not in render_text(build_report(base, plain))
+    assert "+ wait after s" in render_text(quiet, full=True)
+    assert "+ wait after s" not in render_text(build_report(base, plain), full=True)
 
 
 def test_the_next_checkpoints_call_is_not_the_wait_of_the_one_before() -> None:
@@ -424,7 +424,7 @@ def test_untimed_files_give_a_floor_under_the_stall_mean_and_a_warning_when_it_m
     ]
     assert w["side"] == "candidate"
     assert f"24 of {len(stalls) + 24} checkpoint files have no stall sampled" in w["message"]
-    assert "no stall sampled" in render_text(report)
+    assert "no stall sampled" in render_text(report, full=True)
     # one untimed file among many moves the mean by less than the stalls are timed to
     few = build_report(base, [watched("c-1", seed=3, lost=1), watched("c-2", seed=4, lost=0)])
     assert few["checkpoint"]["candidate"]["stall_mean_untimed_as_0_s"] is not None
