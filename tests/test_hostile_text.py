@@ -204,7 +204,7 @@ def test_prometheus_labels_are_escaped_in_the_report(capsys, prometheus) -> None
     ran = serwatt(
         capsys, "report", "--prometheus", server.url, "--baseline", '{variant="a"}',
         "--candidate", '{variant="b"}', "--range", f"{T0}..{T0 + 600}", "--step", "60s",
-        "--allow-mismatch",
+        "--allow-mismatch", "--full",
     )  # fmt: skip
     assert ran.returncode == 0, ran.stderr
     assert_no_raw_controls(ran.stdout + ran.stderr)

@@ -457,6 +457,8 @@ def _projection_table(b: Mapping[str, Any], c: Mapping[str, Any], s: Mapping[str
         f = s.get(name) or {}
         ci = f.get("ci95")
         shown = fmt(f.get("value")) + (f" [{fmt(ci[0])}, {fmt(ci[1])}]" if ci else " [no CI]")
+        env = f.get("envelope")
+        shown += f"; assumptions' envelope {fmt(env[0])} to {fmt(env[1])}" if env else ""
         return ("~ " if f.get("display") == "~" else "") + shown
 
     def parts(side: Mapping[str, Any]) -> str:
@@ -484,7 +486,7 @@ def _projection_table(b: Mapping[str, Any], c: Mapping[str, Any], s: Mapping[str
     ]
     rows.insert(2, ["δ set by", b["bound"], c["bound"], ""])
     rows.insert(5, ["lost: stall / rework / restart", parts(b), parts(c), ""])
-    return _table(["", "baseline", "candidate", "saved [95% CI]"], rows)
+    return _table(["", "baseline", "candidate", "saved [sampling-only 95% CI]"], rows)
 
 
 def _sensitivity(sensitivity: list[Mapping[str, Any]]) -> str:
@@ -549,7 +551,7 @@ def _projection_inputs(p: Mapping[str, Any]) -> str:
 
 def _projection(p: Mapping[str, Any] | None) -> str:
     if p is None:
-        return "<p>No cluster projection (no cluster file given).</p>"
+        return "<p>No cluster projection: an estimate, made on --cluster FILE or --project.</p>"
     out = [f'<p class="warning">Scaling assumption: {e(p["scaling"])}</p>']
     out += [f'<p class="caveat">{e(c)}</p>' for c in p.get("caveats") or []]
     b, c, s = p["baseline"], p["candidate"], p.get("saved")
@@ -681,7 +683,7 @@ def render_html(report: Mapping[str, Any]) -> str:
 
     body.append(f"<h2>Serialization CPU per window, over time</h2>{_legend()}{_timeline(report)}")
 
-    body.append("<h2>Cluster projection</h2>")
+    body.append("<h2>Estimated cluster projection</h2>")
     body.append(_projection(report.get("projection")))
 
     body.append("<h2>Receipts</h2>")

@@ -135,6 +135,11 @@ def test_the_train_demo_is_serwatt_ab_of_torch_save_against_the_checkpointer(
     assert all(x["restore_cache"] for x in runs if x["resumed"]), runs
     assert r.stdout.startswith("stall per checkpoint: ")  # the headline first
     assert (tmp_path / "report.html").is_file()
+    # the defaults give a tested stall: 2 runs a side, each resumed, are 4+4 runs (the
+    # run is the unit), where p can reach 0.05; and the first screen fits a terminal
+    stall = doc["checkpoint"]["stall_s"]
+    assert stall["n"] == [4, 4] and stall["can_reach_significance"], stall
+    assert len(r.stdout.splitlines()) <= 40, r.stdout
 
 
 def _saves_not_seen(db_path: Path, runs: str) -> list[tuple[str, str]]:

@@ -49,6 +49,7 @@ def _all_metrics(report: dict[str, Any]) -> list[dict[str, Any]]:
     out = [m for cp in report["codepaths"].values() for m in cp.values()]
     out += list(report["total"].values())
     out += [report["checkpoint"][k] for k in ("stall_s", "cpu_s") if report["checkpoint"].get(k)]
+    out += list(report["per_run"].values())
     return out
 
 
@@ -98,7 +99,9 @@ def test_holm_is_applied_within_the_stall_the_secondary_and_the_codepath_familie
     assert families["checkpoint"] == 1 and ck["stall_s"]["family"] == "checkpoint"
     assert ck["stall_s"]["p_adjusted"] == ck["stall_s"]["p"]
     assert families["checkpoint_secondary"] == len(secondary) >= 1
-    assert families["codepaths"] == len(tested) - 1 - len(secondary)
+    per_run = [m for m in report["per_run"].values() if m["p"] is not None]
+    assert families["per_run"] == len(per_run) == 1 and per_run[0]["family"] == "per_run"
+    assert families["codepaths"] == len(tested) - 1 - len(secondary) - len(per_run)
     assert report["statistics"]["family_size"] == len(tested)
     # within its family: the smallest secondary p times the family size (Holm's first step)
     smallest = min(secondary, key=lambda m: m["p"])
