@@ -70,10 +70,11 @@ ASYNC_SLACK_S = 0.05
 DALY_FORMULA = (
     "τ = √(2δM)·[1 + ⅓√(δ/2M) + ⅑(δ/2M)] − δ for δ < 2M, else τ = M (Daly 2006, higher order)"
 )
-# Said when no --cluster file was given: the inputs below are a frontier LLM job's, whatever
+# Said on --project (no --cluster file): the inputs below are a frontier LLM job's, whatever
 # the job that was measured
 CLUSTER_ASSUMED = (
-    "cluster assumed (no --cluster FILE.yaml): the defaults, a Llama 3 405B job (arXiv 2407.21783)"
+    "cluster assumed (--project, no --cluster FILE.yaml): the defaults, a Llama 3 405B job "
+    "(arXiv 2407.21783)"
 )
 LOST_FORMULA = "lost = 1 − τ / (M·e^{R/M}·(e^{(τ+δ)/M} − 1))  (Daly 2006, expected wall time)"
 

@@ -1,5 +1,9 @@
 """The report as a terminal table, readable in 100 columns.
 
+By default the first screen only (`summary_lines`): who was compared, the headline, one
+benchstat-like table (per work first, per wall-hour marked) and its footnotes; `--full`
+(render_text(full=True)) adds every detail below it.
+
 A change that is not significant (Holm-corrected p >= 0.05) prints as `~  no significant
 change`, never as a percentage or a direction. Codepaths that are zero on both sides are
 left out of the table (the JSON keeps them) and the table says how many.
