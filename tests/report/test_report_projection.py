@@ -9,7 +9,13 @@ from pathlib import Path
 import pytest
 from scipy.optimize import minimize_scalar
 
-from profiler.report.cluster import DEFAULTS, default_cluster, load_cluster, parse_cluster
+from profiler.report.cluster import (
+    DEFAULTS,
+    default_cluster,
+    load_cluster,
+    parse_cluster,
+    projection_cluster,
+)
 from profiler.report.projection import (
     CheckpointSize,
     SideMeasurement,
@@ -463,3 +469,12 @@ def test_a_machine_class_scaling_is_an_assumption_and_one_size_fixes_no_slope(
     assert "one measured size: it fixes no slope" in sc["note"]
     assert out["inputs"]["machine_stall_factor"]["kind"] == "assumed"
     assert DEFAULTS["machine_stall_factor"][1] == (0.5, 2.0)
+
+
+def test_the_projection_is_made_only_when_asked_for(tmp_path: Path) -> None:
+    assert projection_cluster(None, project=False) is None  # off by default
+    assert projection_cluster(None, project=True) == default_cluster()
+    f = tmp_path / "c.yaml"
+    f.write_text("gpus: 64\ngpus_per_node: 8\n")
+    given = projection_cluster(f, project=False)
+    assert given is not None and given.value("gpus") == 64 and given.path == str(f.absolute())
