@@ -25,6 +25,7 @@ from profiler.report import (
 )
 from profiler.report.cluster import parse_cluster
 from profiler.report.inputs import CodepathFigures, RunInput
+from profiler.report.render_text import p_cell
 from tests.report_synth import HOST, make_run
 
 
@@ -456,3 +457,63 @@ def test_the_report_says_whether_the_runs_were_interleaved() -> None:
     mixed = [dataclasses.replace(r, started_at=r.started_at + 0.5 + i) for i, r in enumerate(cand)]
     got = build_report(shift, mixed)["interleaving"]
     assert got["order"] == "ABAB" and got["kind"] == "interleaved (ABAB)"
+
+
+def _warm(run: Any, scale: float = 4.0) -> Any:
+    """The run with its first checkpoints slower (page cache and allocator warm-up)."""
+    eps = [
+        dataclasses.replace(e, wall_s=e.wall_s * (1 + scale * math.exp(-k / 2)))
+        for k, e in enumerate(run.episodes)
+    ]
+    return dataclasses.replace(run, episodes=tuple(eps))
+
+
+def test_a_flagged_warm_up_reaches_the_headline_with_the_ratio_without_it() -> None:
+    base = [_warm(make_run(f"t{i}", seed=i)) for i in range(4)]
+    cand = [
+        _warm(make_run(f"m{i}", seed=10 + i, codepath="many", stall_s=0.4, ckpt_cpu_s=0.5))
+        for i in range(4)
+    ]
+    report = build_report(base, cand)
+    warm = report["checkpoint"]["stall_s"]["warmup"]
+    assert warm["flagged"] == ["baseline", "candidate"], warm
+    # the ratio without each run's first checkpoint is the same test on the rest
+    rest = (
+        [[e.wall_s for e in r.episodes[1:]] for r in base],
+        [[e.wall_s for e in r.episodes[1:]] for r in cand],
+    )
+    (xb, wb), (xc, wc) = (
+        ([sum(s) for s in runs] for runs in rest),
+        ([float(len(s)) for s in runs] for runs in rest),
+    )
+    c = stats.compare(xb, xc, list(wb), list(wc))
+    assert warm["ratio"] == pytest.approx(c.ratio, rel=1e-12) and warm["p"] == c.p
+    head = render_text(report).splitlines()
+    line = " ".join(ln.strip() for ln in head if ln.startswith(("warm-up", "          ")))
+    assert "without each run's first checkpoint" in line and "-50%" in line, head
+    # none flagged: no line, no field
+    plain = build_report(*_ab(4))
+    assert "warmup" not in plain["checkpoint"]["stall_s"]
+    assert not any(ln.startswith("warm-up") for ln in render_text(plain).splitlines())
+
+
+def test_every_tested_row_knows_its_smallest_attainable_p() -> None:
+    report = build_report(*_ab(4))
+    stall, per_run = report["checkpoint"]["stall_s"], report["per_run"]["cpu_s"]
+    assert stall["min_attainable_p"] == pytest.approx(2 / 70)  # 2/C(8,4), a family of 1
+    assert stall["can_reach_significance"] is True
+    size = report["statistics"]["families"]["codepaths"]
+    total = report["total"]["cpu_s"]
+    assert total["min_attainable_p"] == pytest.approx(min(1.0, size * 2 / 70))
+    assert total["can_reach_significance"] is False  # 4+4 runs, many codepath tests
+    assert "‡" in render_text(report)
+    assert per_run["family"] == "per_run" and per_run["n_unit"] == "runs"
+    # 3+3: the secondary rows cannot reach it either, and a warning names them
+    small = build_report(*_ab(3))
+    rows = [w for w in small["warnings"] if w.get("scope") == "row"]
+    assert any("CPU s/checkpoint" in w["rows"] for w in rows), small["warnings"]
+
+
+def test_p_below_the_resampling_floor_prints_as_under_a_thousandth() -> None:
+    assert p_cell({"p_holm": 0.0002}) == "< 0.001" and p_cell({"p_holm": 0.0022}) == "0.0022"
+    assert p_cell({"p_holm": None}) == "-"
