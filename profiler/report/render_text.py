@@ -329,8 +329,9 @@ def _detail_lines(report: Mapping[str, Any]) -> list[str]:
         "method    ",
         f"{st['method']}; {st['test']}; interval: {st['interval']}; {st['blocking']}; Holm "
         f"within the stall ({st['families']['checkpoint']} test), the checkpoint's secondary "
-        f"figures ({st['families'].get('checkpoint_secondary', 0)} tests) and the codepath "
-        f"table ({st['families']['codepaths']} tests), significant when corrected p < "
+        f"figures ({st['families'].get('checkpoint_secondary', 0)} tests), the per-run "
+        f"totals ({st['families'].get('per_run', 0)} test) and the codepath table "
+        f"({st['families']['codepaths']} tests), significant when corrected p < "
         f"{st['alpha']:g}; smallest attainable corrected p: "
         + ", ".join(f"{k} {fmt(v)}" for k, v in (st.get("min_attainable_p") or {}).items()),
     )
