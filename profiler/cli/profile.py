@@ -148,7 +148,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--cpu-budget", type=_cpu_budget, default=None, metavar="CORES|off",
         help="the most CPU serwatt and its py-spy runs may use, in cores: after every window "
         "length the measured use sets the next windows' rates, every run lowered in "
-        f"proportion, never above --rate (default: {DEFAULT_BUDGET_SHARE:.0%} of the CPUs "
+        # argparse %-formats help texts: the percent sign is doubled
+        f"proportion, never above --rate (default: {100 * DEFAULT_BUDGET_SHARE:g}%% of the CPUs "
         f"serwatt may run on, {default_budget_cores():g} here; off when --rate is given; "
         "off: always --rate)",
     )  # fmt: skip
