@@ -132,11 +132,11 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "confidence intervals and a verdict.",
         (
             (
-                "serwatt report --db runs.sqlite --baseline base-1 base-2 --candidate cand-1 cand-2",
+                "serwatt report --db runs.sqlite --baseline b1 b2 --candidate c1 c2",
                 "compare recorded runs",
             ),
             (
-                "serwatt report --db runs.sqlite --baseline base-1 --candidate cand-1 --html ab.html",
+                "serwatt report --db runs.sqlite --baseline b1 --candidate c1 --html ab.html",
                 "also write the HTML page",
             ),
         ),

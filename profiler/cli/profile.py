@@ -36,7 +36,7 @@ from profiler.exitcodes import EXIT_OK, EXIT_RUNTIME
 from profiler.many.format import escape_text
 from profiler.profile.session import ProfileSession, SessionResult
 from profiler.profile.setup import ProfileOptions, ProfileSetup, SetupError
-from profiler.profile.table import render_table
+from profiler.profile.table import render_table, sampled_nothing
 from profiler.sampling.budget import DEFAULT_BUDGET_SHARE, default_budget_cores
 from profiler.sampling.collect import (
     TIMING_RATE_FACTOR,
@@ -128,6 +128,11 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
         "--by", choices=("codepath", "process"), default="codepath",
         help="table rows: per codepath (default), or per codepath with a row per process "
         "(pid, role main/worker, command) under each; the JSON always has both",
+    )  # fmt: skip
+    parser.add_argument(
+        "--hide-zero", action="store_true",
+        help="table rows: leave out the codepaths whose every figure is zero (the JSON "
+        "keeps them)",
     )  # fmt: skip
 
 
@@ -250,7 +255,20 @@ def write_outputs(doc: dict[str, Any], args: argparse.Namespace) -> int:
             print(f"serwatt profile: {shown}", file=sys.stderr)
             print(text, file=sys.stderr)
             rc = EXIT_RUNTIME
-    print(render_table(doc, by_process=getattr(args, "by", "codepath") == "process"))
+    print(
+        render_table(
+            doc,
+            by_process=getattr(args, "by", "codepath") == "process",
+            hide_zero=getattr(args, "hide_zero", False),
+        )
+    )
+    if sampled_nothing(doc):
+        # a table of zeros that exits 0 reads as "no serialization" in a script
+        print(
+            "serwatt profile: error: nothing was sampled (see the table's first line)",
+            file=sys.stderr,
+        )
+        return EXIT_RUNTIME
     return rc
 
 

@@ -51,6 +51,7 @@ from profiler.attribution.window import AttributedWindow
 from profiler.classify import source_cache
 from profiler.classify.codepaths import CODEPATHS
 from profiler.classify.direction import DIRECTIONS
+from profiler.many.format import escape_text
 from profiler.profile.cpu_budget import SessionBudget
 from profiler.profile.processes import ProcessTally
 from profiler.sampling import collect, eligible
@@ -72,6 +73,8 @@ SESSION_PLAN = SamplingPlan(on_cpu_run=True)
 # tried again every 0.3 s, ten times at most, while younger than YOUNG_S.
 SESSION_RETRY = RetryPolicy(young_tries=10, young_pause_s=0.3)
 YOUNG_S = 5.0
+# a launched wrapper root is checked this often for its exec into Python
+EXEC_POLL_S = 0.05
 
 
 class SessionSink(Protocol):
@@ -264,6 +267,7 @@ class ProfileSession:
         self.root_may_be_wrapper = root_may_be_wrapper
         self.budget = SessionBudget(governor)
         self._launched_exited = False
+        self._exec_seen_at: float | None = None  # when the launched root exec'd into Python
         self._timing_pid: int | None = root_pid  # the one target the stack-change run samples
         if command is None:
             try:
@@ -337,6 +341,8 @@ class ProfileSession:
                 if decided.action == "retry":
                     young_retries += 1
                     time.sleep(decided.after_s)
+                    continue
+                if is_root and self.root_may_be_wrapper and self._followed_exec(pid, stats):
                     continue
                 self._record_failure(stats, exc, is_root)
                 break
@@ -416,6 +422,35 @@ class ProfileSession:
                 stats.last_t = report.ended_at
                 window = self._pipeline.attribute(report)
                 self._episodes.extend(self._pipeline.deliver(window, self.sinks))
+
+    def _followed_exec(self, pid: int, stats: TargetStats) -> bool:
+        """A launched root that is not Python yet (`env`, a pyenv shim, a launcher that
+        execs Python in the same pid): wait until it is, then say so; True when its
+        windows should be tried again. Probing it once, while it was still the shim,
+        sampled nothing for the whole run. False once it exits or the session ends, and
+        once an exec'd Python stays unsampleable past YOUNG_S."""
+        while not procstat.python_kind(pid, self.procfs).is_python:
+            if self._stop.is_set() or self._deadline_passed() or not self._root_running():
+                return False
+            self._stop.wait(EXEC_POLL_S)
+        if self._exec_seen_at is None:
+            self._exec_seen_at = time.monotonic()
+            try:
+                command = " ".join(procstat.process_info(pid, self.procfs).cmdline)
+            except procstat.ProcessGone:
+                return False
+            with self._lock:
+                was, stats.command = stats.command, command
+            if self.progress is not None:
+                print(
+                    f"serwatt: pid {pid} exec'd into Python ({escape_text(command[:80])}) "
+                    f"from {escape_text(was[:80])}; following it",
+                    file=self.progress,
+                )
+        elif time.monotonic() - self._exec_seen_at > YOUNG_S:
+            return False
+        self._stop.wait(EXEC_POLL_S)  # its interpreter may not be initialised yet
+        return True
 
     def _record_failure(self, stats: TargetStats, exc: SamplingError, is_root: bool) -> None:
         with self._lock:
