@@ -34,6 +34,7 @@ from profiler.cli.argtypes import PID_MAX_LIMIT, Number, check_output_option
 from profiler.cli.main import UsageError
 from profiler.exitcodes import EXIT_OK, EXIT_RUNTIME
 from profiler.many.format import escape_text
+from profiler.profile.pprof import pprof_bytes
 from profiler.profile.session import ProfileSession, SessionResult
 from profiler.profile.setup import ProfileOptions, ProfileSetup, SetupError
 from profiler.profile.table import render_table, sampled_nothing
@@ -69,6 +70,12 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--json", type=Path, metavar="FILE", help="write the serwatt.profile/1 document here"
     )
+    parser.add_argument(
+        "--pprof", type=Path, metavar="FILE",
+        help="write the classified stacks as a pprof profile (gzip'd profile.proto: sample "
+        "types cpu, energy, gpu_wait; labels codepath and direction), for `go tool pprof`, "
+        "Pyroscope or Parca",
+    )  # fmt: skip
     parser.add_argument(
         "--window", type=Number(float, min=0.5, unit="s"), default=5.0, metavar="S",
         help="length of one py-spy window in seconds (default 5)",
@@ -195,6 +202,10 @@ def validate_common(args: argparse.Namespace) -> ProfileSetup:
         if not os.access(parent, os.W_OK):
             raise UsageError(f"--json {args.json}: directory {parent} is not writable")
         check_output_option("--json", args.json)
+    for option in ("pprof",):
+        path = getattr(args, option, None)
+        if path is not None:
+            check_output_option(f"--{option}", path)
     if args.pyspy is not None and not (args.pyspy.is_file() and os.access(args.pyspy, os.X_OK)):
         raise UsageError(f"--pyspy {args.pyspy}: not an executable file")
     try:
@@ -241,10 +252,20 @@ def profile_options(args: argparse.Namespace) -> ProfileOptions:
     )
 
 
-def write_outputs(doc: dict[str, Any], args: argparse.Namespace) -> int:
-    """The --json file first, then the table: a reader that closes stdout early (`| head`)
-    ends the table, not the document."""
+def write_outputs(
+    doc: dict[str, Any], args: argparse.Namespace, result: SessionResult | None = None
+) -> int:
+    """The --json file (and the stack files) first, then the table: a reader that closes
+    stdout early (`| head`) ends the table, not the document."""
     rc = EXIT_OK
+    if result is not None and getattr(args, "pprof", None) is not None:
+        data = pprof_bytes(
+            result.stacks,
+            started_at=result.info.started_at,
+            duration_s=result.ended_at - result.info.started_at,
+            rate_hz=result.info.rate_hz,
+        )
+        rc = _write_file("--pprof", args.pprof, data) or rc
     if args.json is not None:
         text = json.dumps(doc, indent=2, sort_keys=False) + "\n"
         try:
@@ -270,6 +291,16 @@ def write_outputs(doc: dict[str, Any], args: argparse.Namespace) -> int:
         )
         return EXIT_RUNTIME
     return rc
+
+
+def _write_file(option: str, path: Path, data: bytes) -> int:
+    try:
+        safeio.write_bytes(path, data)
+    except OSError as exc:
+        shown = escape_text(f"{option}: cannot write {path}: {exc}", backslash=False)
+        print(f"serwatt profile: {shown}", file=sys.stderr)
+        return EXIT_RUNTIME
+    return EXIT_OK
 
 
 def run(args: argparse.Namespace) -> int:
@@ -318,7 +349,7 @@ def _profile_pid(args: argparse.Namespace, setup: ProfileSetup) -> int:
     except SamplingError as exc:
         print(f"serwatt profile: error: {escape_text(str(exc), backslash=False)}", file=sys.stderr)
         return EXIT_RUNTIME
-    return write_outputs(setup.document(result), args)
+    return write_outputs(setup.document(result), args, result)
 
 
 def _profile_command(args: argparse.Namespace, cmd: list[str], setup: ProfileSetup) -> int:
@@ -353,7 +384,7 @@ def _profile_command(args: argparse.Namespace, cmd: list[str], setup: ProfileSet
     except KeyboardInterrupt:
         _stop_child(proc)
         raise
-    rc = write_outputs(setup.document(result), args)
+    rc = write_outputs(setup.document(result), args, result)
     try:
         code = proc.wait()
     except KeyboardInterrupt:

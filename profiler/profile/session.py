@@ -54,6 +54,7 @@ from profiler.classify.direction import DIRECTIONS
 from profiler.many.format import escape_text
 from profiler.profile.cpu_budget import SessionBudget
 from profiler.profile.processes import ProcessTally
+from profiler.profile.stack_profile import StackProfile
 from profiler.sampling import collect, eligible
 from profiler.sampling.budget import RateGovernor
 from profiler.sampling.collect import ClassifierLike, RawWindow, collect_window, finish_window
@@ -214,6 +215,7 @@ class SessionResult:
     episodes: list[Episode] = field(default_factory=list)  # in the order they closed
     # the CPU budget, the rates it set and serwatt's own measured CPU (cpu_budget.py)
     cpu_budget: dict[str, Any] = field(default_factory=dict)
+    stacks: StackProfile = field(default_factory=StackProfile)
 
 
 class ProfileSession:
@@ -283,6 +285,7 @@ class ProfileSession:
             procfs=procfs,
         )
         self.acc = Accumulator()
+        self.stacks = StackProfile()  # the classified stacks, for --pprof / --flamegraph
         self.targets: dict[int, TargetStats] = {}
         self._lock = threading.Lock()
         # a StopEvent wakes the blocked py-spy windows at once (collectors/pyspy/runner.py)
@@ -421,6 +424,7 @@ class ProfileSession:
                 stats.first_t = stats.first_t or report.started_at
                 stats.last_t = report.ended_at
                 window = self._pipeline.attribute(report)
+                self.stacks.add(window)
                 self._episodes.extend(self._pipeline.deliver(window, self.sinks))
 
     def _followed_exec(self, pid: int, stats: TargetStats) -> bool:
@@ -580,6 +584,7 @@ class ProfileSession:
             acc=self.acc,
             episodes=self._episodes,
             cpu_budget=self.budget.section(),
+            stacks=self.stacks,
         )
 
     def _root_running(self) -> bool:

@@ -42,6 +42,7 @@ from collectors.samples import Sample, SamplerErrors
 from profiler.classify.codepaths import Classification
 from profiler.classify.durability import DurabilityReader, reader_for
 from profiler.classify.saver import saver_call
+from profiler.sampling.stacks import fold_stacks
 from profiler.sampling.weighting import (
     CpuSeries,
     Phases,
@@ -367,6 +368,13 @@ def finish_window(
         thread_cpu_s=weighed.thread_cpu_s,
         unmapped_threads=unmapped_threads(raw, weighed.weighting.unsampled_per_tid_s),
         exited_unsampled_cpu_s=weighed.weighting.exited_unsampled_s,
+        stacks=fold_stacks(
+            window.samples,
+            got.labels,
+            got.carriers,
+            got.carrier_labels,
+            weighed.weighting.cpu_s,
+        ),  # fmt: skip
     )
 
 
