@@ -34,6 +34,7 @@ from profiler.cli.argtypes import PID_MAX_LIMIT, Number, check_output_option
 from profiler.cli.main import UsageError
 from profiler.exitcodes import EXIT_OK, EXIT_RUNTIME
 from profiler.many.format import escape_text
+from profiler.profile.flamegraph import render_page
 from profiler.profile.pprof import pprof_bytes
 from profiler.profile.session import ProfileSession, SessionResult
 from profiler.profile.setup import ProfileOptions, ProfileSetup, SetupError
@@ -75,6 +76,11 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
         help="write the classified stacks as a pprof profile (gzip'd profile.proto: sample "
         "types cpu, energy, gpu_wait; labels codepath and direction), for `go tool pprof`, "
         "Pyroscope or Parca",
+    )  # fmt: skip
+    parser.add_argument(
+        "--flamegraph", "--html", dest="flamegraph", type=Path, metavar="FILE",
+        help="write an interactive flame graph of the classified stacks (frames coloured "
+        "by codepath, width CPU-s) with the table: one self-contained HTML file",
     )  # fmt: skip
     parser.add_argument(
         "--window", type=Number(float, min=0.5, unit="s"), default=5.0, metavar="S",
@@ -202,7 +208,7 @@ def validate_common(args: argparse.Namespace) -> ProfileSetup:
         if not os.access(parent, os.W_OK):
             raise UsageError(f"--json {args.json}: directory {parent} is not writable")
         check_output_option("--json", args.json)
-    for option in ("pprof",):
+    for option in ("pprof", "flamegraph"):
         path = getattr(args, option, None)
         if path is not None:
             check_output_option(f"--{option}", path)
@@ -258,6 +264,11 @@ def write_outputs(
     """The --json file (and the stack files) first, then the table: a reader that closes
     stdout early (`| head`) ends the table, not the document."""
     rc = EXIT_OK
+    table = render_table(
+        doc,
+        by_process=getattr(args, "by", "codepath") == "process",
+        hide_zero=getattr(args, "hide_zero", False),
+    )
     if result is not None and getattr(args, "pprof", None) is not None:
         data = pprof_bytes(
             result.stacks,
@@ -266,6 +277,15 @@ def write_outputs(
             rate_hz=result.info.rate_hz,
         )
         rc = _write_file("--pprof", args.pprof, data) or rc
+    if result is not None and getattr(args, "flamegraph", None) is not None:
+        page = render_page(
+            result.stacks,
+            title=f"pid {doc['target']['pid']}: {doc['target']['command'][:120]}",
+            summary=f"{doc['duration_s']:.1f} s, {doc['cpu_s']:.2f} CPU-s sampled in "
+            f"{len(result.stacks)} distinct stacks; frame width: CPU-s",
+            table=table,
+        )
+        rc = _write_file("--flamegraph", args.flamegraph, page.encode("utf-8")) or rc
     if args.json is not None:
         text = json.dumps(doc, indent=2, sort_keys=False) + "\n"
         try:
@@ -276,13 +296,7 @@ def write_outputs(
             print(f"serwatt profile: {shown}", file=sys.stderr)
             print(text, file=sys.stderr)
             rc = EXIT_RUNTIME
-    print(
-        render_table(
-            doc,
-            by_process=getattr(args, "by", "codepath") == "process",
-            hide_zero=getattr(args, "hide_zero", False),
-        )
-    )
+    print(table)
     if sampled_nothing(doc):
         # a table of zeros that exits 0 reads as "no serialization" in a script
         print(
