@@ -30,7 +30,13 @@ from collectors.pyspy import (
 )
 from profiler import safeio
 from profiler.classify import source_store
-from profiler.cli.argtypes import PID_MAX_LIMIT, Number, check_output_option
+from profiler.cli.argtypes import (
+    PID_MAX_LIMIT,
+    SWITCH_CHOICES,
+    Number,
+    check_output_option,
+    switch,
+)
 from profiler.cli.main import UsageError
 from profiler.exitcodes import EXIT_OK, EXIT_RUNTIME
 from profiler.many.format import escape_text
@@ -105,7 +111,7 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
         "--pyspy", type=Path, metavar="PATH", help="py-spy binary (default: next to python)"
     )
     parser.add_argument(
-        "--sampler-priority", choices=("auto", "required", "off"), default="auto",
+        "--sampler-priority", type=switch, choices=SWITCH_CHOICES, default="auto",
         help="give py-spy a 0.1 ms scheduler slice and nice -20 so samples are not pulled "
         "towards the target's system calls on a busy node: auto (apply what is allowed, "
         "note the rest), required, off",
@@ -124,11 +130,12 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
         help="node CPU TDP in watts for the energy model used when RAPL is unavailable",
     )  # fmt: skip
     parser.add_argument(
-        "--rapl", choices=("auto", "required", "off"), default="auto",
-        help="RAPL energy: auto (fall back to the labelled model), required, off",
+        "--rapl", type=switch, choices=SWITCH_CHOICES, default="auto",
+        help="RAPL energy: auto (fall back to the labelled model), required, off (the "
+        "config's true/false also work)",
     )  # fmt: skip
     parser.add_argument(
-        "--nvml", choices=("auto", "required", "off"), default="auto",
+        "--nvml", type=switch, choices=SWITCH_CHOICES, default="auto",
         help="NVML GPU busy/idle and energy: auto, required, off",
     )  # fmt: skip
     parser.add_argument(
