@@ -291,6 +291,9 @@ def write_outputs(
             summary=f"{doc['duration_s']:.1f} s, {doc['cpu_s']:.2f} CPU-s sampled in "
             f"{len(result.stacks)} distinct stacks; frame width: CPU-s",
             table=table,
+            episodes=result.episodes,
+            started_at=result.info.started_at,
+            duration_s=result.ended_at - result.info.started_at,
         )
         rc = _write_file("--flamegraph", args.flamegraph, page.encode("utf-8")) or rc
     if args.json is not None:

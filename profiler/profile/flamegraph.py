@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import html
 import json
+from collections.abc import Sequence
 from importlib import resources
 from typing import Any
 
@@ -89,6 +90,50 @@ def _finish(node: dict[str, Any]) -> dict[str, Any]:
     return node
 
 
+MAX_TIMELINE_ROWS = 40  # threads drawn in the episodes timeline (the busiest first)
+
+
+def episodes_svg(episodes: Sequence[Any], *, started_at: float, duration_s: float) -> str:
+    """The episodes over time: a row per thread (pid/thread), a bar per episode from its
+    start to its end, in its codepath's colour. Plain SVG, no script."""
+    if not episodes or duration_s <= 0:
+        return "<p>No episodes (no thread stayed in a serialization codepath for 2 samples).</p>"
+    busy: dict[tuple[int, int], float] = {}
+    for ep in episodes:
+        busy[ep.pid, ep.thread] = busy.get((ep.pid, ep.thread), 0.0) + ep.wall_s
+    rows = sorted(busy, key=lambda k: -busy[k])[:MAX_TIMELINE_ROWS]
+    row_of = {k: i for i, k in enumerate(rows)}
+    width, label_w, row_h, top = 960, 150, 16, 6
+    plot_w = width - label_w - 10
+    height = top + row_h * len(rows) + 24
+    parts = [
+        f'<svg class="episodes" width="100%" style="max-width:{width}px;height:auto" '
+        f'height="{height}" viewBox="0 0 {width} {height}" role="img" '
+        'aria-label="serialization episodes over time">'
+    ]
+    for (pid, thread), n in row_of.items():
+        parts.append(f'<text x="4" y="{top + n * row_h + 12}" font-size="11">{pid}/{thread}</text>')
+    for ep in episodes:
+        i = row_of.get((ep.pid, ep.thread))
+        if i is None:
+            continue
+        x = label_w + max(0.0, ep.start - started_at) / duration_s * plot_w
+        w = max(1.0, ep.wall_s / duration_s * plot_w)
+        parts.append(
+            f'<rect class="episode" data-codepath="{html.escape(ep.codepath)}" x="{x:.1f}" '
+            f'y="{top + i * row_h + 2}" width="{w:.1f}" height="{row_h - 4}" '
+            f'fill="{COLOURS.get(ep.codepath, COLOURS[MIXED])}"><title>'
+            f"{html.escape(ep.codepath)} {html.escape(ep.direction)}: {ep.wall_s:.3f} s at "
+            f"+{ep.start - started_at:.2f} s</title></rect>"
+        )
+    parts.append(
+        f'<text x="{label_w}" y="{height - 6}" font-size="11">0 s</text>'
+        f'<text x="{width - 10}" y="{height - 6}" font-size="11" text-anchor="end">'
+        f"{duration_s:.1f} s since the profile started</text></svg>"
+    )
+    return "".join(parts)
+
+
 def _json_for_script(data: Any) -> str:
     text = json.dumps(data, separators=(",", ":"))
     return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
@@ -103,6 +148,7 @@ PAGE = """<!DOCTYPE html>
 <style>{css}
 body {{ font: 14px system-ui, sans-serif; margin: 16px; }}
 h1 {{ font-size: 18px; margin: 0 0 4px; }}
+h2 {{ font-size: 16px; margin: 18px 0 6px; }}
 .legend span {{ display: inline-block; margin-right: 12px; }}
 .legend i {{ display: inline-block; width: 12px; height: 12px; margin-right: 4px;
   vertical-align: -1px; border: 1px solid #999; }}
@@ -114,6 +160,8 @@ pre {{ font-size: 12px; overflow-x: auto; }}
 <p>{summary}</p>
 <p class="legend">{legend}</p>
 <div id="chart"></div>
+<h2>Episodes over time</h2>
+{episodes}
 <details><summary>The table</summary><pre>{table}</pre></details>
 <script type="application/json" id="serwatt-stacks">{data}</script>
 <script type="application/json" id="serwatt-colours">{colours}</script>
@@ -143,8 +191,18 @@ pre {{ font-size: 12px; overflow-x: auto; }}
 """
 
 
-def render_page(stacks: StackProfile, *, title: str, summary: str, table: str = "") -> str:
-    """The flame graph page. `title`, `summary` and `table` are plain text."""
+def render_page(
+    stacks: StackProfile,
+    *,
+    title: str,
+    summary: str,
+    table: str = "",
+    episodes: Sequence[Any] = (),
+    started_at: float = 0.0,
+    duration_s: float = 0.0,
+) -> str:
+    """The flame graph page, the episodes over time and the table. `title`, `summary` and
+    `table` are plain text; `episodes` the session's (profiler/attribution/episodes.py)."""
     tree = build_tree(stacks)
     legend = "".join(
         f'<span><i style="background:{COLOURS[cp]}"></i>{html.escape(cp)}</span>'
@@ -156,6 +214,7 @@ def render_page(stacks: StackProfile, *, title: str, summary: str, table: str = 
         summary=html.escape(summary),
         legend=legend,
         table=html.escape(table),
+        episodes=episodes_svg(episodes, started_at=started_at, duration_s=duration_s),
         data=_json_for_script(tree),
         colours=_json_for_script(COLOURS),
         css=_vendor("d3-flamegraph.css"),

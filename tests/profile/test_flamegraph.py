@@ -30,11 +30,11 @@ def step(n):
     return sum(i * i for i in range(n))
 
 
-d = {"k%d" % i: [i, str(i)] for i in range(300)}
+d = {"k%d" % i: [i, str(i)] for i in range(20000)}  # ~30 ms a call: episodes
 until = time.monotonic() + 4.0
 while time.monotonic() < until:
     save_state(d)
-    step(2000)
+    step(200000)
 """
 
 
@@ -80,6 +80,9 @@ def test_flame_graph_renders_in_chromium_with_the_call_site_coloured(tmp_path: P
     # a sample or two of another codepath under it is pale: mixed)
     step = [re.search(r'fill="([^"]+)"', f).group(1) for f in frames if "step (" in f]
     assert COLOURS["other"] in step and COLOURS["json"] not in step, step
+    # the episodes over time: json's calls, in json's colour
+    episodes = re.findall(r'<rect class="episode" data-codepath="(\w+)"[^>]*fill="([^"]+)"', dom)
+    assert ("json", COLOURS["json"]) in episodes, episodes[:10]
 
 
 def test_target_strings_in_the_page_are_never_markup() -> None:
