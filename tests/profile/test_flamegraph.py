@@ -31,8 +31,8 @@ def step(n):
 
 
 d = {"k%d" % i: [i, str(i)] for i in range(20000)}  # ~30 ms a call: episodes
-until = time.monotonic() + 4.0
-while time.monotonic() < until:
+until = time.process_time() + 3.0  # its own CPU, however busy the machine is
+while time.process_time() < until:
     save_state(d)
     step(200000)
 """

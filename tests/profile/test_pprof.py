@@ -22,8 +22,9 @@ PY312 = str(find_interpreter(("3.12.1", "3.13.0", "3.12")))
 JSON_JOB = (
     "import json, time\n"
     "d = {'k%d' % i: [i, str(i), {'x': i}] for i in range(300)}\n"
-    "until = time.monotonic() + 4.0\n"
-    "while time.monotonic() < until: json.dumps(d)\n"
+    # 3 s of its own CPU, however busy the machine is
+    "until = time.process_time() + 3.0\n"
+    "while time.process_time() < until: json.dumps(d)\n"
 )
 
 
@@ -87,9 +88,11 @@ def test_go_tool_pprof_top_lists_the_json_frames_with_their_cpu(profiled) -> Non
             cum[m.group(3)] = float(m.group(1)) * unit
     for frame in ("dumps", "JSONEncoder.encode", "JSONEncoder.iterencode"):
         assert frame in cum, r.stdout
-    # the job spends its time in json.dumps: its cum CPU is the json codepath's
+    # the job spends its time in json.dumps: its cum CPU is the json codepath's, less the
+    # samples taken on the calling line before dumps' frame began (json by the call-site
+    # rule, without a dumps frame): 0.99-1.0 of it in runs here
     json_cpu_s = doc["codepaths"]["json"]["cpu_s"]
-    assert cum["dumps"] == pytest.approx(json_cpu_s, rel=0.01), (cum["dumps"], json_cpu_s)
+    assert 0.95 * json_cpu_s <= cum["dumps"] <= json_cpu_s + 0.01, (cum["dumps"], json_cpu_s)
     tags = subprocess.run(
         ["go", "tool", "pprof", "-tags", str(path)], capture_output=True, text=True, timeout=120
     )
@@ -114,3 +117,20 @@ def test_stacks_are_bounded_and_what_is_cut_is_counted() -> None:
     deep = fold_stacks(samples[-1:], labels[:1], [], [], [])
     ((frames, _, _),) = deep
     assert len(frames) == MAX_FRAMES + 1 and frames[-1] == TRUNCATED_FRAME
+
+
+def test_equal_stacks_of_distinct_frame_objects_are_one_stack() -> None:
+    from collectors.samples import Frame, Sample
+    from profiler.classify.codepaths import Classification
+    from profiler.sampling.stacks import fold_stacks
+
+    def sample() -> Sample:  # new Frame objects each time, as two parsers make them
+        frames = (Frame("dumps", "/j.py", 3), Frame("main", "/m.py", 9))
+        return Sample(pid=1, tid=1, thread_id=1, thread_name=None, t=0.0, frames=frames)
+
+    samples = [sample() for _ in range(3)]
+    labels = [Classification("json", direction="encode")] * 3
+    folded = fold_stacks(samples, labels, samples, labels, [0.25] * 3)
+    assert len(folded) == 1
+    (tally,) = folded.values()
+    assert tally.samples == 3 and tally.cpu_s == pytest.approx(0.75)
