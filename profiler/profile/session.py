@@ -407,7 +407,7 @@ class ProfileSession:
                 return
             stats = self.targets[raw.pid]
             try:
-                report = finish_window(raw, self.classifier)
+                report = finish_window(raw, self.classifier, keep_stacks=True)
             except Exception as exc:  # a bad rule or source must not end the profile
                 with self._lock:
                     self.acc.fail("classify_failed")

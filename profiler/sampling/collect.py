@@ -325,14 +325,20 @@ class _Weighed:
 
 
 def finish_window(
-    raw: RawWindow, classifier: ClassifierLike, *, deadline_s: float | None = None
+    raw: RawWindow,
+    classifier: ClassifierLike,
+    *,
+    deadline_s: float | None = None,
+    keep_stacks: bool = False,
 ) -> WindowReport:
     """The CPU-bound half: classify every sample, weight, build the timelines, and say in
     notes what the window could not see.
 
     deadline_s: how long classification may wait for source files (None:
     CLASSIFY_DEADLINE_S); what was not ready by then is counted in the report's
-    `classify_errors`."""
+    `classify_errors`. keep_stacks: fold the classified stacks into the report's
+    `stacks` (profiler/sampling/stacks.py; ~10 ms per 1000 samples), for a caller that
+    exports them (`serwatt profile --pprof/--flamegraph`)."""
     deadline = time.monotonic() + (CLASSIFY_DEADLINE_S if deadline_s is None else deadline_s)
     got = _classify(raw, classifier, deadline)
     weighed = _weigh(raw, got)
@@ -374,7 +380,9 @@ def finish_window(
             got.carriers,
             got.carrier_labels,
             weighed.weighting.cpu_s,
-        ),  # fmt: skip
+        )
+        if keep_stacks
+        else {},  # fmt: skip  # fmt: skip
     )
 
 
