@@ -353,6 +353,12 @@ def finish_window(
         cpu_classifications=got.carrier_labels,
     )
     errors, classify_errors = _notes(raw, got, weighed, classifier)
+    stacks = (
+        fold_stacks(window.samples, got.labels, got.carriers, got.carrier_labels,
+                    weighed.weighting.cpu_s)
+        if keep_stacks
+        else {}
+    )  # fmt: skip
     return WindowReport(
         pid=raw.pid,
         started_at=window.started_at,
@@ -374,15 +380,7 @@ def finish_window(
         thread_cpu_s=weighed.thread_cpu_s,
         unmapped_threads=unmapped_threads(raw, weighed.weighting.unsampled_per_tid_s),
         exited_unsampled_cpu_s=weighed.weighting.exited_unsampled_s,
-        stacks=fold_stacks(
-            window.samples,
-            got.labels,
-            got.carriers,
-            got.carrier_labels,
-            weighed.weighting.cpu_s,
-        )
-        if keep_stacks
-        else {},  # fmt: skip  # fmt: skip
+        stacks=stacks,
     )
 
 
