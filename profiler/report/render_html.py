@@ -211,6 +211,57 @@ def _episode_durations(report: Mapping[str, Any]) -> str:
     return "".join(parts)
 
 
+STALL_BINS = 24
+
+
+def _stall_histogram(report: Mapping[str, Any]) -> str:
+    """Both sides' stall distributions as back-to-back histograms on one axis (baseline
+    above, candidate below): the shape the strip plot's points only suggest. Each bin is
+    a `<rect class="bin" data-side=... data-count=N>`."""
+    ck = report["checkpoint"]
+    values = {s: list(ck[s].get("stall_values_s") or []) for s in ("baseline", "candidate")}
+    if not all(values.values()):
+        return ""
+    width, label_w, half, top = 960, 150, 70, 8
+    x0, x1 = label_w, width - 30
+    hi = max(v for vs in values.values() for v in vs) * 1.05 or 1.0
+    step = hi / STALL_BINS
+    counts = {
+        side: [
+            sum(1 for v in vs if min(int(v / step), STALL_BINS - 1) == b) for b in range(STALL_BINS)
+        ]
+        for side, vs in values.items()
+    }
+    peak = max(max(c) for c in counts.values()) or 1
+    mid = top + half
+    height = top + 2 * half + 40
+    bin_w = (x1 - x0) / STALL_BINS
+    parts = [
+        f'<svg class="chart" data-chart="stall-histogram" {_size(width, height)} role="img" '
+        'aria-label="checkpoint stall distributions, baseline above, candidate below">',
+        f'<line x1="{x0}" x2="{x1}" y1="{mid}" y2="{mid}" stroke="#999"/>',
+    ]
+    for r, side in enumerate(("baseline", "candidate")):
+        parts.append(
+            f'<text x="4" y="{mid + (-half / 2 if r == 0 else half / 2) + 4:.1f}">'
+            f"{e(_side_label(report, side))}</text>"
+        )
+        for b, n in enumerate(counts[side]):
+            if not n:
+                continue
+            h = n / peak * (half - 4)
+            y = mid - h if r == 0 else mid
+            parts.append(
+                f'<rect class="bin" data-side="{side}" data-count="{n}" '
+                f'x="{x0 + b * bin_w + 1:.1f}" y="{y:.1f}" width="{bin_w - 2:.1f}" '
+                f'height="{h:.1f}" fill="{COLORS[side]}"><title>{e(side)}: {n} checkpoint(s) '
+                f"of {e(fmt(b * step, 3))}-{e(fmt((b + 1) * step, 3))} s</title></rect>"
+            )
+    parts.append(_axis(x0, x1, top + 2 * half + 4, 0.0, hi, "stall per checkpoint, s"))
+    parts.append("</svg>")
+    return "".join(parts)
+
+
 def _timeline(report: Mapping[str, Any]) -> str:
     series = [
         (side, run["run"], run["windows"])
@@ -778,6 +829,7 @@ def render_html(report: Mapping[str, Any]) -> str:
         f"<h2>Stall per checkpoint, both sides</h2>{_legend()}{_episode_durations(report)}"
         '<p class="src">each point is one checkpoint episode of the training thread '
         "(measured: py-spy); solid line p50, dashed p95</p>"
+        f"{_stall_histogram(report)}"
     )
     body.append("<h2>Checkpoint cost</h2>")
     body.append(_checkpoint(report))

@@ -108,6 +108,16 @@ def test_verdict_first_folds_and_nothing_overflows(page: Path, tmp_path: Path, w
     assert m["height"] < (4000 if width == 1400 else 6000), m["height"]
 
 
+def test_each_sides_stall_distribution_is_drawn_whole(page: Path, tmp_path: Path) -> None:
+    dom = _chrome(tmp_path, "--window-size=1400,900", "--dump-dom", page.as_uri())
+    for side in ("baseline", "candidate"):
+        bins = re.findall(rf'<rect class="bin" data-side="{side}" data-count="(\d+)"', dom)
+        strip = dom[dom.index('data-chart="episode-durations"') :]
+        points = strip[: strip.index("</svg>")].count(f'<circle class="point" data-side="{side}"')
+        assert len(bins) >= 3, (side, bins)  # a distribution, not one bar
+        assert sum(map(int, bins)) == points > 0, (side, bins, points)
+
+
 @pytest.mark.parametrize("width", [1400, 800])
 def test_screenshots_match_the_ones_in_docs(page: Path, tmp_path: Path, width: int) -> None:
     """docs/ab-page-WIDTH.png is what the page looks like; a render whose first screen is
