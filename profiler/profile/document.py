@@ -194,7 +194,7 @@ def _codepath_sections(result: SessionResult, main: int) -> dict[str, Any]:
         codepaths[cp] = {
             "samples": n,
             "cpu_s": round(acc.cpu_s[cp], 6),
-            "share": round(shares[cp], 6),
+            "share": round(shares[cp], 6) if total > 0 else None,  # of 0 CPU-s: n/a
             "share_ci95": [round(ci[0], 6), round(ci[1], 6)] if ci else None,
             "wall_s": round(acc.wall_s[cp], 6),
             "energy_j": None,

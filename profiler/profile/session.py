@@ -51,8 +51,10 @@ from profiler.attribution.window import AttributedWindow
 from profiler.classify import source_cache
 from profiler.classify.codepaths import CODEPATHS
 from profiler.classify.direction import DIRECTIONS
+from profiler.many.format import escape_text
 from profiler.profile.cpu_budget import SessionBudget
 from profiler.profile.processes import ProcessTally
+from profiler.profile.stack_profile import StackProfile
 from profiler.sampling import collect, eligible
 from profiler.sampling.budget import RateGovernor
 from profiler.sampling.collect import ClassifierLike, RawWindow, collect_window, finish_window
@@ -72,6 +74,8 @@ SESSION_PLAN = SamplingPlan(on_cpu_run=True)
 # tried again every 0.3 s, ten times at most, while younger than YOUNG_S.
 SESSION_RETRY = RetryPolicy(young_tries=10, young_pause_s=0.3)
 YOUNG_S = 5.0
+# a launched wrapper root is checked this often for its exec into Python
+EXEC_POLL_S = 0.05
 
 
 class SessionSink(Protocol):
@@ -211,6 +215,7 @@ class SessionResult:
     episodes: list[Episode] = field(default_factory=list)  # in the order they closed
     # the CPU budget, the rates it set and serwatt's own measured CPU (cpu_budget.py)
     cpu_budget: dict[str, Any] = field(default_factory=dict)
+    stacks: StackProfile = field(default_factory=StackProfile)
 
 
 class ProfileSession:
@@ -264,6 +269,7 @@ class ProfileSession:
         self.root_may_be_wrapper = root_may_be_wrapper
         self.budget = SessionBudget(governor)
         self._launched_exited = False
+        self._exec_seen_at: float | None = None  # when the launched root exec'd into Python
         self._timing_pid: int | None = root_pid  # the one target the stack-change run samples
         if command is None:
             try:
@@ -279,6 +285,7 @@ class ProfileSession:
             procfs=procfs,
         )
         self.acc = Accumulator()
+        self.stacks = StackProfile()  # the classified stacks, for --pprof / --flamegraph
         self.targets: dict[int, TargetStats] = {}
         self._lock = threading.Lock()
         # a StopEvent wakes the blocked py-spy windows at once (collectors/pyspy/runner.py)
@@ -337,6 +344,8 @@ class ProfileSession:
                 if decided.action == "retry":
                     young_retries += 1
                     time.sleep(decided.after_s)
+                    continue
+                if is_root and self.root_may_be_wrapper and self._followed_exec(pid, stats):
                     continue
                 self._record_failure(stats, exc, is_root)
                 break
@@ -398,7 +407,7 @@ class ProfileSession:
                 return
             stats = self.targets[raw.pid]
             try:
-                report = finish_window(raw, self.classifier)
+                report = finish_window(raw, self.classifier, keep_stacks=True)
             except Exception as exc:  # a bad rule or source must not end the profile
                 with self._lock:
                     self.acc.fail("classify_failed")
@@ -415,7 +424,37 @@ class ProfileSession:
                 stats.first_t = stats.first_t or report.started_at
                 stats.last_t = report.ended_at
                 window = self._pipeline.attribute(report)
+                self.stacks.add(window)
                 self._episodes.extend(self._pipeline.deliver(window, self.sinks))
+
+    def _followed_exec(self, pid: int, stats: TargetStats) -> bool:
+        """A launched root that is not Python yet (`env`, a pyenv shim, a launcher that
+        execs Python in the same pid): wait until it is, then say so; True when its
+        windows should be tried again. Probing it once, while it was still the shim,
+        sampled nothing for the whole run. False once it exits or the session ends, and
+        once an exec'd Python stays unsampleable past YOUNG_S."""
+        while not procstat.python_kind(pid, self.procfs).is_python:
+            if self._stop.is_set() or self._deadline_passed() or not self._root_running():
+                return False
+            self._stop.wait(EXEC_POLL_S)
+        if self._exec_seen_at is None:
+            self._exec_seen_at = time.monotonic()
+            try:
+                command = " ".join(procstat.process_info(pid, self.procfs).cmdline)
+            except procstat.ProcessGone:
+                return False
+            with self._lock:
+                was, stats.command = stats.command, command
+            if self.progress is not None:
+                print(
+                    f"serwatt: pid {pid} exec'd into Python ({escape_text(command[:80])}) "
+                    f"from {escape_text(was[:80])}; following it",
+                    file=self.progress,
+                )
+        elif time.monotonic() - self._exec_seen_at > YOUNG_S:
+            return False
+        self._stop.wait(EXEC_POLL_S)  # its interpreter may not be initialised yet
+        return True
 
     def _record_failure(self, stats: TargetStats, exc: SamplingError, is_root: bool) -> None:
         with self._lock:
@@ -545,6 +584,7 @@ class ProfileSession:
             acc=self.acc,
             episodes=self._episodes,
             cpu_budget=self.budget.section(),
+            stacks=self.stacks,
         )
 
     def _root_running(self) -> bool:

@@ -42,6 +42,7 @@ from collectors.samples import Sample, SamplerErrors
 from profiler.classify.codepaths import Classification
 from profiler.classify.durability import DurabilityReader, reader_for
 from profiler.classify.saver import saver_call
+from profiler.sampling.stacks import fold_stacks
 from profiler.sampling.weighting import (
     CpuSeries,
     Phases,
@@ -324,14 +325,20 @@ class _Weighed:
 
 
 def finish_window(
-    raw: RawWindow, classifier: ClassifierLike, *, deadline_s: float | None = None
+    raw: RawWindow,
+    classifier: ClassifierLike,
+    *,
+    deadline_s: float | None = None,
+    keep_stacks: bool = False,
 ) -> WindowReport:
     """The CPU-bound half: classify every sample, weight, build the timelines, and say in
     notes what the window could not see.
 
     deadline_s: how long classification may wait for source files (None:
     CLASSIFY_DEADLINE_S); what was not ready by then is counted in the report's
-    `classify_errors`."""
+    `classify_errors`. keep_stacks: fold the classified stacks into the report's
+    `stacks` (profiler/sampling/stacks.py; ~10 ms per 1000 samples), for a caller that
+    exports them (`serwatt profile --pprof/--flamegraph`)."""
     deadline = time.monotonic() + (CLASSIFY_DEADLINE_S if deadline_s is None else deadline_s)
     got = _classify(raw, classifier, deadline)
     weighed = _weigh(raw, got)
@@ -346,6 +353,12 @@ def finish_window(
         cpu_classifications=got.carrier_labels,
     )
     errors, classify_errors = _notes(raw, got, weighed, classifier)
+    stacks = (
+        fold_stacks(window.samples, got.labels, got.carriers, got.carrier_labels,
+                    weighed.weighting.cpu_s)
+        if keep_stacks
+        else {}
+    )  # fmt: skip
     return WindowReport(
         pid=raw.pid,
         started_at=window.started_at,
@@ -367,6 +380,7 @@ def finish_window(
         thread_cpu_s=weighed.thread_cpu_s,
         unmapped_threads=unmapped_threads(raw, weighed.weighting.unsampled_per_tid_s),
         exited_unsampled_cpu_s=weighed.weighting.exited_unsampled_s,
+        stacks=stacks,
     )
 
 

@@ -29,6 +29,17 @@ class SlotEnergy:
 
 # Collector states that mean "not in use here", not "failed": not exported.
 _UNUSED_REASONS = frozenset({"not_needed", "off"})
+# What `auto` finds on a node without the hardware (most cloud VMs): the collector is not
+# present there, not down, so it is not exported and SerwattCollectorDown cannot fire for
+# it. A permission or driver error on hardware that is there stays "down".
+NOT_PRESENT_REASONS = {
+    "rapl": frozenset({"no_powercap"}),
+    "nvml": frozenset({"no_driver", "no_gpu"}),
+}
+
+
+def not_present(name: str, reason: str | None) -> bool:
+    return reason in NOT_PRESENT_REASONS.get(name, ())
 
 
 class EnergySide:
@@ -61,7 +72,9 @@ class EnergySide:
         self._rapl_errors_seen = 0
         self.source = self._tracker.energy_source
         for name, st in self.status.items():
-            if not st.up and st.reason not in _UNUSED_REASONS:
+            if not_present(name, st.reason):
+                log.info("collector %s not present (%s): %s", name, st.reason, st.detail)
+            elif not st.up and st.reason not in _UNUSED_REASONS:
                 log.info("collector %s unavailable: %s: %s", name, st.reason, st.detail)
         self._tracker.start()
 
@@ -81,7 +94,7 @@ class EnergySide:
                 (st.detail or "") if st.up else f"unavailable: {st.reason}: {st.detail or ''}",
             )
             for name, st in self.status.items()
-            if st.reason not in _UNUSED_REASONS
+            if st.reason not in _UNUSED_REASONS and not not_present(name, st.reason)
         }
         publish(ledger, health, self._probe_s)
 
