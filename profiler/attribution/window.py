@@ -22,12 +22,12 @@ from profiler.attribution.apportion import (
     overlap_factor,
     scaled_energy,
 )
-from profiler.attribution.episodes import Episode
+from profiler.attribution.episodes import Episode, period_s
 from profiler.attribution.tracker import EnergyTracker, WindowEnergy
 from profiler.attribution.window_records import EnergyRecord, GpuFigures, GpuRecord, SlotSplit
 from profiler.classify.codepaths import CODEPATHS
 from profiler.classify.direction import DIRECTIONS, UNKNOWN, series_directions
-from profiler.sampling.window import CodepathWindow, DirectionWindow, TimedLabel, WindowReport
+from profiler.sampling.window import CodepathWindow, DirectionWindow, WindowReport
 
 
 def split_by_direction(value: float, cw: CodepathWindow | None) -> dict[str, float]:
@@ -93,13 +93,7 @@ def attribute_window(
             source=we.source,
         )
     used = used_gpus(we.gpus, {report.pid, *target_pids})
-    waits = tuple(
-        gpu_wait_for(
-            g, report.timeline, report.rate_hz, report.started_at, report.ended_at, only_active
-        )  # fmt: skip
-        for g in we.gpus
-        if g.index in used
-    )
+    waits = tuple(gpu_wait_for(g, report, only_active) for g in we.gpus if g.index in used)
     return TargetAttribution(energy=energy, gpu_wait=waits, gpus_used=tuple(sorted(used)))
 
 
@@ -163,20 +157,18 @@ def episode_gpu_reading(tracker: EnergyTracker, ep: Episode) -> Episode:
 
 
 def gpu_wait_for(
-    g: GpuWindow,
-    timeline: Iterable[TimedLabel],
-    rate_hz: float,
-    start: float,
-    end: float,
-    only_active: bool = False,
+    g: GpuWindow, report: WindowReport, only_active: bool = False
 ) -> GpuWaitAttribution:
+    """One GPU's wait over the window. Each timeline sample stands for one tick of the
+    timeline that produced it (its --idle run, episodes.period_s), not of the on-CPU run
+    whose rate the window carries as `rate_hz`: the daemon runs them at different rates."""
     return attribute_gpu_wait(
         gpu_index=g.index,
-        timeline=timeline,
-        sample_period_s=1.0 / rate_hz,
+        timeline=report.timeline,
+        sample_period_s=period_s(report),
         spans=[IdleSpan(iv.t0, iv.t1, iv.busy_frac) for iv in g.intervals],
-        start=start,
-        end=end,
+        start=report.started_at,
+        end=report.ended_at,
         energy_points=g.energy_points,
         only_active=only_active,
     )
