@@ -45,7 +45,7 @@ from collectors.pyspy import (
 )
 from collectors.samples import SamplerErrors
 from profiler.attribution.episodes import Episode
-from profiler.attribution.pipeline import WindowPipeline
+from profiler.attribution.pipeline import Delivery, WindowPipeline
 from profiler.attribution.tracker import EnergyTracker
 from profiler.attribution.window import AttributedWindow
 from profiler.classify import source_cache
@@ -211,6 +211,19 @@ class SessionResult:
     episodes: list[Episode] = field(default_factory=list)  # in the order they closed
     # the CPU budget, the rates it set and serwatt's own measured CPU (cpu_budget.py)
     cpu_budget: dict[str, Any] = field(default_factory=dict)
+    # deliveries a sink failed (attribution/pipeline.py): sink class name -> count, and
+    # the first failures' messages; a run with any ends in an error (delivery_problem)
+    sink_failures: dict[str, int] = field(default_factory=dict)
+    sink_errors: list[str] = field(default_factory=list)
+
+    def delivery_problem(self) -> str | None:
+        """What a run whose windows did not all reach its sinks (its record, its
+        document's energy) must say before it exits non-zero; None when all did."""
+        if not self.sink_failures:
+            return None
+        counts = ", ".join(f"{n} to {sink}" for sink, n in sorted(self.sink_failures.items()))
+        first = f"; first: {self.sink_errors[0]}" if self.sink_errors else ""
+        return f"deliveries failed ({counts}): the outputs they feed are incomplete{first}"
 
 
 class ProfileSession:
@@ -405,17 +418,29 @@ class ProfileSession:
                     stats.error = f"classify_failed: {exc!r}"
                 continue
             with self._lock:
-                self.acc.add(report, self.info.started_at)
-                for kind, n in report.classify_errors.items():
-                    self.acc.failures[kind] = self.acc.failures.get(kind, 0) + n
-                stats.windows += 1
-                stats.python = stats.python or report.python
-                stats.samples += sum(w.samples for w in report.codepaths.values())
-                stats.cpu_s += report.cpu_s
-                stats.first_t = stats.first_t or report.started_at
-                stats.last_t = report.ended_at
-                window = self._pipeline.attribute(report)
-                self._episodes.extend(self._pipeline.deliver(window, self.sinks))
+                try:
+                    self._deliver(report, stats)
+                except Exception as exc:  # nothing in one window may end the finisher
+                    self.acc.fail("window_failed")
+                    stats.error = f"window_failed: {exc!r}"
+
+    def _deliver(self, report: WindowReport, stats: TargetStats) -> None:
+        self.acc.add(report, self.info.started_at)
+        for kind, n in report.classify_errors.items():
+            self.acc.failures[kind] = self.acc.failures.get(kind, 0) + n
+        stats.windows += 1
+        stats.python = stats.python or report.python
+        stats.samples += sum(w.samples for w in report.codepaths.values())
+        stats.cpu_s += report.cpu_s
+        stats.first_t = stats.first_t or report.started_at
+        stats.last_t = report.ended_at
+        window = self._pipeline.attribute(report)
+        self._delivered(self._pipeline.deliver(window, self.sinks))
+
+    def _delivered(self, delivery: Delivery) -> None:
+        self._episodes.extend(delivery.episodes)
+        for _ in delivery.failures:  # counted by sink in the pipeline, and here as one kind
+            self.acc.fail("sink_failed")
 
     def _record_failure(self, stats: TargetStats, exc: SamplingError, is_root: bool) -> None:
         with self._lock:
@@ -535,7 +560,7 @@ class ProfileSession:
             self._print_progress(time.time(), final=True)
         if self.strict_root and self._root_error is not None:
             raise self._root_error
-        self._episodes.extend(self._pipeline.finish(self.sinks))
+        self._delivered(self._pipeline.finish(self.sinks))
         for sink in self.sinks:
             sink.finish()
         return SessionResult(
@@ -545,6 +570,8 @@ class ProfileSession:
             acc=self.acc,
             episodes=self._episodes,
             cpu_budget=self.budget.section(),
+            sink_failures=dict(self._pipeline.sink_failures),
+            sink_errors=list(self._pipeline.sink_errors),
         )
 
     def _root_running(self) -> bool:

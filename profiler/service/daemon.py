@@ -514,16 +514,17 @@ class Daemon:
             report = window.report
             try:
                 sinks = (LedgerSink(self.ledger, j.target), *self._run_sinks(j.run_id))
-                self._pipeline.deliver(window, sinks)
+                delivery = self._pipeline.deliver(window, sinks)
             except WindowRejected as exc:
                 # A malformed report must not take the daemon down; it is not counted.
                 self.ledger.add_sampler_error(j.target, "bad_report")
                 log.error("window of %s pid %d rejected: %s", j.target, j.pid, exc)
                 continue
-            except Exception as exc:
-                # Counters are still exported; the record says what it missed in the log.
-                failed = exc
-                log.error("recording window of %s pid %d failed: %s", j.run_id, j.pid, exc)
+            for failure in delivery.failures:
+                # counted by the pipeline; counters are still exported, and the record
+                # says what it missed in the log
+                failed = failure.error
+                log.error("recording window of %s pid %d failed: %s", j.run_id, j.pid, failure)
             tracked = self._tracked.get(j.key)
             if tracked is not None:
                 tracked.refused = None
@@ -718,10 +719,8 @@ class Daemon:
 
     def _finish_episodes(self, proc: Any) -> None:
         """A process's open episodes closed into its run's checkpoint watch and record."""
-        try:
-            self._pipeline.finish(self._run_sinks(proc.run_id), pid=proc.pid)
-        except Exception as exc:
-            log.error("recording episodes of %s failed: %s", proc.run_id, exc)
+        for failure in self._pipeline.finish(self._run_sinks(proc.run_id), pid=proc.pid).failures:
+            log.error("recording episodes of %s failed: %s", proc.run_id, failure)
 
     def _shutdown(self) -> None:
         self.notifier.stopping("stopping: closing runs")
