@@ -11,7 +11,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from collectors.nvml import DEFAULT_SAMPLE_PERIOD_S, GpuWindow, clip_intervals
-from collectors.series import interpolate
 from profiler.attribution.apportion import (
     EnergyAttribution,
     GpuWaitAttribution,
@@ -27,7 +26,7 @@ from profiler.attribution.tracker import EnergyTracker, WindowEnergy
 from profiler.attribution.window_records import EnergyRecord, GpuFigures, GpuRecord, SlotSplit
 from profiler.classify.codepaths import CODEPATHS
 from profiler.classify.direction import DIRECTIONS, UNKNOWN, series_directions
-from profiler.sampling.window import CodepathWindow, DirectionWindow, WindowReport
+from profiler.sampling.window import CodepathWindow, DirectionWindow, TimedLabel, WindowReport
 
 
 def split_by_direction(value: float, cw: CodepathWindow | None) -> dict[str, float]:
@@ -119,30 +118,28 @@ def episode_with_gpu(ep: Episode, gpus: Iterable[GpuWindow]) -> Episode:
     """The episode with its GPU-wait seconds and GPU idle joules over [start, end].
 
     `gpus` is an NVML reading spanning the episode. Only GPUs up and listing the
-    episode's pid count, and only where their samples cover the span. GPU-wait is the
-    idle time of those GPUs while the thread was in the episode; the idle joules are the
-    GPU energy of the idle part of each utilisation interval (energy between its edges,
-    interpolated from the cumulative polls, times its idle fraction). With no such GPU
-    both stay None (unknown, never 0); when the energy polls do not bracket an interval,
-    gpu_idle_j stays None.
+    episode's pid count, and only where their samples cover the span. The thread was in
+    the episode throughout, so it is one sample standing for the whole span, timed by the
+    one GPU-wait algorithm a window's is (apportion.attribute_gpu_wait): the GPU-wait is
+    the idle time of those GPUs over the span, the idle joules the GPU energy of its idle
+    parts. With no such GPU both stay None (unknown, never 0); when the energy polls do
+    not bracket an idle part, gpu_idle_j stays None.
     """
     readings = list(gpus)
     used = [g for g in readings if g.up and g.index in used_gpus(readings, {ep.pid})]
     if not used or not all(_covers(g, ep.start, ep.end) for g in used):
         return ep
+    whole = TimedLabel(t=ep.start, tid=ep.pid, thread_id=ep.pid, codepath=ep.codepath)
     wait_s = 0.0
     idle_j: float | None = 0.0
     for g in used:
-        for iv in clip_intervals(g.intervals, ep.start, ep.end):
-            idle_frac = 1.0 - min(1.0, max(0.0, iv.busy_frac))
-            wait_s += (iv.t1 - iv.t0) * idle_frac
-            if idle_j is None:
-                continue
-            e0, e1 = interpolate(g.energy_points, iv.t0), interpolate(g.energy_points, iv.t1)
-            if e0 is None or e1 is None:
-                idle_j = None
-            else:
-                idle_j += max(0.0, e1 - e0) * idle_frac
+        w = _gpu_wait(g, (whole,), ep.end - ep.start, ep.start, ep.end)
+        wait_s += w.idle_s
+        if idle_j is not None and w.idle_energy_j is not None:
+            assert w.unattributed_idle_energy_j is not None
+            idle_j += math.fsum(w.idle_energy_j.values()) + w.unattributed_idle_energy_j
+        else:
+            idle_j = None
     return replace(ep, gpu_wait_s=wait_s, gpu_idle_j=idle_j)
 
 
@@ -162,13 +159,27 @@ def gpu_wait_for(
     """One GPU's wait over the window. Each timeline sample stands for one tick of the
     timeline that produced it (its --idle run, episodes.period_s), not of the on-CPU run
     whose rate the window carries as `rate_hz`: the daemon runs them at different rates."""
+    return _gpu_wait(
+        g, report.timeline, period_s(report), report.started_at, report.ended_at, only_active
+    )
+
+
+def _gpu_wait(
+    g: GpuWindow,
+    timeline: Iterable[TimedLabel],
+    period: float,
+    start: float,
+    end: float,
+    only_active: bool = False,
+) -> GpuWaitAttribution:
+    """The one GPU-wait computation, for a window's samples and an episode's span alike."""
     return attribute_gpu_wait(
         gpu_index=g.index,
-        timeline=report.timeline,
-        sample_period_s=period_s(report),
+        timeline=timeline,
+        sample_period_s=period,
         spans=[IdleSpan(iv.t0, iv.t1, iv.busy_frac) for iv in g.intervals],
-        start=report.started_at,
-        end=report.ended_at,
+        start=start,
+        end=end,
         energy_points=g.energy_points,
         only_active=only_active,
     )
