@@ -25,7 +25,7 @@ from typing import Protocol
 
 from profiler.attribution.episodes import Episode, EpisodeTracker
 from profiler.attribution.tracker import EnergyTracker
-from profiler.attribution.window import AttributedWindow, attribute, episode_gpu_reading
+from profiler.attribution.window import AttributedWindow, attribute_span, episode_gpu_reading
 from profiler.sampling.window import WindowReport
 
 
@@ -77,14 +77,16 @@ class WindowPipeline:
         self.sink_errors: list[str] = []  # the first MAX_SINK_ERRORS, as SinkFailure says
 
     def attribute(self, report: WindowReport) -> AttributedWindow:
-        """The window against the reading of its own span (`serwatt profile`; the daemon
-        attributes a slot's windows together against the slot's reading:
-        attribution.window.attribute_slot). A reading that fails keeps the window,
+        """The window as a span of its own against the reading of it (`serwatt profile`;
+        the daemon attributes a slot's windows together against the slot's reading: the
+        same attribution.window.attribute_span). A reading that fails keeps the window,
         without joules, saying why."""
         if self.tracker is None:
             return AttributedWindow(report)
         try:
-            return attribute(report, self.tracker.window(report.started_at, report.ended_at))
+            reading = self.tracker.window(report.started_at, report.ended_at)
+            (window,) = attribute_span([report], reading, slot=False).windows
+            return window
         except Exception as exc:
             return AttributedWindow(report, failure=f"{type(exc).__name__}: {exc}")
 

@@ -330,39 +330,40 @@ class AttributedWindow:
         )
 
 
-def attribute(
-    report: WindowReport, reading: WindowEnergy, *, slot: bool = False
-) -> AttributedWindow:
-    """Attribute one window against a reading: the one place a window gets its joules."""
+def _attribute_one(report: WindowReport, reading: WindowEnergy, slot: bool) -> AttributedWindow:
     return AttributedWindow(report, reading, attribute_window(report, reading), slot=slot)
 
 
 @dataclass(frozen=True)
-class SlotAttribution:
-    """A slot's windows attributed against its one reading (the daemon's): `windows` in
-    the order of the reports, their joules fitted to the node's (overlap_factor);
-    `node_j` the node's measured joules (None: not measured), `attributed_j` what the
-    windows hold of them."""
+class SpanAttribution:
+    """A span's windows attributed against its one reading: `windows` in the order of the
+    reports, their joules fitted to the node's (overlap_factor); `node_j` the node's
+    measured joules (None: not measured), `attributed_j` what the windows hold of them."""
 
     windows: tuple[AttributedWindow, ...]
     node_j: float | None
     attributed_j: float
 
 
-def attribute_slot(reports: Sequence[WindowReport], reading: WindowEnergy) -> SlotAttribution:
-    """Every target window of one slot against the slot's reading: each gets its CPU share
-    of the slot's dynamic joules, and where the shares sum past them (the targets' and
-    the node's CPU clocks tick separately), all are scaled by one factor
-    (apportion.overlap_factor)."""
-    windows = [attribute(report, reading, slot=True) for report in reports]
+def attribute_span(
+    reports: Sequence[WindowReport], reading: WindowEnergy, *, slot: bool
+) -> SpanAttribution:
+    """The one place windows get their joules and GPU-wait: every target window of one
+    span against the span's reading. `serwatt profile` passes a span of one window (its
+    own reading, slot False), the daemon a slot's windows (the slot's reading, slot True).
+    Each window gets its CPU share of the span's dynamic joules, and where the shares sum
+    past them (the targets' and the node's CPU clocks tick separately), all are scaled by
+    one factor (apportion.overlap_factor); each sample's GPU-wait is timed by the timeline
+    that produced it (gpu_wait_for)."""
+    windows = [_attribute_one(report, reading, slot) for report in reports]
     if reading.source not in ("rapl", "model") or reading.package_j is None:
-        return SlotAttribution(tuple(windows), None, _joules(windows))
+        return SpanAttribution(tuple(windows), None, _joules(windows))
     node_j = max(0.0, reading.package_j)
     dynamic_j = reading.dynamic_j if reading.dynamic_j is not None else node_j
     factor = overlap_factor(_joules(windows), dynamic_j)
     if factor != 1.0:
         windows = [_scaled(w, factor) for w in windows]
-    return SlotAttribution(tuple(windows), node_j, min(_joules(windows), node_j))
+    return SpanAttribution(tuple(windows), node_j, min(_joules(windows), node_j))
 
 
 def _joules(windows: Sequence[AttributedWindow]) -> float:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from profiler.attribution.tracker import EnergyTracker, EnergyUnavailableError, WindowEnergy
-from profiler.attribution.window import AttributedWindow, attribute_slot
+from profiler.attribution.window import AttributedWindow, attribute_span
 from profiler.records.sources import run_sources
 from profiler.sampling.window import WindowReport
 from profiler.service.collector_health import Health, publish, run_collector
@@ -36,7 +36,7 @@ class EnergySide:
     node, one reading per slot, split over the slot's target windows.
 
     All windows of a slot are attributed against the slot's single energy reading
-    (attribution.window.attribute_slot): each target gets (its window CPU / node busy CPU
+    (attribution.window.attribute_span): each target gets (its window CPU / node busy CPU
     over the slot) of the slot's dynamic energy, fitted by the one overlap rule so the
     targets' joules never sum past the node's, and what is left (idle part, other
     processes, targets not sampled this slot) is exported as
@@ -96,7 +96,7 @@ class EnergySide:
         )
         if we is None:
             return None
-        got = attribute_slot(reports, we)
+        got = attribute_span(reports, we, slot=True)
         if got.node_j is not None:
             ledger.add_node_energy(
                 we.source, node_j=got.node_j, unattributed_j=got.node_j - got.attributed_j

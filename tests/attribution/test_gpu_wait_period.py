@@ -11,7 +11,7 @@ import pytest
 
 from collectors.nvml import GpuWindow, UtilInterval
 from profiler.attribution.tracker import WindowEnergy
-from profiler.attribution.window import attribute, attribute_slot
+from profiler.attribution.window import attribute_span
 from profiler.classify.codepaths import CODEPATHS
 from profiler.sampling.window import CodepathWindow, TimedLabel, WindowReport
 from profiler.service.pools import IDLE_RUN_RATE_HZ, daemon_plan
@@ -68,9 +68,9 @@ def test_gpu_idle_throughout_a_pickle_span_is_all_gpu_wait(driver: str) -> None:
     report, reading = _pickle_window(), _idle_gpu_reading()
     assert report.rate_hz != IDLE_RUN_RATE_HZ  # the case: two runs at two rates
     if driver == "daemon slot":
-        (window,) = attribute_slot([report], reading).windows
+        (window,) = attribute_span([report], reading, slot=True).windows
     else:
-        window = attribute(report, reading)
+        (window,) = attribute_span([report], reading, slot=False).windows
     assert window.attribution is not None
     (gpu,) = window.attribution.gpu_wait
     period = report.timeline_period_s
