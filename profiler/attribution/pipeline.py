@@ -20,11 +20,11 @@ that refuses a malformed window raises WindowRejected: that window goes no furth
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from profiler.attribution.episodes import Episode, EpisodeTracker
-from profiler.attribution.tracker import EnergyTracker
+from profiler.attribution.tracker import EnergyTracker, WindowEnergy
 from profiler.attribution.window import AttributedWindow, attribute_span, episode_gpu_reading
 from profiler.sampling.window import WindowReport
 
@@ -75,6 +75,7 @@ class WindowPipeline:
         self.episodes = EpisodeTracker()
         self.sink_failures: dict[str, int] = {}  # sink class name -> failed deliveries
         self.sink_errors: list[str] = []  # the first MAX_SINK_ERRORS, as SinkFailure says
+        self._read_until: float | None = None  # the node read up to here (_advance)
 
     def attribute(self, report: WindowReport) -> AttributedWindow:
         """The window as a span of its own against the reading of it (`serwatt profile`;
@@ -83,12 +84,28 @@ class WindowPipeline:
         without joules, saying why."""
         if self.tracker is None:
             return AttributedWindow(report)
+        advance = self._advance(self.tracker, report)
         try:
             reading = self.tracker.window(report.started_at, report.ended_at)
             (window,) = attribute_span([report], reading, slot=False).windows
-            return window
+            return replace(window, advance=advance)
         except Exception as exc:
-            return AttributedWindow(report, failure=f"{type(exc).__name__}: {exc}")
+            return AttributedWindow(report, failure=f"{type(exc).__name__}: {exc}", advance=advance)
+
+    def _advance(self, tracker: EnergyTracker, report: WindowReport) -> WindowEnergy | None:
+        """The node's reading from the end of the windows so far to this one's end: the
+        pipeline is the one reader of the tracker, so a sink that totals the node (the
+        profile's energy sink) reads these, each span once. A reading that fails is an
+        unavailable span, saying why."""
+        start = report.started_at if self._read_until is None else self._read_until
+        if report.ended_at <= start:
+            return None
+        self._read_until = report.ended_at
+        try:
+            return tracker.window(start, report.ended_at)
+        except Exception as exc:
+            why = f"reading failed: {type(exc).__name__}: {exc}"
+            return WindowEnergy(start, report.ended_at, "unavailable", why)
 
     def deliver(self, window: AttributedWindow, sinks: Iterable[WindowSink]) -> Delivery:
         """The window to every sink in order, then the episodes it closed. A sink that

@@ -217,6 +217,10 @@ class AttributedWindow:
     attribution: TargetAttribution | None = None
     slot: bool = False
     failure: str | None = None
+    # `serwatt profile`'s: the node's reading from where the last window's ended to where
+    # this one ends (attribution/pipeline.py), so the profile's node totals miss no span
+    # between windows; None when it had no new span (or the run measures no energy)
+    advance: WindowEnergy | None = None
 
     @property
     def energy_j(self) -> Mapping[str, float] | None:

@@ -8,7 +8,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from profiler.attribution.apportion import GpuWaitAttribution, overlap_factor
-from profiler.attribution.tracker import ENERGY_METHOD, GPU_WAIT_METHOD, EnergyTracker
+from profiler.attribution.tracker import (
+    ENERGY_METHOD,
+    GPU_WAIT_METHOD,
+    EnergyTracker,
+    WindowEnergy,
+)
 from profiler.attribution.window import AttributedWindow, add_by_direction, split_by_direction
 from profiler.classify.codepaths import CODEPATHS
 from profiler.classify.direction import DIRECTIONS
@@ -68,9 +73,10 @@ class EnergySink:
     """Session sink (profiler/profile/session.py) adding joules and GPU-wait to a profile.
 
     Joules and GPU-wait are each window's own attribution (AttributedWindow: the figures
-    the run record keeps), summed. Node totals and each GPU's reading are accumulated
-    span by span as windows arrive, so a profile of any length stays inside the
-    tracker's history.
+    the run record keeps), summed. Node totals and each GPU's reading are the pipeline's
+    readings span by span as windows arrive (AttributedWindow.advance), so a profile of
+    any length stays inside the tracker's history; the sink reads no reading of its own,
+    only the tracker's status and self-metrics for the document.
     """
 
     def __init__(self, tracker: EnergyTracker) -> None:
@@ -87,8 +93,6 @@ class EnergySink:
         self._pids: set[int] = set()
         self._first: float | None = None
         self._last: float | None = None
-        self._e_until: float | None = None  # node energy accumulated up to here
-        self._g_until: float | None = None  # GPU-wait computed up to here
         self._node: dict[str, float] = {}
         self._node_missing: set[str] = set()
         self._per_pkg: dict[int, float] = {}
@@ -105,8 +109,9 @@ class EnergySink:
             report.started_at if self._first is None else min(self._first, report.started_at)
         )
         self._last = report.ended_at if self._last is None else max(self._last, report.ended_at)
-        self._advance_node(report.started_at, report.ended_at)
-        self._advance_gpus(self._last)
+        if window.advance is not None:
+            self._add_node(window.advance)
+            self._add_gpus(window.advance)
         if window.attribution is not None:
             self._add_gpu_wait(window.attribution.gpu_wait)
         e = window.attribution.energy if window.attribution else None
@@ -126,14 +131,10 @@ class EnergySink:
         elif window.failure is not None:
             self._reasons.append(f"attribution failed: {window.failure}")
 
-    def _advance_node(self, start: float, end: float) -> None:
-        a = start if self._e_until is None else self._e_until
-        if end <= a:
-            return
-        self._e_until = end
-        we = self.tracker.window(a, end)
+    def _add_node(self, we: WindowEnergy) -> None:
+        """One span of the node's reading (the pipeline's, AttributedWindow.advance)."""
         if we.source == "unavailable" or we.package_j is None:
-            self._node_unavailable_s += end - a
+            self._node_unavailable_s += we.wall_s
             if we.reason:
                 self._reasons.append(we.reason)
             return
@@ -163,16 +164,12 @@ class EnergySink:
             acc = self._gpus[index] = _GpuAcc(index, None, None)
         return acc
 
-    def _advance_gpus(self, until: float) -> None:
+    def _add_gpus(self, we: WindowEnergy) -> None:
         """Each GPU's reading (coverage, busy and idle time, energy) span by span, as the
         node's energy: the GPU as NVML saw it, whichever process used it."""
-        if not self.status["nvml"].up or self._first is None:
+        if not self.status["nvml"].up:
             return
-        a = self._first if self._g_until is None else self._g_until
-        if until <= a:
-            return
-        self._g_until = until
-        for g in self.tracker.nvml.window(a, until):
+        for g in we.gpus:
             acc = self._gpu(g.index)
             acc.uuid, acc.name = acc.uuid or g.uuid, acc.name or g.name
             acc.up, acc.reason = g.up, g.reason
@@ -208,9 +205,6 @@ class EnergySink:
 
     def finish(self) -> ProfileEnergy:
         """The profile's energy sections, once every window has been seen."""
-        if self._last is not None:
-            self._advance_node(self._first or self._last, self._last)
-            self._advance_gpus(self._last)
         self.summary = self._finish()
         return self.summary
 

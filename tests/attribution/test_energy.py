@@ -3,6 +3,7 @@ replayed NVML timelines."""
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
@@ -11,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from collectors.cpu_model import DEFAULT_W_PER_CPU, IDLE_FRACTION
+from profiler.attribution.pipeline import WindowPipeline
 from profiler.attribution.tracker import EnergyTracker, EnergyUnavailableError
-from profiler.attribution.window import AttributedWindow, attribute_span, attribute_window
+from profiler.attribution.window import AttributedWindow, attribute_window
 from profiler.classify.codepaths import CODEPATHS
 from profiler.profile.document import add_energy as _add_energy
 from profiler.profile.energy_sink import EnergySink, ProfileEnergy
@@ -23,10 +25,16 @@ from tests.powercap import PowercapTree, build_powercap
 TARGET = 4321
 
 
+@functools.cache
+def _pipeline(tr: EnergyTracker) -> WindowPipeline:
+    return WindowPipeline(tr)
+
+
 def _attributed(tr: EnergyTracker, rep: WindowReport) -> AttributedWindow:
-    """What the session hands its sinks: the window attributed against its own reading."""
-    (window,) = attribute_span([rep], tr.window(rep.started_at, rep.ended_at), slot=False).windows
-    return window
+    """What the session hands its sinks: the window attributed against its own reading,
+    with the node's reading since the last window (one pipeline per tracker, as a
+    session has)."""
+    return _pipeline(tr).attribute(rep)
 
 
 def _document_part(energy: ProfileEnergy) -> dict:
