@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 from collectors.nvml import DEFAULT_SAMPLE_PERIOD_S, GpuWindow, clip_intervals
 from profiler.attribution.apportion import (
@@ -42,17 +43,6 @@ def split_by_direction(value: float, cw: CodepathWindow | None) -> dict[str, flo
         if part is not None:
             out[d] = value * part.cpu_s / cw.cpu_s
     return out
-
-
-def add_by_direction(
-    into: dict[str, dict[str, float]], parts: Mapping[str, Mapping[str, float]]
-) -> None:
-    """Sum a {codepath: {direction: seconds}} split (a GPU's wait_by_direction_s) into
-    `into`; a codepath gets an entry of every direction once it has a part that is not 0."""
-    for cp, split in parts.items():
-        for d, s in split.items():
-            if s:
-                into.setdefault(cp, dict.fromkeys(DIRECTIONS, 0.0))[d] += s
 
 
 @dataclass(frozen=True)
@@ -202,6 +192,52 @@ class DirectedFigures:
     gpu_wait_energy_j: Mapping[tuple[str, str, int | str], float]
 
 
+_K = TypeVar("_K")
+_V = TypeVar("_V", int, float)
+
+
+def _sum_into(into: dict[_K, _V], parts: Mapping[_K, _V]) -> None:
+    for key, v in parts.items():
+        into[key] = into.get(key, 0) + v
+
+
+@dataclass
+class DirectedTotals:
+    """The one fold of attributed windows into codepath x direction totals: each window's
+    DirectedFigures (AttributedWindow.by_direction, the ledger's shape) summed. The
+    daemon's ledger adds the same figures per target; the profile document's CPU, joules
+    and GPU-wait by direction, and a window's GPU record, read them from here."""
+
+    samples: dict[tuple[str, str], int] = field(default_factory=dict)
+    cpu_s: dict[tuple[str, str], float] = field(default_factory=dict)
+    energy_j: dict[tuple[str, str], float] = field(default_factory=dict)
+    gpu_wait_s: dict[tuple[str, str, int | str], float] = field(default_factory=dict)
+    gpu_wait_energy_j: dict[tuple[str, str, int | str], float] = field(default_factory=dict)
+
+    def add(self, f: DirectedFigures) -> None:
+        _sum_into(self.samples, f.samples)
+        _sum_into(self.cpu_s, f.cpu_s)
+        _sum_into(self.energy_j, f.energy_j or {})
+        _sum_into(self.gpu_wait_s, f.gpu_wait_s)
+        _sum_into(self.gpu_wait_energy_j, f.gpu_wait_energy_j)
+
+    def by_codepath(self, values: Mapping[tuple[str, str], float]) -> dict[str, dict[str, float]]:
+        """{codepath: {direction: value}} for every codepath and direction (0 where none)."""
+        out = {cp: dict.fromkeys(DIRECTIONS, 0.0) for cp in CODEPATHS}
+        for (cp, d), v in values.items():
+            out[cp][d] += v
+        return out
+
+    def wait_by_direction(self) -> dict[str, dict[str, float]]:
+        """GPU-wait per codepath and direction over every GPU; a codepath is listed, with
+        every direction, once it has a part that is not 0."""
+        out: dict[str, dict[str, float]] = {}
+        for (cp, d, _gpu), s in self.gpu_wait_s.items():
+            if s:
+                out.setdefault(cp, dict.fromkeys(DIRECTIONS, 0.0))[d] += s
+        return out
+
+
 @dataclass(frozen=True)
 class AttributedWindow:
     """One target window and what was attributed to it: the value every consumer reads.
@@ -305,12 +341,12 @@ class AttributedWindow:
             return None
         wait_s = dict.fromkeys(CODEPATHS, 0.0)
         wait_j: dict[str, float] | None = dict.fromkeys(CODEPATHS, 0.0)
-        by_dir: dict[str, dict[str, float]] = {}
+        fold = DirectedTotals()
+        fold.add(self.by_direction())
         gpus = []
         for g in ta.gpu_wait:
             for cp, s in g.wait_s.items():
                 wait_s[cp] += s
-            add_by_direction(by_dir, g.wait_by_direction_s)
             if g.idle_energy_j is None:
                 wait_j = None
             elif wait_j is not None:
@@ -329,7 +365,7 @@ class AttributedWindow:
             codepaths_wait_s=wait_s,
             codepaths_wait_j=wait_j,
             # the codepaths that waited, split by direction (records: direction_rows)
-            codepaths_wait_by_direction_s=by_dir,
+            codepaths_wait_by_direction_s=fold.wait_by_direction(),
             gpus=tuple(gpus),
         )
 

@@ -47,10 +47,9 @@ from collectors.samples import SamplerErrors
 from profiler.attribution.episodes import Episode
 from profiler.attribution.pipeline import Delivery, WindowPipeline
 from profiler.attribution.tracker import EnergyTracker
-from profiler.attribution.window import AttributedWindow
+from profiler.attribution.window import AttributedWindow, DirectedTotals
 from profiler.classify import source_cache
 from profiler.classify.codepaths import CODEPATHS
-from profiler.classify.direction import DIRECTIONS
 from profiler.profile.cpu_budget import SessionBudget
 from profiler.profile.processes import ProcessTally
 from profiler.sampling import collect, eligible
@@ -118,13 +117,8 @@ class Accumulator:
     cpu_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CODEPATHS, 0.0))
     wall_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CODEPATHS, 0.0))
     low_conf: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CODEPATHS, 0))
-    # codepath -> direction -> samples / cpu_s (profiler/classify/direction.py)
-    dir_samples: dict[str, dict[str, int]] = field(
-        default_factory=lambda: {cp: dict.fromkeys(DIRECTIONS, 0) for cp in CODEPATHS}
-    )
-    dir_cpu_s: dict[str, dict[str, float]] = field(
-        default_factory=lambda: {cp: dict.fromkeys(DIRECTIONS, 0.0) for cp in CODEPATHS}
-    )
+    # the windows' figures by codepath x direction: the one fold (attribution/window.py)
+    directed: DirectedTotals = field(default_factory=DirectedTotals)
     low_conf_cpu_s: float = 0.0
     total_cpu_s: float = 0.0
     # bin index (BIN_S slices since session start) -> codepath -> cpu_s
@@ -145,18 +139,28 @@ class Accumulator:
     # each codepath's figures per process (the per-process view)
     processes: ProcessTally = field(default_factory=ProcessTally)
 
-    def add(self, report: WindowReport, origin: float) -> None:
+    @property
+    def dir_samples(self) -> dict[str, dict[str, int]]:
+        """codepath -> direction -> samples (profiler/classify/direction.py)."""
+        by_cp = self.directed.by_codepath(self.directed.samples)
+        return {cp: {d: int(n) for d, n in by_d.items()} for cp, by_d in by_cp.items()}
+
+    @property
+    def dir_cpu_s(self) -> dict[str, dict[str, float]]:
+        """codepath -> direction -> CPU-seconds."""
+        return self.directed.by_codepath(self.directed.cpu_s)
+
+    def add(self, window: AttributedWindow, origin: float) -> None:
+        report = window.report
         self.windows += 1
         self.total_cpu_s += report.cpu_s
+        self.directed.add(window.by_direction())
         for cp, w in report.codepaths.items():
             key = cp if cp in self.samples else "other"
             self.samples[key] += w.samples
             self.cpu_s[key] += w.cpu_s
             self.wall_s[key] += w.wall_s
             self.low_conf[key] += w.low_confidence_samples
-            for d, part in w.direction.items():
-                self.dir_samples[key][d] += part.samples
-                self.dir_cpu_s[key][d] += part.cpu_s
         sampled_other = 0.0
         per_bin_samples: dict[int, int] = {}
         for lab in report.cpu_timeline or report.timeline:
@@ -425,7 +429,8 @@ class ProfileSession:
                     stats.error = f"window_failed: {exc!r}"
 
     def _deliver(self, report: WindowReport, stats: TargetStats) -> None:
-        self.acc.add(report, self.info.started_at)
+        window = self._pipeline.attribute(report)
+        self.acc.add(window, self.info.started_at)
         for kind, n in report.classify_errors.items():
             self.acc.failures[kind] = self.acc.failures.get(kind, 0) + n
         stats.windows += 1
@@ -434,7 +439,6 @@ class ProfileSession:
         stats.cpu_s += report.cpu_s
         stats.first_t = stats.first_t or report.started_at
         stats.last_t = report.ended_at
-        window = self._pipeline.attribute(report)
         self._delivered(self._pipeline.deliver(window, self.sinks))
 
     def _delivered(self, delivery: Delivery) -> None:
