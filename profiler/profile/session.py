@@ -250,6 +250,8 @@ class ProfileSession:
         root_exit_check: Callable[[], bool] | None = None,
         root_may_be_wrapper: bool = False,
         governor: RateGovernor | None = None,
+        collect: Callable[..., RawWindow] = collect_window,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         """plan: the root's windows' py-spy runs (collectors/pyspy/plan.py); its
         timing_rate_hz is the stack-change run's budget the tree shares (_plan_for; None:
@@ -262,7 +264,10 @@ class ProfileSession:
         root_exit_check: returns True once the launched command has exited (used to
         reap it: a zombie still shows in /proc).
         governor: the CPU budget's (profiler/profile/cpu_budget.py); None: every window
-        at `plan`'s rates."""
+        at `plan`'s rates.
+        collect: the time-critical half of a window (sampling/collect.py collect_window,
+        same keywords); clock: the host's epoch time, the session's start and end. The
+        replay harness (tests/replay/) plays recorded windows in fake time through them."""
         self.root_pid = root_pid
         self.classifier = classifier
         self.plan = plan
@@ -280,6 +285,8 @@ class ProfileSession:
         self.root_exit_check = root_exit_check
         self.root_may_be_wrapper = root_may_be_wrapper
         self.budget = SessionBudget(governor)
+        self._collect = collect
+        self._clock = clock
         self._launched_exited = False
         self._timing_pid: int | None = root_pid  # the one target the stack-change run samples
         if command is None:
@@ -290,7 +297,7 @@ class ProfileSession:
         self.info = SessionInfo(
             root_pid=root_pid,
             command=command,
-            started_at=time.time(),
+            started_at=self._clock(),
             rate_hz=plan.rate_hz,
             window_s=window_s,
             procfs=procfs,
@@ -316,12 +323,14 @@ class ProfileSession:
         self._stop.set()
 
     def _deadline_passed(self) -> bool:
-        return self.duration_s is not None and time.time() - self.info.started_at >= self.duration_s
+        return (
+            self.duration_s is not None and self._clock() - self.info.started_at >= self.duration_s
+        )
 
     def _remaining(self) -> float:
         if self.duration_s is None:
             return self.window_s
-        return max(0.0, self.duration_s - (time.time() - self.info.started_at))
+        return max(0.0, self.duration_s - (self._clock() - self.info.started_at))
 
     # ------------------------------------------------------------ workers
 
@@ -335,7 +344,7 @@ class ProfileSession:
                 break
             began = time.monotonic()
             try:
-                raw = collect_window(
+                raw = self._collect(
                     pid,
                     duration_s=dur,
                     plan=self._plan_for(pid),
@@ -569,7 +578,7 @@ class ProfileSession:
             sink.finish()
         return SessionResult(
             info=self.info,
-            ended_at=time.time(),
+            ended_at=self._clock(),
             targets=list(self.targets.values()),
             acc=self.acc,
             episodes=self._episodes,

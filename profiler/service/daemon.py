@@ -34,6 +34,7 @@ from typing import Any
 from collectors.pyspy import PySpy, SamplingError
 from profiler import __version__
 from profiler.attribution.pipeline import WindowPipeline, WindowRejected
+from profiler.attribution.tracker import EnergyTracker
 from profiler.attribution.window import AttributedWindow
 from profiler.exitcodes import EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME
 from profiler.records.host import fingerprint
@@ -127,15 +128,19 @@ class Daemon:
         kill_grace_s: float | None = None,
         overrun_s: float = OVERRUN_S,
         abandon_after_s: float = ABANDON_AFTER_S,
+        energy_tracker: EnergyTracker | None = None,
     ) -> None:
         """nvml_backend: a collectors.nvml backend for the energy tracker (None: the real
         pynvml one); tests replay recorded GPU timelines through it. clock: where the
         daemon reads time and waits (None: the system's); sampler: what runs a window
         (None: py-spy, PySpyWindows), so the schedule can be tested in fake time.
         kill_grace_s: how long a py-spy that ignores its SIGINT lives before SIGKILL
-        (None: collectors.pyspy's default). overrun_s, abandon_after_s: see OVERRUN_S."""
+        (None: collectors.pyspy's default). overrun_s, abandon_after_s: see OVERRUN_S.
+        energy_tracker: the node's energy tracker (None: one made from the config); the
+        replay harness (tests/replay/) passes one over recorded readings in fake time."""
         self.config = config
         self._nvml_backend = nvml_backend
+        self._energy_tracker = energy_tracker
         self._clock: Clock = clock or SystemClock()
         self._sampler = sampler
         self._kill_grace_s = kill_grace_s
@@ -233,7 +238,9 @@ class Daemon:
                 )
             self._sampler = PySpyWindows(pyspy, cfg.path_procfs)
         try:
-            self._energy = EnergySide(cfg, nvml_backend=self._nvml_backend)
+            self._energy = EnergySide(
+                cfg, nvml_backend=self._nvml_backend, tracker=self._energy_tracker
+            )
             self._pipeline.tracker = self._energy.tracker
         except RequiredCollectorMissing as exc:
             log.error("%s", exc)

@@ -43,8 +43,12 @@ class EnergySide:
     `serwatt_unattributed_energy_joules_total`.
     """
 
-    def __init__(self, config: Config, *, nvml_backend: Any = None) -> None:
-        self._tracker = EnergyTracker(
+    def __init__(
+        self, config: Config, *, nvml_backend: Any = None, tracker: EnergyTracker | None = None
+    ) -> None:
+        """tracker: the node's, made by the caller (the replay harness's, in fake time);
+        None: one made from `config`."""
+        self._tracker = tracker or EnergyTracker(
             sysfs_root=config.path_sysfs,
             procfs_root=config.path_procfs,
             tdp_w=config.cpu_tdp_w,
