@@ -239,7 +239,7 @@ class Daemon:
             self._sampler = PySpyWindows(pyspy, cfg.path_procfs)
         try:
             self._energy = EnergySide(
-                cfg, nvml_backend=self._nvml_backend, tracker=self._energy_tracker
+                cfg, self._clock, nvml_backend=self._nvml_backend, tracker=self._energy_tracker
             )
             self._pipeline.tracker = self._energy.tracker
         except RequiredCollectorMissing as exc:
@@ -473,6 +473,7 @@ class Daemon:
                     f"{len(reports)} window(s) ok, {faults} sampler fault(s) last slot",
                 )
             },
+            monotonic=self._clock.monotonic,
         )
         energy = None
         if self._energy is not None:
@@ -492,6 +493,7 @@ class Daemon:
                     else (False, f"append failed: {failed}")
                 )
             },
+            monotonic=self._clock.monotonic,
         )
         self._forget_unmatched()
         self._update_target_processes()
@@ -593,6 +595,7 @@ class Daemon:
                 cfg.targets, cfg.path_procfs, exclude_pids=self._checkpoints.own_pids()
             ),
             lambda found: {"discovery": (True, f"{len(found)} process(es) matched")},
+            monotonic=self._clock.monotonic,
         )
         if found is None:
             return  # keep sampling what we know; /metrics and the landing page say why
@@ -633,6 +636,7 @@ class Daemon:
             host=self._host,
             config=dict(self.config.raw),
             sources=sources,
+            started_at=self._clock.time(),
         )
         self._open_runs[proc.run_id] = proc.target
         spec = next((t for t in self.config.targets if t.name == proc.target), None)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,6 +10,7 @@ from profiler.attribution.tracker import EnergyTracker, EnergyUnavailableError, 
 from profiler.attribution.window import AttributedWindow, attribute_span
 from profiler.records.sources import run_sources
 from profiler.sampling.window import WindowReport
+from profiler.service.clock import Clock
 from profiler.service.collector_health import Health, publish, run_collector
 from profiler.service.config import Config
 from profiler.service.ledger import Ledger
@@ -44,10 +44,17 @@ class EnergySide:
     """
 
     def __init__(
-        self, config: Config, *, nvml_backend: Any = None, tracker: EnergyTracker | None = None
+        self,
+        config: Config,
+        clock: Clock,
+        *,
+        nvml_backend: Any = None,
+        tracker: EnergyTracker | None = None,
     ) -> None:
-        """tracker: the node's, made by the caller (the replay harness's, in fake time);
+        """clock: the daemon's (service/clock.py), which times the collectors' reads.
+        tracker: the node's, made by the caller (the replay harness's, in fake time);
         None: one made from `config`."""
+        self._clock = clock
         self._tracker = tracker or EnergyTracker(
             sysfs_root=config.path_sysfs,
             procfs_root=config.path_procfs,
@@ -56,12 +63,12 @@ class EnergySide:
             nvml_mode=config.nvml,
             nvml_backend=nvml_backend,
         )
-        t0 = time.monotonic()
+        t0 = clock.monotonic()
         try:
             self.status = self._tracker.probe()
         except EnergyUnavailableError as exc:
             raise RequiredCollectorMissing(f"collectors: {exc}") from None
-        self._probe_s = time.monotonic() - t0
+        self._probe_s = clock.monotonic() - t0
         self._rapl_errors_seen = 0
         self.source = self._tracker.energy_source
         for name, st in self.status.items():
@@ -96,7 +103,11 @@ class EnergySide:
         self, start: float, end: float, reports: list[WindowReport], ledger: Ledger
     ) -> SlotEnergy | None:
         we = run_collector(
-            ledger, "energy", lambda: self._tracker.window(start, end), self._slot_health
+            ledger,
+            "energy",
+            lambda: self._tracker.window(start, end),
+            self._slot_health,
+            monotonic=self._clock.monotonic,
         )
         if we is None:
             return None

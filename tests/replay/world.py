@@ -48,8 +48,6 @@ NVML_START = T0 - 8.0  # the replayed timeline's 0 s: its 11-13 s idle stretch a
 STOP_AT_S = 20.0  # the daemon's SIGTERM, fake seconds after it starts
 TARGET = "trainer"
 PROFILE_RUN = "profile-replay"
-# the host a profile's record carries (the daemon's is its own, normalized in goldens)
-HOST = {"hostname": "replay", "gpu_source": "nvml"}
 
 
 def _stat(busy: int, idle: int) -> str:
@@ -186,14 +184,21 @@ class ProfileRun:
 
 
 def run_profile(
-    tmp: Path, recs: list[dict[str, Any]], pid: int, starts: list[float], db: Path
+    tmp: Path,
+    recs: list[dict[str, Any]],
+    pid: int,
+    starts: list[float],
+    db: Path,
+    host: dict[str, Any],
 ) -> ProfileRun:
     """`serwatt profile` of the same target: the recorded windows at the same host times
-    the daemon's ran at (`starts`), its record written beside the daemon's (`db`)."""
+    the daemon's ran at (`starts`), its record written beside the daemon's (`db`) with
+    the daemon's `host` (the same machine: the report compares like with like)."""
     procfs = _procfs(tmp, pid)
     no_proc = tmp / "no-proc"
     queue = list(zip(starts, recs, strict=True))
     lock = threading.Lock()
+    now = [starts[0]]  # the session's host clock: each window's end once collected
 
     def collect(wpid: int, **_: Any) -> RawWindow:
         with lock:
@@ -201,11 +206,16 @@ def run_profile(
                 raise TargetGone(f"no such process: {wpid} (replay over)")
             t0, rec = queue.pop(0)
             last = not queue
+            now[0] = t0 + raw.duration_s(rec)
         return raw.raw_window(rec, pid=wpid, t0=t0, procfs=no_proc, exited=last)
+
+    def clock() -> float:
+        with lock:
+            return now[0]
 
     tr = tracker(tmp / "node", pid)
     energy = EnergySink(tr)
-    record = RecordSink(db, tracker=tr, host=HOST, run_id=PROFILE_RUN, target=TARGET)
+    record = RecordSink(db, tracker=tr, host=host, run_id=PROFILE_RUN, target=TARGET, clock=clock)
     session = ProfileSession(
         pid,
         classifier=Classifier.default(),
@@ -218,7 +228,7 @@ def run_profile(
         progress=None,
         strict_root=False,
         collect=collect,
-        clock=lambda: T0,
+        clock=clock,
     )
     run = DriverRun(starts=list(starts))
     _spy(session._pipeline, run.windows, run.episodes)
