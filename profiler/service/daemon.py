@@ -147,7 +147,7 @@ class Daemon:
         self._overrun_s = overrun_s
         self._abandon_after_s = abandon_after_s
         self.notifier = notifier or SdNotifier()
-        self.ledger = Ledger()
+        self.ledger = Ledger(clock=self._clock.time)
         self._wake = threading.Event()
         self._stop_requested = False
         self._reload_requested = False
@@ -264,7 +264,10 @@ class Daemon:
             self._energy.declare(self.ledger)
         try:
             self._server = MetricsServer(
-                cfg.listen, make_registry(self.ledger.snapshot), self.ledger.snapshot
+                cfg.listen,
+                make_registry(self.ledger.snapshot),
+                self.ledger.snapshot,
+                clock=self._clock.time,
             )
         except (OSError, ValueError) as exc:
             log.error(
