@@ -50,15 +50,17 @@ from profiler.service.discovery import discover
 from profiler.service.energy_side import EnergySide, RequiredCollectorMissing
 from profiler.service.exporter import MetricsServer, make_registry
 from profiler.service.ledger import Ledger, TargetProcess
-from profiler.service.pools import (
+from profiler.service.plan import (
     IDLE_RUN_RATE_HZ,  # noqa: F401 (re-exported: the daemon's --idle run rate)
+    daemon_plan,
+    daemon_retry,
+)
+from profiler.service.pools import (
     ClassifierPool,
     PySpyWindows,
     Sampler,
     SamplerPool,
     SamplingJob,
-    daemon_plan,
-    daemon_retry,
 )
 from profiler.service.run_checkpoints import RunCheckpoints
 from profiler.service.sdnotify import SdNotifier

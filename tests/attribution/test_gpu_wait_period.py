@@ -14,7 +14,7 @@ from profiler.attribution.tracker import WindowEnergy
 from profiler.attribution.window import attribute_span
 from profiler.classify.codepaths import CODEPATHS
 from profiler.sampling.window import CodepathWindow, TimedLabel, WindowReport
-from profiler.service.pools import IDLE_RUN_RATE_HZ, daemon_plan
+from profiler.service.plan import IDLE_RUN_RATE_HZ, daemon_plan
 
 PID = 5151
 START, SPAN_S = 1000.0, 10.0

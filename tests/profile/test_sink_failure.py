@@ -88,7 +88,8 @@ def test_a_run_with_failed_deliveries_says_so_and_exits_non_zero(capsys) -> None
 
     from profiler.cli.profile import delivery_rc
     from profiler.exitcodes import EXIT_OK, EXIT_RUNTIME
-    from profiler.profile.session import Accumulator, SessionResult
+    from profiler.profile.accumulator import Accumulator
+    from profiler.profile.session import SessionResult
 
     info = SessionInfo(1, "cmd", 0.0, 50.0, 1.0, Path("/proc"))
     clean = SessionResult(info=info, ended_at=1.0, targets=[], acc=Accumulator())
