@@ -82,7 +82,15 @@ def attribute_window(
             source=we.source,
         )
     used = used_gpus(we.gpus, {report.pid, *target_pids})
-    waits = tuple(gpu_wait_for(g, report, only_active) for g in we.gpus if g.index in used)
+    # each sample stands for one tick of the timeline that produced it (its --idle run,
+    # episodes.period_s), not of the on-CPU run whose rate the window carries as rate_hz:
+    # the daemon runs them at different rates
+    period = period_s(report)
+    waits = tuple(
+        _gpu_wait(g, report.timeline, period, report.started_at, report.ended_at, only_active)
+        for g in we.gpus
+        if g.index in used
+    )
     return TargetAttribution(energy=energy, gpu_wait=waits, gpus_used=tuple(sorted(used)))
 
 
@@ -141,17 +149,6 @@ def episode_gpu_reading(tracker: EnergyTracker, ep: Episode) -> Episode:
     except Exception:
         return ep
     return episode_with_gpu(ep, gpus)
-
-
-def gpu_wait_for(
-    g: GpuWindow, report: WindowReport, only_active: bool = False
-) -> GpuWaitAttribution:
-    """One GPU's wait over the window. Each timeline sample stands for one tick of the
-    timeline that produced it (its --idle run, episodes.period_s), not of the on-CPU run
-    whose rate the window carries as `rate_hz`: the daemon runs them at different rates."""
-    return _gpu_wait(
-        g, report.timeline, period_s(report), report.started_at, report.ended_at, only_active
-    )
 
 
 def _gpu_wait(
@@ -394,7 +391,7 @@ def attribute_span(
     Each window gets its CPU share of the span's dynamic joules, and where the shares sum
     past them (the targets' and the node's CPU clocks tick separately), all are scaled by
     one factor (apportion.overlap_factor); each sample's GPU-wait is timed by the timeline
-    that produced it (gpu_wait_for)."""
+    that produced it (attribute_window)."""
     windows = [_attribute_one(report, reading, slot) for report in reports]
     if reading.source not in ("rapl", "model") or reading.package_j is None:
         return SpanAttribution(tuple(windows), None, _joules(windows))
