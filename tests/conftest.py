@@ -81,3 +81,12 @@ def pyspy_proc_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(PYSPY_FIXTURES / copy, dst)
     return root
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    # tests/replay/golden.py: rewrite the checked-in golden files from this run
+    parser.addoption(
+        "--update-golden",
+        action="store_true",
+        help="rewrite the golden files under tests/replay/golden from this run",
+    )

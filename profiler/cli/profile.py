@@ -373,7 +373,18 @@ def _profile_pid(args: argparse.Namespace, setup: ProfileSetup) -> int:
     except SamplingError as exc:
         print(f"serwatt profile: error: {escape_text(str(exc), backslash=False)}", file=sys.stderr)
         return EXIT_RUNTIME
-    return write_outputs(setup.document(result), args, result)
+    rc = write_outputs(setup.document(result), args, result)
+    return delivery_rc(result) or rc
+
+
+def delivery_rc(result: SessionResult) -> int:
+    """A run whose windows did not all reach its sinks (a record that could not be
+    written) ends with the error said and a non-zero exit, after its outputs."""
+    problem = result.delivery_problem()
+    if problem is None:
+        return EXIT_OK
+    print(f"serwatt profile: error: {escape_text(problem, backslash=False)}", file=sys.stderr)
+    return EXIT_RUNTIME
 
 
 def _profile_command(args: argparse.Namespace, cmd: list[str], setup: ProfileSetup) -> int:
@@ -409,6 +420,7 @@ def _profile_command(args: argparse.Namespace, cmd: list[str], setup: ProfileSet
         _stop_child(proc)
         raise
     rc = write_outputs(setup.document(result), args, result)
+    rc = delivery_rc(result) or rc
     try:
         code = proc.wait()
     except KeyboardInterrupt:

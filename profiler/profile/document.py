@@ -33,6 +33,7 @@ from profiler.attribution.episodes import Episode
 from profiler.classify.codepaths import CODEPATHS
 from profiler.classify.direction import DIRECTIONS
 from profiler.intervals import t_quantile
+from profiler.profile.accumulator import Accumulator
 from profiler.profile.energy_sink import ProfileEnergy
 from profiler.profile.processes import (
     WALL_METHOD,
@@ -41,7 +42,7 @@ from profiler.profile.processes import (
     main_thread_wall_s,
     role,
 )
-from profiler.profile.session import Accumulator, SessionResult
+from profiler.profile.session import SessionResult
 
 SCHEMA = "serwatt.profile/1"
 MAX_BATCHES = 30

@@ -15,7 +15,7 @@ import os
 import stat
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -61,7 +61,11 @@ class RecordSink:
         config: Mapping | None = None,
         checkpoints: Path | None = None,
         checkpoint_sink: CheckpointSink | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
+        """clock: the host's epoch time, which stamps the run's end (the session's own;
+        the replay harness's is fake)."""
+        self._clock = clock
         self.recorder = Recorder(path)
         self.path = self.recorder.path
         self.target = target
@@ -244,7 +248,7 @@ class RecordSink:
             if self._started and self.run_id is not None:
                 self._anchor_checkpoints()
                 self._store_checkpoints()
-                self.recorder.finish_run(self.run_id, time.time())
+                self.recorder.finish_run(self.run_id, self._clock())
         finally:
             self.recorder.close()
             self._print_problems()
