@@ -578,14 +578,20 @@ class Daemon:
     def _rescan(self) -> None:
         cfg = self.config
         self._next_rescan = self._clock.monotonic() + cfg.rescan_s
+        target_errors: dict[tuple[str, str], int] = {}
         found = run_collector(
             self.ledger,
             "discovery",
             lambda: discover(
-                cfg.targets, cfg.path_procfs, exclude_pids=self._checkpoints.own_pids()
+                cfg.targets,
+                cfg.path_procfs,
+                exclude_pids=self._checkpoints.own_pids(),
+                target_errors=target_errors,
             ),
             lambda found: {"discovery": (True, f"{len(found)} process(es) matched")},
         )
+        for (target, kind), n in target_errors.items():
+            self.ledger.add_sampler_error(target, kind, n)  # its pid file: that target's
         if found is None:
             return  # keep sampling what we know; /metrics and the landing page say why
         seen = set()
