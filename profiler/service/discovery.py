@@ -4,7 +4,8 @@ A process is a target when every criterion its target's `match` gives holds
 (cmdline regex on the space-joined command line, exe regex on the resolved
 executable, systemd unit and cgroup regex from /proc/<pid>/cgroup, exact
 environment values from /proc/<pid>/environ, the pid in a pid file) and it runs
-Python. The first target (in config order) that matches a process gets it, so a
+Python (by its exe; by a libpython in its maps only when the target's match names its
+exe, as for uwsgi). The first target (in config order) that matches a process gets it, so a
 process is sampled once.
 
 Never targets: this process, and what profiler/sampling/eligible.py refuses (kernel
@@ -181,6 +182,15 @@ def discover(
                 (t for t in targets if _matches(proc, t.match, pid_files.get(t.name))), None
             )
             if spec is None:
+                continue
+            if (
+                spec.match.exe is None
+                and not eligible.is_serwatt_or_pyspy(proc)
+                and not proc.python_kind(maps=False).is_python
+            ):
+                # Only a target that names its exe admits an embedded interpreter (found
+                # in the maps); others' maps are never read (one can be 260 MB).
+                count(eligible.NOT_PYTHON)
                 continue
             refused = eligible.refusal(proc)
             if refused is not None:

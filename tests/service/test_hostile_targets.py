@@ -145,3 +145,62 @@ def test_a_stalled_fuse_pid_file_costs_only_its_own_target(tmp_path: Path, hones
             _honest_found(result, honest)
             assert time.monotonic() - t0 < SCAN_BOUND_S
         assert errors == {("hostile", "pid_file_stuck"): 3}
+
+
+# --------------------------------------------------------------------------- item 8: maps
+
+
+def test_maps_of_a_process_not_admitted_by_its_exe_is_never_read(tmp_path: Path) -> None:
+    """A process named like a target whose exe is not Python: its maps (260 MB in the
+    probe, a FIFO here, so a read of it shows as a hang) is not opened."""
+    from tests.service.test_discovery import make_proc
+
+    procfs = tmp_path / "proc"
+    procfs.mkdir()
+    (procfs / "stat").write_text("cpu  1 2 3\nbtime 1800000000\nprocesses 10\n")
+    d = make_proc(procfs, 12, ["node", "train.py"], exe="/usr/bin/node")
+    (d / "maps").unlink()
+    os.mkfifo(d / "maps")
+    make_proc(procfs, 13, ["python3", "train.py"])
+    stats: dict[str, int] = {}
+    try:
+        done, result = _within(
+            lambda: discover([spec(cmdline="train")], procfs, stats=stats), SCAN_BOUND_S
+        )
+        assert done, "discovery read the maps of a process its exe did not admit"
+        assert [p.pid for p in result] == [13]
+        assert stats == {"not_python": 1}
+    finally:
+        os.close(os.open(d / "maps", os.O_RDWR | os.O_NONBLOCK))
+
+
+def test_maps_of_an_exe_admitted_process_is_read_bounded(tmp_path: Path) -> None:
+    """A target that names a non-Python exe (an embedded interpreter: uwsgi) has its
+    processes' maps searched for libpython, and at most MAX_MAPS_BYTES of it."""
+    import tracemalloc
+
+    from collectors.procstat import MAX_MAPS_BYTES
+    from tests.service.test_discovery import make_proc
+
+    procfs = tmp_path / "proc"
+    procfs.mkdir()
+    (procfs / "stat").write_text("cpu  1 2 3\nbtime 1800000000\nprocesses 10\n")
+    lib = "7f00-7f01 r-xp 0 08:01 5 /usr/lib/libpython3.10.so.1.0\n"
+    make_proc(procfs, 11, ["uwsgi", "app"], exe="/usr/bin/uwsgi", maps=lib)
+    d = make_proc(procfs, 12, ["uwsgi", "app"], exe="/usr/bin/uwsgi")
+    with open(d / "maps", "wb") as f:  # 256 MiB of mappings, then libpython
+        f.truncate(256 << 20)
+        f.seek(256 << 20)
+        f.write(lib.encode())
+    stats: dict[str, int] = {}
+    tracemalloc.start()
+    try:
+        found = discover([spec(cmdline="app", exe="uwsgi")], procfs, stats=stats)
+        _cur, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert [p.pid for p in found] == [11]
+    assert stats == {"not_python": 1}  # libpython past the bound is not looked for
+    assert peak < 4 * MAX_MAPS_BYTES, f"{peak} bytes held to search a maps file"
+    # and without an exe criterion, uwsgi is not admitted at all
+    assert discover([spec(cmdline="app")], procfs) == []
