@@ -6,6 +6,15 @@ store when one is given (source_store.py), else prefiltered (prefilter.py) and i
 deadline (SOURCE_WAIT_S), so no file can stall a sampling thread; loader threads are
 capped (MAX_LOADS, MAX_LOADS_PER_ROOT). An index is shared by every cache in the
 process that reads the same file version. docs/classification.md "Hostile sources".
+
+A file is the target's, and may be on a FUSE filesystem the target serves and stops
+answering: a load past its wait is *stuck*; it keeps its root's slot (so a root has at
+most MAX_LOADS_PER_ROOT threads, stuck or not) but not a node-wide one (so stuck loads
+of one target never starve another's). The re-stat of cached files (`revalidate`) runs
+on a worker per root (profiler/owned_io.py) and is waited on at most STAT_WAIT_S: a root
+whose stat did not answer has its files dropped, and loads them again under the same
+caps, so only that root's call sites go `other` (NOT_READY, the window's
+classify_timeout).
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -33,6 +43,7 @@ from profiler.classify.target_files import (
     read_fd,
     stat_source,
 )
+from profiler.owned_io import OwnedWorkers, Stuck
 
 # How long one caller waits for one file's load. A load still running after this is
 # not waited on again by anyone: it finishes (or not) in the background.
@@ -43,6 +54,10 @@ SOURCE_WAIT_S = 3.0
 # call-site classification, not stall sampling or grow the daemon's threads.
 MAX_LOADS = 16
 MAX_LOADS_PER_ROOT = 4
+# How long revalidate waits for the re-stat of every cached file (one worker per root,
+# in parallel): local files answer in microseconds.
+STAT_WAIT_S = 0.5
+_STATS = OwnedWorkers(per_owner=1, name="serwatt-source-stat")
 
 # SourceCache.get's `error` when a load was not waited for (callers tell it apart).
 NOT_READY = "source not ready: still loading (not waited on past the deadline)"
@@ -80,6 +95,9 @@ _GIVEN_UP: OrderedDict[_Ident, str] = OrderedDict()
 _GIVEN_UP_MAX = 4096
 # Loader threads running, in all and per root.
 _LOADS_RUNNING: dict[str | None, int] = {}
+# When each running load started (by a token): a load running past SOURCE_WAIT_S is
+# stuck and no longer holds one of the MAX_LOADS node-wide slots.
+_LOAD_STARTS: dict[object, float] = {}
 # Loads finishing, for the wait at exit.
 _LOADS_DONE = threading.Condition(_SHARED_LOCK)
 # How long the interpreter's exit waits for loads still running. A loader thread left
@@ -90,19 +108,34 @@ _LOADS_DONE = threading.Condition(_SHARED_LOCK)
 EXIT_WAIT_S = 15.0
 
 
-def wait_for_loads(timeout_s: float) -> bool:
-    """Block until no load runs, at most `timeout_s`; whether none runs."""
+def _active(now: float) -> int:
+    """Loads running and not yet stuck (under _SHARED_LOCK)."""
+    return sum(1 for started in _LOAD_STARTS.values() if now - started < SOURCE_WAIT_S)
+
+
+def loads_running() -> int:
+    """Loader threads running now, stuck ones included."""
+    with _SHARED_LOCK:
+        return len(_LOAD_STARTS)
+
+
+def wait_for_loads(timeout_s: float, *, stuck_too: bool = True) -> bool:
+    """Block until no load runs, at most `timeout_s`; whether none runs.
+
+    stuck_too=False: only loads not yet stuck. A stuck load waits in the kernel on a
+    file (FUSE) that may never answer; it is not in re2, and ending the interpreter
+    under it is safe, so the exit does not wait for it (the daemon's stop would)."""
     deadline = time.monotonic() + timeout_s
     with _LOADS_DONE:
-        while _LOADS_RUNNING:
+        while _LOAD_STARTS if stuck_too else _active(time.monotonic()):
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
-            _LOADS_DONE.wait(left)
+            _LOADS_DONE.wait(min(left, SOURCE_WAIT_S) if not stuck_too else left)
     return True
 
 
-atexit.register(wait_for_loads, EXIT_WAIT_S)
+atexit.register(wait_for_loads, EXIT_WAIT_S, stuck_too=False)
 
 
 def _index_once(
@@ -204,12 +237,15 @@ def _reason(exc: BaseException) -> str:
 def _start_load(
     path: str, root: str | None, prefilter: CallsitePrefilter | None, store: SourceStore | None
 ) -> Future[_Loaded] | None:
-    """A load on its own thread; None when MAX_LOADS (or MAX_LOADS_PER_ROOT) run."""
+    """A load on its own thread; None when MAX_LOADS (not stuck) or MAX_LOADS_PER_ROOT
+    (stuck or not) run."""
+    token = object()
     with _SHARED_LOCK:
-        running = sum(_LOADS_RUNNING.values())
-        if running >= MAX_LOADS or _LOADS_RUNNING.get(root, 0) >= MAX_LOADS_PER_ROOT:
+        now = time.monotonic()
+        if _active(now) >= MAX_LOADS or _LOADS_RUNNING.get(root, 0) >= MAX_LOADS_PER_ROOT:
             return None
         _LOADS_RUNNING[root] = _LOADS_RUNNING.get(root, 0) + 1
+        _LOAD_STARTS[token] = now
     future: Future[_Loaded] = Future()
 
     def run() -> None:
@@ -222,10 +258,16 @@ def _start_load(
                 _LOADS_RUNNING[root] -= 1
                 if not _LOADS_RUNNING[root]:
                     del _LOADS_RUNNING[root]
+                del _LOAD_STARTS[token]
                 _LOADS_DONE.notify_all()
 
     threading.Thread(target=run, name="serwatt-source-load", daemon=True).start()
     return future
+
+
+def _stat_keys(paths: list[str], root: str | None) -> Callable[[], list[tuple[int, int] | None]]:
+    """The re-stat of one root's files, for its worker."""
+    return lambda: [SourceCache._stat_key(p, root) for p in paths]
 
 
 @dataclass
@@ -267,6 +309,7 @@ class SourceCache:
         self.not_ready = 0  # answers NOT_READY: the load was not waited for
         self.too_costly = 0  # files given up past the CPU budget
         self.stored = 0  # files the on-disk store answered (read, not prefiltered or parsed)
+        self.stat_stuck = 0  # cached files dropped: their root's re-stat did not answer
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._roots: dict[str, str | None] = {}  # path -> the root it resolves in
         self._pending: dict[tuple[str, bool], tuple[Future[_Loaded], float]] = {}
@@ -281,20 +324,43 @@ class SourceCache:
         return (st.st_mtime_ns, st.st_size)
 
     def revalidate(self, now: float | None = None) -> bool:
-        """Re-stat every cached file if the TTL passed; True when something changed."""
+        """Re-stat every cached file if the TTL passed; True when something changed.
+
+        Each root's files are stat'ed on that root's worker, at most STAT_WAIT_S for all:
+        a root whose stat did not answer (or is still stuck from before) has its files
+        dropped (`stat_stuck`), as changed files are."""
         now = time.monotonic() if now is None else now
         if now - self._last_sweep < self.stat_ttl_s:
             return False
         self._last_sweep = now
         self.sweeps += 1
+        by_root: dict[str | None, list[str]] = {}
+        for path in self._entries:
+            by_root.setdefault(self._roots.get(path), []).append(path)
+        sweeps = {
+            root: _STATS.submit(root, _stat_keys(paths, root)) for root, paths in by_root.items()
+        }
+        deadline = time.monotonic() + STAT_WAIT_S
         changed = False
-        for path in list(self._entries):
-            entry = self._entries[path]
-            if self._stat_key(path, self._roots.get(path)) != entry.key:
-                del self._entries[path]
+        for root, paths in by_root.items():
+            future = sweeps[root]
+            try:
+                if future is None:
+                    raise Stuck(root, "re-stat")
+                keys = future.result(timeout=max(0.0, deadline - time.monotonic()))
+            except (Stuck, FutureTimeout):
+                for path in paths:
+                    del self._entries[path]
+                self.stat_stuck += len(paths)
                 changed = True
-            else:
-                entry.checked_at = now
+                continue
+            for path, key in zip(paths, keys, strict=True):
+                entry = self._entries[path]
+                if key != entry.key:
+                    del self._entries[path]
+                    changed = True
+                else:
+                    entry.checked_at = now
         if changed:
             self.generation += 1
         return changed
