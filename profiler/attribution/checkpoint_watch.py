@@ -45,7 +45,12 @@ class CheckpointWatch:
     watched."""
 
     def __init__(
-        self, directory: Path, *, glob: str | None = None, procfs: Path = Path("/proc")
+        self,
+        directory: Path,
+        *,
+        glob: str | None = None,
+        procfs: Path = Path("/proc"),
+        wait_ready: bool = True,
     ) -> None:
         self.directory = Path(directory)
         self.glob = glob
@@ -56,7 +61,7 @@ class CheckpointWatch:
         self.root_pid: int | None = None
         self.result: Matched | None = None
         self.events: Sequence[Any] = ()
-        self.watch.start()
+        self.watch.start(wait=wait_ready)  # False: the daemon's loop (WatchProcess.start)
 
     def track(self, pid: int) -> None:
         """Poll this process's CPU and reads from now on; the first is the run's root,
@@ -78,10 +83,16 @@ class CheckpointWatch:
             self._episodes,
             cpu_s=self.counters.cpu_s,
             read_bytes=self.counters.read_bytes,
-            head_of=file_head,
+            head_of=self._own_head,
         )
         self.events = events
         return self.result
+
+    def _own_head(self, path: str) -> bytes | None:
+        # serwatt's read of the file, not a restore: the watch (shared with the target's
+        # other runs, still watching) is told
+        with self.watch.own_open(path):
+            return file_head(path)
 
     def run_read_bytes(self) -> tuple[int | None, str]:
         if self.root_pid is None:

@@ -204,3 +204,122 @@ def test_maps_of_an_exe_admitted_process_is_read_bounded(tmp_path: Path) -> None
     assert peak < 4 * MAX_MAPS_BYTES, f"{peak} bytes held to search a maps file"
     # and without an exe criterion, uwsgi is not admitted at all
     assert discover([spec(cmdline="app")], procfs) == []
+
+
+# --------------------------------------------------------------- items 4, 9: checkpoints
+
+
+def _watchers(pid: int) -> list[int]:
+    """The checkpoint-watch children of `pid` (python -m collectors.fsevents)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"collectors.fsevents" in argv:
+            out.append(int(d.name))
+    return out
+
+
+def _ready(rc: Any, run_id: str) -> bool:
+    """The run's watch is up (RunCheckpoints.open returns before it is)."""
+    return rc.wait_ready(run_id, 30.0) if hasattr(rc, "wait_ready") else True
+
+
+def _ckpt_spec(name: str, directory: Path) -> Any:
+    from dataclasses import replace
+
+    return replace(spec(name, cmdline="never-matches-anything"), checkpoints=directory)
+
+
+@needs_fuse
+@pytest.mark.parametrize("where", ["inside", "itself"])
+def test_a_stalled_fuse_checkpoint_directory_costs_only_its_own_run(
+    tmp_path: Path, where: str
+) -> None:
+    """Item 4: the main thread waited forever for the watcher's "ready". A FUSE mount
+    inside the directory is not descended into (as find -xdev); one at the directory
+    itself stalls its watch, which never comes up: that run alone goes to the heuristic."""
+    from profiler.service import run_checkpoints
+    from profiler.service.run_checkpoints import RunCheckpoints
+
+    hostile_dir, honest_dir = tmp_path / "hostile", tmp_path / "honest"
+    hostile_dir.mkdir()
+    honest_dir.mkdir()
+    mnt = hostile_dir / "mnt" if where == "inside" else hostile_dir
+    errors: list[tuple[str, str]] = []
+    rc = RunCheckpoints(Path("/proc"), on_error=lambda t, k: errors.append((t, k)))
+    rows: dict[str, Any] = {}
+
+    class Rec:
+        def append_checkpoints(self, run_id: str, matched: Any, **kw: Any) -> None:
+            rows[run_id] = kw["identity"]
+
+    with stalling_fuse(mnt, {"x.pt": b"x"}, dirs=("sub",)) as fs:
+        fs.stall()
+        t0 = time.monotonic()
+        done, _ = _within(lambda: rc.open("hostile-1", _ckpt_spec("hostile", hostile_dir)), 2.0)
+        assert done, "opening the run waited on the job's stalled FUSE mount"
+        done, _ = _within(lambda: rc.open("honest-1", _ckpt_spec("honest", honest_dir)), 2.0)
+        assert done
+        assert _ready(rc, "honest-1")
+        (honest_dir / "step1.pt").write_bytes(b"1")
+        if where == "inside":
+            assert _ready(rc, "hostile-1")
+            (hostile_dir / "step1.pt").write_bytes(b"1")
+        done, _ = _within(lambda: rc.store("honest-1", Rec()), 5.0)
+        assert done
+        done, _ = _within(lambda: rc.store("hostile-1", Rec()), 2.0)
+        assert done, "storing the run waited on the job's stalled FUSE mount"
+        done, _ = _within(rc.close, run_checkpoints.CLOSE_WAIT_S + 2.0)
+        assert done, "closing the watches waited on the stalled one"
+        assert time.monotonic() - t0 < 30
+    assert rows["honest-1"]["file_events"] == 1
+    if where == "inside":
+        assert rows["hostile-1"]["file_events"] == 1
+        assert rows["hostile-1"]["unwatched_dirs"] == 1
+        assert errors == []
+    else:
+        assert "hostile-1" not in rows  # its checkpoints go to the heuristic
+        assert errors == [("hostile", "checkpoint_watch")]
+    assert _watchers(os.getpid()) == []
+
+
+def test_one_watcher_per_target_whatever_its_runs(tmp_path: Path) -> None:
+    """Item 9: one watcher interpreter per matched process (24 runs: 24 children)."""
+    from profiler.service.run_checkpoints import RunCheckpoints
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    rc = RunCheckpoints(Path("/proc"))
+    try:
+        for i in range(24):
+            rc.open(f"a-{i}", _ckpt_spec("a", a))
+        rc.open("b-0", _ckpt_spec("b", b))
+        for i in range(24):
+            assert _ready(rc, f"a-{i}")
+        assert _ready(rc, "b-0")
+        assert len(_watchers(os.getpid())) == 2
+        (a / "step1.pt").write_bytes(b"1")
+        time.sleep(0.5)
+        rc.open("a-late", _ckpt_spec("a", a))  # opened after the file: not its event
+        assert _ready(rc, "a-late")
+        (a / "step2.pt").write_bytes(b"2")
+        time.sleep(0.5)
+        rows: dict[str, Any] = {}
+
+        class Rec:
+            def append_checkpoints(self, run_id: str, matched: Any, **kw: Any) -> None:
+                rows[run_id] = kw["identity"]["file_events"]
+
+        for run in [f"a-{i}" for i in range(24)] + ["a-late", "b-0"]:
+            rc.store(run, Rec())
+        assert rows == {**{f"a-{i}": 2 for i in range(24)}, "a-late": 1, "b-0": 0}
+        assert _watchers(os.getpid()) == []  # the last run of a target stops its watcher
+    finally:
+        rc.close()
