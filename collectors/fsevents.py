@@ -32,7 +32,6 @@ import contextlib
 import fnmatch
 import json
 import os
-import re
 import stat
 import subprocess
 import sys
@@ -44,6 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from inotify_simple import INotify, flags
+
+from collectors.mounts import read_mounts
 
 WRITTEN = "written"
 OPENED = "opened"
@@ -611,24 +612,9 @@ def _child(argv: list[str]) -> int:
     return 0
 
 
-def _unescape(field: str) -> str:
-    """A mountinfo path: space, tab, newline and backslash are octal escapes there."""
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
-
-
-def _mount_points(mountinfo: str = "/proc/self/mountinfo") -> frozenset[str]:
+def _mount_points() -> frozenset[str]:
     """Every mount point of this process's namespace (procfs: never blocks)."""
-    try:
-        with open(mountinfo, "rb") as f:
-            text = f.read(16 * 1024 * 1024).decode("utf-8", "surrogateescape")
-    except OSError:
-        return frozenset()
-    points = set()
-    for line in text.splitlines():
-        fields = line.split(" ")
-        if len(fields) > 4:
-            points.add(_unescape(fields[4]))
-    return frozenset(points)
+    return frozenset(m.point for m in read_mounts())
 
 
 def _size(path: str) -> int | None:

@@ -21,6 +21,7 @@ Outside the layers, like profiler/safeio.py: every layer may import it.
 from __future__ import annotations
 
 import errno
+import os
 import threading
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future
@@ -88,6 +89,19 @@ class OwnedWorkers:
         if future is None:
             raise Stuck(owner, f"{what} (earlier I/O of this owner still stuck)")
         return wait(future, owner, timeout_s, what)
+
+
+def user_of(proc_root: str | None) -> int | None:
+    """The uid a target process runs as, from its procfs directory (its root is
+    `<procfs>/<pid>/root`; a stat of procfs never blocks); None when unknown. An owner
+    for the I/O of a job's processes: each is a root of its own, and a job may start
+    many."""
+    if proc_root is None:
+        return None
+    try:
+        return os.stat(os.path.dirname(proc_root.rstrip("/"))).st_uid
+    except OSError:
+        return None
 
 
 def wait(future: Future[T], owner: Hashable, timeout_s: float, what: str = "I/O") -> T:

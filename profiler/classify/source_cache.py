@@ -11,10 +11,11 @@ A file is the target's, and may be on a FUSE filesystem the target serves and st
 answering: a load past its wait is *stuck*; it keeps its root's slot (so a root has at
 most MAX_LOADS_PER_ROOT threads, stuck or not) but not a node-wide one (so stuck loads
 of one target never starve another's). The re-stat of cached files (`revalidate`) runs
-on a worker per root (profiler/owned_io.py) and is waited on at most STAT_WAIT_S: a root
-whose stat did not answer has its files dropped, and loads them again under the same
-caps, so only that root's call sites go `other` (NOT_READY, the window's
-classify_timeout).
+on a worker per user the target processes run as (profiler/owned_io.py) and is waited
+on at most STAT_WAIT_S: a user whose stat did not answer has its files dropped, and loads
+them again under the same caps, so only that user's call sites go `other` (NOT_READY,
+the window's classify_timeout). At most MAX_STUCK_PER_USER loads of one user's
+processes are stuck at once: a job of many processes has as many roots.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
 
+from collectors.mounts import is_fuse, mount_of, read_mounts
 from profiler.classify.callsite import LineIndex
 from profiler.classify.prefilter import CallsitePrefilter
 from profiler.classify.source_index import SourceIndex, SourceTooCostly
@@ -43,7 +45,7 @@ from profiler.classify.target_files import (
     read_fd,
     stat_source,
 )
-from profiler.owned_io import OwnedWorkers, Stuck
+from profiler.owned_io import OwnedWorkers, Stuck, user_of
 
 # How long one caller waits for one file's load. A load still running after this is
 # not waited on again by anyone: it finishes (or not) in the background.
@@ -54,9 +56,13 @@ SOURCE_WAIT_S = 3.0
 # call-site classification, not stall sampling or grow the daemon's threads.
 MAX_LOADS = 16
 MAX_LOADS_PER_ROOT = 4
-# How long revalidate waits for the re-stat of every cached file (one worker per root,
+# How long revalidate waits for the re-stat of every cached file (one worker per user,
 # in parallel): local files answer in microseconds.
 STAT_WAIT_S = 0.5
+# Stuck loads of one user's processes, at most: a job of many processes has
+# as many roots, and each root's caps alone would let it hold threads without bound.
+MAX_STUCK_PER_USER = 8
+# The re-stat of cached files: one worker per user whose processes' files are cached.
 _STATS = OwnedWorkers(per_owner=1, name="serwatt-source-stat")
 
 # SourceCache.get's `error` when a load was not waited for (callers tell it apart).
@@ -97,7 +103,7 @@ _GIVEN_UP_MAX = 4096
 _LOADS_RUNNING: dict[str | None, int] = {}
 # When each running load started (by a token): a load running past SOURCE_WAIT_S is
 # stuck and no longer holds one of the MAX_LOADS node-wide slots.
-_LOAD_STARTS: dict[object, float] = {}
+_LOAD_STARTS: dict[object, tuple[float, int | None]] = {}  # token -> (started, user)
 # Loads finishing, for the wait at exit.
 _LOADS_DONE = threading.Condition(_SHARED_LOCK)
 # How long the interpreter's exit waits for loads still running. A loader thread left
@@ -110,7 +116,14 @@ EXIT_WAIT_S = 15.0
 
 def _active(now: float) -> int:
     """Loads running and not yet stuck (under _SHARED_LOCK)."""
-    return sum(1 for started in _LOAD_STARTS.values() if now - started < SOURCE_WAIT_S)
+    return sum(1 for started, _u in _LOAD_STARTS.values() if now - started < SOURCE_WAIT_S)
+
+
+def _stuck(now: float, user: int | None) -> int:
+    """Stuck loads of one user's processes (under _SHARED_LOCK)."""
+    return sum(
+        1 for started, u in _LOAD_STARTS.values() if u == user and now - started >= SOURCE_WAIT_S
+    )
 
 
 def loads_running() -> int:
@@ -178,11 +191,30 @@ def _shared(ident: _Ident, index: LineIndex) -> LineIndex:
         return _SHARED.setdefault(ident, index)
 
 
+ON_FUSE = "source not read: on a FUSE filesystem (docs/classification.md)"
+
+
+def _on_fuse(path: str, root: str | None) -> bool:
+    """Whether `path` (inside `root`, a target's <procfs>/<pid>/root) is on a FUSE
+    filesystem as its process sees it, lexically; asks procfs only (collectors/mounts.py).
+    A FUSE request the server has read and never answers leaves the thread that made it
+    unkillable, and the daemon with it: such files are never opened."""
+    if root is None:
+        mounts, inner = read_mounts(), path
+    else:
+        mounts = read_mounts(os.path.join(os.path.dirname(root.rstrip("/")), "mountinfo"))
+        inner = path[len(root.rstrip("/")) :] or "/"
+    m = mount_of(mounts, inner)
+    return m is not None and is_fuse(m.fstype)
+
+
 def _load(
     path: str, root: str | None, prefilter: CallsitePrefilter | None, store: SourceStore | None
 ) -> _Loaded:
     """Open, read, prefilter and index one file (runs on a loader thread)."""
     started = time.thread_time()
+    if _on_fuse(path, root):
+        return _Loaded(None, error=ON_FUSE)
     try:
         fd = open_source(path, root)
     except (OSError, ValueError) as exc:
@@ -238,14 +270,19 @@ def _start_load(
     path: str, root: str | None, prefilter: CallsitePrefilter | None, store: SourceStore | None
 ) -> Future[_Loaded] | None:
     """A load on its own thread; None when MAX_LOADS (not stuck) or MAX_LOADS_PER_ROOT
-    (stuck or not) run."""
+    (stuck or not) run, or MAX_STUCK_PER_USER loads of the root's user are stuck."""
     token = object()
+    user = user_of(root)
     with _SHARED_LOCK:
         now = time.monotonic()
-        if _active(now) >= MAX_LOADS or _LOADS_RUNNING.get(root, 0) >= MAX_LOADS_PER_ROOT:
+        if (
+            _active(now) >= MAX_LOADS
+            or _LOADS_RUNNING.get(root, 0) >= MAX_LOADS_PER_ROOT
+            or (root is not None and _stuck(now, user) >= MAX_STUCK_PER_USER)
+        ):
             return None
         _LOADS_RUNNING[root] = _LOADS_RUNNING.get(root, 0) + 1
-        _LOAD_STARTS[token] = now
+        _LOAD_STARTS[token] = (now, user)
     future: Future[_Loaded] = Future()
 
     def run() -> None:
@@ -265,9 +302,11 @@ def _start_load(
     return future
 
 
-def _stat_keys(paths: list[str], root: str | None) -> Callable[[], list[tuple[int, int] | None]]:
-    """The re-stat of one root's files, for its worker."""
-    return lambda: [SourceCache._stat_key(p, root) for p in paths]
+def _stat_keys(
+    files: list[tuple[str, str | None]],
+) -> Callable[[], list[tuple[int, int] | None]]:
+    """The re-stat of (path, root) files, for their user's worker."""
+    return lambda: [SourceCache._stat_key(p, root) for p, root in files]
 
 
 @dataclass
@@ -317,6 +356,8 @@ class SourceCache:
 
     @staticmethod
     def _stat_key(path: str, root: str | None) -> tuple[int, int] | None:
+        if _on_fuse(path, root):
+            return None
         try:
             st = stat_source(path, root)
         except (OSError, ValueError):
@@ -326,27 +367,30 @@ class SourceCache:
     def revalidate(self, now: float | None = None) -> bool:
         """Re-stat every cached file if the TTL passed; True when something changed.
 
-        Each root's files are stat'ed on that root's worker, at most STAT_WAIT_S for all:
-        a root whose stat did not answer (or is still stuck from before) has its files
-        dropped (`stat_stuck`), as changed files are."""
+        The files of each user's processes are stat'ed on that user's worker, at most
+        STAT_WAIT_S for all: a user whose stat did not answer (or is still stuck from
+        before) has its files dropped (`stat_stuck`), as changed files are."""
         now = time.monotonic() if now is None else now
         if now - self._last_sweep < self.stat_ttl_s:
             return False
         self._last_sweep = now
         self.sweeps += 1
-        by_root: dict[str | None, list[str]] = {}
+        users: dict[str | None, int | None] = {}
+        by_user: dict[int | None, list[tuple[str, str | None]]] = {}
         for path in self._entries:
-            by_root.setdefault(self._roots.get(path), []).append(path)
-        sweeps = {
-            root: _STATS.submit(root, _stat_keys(paths, root)) for root, paths in by_root.items()
-        }
+            root = self._roots.get(path)
+            if root not in users:
+                users[root] = user_of(root)
+            by_user.setdefault(users[root], []).append((path, root))
+        sweeps = {user: _STATS.submit(user, _stat_keys(files)) for user, files in by_user.items()}
         deadline = time.monotonic() + STAT_WAIT_S
         changed = False
-        for root, paths in by_root.items():
-            future = sweeps[root]
+        for user, files in by_user.items():
+            paths = [p for p, _r in files]
+            future = sweeps[user]
             try:
                 if future is None:
-                    raise Stuck(root, "re-stat")
+                    raise Stuck(user, "re-stat")
                 keys = future.result(timeout=max(0.0, deadline - time.monotonic()))
             except (Stuck, FutureTimeout):
                 for path in paths:

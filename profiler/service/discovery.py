@@ -12,13 +12,14 @@ Never targets: this process, and what profiler/sampling/eligible.py refuses (ker
 threads, serwatt itself, py-spy, processes that are not CPython): the rule a profile
 applies to the children it follows.
 
-A pid file is the job's: it is read through the one bounded open (a FIFO, device or
-anything but a regular file is refused before it is read, at most PID_FILE_MAX_BYTES),
-on a worker owned by its target with a deadline (profiler/owned_io.py: a pid file on a
-FUSE filesystem the job serves may never answer), and its content counts only when it
-is ASCII digits. One that cannot be read costs its own target that scan, counted in
-`target_errors` (the daemon's `serwatt_sampler_errors_total{kind="pid_file_..."}`),
-never the scan or another target.
+A pid file is the job's. One on a FUSE mount is not read at all (collectors/mounts.py:
+a FUSE request never answered leaves the thread that made it unkillable); any other is
+read through the one bounded open (a FIFO, device or anything but a regular file is
+refused before it is read, at most PID_FILE_MAX_BYTES) on a worker owned by its target
+with a deadline (profiler/owned_io.py: a link may still lead into such a mount), and
+its content counts only when it is ASCII digits. One that cannot be read costs its own
+target that scan, counted in `target_errors` (the daemon's
+`serwatt_sampler_errors_total{kind="pid_file_..."}`), never the scan or another target.
 
 Processes come and go while we read them: a process that vanishes mid-scan, or
 whose files we may not read, is skipped and counted in `stats`, never raised.
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from collectors import procstat
+from collectors.mounts import is_fuse, mount_of, read_mounts
 from collectors.procstat import ProcessFiles
 from profiler.owned_io import OwnedWorkers, Stuck
 from profiler.records.run_ids import render_run_id
@@ -83,6 +85,12 @@ def _units(proc: ProcessFiles) -> list[str]:
 def _read_pid_file(target: str, path: Path, error: Callable[[str, str], None]) -> int | None:
     """The pid in a target's pid file; None (and `error(target, kind)` unless the file is
     missing) when there is none to read."""
+    mount = mount_of(read_mounts(), os.path.abspath(path))
+    if mount is not None and is_fuse(mount.fstype):
+        # never asked: a FUSE request its server never answers leaves the thread that
+        # made it unkillable, and the daemon with it (collectors/mounts.py)
+        error(target, PID_FILE_REFUSED)
+        return None
     try:
         data = _PID_FILES.call(
             target,

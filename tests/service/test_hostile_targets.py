@@ -131,12 +131,21 @@ def test_a_pid_file_naming_the_honest_pid_still_matches(tmp_path: Path, honest) 
 @needs_fuse
 def test_a_stalled_fuse_pid_file_costs_only_its_own_target(tmp_path: Path, honest) -> None:  # type: ignore[no-untyped-def]
     with stalling_fuse(tmp_path / "mnt", {"job.pid": f"{honest.pid}\n".encode()}) as fs:
-        pid_file = fs.mountpoint / "job.pid"
-        found = discover([spec("hostile", pid_file=pid_file)])
-        assert [d.pid for d in found] == [honest.pid]  # answered: read as any file
-        fs.stall()
+        # on the mount itself: never read, answering or not
         errors: dict[tuple[str, str], int] = {}
-        for _ in range(3):  # and again: a stuck read is not waited on twice
+        found = discover(
+            [spec("hostile", pid_file=fs.mountpoint / "job.pid")], target_errors=errors
+        )
+        assert found == [] and errors == {("hostile", "pid_file_refused"): 1}
+        # through a link: read as any file while it answers, then the stall costs its
+        # target alone, and each scan waits for it at most once
+        pid_file = tmp_path / "job.pid"
+        pid_file.symlink_to(fs.mountpoint / "job.pid")
+        found = discover([spec("hostile", pid_file=pid_file)])
+        assert [d.pid for d in found] == [honest.pid]
+        fs.stall()
+        errors = {}
+        for _ in range(3):
             t0 = time.monotonic()
             done, result = _within(
                 lambda: discover(_targets(honest, pid_file), target_errors=errors), SCAN_BOUND_S
