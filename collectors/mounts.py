@@ -68,3 +68,9 @@ def mount_of(mounts: list[Mount], path: str) -> Mount | None:
 def is_fuse(fstype: str) -> bool:
     """FUSE, whatever its server names it (`fuse`, `fuse.sshfs`, `fuseblk`)."""
     return fstype == "fuse" or fstype.startswith("fuse.") or fstype == "fuseblk"
+
+
+def on_fuse(path: str, mountinfo: str = "/proc/self/mountinfo") -> bool:
+    """Whether `path` (absolute as the mountinfo's process sees it) is on FUSE, lexically."""
+    m = mount_of(read_mounts(mountinfo), path)
+    return m is not None and is_fuse(m.fstype)

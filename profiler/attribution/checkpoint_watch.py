@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from collectors.fsevents import WatchProcess
+from collectors.mounts import on_fuse
 from collectors.proccounters import CPU_SOURCE, ProcessCounters
 from profiler.attribution.checkpoints import LAZY_HEAD_BYTES, Matched, file_is_lazy, match
 from profiler.attribution.episodes import Episode
@@ -89,6 +90,8 @@ class CheckpointWatch:
         return self.result
 
     def _own_head(self, path: str) -> bytes | None:
+        if on_fuse(os.path.abspath(path)):
+            return None  # never asked (collectors/mounts.py): its format from its name
         # serwatt's read of the file, not a restore: the watch (shared with the target's
         # other runs, still watching) is told
         with self.watch.own_open(path):

@@ -32,7 +32,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
 
-from collectors.mounts import is_fuse, mount_of, read_mounts
+from collectors.mounts import on_fuse
 from profiler.classify.callsite import LineIndex
 from profiler.classify.prefilter import CallsitePrefilter
 from profiler.classify.source_index import SourceIndex, SourceTooCostly
@@ -200,12 +200,9 @@ def _on_fuse(path: str, root: str | None) -> bool:
     A FUSE request the server has read and never answers leaves the thread that made it
     unkillable, and the daemon with it: such files are never opened."""
     if root is None:
-        mounts, inner = read_mounts(), path
-    else:
-        mounts = read_mounts(os.path.join(os.path.dirname(root.rstrip("/")), "mountinfo"))
-        inner = path[len(root.rstrip("/")) :] or "/"
-    m = mount_of(mounts, inner)
-    return m is not None and is_fuse(m.fstype)
+        return on_fuse(path)
+    inner = path[len(root.rstrip("/")) :] or "/"
+    return on_fuse(inner, os.path.join(os.path.dirname(root.rstrip("/")), "mountinfo"))
 
 
 def _load(

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from collectors import procstat
-from collectors.mounts import is_fuse, mount_of, read_mounts
+from collectors.mounts import on_fuse
 from collectors.procstat import ProcessFiles
 from profiler.owned_io import OwnedWorkers, Stuck
 from profiler.records.run_ids import render_run_id
@@ -85,8 +85,7 @@ def _units(proc: ProcessFiles) -> list[str]:
 def _read_pid_file(target: str, path: Path, error: Callable[[str, str], None]) -> int | None:
     """The pid in a target's pid file; None (and `error(target, kind)` unless the file is
     missing) when there is none to read."""
-    mount = mount_of(read_mounts(), os.path.abspath(path))
-    if mount is not None and is_fuse(mount.fstype):
+    if on_fuse(os.path.abspath(path)):
         # never asked: a FUSE request its server never answers leaves the thread that
         # made it unkillable, and the daemon with it (collectors/mounts.py)
         error(target, PID_FILE_REFUSED)
