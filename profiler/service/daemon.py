@@ -22,6 +22,7 @@ is counted in `serwatt_sampler_errors_total{target,kind}` and retried later
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -156,7 +157,7 @@ class Daemon:
         self._tracked: dict[tuple[int, float], _Tracked] = {}
         self._open_runs: dict[str, str] = {}  # run_id -> target
         # the watches of the runs whose target names a checkpoints directory
-        self._checkpoints = RunCheckpoints(config.path_procfs)
+        self._checkpoints = RunCheckpoints(config.path_procfs, self._target_error)
         self._next_rescan = 0.0
         self._next_retention = 0.0
         self._pool = SamplerPool(config.max_concurrent_samplers, self._wake.set)
@@ -593,15 +594,21 @@ class Daemon:
     def _rescan(self) -> None:
         cfg = self.config
         self._next_rescan = self._clock.monotonic() + cfg.rescan_s
+        target_errors: dict[tuple[str, str], int] = {}
         found = run_collector(
             self.ledger,
             "discovery",
             lambda: discover(
-                cfg.targets, cfg.path_procfs, exclude_pids=self._checkpoints.own_pids()
+                cfg.targets,
+                cfg.path_procfs,
+                exclude_pids=self._checkpoints.own_pids(),
+                target_errors=target_errors,
             ),
             lambda found: {"discovery": (True, f"{len(found)} process(es) matched")},
             monotonic=self._clock.monotonic,
         )
+        for (target, kind), n in target_errors.items():
+            self._target_error(target, kind, n)  # its pid file: that target's
         if found is None:
             return  # keep sampling what we know; /metrics and the landing page say why
         seen = set()
@@ -622,6 +629,11 @@ class Daemon:
             tracked.unmatched = key not in seen
         self._forget_unmatched()
         self._update_target_processes()
+
+    def _target_error(self, target: str, kind: str, count: int = 1) -> None:
+        """What a target's own files cost it (its pid file, its checkpoint watch)."""
+        with contextlib.suppress(ValueError):  # a target a reload removed meanwhile
+            self.ledger.add_sampler_error(target, kind, count)
 
     def _forget_unmatched(self) -> None:
         # A process with a window in flight is forgotten once its window is applied
