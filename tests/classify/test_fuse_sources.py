@@ -9,7 +9,9 @@ not seen as one before it is opened, so the tests that stall reach it that way."
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -33,6 +35,17 @@ CLASSIFY_BOUND_S = 4.0
 
 
 NOBODY = 65534
+
+
+@pytest.fixture
+def tmp_path() -> Iterator[Path]:
+    """A directory the `nobody` target can search: serwatt reads a source only where the
+    target itself could (issue 45 item 15), and pytest's own tmp_path is under a 0700
+    directory of root's."""
+    path = Path(tempfile.mkdtemp(prefix="serwatt-fuse-", dir="/tmp"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
