@@ -5,6 +5,11 @@ a request that must end by a deadline needs the deadline enforced on the connect
 itself. `deadline_opener` gives a urllib opener whose connections a watchdog shuts down
 when the deadline passes; whichever read is blocked then (status line, headers, body, TLS
 handshake) ends at once, and `watchdog.fired` says why it ended.
+
+The watchdog watches the connections of HTTP and HTTPS only, so the opener speaks nothing
+else: it is built from its handlers alone (urllib's `build_opener` adds FTP, file and data
+handlers), and a redirect to any other scheme is `RedirectRefused`, not followed. A
+redirect within http(s) is followed under the same deadline.
 """
 
 from __future__ import annotations
@@ -14,10 +19,37 @@ import socket
 import ssl
 import threading
 import time
+import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+
+WEB_SCHEMES = ("http", "https")
+
+
+class RedirectRefused(urllib.error.URLError):
+    """A server redirected to a URL outside http(s); `location` is where (as sent)."""
+
+    def __init__(self, location: str) -> None:
+        super().__init__(f"redirected to {location}")
+        self.location = location
+
+
+class _WebOnlyRedirect(urllib.request.HTTPRedirectHandler):
+    def http_error_302(
+        self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any
+    ) -> Any:
+        # checked before urllib's own scheme check, which lets ftp:// through
+        location = headers.get("location") or headers.get("uri")
+        if location is not None:
+            newurl = urllib.parse.urljoin(req.full_url, location)
+            if urllib.parse.urlsplit(newurl).scheme.lower() not in WEB_SCHEMES:
+                raise RedirectRefused(location)
+        return super().http_error_302(req, fp, code, msg, headers)
+
+    http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
 
 
 class _Watchdog:
@@ -110,6 +142,19 @@ def deadline_opener(
     deadline: float,
 ) -> Iterator[tuple[urllib.request.OpenerDirector, _Watchdog]]:
     """(an opener whose requests end by `deadline` (time.monotonic()), its watchdog).
-    Proxies from the environment still apply: only the connection classes change."""
+    It speaks http(s) only (a URL or redirect of another scheme is an error, the latter
+    RedirectRefused). Proxies from the environment still apply: a proxy's connection is
+    made by the watched classes too."""
     with _Watchdog(deadline) as watchdog:
-        yield urllib.request.build_opener(_WatchedHTTP(watchdog), _WatchedHTTPS(watchdog)), watchdog
+        opener = urllib.request.OpenerDirector()
+        for handler in (
+            urllib.request.ProxyHandler(),
+            urllib.request.UnknownHandler(),
+            _WatchedHTTP(watchdog),
+            _WatchedHTTPS(watchdog),
+            urllib.request.HTTPDefaultErrorHandler(),
+            _WebOnlyRedirect(),
+            urllib.request.HTTPErrorProcessor(),
+        ):
+            opener.add_handler(handler)
+        yield opener, watchdog
