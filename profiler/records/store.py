@@ -44,7 +44,7 @@ from profiler.classify.codepaths import CODEPATHS
 from profiler.records import checkpoint_rows, direction_rows, reader, schema
 from profiler.records.reader import CodepathTotals, RunDetail, RunSummary, WindowRecord
 from profiler.records.schema import EPISODE_FIELDS, SCHEMA_VERSION
-from profiler.records.validation import RecordError, _damaged, _finite
+from profiler.records.validation import RecordError, _damaged, _finite, stored_name
 from profiler.sampling.window import WindowReport
 
 # What other modules import from here: the Recorder, its error, and what it returns.
@@ -510,7 +510,7 @@ class Recorder:
     def append_receipts(self, run_id: str, receipts: Iterable[tuple[str, str | None, str]]) -> int:
         """Anchor (receipt, prev_receipt, path) of checkpoint files a run wrote; a receipt
         already anchored for the run is kept as first seen. Returns how many were new."""
-        rows = [(run_id, r, prev, path, time.time()) for r, prev, path in receipts]
+        rows = [(run_id, r, prev, stored_name(path), time.time()) for r, prev, path in receipts]
         if not rows:
             return 0
         with self._tx() as db:
