@@ -60,6 +60,12 @@ __all__ = [
 ]
 
 RECORD_FILENAME = "runs.sqlite"  # the file inside a record dir (config `record.dir`)
+# What one open, read or write may take before SQLite is stopped (its progress handler):
+# a record's largest read, every window of a month-long run, takes seconds; its schema is
+# checked before any read (schema.check), and this bounds what a crafted file or a
+# runaway query could still make it do.
+QUERY_DEADLINE_S = 60.0
+_PROGRESS_STEPS = 10_000  # SQLite VM steps between looks at the clock (~1 ms)
 
 
 def _json(value: Any) -> str:
@@ -173,13 +179,16 @@ class Recorder:
         except OSError as exc:
             raise RecordError(f"{self.path}: cannot open: {exc.strerror or exc}") from None
         self._db: sqlite3.Connection | None = None
+        self._deadline = time.monotonic() + QUERY_DEADLINE_S
         try:
             db = sqlite3.connect(
                 str(self.path), timeout=30.0, isolation_level=None, check_same_thread=False
             )
             self._db = db
+            db.set_progress_handler(self._past_deadline, _PROGRESS_STEPS)
             db.execute("PRAGMA foreign_keys = ON")
             db.execute("PRAGMA busy_timeout = 30000")
+            schema.check(db, self.path)  # before any table is read: see schema.py
             version = schema.read_version(db, self.path)
             if version is None:
                 if readonly:
@@ -214,6 +223,8 @@ class Recorder:
                 ) from None
             if "malformed" in text or "corrupt" in text:
                 raise _damaged(self.path, text) from None
+            if "interrupted" in text:
+                raise self._too_long() from None
             raise RecordError(
                 f"{self.path}: not a readable serwatt run record ({text}); move it aside or "
                 "point record.dir at a new directory"
@@ -229,12 +240,25 @@ class Recorder:
 
     # ----------------------------------------------------------------- connection
 
+    def _past_deadline(self) -> bool:
+        """SQLite's progress handler: True stops the running statement ("interrupted")."""
+        return time.monotonic() > self._deadline
+
+    def _too_long(self) -> RecordError:
+        return RecordError(
+            f"{self.path}: stopped a query that ran past {QUERY_DEADLINE_S:g} s; a record "
+            f"this slow is crafted or far larger than serwatt writes: look at it with "
+            f"`sqlite3 {self.path} .schema`, or move it aside and point record.dir (or --db) "
+            "at a new file"
+        )
+
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
         """One write transaction; SQLite failures (disk full, I/O error, locked) come out as
         RecordError naming the file, with nothing half-written."""
         with self._lock:
             db = self._conn()
+            self._deadline = time.monotonic() + QUERY_DEADLINE_S
             try:
                 db.execute("BEGIN IMMEDIATE")
                 try:
@@ -250,6 +274,8 @@ class Recorder:
                         db.execute("ROLLBACK")
                     except sqlite3.Error:
                         pass  # the original error is the one to report
+                if "interrupted" in str(exc):
+                    raise self._too_long() from None
                 raise RecordError(f"{self.path}: write failed: {exc}") from exc
 
     @contextmanager
@@ -259,10 +285,13 @@ class Recorder:
         type) comes out as one RecordError naming the file and the .recover fix."""
         with self._lock:
             db = self._conn()
+            self._deadline = time.monotonic() + QUERY_DEADLINE_S
             try:
                 yield db
             except sqlite3.DatabaseError as exc:
                 text = " ".join(str(exc).split()) or type(exc).__name__
+                if "interrupted" in text:
+                    raise self._too_long() from None
                 if "locked" in text or "busy" in text:
                     raise RecordError(
                         f"{self.path}: locked by another writer for 30 s ({text}); is a stuck "
@@ -442,6 +471,7 @@ class Recorder:
         if deleted:
             with self._lock:
                 # Hand the freed pages back to the WAL checkpoint so the file stops growing.
+                self._deadline = time.monotonic() + QUERY_DEADLINE_S
                 self._conn().execute("PRAGMA wal_checkpoint(TRUNCATE)")
         return deleted
 
