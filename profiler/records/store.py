@@ -28,6 +28,7 @@ traceback or a wrong number.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sqlite3
@@ -170,10 +171,10 @@ class Recorder:
                     f"{exc.strerror or exc}; set record.dir to a writable directory"
                 ) from None
         try:
-            # SQLite opens the file and its -journal/-wal/-shm by name, following links:
-            # the directory must be one no other user can plant a link in (readers too,
-            # since a reader may create the -shm), and the file itself no link or device
-            safeio.check_output_path(self.path)
+            # SQLite opens the file and its -journal/-wal/-shm by name, resolving links:
+            # it gets a name no other user can swap (readers too, since a reader may
+            # create the -shm or roll back a journal)
+            name = safeio.sqlite_name(self.path, create=not readonly)
         except safeio.UnsafePathError as exc:
             raise RecordError(str(exc)) from None
         except OSError as exc:
@@ -181,9 +182,7 @@ class Recorder:
         self._db: sqlite3.Connection | None = None
         self._deadline = time.monotonic() + QUERY_DEADLINE_S
         try:
-            db = sqlite3.connect(
-                str(self.path), timeout=30.0, isolation_level=None, check_same_thread=False
-            )
+            db = sqlite3.connect(name, timeout=30.0, isolation_level=None, check_same_thread=False)
             self._db = db
             db.set_progress_handler(self._past_deadline, _PROGRESS_STEPS)
             db.execute("PRAGMA foreign_keys = ON")
@@ -207,6 +206,11 @@ class Recorder:
             if not readonly:
                 db.execute("PRAGMA journal_mode = WAL")
                 db.execute("PRAGMA synchronous = NORMAL")
+            if db.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
+                # past its first read, a WAL database reads no journal: the empty one
+                # sqlite_name made in a shared directory would only be left behind
+                with contextlib.suppress(OSError):  # tidying only
+                    safeio.drop_empty_journal(self.path)
         except sqlite3.DatabaseError as exc:
             if self._db is not None:
                 self._db.close()
