@@ -91,9 +91,10 @@ def _follow_problem(link: os.stat_result, holder: os.stat_result) -> str | None:
     return None
 
 
-def _open_dir(directory: Path, shown: Path) -> int:
+def _open_dir(directory: Path, shown: Path, *, make: bool = False) -> int:
     """An O_PATH fd of `directory`, reached without following any link another user could
-    have planted; raises UnsafePathError, or OSError (e.g. a missing directory)."""
+    have planted (with `make`, a missing directory on the way is made, mode 0755, by the
+    same walk); raises UnsafePathError, or OSError (e.g. a missing directory)."""
     fd = os.open("/" if directory.is_absolute() else ".", _DIR_FLAGS)
     pending = list(reversed(directory.parts[1:] if directory.is_absolute() else directory.parts))
     walked = Path(directory.anchor)
@@ -104,7 +105,14 @@ def _open_dir(directory: Path, shown: Path) -> int:
             if name in ("", "."):
                 continue
             try:
-                nfd = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                try:
+                    nfd = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                except FileNotFoundError:
+                    if not make:
+                        raise
+                    with contextlib.suppress(FileExistsError):  # made meanwhile: opened below
+                        os.mkdir(name, 0o755, dir_fd=fd)
+                    nfd = os.open(name, _DIR_FLAGS, dir_fd=fd)
             except OSError as exc:
                 if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
                     raise
@@ -282,6 +290,13 @@ def sqlite_name(path: os.PathLike[str] | str, *, create: bool) -> str:
         raise
     finally:
         os.close(dir_fd)
+
+
+def make_dirs(directory: os.PathLike[str] | str) -> None:
+    """Make `directory` and any missing parent (mode 0755), by the walk `_open_dir` takes:
+    no link another user could have planted is followed, and nothing is made where one
+    points. Raises UnsafePathError or OSError."""
+    os.close(_open_dir(Path(directory), Path(directory), make=True))
 
 
 def drop_empty_journal(path: os.PathLike[str] | str) -> None:

@@ -164,7 +164,9 @@ class Recorder:
             )
         if not readonly:
             try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
+                safeio.make_dirs(self.path.parent)
+            except safeio.UnsafePathError as exc:
+                raise RecordError(str(exc)) from None
             except OSError as exc:
                 raise RecordError(
                     f"{self.path}: cannot create the record directory {self.path.parent}: "

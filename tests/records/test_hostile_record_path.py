@@ -197,3 +197,18 @@ def test_the_record_in_a_shared_dir_is_still_written_and_read(shared: Path) -> N
     with Recorder(path, readonly=True) as reader:
         assert [r.run_id for r in reader.runs()] == ["r"]
     assert sorted(p.name for p in shared.iterdir()) == ["runs.sqlite"]
+
+
+def test_the_record_directory_is_made_without_following_a_planted_link(shared: Path) -> None:
+    """record.dir's missing directories are made by the same walk that opens them: a link
+    another user put on the way is refused before anything is made where it points."""
+    victims = shared.parent / "victims"
+    link = shared / "x"
+    link.symlink_to(victims)
+    os.lchown(link, NOBODY, NOBODY)
+    with pytest.raises(RecordError, match="symbolic link owned by uid 65534"):
+        Recorder.for_dir(link / "records")
+    assert list(victims.iterdir()) == []
+    made = shared.parent / "mine" / "a" / "b"  # the honest case: made, root's
+    Recorder.for_dir(made).close()
+    assert made.is_dir() and made.stat().st_uid == 0
