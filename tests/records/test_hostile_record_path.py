@@ -212,3 +212,31 @@ def test_the_record_directory_is_made_without_following_a_planted_link(shared: P
     made = shared.parent / "mine" / "a" / "b"  # the honest case: made, root's
     Recorder.for_dir(made).close()
     assert made.is_dir() and made.stat().st_uid == 0
+
+
+def test_a_record_that_fails_after_the_job_started_is_reported_not_a_crash(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """Whatever still makes the record fail once the job runs (a full disk, a query past
+    its deadline: here every one), `profile` goes on without it, the job is never
+    orphaned, and the end says what the record missed."""
+    from profiler.attribution.window import AttributedWindow
+    from profiler.profile.record_sink import RecordSink
+    from profiler.profile.session import SessionInfo
+    from profiler.records import store
+    from tests.records.test_recorder import window
+
+    path = tmp_path / "runs.sqlite"
+    monkeypatch.setattr(store, "_PROGRESS_STEPS", 1)  # the deadline looked at every step
+    sink = RecordSink(path, run_id="run-1", host={})  # opened before the job: sound
+    monkeypatch.setattr(store, "QUERY_DEADLINE_S", -1.0)  # then every statement stopped
+    sink.on_start(SessionInfo(1, "train", 1_800_000_000.0, 50.0, 5.0, Path("/proc")))
+    for i in range(3):
+        sink.on_window(AttributedWindow(report=window(pid=1, t0=1_800_000_000.0 + 5 * i)))
+    sink.on_episodes([])
+    sink.finish()
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and str(path) in lines[0], err
+    assert "not recorded" in lines[0] and "3 window(s)" in lines[0], lines[0]
+    assert "ran past" in lines[0]  # the first failure, word for word
