@@ -4,7 +4,8 @@ A socket timeout bounds one recv, so a server sending one byte at a time never t
 a request that must end by a deadline needs the deadline enforced on the connection
 itself. `deadline_opener` gives a urllib opener whose connections a watchdog shuts down
 when the deadline passes; whichever read is blocked then (status line, headers, body, TLS
-handshake) ends at once, and `watchdog.fired` says why it ended.
+handshake) ends at once, and `watchdog.fired` says why it ended. The host name is
+looked up by the same deadline.
 
 The watchdog watches the connections of HTTP and HTTPS only, so the opener speaks nothing
 else: it is built from its handlers alone (urllib's `build_opener` adds FTP, file and data
@@ -52,6 +53,28 @@ class _WebOnlyRedirect(urllib.request.HTTPRedirectHandler):
     http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
 
 
+def _resolve(host: str, port: int, deadline: float) -> list[tuple[Any, ...]]:
+    """socket.getaddrinfo by `deadline`: the lookup runs on a thread of its own (nothing
+    can interrupt a resolver that does not answer; the thread ends when it does)."""
+    box: list[Any] = []
+    done = threading.Event()
+
+    def lookup() -> None:
+        try:
+            box.append(socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM))
+        except OSError as exc:
+            box.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=lookup, name="serwatt-resolve", daemon=True).start()
+    if not done.wait(max(0.0, deadline - time.monotonic())):
+        raise TimeoutError("the deadline passed while looking up the host name")
+    if isinstance(box[0], OSError):
+        raise box[0]
+    return list(box[0])
+
+
 class _Watchdog:
     """Shuts a request's socket down when the request's deadline passes.
 
@@ -72,10 +95,19 @@ class _Watchdog:
         self, address: tuple[str, int], timeout: Any = None, source_address: Any = None
     ) -> socket.socket:
         """socket.create_connection, watched (http.client's connection factory)."""
-        left = self.deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("the deadline passed before connecting")
-        sock = socket.create_connection(address, left, source_address)
+        host, port = address
+        failure: OSError | None = None
+        for *_kind, sockaddr in _resolve(host, port, self.deadline):
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the deadline passed before connecting")
+            try:  # a numeric address: create_connection looks nothing up
+                sock = socket.create_connection(sockaddr[:2], left, source_address)
+                break
+            except OSError as exc:
+                failure = exc
+        else:
+            raise failure or OSError(f"{host}: no address to connect to")
         with self._lock:
             self._sockets.append(sock.dup())
             fired = self.fired

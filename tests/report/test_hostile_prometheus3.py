@@ -126,3 +126,27 @@ def test_a_redirect_within_http_is_followed_under_the_same_deadline(listener) ->
     took = time.monotonic() - started
     assert slow.accepted == 1  # followed
     assert 1.5 - 0.2 < took < 1.5 + 1.0, f"took {took:.1f} s for a 1.5 s deadline"
+
+
+def test_a_stalled_name_lookup_ends_at_the_request_deadline(monkeypatch) -> None:
+    """The deadline covers the name lookup too (a resolver that does not answer: the
+    fake is at the network's edge, socket.getaddrinfo, which blocks until released)."""
+    release = threading.Event()
+    real = socket.getaddrinfo
+
+    def stalled(host, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if host == "stalled.example":
+            release.wait(60)
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", stalled)
+    prom = fp.PromQL("http://stalled.example:9090", request_deadline_s=1.5,
+                     report_deadline_s=60.0)  # fmt: skip
+    started = time.monotonic()
+    try:
+        with pytest.raises(fp.PrometheusError, match=r"1\.5 s request deadline"):
+            prom.range("up", 0, 100, 10)
+    finally:
+        release.set()
+    took = time.monotonic() - started
+    assert 1.5 - 0.2 < took < 1.5 + 1.0, f"took {took:.1f} s for a 1.5 s deadline"
