@@ -184,7 +184,6 @@ _CHECK = re.compile(r"\bCHECK\b", re.I)
 
 @dataclasses.dataclass(frozen=True)
 class _Table:
-    options: tuple  # (without rowid, strict)
     columns: frozenset  # (name, type, notnull, default, pk, hidden)
     foreign_keys: frozenset  # (table, from, to, on_update, on_delete, match)
     indexes: frozenset  # (name, unique, origin, partial, its columns)
@@ -192,9 +191,6 @@ class _Table:
 
 def _shape(db: sqlite3.Connection, table: str) -> _Table:
     """A table's shape, from pragmas only (no row of it is read)."""
-    options = db.execute(
-        "SELECT wr, strict FROM pragma_table_list WHERE schema = 'main' AND name = ?", (table,)
-    ).fetchone()
     columns = frozenset(
         tuple(row[1:]) for row in db.execute("SELECT * FROM pragma_table_xinfo(?)", (table,))
     )
@@ -213,7 +209,7 @@ def _shape(db: sqlite3.Connection, table: str) -> _Table:
             "SELECT * FROM pragma_index_list(?)", (table,)
         ).fetchall()
     )
-    return _Table(tuple(options or ()), columns, keys, indexes)
+    return _Table(columns, keys, indexes)
 
 
 @functools.cache
@@ -258,21 +254,19 @@ def check(db: sqlite3.Connection, path: Path) -> None:
             continue  # an index is checked with its table
         if not isinstance(sql, str) or not sql.lstrip()[:12].upper() == "CREATE TABLE":
             raise RecordError(f"{path}: its {what} is not a plain table; {_CRAFTED_FIX}")
-        if _CHECK.search(_SQL_NOISE.sub(" ", sql)):
+        bare = _SQL_NOISE.sub(" ", sql)
+        if _CHECK.search(bare):
             raise RecordError(f"{path}: its {what} has a CHECK constraint; {_CRAFTED_FIX}")
+        if bare.rsplit(")", 1)[-1].strip():  # WITHOUT ROWID, STRICT
+            raise RecordError(f"{path}: its {what} has table options; {_CRAFTED_FIX}")
         want, have = tables[name], _shape(db, name)
-        for part in ("options", "columns", "foreign_keys", "indexes"):
-            extra = getattr(have, part)
-            if part != "options":
-                extra = extra - getattr(want, part)
-            elif extra == want.options:
-                extra = ()
+        for part in ("columns", "foreign_keys", "indexes"):
+            extra = getattr(have, part) - getattr(want, part)
             if extra:
                 shown = part.replace("_", " ")
                 raise RecordError(
                     f"{path}: the {shown} of its {what} are not the record's "
-                    f"({_shown(sorted(map(str, extra))[0] if part != 'options' else extra)}); "
-                    + _CRAFTED_FIX
+                    f"({_shown(sorted(map(str, extra))[0])}); {_CRAFTED_FIX}"
                 )
 
 

@@ -47,6 +47,12 @@ CRAFTED = {
         "ALTER TABLE runs ADD COLUMN extra TEXT DEFAULT 'x';",
         "columns of its table 'runs'",
     ),
+    "a table without rowid": (
+        "DROP TABLE run_facets; CREATE TABLE run_facets (run_id TEXT NOT NULL REFERENCES"
+        " runs(run_id) ON DELETE CASCADE, kind TEXT NOT NULL, value TEXT NOT NULL,"
+        " PRIMARY KEY (run_id, kind, value)) WITHOUT ROWID;",
+        "table options",
+    ),
     "a generated column": (
         "ALTER TABLE windows ADD COLUMN g REAL AS (cpu_s * 2);",
         "columns of its table 'windows'",
