@@ -120,3 +120,22 @@ def test_every_read_and_write_is_stopped_at_the_deadline(tmp_path: Path, monkeyp
             assert 1.0 <= took < 1.0 + 2.0, f"stopped after {took:.1f} s"
             assert str(db) in str(info.value)
         assert len(rec.runs()) == 2  # the connection still works after a stop
+
+
+def test_the_daemon_refuses_a_crafted_record_at_start(tmp_path: Path) -> None:
+    from tests.daemon_support import daemon_config
+
+    record_dir = tmp_path / "runs"
+    record_dir.mkdir()
+    _craft(record_dir, RUNS_AS_VIEW)
+    config = tmp_path / "serwatt.yaml"
+    config.write_text(daemon_config(record_dir, {"t": "no-such-process-h45b"}, rapl=False,
+                                    nvml=False))  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "profiler", "daemon", "--config", str(config)],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    assert "view 'runs'" in out and "serwatt never makes it" in out, out[-3000:]
