@@ -278,8 +278,8 @@ def sqlite_name(path: os.PathLike[str] | str, *, create: bool) -> str:
         for side in SQLITE_SIDES:
             try:
                 _own_file(dir_fd, path.name + side, path, create=True, made=made)
-            except (PermissionError, FileNotFoundError) as exc:
-                if exc.errno != errno.EACCES and exc.errno != errno.EROFS:
+            except OSError as exc:
+                if create or exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
                     raise
                 # a reader that may not write here: SQLite cannot make it either
         return os.path.join(real_dir, path.name)
