@@ -35,6 +35,12 @@ class WindowSink(Protocol):
     def on_episodes(self, episodes: Sequence[Episode]) -> None: ...
 
 
+class FinishingSink(WindowSink, Protocol):
+    """A sink with an end of its own (the profile's: its record is finished there)."""
+
+    def finish(self) -> object: ...
+
+
 class WindowRejected(ValueError):
     """A sink refused a window as malformed (the daemon's ledger: a report that does not
     add up); the window goes no further."""
@@ -125,6 +131,17 @@ class WindowPipeline:
     def finish(self, sinks: Iterable[WindowSink], pid: int | None = None) -> Delivery:
         """Close the episodes still open (of `pid`, or of every process) into the sinks."""
         return self.close(self.episodes.finish(pid), tuple(sinks))
+
+    def finish_sinks(self, sinks: Iterable[FinishingSink]) -> list[SinkFailure]:
+        """Every sink's finish, each failure counted as a delivery's is: the end of a
+        run is delivered too (a record that cannot be finished is one not written)."""
+        failures = []
+        for sink in sinks:
+            try:
+                sink.finish()
+            except Exception as exc:
+                failures.append(self._failed(sink, exc))
+        return failures
 
     def close(self, episodes: list[Episode], sinks: Sequence[WindowSink]) -> Delivery:
         """Closed episodes with their GPU-wait (where NVML sees a GPU the process uses),

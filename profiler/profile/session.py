@@ -511,8 +511,7 @@ class ProfileSession:
         if self.strict_root and self._root_error is not None:
             raise self._root_error
         self._delivered(self._pipeline.finish(self.sinks))
-        for sink in self.sinks:
-            sink.finish()
+        self._pipeline.finish_sinks(self.sinks)
         return SessionResult(
             info=self.info,
             ended_at=self._clock(),
