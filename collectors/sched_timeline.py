@@ -40,6 +40,7 @@ The collector only reads and parses; the weighting lives in profiler/sampling.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import itertools
 import os
@@ -58,7 +59,6 @@ PREEMPTED = "preempted"
 BLOCKED = "blocked"
 EXITED = "exited"
 OPEN = "open"  # still on a CPU when last read
-LOST = "lost"  # the kernel dropped the event that ended it; its end is the next one seen
 
 FIX = (
     "run serwatt as root (or with CAP_PERFMON and tracefs mounted at /sys/kernel/tracing: "
@@ -84,7 +84,7 @@ class OnCpu:
 
     start_s: float
     end_s: float
-    off: str  # PREEMPTED | BLOCKED | EXITED | OPEN | LOST
+    off: str  # PREEMPTED | BLOCKED | EXITED | OPEN
 
 
 @dataclass
@@ -108,10 +108,11 @@ class TimelineCounters:
     intervals_dropped: int  # past max_intervals
     threads_dropped: int  # past max_threads
     lines_unparsed: int
-    # a switch-out with no switch-in seen since the thread's last switch-out (its start
-    # is taken as that switch-out): the kernel (6.18 here) omits some switches back from
-    # the rcu_preempt kthread, with nothing dropped; or a switch-in with one still open
-    inferred_starts: int
+    # a switch-out with no switch-in since the thread's last switch-out, or a switch-in
+    # with one still open: the kernel (6.18 here) omits some switches, e.g. back from
+    # the rcu_preempt kthread, with nothing counted as dropped. The interval is left out
+    # (its start or end is unknown: stretching it could cover a long run-queue wait).
+    unpaired_switches: int
     bytes_read: int
     reads_capped: int  # polls that stopped at max_bytes_per_poll with more waiting
 
@@ -125,9 +126,20 @@ class TimelineCounters:
         )
 
 
+def mount(root: Path = TRACEFS) -> None:
+    """Mounts tracefs at `root` where it is an empty mount point (a VM that booted without
+    it, like this project's CI): what `perf` does too. Failure is left to the probe."""
+    if (root / "instances").is_dir() or not root.is_dir():
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mount(b"nodev", os.fsencode(root), b"tracefs", 0, None)
+
+
 def probe(root: Path = TRACEFS) -> CollectorStatus:
     """Whether a private tracefs instance with the mono clock and sched_switch can be
-    made here (it makes one and removes it)."""
+    made here (it makes one and removes it; it mounts tracefs first where it can)."""
+    with contextlib.suppress(OSError):
+        mount(root)
     if not (root / "instances").is_dir():
         return CollectorStatus(False, "no_tracefs", f"tracefs is not mounted at {root}; {FIX}")
     try:
@@ -267,25 +279,28 @@ class SchedTimeline:
         self._list(pid)
 
     def _list(self, pid: int) -> None:
-        """Lists the process's threads for the kernel and in our table."""
+        """Lists the process's threads for the kernel and in our table. The main thread
+        goes first, in the table and then in the kernel's list, so a thread it starts
+        from then on is seen at its fork; the threads already there are then listed."""
         assert self._inst is not None
+        with self._lock:
+            if pid not in self._threads:
+                self._track(pid, _comm(self._procfs, pid, pid), None, None)
+        with contextlib.suppress(OSError):
+            _write(self._inst / "set_event_pid", str(pid), append=True)
         try:
             tids = [int(t) for t in os.listdir(self._procfs / str(pid) / "task") if t.isdigit()]
         except OSError:
-            tids = [pid]
-        text = " ".join(str(t) for t in tids)
-        with contextlib.suppress(ProcessLookupError, OSError):
-            # the kernel refuses the whole write if a tid is gone: one at a time then
-            try:
-                _write(self._inst / "set_event_pid", text, append=True)
-            except OSError:
-                for t in tids:
-                    with contextlib.suppress(OSError):
-                        _write(self._inst / "set_event_pid", str(t), append=True)
-        with self._lock:
-            for t in tids:
+            tids = []
+        for t in tids:
+            if t == pid:
+                continue
+            with self._lock:
                 if t not in self._threads:
-                    self._track(t, _comm(self._procfs, pid, t), None, None)
+                    # a process's threads hang off its main thread, as if seen at fork
+                    self._track(t, _comm(self._procfs, pid, t), pid, None)
+            with contextlib.suppress(OSError):  # gone meanwhile
+                _write(self._inst / "set_event_pid", str(t), append=True)
 
     def _track(self, tid: int, comm: str, parent: int | None, born: float | None) -> bool:
         if len(self._threads) >= self._max_threads:
@@ -353,8 +368,10 @@ class SchedTimeline:
     def _switch_in(self, tid: int, ts: float) -> None:
         th = self._threads[tid]
         if tid in self._open:
+            # its switch-out is missing: when it left the CPU is unknown, so the interval
+            # is left out rather than stretched over time it may have waited (counted)
             self._lost += 1
-            self._close(th, self._open[tid], ts, LOST)
+            del self._open[tid]
         blocked_before = th.intervals[-1].off == BLOCKED if th.intervals else False
         if blocked_before and len(th.wakes) < self._max_intervals:
             th.wakes.append(ts)
@@ -365,11 +382,12 @@ class SchedTimeline:
         th = self._threads[tid]
         start = self._open.pop(tid, None)
         if start is None:
-            # on a CPU since before the trace, or its switch-in was dropped
             assert self.started_s is not None
             if th.switch_ins or th.born_s is not None:
+                # its switch-in is missing (see TimelineCounters.unpaired_switches)
                 self._lost += 1
-            start = max(self.started_s, th.intervals[-1].end_s if th.intervals else 0.0)
+                return
+            start = self.started_s  # on a CPU since before the trace began
         self._close(th, start, ts, off)
 
     def _close(self, th: ThreadTimeline, start: float, end: float, off: str) -> None:
@@ -419,7 +437,7 @@ class SchedTimeline:
                 intervals_dropped=self._intervals_dropped,
                 threads_dropped=self._threads_dropped,
                 lines_unparsed=self._unparsed,
-                inferred_starts=self._lost,
+                unpaired_switches=self._lost,
                 bytes_read=self._bytes,
                 reads_capped=self._capped,
             )
