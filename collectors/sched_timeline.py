@@ -126,20 +126,23 @@ class TimelineCounters:
         )
 
 
-def mount(root: Path = TRACEFS) -> None:
-    """Mounts tracefs at `root` where it is an empty mount point (a VM that booted without
-    it, like this project's CI): what `perf` does too. Failure is left to the probe."""
-    if (root / "instances").is_dir() or not root.is_dir():
+def mount() -> None:
+    """Mounts tracefs at its one standard place when the kernel offers it and nothing is
+    mounted there (a VM that booted without it, like this project's CI), as `perf` does.
+    Never anywhere else: a tracefs root given as a parameter is used as it is. Failure
+    is left to the probe."""
+    if (TRACEFS / "instances").is_dir() or not TRACEFS.is_dir():
         return
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.mount(b"nodev", os.fsencode(root), b"tracefs", 0, None)
+    libc.mount(b"nodev", os.fsencode(TRACEFS), b"tracefs", 0, None)
 
 
 def probe(root: Path = TRACEFS) -> CollectorStatus:
     """Whether a private tracefs instance with the mono clock and sched_switch can be
     made here (it makes one and removes it; it mounts tracefs first where it can)."""
-    with contextlib.suppress(OSError):
-        mount(root)
+    if root == TRACEFS:
+        with contextlib.suppress(OSError):
+            mount()
     if not (root / "instances").is_dir():
         return CollectorStatus(False, "no_tracefs", f"tracefs is not mounted at {root}; {FIX}")
     try:
