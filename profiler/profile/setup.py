@@ -68,10 +68,13 @@ class ProfileOptions:
     source_store: Path | None = None
 
     def plan(self) -> SamplingPlan:
+        timing = timing_rate_hz(self.timing_rate_hz, self.rate_hz)
         return SamplingPlan(
             rate_hz=self.rate_hz,
             on_cpu_run=self.on_cpu_run,
-            timing_rate_hz=timing_rate_hz(self.timing_rate_hz, self.rate_hz),
+            timing_rate_hz=timing,
+            # CPU by the kernel's on-CPU intervals over the stack-change run's spans
+            kernel_timeline=timing is not None,
         )
 
 

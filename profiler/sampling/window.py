@@ -111,6 +111,10 @@ class WindowReport:
     # CPU count could take
     unmapped_threads: tuple[UnmappedThread, ...] = ()
     exited_unsampled_cpu_s: float = 0.0
+    # what weighed the CPU: "kernel" (each thread's on-CPU intervals from the scheduler
+    # timeline inside its stack spans: profiler/sampling/kernel_cpu.py) or "estimate"
+    # (py-spy's R state and /proc polls: profiler/sampling/weighting.py)
+    cpu_source: str = "estimate"
 
     @property
     def wall_s(self) -> float:
