@@ -246,6 +246,7 @@ def resolve_changes(window: WindowSamples, kernel: KernelClock | None = None) ->
             changes_end=shift + ck.offset_s + trace.end_ts_s,
             changes_clock_s=ck.residual_p95_s,
             changes_timed_by="kernel",
+            changes_ticks=tuple(shift + t for t in ck.ticks),
             changes_raw=None,
             errors=replace(window.errors, notes=(*window.errors.notes, note)),
         )

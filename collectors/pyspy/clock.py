@@ -118,7 +118,10 @@ def align(
         j = bisect.bisect_right(wakes, t + VOTE_BIN_S) - 1
         if j >= 0 and -VOTE_BIN_S <= t - wakes[j] <= MATCH_S + VOTE_BIN_S:
             lags.append(t - wakes[j])
-    if len(lags) < max(3, len(uniq) // 2):
+    # most events must agree; a run with one or two (a stack that never changed) has
+    # nothing to misplace but its first sight of each thread, so any agreeing wake-up
+    # will do
+    if not lags or len(lags) < min(len(uniq), max(3, len(uniq) // 2)):
         return None
     offset = guess - min(lags)
     lags = sorted(lag - min(lags) for lag in lags if lag - min(lags) <= MATCH_S)

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
-from collectors import procstat
+from collectors import procstat, sched_timeline
 from collectors.pyspy import PySpy, SamplingError, SamplingPlan, TargetGone, WindowSamples
 from collectors.pyspy.chrometrace import KernelClock, resolve_changes
 from collectors.samples import Sample, SamplerErrors
@@ -244,7 +244,7 @@ def _start_timeline(
     plan does not ask for one)."""
     if not plan.kernel_timeline:
         return None, None
-    tracer = SchedTimeline([pid], procfs=procfs)
+    tracer = SchedTimeline([pid], root=sched_timeline.TRACEFS, procfs=procfs)
     try:
         tracer.start()
     except OSError as exc:
@@ -468,7 +468,7 @@ def _classify_in(
         # on its stack changes, weighed by its on-CPU time in each span (kernel_cpu.py)
         times = on_cpu_times(raw.kernel.threads, raw.kernel.epoch_minus_mono)
         spans = [s for s in window.changes or () if not s.partial and s.tid in times]
-        kernel_prior = span_cpu_s(spans, window.changes_end, times)
+        kernel_prior = span_cpu_s(spans, window.changes_end, times, window.changes_ticks)
         covered = {s.tid for s in spans}
         carriers = list(spans)
         carrier_labels = [classify(s) for s in spans]

@@ -10,9 +10,9 @@ alone gets all of it. The spans' on-CPU seconds are the `prior` of
 (schedstat, which leaves out what the hypervisor stole: the intervals are wall time on
 the vCPU).
 
-A change is stamped with the tick that first showed it, so the span boundary is up to
-one tick of the stack-change run late (0.75 of a period at 4x: docs/sampling.md); the
-on-CPU time of that sliver goes to the stack before.
+A change is stamped with the tick that first showed it; it happened after the tick
+before. The CPU between the two goes to the new stack where the thread was asleep at the
+tick before (it slept on the old line: a GIL wait, a queue get), else half to each.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from collectors.samples import Sample
-from collectors.sched_timeline import ThreadTimeline
+from collectors.sched_timeline import BLOCKED, ThreadTimeline
 
 CPU_SOURCE_KERNEL = "kernel"  # on-CPU intervals from sched_switch
 CPU_SOURCE_ESTIMATE = "estimate"  # py-spy's R state and /proc polls (weighting.py)
@@ -36,17 +36,23 @@ class OnCpuTimes:
     starts: tuple[float, ...]
     ends: tuple[float, ...]
     cum: tuple[float, ...]  # cum[i]: on-CPU seconds of intervals before i
+    blocked: tuple[bool, ...]  # interval i ended with the thread going to sleep
 
     @classmethod
     def of(cls, th: ThreadTimeline, epoch_minus_mono: float) -> OnCpuTimes:
-        ivs = sorted((iv.start_s, iv.end_s) for iv in th.intervals if iv.end_s > iv.start_s)
+        ivs = sorted(
+            (iv.start_s, iv.end_s, iv.off == BLOCKED)
+            for iv in th.intervals
+            if iv.end_s > iv.start_s
+        )
         cum = [0.0]
-        for a, b in ivs:
+        for a, b, _ in ivs:
             cum.append(cum[-1] + (b - a))
         return cls(
-            tuple(a + epoch_minus_mono for a, _ in ivs),
-            tuple(b + epoch_minus_mono for _, b in ivs),
+            tuple(a + epoch_minus_mono for a, _, _ in ivs),
+            tuple(b + epoch_minus_mono for _, b, _ in ivs),
             tuple(cum),
+            tuple(blk for _, _, blk in ivs),
         )
 
     def upto(self, t: float) -> float:
@@ -59,6 +65,13 @@ class OnCpuTimes:
     def between(self, a: float, b: float) -> float:
         return max(0.0, self.upto(b) - self.upto(a)) if b > a else 0.0
 
+    def asleep_at(self, t: float) -> bool:
+        """Off its CPU at `t` because it blocked (not preempted, not yet born)."""
+        i = bisect.bisect_right(self.starts, t)
+        if i == 0:
+            return False
+        return self.ends[i - 1] <= t and self.blocked[i - 1]
+
 
 def on_cpu_times(
     threads: Mapping[int, ThreadTimeline], epoch_minus_mono: float
@@ -66,19 +79,48 @@ def on_cpu_times(
     return {tid: OnCpuTimes.of(th, epoch_minus_mono) for tid, th in threads.items()}
 
 
+def _lead_in(tl: OnCpuTimes, t: float, before: float | None) -> float:
+    """The on-CPU seconds just before a change seen at tick `t` that belong to the new
+    stack. The change happened after the tick before (`before`), which still showed the
+    old stack: if the thread was asleep then, the old stack was the line it slept on,
+    which costs nothing once it wakes, so all of its CPU since goes to the new stack;
+    otherwise the change is as likely anywhere in that CPU, and half goes to each."""
+    if before is None or before >= t:
+        return 0.0
+    run = tl.between(before, t)
+    return run if tl.asleep_at(before) else run / 2
+
+
 def span_cpu_s(
-    changes: Sequence[Sample], end: float, times: Mapping[int, OnCpuTimes]
+    changes: Sequence[Sample],
+    end: float,
+    times: Mapping[int, OnCpuTimes],
+    ticks: Sequence[float] = (),
 ) -> list[float]:
     """For each stack change (aligned with `changes`), its thread's on-CPU seconds from
-    it to the thread's next change (or `end`); 0 for a thread the timeline lacks."""
+    it to the thread's next change (or `end`); 0 for a thread the timeline lacks. With
+    the run's `ticks`, the CPU between a change's tick and the tick before it is split
+    between the two stacks (`_lead_in`) rather than all left to the old one."""
     out = [0.0] * len(changes)
-    next_t: dict[int | None, float] = {}
-    order = sorted(range(len(changes)), key=lambda i: changes[i].t, reverse=True)
-    for i in order:
-        s = changes[i]
-        stop = next_t.get(s.tid, max(end, s.t))
-        next_t[s.tid] = s.t
-        tl = times.get(s.tid) if s.tid is not None else None
-        if tl is not None:
-            out[i] = tl.between(s.t, stop)
+    by_tid: dict[int, list[int]] = {}
+    for i, s in enumerate(changes):
+        if s.tid is not None and s.tid in times:
+            by_tid.setdefault(s.tid, []).append(i)
+    for tid, idx in by_tid.items():
+        tl = times[tid]
+        idx.sort(key=lambda i: changes[i].t)
+        lead = []
+        for n, i in enumerate(idx):
+            t = changes[i].t
+            k = bisect.bisect_left(ticks, t) - 1
+            before = ticks[k] if k >= 0 else None
+            if n == 0 or before is None or before < changes[idx[n - 1]].t:
+                lead.append(0.0)  # first sight of the thread, or no tick to split at
+            else:
+                lead.append(_lead_in(tl, t, before))
+        for n, i in enumerate(idx):
+            t = changes[i].t
+            stop = changes[idx[n + 1]].t if n + 1 < len(idx) else max(end, t)
+            nxt = lead[n + 1] if n + 1 < len(idx) else 0.0
+            out[i] = max(0.0, tl.between(t, stop) + lead[n] - nxt)
     return out
