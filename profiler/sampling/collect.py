@@ -47,8 +47,8 @@ from profiler.classify.saver import saver_call
 from profiler.sampling.kernel_cpu import (
     CPU_SOURCE_ESTIMATE,
     CPU_SOURCE_KERNEL,
+    on_cpu_ticks,
     on_cpu_times,
-    span_cpu_s,
 )
 from profiler.sampling.weighting import (
     CpuSeries,
@@ -468,7 +468,7 @@ def _classify_in(
         # on its stack changes, weighed by its on-CPU time in each span (kernel_cpu.py)
         times = on_cpu_times(raw.kernel.threads, raw.kernel.epoch_minus_mono)
         spans = [s for s in window.changes or () if not s.partial and s.tid in times]
-        kernel_prior = span_cpu_s(spans, window.changes_end, times, window.changes_ticks)
+        kernel_prior = on_cpu_ticks(spans, window.changes_end, times, window.changes_ticks)
         covered = {s.tid for s in spans}
         carriers = list(spans)
         carrier_labels = [classify(s) for s in spans]

@@ -124,3 +124,51 @@ def span_cpu_s(
             nxt = lead[n + 1] if n + 1 < len(idx) else 0.0
             out[i] = max(0.0, tl.between(t, stop) + lead[n] - nxt)
     return out
+
+
+# A thread switched out by py-spy's own switch-in is stamped at the same instant; allow
+# for the two events' timestamps on different CPUs.
+_AT_TICK_S = 20e-6
+MIN_ON_CPU_TICKS = 20  # below this a thread's tick counts are too noisy: spans instead
+
+
+def on_cpu_ticks(
+    changes: Sequence[Sample],
+    end: float,
+    times: Mapping[int, OnCpuTimes],
+    ticks: Sequence[float],
+) -> list[float]:
+    """For each stack change (aligned with `changes`), the ticks of the stack-change run
+    inside its span at which its thread was on a CPU (or was just taken off it by py-spy
+    waking there). A tick's time does not depend on what the target runs, so these are a
+    Poisson sampling of the thread's on-CPU time by stack: unbiased however short its
+    calls are against the ticks, which the spans are not (a call that starts and ends
+    between two ticks leaves no change). A thread with fewer than MIN_ON_CPU_TICKS gets
+    its span CPU (`span_cpu_s`) instead."""
+    spans = span_cpu_s(changes, end, times, ticks)
+    out = [0.0] * len(changes)
+    by_tid: dict[int, list[int]] = {}
+    for i, s in enumerate(changes):
+        if s.tid is not None and s.tid in times:
+            by_tid.setdefault(s.tid, []).append(i)
+    for tid, idx in by_tid.items():
+        tl = times[tid]
+        idx.sort(key=lambda i: changes[i].t)
+        counts = [0.0] * len(idx)
+        starts = [changes[i].t for i in idx]
+        lo = bisect.bisect_left(ticks, starts[0])
+        hi = bisect.bisect_right(ticks, max(end, starts[-1]))
+        for t in ticks[lo:hi]:
+            k = bisect.bisect_right(tl.starts, t) - 1
+            if k < 0 or tl.ends[k] < t - _AT_TICK_S:
+                continue
+            n = bisect.bisect_right(starts, t) - 1
+            if n >= 0:
+                counts[n] += 1
+        if sum(counts) >= MIN_ON_CPU_TICKS:
+            for n, i in enumerate(idx):
+                out[i] = counts[n]
+        else:
+            for i in idx:
+                out[i] = spans[i]
+    return out

@@ -6,7 +6,7 @@ import pytest
 
 from collectors.samples import Frame, Sample
 from collectors.sched_timeline import OnCpu, ThreadTimeline
-from profiler.sampling.kernel_cpu import OnCpuTimes, on_cpu_times, span_cpu_s
+from profiler.sampling.kernel_cpu import OnCpuTimes, on_cpu_ticks, on_cpu_times, span_cpu_s
 
 
 def _thread(tid: int, ivs: list[tuple[float, float]]) -> ThreadTimeline:
@@ -60,3 +60,17 @@ def test_the_cpu_between_two_ticks_goes_by_what_the_thread_did_at_the_first() ->
     assert got == pytest.approx([0.5, 1.0, 1.5, 1.5])
     # without the ticks, all of it stays with the stack before
     assert span_cpu_s(changes, 3.0, times) == pytest.approx([1.0, 0.5, 2.0, 1.0])
+
+
+def test_on_cpu_ticks_count_the_ticks_a_thread_ran_at_by_its_stack_then() -> None:
+    # a change at 0 (pickle) and at 5 (json); ticks every 0.2 s from 0 to 10; the
+    # thread ran 1-2 (pickle) and 6-9 (json), asleep otherwise
+    th = ThreadTimeline(
+        7, "t", None, None, [OnCpu(1.0, 2.0, "blocked"), OnCpu(6.0, 9.0, "blocked")]
+    )
+    times = on_cpu_times({7: th}, 0.0)
+    ticks = [k / 5 for k in range(51)]
+    changes = [_change(7, 0.0, "pickle"), _change(7, 5.0, "json")]
+    assert on_cpu_ticks(changes, 10.0, times, ticks) == [6.0, 16.0]  # 1.0..2.0, 6.0..9.0
+    # too few ticks on a CPU: the spans' CPU instead
+    assert on_cpu_ticks(changes, 10.0, times, ticks[::10]) == pytest.approx([1.0, 3.0])
