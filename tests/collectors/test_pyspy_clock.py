@@ -4,6 +4,7 @@ real target whose phase edges it stamps itself (real py-spy, real kernel timelin
 from __future__ import annotations
 
 import bisect
+import itertools
 import json
 import subprocess
 import sys
@@ -19,23 +20,26 @@ from collectors.pyspy.runner import find_pyspy
 
 STATUS = st.probe()
 
-# Alternates two functions every 0.15 s for 3 s; at each function's entry (its frame
-# pushed) it reads CLOCK_MONOTONIC: the edge's true time, give or take that read.
+# Alternates two functions every 0.15 s for 3 s. The switch (the new frame pushed) lies
+# between the old loop's last clock read and the new function's first: both are kept, as
+# the edge's true time bounds (a preemption between them widens them, truthfully).
 TARGET = r"""
 import json, sys, time
-def phase_a(end, out):
-    out.append(("phase_a", time.monotonic()))
-    while time.monotonic() < end:
+def phase_a(end, out, last):
+    out.append(("phase_a", last, time.monotonic()))
+    while (now := time.monotonic()) < end:
         pass
-def phase_b(end, out):
-    out.append(("phase_b", time.monotonic()))
-    while time.monotonic() < end:
+    return now
+def phase_b(end, out, last):
+    out.append(("phase_b", last, time.monotonic()))
+    while (now := time.monotonic()) < end:
         pass
+    return now
 sys.stdin.readline()
 out = []
-t = time.monotonic()
+t = last = time.monotonic()
 for k in range(20):
-    (phase_a if k % 2 == 0 else phase_b)(t + 0.15 * (k + 1), out)
+    last = (phase_a if k % 2 == 0 else phase_b)(t + 0.15 * (k + 1), out, last)
 print(json.dumps(out), flush=True)
 """
 
@@ -91,7 +95,7 @@ def test_alignment_error_on_known_phase_edges(rate_hz: int, tmp_path: Path) -> N
     # py-spy's ts 0 lies after its spawn (its recorder is made after it starts)
     assert ck.offset_s >= spawned
     assert ck.matched >= 0.9 * ck.events and ck.residual_p95_s < 0.001
-    placed = []
+    placed: list[tuple[str, float]] = []
     prev = None
     for ts, frames in sorted(changes, key=lambda c: c[0]):
         leaf = frames[0].name if frames else None
@@ -100,14 +104,18 @@ def test_alignment_error_on_known_phase_edges(rate_hz: int, tmp_path: Path) -> N
         if leaf in ("phase_a", "phase_b"):
             prev = leaf
     assert len(placed) >= 15  # 19 edges; a sample may be lost to a nonblocking read
-    right = 0
+    right = strays = 0
+    gap = max(b - a for a, b in itertools.pairwise(ck.ticks))  # py-spy's worst lag
     for leaf, t in placed:
-        enter = min((e for name, e in edges if name == leaf), key=lambda e: abs(e - t))
+        _, exit_, enter = min((e for e in edges if e[0] == leaf), key=lambda e: abs(e[2] - t))
         k = bisect.bisect_right(ck.ticks, t) - 1
         before = ck.ticks[k - 1] if k > 0 and ck.ticks[k] == t else t - 1.0
-        # the tick that read the edge: after the one before it, at most a read's length
-        # before the frame's own clock read (the read spans the push)
-        right += before < enter <= t + 0.002
-        # never off by more than a few ticks (the spawn anchor was off by up to 0.35 s)
-        assert -0.002 <= t - enter < 0.1, (leaf, t - enter)
+        # never before the switch (a read spans ~1 ms), never later than py-spy's worst
+        # gap between ticks after it (the spawn anchor was off by up to 0.35 s); one
+        # stray per run: a nonblocking read of a stack changing under it can show a
+        # stale frame (145 ms early, once in 6 runs at load 37)
+        strays += not exit_ - 0.002 <= t <= enter + gap + 0.002
+        # on the tick that read it: the tick before it came before the new function ran
+        right += before < enter and t >= exit_ - 0.002
+    assert strays <= 1, strays
     assert right >= 0.8 * len(placed), (right, len(placed))
