@@ -223,7 +223,7 @@ class SchedTimeline:
         poll_s: float = 0.1,
         max_bytes_per_poll: int = 512 * 1024,
         max_threads: int = 4096,
-        max_intervals: int = 500_000,
+        max_intervals: int = 100_000,
     ) -> None:
         self._root = root
         self._procfs = procfs

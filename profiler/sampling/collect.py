@@ -354,8 +354,8 @@ class _Classified:
     changes: tuple[TimedLabel, ...]
     held_s: list[float]
     uncounted_tids: set[int | None]
-    # cpu_source "kernel": the carriers' first n_kernel are stack changes, each with its
-    # thread's on-CPU seconds over its span (kernel_prior); the rest --idle samples
+    # cpu_source "kernel": the carriers of the threads in kernel_tids are their stack
+    # changes, weighed by kernel_cpu.on_cpu_ticks (kernel_prior); the rest --idle samples
     kernel_prior: list[float] | None = None
     kernel_tids: set[int | None] = field(default_factory=set)
 
@@ -465,7 +465,7 @@ def _classify_in(
     covered: set[int | None] = set()
     if raw.kernel is not None and window.changes_timed_by == "kernel":
         # each thread the timeline traced and the stack-change run saw carries its CPU
-        # on its stack changes, weighed by its on-CPU time in each span (kernel_cpu.py)
+        # on its stack changes, weighed by the ticks it was on a CPU at (kernel_cpu.py)
         times = on_cpu_times(raw.kernel.threads, raw.kernel.epoch_minus_mono)
         spans = [s for s in window.changes or () if not s.partial and s.tid in times]
         kernel_prior = on_cpu_ticks(spans, window.changes_end, times, window.changes_ticks)
