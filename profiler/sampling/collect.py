@@ -568,19 +568,30 @@ def _weigh(raw: RawWindow, got: _Classified) -> _Weighed:
         # a traced thread's CPU by its on-CPU time per span; an untraced one's by its
         # polled CPU series, as without the kernel
         traced = got.kernel_tids
+        # a thread no CPU poll saw (it lived between two: many.save's hasher) has its
+        # CPU in the timeline, not only in the exited threads' pool
+        assert raw.kernel is not None
+        born = {
+            tid: raw.kernel.threads[tid].on_cpu_s
+            for tid in traced
+            if tid is not None and tid not in per_tid_s and tid in raw.kernel.threads
+        }
+        per_tid_s.update(born)
+        pool_s = max(0.0, exited.pool_s - sum(born.values()))
         weighting = distribute_cpu(
             _lone_unmapped_as_main(carriers, raw.pid, per_tid_s),
             per_tid_s,
-            exited_cpu_s=exited.pool_s,
+            exited_cpu_s=pool_s,
             series={t: ser for t, ser in series.items() if t not in traced},
             half_width_s=max(2 * raw.poll_s, sigma),
             prior=got.kernel_prior,
+            pool_prior=got.kernel_prior,
         )
         return _Weighed(
             thread_cpu_s=thread_cpu_s,
             rq=None,
             weighting=weighting,
-            total_cpu_s=sum(per_tid_s.values()) + exited.pool_s,
+            total_cpu_s=sum(per_tid_s.values()) + pool_s,
             wall_s=max(0.0, window.ended_at - window.started_at),
         )
     if got.held_s:
