@@ -101,6 +101,11 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
         "threads that share the GIL become less accurate)",
     )  # fmt: skip
     parser.add_argument(
+        "--kernel-timeline", action="store_true",
+        help="weigh CPU by the kernel's scheduler timeline (root; needs the stack-change "
+        "run): docs/sampling.md, cpu_source",
+    )  # fmt: skip
+    parser.add_argument(
         "--timing-rate", type=Number(float, min=0, max=1000, unit="Hz"), default=None,
         metavar="HZ",
         help="rate of the py-spy run that times episode edges by stack changes (default: "
@@ -249,6 +254,7 @@ def profile_options(args: argparse.Namespace) -> ProfileOptions:
         window_s=args.window,
         timing_rate_hz=args.timing_rate,
         on_cpu_run=args.on_cpu_run,
+        kernel_timeline=args.kernel_timeline,
         follow_children=not args.no_children,
         pyspy=args.pyspy,
         sampler_priority=args.sampler_priority,

@@ -115,6 +115,10 @@ class WindowReport:
     # the classified stacks, folded and bounded (profiler/sampling/stacks.py): what the
     # flame graph and the pprof export are made of
     stacks: Mapping[StackKey, StackTally] = field(default_factory=dict)
+    # what weighed the CPU: "kernel" (each thread's on-CPU intervals from the scheduler
+    # timeline inside its stack spans: profiler/sampling/kernel_cpu.py) or "estimate"
+    # (py-spy's R state and /proc polls: profiler/sampling/weighting.py)
+    cpu_source: str = "estimate"
 
     @property
     def wall_s(self) -> float:
