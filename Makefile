@@ -23,7 +23,9 @@ $(TEST_DEPS): $(BIN)/serwatt pyproject.toml
 
 # Debian packages the tests use: a real Prometheus server (+ promtool), systemd-analyze,
 # Chromium (headless) to open the A/B report's HTML page, and VictoriaMetrics (single
-# node) as the long-term store Prometheus remote-writes into (tests/report/test_fleet.py).
+# node) as the long-term store Prometheus remote-writes into (tests/report/test_fleet.py),
+# Go for `go tool pprof`, which reads `serwatt profile --pprof` (tests/profile/test_pprof.py),
+# and fuse3 (libfuse3 + fusermount3) for the stalling FUSE filesystem of tests/fuse_stall.py.
 system-deps:
 	@command -v prometheus >/dev/null && command -v promtool >/dev/null || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null)
@@ -33,6 +35,10 @@ system-deps:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
 	@command -v victoria-metrics >/dev/null || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq victoria-metrics >/dev/null)
+	@command -v go >/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq golang-go >/dev/null)
+	@command -v fusermount3 >/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fuse3 >/dev/null)
 
 demo: $(BIN)/serwatt
 	$(BIN)/serwatt demo

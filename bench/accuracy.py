@@ -322,8 +322,10 @@ def profile_once(
     script_args: list[str],
     keys: tuple[str, ...],
     busy: int = 0,
+    kernel: bool = False,
 ) -> tuple[dict[str, float], dict]:
-    """One profiled run: (true shares, serwatt's profile document)."""
+    """One profiled run: (true shares, serwatt's profile document). `kernel`: CPU
+    weighed by the scheduler timeline (SamplingPlan.kernel_timeline)."""
     from collectors.pyspy import PySpy, SamplingPlan
     from profiler.profile.document import build_document
     from profiler.profile.session import ProfileSession
@@ -361,6 +363,7 @@ def profile_once(
                     rate_hz=args.rate,
                     on_cpu_run=args.on_cpu_run,
                     timing_rate_hz=timing_rate_hz(args),
+                    kernel_timeline=kernel,
                 ),
                 window_s=args.window,
                 duration_s=args.duration,
@@ -370,7 +373,11 @@ def profile_once(
             )
             result = session.run()
             os.kill(proc.pid, signal.SIGUSR1)
-            time.sleep(0.5)
+            # the workload writes its second truth line from its signal handler: on a
+            # loaded node that took more than 0.5 s
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline and len(truth.read_text().splitlines()) < 2:
+                time.sleep(0.1)
         finally:
             for p in (proc, *hogs):
                 p.kill()
@@ -462,6 +469,13 @@ def main() -> int:
         help="py-spy's scheduling (collectors/sched.py); off shows what it is worth",
     )
     ap.add_argument(
+        "--kernel-timeline",
+        choices=("off", "on", "both"),
+        default="off",
+        help="mix: weigh CPU by the kernel's scheduler timeline (on), by the estimates "
+        "(off), or both, interleaved in every repeat (before/after)",
+    )
+    ap.add_argument(
         "--truth-waits",
         action="store_true",
         help="mix: the workload also reads its threads' run-queue wait around every "
@@ -492,22 +506,35 @@ def main() -> int:
         f"{os.cpu_count()} CPUs, load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at start"
     )
     if args.contention is None:
-        runs = [
-            profile_once(
-                args,
-                classifier,
-                script=WORKLOAD,
-                script_args=[str(args.threads), *(["waits"] if args.truth_waits else [])],
-                keys=MIX_CODEPATHS,
-                busy=args.busy,
-            )  # fmt: skip
-            for _ in range(args.repeats)
-        ]
+        sides = {"off": [False], "on": [True], "both": [False, True]}[args.kernel_timeline]
+        by_side: dict[bool, list[tuple[dict, dict]]] = {k: [] for k in sides}
+        for r in range(args.repeats):
+            for kernel in sides if r % 2 == 0 else sides[::-1]:
+                by_side[kernel].append(
+                    profile_once(
+                        args,
+                        classifier,
+                        script=WORKLOAD,
+                        script_args=[str(args.threads), *(["waits"] if args.truth_waits else [])],
+                        keys=MIX_CODEPATHS,
+                        busy=args.busy,
+                        kernel=kernel,
+                    )
+                )
         goal = 2.0 if args.threads == 1 or args.busy else 3.0
         label = f"mix, {args.threads} busy thread(s)" + (
             f", {args.busy} busy process(es)" if args.busy else ""
         )
-        v = report(label, runs, MIX_CODEPATHS, goal)
+        for kernel, runs in by_side.items():
+            used = [
+                any("cpu_source kernel" in n for n in doc["sampler"]["notes"]) for _, doc in runs
+            ]
+            print(
+                f"\ncpu_source {'kernel' if kernel else 'estimate'} asked; kernel used in "
+                f"{sum(used)} of {len(runs)} run(s); load {os.getloadavg()[0]:.2f}"
+            )
+            v = report(f"{label}, cpu_source {'kernel' if kernel else 'estimate'}", runs,
+                       MIX_CODEPATHS, goal)  # fmt: skip
         if args.truth_waits:
             waits_report(runs, MIX_CODEPATHS)
         print(f"load {os.getloadavg()[0]:.2f} at end")

@@ -28,6 +28,7 @@ The directory is the job's, so what it holds is hostile:
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import json
 import os
@@ -42,6 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from inotify_simple import INotify, flags
+
+from collectors.mounts import read_mounts
 
 WRITTEN = "written"
 OPENED = "opened"
@@ -123,6 +126,7 @@ class DirectoryWatch:
         self._open_count = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._barriers: list[threading.Event] = []
         self._inotify: INotify | None = None
         self._thread: threading.Thread | None = None
 
@@ -202,8 +206,15 @@ class DirectoryWatch:
         files already there count as written at `seen_t` (they landed before the watch)."""
         stack = [top]
         first = True
+        mounts = _mount_points()
         while stack:
             d = stack.pop()
+            if os.path.abspath(d) in mounts and (not first or not required):
+                # Another filesystem under DIR (a FUSE mount the job serves may never
+                # answer a listing): not watched, as `find -xdev`.
+                self.unwatched_dirs += 1
+                first = False
+                continue
             known = self._add_watch(d, required=required and first)
             first = False
             if known is None:
@@ -222,9 +233,24 @@ class DirectoryWatch:
 
     # ---------------------------------------------------------------- reading
 
+    def barrier(self) -> threading.Event:
+        """Set once every event inotify holds now has been read and kept."""
+        done = threading.Event()
+        with self._lock:
+            self._barriers.append(done)
+        return done
+
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._drain(timeout_ms=_POLL_MS)
+            with self._lock:
+                barriers, self._barriers = self._barriers, []
+            self._drain(timeout_ms=0 if barriers else _POLL_MS)
+            for b in barriers:
+                b.set()
+        with self._lock:
+            barriers, self._barriers = self._barriers, []
+        for b in barriers:
+            b.set()
 
     def _drain(self, *, timeout_ms: int) -> None:
         assert self._inotify is not None
@@ -298,79 +324,216 @@ class DirectoryWatch:
             self.on_event(event)
 
 
-class WatchProcess:
-    """A DirectoryWatch run in a child process (`python -m collectors.fsevents DIR`), so
-    that its stamps do not wait for this process's GIL. Same interface as DirectoryWatch.
+class _SharedChild:
+    """One watching child process (`python -m collectors.fsevents DIR`) and the
+    WatchProcess views it feeds: every view of one (DIR, glob) shares it, so a target
+    whose every process is a run of its own still has one watcher (issue 45: one
+    interpreter per process ran the unit out of memory and tasks)."""
 
-    The child writes one JSON line per event and a last line with its counters once its
-    stdin closes (stop()). Raises OSError from start() when the child cannot watch DIR."""
-
-    def __init__(
-        self, root: Path, *, glob: str | None = None, max_events: int = MAX_EVENTS
-    ) -> None:
-        self.root = Path(root)
-        self.glob = glob
-        self.max_events = max_events
-        self.dropped = self.overflows = self.unwatched_dirs = 0
-        self._events: list[FileEvent] = []
-        self._own_opens: dict[str, int] = {}
-        self._lock = threading.Lock()
-        self._proc: subprocess.Popen[str] | None = None
-        self._reader: threading.Thread | None = None
-
-    def start(self) -> None:
-        argv = [sys.executable, "-m", "collectors.fsevents", os.fspath(self.root)]
-        if self.glob is not None:
-            argv += ["--glob", self.glob]
+    def __init__(self, key: tuple[str, str | None]) -> None:
+        self.key = key
+        self.views: list[WatchProcess] = []
+        self.ready = threading.Event()  # the child watches DIR (or failed: `error`)
+        self.error: str | None = None
+        self.counters = {"dropped": 0, "overflows": 0, "unwatched_dirs": 0}
+        self._synced = threading.Condition()
+        self._sync_sent = self._sync_seen = 0
+        root, glob = key
+        argv = [sys.executable, "-m", "collectors.fsevents", root]
+        if glob is not None:
+            argv += ["--glob", glob]
         here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
-        self._proc = subprocess.Popen(
+        self.proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
         )
-        assert self._proc.stdout is not None
-        first = self._proc.stdout.readline()
-        try:
-            hello = json.loads(first) if first else {}
-        except ValueError:
-            hello = {}
-        if not hello.get("ready"):
-            self._proc.kill()
-            self._proc.wait()
-            raise OSError(hello.get("error") or f"the watch of {self.root} did not start")
         self._reader = threading.Thread(target=self._read, name="serwatt-fsevents", daemon=True)
         self._reader.start()
 
     def _read(self) -> None:
-        assert self._proc is not None and self._proc.stdout is not None
-        for line in self._proc.stdout:
-            msg = json.loads(line)
-            if "done" in msg:
-                done = msg["done"]
-                self.dropped += int(done["dropped"])
-                self.overflows = int(done["overflows"])
-                self.unwatched_dirs = int(done["unwatched_dirs"])
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            try:
+                msg = json.loads(line)
+            except ValueError:
                 continue
-            ev = FileEvent(float(msg["t"]), str(msg["kind"]), str(msg["path"]), msg["bytes"])
-            with self._lock:
-                if ev.kind == OPENED:
-                    key = os.path.abspath(ev.path)
-                    own = self._own_opens.get(key, 0)
-                    if own:
-                        self._own_opens[key] = own - 1
-                        continue
-                if len(self._events) >= self.max_events:
-                    self.dropped += 1
-                    continue
-                self._events.append(ev)
+            if "ready" in msg or "error" in msg:
+                self.error = msg.get("error")
+                self.ready.set()
+            elif "synced" in msg or "done" in msg:
+                self.counters = {k: int(v) for k, v in (msg.get("synced") or msg["done"]).items()}
+                with self._synced:
+                    self._sync_seen += 1
+                    self._synced.notify_all()
+            else:
+                ev = FileEvent(float(msg["t"]), str(msg["kind"]), str(msg["path"]), msg["bytes"])
+                with _SHARED_LOCK:
+                    views = list(self.views)
+                for view in views:
+                    view._deliver(ev)
+        if not self.ready.is_set():
+            self.error = self.error or f"the watch of {self.key[0]} ended before it started"
+            self.ready.set()
+
+    def sync(self, timeout_s: float) -> bool:
+        """Wait until the child has read what inotify holds now (its events are then
+        delivered); False when it did not answer in time (its directory is then
+        unresponsive, never waited on again)."""
+        if self.key in _UNRESPONSIVE or self.error is not None or not self.ready.is_set():
+            return False
+        with self._synced:
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.write("sync\n")
+                self.proc.stdin.flush()
+            except (OSError, ValueError):
+                return False
+            self._sync_sent += 1
+            want = self._sync_sent
+            if not self._synced.wait_for(lambda: self._sync_seen >= want, timeout_s):
+                with _SHARED_LOCK:
+                    _UNRESPONSIVE.add(self.key)
+                return False
+        return True
+
+    def close(self, timeout_s: float) -> None:
+        """End the child: it stops on EOF; past `timeout_s` (or at once when it is known
+        stuck in DIR) it is killed, and not waited for: a process in a FUSE request the
+        server has read ends only once the server answers or dies (the kernel waits
+        uninterruptibly then, SIGKILL or not). Such a child is kept in _LINGERING, and
+        its directory gets no other child while it lives."""
+        with contextlib.suppress(OSError, ValueError):
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+        stuck = self.key in _UNRESPONSIVE or not self.ready.is_set()
+        try:
+            self.proc.wait(timeout=0 if stuck else timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=0.05)
+        if self.proc.poll() is None:
+            with _SHARED_LOCK:
+                _LINGERING[self.key] = self
+            return
+        self._reader.join(timeout=timeout_s)
+
+
+# (DIR, glob) -> the child watching it, while some WatchProcess uses it.
+_CHILDREN: dict[tuple[str, str | None], _SharedChild] = {}
+_SHARED_LOCK = threading.Lock()
+# Directories whose child once left a sync unanswered (stuck in DIR): their children
+# are never waited on again; what they had not read is lost to that target alone.
+_UNRESPONSIVE: set[tuple[str, str | None]] = set()
+# Children killed while stuck in their directory and not ended yet (see close()).
+_LINGERING: dict[tuple[str, str | None], _SharedChild] = {}
+READY_TIMEOUT_S = 10.0  # a child that has not listed DIR by then is stuck in it
+SYNC_TIMEOUT_S = 2.0  # a child that has not read its pending events by then is stuck
+STOP_TIMEOUT_S = 3.0  # a child that has not ended by then is killed
+
+
+class WatchProcess:
+    """A DirectoryWatch run in a child process (`python -m collectors.fsevents DIR`), so
+    that its stamps do not wait for this process's GIL. Same interface as DirectoryWatch.
+
+    Views of one (DIR, glob) share one child (_SharedChild): each gets the events read
+    from its start() to its stop(). The child writes one JSON line per event; a view's
+    stop() asks it to read what inotify holds first (`sync`, at most SYNC_TIMEOUT_S),
+    and the last view's stop ends it (killed past STOP_TIMEOUT_S).
+
+    start(): with wait=True (serwatt profile: before the job starts, so nothing it
+    writes is missed) waits at most `ready_timeout_s` for the child to watch DIR and
+    raises OSError when it cannot (not a directory, no permission, or stuck in it: a
+    FUSE mount the job serves). With wait=False (the daemon's main loop) it returns at
+    once; `wait_ready` then says whether the watch is up, and a watch that never came
+    up has no events."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        glob: str | None = None,
+        max_events: int = MAX_EVENTS,
+        ready_timeout_s: float = READY_TIMEOUT_S,
+    ) -> None:
+        self.root = Path(root)
+        self.glob = glob
+        self.max_events = max_events
+        self.ready_timeout_s = ready_timeout_s
+        self.dropped = self.overflows = self.unwatched_dirs = 0
+        self.error: str | None = None
+        self._events: list[FileEvent] = []
+        self._own_opens: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._child: _SharedChild | None = None
+        self._last_child: _SharedChild | None = None  # after stop: own_open tells its views
+        self._started_at = 0.0
+
+    def start(self, *, wait: bool = True) -> None:
+        key = (os.path.abspath(self.root), self.glob)
+        with _SHARED_LOCK:
+            stuck = _LINGERING.get(key)
+            if stuck is not None and stuck.proc.poll() is None:
+                self.error = f"an earlier watch of {self.root} is still stuck in it"
+                if wait:
+                    raise OSError(self.error)
+                return
+            _LINGERING.pop(key, None)
+            child = _CHILDREN.get(key)
+            if child is None or child.proc.poll() is not None or child.error is not None:
+                child = _CHILDREN[key] = _SharedChild(key)
+            child.views.append(self)
+        self._child = child
+        self._started_at = time.monotonic()
+        if wait and not self.wait_ready(self.ready_timeout_s):
+            error = self.error or f"the watch of {self.root} did not start"
+            self.stop()
+            raise OSError(error)
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Whether the child watches DIR, waiting at most `timeout_s` (and never past
+        `ready_timeout_s` from start())."""
+        child = self._child or self._last_child
+        if child is None:
+            return False
+        left = self.ready_timeout_s - (time.monotonic() - self._started_at)
+        child.ready.wait(max(0.0, min(timeout_s, left)))
+        if not child.ready.is_set():
+            self.error = f"the watch of {self.root} did not start in {self.ready_timeout_s:g} s"
+            return False
+        self.error = child.error
+        return child.error is None
+
+    def _deliver(self, ev: FileEvent) -> None:
+        with self._lock:
+            if ev.kind == OPENED:
+                key = os.path.abspath(ev.path)
+                own = self._own_opens.get(key, 0)
+                if own:
+                    self._own_opens[key] = own - 1
+                    return
+            if len(self._events) >= self.max_events:
+                self.dropped += 1
+                return
+            self._events.append(ev)
 
     def stop(self) -> list[FileEvent]:
-        if self._proc is not None:
-            assert self._proc.stdin is not None
-            self._proc.stdin.close()
-            if self._reader is not None:
-                self._reader.join()
-            self._proc.wait()
-            self._proc = None
+        child, self._child = self._child, None
+        self._last_child = child
+        if child is not None:
+            if child.ready.is_set():
+                child.sync(SYNC_TIMEOUT_S)
+            with _SHARED_LOCK:
+                child.views.remove(self)
+                last = not child.views
+                if last and _CHILDREN.get(child.key) is child:
+                    del _CHILDREN[child.key]
+            if last:
+                child.close(STOP_TIMEOUT_S)
+            counters = child.counters
+            self.dropped += counters["dropped"]
+            self.overflows = counters["overflows"]
+            self.unwatched_dirs = counters["unwatched_dirs"]
         with self._lock:
             self._events.sort(key=lambda e: e.t)
         return self.events()
@@ -382,16 +545,35 @@ class WatchProcess:
     @property
     def pid(self) -> int | None:
         """The watching child's pid while it runs (None before start or after stop)."""
-        proc = self._proc
-        return proc.pid if proc is not None and proc.poll() is None else None
+        child = self._child
+        return child.proc.pid if child is not None and child.proc.poll() is None else None
 
     @contextmanager
     def own_open(self, path: str) -> Iterator[None]:
-        """As DirectoryWatch.own_open."""
+        """As DirectoryWatch.own_open, for every view of the child (the open is none of
+        theirs), this one's after its stop too."""
         key = os.path.abspath(path)
-        with self._lock:
-            self._own_opens[key] = self._own_opens.get(key, 0) + 1
+        child = self._child or self._last_child
+        with _SHARED_LOCK:
+            views = {id(v): v for v in ([self] + (child.views if child else []))}
+        for view in views.values():
+            with view._lock:
+                view._own_opens[key] = view._own_opens.get(key, 0) + 1
         yield
+
+
+def close_all(timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """End every child at once (their views keep what they had): the daemon is ending."""
+    with _SHARED_LOCK:
+        children = list(_CHILDREN.values())
+        _CHILDREN.clear()
+    for child in children:
+        with contextlib.suppress(OSError, ValueError):
+            assert child.proc.stdin is not None
+            child.proc.stdin.close()
+    deadline = time.monotonic() + timeout_s
+    for child in children:
+        child.close(max(0.0, deadline - time.monotonic()))
 
 
 def _child(argv: list[str]) -> int:
@@ -401,7 +583,7 @@ def _child(argv: list[str]) -> int:
     lock = threading.Lock()
 
     def emit(msg: dict) -> None:
-        with lock:
+        with lock, contextlib.suppress(BrokenPipeError):  # the parent is gone
             out.write(json.dumps(msg) + "\n")
             out.flush()
 
@@ -416,11 +598,23 @@ def _child(argv: list[str]) -> int:
         emit({"error": f"cannot watch {argv[0]}: {exc.strerror or exc}"})
         return 1
     emit({"ready": True})
-    sys.stdin.read()  # until the parent closes it
+
+    def counters() -> dict[str, int]:
+        return {"dropped": watch.dropped, "overflows": watch.overflows,
+                "unwatched_dirs": watch.unwatched_dirs}  # fmt: skip
+
+    for line in sys.stdin:  # until the parent closes it
+        if line.strip() == "sync":
+            watch.barrier().wait()
+            emit({"synced": counters()})
     watch.stop()
-    emit({"done": {"dropped": watch.dropped, "overflows": watch.overflows,
-                   "unwatched_dirs": watch.unwatched_dirs}})  # fmt: skip
+    emit({"done": counters()})
     return 0
+
+
+def _mount_points() -> frozenset[str]:
+    """Every mount point of this process's namespace (procfs: never blocks)."""
+    return frozenset(m.point for m in read_mounts())
 
 
 def _size(path: str) -> int | None:

@@ -38,6 +38,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 CLOCK_TICKS_PER_S: int = os.sysconf("SC_CLK_TCK")
+# How much of a process's maps is searched for libpython: an interpreter's own libraries
+# are mapped as it starts, so they come early; 256 MB of maps (a job with a million
+# mappings) is not read whole on every rescan.
+MAX_MAPS_BYTES = 4 * 1024 * 1024
 # The most read of one small procfs file (stat, schedstat, status, comm are < 2 KiB on
 # any real kernel): anything longer is not what the kernel writes there.
 MAX_READ_BYTES = 64 * 1024
@@ -482,10 +486,11 @@ class ProcessFiles:
         self._cgroup: list[str] | None = None
         self._environ: dict[str, str] | None = None
 
-    def read(self, name: str) -> bytes:
+    def read(self, name: str, limit: int = -1) -> bytes:
+        """The file's bytes, at most `limit` of them (all when negative)."""
         try:
             with open(f"{self.dir}/{name}", "rb") as f:
-                return f.read()
+                return f.read(limit)
         except (FileNotFoundError, ProcessLookupError, NotADirectoryError) as exc:
             raise ProcessGone(f"process {self.pid}: {name} is gone") from exc
         except PermissionError as exc:
@@ -545,9 +550,14 @@ class ProcessFiles:
             self._environ = env
         return self._environ
 
-    def python_kind(self) -> PythonKind:
+    def python_kind(self, *, maps: bool = True) -> PythonKind:
         """Whether the process runs CPython; see `python_kind`. ProcessGone when it
-        exits while being read."""
+        exits while being read.
+
+        maps=False: by the exe (or argv[0]) alone; the maps are not read. A process's
+        maps can be hundreds of MB (a job maps what it likes), so they are searched
+        only for a process some criterion admitted by its exe (an embedded interpreter
+        the operator named), and only their first MAX_MAPS_BYTES."""
         exe = self.exe()
         # The kernel's exe link wins; argv[0] is whatever the parent chose, so it counts
         # only when the link cannot be read.
@@ -563,12 +573,14 @@ class ProcessFiles:
         m = _PYTHON_NAME.match(name)
         if m:
             return PythonKind(True, _major_minor(m.group(1)), "t" in m.group(2), evidence)
+        if not maps:
+            return PythonKind(False, None, False, f"{evidence} (maps not read)")
         # Embedded interpreters (uwsgi, a C++ launcher) show Python only in their mappings.
         try:
-            maps = self.read("maps")
+            mapped = self.read("maps", MAX_MAPS_BYTES)
         except ProcessUnreadable:
-            maps = b""
-        lm = _LIBPYTHON.search(maps)
+            mapped = b""
+        lm = _LIBPYTHON.search(mapped)
         if lm:
             return PythonKind(
                 True,
@@ -576,7 +588,8 @@ class ProcessFiles:
                 b"t" in lm.group(2),
                 f"maps {lm.group(0)[1:].decode()}",
             )
-        return PythonKind(False, None, False, f"{evidence} maps no libpython")
+        searched = "" if len(mapped) < MAX_MAPS_BYTES else f" in its first {MAX_MAPS_BYTES} bytes"
+        return PythonKind(False, None, False, f"{evidence} maps no libpython{searched}")
 
 
 # python, python3, python3.11, python3.11.7, python3.13t (free-threaded), python3.7m

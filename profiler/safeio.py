@@ -8,8 +8,15 @@ must itself be writable by no other user, unless it is root's or ours with the s
 O_CREAT|O_EXCL|O_NOFOLLOW relative to that directory's fd, fsynced and renamed over the
 final name within the same fd. A final name that is a link, or exists and is not a regular
 file, is refused. So a link another user put at any name serwatt uses is never written
-through, and the file serwatt leaves is root's, whole, with the name it was given. The run
-record (SQLite, which opens its files by name) is checked the same way before it opens.
+through, and the file serwatt leaves is root's, whole, with the name it was given.
+
+The run record is SQLite's, which opens it and its -journal, -wal and -shm by name,
+resolving every link in the name first, so no descriptor can stand in for the name
+(SQLite resolves /proc/self/fd/N back to a name). `sqlite_name` gives SQLite a name that
+cannot be swapped: every directory on the way is one no other user can change (nor, in
+a sticky one, its entry on the way); in a directory other users can write, the record
+and its side files are opened without following links and must be serwatt's own (made
+now, or already root's or ours with one link), which the sticky bit then keeps.
 
 Reading (`read_bounded`, `read_json`): a regular file only, opened with O_NONBLOCK so a
 FIFO cannot block the open, fstat'd before reading so a device is never read, and read to
@@ -84,9 +91,10 @@ def _follow_problem(link: os.stat_result, holder: os.stat_result) -> str | None:
     return None
 
 
-def _open_dir(directory: Path, shown: Path) -> int:
+def _open_dir(directory: Path, shown: Path, *, make: bool = False) -> int:
     """An O_PATH fd of `directory`, reached without following any link another user could
-    have planted; raises UnsafePathError, or OSError (e.g. a missing directory)."""
+    have planted (with `make`, a missing directory on the way is made, mode 0755, by the
+    same walk); raises UnsafePathError, or OSError (e.g. a missing directory)."""
     fd = os.open("/" if directory.is_absolute() else ".", _DIR_FLAGS)
     pending = list(reversed(directory.parts[1:] if directory.is_absolute() else directory.parts))
     walked = Path(directory.anchor)
@@ -97,7 +105,14 @@ def _open_dir(directory: Path, shown: Path) -> int:
             if name in ("", "."):
                 continue
             try:
-                nfd = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                try:
+                    nfd = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                except FileNotFoundError:
+                    if not make:
+                        raise
+                    with contextlib.suppress(FileExistsError):  # made meanwhile: opened below
+                        os.mkdir(name, 0o755, dir_fd=fd)
+                    nfd = os.open(name, _DIR_FLAGS, dir_fd=fd)
             except OSError as exc:
                 if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
                     raise
@@ -170,6 +185,133 @@ def check_output_path(path: os.PathLike[str] | str) -> None:
     for checking an output option before any work starts."""
     _path, dir_fd = _open_checked(path)
     os.close(dir_fd)
+
+
+SQLITE_SIDES = ("-journal", "-wal", "-shm")  # what SQLite makes beside a database, by name
+
+
+def _shared(info: os.stat_result) -> bool:
+    return bool(info.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
+
+
+def _fixed_path(dir_fd: int, shown: Path) -> str:
+    """The path of the directory `dir_fd`, with no link in it, once no other user can
+    change what any part of it names; raises UnsafePathError."""
+    real = os.readlink(f"/proc/self/fd/{dir_fd}")
+    if not real.startswith("/") or real.endswith(" (deleted)"):
+        raise UnsafePathError(f"{shown}: its directory has no path ({real}); give another")
+    walked, parent = "/", os.lstat("/")
+    for part in Path(real).parts[1:]:
+        child_path = os.path.join(walked, part)
+        child = os.lstat(child_path)
+        why = _dir_problem(parent)
+        if why is None and _shared(parent) and child.st_uid not in (os.geteuid(), 0):
+            why = f"is shared, and {part} in it is owned by uid {child.st_uid}"
+        if why is not None:
+            raise UnsafePathError(
+                f"{shown}: the directory {walked} on the way to it {why}, so another user "
+                "could swap what the name leads to, and SQLite opens the record and its "
+                f"-journal, -wal and -shm by name: {_FIX}"
+            )
+        walked, parent = child_path, child
+    here, there = os.fstat(dir_fd), os.stat(real)
+    if (here.st_dev, here.st_ino) != (there.st_dev, there.st_ino):
+        raise UnsafePathError(f"{shown}: its directory moved while it was checked; try again")
+    return real
+
+
+def _own_file(dir_fd: int, name: str, shown: Path, *, create: bool, made: list[str]) -> None:
+    """Open `name` in `dir_fd` without following a link (made now when `create`), and
+    check it is a regular file no other user can have made or linked; raises
+    UnsafePathError or OSError."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+    where = shown.with_name(name)
+    try:
+        if create:
+            try:
+                fd = os.open(name, flags | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=dir_fd)
+                made.append(name)
+            except FileExistsError:
+                fd = os.open(name, flags, dir_fd=dir_fd)
+        else:
+            fd = os.open(name, flags, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafePathError(
+                f"{where}: is a symbolic link; serwatt does not let SQLite open a link (another "
+                "user may have planted it): remove it or give the record another name"
+            ) from None
+        raise
+    try:
+        info = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if not stat.S_ISREG(info.st_mode):
+        raise UnsafePathError(f"{where}: not a regular file (a FIFO, device or directory)")
+    if info.st_uid not in (os.geteuid(), 0):
+        raise UnsafePathError(
+            f"{where}: is owned by uid {info.st_uid} in a directory other users can write: "
+            "they may change it or put a link in its place (a journal of theirs would be "
+            "rolled into the record); remove it, or give the record another name"
+        )
+    if info.st_nlink != 1:
+        raise UnsafePathError(
+            f"{where}: has {info.st_nlink} hard links in a directory other users can write "
+            "(another name may be theirs); remove it, or give the record another name"
+        )
+
+
+def sqlite_name(path: os.PathLike[str] | str, *, create: bool) -> str:
+    """The name to give SQLite for the database `path` (made now, empty, when `create`
+    and missing): `path` with no link in it, on a path no other user can change; in a
+    directory other users can write, the database and its SQLITE_SIDES are root's or
+    ours, one link each (made now, empty, when missing, so no one else can make them).
+    Raises UnsafePathError or OSError, having removed what it made."""
+    path, dir_fd = _open_checked(path)
+    made: list[str] = []
+    try:
+        real_dir = _fixed_path(dir_fd, path)
+        shared = _shared(os.fstat(dir_fd))
+        _own_file(dir_fd, path.name, path, create=create, made=made)
+        if not shared:
+            return os.path.join(real_dir, path.name)
+        for side in SQLITE_SIDES:
+            try:
+                _own_file(dir_fd, path.name + side, path, create=True, made=made)
+            except OSError as exc:
+                if create or exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+                    raise
+                # a reader that may not write here: SQLite cannot make it either
+        return os.path.join(real_dir, path.name)
+    except BaseException:
+        for name in reversed(made):
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=dir_fd)
+        raise
+    finally:
+        os.close(dir_fd)
+
+
+def make_dirs(directory: os.PathLike[str] | str) -> None:
+    """Make `directory` and any missing parent (mode 0755), by the walk `_open_dir` takes:
+    no link another user could have planted is followed, and nothing is made where one
+    points. Raises UnsafePathError or OSError."""
+    os.close(_open_dir(Path(directory), Path(directory), make=True))
+
+
+def drop_empty_journal(path: os.PathLike[str] | str) -> None:
+    """Remove the empty -journal `sqlite_name` made beside a database SQLite now runs in
+    WAL mode (it reads no journal then); one another user made, or with content, stays."""
+    path, dir_fd = _open_checked(path)
+    name = path.name + "-journal"
+    try:
+        info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        if stat.S_ISREG(info.st_mode) and info.st_size == 0 and info.st_uid in (os.geteuid(), 0):
+            os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
+    finally:
+        os.close(dir_fd)
 
 
 def write_bytes(

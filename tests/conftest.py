@@ -84,9 +84,10 @@ def pyspy_proc_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    # tests/replay/golden.py and tests/report/test_report_golden.py: rewrite the checked-in
+    # golden files from this run
     parser.addoption(
         "--update-golden",
         action="store_true",
-        default=False,
-        help="rewrite the golden files from the code under test instead of comparing",
+        help="rewrite the golden files (tests/replay/golden, tests/report/golden) from this run",
     )

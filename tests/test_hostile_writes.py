@@ -231,6 +231,8 @@ _WRITE_FLAGS = {"O_WRONLY", "O_RDWR", "O_CREAT", "O_TRUNC", "O_APPEND"}
 _ALLOWED = {
     "profiler/safeio.py": {"os.open for writing", "os.replace", "fsync", "write_bytes"},
     "profiler/records/store.py": {"sqlite3.connect"},
+    # the record's own schema, built in memory (":memory:") to check a file against
+    "profiler/records/schema.py": {"sqlite3.connect"},
     # --cold-restore fsyncs the job's checkpoint files, opened read-only, so their pages
     # are clean and posix_fadvise(DONTNEED) can drop them: it writes no file
     "profiler/profile/ab.py": {"fsync"},

@@ -24,13 +24,15 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from collectors.pyspy.clock import PySpyClock, align
 from collectors.pyspy.speedscope import label_thread_id, partial_flags
 from collectors.pyspy.threads import ThreadMapping
 from collectors.samples import Frame, Sample
+from collectors.sched_timeline import ThreadTimeline
 
 if TYPE_CHECKING:
     from collectors.pyspy.speedscope import WindowSamples
@@ -206,11 +208,17 @@ class RawChanges:
     anchor: float
     banner_at: float
     rate_hz: float
+    pyspy_pid: int = 0  # the py-spy that wrote it (its threads: collectors/pyspy/clock.py)
 
 
-def resolve_changes(window: WindowSamples) -> WindowSamples:
+def resolve_changes(window: WindowSamples, kernel: KernelClock | None = None) -> WindowSamples:
     """The window with its stack-change run parsed into `changes` (or, when the output
-    is not a py-spy chrometrace, a note saying why and no changes)."""
+    is not a py-spy chrometrace, a note saying why and no changes).
+
+    With `kernel` (the window's scheduler timeline, which traced this py-spy), each
+    change is timed by the tick that read it (collectors/pyspy/clock.py), and
+    `changes_clock_s` is the alignment's residual; else by the spawn anchor, off by up to
+    py-spy's start-up."""
     raw = window.changes_raw
     if raw is None:
         return window
@@ -221,6 +229,27 @@ def resolve_changes(window: WindowSamples) -> WindowSamples:
         errors = replace(window.errors, notes=(*window.errors.notes, note))
         return replace(window, errors=errors, changes_raw=None)
     anchor = raw.anchor
+    ck = kernel.align(trace, raw) if kernel is not None else None
+    if ck is not None:
+        assert kernel is not None
+        shift = kernel.epoch_minus_mono
+        note = (
+            f"stack changes timed by the kernel timeline: {ck.matched} of {ck.events} "
+            f"py-spy event times on its wake-ups (p95 {ck.residual_p95_s * 1e3:.2f} ms)"
+        )
+        return replace(
+            window,
+            changes=timed_changes(
+                window.pid, trace, window.mapping, host_of=lambda ts: shift + ck.tick_of(ts)
+            ),
+            changes_rate_hz=raw.rate_hz,
+            changes_end=shift + ck.offset_s + trace.end_ts_s,
+            changes_clock_s=ck.residual_p95_s,
+            changes_timed_by="kernel",
+            changes_ticks=tuple(shift + t for t in ck.ticks),
+            changes_raw=None,
+            errors=replace(window.errors, notes=(*window.errors.notes, note)),
+        )
     # the first event is py-spy's first sample, moments before or after its banner
     uncertainty = max(0.0, raw.banner_at - (anchor + trace.first_ts_s))
     return replace(
@@ -229,5 +258,24 @@ def resolve_changes(window: WindowSamples) -> WindowSamples:
         changes_rate_hz=raw.rate_hz,
         changes_end=anchor + trace.end_ts_s,
         changes_clock_s=uncertainty,
+        changes_timed_by="spawn",
         changes_raw=None,
     )
+
+
+@dataclass(frozen=True)
+class KernelClock:
+    """A window's scheduler timeline as far as timing py-spy's runs needs it: every
+    traced thread (py-spy's included) and the offset from CLOCK_MONOTONIC to the host
+    epoch clock serwatt stamps windows with."""
+
+    threads: Mapping[int, ThreadTimeline]
+    epoch_minus_mono: float
+
+    def align(self, trace: ChromeTrace, raw: RawChanges) -> PySpyClock | None:
+        if not raw.pyspy_pid:
+            return None
+        ts = [c.ts_s for th in trace.threads for c in th.changes]
+        lo = raw.anchor - self.epoch_minus_mono - 0.05
+        hi = raw.banner_at - self.epoch_minus_mono + 0.05
+        return align(ts, self.threads, raw.pyspy_pid, lo_s=lo, hi_s=hi)

@@ -10,6 +10,11 @@ A window is up to three py-spy runs over the same seconds (collectors/pyspy/runn
 - the *stack-change run* (`timing_rate_hz`, None for none), in chrometrace format, times
   episode edges to the tick that first showed them.
 
+`kernel_timeline`: trace the target's threads' on-CPU intervals with the kernel's
+scheduler (collectors/sched_timeline.py) and weigh CPU by them where the window has a
+stack-change run; where the kernel does not allow it, the window falls back to the
+estimates and says so (`cpu_source`).
+
 `poll_s` is how often the target's per-thread CPU is read during the window
 (profiler/sampling/collect.py). The profile session and the daemon each build one plan
 and hand it down, so the rates a window ran at are named in one place.
@@ -31,6 +36,7 @@ class SamplingPlan:
     idle_rate_hz: float | None = None
     timing_rate_hz: float | None = None
     poll_s: float = DEFAULT_POLL_S
+    kernel_timeline: bool = False
 
     def __post_init__(self) -> None:
         for name in ("rate_hz", "idle_rate_hz", "timing_rate_hz", "poll_s"):

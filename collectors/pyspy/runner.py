@@ -209,8 +209,10 @@ class _Run:
         idle: bool,
         wake: threading.Event | None = None,
         fmt: str = "speedscope",
+        on_spawn: Callable[[int], object] | None = None,
     ) -> None:
         self.spy, self.pid, self.duration_s, self.out = spy, pid, duration_s, out
+        self.on_spawn = on_spawn
         self.rate_hz = rate_hz
         # set when the supervising loop must look again: banner, end line, end of output
         self.wake = wake if wake is not None else threading.Event()
@@ -240,6 +242,10 @@ class _Run:
             )
         except OSError as exc:
             raise PySpyMissing(f"cannot run py-spy at {self.spy.binary}: {exc}") from exc
+        if self.on_spawn is not None:
+            # before py-spy starts its sampling thread (it parses its arguments first),
+            # so the scheduler timeline sees that thread from its fork
+            self.on_spawn(self.proc.pid)
         try:
             # before py-spy attaches (~30 ms of symbol parsing): its threads inherit the nice
             self.priority_problem = self.spy.raise_priority(self.proc.pid)
@@ -486,9 +492,11 @@ class PySpy:
         plan: SamplingPlan = IDLE_RUN_ONLY,
         stop_event: threading.Event | None = None,
         procfs: Path = Path("/proc"),
+        on_spawn: Callable[[int], object] | None = None,
     ) -> WindowSamples:
         """Sample `pid` for `duration_s` (less if the target exits or `stop_event` is set)
-        with the py-spy runs `plan` names (collectors/pyspy/plan.py).
+        with the py-spy runs `plan` names (collectors/pyspy/plan.py). `on_spawn` is called
+        with each py-spy's pid as soon as it is spawned (the scheduler timeline traces it).
 
         The on-CPU run's samples are `WindowSamples.on_cpu` (py-spy drops a thread whose
         /proc state is not R: asleep, blocked, waiting for the GIL). The stack-change
@@ -504,7 +512,7 @@ class PySpy:
         precheck(pid, procfs)
         wake = threading.Event()
         with tempfile.TemporaryDirectory(prefix="serwatt-pyspy-") as tmp:
-            idle_run, cpu_run, timing = self._runs(pid, duration_s, plan, Path(tmp), wake)
+            idle_run, cpu_run, timing = self._runs(pid, duration_s, plan, Path(tmp), wake, on_spawn)
             runs = [r for r in (idle_run, cpu_run, timing) if r is not None]
             self._run_all(runs, wake, stop_event)
             finished = self._finish_all(pid, runs, timing, procfs)
@@ -550,7 +558,13 @@ class PySpy:
         return result
 
     def _runs(
-        self, pid: int, duration_s: float, plan: SamplingPlan, tmp: Path, wake: threading.Event
+        self,
+        pid: int,
+        duration_s: float,
+        plan: SamplingPlan,
+        tmp: Path,
+        wake: threading.Event,
+        on_spawn: Callable[[int], object] | None = None,
     ) -> tuple[_Run, _Run | None, _Run | None]:
         """The window's py-spy runs, not started: (the --idle run, the on-CPU run, the
         stack-change run), the last two None where the plan has none."""
@@ -566,7 +580,7 @@ class PySpy:
         if plan.timing_rate_hz is not None:
             timing = _Run(
                 self, pid, duration_s, plan.timing_rate_hz, tmp / "changes.json",
-                idle=True, wake=wake, fmt="chrometrace",
+                idle=True, wake=wake, fmt="chrometrace", on_spawn=on_spawn,
             )  # fmt: skip
         return idle_run, cpu_run, timing
 
@@ -666,6 +680,7 @@ class PySpy:
             anchor=run.spawned_at,
             banner_at=run.marks.get("start", run.exit_at),
             rate_hz=rate_hz,
+            pyspy_pid=run.proc.pid,
         )
         return replace(result, changes_raw=raw)
 

@@ -173,6 +173,12 @@ class WindowSamples:
     # how far the changes' host times may be off (the same for all of them: one offset
     # per run; durations inside the window do not depend on it)
     changes_clock_s: float = 0.0
+    # what timed the changes: "kernel" (py-spy's wake-ups in the scheduler timeline:
+    # collectors/pyspy/clock.py), "spawn" (py-spy's spawn as ts 0), "" (no changes)
+    changes_timed_by: str = ""
+    # with "kernel": the stack-change run's ticks (host epoch, ascending), so a change's
+    # tick before it is known: the change happened between the two
+    changes_ticks: tuple[float, ...] = ()
     # that run's output as read, until collectors.pyspy.chrometrace.resolve_changes
     # parses it into the fields above (off the sampling path)
     changes_raw: Any = None

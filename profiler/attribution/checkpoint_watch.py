@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from collectors.fsevents import WatchProcess
+from collectors.mounts import on_fuse
 from collectors.proccounters import CPU_SOURCE, ProcessCounters
 from profiler.attribution.checkpoints import LAZY_HEAD_BYTES, Matched, file_is_lazy, match
 from profiler.attribution.episodes import Episode
@@ -45,7 +46,12 @@ class CheckpointWatch:
     watched."""
 
     def __init__(
-        self, directory: Path, *, glob: str | None = None, procfs: Path = Path("/proc")
+        self,
+        directory: Path,
+        *,
+        glob: str | None = None,
+        procfs: Path = Path("/proc"),
+        wait_ready: bool = True,
     ) -> None:
         self.directory = Path(directory)
         self.glob = glob
@@ -56,7 +62,7 @@ class CheckpointWatch:
         self.root_pid: int | None = None
         self.result: Matched | None = None
         self.events: Sequence[Any] = ()
-        self.watch.start()
+        self.watch.start(wait=wait_ready)  # False: the daemon's loop (WatchProcess.start)
 
     def track(self, pid: int) -> None:
         """Poll this process's CPU and reads from now on; the first is the run's root,
@@ -78,10 +84,18 @@ class CheckpointWatch:
             self._episodes,
             cpu_s=self.counters.cpu_s,
             read_bytes=self.counters.read_bytes,
-            head_of=file_head,
+            head_of=self._own_head,
         )
         self.events = events
         return self.result
+
+    def _own_head(self, path: str) -> bytes | None:
+        if on_fuse(os.path.abspath(path)):
+            return None  # never asked (collectors/mounts.py): its format from its name
+        # serwatt's read of the file, not a restore: the watch (shared with the target's
+        # other runs, still watching) is told
+        with self.watch.own_open(path):
+            return file_head(path)
 
     def run_read_bytes(self) -> tuple[int | None, str]:
         if self.root_pid is None:

@@ -8,20 +8,24 @@ py-spy's windows are collected and classified by profiler/sampling/collect.py
 profile's sinks are its document, energy and record; the daemon's are the ledger behind
 /metrics, the run record and the run's checkpoint watch.
 
-A sink that raises stops the window's delivery there: the sinks after it and the episode
-tracker do not see the window, and the exception goes to the driver, which decides
-(the daemon counts and logs it; a sink that refuses a malformed window raises
-WindowRejected so the daemon can tell it from a failed write).
+A sink that fails (a full disk under the record, a tracker error) is the pipeline's to
+handle, once for both drivers: the failure is counted by sink (`sink_failures`) and kept
+(`sink_errors`, the first few), and the window still goes to the sinks after it and to the
+episode tracker, so no window is lost to a sink that did not fail. The drivers read the
+failures from the delivery (`Delivery.failures`) and say them their own way: the daemon
+in its recorder's health and log, `serwatt profile` in its failures and exit status. A sink
+that refuses a malformed window raises WindowRejected: that window goes no further.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from profiler.attribution.episodes import Episode, EpisodeTracker
-from profiler.attribution.tracker import EnergyTracker
-from profiler.attribution.window import AttributedWindow, attribute, episode_gpu_reading
+from profiler.attribution.tracker import EnergyTracker, WindowEnergy
+from profiler.attribution.window import AttributedWindow, attribute_span, episode_gpu_reading
 from profiler.sampling.window import WindowReport
 
 
@@ -31,9 +35,36 @@ class WindowSink(Protocol):
     def on_episodes(self, episodes: Sequence[Episode]) -> None: ...
 
 
+class FinishingSink(WindowSink, Protocol):
+    """A sink with an end of its own (the profile's: its record is finished there)."""
+
+    def finish(self) -> object: ...
+
+
 class WindowRejected(ValueError):
     """A sink refused a window as malformed (the daemon's ledger: a report that does not
     add up); the window goes no further."""
+
+
+# the first failures' messages kept for the driver to show; the rest are only counted
+MAX_SINK_ERRORS = 5
+
+
+@dataclass(frozen=True)
+class SinkFailure:
+    sink: str  # the sink's class name
+    error: Exception
+
+    def __str__(self) -> str:
+        return f"{self.sink}: {type(self.error).__name__}: {self.error}"
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """What one delivery did: the episodes it closed, and the sinks that failed."""
+
+    episodes: list[Episode] = field(default_factory=list)
+    failures: list[SinkFailure] = field(default_factory=list)
 
 
 class WindowPipeline:
@@ -48,37 +79,88 @@ class WindowPipeline:
     def __init__(self, tracker: EnergyTracker | None = None) -> None:
         self.tracker = tracker
         self.episodes = EpisodeTracker()
+        self.sink_failures: dict[str, int] = {}  # sink class name -> failed deliveries
+        self.sink_errors: list[str] = []  # the first MAX_SINK_ERRORS, as SinkFailure says
+        self._read_until: float | None = None  # the node read up to here (_advance)
 
     def attribute(self, report: WindowReport) -> AttributedWindow:
-        """The window against the reading of its own span (`serwatt profile`; the daemon
-        attributes a slot's windows together against the slot's reading:
-        attribution.window.attribute_slot). A reading that fails keeps the window,
+        """The window as a span of its own against the reading of it (`serwatt profile`;
+        the daemon attributes a slot's windows together against the slot's reading: the
+        same attribution.window.attribute_span). A reading that fails keeps the window,
         without joules, saying why."""
         if self.tracker is None:
             return AttributedWindow(report)
+        advance = self._advance(self.tracker, report)
         try:
-            return attribute(report, self.tracker.window(report.started_at, report.ended_at))
+            reading = self.tracker.window(report.started_at, report.ended_at)
+            (window,) = attribute_span([report], reading, slot=False).windows
+            return replace(window, advance=advance)
         except Exception as exc:
-            return AttributedWindow(report, failure=f"{type(exc).__name__}: {exc}")
+            return AttributedWindow(report, failure=f"{type(exc).__name__}: {exc}", advance=advance)
 
-    def deliver(self, window: AttributedWindow, sinks: Iterable[WindowSink]) -> list[Episode]:
-        """The window to every sink in order, then the episodes it closed; returns them."""
+    def _advance(self, tracker: EnergyTracker, report: WindowReport) -> WindowEnergy | None:
+        """The node's reading from the end of the windows so far to this one's end: the
+        pipeline is the one reader of the tracker, so a sink that totals the node (the
+        profile's energy sink) reads these, each span once. A reading that fails is an
+        unavailable span, saying why."""
+        start = report.started_at if self._read_until is None else self._read_until
+        if report.ended_at <= start:
+            return None
+        self._read_until = report.ended_at
+        try:
+            return tracker.window(start, report.ended_at)
+        except Exception as exc:
+            why = f"reading failed: {type(exc).__name__}: {exc}"
+            return WindowEnergy(start, report.ended_at, "unavailable", why)
+
+    def deliver(self, window: AttributedWindow, sinks: Iterable[WindowSink]) -> Delivery:
+        """The window to every sink in order, then the episodes it closed. A sink that
+        fails is counted and the others still get the window; WindowRejected stops it."""
         sinks = tuple(sinks)
+        failures: list[SinkFailure] = []
         for sink in sinks:
-            sink.on_window(window)
-        return self.close(self.episodes.add(window.report), sinks)
+            try:
+                sink.on_window(window)
+            except WindowRejected:
+                raise
+            except Exception as exc:
+                failures.append(self._failed(sink, exc))
+        closed = self.close(self.episodes.add(window.report), sinks)
+        return Delivery(closed.episodes, failures + closed.failures)
 
-    def finish(self, sinks: Iterable[WindowSink], pid: int | None = None) -> list[Episode]:
+    def finish(self, sinks: Iterable[WindowSink], pid: int | None = None) -> Delivery:
         """Close the episodes still open (of `pid`, or of every process) into the sinks."""
         return self.close(self.episodes.finish(pid), tuple(sinks))
 
-    def close(self, episodes: list[Episode], sinks: Sequence[WindowSink]) -> list[Episode]:
+    def finish_sinks(self, sinks: Iterable[FinishingSink]) -> list[SinkFailure]:
+        """Every sink's finish, each failure counted as a delivery's is: the end of a
+        run is delivered too (a record that cannot be finished is one not written)."""
+        failures = []
+        for sink in sinks:
+            try:
+                sink.finish()
+            except Exception as exc:
+                failures.append(self._failed(sink, exc))
+        return failures
+
+    def close(self, episodes: list[Episode], sinks: Sequence[WindowSink]) -> Delivery:
         """Closed episodes with their GPU-wait (where NVML sees a GPU the process uses),
-        then to every sink; returns them as the sinks got them."""
+        then to every sink, as deliver does a window."""
         if not episodes:
-            return []
+            return Delivery()
         if self.tracker is not None:
             episodes = [episode_gpu_reading(self.tracker, ep) for ep in episodes]
+        failures = []
         for sink in sinks:
-            sink.on_episodes(episodes)
-        return episodes
+            try:
+                sink.on_episodes(episodes)
+            except Exception as exc:
+                failures.append(self._failed(sink, exc))
+        return Delivery(episodes, failures)
+
+    def _failed(self, sink: WindowSink, exc: Exception) -> SinkFailure:
+        failure = SinkFailure(type(sink).__name__, exc)
+        self.sink_failures[failure.sink] = self.sink_failures.get(failure.sink, 0) + 1
+        if len(self.sink_errors) < MAX_SINK_ERRORS:
+            self.sink_errors.append(str(failure))
+        return failure

@@ -13,7 +13,7 @@ the labelled CPU model (collectors/cpu_model), so every figure carries its sourc
     status = tracker.probe()          # {"rapl": CollectorStatus(up, reason, detail), ...}
     tracker.start()
     we = tracker.window(report.started_at, report.ended_at)       # WindowEnergy
-    aw = attribute(report, we)     # AttributedWindow (profiler.attribution.window)
+    (aw,) = attribute_span([report], we, slot=False).windows  # profiler.attribution.window
     tracker.stop()
 
 A `serwatt profile` session attributes each window against its tracker, and its

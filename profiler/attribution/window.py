@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 from collectors.nvml import DEFAULT_SAMPLE_PERIOD_S, GpuWindow, clip_intervals
-from collectors.series import interpolate
 from profiler.attribution.apportion import (
     EnergyAttribution,
     GpuWaitAttribution,
@@ -22,7 +22,7 @@ from profiler.attribution.apportion import (
     overlap_factor,
     scaled_energy,
 )
-from profiler.attribution.episodes import Episode
+from profiler.attribution.episodes import Episode, period_s
 from profiler.attribution.tracker import EnergyTracker, WindowEnergy
 from profiler.attribution.window_records import EnergyRecord, GpuFigures, GpuRecord, SlotSplit
 from profiler.classify.codepaths import CODEPATHS
@@ -43,17 +43,6 @@ def split_by_direction(value: float, cw: CodepathWindow | None) -> dict[str, flo
         if part is not None:
             out[d] = value * part.cpu_s / cw.cpu_s
     return out
-
-
-def add_by_direction(
-    into: dict[str, dict[str, float]], parts: Mapping[str, Mapping[str, float]]
-) -> None:
-    """Sum a {codepath: {direction: seconds}} split (a GPU's wait_by_direction_s) into
-    `into`; a codepath gets an entry of every direction once it has a part that is not 0."""
-    for cp, split in parts.items():
-        for d, s in split.items():
-            if s:
-                into.setdefault(cp, dict.fromkeys(DIRECTIONS, 0.0))[d] += s
 
 
 @dataclass(frozen=True)
@@ -93,10 +82,12 @@ def attribute_window(
             source=we.source,
         )
     used = used_gpus(we.gpus, {report.pid, *target_pids})
+    # each sample stands for one tick of the timeline that produced it (its --idle run,
+    # episodes.period_s), not of the on-CPU run whose rate the window carries as rate_hz:
+    # the daemon runs them at different rates
+    period = period_s(report)
     waits = tuple(
-        gpu_wait_for(
-            g, report.timeline, report.rate_hz, report.started_at, report.ended_at, only_active
-        )  # fmt: skip
+        _gpu_wait(g, report.timeline, period, report.started_at, report.ended_at, only_active)
         for g in we.gpus
         if g.index in used
     )
@@ -125,30 +116,28 @@ def episode_with_gpu(ep: Episode, gpus: Iterable[GpuWindow]) -> Episode:
     """The episode with its GPU-wait seconds and GPU idle joules over [start, end].
 
     `gpus` is an NVML reading spanning the episode. Only GPUs up and listing the
-    episode's pid count, and only where their samples cover the span. GPU-wait is the
-    idle time of those GPUs while the thread was in the episode; the idle joules are the
-    GPU energy of the idle part of each utilisation interval (energy between its edges,
-    interpolated from the cumulative polls, times its idle fraction). With no such GPU
-    both stay None (unknown, never 0); when the energy polls do not bracket an interval,
-    gpu_idle_j stays None.
+    episode's pid count, and only where their samples cover the span. The thread was in
+    the episode throughout, so it is one sample standing for the whole span, timed by the
+    one GPU-wait algorithm a window's is (apportion.attribute_gpu_wait): the GPU-wait is
+    the idle time of those GPUs over the span, the idle joules the GPU energy of its idle
+    parts. With no such GPU both stay None (unknown, never 0); when the energy polls do
+    not bracket an idle part, gpu_idle_j stays None.
     """
     readings = list(gpus)
     used = [g for g in readings if g.up and g.index in used_gpus(readings, {ep.pid})]
     if not used or not all(_covers(g, ep.start, ep.end) for g in used):
         return ep
+    whole = TimedLabel(t=ep.start, tid=ep.pid, thread_id=ep.pid, codepath=ep.codepath)
     wait_s = 0.0
     idle_j: float | None = 0.0
     for g in used:
-        for iv in clip_intervals(g.intervals, ep.start, ep.end):
-            idle_frac = 1.0 - min(1.0, max(0.0, iv.busy_frac))
-            wait_s += (iv.t1 - iv.t0) * idle_frac
-            if idle_j is None:
-                continue
-            e0, e1 = interpolate(g.energy_points, iv.t0), interpolate(g.energy_points, iv.t1)
-            if e0 is None or e1 is None:
-                idle_j = None
-            else:
-                idle_j += max(0.0, e1 - e0) * idle_frac
+        w = _gpu_wait(g, (whole,), ep.end - ep.start, ep.start, ep.end)
+        wait_s += w.idle_s
+        if idle_j is not None and w.idle_energy_j is not None:
+            assert w.unattributed_idle_energy_j is not None
+            idle_j += math.fsum(w.idle_energy_j.values()) + w.unattributed_idle_energy_j
+        else:
+            idle_j = None
     return replace(ep, gpu_wait_s=wait_s, gpu_idle_j=idle_j)
 
 
@@ -162,18 +151,19 @@ def episode_gpu_reading(tracker: EnergyTracker, ep: Episode) -> Episode:
     return episode_with_gpu(ep, gpus)
 
 
-def gpu_wait_for(
+def _gpu_wait(
     g: GpuWindow,
     timeline: Iterable[TimedLabel],
-    rate_hz: float,
+    period: float,
     start: float,
     end: float,
     only_active: bool = False,
 ) -> GpuWaitAttribution:
+    """The one GPU-wait computation, for a window's samples and an episode's span alike."""
     return attribute_gpu_wait(
         gpu_index=g.index,
         timeline=timeline,
-        sample_period_s=1.0 / rate_hz,
+        sample_period_s=period,
         spans=[IdleSpan(iv.t0, iv.t1, iv.busy_frac) for iv in g.intervals],
         start=start,
         end=end,
@@ -199,6 +189,52 @@ class DirectedFigures:
     gpu_wait_energy_j: Mapping[tuple[str, str, int | str], float]
 
 
+_K = TypeVar("_K")
+_V = TypeVar("_V", int, float)
+
+
+def _sum_into(into: dict[_K, _V], parts: Mapping[_K, _V]) -> None:
+    for key, v in parts.items():
+        into[key] = into.get(key, 0) + v
+
+
+@dataclass
+class DirectedTotals:
+    """The one fold of attributed windows into codepath x direction totals: each window's
+    DirectedFigures (AttributedWindow.by_direction, the ledger's shape) summed. The
+    daemon's ledger adds the same figures per target; the profile document's CPU, joules
+    and GPU-wait by direction, and a window's GPU record, read them from here."""
+
+    samples: dict[tuple[str, str], int] = field(default_factory=dict)
+    cpu_s: dict[tuple[str, str], float] = field(default_factory=dict)
+    energy_j: dict[tuple[str, str], float] = field(default_factory=dict)
+    gpu_wait_s: dict[tuple[str, str, int | str], float] = field(default_factory=dict)
+    gpu_wait_energy_j: dict[tuple[str, str, int | str], float] = field(default_factory=dict)
+
+    def add(self, f: DirectedFigures) -> None:
+        _sum_into(self.samples, f.samples)
+        _sum_into(self.cpu_s, f.cpu_s)
+        _sum_into(self.energy_j, f.energy_j or {})
+        _sum_into(self.gpu_wait_s, f.gpu_wait_s)
+        _sum_into(self.gpu_wait_energy_j, f.gpu_wait_energy_j)
+
+    def by_codepath(self, values: Mapping[tuple[str, str], float]) -> dict[str, dict[str, float]]:
+        """{codepath: {direction: value}} for every codepath and direction (0 where none)."""
+        out = {cp: dict.fromkeys(DIRECTIONS, 0.0) for cp in CODEPATHS}
+        for (cp, d), v in values.items():
+            out[cp][d] += v
+        return out
+
+    def wait_by_direction(self) -> dict[str, dict[str, float]]:
+        """GPU-wait per codepath and direction over every GPU; a codepath is listed, with
+        every direction, once it has a part that is not 0."""
+        out: dict[str, dict[str, float]] = {}
+        for (cp, d, _gpu), s in self.gpu_wait_s.items():
+            if s:
+                out.setdefault(cp, dict.fromkeys(DIRECTIONS, 0.0))[d] += s
+        return out
+
+
 @dataclass(frozen=True)
 class AttributedWindow:
     """One target window and what was attributed to it: the value every consumer reads.
@@ -214,6 +250,10 @@ class AttributedWindow:
     attribution: TargetAttribution | None = None
     slot: bool = False
     failure: str | None = None
+    # `serwatt profile`'s: the node's reading from where the last window's ended to where
+    # this one ends (attribution/pipeline.py), so the profile's node totals miss no span
+    # between windows; None when it had no new span (or the run measures no energy)
+    advance: WindowEnergy | None = None
 
     @property
     def energy_j(self) -> Mapping[str, float] | None:
@@ -298,12 +338,12 @@ class AttributedWindow:
             return None
         wait_s = dict.fromkeys(CODEPATHS, 0.0)
         wait_j: dict[str, float] | None = dict.fromkeys(CODEPATHS, 0.0)
-        by_dir: dict[str, dict[str, float]] = {}
+        fold = DirectedTotals()
+        fold.add(self.by_direction())
         gpus = []
         for g in ta.gpu_wait:
             for cp, s in g.wait_s.items():
                 wait_s[cp] += s
-            add_by_direction(by_dir, g.wait_by_direction_s)
             if g.idle_energy_j is None:
                 wait_j = None
             elif wait_j is not None:
@@ -322,44 +362,45 @@ class AttributedWindow:
             codepaths_wait_s=wait_s,
             codepaths_wait_j=wait_j,
             # the codepaths that waited, split by direction (records: direction_rows)
-            codepaths_wait_by_direction_s=by_dir,
+            codepaths_wait_by_direction_s=fold.wait_by_direction(),
             gpus=tuple(gpus),
         )
 
 
-def attribute(
-    report: WindowReport, reading: WindowEnergy, *, slot: bool = False
-) -> AttributedWindow:
-    """Attribute one window against a reading: the one place a window gets its joules."""
+def _attribute_one(report: WindowReport, reading: WindowEnergy, slot: bool) -> AttributedWindow:
     return AttributedWindow(report, reading, attribute_window(report, reading), slot=slot)
 
 
 @dataclass(frozen=True)
-class SlotAttribution:
-    """A slot's windows attributed against its one reading (the daemon's): `windows` in
-    the order of the reports, their joules fitted to the node's (overlap_factor);
-    `node_j` the node's measured joules (None: not measured), `attributed_j` what the
-    windows hold of them."""
+class SpanAttribution:
+    """A span's windows attributed against its one reading: `windows` in the order of the
+    reports, their joules fitted to the node's (overlap_factor); `node_j` the node's
+    measured joules (None: not measured), `attributed_j` what the windows hold of them."""
 
     windows: tuple[AttributedWindow, ...]
     node_j: float | None
     attributed_j: float
 
 
-def attribute_slot(reports: Sequence[WindowReport], reading: WindowEnergy) -> SlotAttribution:
-    """Every target window of one slot against the slot's reading: each gets its CPU share
-    of the slot's dynamic joules, and where the shares sum past them (the targets' and
-    the node's CPU clocks tick separately), all are scaled by one factor
-    (apportion.overlap_factor)."""
-    windows = [attribute(report, reading, slot=True) for report in reports]
+def attribute_span(
+    reports: Sequence[WindowReport], reading: WindowEnergy, *, slot: bool
+) -> SpanAttribution:
+    """The one place windows get their joules and GPU-wait: every target window of one
+    span against the span's reading. `serwatt profile` passes a span of one window (its
+    own reading, slot False), the daemon a slot's windows (the slot's reading, slot True).
+    Each window gets its CPU share of the span's dynamic joules, and where the shares sum
+    past them (the targets' and the node's CPU clocks tick separately), all are scaled by
+    one factor (apportion.overlap_factor); each sample's GPU-wait is timed by the timeline
+    that produced it (attribute_window)."""
+    windows = [_attribute_one(report, reading, slot) for report in reports]
     if reading.source not in ("rapl", "model") or reading.package_j is None:
-        return SlotAttribution(tuple(windows), None, _joules(windows))
+        return SpanAttribution(tuple(windows), None, _joules(windows))
     node_j = max(0.0, reading.package_j)
     dynamic_j = reading.dynamic_j if reading.dynamic_j is not None else node_j
     factor = overlap_factor(_joules(windows), dynamic_j)
     if factor != 1.0:
         windows = [_scaled(w, factor) for w in windows]
-    return SlotAttribution(tuple(windows), node_j, min(_joules(windows), node_j))
+    return SpanAttribution(tuple(windows), node_j, min(_joules(windows), node_j))
 
 
 def _joules(windows: Sequence[AttributedWindow]) -> float:

@@ -6,6 +6,16 @@ store when one is given (source_store.py), else prefiltered (prefilter.py) and i
 deadline (SOURCE_WAIT_S), so no file can stall a sampling thread; loader threads are
 capped (MAX_LOADS, MAX_LOADS_PER_ROOT). An index is shared by every cache in the
 process that reads the same file version. docs/classification.md "Hostile sources".
+
+A file is the target's, and may be on a FUSE filesystem the target serves and stops
+answering: a load past its wait is *stuck*; it keeps its root's slot (so a root has at
+most MAX_LOADS_PER_ROOT threads, stuck or not) but not a node-wide one (so stuck loads
+of one target never starve another's). The re-stat of cached files (`revalidate`) runs
+on a worker per user the target processes run as (profiler/owned_io.py) and is waited
+on at most STAT_WAIT_S: a user whose stat did not answer has its files dropped, and loads
+them again under the same caps, so only that user's call sites go `other` (NOT_READY,
+the window's classify_timeout). At most MAX_STUCK_PER_USER loads of one user's
+processes are stuck at once: a job of many processes has as many roots.
 """
 
 from __future__ import annotations
@@ -16,11 +26,13 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
 
+from collectors.mounts import on_fuse
 from profiler.classify.callsite import LineIndex
 from profiler.classify.prefilter import CallsitePrefilter
 from profiler.classify.source_index import SourceIndex, SourceTooCostly
@@ -33,6 +45,7 @@ from profiler.classify.target_files import (
     read_fd,
     stat_source,
 )
+from profiler.owned_io import OwnedWorkers, Stuck, user_of
 
 # How long one caller waits for one file's load. A load still running after this is
 # not waited on again by anyone: it finishes (or not) in the background.
@@ -43,6 +56,14 @@ SOURCE_WAIT_S = 3.0
 # call-site classification, not stall sampling or grow the daemon's threads.
 MAX_LOADS = 16
 MAX_LOADS_PER_ROOT = 4
+# How long revalidate waits for the re-stat of every cached file (one worker per user,
+# in parallel): local files answer in microseconds.
+STAT_WAIT_S = 0.5
+# Stuck loads of one user's processes, at most: a job of many processes has
+# as many roots, and each root's caps alone would let it hold threads without bound.
+MAX_STUCK_PER_USER = 8
+# The re-stat of cached files: one worker per user whose processes' files are cached.
+_STATS = OwnedWorkers(per_owner=1, name="serwatt-source-stat")
 
 # SourceCache.get's `error` when a load was not waited for (callers tell it apart).
 NOT_READY = "source not ready: still loading (not waited on past the deadline)"
@@ -80,6 +101,9 @@ _GIVEN_UP: OrderedDict[_Ident, str] = OrderedDict()
 _GIVEN_UP_MAX = 4096
 # Loader threads running, in all and per root.
 _LOADS_RUNNING: dict[str | None, int] = {}
+# When each running load started (by a token): a load running past SOURCE_WAIT_S is
+# stuck and no longer holds one of the MAX_LOADS node-wide slots.
+_LOAD_STARTS: dict[object, tuple[float, int | None]] = {}  # token -> (started, user)
 # Loads finishing, for the wait at exit.
 _LOADS_DONE = threading.Condition(_SHARED_LOCK)
 # How long the interpreter's exit waits for loads still running. A loader thread left
@@ -90,19 +114,41 @@ _LOADS_DONE = threading.Condition(_SHARED_LOCK)
 EXIT_WAIT_S = 15.0
 
 
-def wait_for_loads(timeout_s: float) -> bool:
-    """Block until no load runs, at most `timeout_s`; whether none runs."""
+def _active(now: float) -> int:
+    """Loads running and not yet stuck (under _SHARED_LOCK)."""
+    return sum(1 for started, _u in _LOAD_STARTS.values() if now - started < SOURCE_WAIT_S)
+
+
+def _stuck(now: float, user: int | None) -> int:
+    """Stuck loads of one user's processes (under _SHARED_LOCK)."""
+    return sum(
+        1 for started, u in _LOAD_STARTS.values() if u == user and now - started >= SOURCE_WAIT_S
+    )
+
+
+def loads_running() -> int:
+    """Loader threads running now, stuck ones included."""
+    with _SHARED_LOCK:
+        return len(_LOAD_STARTS)
+
+
+def wait_for_loads(timeout_s: float, *, stuck_too: bool = True) -> bool:
+    """Block until no load runs, at most `timeout_s`; whether none runs.
+
+    stuck_too=False: only loads not yet stuck. A stuck load waits in the kernel on a
+    file (FUSE) that may never answer; it is not in re2, and ending the interpreter
+    under it is safe, so the exit does not wait for it (the daemon's stop would)."""
     deadline = time.monotonic() + timeout_s
     with _LOADS_DONE:
-        while _LOADS_RUNNING:
+        while _LOAD_STARTS if stuck_too else _active(time.monotonic()):
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
-            _LOADS_DONE.wait(left)
+            _LOADS_DONE.wait(min(left, SOURCE_WAIT_S) if not stuck_too else left)
     return True
 
 
-atexit.register(wait_for_loads, EXIT_WAIT_S)
+atexit.register(wait_for_loads, EXIT_WAIT_S, stuck_too=False)
 
 
 def _index_once(
@@ -145,11 +191,27 @@ def _shared(ident: _Ident, index: LineIndex) -> LineIndex:
         return _SHARED.setdefault(ident, index)
 
 
+ON_FUSE = "source not read: on a FUSE filesystem (docs/classification.md)"
+
+
+def _on_fuse(path: str, root: str | None) -> bool:
+    """Whether `path` (inside `root`, a target's <procfs>/<pid>/root) is on a FUSE
+    filesystem as its process sees it, lexically; asks procfs only (collectors/mounts.py).
+    A FUSE request the server has read and never answers leaves the thread that made it
+    unkillable, and the daemon with it: such files are never opened."""
+    if root is None:
+        return on_fuse(path)
+    inner = path[len(root.rstrip("/")) :] or "/"
+    return on_fuse(inner, os.path.join(os.path.dirname(root.rstrip("/")), "mountinfo"))
+
+
 def _load(
     path: str, root: str | None, prefilter: CallsitePrefilter | None, store: SourceStore | None
 ) -> _Loaded:
     """Open, read, prefilter and index one file (runs on a loader thread)."""
     started = time.thread_time()
+    if _on_fuse(path, root):
+        return _Loaded(None, error=ON_FUSE)
     try:
         fd = open_source(path, root)
     except (OSError, ValueError) as exc:
@@ -204,12 +266,20 @@ def _reason(exc: BaseException) -> str:
 def _start_load(
     path: str, root: str | None, prefilter: CallsitePrefilter | None, store: SourceStore | None
 ) -> Future[_Loaded] | None:
-    """A load on its own thread; None when MAX_LOADS (or MAX_LOADS_PER_ROOT) run."""
+    """A load on its own thread; None when MAX_LOADS (not stuck) or MAX_LOADS_PER_ROOT
+    (stuck or not) run, or MAX_STUCK_PER_USER loads of the root's user are stuck."""
+    token = object()
+    user = user_of(root)
     with _SHARED_LOCK:
-        running = sum(_LOADS_RUNNING.values())
-        if running >= MAX_LOADS or _LOADS_RUNNING.get(root, 0) >= MAX_LOADS_PER_ROOT:
+        now = time.monotonic()
+        if (
+            _active(now) >= MAX_LOADS
+            or _LOADS_RUNNING.get(root, 0) >= MAX_LOADS_PER_ROOT
+            or (root is not None and _stuck(now, user) >= MAX_STUCK_PER_USER)
+        ):
             return None
         _LOADS_RUNNING[root] = _LOADS_RUNNING.get(root, 0) + 1
+        _LOAD_STARTS[token] = (now, user)
     future: Future[_Loaded] = Future()
 
     def run() -> None:
@@ -222,10 +292,18 @@ def _start_load(
                 _LOADS_RUNNING[root] -= 1
                 if not _LOADS_RUNNING[root]:
                     del _LOADS_RUNNING[root]
+                del _LOAD_STARTS[token]
                 _LOADS_DONE.notify_all()
 
     threading.Thread(target=run, name="serwatt-source-load", daemon=True).start()
     return future
+
+
+def _stat_keys(
+    files: list[tuple[str, str | None]],
+) -> Callable[[], list[tuple[int, int] | None]]:
+    """The re-stat of (path, root) files, for their user's worker."""
+    return lambda: [SourceCache._stat_key(p, root) for p, root in files]
 
 
 @dataclass
@@ -267,6 +345,7 @@ class SourceCache:
         self.not_ready = 0  # answers NOT_READY: the load was not waited for
         self.too_costly = 0  # files given up past the CPU budget
         self.stored = 0  # files the on-disk store answered (read, not prefiltered or parsed)
+        self.stat_stuck = 0  # cached files dropped: their root's re-stat did not answer
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._roots: dict[str, str | None] = {}  # path -> the root it resolves in
         self._pending: dict[tuple[str, bool], tuple[Future[_Loaded], float]] = {}
@@ -274,6 +353,8 @@ class SourceCache:
 
     @staticmethod
     def _stat_key(path: str, root: str | None) -> tuple[int, int] | None:
+        if _on_fuse(path, root):
+            return None
         try:
             st = stat_source(path, root)
         except (OSError, ValueError):
@@ -281,20 +362,46 @@ class SourceCache:
         return (st.st_mtime_ns, st.st_size)
 
     def revalidate(self, now: float | None = None) -> bool:
-        """Re-stat every cached file if the TTL passed; True when something changed."""
+        """Re-stat every cached file if the TTL passed; True when something changed.
+
+        The files of each user's processes are stat'ed on that user's worker, at most
+        STAT_WAIT_S for all: a user whose stat did not answer (or is still stuck from
+        before) has its files dropped (`stat_stuck`), as changed files are."""
         now = time.monotonic() if now is None else now
         if now - self._last_sweep < self.stat_ttl_s:
             return False
         self._last_sweep = now
         self.sweeps += 1
+        users: dict[str | None, int | None] = {}
+        by_user: dict[int | None, list[tuple[str, str | None]]] = {}
+        for path in self._entries:
+            root = self._roots.get(path)
+            if root not in users:
+                users[root] = user_of(root)
+            by_user.setdefault(users[root], []).append((path, root))
+        sweeps = {user: _STATS.submit(user, _stat_keys(files)) for user, files in by_user.items()}
+        deadline = time.monotonic() + STAT_WAIT_S
         changed = False
-        for path in list(self._entries):
-            entry = self._entries[path]
-            if self._stat_key(path, self._roots.get(path)) != entry.key:
-                del self._entries[path]
+        for user, files in by_user.items():
+            paths = [p for p, _r in files]
+            future = sweeps[user]
+            try:
+                if future is None:
+                    raise Stuck(user, "re-stat")
+                keys = future.result(timeout=max(0.0, deadline - time.monotonic()))
+            except (Stuck, FutureTimeout):
+                for path in paths:
+                    del self._entries[path]
+                self.stat_stuck += len(paths)
                 changed = True
-            else:
-                entry.checked_at = now
+                continue
+            for path, key in zip(paths, keys, strict=True):
+                entry = self._entries[path]
+                if key != entry.key:
+                    del self._entries[path]
+                    changed = True
+                else:
+                    entry.checked_at = now
         if changed:
             self.generation += 1
         return changed

@@ -17,6 +17,7 @@ import platform
 import re
 import stat
 import tokenize
+from dataclasses import dataclass
 from pathlib import Path
 
 # The largest file read. The largest .py file in the stdlib or torch 2.x is 1.4 MB
@@ -105,10 +106,101 @@ def openat2_available() -> bool:
     return _OPENAT2_OK
 
 
-def _walk_in_root(rootfd: int, path: str) -> int:
+# --- the target's own access ---------------------------------------------------------
+#
+# serwatt reads as root (or with CAP_DAC_READ_SEARCH); a target does not. A frame can name
+# any path (a link to, or a compile() under the name of, a root-only file), so a file is read
+# only if the target itself could have read it: every directory on the way searchable and
+# the file readable under the target's fsuid, fsgid and groups, as the kernel decides from
+# the mode bits. Conservative where the bits do not tell: an inode with an access ACL
+# counts only for its owner, and capabilities count only in serwatt's own user namespace.
+
+_CAP_DAC_OVERRIDE = 1
+_CAP_DAC_READ_SEARCH = 2
+_MAX_STATUS_BYTES = 64 * 1024
+_READ, _SEARCH = 4, 1
+
+
+class TargetCannotRead(PermissionError):
+    """The target's own credentials could not read this path: serwatt does not either."""
+
+
+@dataclass(frozen=True)
+class TargetCreds:
+    """What the kernel checks a target's file access against (from /proc/PID/status)."""
+
+    fsuid: int
+    fsgid: int
+    groups: frozenset[int]
+    bypass: bool  # CAP_DAC_OVERRIDE or CAP_DAC_READ_SEARCH, effective where it counts
+
+
+def _status_fields(data: bytes) -> dict[str, str]:
+    out = {}
+    for line in data.decode("ascii", "replace").splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            out[key] = value.strip()
+    return out
+
+
+def target_creds(root: str) -> TargetCreds | None:
+    """The credentials of the process whose root `root` is (`<procfs>/<pid>/root`); None
+    when `root` is not such a path (a plain directory given as a root). Raises OSError when
+    the process is gone or its status cannot be read."""
+    proc_dir, name = os.path.split(root.rstrip("/"))
+    if name != "root" or not os.path.basename(proc_dir).isdigit():
+        return None
+    fd = os.open(os.path.join(proc_dir, "status"), os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY)
+    try:
+        data = os.read(fd, _MAX_STATUS_BYTES)
+    finally:
+        os.close(fd)
+    f = _status_fields(data)
+    try:
+        uids, gids = f["Uid"].split(), f["Gid"].split()
+        groups = frozenset(int(g) for g in f.get("Groups", "").split())
+        caps = int(f["CapEff"], 16)
+    except (KeyError, ValueError):
+        raise OSError(errno.EIO, "unparsable status", os.path.join(proc_dir, "status")) from None
+    own_ns = (
+        os.stat(os.path.join(proc_dir, "ns", "user")).st_ino == os.stat("/proc/self/ns/user").st_ino
+    )
+    bypass = own_ns and bool(caps & (1 << _CAP_DAC_OVERRIDE | 1 << _CAP_DAC_READ_SEARCH))
+    return TargetCreds(int(uids[3]), int(gids[3]), groups | {int(gids[3])}, bypass)
+
+
+def _has_acl(fd: int) -> bool:
+    try:
+        os.getxattr(f"/proc/self/fd/{fd}", "system.posix_acl_access")
+    except OSError:
+        return False  # ENODATA (none), EOPNOTSUPP (no ACLs on this filesystem)
+    return True
+
+
+def _may(creds: TargetCreds, fd: int, st: os.stat_result, want: int) -> bool:
+    """Whether the target may read (`_READ`) or search (`_SEARCH`) the inode at `fd`."""
+    if creds.bypass:
+        return True
+    if st.st_uid == creds.fsuid:
+        return bool(st.st_mode >> 6 & want)
+    if _has_acl(fd):
+        return False  # named entries and the mask decide; the bits do not say
+    if st.st_gid in creds.groups:
+        return bool(st.st_mode >> 3 & want)
+    return bool(st.st_mode & want)
+
+
+def _check_search(creds: TargetCreds | None, fd: int, path: str) -> None:
+    if creds is not None and not _may(creds, fd, os.fstat(fd), _SEARCH):
+        raise TargetCannotRead(errno.EACCES, "the target cannot search a directory of", path)
+
+
+def _walk_in_root(rootfd: int, path: str, creds: TargetCreds | None = None) -> int:
     """An O_PATH fd for `path` resolved with `rootfd` as "/": each component opened
     with O_NOFOLLOW, symlinks spliced in by hand (absolute ones restart at the root),
-    ".." never above the root. The fallback where openat2 is missing."""
+    ".." never above the root. The fallback where openat2 is missing, and the resolution
+    used when `creds` (the target's) must be able to search each directory on the way."""
     parts = [p for p in path.split("/") if p not in ("", ".")]
     stack = [os.dup(rootfd)]  # the directories from the root down to the current one
     links = 0
@@ -119,6 +211,7 @@ def _walk_in_root(rootfd: int, path: str) -> int:
                 if len(stack) > 1:
                     os.close(stack.pop())
                 continue
+            _check_search(creds, stack[-1], path)
             fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=stack[-1])
             mode = os.fstat(fd).st_mode
             if stat.S_ISLNK(mode):
@@ -144,25 +237,33 @@ def _walk_in_root(rootfd: int, path: str) -> int:
             os.close(fd)
 
 
-def _open_path(path: str, root: str | None) -> int:
-    """An O_PATH fd (opening nothing: no FIFO, device or FUSE open is triggered)."""
+def _open_path(path: str, root: str | None) -> tuple[int, TargetCreds | None]:
+    """An O_PATH fd (opening nothing: no FIFO, device or FUSE open is triggered), and the
+    credentials of the target whose root `root` is, every directory on the way checked
+    searchable under them (TargetCannotRead); None where there is no target to ask."""
     if root is None:
-        return os.open(path, os.O_PATH | os.O_CLOEXEC)
+        return os.open(path, os.O_PATH | os.O_CLOEXEC), None
     if not path.startswith(root):
         raise ValueError(f"{path!r} is not under the root {root!r}")
     rel = path[len(root) :]
+    creds = target_creds(root)
+    if creds is not None and creds.bypass:
+        creds = None  # the target may read whatever serwatt may: nothing more to check
     rootfd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        if openat2_available():
-            return _openat2(rootfd, rel.lstrip("/") or ".", os.O_PATH | os.O_CLOEXEC)
-        return _walk_in_root(rootfd, rel)
+        if creds is None and openat2_available():
+            fd = _openat2(rootfd, rel.lstrip("/") or ".", os.O_PATH | os.O_CLOEXEC)
+        else:
+            fd = _walk_in_root(rootfd, rel, creds)
     finally:
         os.close(rootfd)
+    return fd, creds
 
 
 def stat_source(path: str, root: str | None = None) -> os.stat_result:
-    """stat() of `path` resolved inside `root` (`path` starts with it; None: the host)."""
-    fd = _open_path(path, root)
+    """stat() of `path` resolved inside `root` (`path` starts with it; None: the host),
+    where the target could reach it (TargetCannotRead otherwise)."""
+    fd, _creds = _open_path(path, root)
     try:
         return os.fstat(fd)
     finally:
@@ -173,13 +274,16 @@ def open_source(path: str, root: str | None = None) -> int:
     """A read-only, non-blocking fd of the regular file `path` names inside `root`.
 
     Raises NotRegularFile for anything else (checked on the O_PATH fd before any
-    open that could block or have a device's side effects), OSError when it cannot
-    be resolved inside the root."""
-    pfd = _open_path(path, root)
+    open that could block or have a device's side effects), TargetCannotRead when the
+    target whose root it is could not read it itself, OSError when it cannot be
+    resolved inside the root."""
+    pfd, creds = _open_path(path, root)
     try:
         st = os.fstat(pfd)
         if not stat.S_ISREG(st.st_mode):
             raise NotRegularFile(errno.EINVAL, "not a regular file", path)
+        if creds is not None and not _may(creds, pfd, st, _READ):
+            raise TargetCannotRead(errno.EACCES, "the target cannot read it", path)
         # reopen the very inode the O_PATH fd holds (no second path resolution)
         fd = os.open(
             f"/proc/self/fd/{pfd}",

@@ -75,3 +75,13 @@ def check_output_option(option: str, path: Path) -> None:
         raise UsageError(f"{option} {exc}") from None
     except OSError as exc:
         raise UsageError(f"{option} {path}: {exc.strerror or exc}") from None
+
+
+SWITCH_CHOICES = ("auto", "required", "off")
+# the config file's words for the same switches (collectors.*.enabled, sampler_priority)
+_SWITCH_ALIASES = {"true": "required", "false": "off"}
+
+
+def switch(text: str) -> str:
+    """auto | required | off, as the config says them too (true / false accepted)."""
+    return _SWITCH_ALIASES.get(text.lower(), text.lower())

@@ -171,7 +171,7 @@ def _mixed(args: argparse.Namespace, setup: ProfileSetup) -> int:
     result = _run_launched(session, proc)
     if result is None:
         return EXIT_RUNTIME
-    rc = write_outputs(setup.document(result), args)
+    rc = write_outputs(setup.document(result), args, result)
     if proc.returncode != 0:
         print(f"serwatt demo: the workload exited with {proc.returncode}", file=sys.stderr)
         return EXIT_RUNTIME

@@ -30,13 +30,21 @@ from collectors.pyspy import (
 )
 from profiler import safeio
 from profiler.classify import source_store
-from profiler.cli.argtypes import PID_MAX_LIMIT, Number, check_output_option
+from profiler.cli.argtypes import (
+    PID_MAX_LIMIT,
+    SWITCH_CHOICES,
+    Number,
+    check_output_option,
+    switch,
+)
 from profiler.cli.main import UsageError
 from profiler.exitcodes import EXIT_OK, EXIT_RUNTIME
 from profiler.many.format import escape_text
+from profiler.profile.flamegraph import render_page
+from profiler.profile.pprof import pprof_bytes
 from profiler.profile.session import ProfileSession, SessionResult
 from profiler.profile.setup import ProfileOptions, ProfileSetup, SetupError
-from profiler.profile.table import render_table
+from profiler.profile.table import render_table, sampled_nothing
 from profiler.sampling.budget import DEFAULT_BUDGET_SHARE, default_budget_cores
 from profiler.sampling.collect import (
     TIMING_RATE_FACTOR,
@@ -70,6 +78,17 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
         "--json", type=Path, metavar="FILE", help="write the serwatt.profile/1 document here"
     )
     parser.add_argument(
+        "--pprof", type=Path, metavar="FILE",
+        help="write the classified stacks as a pprof profile (gzip'd profile.proto: sample "
+        "types cpu, energy, gpu_wait; labels codepath and direction), for `go tool pprof`, "
+        "Pyroscope or Parca",
+    )  # fmt: skip
+    parser.add_argument(
+        "--flamegraph", "--html", dest="flamegraph", type=Path, metavar="FILE",
+        help="write an interactive flame graph of the classified stacks (frames coloured "
+        "by codepath, width CPU-s) with the table: one self-contained HTML file",
+    )  # fmt: skip
+    parser.add_argument(
         "--window", type=Number(float, min=0.5, unit="s"), default=5.0, metavar="S",
         help="length of one py-spy window in seconds (default 5)",
     )  # fmt: skip
@@ -82,6 +101,11 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
         "threads that share the GIL become less accurate)",
     )  # fmt: skip
     parser.add_argument(
+        "--kernel-timeline", action="store_true",
+        help="weigh CPU by the kernel's scheduler timeline (root; needs the stack-change "
+        "run): docs/sampling.md, cpu_source",
+    )  # fmt: skip
+    parser.add_argument(
         "--timing-rate", type=Number(float, min=0, max=1000, unit="Hz"), default=None,
         metavar="HZ",
         help="rate of the py-spy run that times episode edges by stack changes (default: "
@@ -92,7 +116,7 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
         "--pyspy", type=Path, metavar="PATH", help="py-spy binary (default: next to python)"
     )
     parser.add_argument(
-        "--sampler-priority", choices=("auto", "required", "off"), default="auto",
+        "--sampler-priority", type=switch, choices=SWITCH_CHOICES, default="auto",
         help="give py-spy a 0.1 ms scheduler slice and nice -20 so samples are not pulled "
         "towards the target's system calls on a busy node: auto (apply what is allowed, "
         "note the rest), required, off",
@@ -111,11 +135,12 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
         help="node CPU TDP in watts for the energy model used when RAPL is unavailable",
     )  # fmt: skip
     parser.add_argument(
-        "--rapl", choices=("auto", "required", "off"), default="auto",
-        help="RAPL energy: auto (fall back to the labelled model), required, off",
+        "--rapl", type=switch, choices=SWITCH_CHOICES, default="auto",
+        help="RAPL energy: auto (fall back to the labelled model), required, off (the "
+        "config's true/false also work)",
     )  # fmt: skip
     parser.add_argument(
-        "--nvml", choices=("auto", "required", "off"), default="auto",
+        "--nvml", type=switch, choices=SWITCH_CHOICES, default="auto",
         help="NVML GPU busy/idle and energy: auto, required, off",
     )  # fmt: skip
     parser.add_argument(
@@ -128,6 +153,11 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
         "--by", choices=("codepath", "process"), default="codepath",
         help="table rows: per codepath (default), or per codepath with a row per process "
         "(pid, role main/worker, command) under each; the JSON always has both",
+    )  # fmt: skip
+    parser.add_argument(
+        "--hide-zero", action="store_true",
+        help="table rows: leave out the codepaths whose every figure is zero (the JSON "
+        "keeps them)",
     )  # fmt: skip
 
 
@@ -148,7 +178,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--cpu-budget", type=_cpu_budget, default=None, metavar="CORES|off",
         help="the most CPU serwatt and its py-spy runs may use, in cores: after every window "
         "length the measured use sets the next windows' rates, every run lowered in "
-        f"proportion, never above --rate (default: {DEFAULT_BUDGET_SHARE:.0%} of the CPUs "
+        # argparse %-formats help texts: the percent sign is doubled
+        f"proportion, never above --rate (default: {100 * DEFAULT_BUDGET_SHARE:g}%% of the CPUs "
         f"serwatt may run on, {default_budget_cores():g} here; off when --rate is given; "
         "off: always --rate)",
     )  # fmt: skip
@@ -189,6 +220,10 @@ def validate_common(args: argparse.Namespace) -> ProfileSetup:
         if not os.access(parent, os.W_OK):
             raise UsageError(f"--json {args.json}: directory {parent} is not writable")
         check_output_option("--json", args.json)
+    for option in ("pprof", "flamegraph"):
+        path = getattr(args, option, None)
+        if path is not None:
+            check_output_option(f"--{option}", path)
     if args.pyspy is not None and not (args.pyspy.is_file() and os.access(args.pyspy, os.X_OK)):
         raise UsageError(f"--pyspy {args.pyspy}: not an executable file")
     try:
@@ -219,6 +254,7 @@ def profile_options(args: argparse.Namespace) -> ProfileOptions:
         window_s=args.window,
         timing_rate_hz=args.timing_rate,
         on_cpu_run=args.on_cpu_run,
+        kernel_timeline=args.kernel_timeline,
         follow_children=not args.no_children,
         pyspy=args.pyspy,
         sampler_priority=args.sampler_priority,
@@ -235,10 +271,37 @@ def profile_options(args: argparse.Namespace) -> ProfileOptions:
     )
 
 
-def write_outputs(doc: dict[str, Any], args: argparse.Namespace) -> int:
-    """The --json file first, then the table: a reader that closes stdout early (`| head`)
-    ends the table, not the document."""
+def write_outputs(
+    doc: dict[str, Any], args: argparse.Namespace, result: SessionResult | None = None
+) -> int:
+    """The --json file (and the stack files) first, then the table: a reader that closes
+    stdout early (`| head`) ends the table, not the document."""
     rc = EXIT_OK
+    table = render_table(
+        doc,
+        by_process=getattr(args, "by", "codepath") == "process",
+        hide_zero=getattr(args, "hide_zero", False),
+    )
+    if result is not None and getattr(args, "pprof", None) is not None:
+        data = pprof_bytes(
+            result.stacks,
+            started_at=result.info.started_at,
+            duration_s=result.ended_at - result.info.started_at,
+            rate_hz=result.info.rate_hz,
+        )
+        rc = _write_file("--pprof", args.pprof, data) or rc
+    if result is not None and getattr(args, "flamegraph", None) is not None:
+        page = render_page(
+            result.stacks,
+            title=f"pid {doc['target']['pid']}: {doc['target']['command'][:120]}",
+            summary=f"{doc['duration_s']:.1f} s, {doc['cpu_s']:.2f} CPU-s sampled in "
+            f"{len(result.stacks)} distinct stacks; frame width: CPU-s",
+            table=table,
+            episodes=result.episodes,
+            started_at=result.info.started_at,
+            duration_s=result.ended_at - result.info.started_at,
+        )
+        rc = _write_file("--flamegraph", args.flamegraph, page.encode("utf-8")) or rc
     if args.json is not None:
         text = json.dumps(doc, indent=2, sort_keys=False) + "\n"
         try:
@@ -249,8 +312,25 @@ def write_outputs(doc: dict[str, Any], args: argparse.Namespace) -> int:
             print(f"serwatt profile: {shown}", file=sys.stderr)
             print(text, file=sys.stderr)
             rc = EXIT_RUNTIME
-    print(render_table(doc, by_process=getattr(args, "by", "codepath") == "process"))
+    print(table)
+    if sampled_nothing(doc):
+        # a table of zeros that exits 0 reads as "no serialization" in a script
+        print(
+            "serwatt profile: error: nothing was sampled (see the table's first line)",
+            file=sys.stderr,
+        )
+        return EXIT_RUNTIME
     return rc
+
+
+def _write_file(option: str, path: Path, data: bytes) -> int:
+    try:
+        safeio.write_bytes(path, data)
+    except OSError as exc:
+        shown = escape_text(f"{option}: cannot write {path}: {exc}", backslash=False)
+        print(f"serwatt profile: {shown}", file=sys.stderr)
+        return EXIT_RUNTIME
+    return EXIT_OK
 
 
 def run(args: argparse.Namespace) -> int:
@@ -299,7 +379,18 @@ def _profile_pid(args: argparse.Namespace, setup: ProfileSetup) -> int:
     except SamplingError as exc:
         print(f"serwatt profile: error: {escape_text(str(exc), backslash=False)}", file=sys.stderr)
         return EXIT_RUNTIME
-    return write_outputs(setup.document(result), args)
+    rc = write_outputs(setup.document(result), args, result)
+    return delivery_rc(result) or rc
+
+
+def delivery_rc(result: SessionResult) -> int:
+    """A run whose windows did not all reach its sinks (a record that could not be
+    written) ends with the error said and a non-zero exit, after its outputs."""
+    problem = result.delivery_problem()
+    if problem is None:
+        return EXIT_OK
+    print(f"serwatt profile: error: {escape_text(problem, backslash=False)}", file=sys.stderr)
+    return EXIT_RUNTIME
 
 
 def _profile_command(args: argparse.Namespace, cmd: list[str], setup: ProfileSetup) -> int:
@@ -334,7 +425,8 @@ def _profile_command(args: argparse.Namespace, cmd: list[str], setup: ProfileSet
     except KeyboardInterrupt:
         _stop_child(proc)
         raise
-    rc = write_outputs(setup.document(result), args)
+    rc = write_outputs(setup.document(result), args, result)
+    rc = delivery_rc(result) or rc
     try:
         code = proc.wait()
     except KeyboardInterrupt:

@@ -81,6 +81,8 @@ class Parsed:
     desc: np.ndarray
     header_bytes: bytes = b""
     signature_block: bytes | None = None
+    # The bytes from the descriptors to the table's end, as read (`desc` is a view of them).
+    rest_bytes: bytes = b""
 
     def shape(self, i: int) -> tuple[int, ...]:
         """Slot i's shape, checked against its descriptor (raises ManyFormatError)."""
@@ -175,16 +177,56 @@ def pread_exact(fd: int, length: int, offset: int) -> bytes:
     return chunks[1] if len(chunks) == 2 else b"".join(chunks)
 
 
+def check_claim(fd: int, header: Header) -> None:
+    """Refuse a file that claims more bytes than its filesystem can hold.
+
+    Such a file is sparse: its size was set, its bytes never written (8 KiB on disk can
+    claim 16 TiB), and reading what it claims would take days. No writer can have filled
+    it, so every reader refuses it before reading past the header. A filesystem that
+    reports no capacity (a memfd's, some FUSE ones) bounds nothing here. Below the bound,
+    `verify` skips the holes of the regions that must be zero, so its cost follows the
+    bytes stored, except in slots, which are hashed whatever they hold.
+    """
+    try:
+        fs = os.fstatvfs(fd)
+    except OSError:
+        fs = None
+    capacity = fs.f_blocks * fs.f_frsize if fs is not None else 0
+    if capacity and header.file_length > capacity:
+        stored = os.fstat(fd).st_blocks * 512
+        raise ManyFormatError(
+            f"claims {header.file_length} bytes, more than its filesystem holds "
+            f"({capacity} bytes; the file has {stored} on disk): a sparse file whose "
+            "bytes were never written, refused before reading it; if it is a copy, copy "
+            "the original again"
+        )
+    # The descriptors and name table are read into memory whole, so they must be stored:
+    # a writer writes them in one piece, never as a hole (nor are they zeros that a copy
+    # or a compressing filesystem could turn into one).
+    try:
+        hole = os.lseek(fd, 0, os.SEEK_HOLE)
+    except OSError:
+        return  # no hole reporting here: the capacity bound above is the bound
+    if hole < header.table_end:
+        raise ManyFormatError(
+            f"its descriptors and name table claim bytes [{HEADER_SIZE}, {header.table_end}) "
+            f"but the file holds nothing on disk from byte {hole}: a sparse file whose "
+            "bytes were never written, refused before reading them"
+        )
+
+
 def read_parsed(fd: int, size: int, path: str | None = None, *, all_shapes: bool = False) -> Parsed:
     """Read (with pread, never through a mapping) and check header, table and descriptors.
 
     Reading never maps the file, so a file truncated meanwhile is an error, not a SIGBUS.
+    A file claiming more than its filesystem holds is refused first (`check_claim`).
     Each slot's shape is checked when the slot is first bound (`Parsed.shape`), which keeps
     `load` to a few vectorized passes; `all_shapes=True` checks them all now.
     """
     try:
         head = pread_exact(fd, HEADER_SIZE, 0) if size >= HEADER_SIZE else b""
         header = parse_header(head, size)
+        check_claim(fd, header)
         rest = pread_exact(fd, header.table_end - HEADER_SIZE, HEADER_SIZE)
         table = parse_table(rest[header.table_offset - HEADER_SIZE :], header)
         desc = np.frombuffer(rest, dtype=DESCRIPTOR_DTYPE, count=header.slot_count)
@@ -199,7 +241,7 @@ def read_parsed(fd: int, size: int, path: str | None = None, *, all_shapes: bool
         if path and exc.path is None:
             raise ManyFormatError(exc.problems, path) from None
         raise
-    return Parsed(header, table, desc, head, block)
+    return Parsed(header, table, desc, head, block, rest)
 
 
 @dataclass
@@ -260,6 +302,11 @@ class Checkpoint(Mapping[str, np.ndarray]):
     (copy-on-write) mapping of the same open file, so writing to it never touches the file,
     and a file saved over the same path later is never mixed in. `close()` drops the mapping
     and the descriptor; views still alive keep their mapping until they are freed.
+
+    A private copy-on-write mapping does not keep out the file's later writes: a page not
+    yet written by this process shows them. So views of a file loaded without `verify` (or
+    of one only this user can write) change when the file does; `load(verify=True)` of a
+    file another user can write gives views of a private verified copy instead.
 
     The file stays open for the checkpoint's life. Binding a view first checks that the file
     has not shrunk; a view bound before someone truncates the file in place faults (SIGBUS)
@@ -432,16 +479,35 @@ def load(path: str | os.PathLike[str], *, verify: bool = False) -> Checkpoint:
 
     With `verify=True` every slot is rehashed and the receipt recomputed first, reading the
     same open file with pread (so a truncation meanwhile is reported, not a crash); any
-    problem raises `ManyFormatError` listing them.
+    problem raises `ManyFormatError` listing them. What is returned is what was verified:
+    when another user could write the file (it is not ours, or group or others may write
+    it), the bytes are verified as they are copied into private memory the size of the
+    file (`verify.verified_copy`), and the views are of that copy, so the owner's later
+    writes cannot change them; otherwise the views map the file itself, which only this
+    user (or root) can change.
     """
     path = os.fspath(path)
     opened = open_checked(path)
-    ckpt = Checkpoint(path, opened.mm, opened.parsed, opened.fd)
-    if verify:
-        from profiler.many.verify import check_open_file
+    if not verify:
+        return Checkpoint(path, opened.mm, opened.parsed, opened.fd)
+    from profiler.many.verify import check_open_file, verified_copy, writable_by_others
 
-        problems = check_open_file(opened.fd, opened.parsed)
-        if problems:
-            ckpt.close()
-            raise ManyFormatError(problems, path)
+    fd, mm = opened.fd, opened.mm
+    try:
+        if writable_by_others(os.fstat(fd)):
+            copy, problems = verified_copy(fd, opened.parsed)
+            mm.close()
+            os.close(fd)
+            fd = copy
+            mm = mmap.mmap(fd, opened.parsed.header.file_length, access=mmap.ACCESS_READ)
+        else:
+            problems = check_open_file(fd, opened.parsed)
+    except BaseException:
+        mm.close()
+        os.close(fd)
+        raise
+    ckpt = Checkpoint(path, mm, opened.parsed, fd)
+    if problems:
+        ckpt.close()
+        raise ManyFormatError(problems, path)
     return ckpt

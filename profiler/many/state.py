@@ -34,7 +34,7 @@ from profiler.many.format import (
 )
 from profiler.many.reader import Parsed, open_regular, read_parsed
 from profiler.many.receipt import Receipt
-from profiler.many.verify import check_open_file
+from profiler.many.verify import check_open_file, verified_copy, writable_by_others
 from profiler.many.writer import _NUMPY_CODES, _torch_code, slot_source, write_file
 
 STATE_KEY = "many.state"
@@ -677,7 +677,9 @@ def open_state(
 ) -> LoadedState:
     """Load a state file (a path, or a writable in-memory image of one) with its receipts.
 
-    `verify=True` rehashes every slot and the receipt before anything is bound. `as_numpy=True`
+    `verify=True` rehashes every slot and the receipt before anything is bound, and binds
+    what it verified: a file another user could write is verified into a private copy
+    (`reader.load` says when and what it costs). `as_numpy=True`
     returns torch leaves as numpy arrays (bfloat16 as raw uint16), so no torch is needed.
     `tensor_hook(tensor) -> tensor` is applied once per torch slot before its leaves are made
     (torch_compat uses it for `map_location`).
@@ -687,7 +689,13 @@ def open_state(
         size = os.fstat(fd).st_size
         parsed = read_parsed(fd, size, where)
         if verify:
-            problems = check_open_file(fd, parsed)
+            if where is not None and writable_by_others(os.fstat(fd)):
+                # what is verified is what is bound (reader.load's docstring says why)
+                copy, problems = verified_copy(fd, parsed)
+                os.close(fd)
+                fd = copy
+            else:
+                problems = check_open_file(fd, parsed)
             if problems:
                 raise ManyFormatError(problems, where)
         # One private mapping for binding: writes to loaded tensors go to private pages and
@@ -726,7 +734,8 @@ def load_state(
     """The state tree saved by `save_state`, its tensors mapped from the file (copy-on-write).
 
     O(slots + tree nodes): tensor bytes are read when touched. Writing to a loaded tensor
-    changes private memory, never the file. `verify=True` rehashes everything first.
+    changes private memory, never the file. `verify=True` rehashes everything first, and
+    the tensors hold what it verified even if the file's owner writes it later (`open_state`).
     Int keys come back int, tuples tuple, OrderedDict OrderedDict (with `_metadata`).
     """
     return open_state(

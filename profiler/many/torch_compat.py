@@ -34,6 +34,7 @@ from typing import IO, Any
 
 from profiler.many.format import HEADER_SIZE, MAGIC, ManyFormatError
 from profiler.many.reader import load as load_many
+from profiler.many.reader import open_regular
 from profiler.many.receipt import Receipt
 from profiler.many.state import open_state, save_state
 
@@ -193,11 +194,18 @@ def _read_image(f: IO[bytes]) -> bytearray:
 
 
 def _peek(path: str) -> bytes:
+    """The first bytes of `path` for the torch.save hint, through the readers' one open: a
+    FIFO or device the loader just refused must not block or be read here either."""
     try:
-        with open(path, "rb") as fh:
-            return fh.read(8)
+        fd, _size = open_regular(path)
+    except (ManyFormatError, OSError):
+        return b""
+    try:
+        return os.pread(fd, 8, 0)
     except OSError:
         return b""
+    finally:
+        os.close(fd)
 
 
 def _explain_foreign(exc: ManyFormatError, head: bytes) -> ManyFormatError:

@@ -14,6 +14,9 @@ proves nothing about who wrote the file. A signature verified against a key you 
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import mmap
 import os
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
@@ -47,26 +50,56 @@ class _Shrank(Exception):
         self.at = at
 
 
-class _Reads:
-    """Positional reads of one file through one reusable buffer."""
+def _data_extents(fd: int, start: int, end: int) -> Iterator[tuple[int, int]]:
+    """The stored (not hole) ranges of [start, end): a hole reads as zeros without being
+    read, so checking that a region is zero costs what the file stores there, not what its
+    header claims. Where the filesystem reports no holes, the whole range is data."""
+    pos = start
+    while pos < end:
+        try:
+            data = os.lseek(fd, pos, os.SEEK_DATA)
+            hole = os.lseek(fd, data, os.SEEK_HOLE)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:
+                return  # holes to the end (or the file shrank: the size check says so)
+            yield pos, end
+            return
+        if data >= end:
+            return
+        yield data, min(hole, end)
+        pos = hole
 
-    def __init__(self, fd: int, largest: int) -> None:
+
+class _Reads:
+    """Positional reads of one file, through one reusable buffer or, with `into`, into the
+    caller's image of the file at the same offsets (what is checked is what it holds)."""
+
+    def __init__(self, fd: int, size: int, into: memoryview | None = None) -> None:
         self.fd = fd
-        self.buf = memoryview(bytearray(max(1, min(_READ_CHUNK, largest))))
+        self.into = into
+        self.buf = memoryview(bytearray(max(1, min(_READ_CHUNK, size)))) if into is None else None
 
     def chunks(self, start: int, length: int) -> Iterator[memoryview]:
         pos, end = start, start + length
         while pos < end:
-            got = os.preadv(self.fd, [self.buf[: min(len(self.buf), end - pos)]], pos)
+            n = min(_READ_CHUNK, end - pos)
+            if self.buf is not None:
+                target = self.buf[:n]
+            else:
+                assert self.into is not None
+                target = self.into[pos : pos + n]
+            got = os.preadv(self.fd, [target], pos)
             if got <= 0:
                 raise _Shrank(pos)
-            yield self.buf[:got]
+            yield target[:got]
             pos += got
 
     def zero(self, start: int, length: int) -> bool:
-        return not any(
-            np.count_nonzero(np.frombuffer(c, np.uint8)) for c in self.chunks(start, length)
-        )
+        for at, stop in _data_extents(self.fd, start, start + length):
+            for c in self.chunks(at, stop - at):
+                if np.count_nonzero(np.frombuffer(c, np.uint8)):
+                    return False
+        return True
 
 
 class _ZeroRegions:
@@ -99,10 +132,16 @@ def _hash_mismatch(i: int, name: str, stored: bytes, data: bytes) -> str | None:
     )
 
 
-def check_open_file(fd: int, parsed: Parsed, *, key: Any = None) -> list[str]:
+def check_open_file(
+    fd: int, parsed: Parsed, *, key: Any = None, into: memoryview | None = None
+) -> list[str]:
     """Problems with the shapes, slot hashes, zero regions, receipt, signature, dirty flag
     and state tree of an open, parsed file (`key`: the public key every file must be signed
-    with, or None): every check a loader makes, plus those that need a pass over the data."""
+    with, or None): every check a loader makes, plus those that need a pass over the data.
+
+    `into`: a zeroed, writable buffer of the file's length; every byte checked past the
+    name table is read into it at its own offset and checked there (holes stay zeros).
+    """
     header, desc, names = parsed.header, parsed.desc, parsed.table.names
     problems = check_all_shapes(desc, parsed.table)
     if header.flags & HEADER_DIRTY:
@@ -111,7 +150,7 @@ def check_open_file(fd: int, parsed: Parsed, *, key: Any = None) -> list[str]:
             "(call Arena.commit(), or the writer crashed)"
         )
     lengths = desc["length"]
-    reads = _Reads(fd, int(lengths.max()) if len(lengths) else 0)
+    reads = _Reads(fd, header.file_length, into)
     zeros = _ZeroRegions()
     slot_problems: dict[int, str] = {}
     base = header.state_offset
@@ -195,6 +234,55 @@ def check_open_file(fd: int, parsed: Parsed, *, key: Any = None) -> list[str]:
 
     problems.extend(tree_problems(parsed))
     return problems
+
+
+def writable_by_others(st: os.stat_result) -> bool:
+    """Whether a user other than this process's could change the file's bytes: it is not
+    ours, or its mode lets a group or others write (an ACL granting a write shows there too,
+    as the group class's bits). A process of our own user or root can change our memory
+    anyway; no one else can."""
+    return st.st_uid != os.geteuid() or bool(st.st_mode & 0o022)
+
+
+def verified_copy(fd: int, parsed: Parsed) -> tuple[int, list[str]]:
+    """(memfd, problems): `check_open_file` with every byte it checks read into a new
+    memfd, which then holds the file as verified: header, descriptors and name table as
+    parsed, signature block, zero regions and slots as read and checked. The memfd is
+    sealed (no write, grow or shrink) and is this process's alone, so a view of it keeps
+    the verified bytes whatever the file's owner writes afterwards. A private (copy-on-write)
+    mapping of the file would not: on Linux, a page not yet copied shows the file's later
+    writes. Costs memory the size of the file (shared memory, swappable like tmpfs).
+    """
+    size = parsed.header.file_length
+    mfd = os.memfd_create("many-verified", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(mfd, size)
+        image = mmap.mmap(mfd, size)
+        view = memoryview(image)
+        try:
+            head = parsed.header_bytes + parsed.rest_bytes
+            view[: len(head)] = head
+            sig_at = parsed.header.signature_offset
+            if sig_at is not None and parsed.signature_block is not None:
+                view[sig_at : sig_at + len(parsed.signature_block)] = parsed.signature_block
+            problems = check_open_file(fd, parsed, into=view)
+        finally:
+            view.release()
+            try:
+                image.close()
+            except BufferError:
+                # only when the check raised and its traceback still holds a slice; the
+                # mapping goes with it (and sealing below would refuse a live one)
+                pass
+        fcntl.fcntl(
+            mfd,
+            fcntl.F_ADD_SEALS,
+            fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL,
+        )
+    except BaseException:
+        os.close(mfd)
+        raise
+    return mfd, problems
 
 
 def _signature_problems(parsed: Parsed, key: Any) -> list[str]:

@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from profiler.exitcodes import EXIT_RUNTIME, EXIT_USAGE
-from profiler.many.format import MAGIC
+from profiler.many.format import MAGIC, escape_text
 from profiler.records.run_ids import format_start_time
 from profiler.records.store import Recorder, RecordError
 from profiler.safeio import open_regular, read_head
@@ -453,8 +453,8 @@ class Ab:
             if problems:
                 raise AbError(
                     f"--swap {o.swap}: the baseline's checkpoints hold what the .many "
-                    f"drop-in cannot write ({problems[0]}; docs/many.md, 'Whole "
-                    "checkpoints'); A/B this job with --candidate"
+                    f"drop-in cannot write, or cannot be checked ({problems[0]}; "
+                    "docs/many.md, 'Whole checkpoints'); A/B this job with --candidate"
                 )
         if run.side == "candidate" and not run.resumed and not outcome.many_files:
             raise AbError(
@@ -635,28 +635,54 @@ def _globals(data: bytes) -> Iterator[tuple[str, str]]:
                 strings.append(got)
 
 
+def _damaged(path: str, exc: BaseException) -> str:
+    detail = escape_text(f"{type(exc).__name__}: {exc}"[:200])
+    return (
+        f"{escape_text(os.path.basename(path))}: a damaged torch.save file ({detail}), so "
+        "what it pickles cannot be checked; check that torch.load reads it and save it "
+        "again, move it out of the checkpoint directory, or A/B this job with --candidate"
+    )
+
+
+def _pickle_of(fd: int) -> bytes | None:
+    """The data.pkl bytes of the torch.save zip open at `fd` (None: no such member, or one
+    past MAX_PICKLE_BYTES). Raises whatever the zip's damage makes zipfile raise."""
+    with os.fdopen(os.dup(fd), "rb") as fh, zipfile.ZipFile(fh) as zf:
+        member = next(
+            (
+                i
+                for i in zf.infolist()
+                if i.filename.endswith("/data.pkl") or i.filename == "data.pkl"
+            ),
+            None,
+        )
+        if member is None or member.file_size > MAX_PICKLE_BYTES:
+            return None
+        return zf.read(member)
+
+
 def unsupported_by_swap(paths: Sequence[str]) -> list[str]:
     """What in these torch.save files the `.many` drop-in cannot write: one line per kind,
-    e.g. "ckpt.pt pickles argparse.Namespace"; [] when nothing (or not a torch.save zip)."""
+    e.g. "ckpt.pt pickles argparse.Namespace", or one naming a file too damaged to check
+    (a zip or pickle that cannot be read); [] when nothing (or not a torch.save zip)."""
     problems: list[str] = []
     for path in paths:
         try:
             with open_regular(path) as fd:
                 if os.pread(fd, 4, 0) != _ZIP_MAGIC:
                     continue
-                with os.fdopen(os.dup(fd), "rb") as fh, zipfile.ZipFile(fh) as zf:
-                    member = next(
-                        (
-                            i
-                            for i in zf.infolist()
-                            if i.filename.endswith("/data.pkl") or i.filename == "data.pkl"
-                        ),
-                        None,
-                    )
-                    if member is None or member.file_size > MAX_PICKLE_BYTES:
-                        continue
-                    data = zf.read(member)
-        except (OSError, zipfile.BadZipFile, ValueError):
+                try:
+                    data = _pickle_of(fd)
+                # The file is the job's and damage takes any shape: zipfile raises
+                # BadZipFile, zlib.error, lzma.LZMAError, NotImplementedError (a method it
+                # lacks), RuntimeError (an encryption flag), EOFError, OSError... Each is the
+                # same answer: this file cannot be checked.
+                except Exception as exc:
+                    problems.append(_damaged(path, exc))
+                    continue
+        except OSError:
+            continue  # gone, or not a regular file: not a checkpoint the job left
+        if data is None:
             continue
         try:
             found = sorted(
@@ -667,7 +693,8 @@ def unsupported_by_swap(paths: Sequence[str]) -> list[str]:
                     and not (m == "torch" and n.endswith("Storage"))
                 }
             )
-        except (ValueError, EOFError):  # a damaged pickle: not the drop-in's to judge
+        except Exception as exc:  # pickletools on a damaged pickle: ValueError, EOFError...
+            problems.append(_damaged(path, exc))
             continue
         if found:
             problems.append(f"{os.path.basename(path)} pickles {', '.join(found[:3])}")

@@ -33,6 +33,7 @@ from profiler.attribution.episodes import Episode
 from profiler.classify.codepaths import CODEPATHS
 from profiler.classify.direction import DIRECTIONS
 from profiler.intervals import t_quantile
+from profiler.profile.accumulator import Accumulator
 from profiler.profile.energy_sink import ProfileEnergy
 from profiler.profile.processes import (
     WALL_METHOD,
@@ -41,7 +42,7 @@ from profiler.profile.processes import (
     main_thread_wall_s,
     role,
 )
-from profiler.profile.session import Accumulator, SessionResult
+from profiler.profile.session import SessionResult
 
 SCHEMA = "serwatt.profile/1"
 MAX_BATCHES = 30
@@ -194,7 +195,7 @@ def _codepath_sections(result: SessionResult, main: int) -> dict[str, Any]:
         codepaths[cp] = {
             "samples": n,
             "cpu_s": round(acc.cpu_s[cp], 6),
-            "share": round(shares[cp], 6),
+            "share": round(shares[cp], 6) if total > 0 else None,  # of 0 CPU-s: n/a
             "share_ci95": [round(ci[0], 6), round(ci[1], 6)] if ci else None,
             "wall_s": round(acc.wall_s[cp], 6),
             "energy_j": None,

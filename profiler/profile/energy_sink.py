@@ -8,8 +8,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from profiler.attribution.apportion import GpuWaitAttribution, overlap_factor
-from profiler.attribution.tracker import ENERGY_METHOD, GPU_WAIT_METHOD, EnergyTracker
-from profiler.attribution.window import AttributedWindow, add_by_direction, split_by_direction
+from profiler.attribution.tracker import (
+    ENERGY_METHOD,
+    GPU_WAIT_METHOD,
+    EnergyTracker,
+    WindowEnergy,
+)
+from profiler.attribution.window import AttributedWindow, DirectedTotals
 from profiler.classify.codepaths import CODEPATHS
 from profiler.classify.direction import DIRECTIONS
 
@@ -68,18 +73,18 @@ class EnergySink:
     """Session sink (profiler/profile/session.py) adding joules and GPU-wait to a profile.
 
     Joules and GPU-wait are each window's own attribution (AttributedWindow: the figures
-    the run record keeps), summed. Node totals and each GPU's reading are accumulated
-    span by span as windows arrive, so a profile of any length stays inside the
-    tracker's history.
+    the run record keeps), summed. Node totals and each GPU's reading are the pipeline's
+    readings span by span as windows arrive (AttributedWindow.advance), so a profile of
+    any length stays inside the tracker's history; the sink reads no reading of its own,
+    only the tracker's status and self-metrics for the document.
     """
 
     def __init__(self, tracker: EnergyTracker) -> None:
         self.tracker = tracker
         self.status = tracker.probe()
         self.summary: ProfileEnergy | None = None  # set by finish()
-        self._cp_j = dict.fromkeys(CODEPATHS, 0.0)
-        self._dir_j = {cp: dict.fromkeys(DIRECTIONS, 0.0) for cp in CODEPATHS}
-        self._dir_wait_s = {cp: dict.fromkeys(DIRECTIONS, 0.0) for cp in CODEPATHS}
+        self._fold = DirectedTotals()  # the windows' joules and GPU-wait by direction
+        self._dir_j: dict[str, dict[str, float]] = {}  # fitted to the node's (finish)
         self._parts = {"idle": 0.0, "other_processes": 0.0, "target_unsampled": 0.0}
         self._sources: set[str] = set()
         self._reasons: list[str] = []
@@ -87,8 +92,6 @@ class EnergySink:
         self._pids: set[int] = set()
         self._first: float | None = None
         self._last: float | None = None
-        self._e_until: float | None = None  # node energy accumulated up to here
-        self._g_until: float | None = None  # GPU-wait computed up to here
         self._node: dict[str, float] = {}
         self._node_missing: set[str] = set()
         self._per_pkg: dict[int, float] = {}
@@ -105,19 +108,15 @@ class EnergySink:
             report.started_at if self._first is None else min(self._first, report.started_at)
         )
         self._last = report.ended_at if self._last is None else max(self._last, report.ended_at)
-        self._advance_node(report.started_at, report.ended_at)
-        self._advance_gpus(self._last)
+        if window.advance is not None:
+            self._add_node(window.advance)
+            self._add_gpus(window.advance)
         if window.attribution is not None:
             self._add_gpu_wait(window.attribution.gpu_wait)
+        self._fold.add(window.by_direction())
         e = window.attribution.energy if window.attribution else None
         if e is not None:
             self._sources.add(e.source)
-            for cp, j in e.codepaths_j.items():
-                self._cp_j[cp] += j
-                # joules follow CPU (the attribution's rule), so within a codepath they
-                # split as its directions' CPU does in this window
-                for d, part in split_by_direction(j, report.codepaths.get(cp)).items():
-                    self._dir_j[cp][d] += part
             self._parts["idle"] += e.unattributed_idle_j
             self._parts["other_processes"] += e.unattributed_other_processes_j
             self._parts["target_unsampled"] += e.unattributed_target_unsampled_j
@@ -126,14 +125,10 @@ class EnergySink:
         elif window.failure is not None:
             self._reasons.append(f"attribution failed: {window.failure}")
 
-    def _advance_node(self, start: float, end: float) -> None:
-        a = start if self._e_until is None else self._e_until
-        if end <= a:
-            return
-        self._e_until = end
-        we = self.tracker.window(a, end)
+    def _add_node(self, we: WindowEnergy) -> None:
+        """One span of the node's reading (the pipeline's, AttributedWindow.advance)."""
         if we.source == "unavailable" or we.package_j is None:
-            self._node_unavailable_s += end - a
+            self._node_unavailable_s += we.wall_s
             if we.reason:
                 self._reasons.append(we.reason)
             return
@@ -163,16 +158,12 @@ class EnergySink:
             acc = self._gpus[index] = _GpuAcc(index, None, None)
         return acc
 
-    def _advance_gpus(self, until: float) -> None:
+    def _add_gpus(self, we: WindowEnergy) -> None:
         """Each GPU's reading (coverage, busy and idle time, energy) span by span, as the
         node's energy: the GPU as NVML saw it, whichever process used it."""
-        if not self.status["nvml"].up or self._first is None:
+        if not self.status["nvml"].up:
             return
-        a = self._first if self._g_until is None else self._g_until
-        if until <= a:
-            return
-        self._g_until = until
-        for g in self.tracker.nvml.window(a, until):
+        for g in we.gpus:
             acc = self._gpu(g.index)
             acc.uuid, acc.name = acc.uuid or g.uuid, acc.name or g.name
             acc.up, acc.reason = g.up, g.reason
@@ -194,7 +185,6 @@ class EnergySink:
             acc.wait_s = acc.wait_s or dict.fromkeys(CODEPATHS, 0.0)
             for cp, v in w.wait_s.items():
                 acc.wait_s[cp] += v
-            add_by_direction(self._dir_wait_s, w.wait_by_direction_s)
             acc.unattributed_wait_s += w.unattributed_s
             if w.idle_energy_j is None:
                 acc.idle_j_missing = acc.idle_j_missing or w.idle_s > 0
@@ -208,9 +198,6 @@ class EnergySink:
 
     def finish(self) -> ProfileEnergy:
         """The profile's energy sections, once every window has been seen."""
-        if self._last is not None:
-            self._advance_node(self._first or self._last, self._last)
-            self._advance_gpus(self._last)
         self.summary = self._finish()
         return self.summary
 
@@ -228,12 +215,12 @@ class EnergySink:
         total = self._node["package_j"]
         # the targets of a process tree share the node's dynamic joules: the one overlap rule
         dynamic = total if "dynamic_j" in self._node_missing else self._node.get("dynamic_j", total)
-        factor = overlap_factor(math.fsum(self._cp_j.values()), dynamic)
-        for cp in self._cp_j:
-            self._cp_j[cp] *= factor
-            for d in self._dir_j[cp]:
-                self._dir_j[cp][d] *= factor
-        attributed = min(math.fsum(self._cp_j.values()), total)
+        dir_j = self._fold.by_codepath(self._fold.energy_j)
+        factor = overlap_factor(math.fsum(self._fold.energy_j.values()), dynamic)
+        self._dir_j = {cp: {d: j * factor for d, j in by_d.items()} for cp, by_d in dir_j.items()}
+        attributed = min(
+            math.fsum(j for by_d in self._dir_j.values() for j in by_d.values()), total
+        )
         node = {k: (None if k in self._node_missing else _r(v)) for k, v in self._node.items()}
         notes = list(self._notes)
         if self._node_unavailable_s > 0:
@@ -341,16 +328,19 @@ class EnergySink:
                 }  # fmt: skip
                 for g in self.tracker.nvml.probe().gpus
             ]
+        dir_wait_s = self._fold.by_codepath(
+            {(cp, d): s for (cp, d, _gpu), s in self._fold.gpu_wait_s.items()}
+        )
         codepaths = {
             cp: CodepathEnergy(
-                energy_j=_r(self._cp_j[cp]) if measured else None,
+                energy_j=_r(math.fsum(self._dir_j[cp].values())) if measured else None,
                 energy_source=energy["source"] if measured else None,
                 gpu_wait_s=_r(wait_s[cp]) if wait_s is not None else None,
                 gpu_idle_j=_r(idle_j[cp]) if idle_j is not None else None,
                 by_direction={
                     d: (
                         _r(self._dir_j[cp][d]) if measured else None,
-                        _r(self._dir_wait_s[cp][d]) if wait_s is not None else None,
+                        _r(dir_wait_s[cp][d]) if wait_s is not None else None,
                     )
                     for d in DIRECTIONS
                 },

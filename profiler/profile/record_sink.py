@@ -7,6 +7,11 @@ link would make root read its target), and reads each file version once: one tha
 a checkpoint is remembered by (device, inode, size, mtime) like one that is, so 20 000
 junk files cost a read each once, not every window. What is remembered is what DIR holds
 now, and the problems kept are the first MAX_ERROR_MESSAGES of a count printed at the end.
+
+The record is opened, whole, before the job starts; whatever still makes it fail once the
+job runs (a full disk, a query past its deadline) stops the recording, not the session:
+the job is never left running unprofiled, the other outputs are written, and the end
+says what the record missed.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import os
 import stat
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +38,7 @@ from profiler.records.host import fingerprint
 from profiler.records.run_ids import format_start_time
 from profiler.records.run_sink import RunSink
 from profiler.records.sources import run_sources
-from profiler.records.store import Recorder
+from profiler.records.store import Recorder, RecordError
 
 MAX_ERROR_MESSAGES = 10  # problems kept word for word; the rest are counted
 MAX_CHECKPOINT_ENTRIES = 100_000  # directory entries looked at per window
@@ -61,7 +66,11 @@ class RecordSink:
         config: Mapping | None = None,
         checkpoints: Path | None = None,
         checkpoint_sink: CheckpointSink | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
+        """clock: the host's epoch time, which stamps the run's end (the session's own;
+        the replay harness's is fake)."""
+        self._clock = clock
         self.recorder = Recorder(path)
         self.path = self.recorder.path
         self.target = target
@@ -84,6 +93,8 @@ class RecordSink:
         self._anchored: set[_FileVersion] = set()
         self._failed: set[_FileVersion] = set()
         self._over_entries = False
+        self.failure: RecordError | None = None  # the first; nothing is recorded after it
+        self.unrecorded = 0  # windows not recorded since
 
     def _sources(self) -> dict[str, Any]:
         if self.tracker is None:
@@ -111,29 +122,43 @@ class RecordSink:
             "window_s": info.window_s,
             **self._config,
         }
-        self.recorder.start_run(
-            self.run_id,
-            self.target,
-            host=self._host if self._host is not None else self._fingerprint(),
-            config=config,
-            sources=self._sources(),
-            started_at=info.started_at,
-        )
+        try:
+            self.recorder.start_run(
+                self.run_id,
+                self.target,
+                host=self._host if self._host is not None else self._fingerprint(),
+                config=config,
+                sources=self._sources(),
+                started_at=info.started_at,
+            )
+        except RecordError as exc:
+            self.failure = exc
+            return
         self._started = True
         self._run = RunSink(self.recorder, self.run_id)  # how the daemon records a window
 
     def on_window(self, window: AttributedWindow) -> None:
+        if self._run is None or self.failure is not None:
+            self.unrecorded += 1
+            return
         if window.failure is not None:  # the window is still recorded, without joules
             self.energy_failures += 1
             self._problem(f"energy for window at {window.report.started_at:.0f}: {window.failure}")
-        assert self._run is not None, "on_start comes first"
-        self._run.on_window(window)
-        self.windows += 1
-        self._anchor_checkpoints()
+        try:
+            self._run.on_window(window)
+            self.windows += 1
+            self._anchor_checkpoints()
+        except RecordError as exc:
+            self.failure = exc
+            self.unrecorded += 1
 
     def on_episodes(self, episodes: Sequence[Episode]) -> None:
-        assert self._run is not None, "on_start comes first"
-        self._run.on_episodes(episodes)
+        if self._run is None or self.failure is not None:
+            return
+        try:
+            self._run.on_episodes(episodes)
+        except RecordError as exc:
+            self.failure = exc
 
     def _problem(self, message: str) -> None:
         if len(self.errors) < MAX_ERROR_MESSAGES:
@@ -234,6 +259,12 @@ class RecordSink:
             )
         if self.energy_failures:
             lines.append(f"{self.energy_failures} window(s) recorded without energy")
+        if self.failure is not None:
+            lines.insert(
+                0,
+                f"{self.path}: {self.unrecorded} window(s) and the run's end not recorded "
+                f"(the profile's other outputs are whole): {self.failure}",
+            )
         if lines:
             first = f"; first: {self.errors[0]}" if self.errors else ""
             text = escape_text("; ".join(lines) + first, backslash=False)
@@ -241,10 +272,16 @@ class RecordSink:
 
     def finish(self) -> None:
         try:
-            if self._started and self.run_id is not None:
+            if self._started and self.run_id is not None and self.failure is None:
                 self._anchor_checkpoints()
                 self._store_checkpoints()
-                self.recorder.finish_run(self.run_id, time.time())
+                self.recorder.finish_run(self.run_id, self._clock())
+        except RecordError as exc:
+            self.failure = exc
         finally:
             self.recorder.close()
             self._print_problems()
+        if self.failure is not None:
+            # said above in full; raised so the pipeline counts it and the run ends
+            # non-zero: a run whose record could not be written is no success
+            raise self.failure

@@ -43,25 +43,21 @@ from collectors.pyspy import (
     TargetGone,
     precheck,
 )
-from collectors.samples import SamplerErrors
 from profiler.attribution.episodes import Episode
-from profiler.attribution.pipeline import WindowPipeline
+from profiler.attribution.pipeline import Delivery, WindowPipeline
 from profiler.attribution.tracker import EnergyTracker
 from profiler.attribution.window import AttributedWindow
 from profiler.classify import source_cache
-from profiler.classify.codepaths import CODEPATHS
-from profiler.classify.direction import DIRECTIONS
+from profiler.many.format import escape_text
+from profiler.profile.accumulator import Accumulator
 from profiler.profile.cpu_budget import SessionBudget
-from profiler.profile.processes import ProcessTally
+from profiler.profile.stack_profile import StackProfile
 from profiler.sampling import collect, eligible
 from profiler.sampling.budget import RateGovernor
 from profiler.sampling.collect import ClassifierLike, RawWindow, collect_window, finish_window
 from profiler.sampling.retry import RetryPolicy
 from profiler.sampling.window import WindowReport
 
-BIN_S = 1.0  # time resolution of the per-codepath CPU bins used for the share interval
-# A target that starts native threads without end must not grow the session's memory.
-MAX_UNMAPPED_THREADS = 4096
 # a window that ran this long before it failed as its target exited had samples to lose
 LOST_WINDOW_MIN_S = 1.0
 # counted runs at py-spy's default rate, an on-CPU run beside the --idle one, no
@@ -72,6 +68,8 @@ SESSION_PLAN = SamplingPlan(on_cpu_run=True)
 # tried again every 0.3 s, ten times at most, while younger than YOUNG_S.
 SESSION_RETRY = RetryPolicy(young_tries=10, young_pause_s=0.3)
 YOUNG_S = 5.0
+# a launched wrapper root is checked this often for its exec into Python
+EXEC_POLL_S = 0.05
 
 
 class SessionSink(Protocol):
@@ -111,98 +109,6 @@ class TargetStats:
 
 
 @dataclass
-class Accumulator:
-    """Everything the profile document needs, summed over windows and targets."""
-
-    samples: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CODEPATHS, 0))
-    cpu_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CODEPATHS, 0.0))
-    wall_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CODEPATHS, 0.0))
-    low_conf: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CODEPATHS, 0))
-    # codepath -> direction -> samples / cpu_s (profiler/classify/direction.py)
-    dir_samples: dict[str, dict[str, int]] = field(
-        default_factory=lambda: {cp: dict.fromkeys(DIRECTIONS, 0) for cp in CODEPATHS}
-    )
-    dir_cpu_s: dict[str, dict[str, float]] = field(
-        default_factory=lambda: {cp: dict.fromkeys(DIRECTIONS, 0.0) for cp in CODEPATHS}
-    )
-    low_conf_cpu_s: float = 0.0
-    total_cpu_s: float = 0.0
-    # bin index (BIN_S slices since session start) -> codepath -> cpu_s
-    bins: dict[int, dict[str, float]] = field(default_factory=dict)
-    pyspy_samples: int = 0
-    pyspy_errors: int = 0
-    partial_stacks: int = 0
-    behind_s: float = 0.0
-    notes: dict[str, int] = field(default_factory=dict)
-    failures: dict[str, int] = field(default_factory=dict)  # SamplingError.kind -> count
-    windows: int = 0
-    # the `unmapped threads` row, part of `other`'s CPU: (pid, tid) -> (name, cpu_s) for
-    # at most MAX_UNMAPPED_THREADS threads (the rest summed in unmapped_untracked_cpu_s),
-    # and exited threads' CPU no sample took
-    unmapped: dict[tuple[int, int], tuple[str, float]] = field(default_factory=dict)
-    unmapped_untracked_cpu_s: float = 0.0
-    unmapped_exited_cpu_s: float = 0.0
-    # each codepath's figures per process (the per-process view)
-    processes: ProcessTally = field(default_factory=ProcessTally)
-
-    def add(self, report: WindowReport, origin: float) -> None:
-        self.windows += 1
-        self.total_cpu_s += report.cpu_s
-        for cp, w in report.codepaths.items():
-            key = cp if cp in self.samples else "other"
-            self.samples[key] += w.samples
-            self.cpu_s[key] += w.cpu_s
-            self.wall_s[key] += w.wall_s
-            self.low_conf[key] += w.low_confidence_samples
-            for d, part in w.direction.items():
-                self.dir_samples[key][d] += part.samples
-                self.dir_cpu_s[key][d] += part.cpu_s
-        sampled_other = 0.0
-        per_bin_samples: dict[int, int] = {}
-        for lab in report.cpu_timeline or report.timeline:
-            b = int((lab.t - origin) // BIN_S)
-            cp = lab.codepath if lab.codepath in self.samples else "other"
-            row = self.bins.setdefault(b, {})
-            row[cp] = row.get(cp, 0.0) + lab.cpu_s
-            per_bin_samples[b] = per_bin_samples.get(b, 0) + 1
-            if cp == "other":
-                sampled_other += lab.cpu_s
-            if lab.low_confidence:
-                self.low_conf_cpu_s += lab.cpu_s
-        # CPU no sample took (native threads, exited threads' share) is `other`;
-        # spread it over the window's bins by sample count so bins sum to the total.
-        residual = report.codepaths["other"].cpu_s - sampled_other
-        n = sum(per_bin_samples.values())
-        if residual > 0:
-            if n:
-                for b, k in per_bin_samples.items():
-                    row = self.bins.setdefault(b, {})
-                    row["other"] = row.get("other", 0.0) + residual * k / n
-            else:
-                b = int((report.started_at - origin) // BIN_S)
-                row = self.bins.setdefault(b, {})
-                row["other"] = row.get("other", 0.0) + residual
-        for th in report.unmapped_threads:
-            where = (report.pid, th.tid)
-            if where in self.unmapped or len(self.unmapped) < MAX_UNMAPPED_THREADS:
-                self.unmapped[where] = (th.name, self.unmapped.get(where, ("", 0.0))[1] + th.cpu_s)
-            else:
-                self.unmapped_untracked_cpu_s += th.cpu_s
-        self.unmapped_exited_cpu_s += report.exited_unsampled_cpu_s
-        self.processes.add(report)
-        e: SamplerErrors = report.errors
-        self.pyspy_samples += e.pyspy_samples
-        self.pyspy_errors += e.pyspy_errors
-        self.partial_stacks += e.partial_stacks
-        self.behind_s = max(self.behind_s, e.behind_s)
-        for note in e.notes:
-            self.notes[note] = self.notes.get(note, 0) + 1
-
-    def fail(self, kind: str) -> None:
-        self.failures[kind] = self.failures.get(kind, 0) + 1
-
-
-@dataclass
 class SessionResult:
     info: SessionInfo
     ended_at: float
@@ -211,6 +117,20 @@ class SessionResult:
     episodes: list[Episode] = field(default_factory=list)  # in the order they closed
     # the CPU budget, the rates it set and serwatt's own measured CPU (cpu_budget.py)
     cpu_budget: dict[str, Any] = field(default_factory=dict)
+    stacks: StackProfile = field(default_factory=StackProfile)
+    # deliveries a sink failed (attribution/pipeline.py): sink class name -> count, and
+    # the first failures' messages; a run with any ends in an error (delivery_problem)
+    sink_failures: dict[str, int] = field(default_factory=dict)
+    sink_errors: list[str] = field(default_factory=list)
+
+    def delivery_problem(self) -> str | None:
+        """What a run whose windows did not all reach its sinks (its record, its
+        document's energy) must say before it exits non-zero; None when all did."""
+        if not self.sink_failures:
+            return None
+        counts = ", ".join(f"{n} to {sink}" for sink, n in sorted(self.sink_failures.items()))
+        first = f"; first: {self.sink_errors[0]}" if self.sink_errors else ""
+        return f"deliveries failed ({counts}): the outputs they feed are incomplete{first}"
 
 
 class ProfileSession:
@@ -233,6 +153,8 @@ class ProfileSession:
         root_exit_check: Callable[[], bool] | None = None,
         root_may_be_wrapper: bool = False,
         governor: RateGovernor | None = None,
+        collect: Callable[..., RawWindow] = collect_window,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         """plan: the root's windows' py-spy runs (collectors/pyspy/plan.py); its
         timing_rate_hz is the stack-change run's budget the tree shares (_plan_for; None:
@@ -245,7 +167,10 @@ class ProfileSession:
         root_exit_check: returns True once the launched command has exited (used to
         reap it: a zombie still shows in /proc).
         governor: the CPU budget's (profiler/profile/cpu_budget.py); None: every window
-        at `plan`'s rates."""
+        at `plan`'s rates.
+        collect: the time-critical half of a window (sampling/collect.py collect_window,
+        same keywords); clock: the host's epoch time, the session's start and end. The
+        replay harness (tests/replay/) plays recorded windows in fake time through them."""
         self.root_pid = root_pid
         self.classifier = classifier
         self.plan = plan
@@ -263,7 +188,10 @@ class ProfileSession:
         self.root_exit_check = root_exit_check
         self.root_may_be_wrapper = root_may_be_wrapper
         self.budget = SessionBudget(governor)
+        self._collect = collect
+        self._clock = clock
         self._launched_exited = False
+        self._exec_seen_at: float | None = None  # when the launched root exec'd into Python
         self._timing_pid: int | None = root_pid  # the one target the stack-change run samples
         if command is None:
             try:
@@ -273,12 +201,13 @@ class ProfileSession:
         self.info = SessionInfo(
             root_pid=root_pid,
             command=command,
-            started_at=time.time(),
+            started_at=self._clock(),
             rate_hz=plan.rate_hz,
             window_s=window_s,
             procfs=procfs,
         )
         self.acc = Accumulator()
+        self.stacks = StackProfile()  # the classified stacks, for --pprof / --flamegraph
         self.targets: dict[int, TargetStats] = {}
         self._lock = threading.Lock()
         # a StopEvent wakes the blocked py-spy windows at once (collectors/pyspy/runner.py)
@@ -299,12 +228,14 @@ class ProfileSession:
         self._stop.set()
 
     def _deadline_passed(self) -> bool:
-        return self.duration_s is not None and time.time() - self.info.started_at >= self.duration_s
+        return (
+            self.duration_s is not None and self._clock() - self.info.started_at >= self.duration_s
+        )
 
     def _remaining(self) -> float:
         if self.duration_s is None:
             return self.window_s
-        return max(0.0, self.duration_s - (time.time() - self.info.started_at))
+        return max(0.0, self.duration_s - (self._clock() - self.info.started_at))
 
     # ------------------------------------------------------------ workers
 
@@ -318,7 +249,7 @@ class ProfileSession:
                 break
             began = time.monotonic()
             try:
-                raw = collect_window(
+                raw = self._collect(
                     pid,
                     duration_s=dur,
                     plan=self._plan_for(pid),
@@ -337,6 +268,8 @@ class ProfileSession:
                 if decided.action == "retry":
                     young_retries += 1
                     time.sleep(decided.after_s)
+                    continue
+                if is_root and self.root_may_be_wrapper and self._followed_exec(pid, stats):
                     continue
                 self._record_failure(stats, exc, is_root)
                 break
@@ -398,24 +331,66 @@ class ProfileSession:
                 return
             stats = self.targets[raw.pid]
             try:
-                report = finish_window(raw, self.classifier)
+                report = finish_window(raw, self.classifier, keep_stacks=True)
             except Exception as exc:  # a bad rule or source must not end the profile
                 with self._lock:
                     self.acc.fail("classify_failed")
                     stats.error = f"classify_failed: {exc!r}"
                 continue
             with self._lock:
-                self.acc.add(report, self.info.started_at)
-                for kind, n in report.classify_errors.items():
-                    self.acc.failures[kind] = self.acc.failures.get(kind, 0) + n
-                stats.windows += 1
-                stats.python = stats.python or report.python
-                stats.samples += sum(w.samples for w in report.codepaths.values())
-                stats.cpu_s += report.cpu_s
-                stats.first_t = stats.first_t or report.started_at
-                stats.last_t = report.ended_at
-                window = self._pipeline.attribute(report)
-                self._episodes.extend(self._pipeline.deliver(window, self.sinks))
+                try:
+                    self._deliver(report, stats)
+                except Exception as exc:  # nothing in one window may end the finisher
+                    self.acc.fail("window_failed")
+                    stats.error = f"window_failed: {exc!r}"
+
+    def _deliver(self, report: WindowReport, stats: TargetStats) -> None:
+        window = self._pipeline.attribute(report)
+        self.stacks.add(window)
+        self.acc.add(window, self.info.started_at)
+        for kind, n in report.classify_errors.items():
+            self.acc.failures[kind] = self.acc.failures.get(kind, 0) + n
+        stats.windows += 1
+        stats.python = stats.python or report.python
+        stats.samples += sum(w.samples for w in report.codepaths.values())
+        stats.cpu_s += report.cpu_s
+        stats.first_t = stats.first_t or report.started_at
+        stats.last_t = report.ended_at
+        self._delivered(self._pipeline.deliver(window, self.sinks))
+
+    def _delivered(self, delivery: Delivery) -> None:
+        self._episodes.extend(delivery.episodes)
+        for _ in delivery.failures:  # counted by sink in the pipeline, and here as one kind
+            self.acc.fail("sink_failed")
+
+    def _followed_exec(self, pid: int, stats: TargetStats) -> bool:
+        """A launched root that is not Python yet (`env`, a pyenv shim, a launcher that
+        execs Python in the same pid): wait until it is, then say so; True when its
+        windows should be tried again. Probing it once, while it was still the shim,
+        sampled nothing for the whole run. False once it exits or the session ends, and
+        once an exec'd Python stays unsampleable past YOUNG_S."""
+        while not procstat.python_kind(pid, self.procfs).is_python:
+            if self._stop.is_set() or self._deadline_passed() or not self._root_running():
+                return False
+            self._stop.wait(EXEC_POLL_S)
+        if self._exec_seen_at is None:
+            self._exec_seen_at = time.monotonic()
+            try:
+                command = " ".join(procstat.process_info(pid, self.procfs).cmdline)
+            except procstat.ProcessGone:
+                return False
+            with self._lock:
+                was, stats.command = stats.command, command
+            if self.progress is not None:
+                print(
+                    f"serwatt: pid {pid} exec'd into Python ({escape_text(command[:80])}) "
+                    f"from {escape_text(was[:80])}; following it",
+                    file=self.progress,
+                )
+        elif time.monotonic() - self._exec_seen_at > YOUNG_S:
+            return False
+        self._stop.wait(EXEC_POLL_S)  # its interpreter may not be initialised yet
+        return True
 
     def _record_failure(self, stats: TargetStats, exc: SamplingError, is_root: bool) -> None:
         with self._lock:
@@ -535,16 +510,18 @@ class ProfileSession:
             self._print_progress(time.time(), final=True)
         if self.strict_root and self._root_error is not None:
             raise self._root_error
-        self._episodes.extend(self._pipeline.finish(self.sinks))
-        for sink in self.sinks:
-            sink.finish()
+        self._delivered(self._pipeline.finish(self.sinks))
+        self._pipeline.finish_sinks(self.sinks)
         return SessionResult(
             info=self.info,
-            ended_at=time.time(),
+            ended_at=self._clock(),
             targets=list(self.targets.values()),
             acc=self.acc,
             episodes=self._episodes,
             cpu_budget=self.budget.section(),
+            stacks=self.stacks,
+            sink_failures=dict(self._pipeline.sink_failures),
+            sink_errors=list(self._pipeline.sink_errors),
         )
 
     def _root_running(self) -> bool:

@@ -51,6 +51,9 @@ class ProfileOptions:
     # the stack-change run's rate as asked: None for the default at rate_hz, 0 for none
     timing_rate_hz: float | None = None
     on_cpu_run: bool = True
+    # CPU by the kernel's scheduler timeline where the window has a stack-change run
+    # (docs/sampling.md, cpu_source); opt-in until it holds the truth tests it fails
+    kernel_timeline: bool = False
     follow_children: bool = True
     pyspy: Path | None = None
     sampler_priority: str = "auto"
@@ -68,10 +71,12 @@ class ProfileOptions:
     source_store: Path | None = None
 
     def plan(self) -> SamplingPlan:
+        timing = timing_rate_hz(self.timing_rate_hz, self.rate_hz)
         return SamplingPlan(
             rate_hz=self.rate_hz,
             on_cpu_run=self.on_cpu_run,
-            timing_rate_hz=timing_rate_hz(self.timing_rate_hz, self.rate_hz),
+            timing_rate_hz=timing,
+            kernel_timeline=self.kernel_timeline and timing is not None,
         )
 
 

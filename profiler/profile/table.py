@@ -22,10 +22,23 @@ MAX_PROCESS_ROWS = 10
 COMMAND_SHOWN = 60
 
 
-def render_table(doc: Mapping[str, Any], *, by_process: bool = False) -> str:
+def sampled_nothing(doc: Mapping[str, Any]) -> bool:
+    """No sample and no CPU: every figure of the table would be a zero, and a share n/a."""
+    return not doc["samples"] and not doc["cpu_s"]
+
+
+def _zero_row(row: Mapping[str, Any]) -> bool:
+    return not any(row.get(k) for k in ("samples", "cpu_s", "wall_s", "energy_j", "gpu_wait_s"))
+
+
+def render_table(
+    doc: Mapping[str, Any], *, by_process: bool = False, hide_zero: bool = False
+) -> str:
     """The human table: one row per codepath (with `by_process`, a row per process under
-    each), then the sampler's own failures."""
+    each; with `hide_zero`, none for a codepath whose every figure is zero), then the
+    sampler's own failures. A run that sampled nothing says so in its first line."""
     cps = doc["codepaths"]
+    no_cpu = not doc["cpu_s"]  # a share of 0 CPU-s is n/a, not other's 100%
     show_energy = any(cps[cp].get("energy_j") is not None for cp in cps)
     show_wait = any(cps[cp].get("gpu_wait_s") is not None for cp in cps)
     show_gpu_j = any(cps[cp].get("gpu_idle_j") is not None for cp in cps)
@@ -41,19 +54,31 @@ def render_table(doc: Mapping[str, Any], *, by_process: bool = False) -> str:
     if show_gpu_j:
         head += f"{'GPU idle J':>12}"
     head += f"{'encode CPU-s':>14}{'decode CPU-s':>14}"
-    lines = [
+    lines = []
+    if sampled_nothing(doc):
+        why = [t["error"] for t in doc.get("targets", []) if t.get("error")]
+        lines.append(
+            f"serwatt profile: NOTHING WAS SAMPLED: 0 samples in {doc['duration_s']:.1f} s"
+            + (f" ({why[0]})" if why else "")
+            + "; the figures below are empty"
+        )
+    lines += [
         f"serwatt profile: pid {doc['target']['pid']} ({doc['target']['command'][:60]}), "
         f"python {doc['target']['python'] or '?'}, {doc['duration_s']:.1f} s at "
         f"{_rates(doc)}, {len(doc.get('targets', []))} process(es)",
         head,
     ]
+    hidden = [cp for cp in CODEPATHS if hide_zero and _zero_row(cps[cp])]
     for cp in CODEPATHS:
+        if cp in hidden:
+            continue
         row = cps[cp]
         ci = row["share_ci95"]
         ci_s = f"[{_pct(ci[0]).strip()}, {_pct(ci[1]).strip()}]" if ci else "[n/a]"
+        share = "  n/a" if no_cpu or row["share"] is None else _pct(row["share"])
         line = (
             f"{cp:<12}{row['samples']:>9}{row['cpu_s']:>10.2f}  "
-            f"{_pct(row['share']) + ' ' + ci_s:<24}{row['wall_s']:>9.2f}"
+            f"{share + ' ' + ci_s:<24}{row['wall_s']:>9.2f}"
             f"{row.get('main_thread_wall_s', 0.0):>9.2f}{_pct(row['low_confidence_share']):>10}"
         )
         if show_energy:
@@ -72,8 +97,11 @@ def render_table(doc: Mapping[str, Any], *, by_process: bool = False) -> str:
         lines.append(line)
         if by_process:
             lines.extend(process_lines(row, doc["cpu_s"]))
+    if hidden:
+        lines.append(f"  (all-zero codepaths not shown: {', '.join(hidden)})")
     lines.extend(unmapped_lines(doc))
-    lines.append(f"{'total':<12}{doc['samples']:>9}{doc['cpu_s']:>10.2f}  {'100.0%':<24}")
+    total_share = "n/a" if no_cpu else "100.0%"
+    lines.append(f"{'total':<12}{doc['samples']:>9}{doc['cpu_s']:>10.2f}  {total_share:<24}")
     lines.extend(episode_lines(doc))
     s = doc["sampler"]
     lines.append(

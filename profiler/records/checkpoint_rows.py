@@ -16,7 +16,7 @@ import sqlite3
 from collections.abc import Mapping
 from typing import Any
 
-from profiler.records.validation import _integer, _json_of, _number, _text
+from profiler.records.validation import _integer, _json_of, _number, _text, read_name, stored_name
 
 # Added to version 2's `episodes`: NULL in rows a version 2 writer recorded.
 EPISODE_COLUMNS_V3 = (
@@ -78,7 +78,7 @@ RESTORE_FIELDS = (
     "path", "bytes", "open_t", "pid", "thread_id", "episode_start", "wall_s", "resolution_s",
     "timed_by", "read_bytes", "lazy",
 )  # fmt: skip
-_TEXT = ("path", "timed_by")
+_TEXT = ("timed_by",)
 _INTEGERS = ("bytes", "pid", "thread_id", "stall_thread", "read_bytes")
 _REQUIRED = ("path", "event_t", "open_t", "timed_by", "lazy")
 
@@ -108,7 +108,7 @@ def write(
     for c in matched.checkpoints:
         ep, st = c.episode, c.stall
         rows.append(
-            (run_id, c.path, c.bytes, c.event_t, c.pid, c.thread_id,
+            (run_id, stored_name(c.path), c.bytes, c.event_t, c.pid, c.thread_id,
              ep.start if ep else None, st.thread if st else None, st.start if st else None,
              c.stall_s, c.resolution_s, c.timed_by, c.cpu_s_all_threads, c.async_tail_s)
         )  # fmt: skip
@@ -122,8 +122,8 @@ def write(
         ep = r.episode
         rb = None if r.read_bytes is None else int(r.read_bytes)
         rrows.append(
-            (run_id, r.path, r.bytes, r.open_t, r.pid, r.thread_id, ep.start if ep else None,
-             r.wall_s, r.resolution_s, r.timed_by, rb, int(r.lazy))
+            (run_id, stored_name(r.path), r.bytes, r.open_t, r.pid, r.thread_id,
+             ep.start if ep else None, r.wall_s, r.resolution_s, r.timed_by, rb, int(r.lazy))
         )  # fmt: skip
     db.executemany(
         f"INSERT INTO restores(run_id, {', '.join(RESTORE_FIELDS)})"
@@ -136,7 +136,9 @@ def _row(names: tuple[str, ...], values: tuple, what: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, v in zip(names, values, strict=True):
         where = f"{what}.{name}"
-        if name in _TEXT:
+        if name == "path":
+            out[name] = read_name(v, where)
+        elif name in _TEXT:
             out[name] = _text(v, where)
         elif name == "lazy":
             out[name] = bool(_integer(v, where))

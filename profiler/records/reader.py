@@ -27,6 +27,7 @@ from profiler.records.validation import (
     _shown,
     _signatures,
     _text,
+    read_name,
 )
 
 _EPISODE_NULLABLE = (
@@ -244,7 +245,7 @@ def decode_receipts(rows: list[tuple], run_id: str) -> tuple[dict[str, Any], ...
             {
                 "receipt": _text(receipt, what),
                 "prev_receipt": None if prev is None else _text(prev, what),
-                "path": _text(path, what),
+                "path": read_name(path, what),
                 "seen_at": _number(seen_at, what),
             }
         )

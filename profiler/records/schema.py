@@ -3,11 +3,21 @@
 The format is versioned (`meta.schema_version`). A file from an older serwatt is upgraded
 in place when opened for writing; a file from a newer serwatt is refused with a clear
 error rather than misread.
+
+A record is checked before it is trusted (`check`): SQLite runs whatever a file's schema
+says, so a `runs` that is a view over an endless recursive query, a trigger, or an index
+on an expression would run on every read or write. Before any table is read, every
+object of the file must be one the record makes, of the shape it makes it (columns,
+indexes, foreign keys, table options); only objects a later version adds may be missing
+from an older file. The check reads the schema only (sqlite_master and pragmas), never a
+table, so it cannot be made to run a crafted query.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import re
 import sqlite3
 import time
 from pathlib import Path
@@ -161,6 +171,103 @@ if _unstored or len(EPISODE_FIELDS) != len(_EPISODE_COLUMNS):
         f"Episode fields without a record column: {_unstored}; columns without a field: "
         f"{sorted(set(_EPISODE_COLUMNS) - set(EPISODE_FIELDS))} (profiler/records/schema.py)"
     )
+
+
+_CRAFTED_FIX = (
+    "serwatt never makes it, so the file was edited or made by something else and is not "
+    "read: move it aside and point record.dir (or --db) at a new file"
+)
+# comments and quoted text of a CREATE TABLE statement, left out when looking for CHECK
+_SQL_NOISE = re.compile(r"--[^\n]*|/\*.*?\*/|'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"", re.S)
+_CHECK = re.compile(r"\bCHECK\b", re.I)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Table:
+    columns: frozenset  # (name, type, notnull, default, pk, hidden)
+    foreign_keys: frozenset  # (table, from, to, on_update, on_delete, match)
+    indexes: frozenset  # (name, unique, origin, partial, its columns)
+
+
+def _shape(db: sqlite3.Connection, table: str) -> _Table:
+    """A table's shape, from pragmas only (no row of it is read)."""
+    columns = frozenset(
+        tuple(row[1:]) for row in db.execute("SELECT * FROM pragma_table_xinfo(?)", (table,))
+    )
+    keys = frozenset(
+        tuple(row[2:]) for row in db.execute("SELECT * FROM pragma_foreign_key_list(?)", (table,))
+    )
+    indexes = frozenset(
+        (
+            name,
+            unique,
+            origin,
+            partial,
+            tuple(tuple(r) for r in db.execute("SELECT * FROM pragma_index_xinfo(?)", (name,))),
+        )
+        for _seq, name, unique, origin, partial in db.execute(
+            "SELECT * FROM pragma_index_list(?)", (table,)
+        ).fetchall()
+    )
+    return _Table(columns, keys, indexes)
+
+
+@functools.cache
+def _expected() -> tuple[dict[str, tuple[str, str]], dict[str, _Table]]:
+    """({name: (type, table)} of every object the record makes, {table: its shape})."""
+    db = sqlite3.connect(":memory:")
+    try:
+        create(db)
+        objects = {
+            name: (kind, table)
+            for kind, name, table in db.execute("SELECT type, name, tbl_name FROM sqlite_master")
+        }
+        tables = {name: _shape(db, name) for name, (kind, _t) in objects.items() if kind == "table"}
+    finally:
+        db.close()
+    return objects, tables
+
+
+def check(db: sqlite3.Connection, path: Path) -> None:
+    """Raise RecordError unless every object of the file is the record's own, of its shape
+    (or, in a file an older version wrote, a part of it: a missing column or table is
+    left to the reads, which call it damaged)."""
+    objects, tables = _expected()
+    rows = db.execute("SELECT type, name, tbl_name, sql FROM sqlite_master").fetchall()
+    if not any(name == "meta" for _kind, name, _table, _sql in rows):
+        return  # empty, or not a record at all: read_version says which
+    # what the record never holds is named first (a view, a trigger), then what it does
+    # not hold, then what is of another shape
+    foreign = sorted(
+        (kind in ("table", "index"), what, name)
+        for kind, name, table, _sql in rows
+        if objects.get(name) != (kind, table)
+        for what in [f"{kind} {_shown(name)}"]
+    )
+    if foreign:
+        known_kind, what, name = foreign[0]
+        part = ", which is not part of a run record" if known_kind else ""
+        raise RecordError(f"{path}: holds a {what}{part}; {_CRAFTED_FIX}")
+    for kind, name, _table, sql in rows:
+        what = f"{kind} {_shown(name)}"
+        if kind != "table":
+            continue  # an index is checked with its table
+        if not isinstance(sql, str) or not sql.lstrip()[:12].upper() == "CREATE TABLE":
+            raise RecordError(f"{path}: its {what} is not a plain table; {_CRAFTED_FIX}")
+        bare = _SQL_NOISE.sub(" ", sql)
+        if _CHECK.search(bare):
+            raise RecordError(f"{path}: its {what} has a CHECK constraint; {_CRAFTED_FIX}")
+        if bare.rsplit(")", 1)[-1].strip():  # WITHOUT ROWID, STRICT
+            raise RecordError(f"{path}: its {what} has table options; {_CRAFTED_FIX}")
+        want, have = tables[name], _shape(db, name)
+        for part in ("columns", "foreign_keys", "indexes"):
+            extra = getattr(have, part) - getattr(want, part)
+            if extra:
+                shown = part.replace("_", " ")
+                raise RecordError(
+                    f"{path}: the {shown} of its {what} are not the record's "
+                    f"({_shown(sorted(map(str, extra))[0])}); {_CRAFTED_FIX}"
+                )
 
 
 def read_version(db: sqlite3.Connection, path: Path) -> int | None:

@@ -28,6 +28,7 @@ traceback or a wrong number.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sqlite3
@@ -44,7 +45,7 @@ from profiler.classify.codepaths import CODEPATHS
 from profiler.records import checkpoint_rows, direction_rows, reader, schema
 from profiler.records.reader import CodepathTotals, RunDetail, RunSummary, WindowRecord
 from profiler.records.schema import EPISODE_FIELDS, SCHEMA_VERSION
-from profiler.records.validation import RecordError, _damaged, _finite
+from profiler.records.validation import RecordError, _damaged, _finite, stored_name
 from profiler.sampling.window import WindowReport
 
 # What other modules import from here: the Recorder, its error, and what it returns.
@@ -60,6 +61,12 @@ __all__ = [
 ]
 
 RECORD_FILENAME = "runs.sqlite"  # the file inside a record dir (config `record.dir`)
+# What one open, read or write may take before SQLite is stopped (its progress handler):
+# a record's largest read, every window of a month-long run, takes seconds; its schema is
+# checked before any read (schema.check), and this bounds what a crafted file or a
+# runaway query could still make it do.
+QUERY_DEADLINE_S = 60.0
+_PROGRESS_STEPS = 10_000  # SQLite VM steps between looks at the clock (~1 ms)
 
 
 def _json(value: Any) -> str:
@@ -157,29 +164,32 @@ class Recorder:
             )
         if not readonly:
             try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
+                safeio.make_dirs(self.path.parent)
+            except safeio.UnsafePathError as exc:
+                raise RecordError(str(exc)) from None
             except OSError as exc:
                 raise RecordError(
                     f"{self.path}: cannot create the record directory {self.path.parent}: "
                     f"{exc.strerror or exc}; set record.dir to a writable directory"
                 ) from None
         try:
-            # SQLite opens the file and its -journal/-wal/-shm by name, following links:
-            # the directory must be one no other user can plant a link in (readers too,
-            # since a reader may create the -shm), and the file itself no link or device
-            safeio.check_output_path(self.path)
+            # SQLite opens the file and its -journal/-wal/-shm by name, resolving links:
+            # it gets a name no other user can swap (readers too, since a reader may
+            # create the -shm or roll back a journal)
+            name = safeio.sqlite_name(self.path, create=not readonly)
         except safeio.UnsafePathError as exc:
             raise RecordError(str(exc)) from None
         except OSError as exc:
             raise RecordError(f"{self.path}: cannot open: {exc.strerror or exc}") from None
         self._db: sqlite3.Connection | None = None
+        self._deadline = time.monotonic() + QUERY_DEADLINE_S
         try:
-            db = sqlite3.connect(
-                str(self.path), timeout=30.0, isolation_level=None, check_same_thread=False
-            )
+            db = sqlite3.connect(name, timeout=30.0, isolation_level=None, check_same_thread=False)
             self._db = db
+            db.set_progress_handler(self._past_deadline, _PROGRESS_STEPS)
             db.execute("PRAGMA foreign_keys = ON")
             db.execute("PRAGMA busy_timeout = 30000")
+            schema.check(db, self.path)  # before any table is read: see schema.py
             version = schema.read_version(db, self.path)
             if version is None:
                 if readonly:
@@ -198,6 +208,11 @@ class Recorder:
             if not readonly:
                 db.execute("PRAGMA journal_mode = WAL")
                 db.execute("PRAGMA synchronous = NORMAL")
+            if db.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
+                # past its first read, a WAL database reads no journal: the empty one
+                # sqlite_name made in a shared directory would only be left behind
+                with contextlib.suppress(OSError):  # tidying only
+                    safeio.drop_empty_journal(self.path)
         except sqlite3.DatabaseError as exc:
             if self._db is not None:
                 self._db.close()
@@ -214,6 +229,8 @@ class Recorder:
                 ) from None
             if "malformed" in text or "corrupt" in text:
                 raise _damaged(self.path, text) from None
+            if "interrupted" in text:
+                raise self._too_long() from None
             raise RecordError(
                 f"{self.path}: not a readable serwatt run record ({text}); move it aside or "
                 "point record.dir at a new directory"
@@ -229,12 +246,25 @@ class Recorder:
 
     # ----------------------------------------------------------------- connection
 
+    def _past_deadline(self) -> bool:
+        """SQLite's progress handler: True stops the running statement ("interrupted")."""
+        return time.monotonic() > self._deadline
+
+    def _too_long(self) -> RecordError:
+        return RecordError(
+            f"{self.path}: stopped a query that ran past {QUERY_DEADLINE_S:g} s; a record "
+            f"this slow is crafted or far larger than serwatt writes: look at it with "
+            f"`sqlite3 {self.path} .schema`, or move it aside and point record.dir (or --db) "
+            "at a new file"
+        )
+
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
         """One write transaction; SQLite failures (disk full, I/O error, locked) come out as
         RecordError naming the file, with nothing half-written."""
         with self._lock:
             db = self._conn()
+            self._deadline = time.monotonic() + QUERY_DEADLINE_S
             try:
                 db.execute("BEGIN IMMEDIATE")
                 try:
@@ -250,6 +280,8 @@ class Recorder:
                         db.execute("ROLLBACK")
                     except sqlite3.Error:
                         pass  # the original error is the one to report
+                if "interrupted" in str(exc):
+                    raise self._too_long() from None
                 raise RecordError(f"{self.path}: write failed: {exc}") from exc
 
     @contextmanager
@@ -259,10 +291,13 @@ class Recorder:
         type) comes out as one RecordError naming the file and the .recover fix."""
         with self._lock:
             db = self._conn()
+            self._deadline = time.monotonic() + QUERY_DEADLINE_S
             try:
                 yield db
             except sqlite3.DatabaseError as exc:
                 text = " ".join(str(exc).split()) or type(exc).__name__
+                if "interrupted" in text:
+                    raise self._too_long() from None
                 if "locked" in text or "busy" in text:
                     raise RecordError(
                         f"{self.path}: locked by another writer for 30 s ({text}); is a stuck "
@@ -442,6 +477,7 @@ class Recorder:
         if deleted:
             with self._lock:
                 # Hand the freed pages back to the WAL checkpoint so the file stops growing.
+                self._deadline = time.monotonic() + QUERY_DEADLINE_S
                 self._conn().execute("PRAGMA wal_checkpoint(TRUNCATE)")
         return deleted
 
@@ -510,7 +546,7 @@ class Recorder:
     def append_receipts(self, run_id: str, receipts: Iterable[tuple[str, str | None, str]]) -> int:
         """Anchor (receipt, prev_receipt, path) of checkpoint files a run wrote; a receipt
         already anchored for the run is kept as first seen. Returns how many were new."""
-        rows = [(run_id, r, prev, path, time.time()) for r, prev, path in receipts]
+        rows = [(run_id, r, prev, stored_name(path), time.time()) for r, prev, path in receipts]
         if not rows:
             return 0
         with self._tx() as db:

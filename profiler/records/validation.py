@@ -64,6 +64,25 @@ def _text(value: Any, what: str, *, nullable: bool = False) -> Any:
     return value
 
 
+def stored_name(name: str) -> str | bytes:
+    """A file name as the record keeps it: text when it is UTF-8, else its own bytes (a
+    BLOB). A name is bytes; Python hands one no UTF-8 decoder reads on as text with
+    surrogate escapes, which SQLite refuses, so such a name is stored as the bytes it
+    stands for and `read_name` gives back the same text."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return name.encode("utf-8", "surrogateescape")  # raises for what no OS name holds
+    return name
+
+
+def read_name(value: Any, what: str) -> str:
+    """A file name `stored_name` stored: the text it was given, surrogate escapes and all."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "surrogateescape")
+    return _text(value, what)
+
+
 def _json_of(value: Any, what: str, want: type, *, nullable: bool = False) -> Any:
     """Decoded JSON text of the type `want` (dict or list)."""
     if value is None and nullable:

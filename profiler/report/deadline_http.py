@@ -4,7 +4,13 @@ A socket timeout bounds one recv, so a server sending one byte at a time never t
 a request that must end by a deadline needs the deadline enforced on the connection
 itself. `deadline_opener` gives a urllib opener whose connections a watchdog shuts down
 when the deadline passes; whichever read is blocked then (status line, headers, body, TLS
-handshake) ends at once, and `watchdog.fired` says why it ended.
+handshake) ends at once, and `watchdog.fired` says why it ended. The host name is
+looked up by the same deadline.
+
+The watchdog watches the connections of HTTP and HTTPS only, so the opener speaks nothing
+else: it is built from its handlers alone (urllib's `build_opener` adds FTP, file and data
+handlers), and a redirect to any other scheme is `RedirectRefused`, not followed. A
+redirect within http(s) is followed under the same deadline.
 """
 
 from __future__ import annotations
@@ -14,10 +20,59 @@ import socket
 import ssl
 import threading
 import time
+import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+
+WEB_SCHEMES = ("http", "https")
+
+
+class RedirectRefused(urllib.error.URLError):
+    """A server redirected to a URL outside http(s); `location` is where (as sent)."""
+
+    def __init__(self, location: str) -> None:
+        super().__init__(f"redirected to {location}")
+        self.location = location
+
+
+class _WebOnlyRedirect(urllib.request.HTTPRedirectHandler):
+    def http_error_302(
+        self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any
+    ) -> Any:
+        # checked before urllib's own scheme check, which lets ftp:// through
+        location = headers.get("location") or headers.get("uri")
+        if location is not None:
+            newurl = urllib.parse.urljoin(req.full_url, location)
+            if urllib.parse.urlsplit(newurl).scheme.lower() not in WEB_SCHEMES:
+                raise RedirectRefused(location)
+        return super().http_error_302(req, fp, code, msg, headers)
+
+    http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
+
+
+def _resolve(host: str, port: int, deadline: float) -> list[tuple[Any, ...]]:
+    """socket.getaddrinfo by `deadline`: the lookup runs on a thread of its own (nothing
+    can interrupt a resolver that does not answer; the thread ends when it does)."""
+    box: list[Any] = []
+    done = threading.Event()
+
+    def lookup() -> None:
+        try:
+            box.append(socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM))
+        except OSError as exc:
+            box.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=lookup, name="serwatt-resolve", daemon=True).start()
+    if not done.wait(max(0.0, deadline - time.monotonic())):
+        raise TimeoutError("the deadline passed while looking up the host name")
+    if isinstance(box[0], OSError):
+        raise box[0]
+    return list(box[0])
 
 
 class _Watchdog:
@@ -40,10 +95,19 @@ class _Watchdog:
         self, address: tuple[str, int], timeout: Any = None, source_address: Any = None
     ) -> socket.socket:
         """socket.create_connection, watched (http.client's connection factory)."""
-        left = self.deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("the deadline passed before connecting")
-        sock = socket.create_connection(address, left, source_address)
+        host, port = address
+        failure: OSError | None = None
+        for *_kind, sockaddr in _resolve(host, port, self.deadline):
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the deadline passed before connecting")
+            try:  # a numeric address: create_connection looks nothing up
+                sock = socket.create_connection(sockaddr[:2], left, source_address)
+                break
+            except OSError as exc:
+                failure = exc
+        else:
+            raise failure or OSError(f"{host}: no address to connect to")
         with self._lock:
             self._sockets.append(sock.dup())
             fired = self.fired
@@ -110,6 +174,19 @@ def deadline_opener(
     deadline: float,
 ) -> Iterator[tuple[urllib.request.OpenerDirector, _Watchdog]]:
     """(an opener whose requests end by `deadline` (time.monotonic()), its watchdog).
-    Proxies from the environment still apply: only the connection classes change."""
+    It speaks http(s) only (a URL or redirect of another scheme is an error, the latter
+    RedirectRefused). Proxies from the environment still apply: a proxy's connection is
+    made by the watched classes too."""
     with _Watchdog(deadline) as watchdog:
-        yield urllib.request.build_opener(_WatchedHTTP(watchdog), _WatchedHTTPS(watchdog)), watchdog
+        opener = urllib.request.OpenerDirector()
+        for handler in (
+            urllib.request.ProxyHandler(),
+            urllib.request.UnknownHandler(),
+            _WatchedHTTP(watchdog),
+            _WatchedHTTPS(watchdog),
+            urllib.request.HTTPDefaultErrorHandler(),
+            _WebOnlyRedirect(),
+            urllib.request.HTTPErrorProcessor(),
+        ):
+            opener.add_handler(handler)
+        yield opener, watchdog

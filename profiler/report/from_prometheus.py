@@ -51,7 +51,8 @@ from typing import Any
 
 from profiler.classify.codepaths import CODEPATHS
 from profiler.classify.direction import DIRECTIONS
-from profiler.report.deadline_http import deadline_opener
+from profiler.many.format import escape_text
+from profiler.report.deadline_http import RedirectRefused, deadline_opener
 from profiler.report.inputs import (
     CodepathFigures,
     DirectionFigures,
@@ -289,6 +290,13 @@ def _http_get(url: str, deadline: float) -> bytes:
             if exc.fp is not None:
                 error_body = exc.read(MAX_ERROR_BODY_BYTES)
             raise _http_error(url, exc.code, error_body) from None
+        except RedirectRefused as exc:
+            raise PrometheusError(
+                f"{root} redirected to {escape_text(exc.location[:200])}; serwatt follows "
+                "redirects only to http(s) URLs (other schemes are outside its deadline): "
+                "give the URL of the API root itself",
+                usage=False,
+            ) from None
         except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
             reason = getattr(exc, "reason", None) or exc
             # urllib wraps a connect that ran out of time (the watchdog refuses one past the

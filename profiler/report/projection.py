@@ -73,8 +73,7 @@ DALY_FORMULA = (
 # Said on --project (no --cluster file): the inputs below are a frontier LLM job's, whatever
 # the job that was measured
 CLUSTER_ASSUMED = (
-    "cluster assumed (--project, no --cluster FILE.yaml): the defaults, a Llama 3 405B job "
-    "(arXiv 2407.21783)"
+    "cluster assumed (--project, no --cluster FILE.yaml): a Llama 3 405B job (arXiv 2407.21783)"
 )
 LOST_FORMULA = "lost = 1 − τ / (M·e^{R/M}·(e^{(τ+δ)/M} − 1))  (Daly 2006, expected wall time)"
 

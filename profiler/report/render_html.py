@@ -46,7 +46,12 @@ overflow-wrap:break-word}th{background:#f6f6f6}td.num{text-align:right;font-vari
 .sig{font-weight:600}.ns{color:#666}.src{color:#555;font-size:12px}
 code,.mono{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12.5px;word-break:break-all}
 svg.chart{display:block;margin:8px 0;background:#fcfcfc;border:1px solid #eee}
-svg text{font:11px system-ui,sans-serif;fill:#333}.legend span{display:inline-block;width:12px;
+svg text{font:11px system-ui,sans-serif;fill:#333}
+.verdict{border:1px solid #ccd;border-radius:8px;padding:8px 14px;margin:12px 0;background:#fafbff}
+.verdict h2{border:0;margin:4px 0}svg text.vlabel,svg text.vtext{font-size:13px}
+details{margin:10px 0;border-top:1px solid #ddd;padding-top:6px}summary{font-size:16px;
+font-weight:600;cursor:pointer}details>*{max-width:100%;overflow-x:auto}
+table{display:block;overflow-x:auto}.legend span{display:inline-block;width:12px;
 height:12px;margin:0 4px 0 12px;vertical-align:middle}
 """
 
@@ -59,6 +64,14 @@ def e(value: Any) -> str:
 def _side_label(report: Mapping[str, Any], side: str) -> str:
     cp = report["checkpoint"][side].get("codepath")
     return f"{side} ({cp})" if cp else side
+
+
+def _size(width: int, height: float) -> str:
+    """An SVG's size: its drawn width at most, narrower with the column (no overflow)."""
+    return (
+        f'width="100%" style="max-width:{width}px;height:auto" height="{height}" '
+        f'viewBox="0 0 {width} {height}"'
+    )
 
 
 def _legend() -> str:
@@ -91,8 +104,9 @@ def _codepath_bars(report: Mapping[str, Any], metric: str) -> str:
     rows = bar_rows(report, metric)
     if not rows:
         return ""
-    label_w, width, row_h, bar_h, top = 110, 760, 44, 15, 26
-    plot_w = width - label_w - 150
+    label_w, width, row_h, bar_h, top = 110, 960, 44, 15, 26
+    # the change text ("~ [-20%, +8.3%] no significant change") sits right of the plot
+    plot_w = width - label_w - 370
     highs = [
         v
         for _n, m in rows
@@ -105,7 +119,7 @@ def _codepath_bars(report: Mapping[str, Any], metric: str) -> str:
     unit = rows[0][1]["unit"]
     parts = [
         f'<svg class="chart" data-chart="codepath-bars" data-metric="{e(metric)}" '
-        f'width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
+        f'{_size(width, height)} role="img" '
         f'aria-label="{e(METRIC_LABELS[metric])} per wall-hour by codepath">',
         f'<text x="{label_w}" y="16">{e(METRIC_LABELS[metric])} per measured wall-hour '
         f"({e(unit)}); whiskers: each side's 95% interval</text>",
@@ -134,7 +148,7 @@ def _codepath_bars(report: Mapping[str, Any], metric: str) -> str:
                     f'<line x1="{x2:.2f}" x2="{x2:.2f}" y1="{ym - 4}" y2="{ym + 4}" stroke="#222"/>'
                 )
             parts.append(f'<text x="{label_w + w + 6:.2f}" y="{y + bar_h - 3}">{e(fmt(v))}</text>')
-        parts.append(f'<text x="{width - 140}" y="{y0 + bar_h + 4}">{e(change_text(m))}</text>')
+        parts.append(f'<text x="{width - 290}" y="{y0 + bar_h + 4}">{e(change_text(m))}</text>')
     parts.append("</svg>")
     return "".join(parts)
 
@@ -165,8 +179,8 @@ def _episode_durations(report: Mapping[str, Any]) -> str:
     hi = max(v for vs in values.values() for v in vs) * 1.05 or 1.0
     height = top + row_h * 2 + 40
     parts = [
-        f'<svg class="chart" data-chart="episode-durations" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" role="img" aria-label="checkpoint stall durations">'
+        f'<svg class="chart" data-chart="episode-durations" {_size(width, height)} '
+        'role="img" aria-label="checkpoint stall durations">'
     ]
     for r, side in enumerate(("baseline", "candidate")):
         yc = top + r * row_h + row_h / 2
@@ -197,6 +211,57 @@ def _episode_durations(report: Mapping[str, Any]) -> str:
     return "".join(parts)
 
 
+STALL_BINS = 24
+
+
+def _stall_histogram(report: Mapping[str, Any]) -> str:
+    """Both sides' stall distributions as back-to-back histograms on one axis (baseline
+    above, candidate below): the shape the strip plot's points only suggest. Each bin is
+    a `<rect class="bin" data-side=... data-count=N>`."""
+    ck = report["checkpoint"]
+    values = {s: list(ck[s].get("stall_values_s") or []) for s in ("baseline", "candidate")}
+    if not all(values.values()):
+        return ""
+    width, label_w, half, top = 960, 150, 70, 8
+    x0, x1 = label_w, width - 30
+    hi = max(v for vs in values.values() for v in vs) * 1.05 or 1.0
+    step = hi / STALL_BINS
+    counts = {
+        side: [
+            sum(1 for v in vs if min(int(v / step), STALL_BINS - 1) == b) for b in range(STALL_BINS)
+        ]
+        for side, vs in values.items()
+    }
+    peak = max(max(c) for c in counts.values()) or 1
+    mid = top + half
+    height = top + 2 * half + 40
+    bin_w = (x1 - x0) / STALL_BINS
+    parts = [
+        f'<svg class="chart" data-chart="stall-histogram" {_size(width, height)} role="img" '
+        'aria-label="checkpoint stall distributions, baseline above, candidate below">',
+        f'<line x1="{x0}" x2="{x1}" y1="{mid}" y2="{mid}" stroke="#999"/>',
+    ]
+    for r, side in enumerate(("baseline", "candidate")):
+        parts.append(
+            f'<text x="4" y="{mid + (-half / 2 if r == 0 else half / 2) + 4:.1f}">'
+            f"{e(_side_label(report, side))}</text>"
+        )
+        for b, n in enumerate(counts[side]):
+            if not n:
+                continue
+            h = n / peak * (half - 4)
+            y = mid - h if r == 0 else mid
+            parts.append(
+                f'<rect class="bin" data-side="{side}" data-count="{n}" '
+                f'x="{x0 + b * bin_w + 1:.1f}" y="{y:.1f}" width="{bin_w - 2:.1f}" '
+                f'height="{h:.1f}" fill="{COLORS[side]}"><title>{e(side)}: {n} checkpoint(s) '
+                f"of {e(fmt(b * step, 3))}-{e(fmt((b + 1) * step, 3))} s</title></rect>"
+            )
+    parts.append(_axis(x0, x1, top + 2 * half + 4, 0.0, hi, "stall per checkpoint, s"))
+    parts.append("</svg>")
+    return "".join(parts)
+
+
 def _timeline(report: Mapping[str, Any]) -> str:
     series = [
         (side, run["run"], run["windows"])
@@ -213,8 +278,8 @@ def _timeline(report: Mapping[str, Any]) -> str:
     ]
     y_hi = (max(ys) if ys else 0.0) * 1.1 or 1.0
     parts = [
-        f'<svg class="chart" data-chart="window-timeline" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" role="img" aria-label="serialization CPU per window">'
+        f'<svg class="chart" data-chart="window-timeline" {_size(width, height)} '
+        'role="img" aria-label="serialization CPU per window">'
     ]
 
     def xy(p: Mapping[str, Any]) -> tuple[float, float]:
@@ -426,8 +491,8 @@ def _tornado(sens: Sequence[Mapping[str, Any]]) -> str:
     mid = label_w + half
     height = row_h * len(sens) + 24
     parts = [
-        f'<svg class="chart" data-chart="tornado" width="{width}" height="{height}" '
-        f'role="img" aria-label="sensitivity of the saved figure">',
+        f'<svg class="chart" data-chart="tornado" {_size(width, height)} role="img" '
+        f'aria-label="sensitivity of the saved figure">',
         f'<line x1="{mid:.1f}" y1="0" x2="{mid:.1f}" y2="{height - 20}" stroke="#888"/>',
     ]
     for i, x in enumerate(sens):
@@ -574,6 +639,91 @@ def _projection(p: Mapping[str, Any] | None) -> str:
     return "".join(out)
 
 
+VERDICT_METRICS = (("stall_s", "stall per checkpoint"), ("restore_s", "restore"))
+
+
+def _verdict(report: Mapping[str, Any]) -> str:
+    """The card the page opens with: the checkpoint stall's and restore's change, each
+    drawn as its point and 95% interval on one axis of percent change around 0, with the
+    words beside it. A metric the runs did not measure is left out, and said."""
+    ck = report["checkpoint"]
+    rows = [(key, label, ck[key]) for key, label in VERDICT_METRICS if ck.get(key)]
+    head = (
+        f'<h2 class="verdict-title">{e(_side_label(report, "candidate"))} against '
+        f"{e(_side_label(report, 'baseline'))}</h2>"
+    )
+    if not rows:
+        return (
+            f'<section class="verdict" data-verdict="none">{head}'
+            "<p>No checkpoint episodes on both sides: no stall or restore verdict.</p></section>"
+        )
+    width, label_w, text_w, row_h, top = 960, 170, 330, 46, 8
+    x0, x1 = label_w, width - text_w
+    bounds = [
+        abs(v)
+        for _k, _l, m in rows
+        for v in [m.get("change_pct") or 0.0, *(m.get("change_pct_ci95") or [])]
+        if v is not None
+    ]
+    span = max(bounds, default=10.0) * 1.15 or 10.0
+    mid = (x0 + x1) / 2
+
+    def x(pct: float) -> float:
+        return mid + max(-span, min(span, pct)) / span * (x1 - x0) / 2
+
+    height = top + row_h * len(rows) + 28
+    parts = [
+        f'<svg class="chart" data-chart="verdict" {_size(width, height)} role="img" '
+        'aria-label="verdict: change with its 95% interval">',
+        f'<line x1="{mid:.1f}" x2="{mid:.1f}" y1="0" y2="{height - 24}" stroke="#888"/>',
+    ]
+    for i, (key, label, m) in enumerate(rows):
+        yc = top + i * row_h + row_h / 2
+        sig = bool(m.get("significant"))
+        colour = (
+            "#1a7f37" if sig and (m.get("change_pct") or 0) < 0 else ("#c0392b" if sig else "#777")
+        )
+        parts.append(f'<text x="4" y="{yc + 4:.1f}" class="vlabel">{e(label)}</text>')
+        ci = m.get("change_pct_ci95")
+        if ci and None not in ci:
+            parts.append(
+                f'<rect class="interval" data-metric="{e(key)}" x="{x(ci[0]):.1f}" '
+                f'y="{yc - 7:.1f}" width="{max(1.0, x(ci[1]) - x(ci[0])):.1f}" height="14" '
+                f'fill="{colour}" fill-opacity="0.25"/>'
+            )
+        if m.get("change_pct") is not None:
+            parts.append(
+                f'<circle class="change" data-metric="{e(key)}" cx="{x(m["change_pct"]):.1f}" '
+                f'cy="{yc:.1f}" r="6" fill="{colour}"/>'
+            )
+        parts.append(
+            f'<text x="{x1 + 12}" y="{yc + 4:.1f}" class="vtext">{e(change_text(m))}</text>'
+        )
+    parts.append(
+        f'<text x="{x0}" y="{height - 6}">-{fmt(span, 3)}%</text>'
+        f'<text x="{mid:.1f}" y="{height - 6}" text-anchor="middle">0 (no change)</text>'
+        f'<text x="{x1}" y="{height - 6}" text-anchor="end">+{fmt(span, 3)}%</text></svg>'
+    )
+    means = "".join(
+        f"<li>{e(label)}: baseline {e(fmt(m['baseline']))} s, candidate "
+        f"{e(fmt(m['candidate']))} s (mean; n = {e(n_text(m))})</li>"
+        for _k, label, m in rows
+    )
+    missing = [label for key, label in VERDICT_METRICS if not ck.get(key)]
+    note = (
+        f'<p class="src">not measured in these runs: {e(", ".join(missing))}</p>' if missing else ""
+    )
+    return (
+        f'<section class="verdict" data-verdict="{e(rows[0][0])}">{head}'
+        + "".join(parts)
+        + f"<ul>{means}</ul>{note}</section>"
+    )
+
+
+def _fold(title: str, body: str, *, key: str) -> str:
+    return f'<details data-fold="{e(key)}"><summary>{e(title)}</summary>{body}</details>'
+
+
 def _per_codepath(report: Mapping[str, Any]) -> str:
     """The codepath bars (CPU, energy, GPU-wait, where measured) and the metric table."""
     out = []
@@ -644,35 +794,31 @@ def _method(st: Mapping[str, Any]) -> str:
     )
 
 
-def render_html(report: Mapping[str, Any]) -> str:
-    """The whole report as one HTML document (a string)."""
-    base, cand = report["baseline"], report["candidate"]
-    title = f"serwatt A/B: {', '.join(base['runs'])} vs {', '.join(cand['runs'])}"
-    body = [f"<h1>{e(title)}</h1>"]
-    body.append(
-        f'<p class="mono">schema {e(report["schema"])} · receipt {e(report["receipt"])}</p>'
+def page_title(report: Mapping[str, Any]) -> str:
+    """What is compared, not the run ids (they are in the folded runs table)."""
+    nb, nc = len(report["baseline"]["runs"]), len(report["candidate"]["runs"])
+    return (
+        f"serwatt A/B: {_side_label(report, 'baseline')} → {_side_label(report, 'candidate')}"
+        f" ({nb} + {nc} runs)"
     )
+
+
+def render_html(report: Mapping[str, Any]) -> str:
+    """The whole report as one HTML document (a string): the verdict first, then the
+    figures, then what backs them folded."""
+    title = page_title(report)
+    body = [f"<h1>{e(title)}</h1>", _verdict(report)]
     if (where := input_text(report)) is not None:
         body.append(f'<p class="input">Input: {e(where)}</p>')
-    for c in report["caveats"]:
-        body.append(f'<p class="caveat">Caveat: {e(c)}</p>')
+    warnings = []
     for w in report["warnings"]:
         kind = (
             "Too few samples"
             if "needed_per_side" in w
             else WARNING_KINDS.get(w.get("scope"), "Warning")
         )
-        body.append(f'<p class="warning">{kind}: {e(w["message"])}</p>')
-    body.append("<h2>Runs, hosts and sources</h2>")
-    body.append(_sides(report))
-
-    body.append("<h2>Checkpoint cost</h2>")
-    body.append(_checkpoint(report))
-    body.append(
-        f"<h3>Stall per checkpoint, both sides</h3>{_legend()}{_episode_durations(report)}"
-        '<p class="src">each point is one checkpoint episode of the training thread '
-        "(measured: py-spy); solid line p50, dashed p95</p>"
-    )
+        warnings.append(f'<p class="warning">{kind}: {e(w["message"])}</p>')
+    body += warnings
 
     body.append("<h2>Per codepath</h2>")
     body.append(_per_codepath(report))
@@ -681,17 +827,37 @@ def render_html(report: Mapping[str, Any]) -> str:
         body.append("<h2>Encode and decode per codepath</h2>")
         body.append(_directions(ways))
 
+    body.append(
+        f"<h2>Stall per checkpoint, both sides</h2>{_legend()}{_episode_durations(report)}"
+        '<p class="src">each point is one checkpoint episode of the training thread '
+        "(measured: py-spy); solid line p50, dashed p95</p>"
+        f"{_stall_histogram(report)}"
+    )
+    body.append("<h2>Checkpoint cost</h2>")
+    body.append(_checkpoint(report))
     body.append(f"<h2>Serialization CPU per window, over time</h2>{_legend()}{_timeline(report)}")
 
-    body.append("<h2>Estimated cluster projection</h2>")
-    body.append(_projection(report.get("projection")))
-
-    body.append("<h2>Receipts</h2>")
-    body.append(_receipts(report))
-    body.append("<h2>Method</h2>")
-    body.append(_method(report["statistics"]))
+    caveats = "".join(f'<p class="caveat">Caveat: {e(c)}</p>' for c in report["caveats"])
+    body.append(
+        _fold(f"Caveats ({len(report['caveats'])})", caveats or "<p>None.</p>", key="caveats")
+    )
+    body.append(_fold("Runs, hosts and sources", _sides(report), key="runs"))
+    body.append(
+        _fold(
+            "Estimated cluster projection",
+            _projection(report.get("projection")),
+            key="projection",
+        )
+    )
+    body.append(_fold("Receipts", _receipts(report), key="receipts"))
+    method = (
+        f'<p class="mono">schema {e(report["schema"])} · receipt {e(report["receipt"])}</p>'
+        + _method(report["statistics"])
+    )
+    body.append(_fold("Method", method, key="method"))
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{e(title)}</title><style>{_CSS}</style></head><body>"
         + "\n".join(body)
         + "</body></html>\n"

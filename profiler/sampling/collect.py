@@ -35,13 +35,22 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
-from collectors import procstat
+from collectors import procstat, sched_timeline
 from collectors.pyspy import PySpy, SamplingError, SamplingPlan, TargetGone, WindowSamples
-from collectors.pyspy.chrometrace import resolve_changes
+from collectors.pyspy.chrometrace import KernelClock, resolve_changes
 from collectors.samples import Sample, SamplerErrors
+from collectors.sched_timeline import FIX as TIMELINE_FIX
+from collectors.sched_timeline import SchedTimeline, TimelineCounters
 from profiler.classify.codepaths import Classification
 from profiler.classify.durability import DurabilityReader, reader_for
 from profiler.classify.saver import saver_call
+from profiler.sampling.kernel_cpu import (
+    CPU_SOURCE_ESTIMATE,
+    CPU_SOURCE_KERNEL,
+    on_cpu_ticks,
+    on_cpu_times,
+)
+from profiler.sampling.stacks import fold_stacks
 from profiler.sampling.weighting import (
     CpuSeries,
     Phases,
@@ -148,6 +157,11 @@ class RawWindow:
     # the process's CPU over the same snapshots (/proc/<pid>/stat, which keeps exited
     # threads' CPU); None when either read failed
     process_cpu_s: float | None = None
+    # the scheduler timeline of the target's threads and of the stack-change run's
+    # py-spy (plan.kernel_timeline), None when not asked for or not available, and why
+    kernel: KernelClock | None = None
+    kernel_counters: TimelineCounters | None = None
+    kernel_problem: str | None = None
 
 
 def collect_window(
@@ -171,14 +185,27 @@ def collect_window(
         raise SamplingError(f"cannot read the CPU time of process {pid}: {exc}") from exc
     process_before = _process_cpu_s(pid, procfs)
     python = procstat.python_version(pid, procfs)
+    tracer, kernel_problem = _start_timeline(pid, plan, procfs)
+    epoch_minus_mono = time.time() - time.monotonic()
     poller = _CpuPoller(pid, procfs, poll_s)
     poller.start()
     try:
-        window = spy.record_window(
-            pid, duration_s=duration_s, plan=plan, stop_event=stop_event, procfs=procfs
-        )
+        if tracer is not None:
+            window = spy.record_window(
+                pid, duration_s=duration_s, plan=plan, stop_event=stop_event, procfs=procfs,
+                on_spawn=tracer.add_pid,
+            )  # fmt: skip
+        else:
+            window = spy.record_window(
+                pid, duration_s=duration_s, plan=plan, stop_event=stop_event, procfs=procfs
+            )
     finally:
         poller.stop()
+        if tracer is not None:
+            tracer.stop()
+    kernel = None
+    if tracer is not None:
+        kernel = KernelClock(tracer.threads(), epoch_minus_mono)
     snaps = [before, *poller.snapshots]
     exited = window.exited
     # a target that exits mid-window has its CPU up to its last poll
@@ -205,7 +232,25 @@ def collect_window(
         exited=exited,
         python=python,
         process_cpu_s=process_cpu,
+        kernel=kernel,
+        kernel_counters=tracer.counters() if tracer is not None else None,
+        kernel_problem=kernel_problem,
     )
+
+
+def _start_timeline(
+    pid: int, plan: SamplingPlan, procfs: Path
+) -> tuple[SchedTimeline | None, str | None]:
+    """The window's scheduler timeline, started, or None and why not (None, None when the
+    plan does not ask for one)."""
+    if not plan.kernel_timeline:
+        return None, None
+    tracer = SchedTimeline([pid], root=sched_timeline.TRACEFS, procfs=procfs)
+    try:
+        tracer.start()
+    except OSError as exc:
+        return None, f"no scheduler timeline ({exc.strerror or exc}): {TIMELINE_FIX}"
+    return tracer, None
 
 
 def _process_cpu_s(pid: int, procfs: Path) -> float | None:
@@ -310,6 +355,10 @@ class _Classified:
     changes: tuple[TimedLabel, ...]
     held_s: list[float]
     uncounted_tids: set[int | None]
+    # cpu_source "kernel": the carriers of the threads in kernel_tids are their stack
+    # changes, weighed by kernel_cpu.on_cpu_ticks (kernel_prior); the rest --idle samples
+    kernel_prior: list[float] | None = None
+    kernel_tids: set[int | None] = field(default_factory=set)
 
 
 @dataclass(frozen=True)
@@ -324,14 +373,20 @@ class _Weighed:
 
 
 def finish_window(
-    raw: RawWindow, classifier: ClassifierLike, *, deadline_s: float | None = None
+    raw: RawWindow,
+    classifier: ClassifierLike,
+    *,
+    deadline_s: float | None = None,
+    keep_stacks: bool = False,
 ) -> WindowReport:
     """The CPU-bound half: classify every sample, weight, build the timelines, and say in
     notes what the window could not see.
 
     deadline_s: how long classification may wait for source files (None:
     CLASSIFY_DEADLINE_S); what was not ready by then is counted in the report's
-    `classify_errors`."""
+    `classify_errors`. keep_stacks: fold the classified stacks into the report's
+    `stacks` (profiler/sampling/stacks.py; ~10 ms per 1000 samples), for a caller that
+    exports them (`serwatt profile --pprof/--flamegraph`)."""
     deadline = time.monotonic() + (CLASSIFY_DEADLINE_S if deadline_s is None else deadline_s)
     got = _classify(raw, classifier, deadline)
     weighed = _weigh(raw, got)
@@ -346,6 +401,12 @@ def finish_window(
         cpu_classifications=got.carrier_labels,
     )
     errors, classify_errors = _notes(raw, got, weighed, classifier)
+    stacks = (
+        fold_stacks(window.samples, got.labels, got.carriers, got.carrier_labels,
+                    weighed.weighting.cpu_s)
+        if keep_stacks
+        else {}
+    )  # fmt: skip
     return WindowReport(
         pid=raw.pid,
         started_at=window.started_at,
@@ -367,6 +428,8 @@ def finish_window(
         thread_cpu_s=weighed.thread_cpu_s,
         unmapped_threads=unmapped_threads(raw, weighed.weighting.unsampled_per_tid_s),
         exited_unsampled_cpu_s=weighed.weighting.exited_unsampled_s,
+        stacks=stacks,
+        cpu_source=CPU_SOURCE_KERNEL if got.kernel_prior is not None else CPU_SOURCE_ESTIMATE,
     )
 
 
@@ -401,7 +464,7 @@ def _classify_in(
     counts_before: tuple[int, int],
 ) -> _Classified:
     """_classify with the sources read inside `proc_root` (None: at host paths)."""
-    window = resolve_changes(raw.window)
+    window = resolve_changes(raw.window, raw.kernel)
     # durability first: few files decide where each checkpoint ends (see prepare)
     durability.prepare(
         (s.frames for s in (*(window.changes or ()), *window.samples)), proc_root, deadline
@@ -412,7 +475,24 @@ def _classify_in(
 
     labels = [classify(s) for s in window.samples]
     on_cpu_tids: set[int | None] = set()
-    if window.on_cpu is not None:
+    kernel_prior: list[float] | None = None
+    covered: set[int | None] = set()
+    if raw.kernel is not None and window.changes_timed_by == "kernel":
+        # each thread the timeline traced and the stack-change run saw carries its CPU
+        # on its stack changes, weighed by the ticks it was on a CPU at (kernel_cpu.py)
+        times = on_cpu_times(raw.kernel.threads, raw.kernel.epoch_minus_mono)
+        spans = [s for s in window.changes or () if not s.partial and s.tid in times]
+        kernel_prior = on_cpu_ticks(spans, window.changes_end, times, window.changes_ticks)
+        covered = {s.tid for s in spans}
+        carriers = list(spans)
+        carrier_labels = [classify(s) for s in spans]
+        for s, c in zip(window.samples, labels, strict=True):
+            if s.tid not in covered:
+                carriers.append(s)
+                carrier_labels.append(c)
+        kernel_prior.extend([1.0] * (len(carriers) - len(spans)))
+        n_on_cpu = 0
+    elif window.on_cpu is not None:
         on_cpu_tids = {s.tid for s in window.on_cpu if s.tid is not None}
         carriers = [s for s in window.on_cpu if s.tid is not None]
         n_on_cpu = len(carriers)  # the carriers' prefix that runqueue_weights weighs
@@ -444,6 +524,8 @@ def _classify_in(
     # a thread the counted runs never caught (one that lived a few ms) but the stack-change
     # run did: its stack changes are its samples, each weighted by the time it held
     uncounted, held_s = _uncounted_changes(window, {s.tid for s in carriers})
+    if kernel_prior is not None:
+        uncounted, held_s = [], []  # the kernel's carriers hold every traced change
     carriers.extend(uncounted)
     carrier_labels.extend(classify(s) for s in uncounted)
     return _Classified(
@@ -451,6 +533,7 @@ def _classify_in(
         counts_before=counts_before, labels=labels, carriers=carriers,
         carrier_labels=carrier_labels, n_on_cpu=n_on_cpu, on_cpu_tids=on_cpu_tids,
         changes=changes, held_s=held_s, uncounted_tids={s.tid for s in uncounted},
+        kernel_prior=kernel_prior, kernel_tids=covered,
     )  # fmt: skip
 
 
@@ -495,6 +578,36 @@ def _weigh(raw: RawWindow, got: _Classified) -> _Weighed:
             replace(s, t=t) for s, t in zip(carriers[:n_on_cpu], rq.times, strict=True)
         ]
     per_tid_s = {**exited.per_tid_s, **cpu.per_tid_s}
+    if got.kernel_prior is not None:
+        # a traced thread's CPU by its on-CPU time per span; an untraced one's by its
+        # polled CPU series, as without the kernel
+        traced = got.kernel_tids
+        # a thread no CPU poll saw (it lived between two: many.save's hasher) has its
+        # CPU in the timeline, not only in the exited threads' pool
+        assert raw.kernel is not None
+        born = {
+            tid: raw.kernel.threads[tid].on_cpu_s
+            for tid in traced
+            if tid is not None and tid not in per_tid_s and tid in raw.kernel.threads
+        }
+        per_tid_s.update(born)
+        pool_s = max(0.0, exited.pool_s - sum(born.values()))
+        weighting = distribute_cpu(
+            _lone_unmapped_as_main(carriers, raw.pid, per_tid_s),
+            per_tid_s,
+            exited_cpu_s=pool_s,
+            series={t: ser for t, ser in series.items() if t not in traced},
+            half_width_s=max(2 * raw.poll_s, sigma),
+            prior=got.kernel_prior,
+            pool_prior=got.kernel_prior,
+        )
+        return _Weighed(
+            thread_cpu_s=thread_cpu_s,
+            rq=None,
+            weighting=weighting,
+            total_cpu_s=sum(per_tid_s.values()) + pool_s,
+            wall_s=max(0.0, window.ended_at - window.started_at),
+        )
     if got.held_s:
         prior = [*(prior or [1.0] * n_counted), *got.held_s]
     weighting = distribute_cpu(
@@ -563,7 +676,25 @@ def _notes(
     errors = window.errors
     notes = list(errors.notes)
     notes.append(f"cpu source {cpu.source}")
-    if window.on_cpu is not None:
+    if got.kernel_prior is not None:
+        notes.append("cpu_source kernel: on-CPU intervals from the scheduler timeline")
+    else:
+        why = raw.kernel_problem
+        if why is None and raw.kernel is not None:
+            why = (
+                "py-spy's clock not aligned to the scheduler timeline"
+                if window.changes is not None
+                else "no stack-change run to weigh by the scheduler timeline"
+            )
+        notes.append(f"cpu_source estimate{f' ({why})' if why else ''}")
+    kc = raw.kernel_counters
+    if kc is not None and (not kc.complete or kc.unpaired_switches):
+        notes.append(
+            f"scheduler timeline lost data: {kc.kernel_dropped} event(s) dropped, "
+            f"{kc.intervals_dropped} interval(s) and {kc.threads_dropped} thread(s) past its "
+            f"bounds, {kc.unpaired_switches} unpaired switch(es)"
+        )
+    if window.on_cpu is not None and got.kernel_prior is None:
         notes.append(
             f"cpu carried by on-CPU samples for {len(got.on_cpu_tids)} thread(s)"
             if got.on_cpu_tids

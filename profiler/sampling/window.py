@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from collectors.samples import SamplerErrors
+from profiler.sampling.stacks import StackKey, StackTally
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,13 @@ class WindowReport:
     # CPU count could take
     unmapped_threads: tuple[UnmappedThread, ...] = ()
     exited_unsampled_cpu_s: float = 0.0
+    # the classified stacks, folded and bounded (profiler/sampling/stacks.py): what the
+    # flame graph and the pprof export are made of
+    stacks: Mapping[StackKey, StackTally] = field(default_factory=dict)
+    # what weighed the CPU: "kernel" (each thread's on-CPU intervals from the scheduler
+    # timeline inside its stack spans: profiler/sampling/kernel_cpu.py) or "estimate"
+    # (py-spy's R state and /proc polls: profiler/sampling/weighting.py)
+    cpu_source: str = "estimate"
 
     @property
     def wall_s(self) -> float:

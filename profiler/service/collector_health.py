@@ -9,7 +9,6 @@ site sets collector health by hand.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Mapping
 from typing import TypeVar
 
@@ -26,19 +25,20 @@ def run_collector(
     name: str,
     read: Callable[[], T],
     judge: Callable[[T], Mapping[str, Health]] | None = None,
+    *,
+    monotonic: Callable[[], float],
 ) -> T | None:
     """Run `read`; on success `judge` says each collector's health from what it returned
-    (default: `name` up), on failure `name` is down with the error. None on failure."""
-    t0 = time.monotonic()
+    (default: `name` up), on failure `name` is down with the error. None on failure.
+    monotonic: the daemon's clock (service/clock.py), which times the read."""
+    t0 = monotonic()
     try:
         value = read()
     except Exception as exc:
-        ledger.set_collector(name, up=False, duration_s=time.monotonic() - t0, detail=str(exc))
+        ledger.set_collector(name, up=False, duration_s=monotonic() - t0, detail=str(exc))
         log.error("collector %s failed: %s", name, exc)
         return None
-    publish(
-        ledger, judge(value) if judge is not None else {name: (True, "")}, time.monotonic() - t0
-    )
+    publish(ledger, judge(value) if judge is not None else {name: (True, "")}, monotonic() - t0)
     return value
 
 

@@ -408,7 +408,9 @@ _TOP_KEYS = (
     "classify",
     "paths",
 )
-_ENABLED = {"auto": "auto", True: "required", False: "off"}
+# The same words as the CLI's --rapl/--nvml/--sampler-priority; YAML's true/false (and
+# on/off, yes/no, which YAML reads as booleans) mean required/off.
+_ENABLED = {"auto": "auto", "required": "required", "off": "off", True: "required", False: "off"}
 
 
 def _check_listen(c: YamlChecker, node: yaml.Node) -> dict[str, Any]:

@@ -22,6 +22,7 @@ is counted in `serwatt_sampler_errors_total{target,kind}` and retried later
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -34,6 +35,7 @@ from typing import Any
 from collectors.pyspy import PySpy, SamplingError
 from profiler import __version__
 from profiler.attribution.pipeline import WindowPipeline, WindowRejected
+from profiler.attribution.tracker import EnergyTracker
 from profiler.attribution.window import AttributedWindow
 from profiler.exitcodes import EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME
 from profiler.records.host import fingerprint
@@ -49,15 +51,17 @@ from profiler.service.discovery import discover
 from profiler.service.energy_side import EnergySide, RequiredCollectorMissing
 from profiler.service.exporter import MetricsServer, make_registry
 from profiler.service.ledger import Ledger, TargetProcess
-from profiler.service.pools import (
+from profiler.service.plan import (
     IDLE_RUN_RATE_HZ,  # noqa: F401 (re-exported: the daemon's --idle run rate)
+    daemon_plan,
+    daemon_retry,
+)
+from profiler.service.pools import (
     ClassifierPool,
     PySpyWindows,
     Sampler,
     SamplerPool,
     SamplingJob,
-    daemon_plan,
-    daemon_retry,
 )
 from profiler.service.run_checkpoints import RunCheckpoints
 from profiler.service.sdnotify import SdNotifier
@@ -127,29 +131,33 @@ class Daemon:
         kill_grace_s: float | None = None,
         overrun_s: float = OVERRUN_S,
         abandon_after_s: float = ABANDON_AFTER_S,
+        energy_tracker: EnergyTracker | None = None,
     ) -> None:
         """nvml_backend: a collectors.nvml backend for the energy tracker (None: the real
         pynvml one); tests replay recorded GPU timelines through it. clock: where the
         daemon reads time and waits (None: the system's); sampler: what runs a window
         (None: py-spy, PySpyWindows), so the schedule can be tested in fake time.
         kill_grace_s: how long a py-spy that ignores its SIGINT lives before SIGKILL
-        (None: collectors.pyspy's default). overrun_s, abandon_after_s: see OVERRUN_S."""
+        (None: collectors.pyspy's default). overrun_s, abandon_after_s: see OVERRUN_S.
+        energy_tracker: the node's energy tracker (None: one made from the config); the
+        replay harness (tests/replay/) passes one over recorded readings in fake time."""
         self.config = config
         self._nvml_backend = nvml_backend
+        self._energy_tracker = energy_tracker
         self._clock: Clock = clock or SystemClock()
         self._sampler = sampler
         self._kill_grace_s = kill_grace_s
         self._overrun_s = overrun_s
         self._abandon_after_s = abandon_after_s
         self.notifier = notifier or SdNotifier()
-        self.ledger = Ledger()
+        self.ledger = Ledger(clock=self._clock.time)
         self._wake = threading.Event()
         self._stop_requested = False
         self._reload_requested = False
         self._tracked: dict[tuple[int, float], _Tracked] = {}
         self._open_runs: dict[str, str] = {}  # run_id -> target
         # the watches of the runs whose target names a checkpoints directory
-        self._checkpoints = RunCheckpoints(config.path_procfs)
+        self._checkpoints = RunCheckpoints(config.path_procfs, self._target_error)
         self._next_rescan = 0.0
         self._next_retention = 0.0
         self._pool = SamplerPool(config.max_concurrent_samplers, self._wake.set)
@@ -233,7 +241,9 @@ class Daemon:
                 )
             self._sampler = PySpyWindows(pyspy, cfg.path_procfs)
         try:
-            self._energy = EnergySide(cfg, nvml_backend=self._nvml_backend)
+            self._energy = EnergySide(
+                cfg, self._clock, nvml_backend=self._nvml_backend, tracker=self._energy_tracker
+            )
             self._pipeline.tracker = self._energy.tracker
         except RequiredCollectorMissing as exc:
             log.error("%s", exc)
@@ -257,7 +267,10 @@ class Daemon:
             self._energy.declare(self.ledger)
         try:
             self._server = MetricsServer(
-                cfg.listen, make_registry(self.ledger.snapshot), self.ledger.snapshot
+                cfg.listen,
+                make_registry(self.ledger.snapshot),
+                self.ledger.snapshot,
+                clock=self._clock.time,
             )
         except (OSError, ValueError) as exc:
             log.error(
@@ -466,6 +479,7 @@ class Daemon:
                     f"{len(reports)} window(s) ok, {faults} sampler fault(s) last slot",
                 )
             },
+            monotonic=self._clock.monotonic,
         )
         energy = None
         if self._energy is not None:
@@ -485,6 +499,7 @@ class Daemon:
                     else (False, f"append failed: {failed}")
                 )
             },
+            monotonic=self._clock.monotonic,
         )
         self._forget_unmatched()
         self._update_target_processes()
@@ -514,16 +529,17 @@ class Daemon:
             report = window.report
             try:
                 sinks = (LedgerSink(self.ledger, j.target), *self._run_sinks(j.run_id))
-                self._pipeline.deliver(window, sinks)
+                delivery = self._pipeline.deliver(window, sinks)
             except WindowRejected as exc:
                 # A malformed report must not take the daemon down; it is not counted.
                 self.ledger.add_sampler_error(j.target, "bad_report")
                 log.error("window of %s pid %d rejected: %s", j.target, j.pid, exc)
                 continue
-            except Exception as exc:
-                # Counters are still exported; the record says what it missed in the log.
-                failed = exc
-                log.error("recording window of %s pid %d failed: %s", j.run_id, j.pid, exc)
+            for failure in delivery.failures:
+                # counted by the pipeline; counters are still exported, and the record
+                # says what it missed in the log
+                failed = failure.error
+                log.error("recording window of %s pid %d failed: %s", j.run_id, j.pid, failure)
             tracked = self._tracked.get(j.key)
             if tracked is not None:
                 tracked.refused = None
@@ -578,14 +594,21 @@ class Daemon:
     def _rescan(self) -> None:
         cfg = self.config
         self._next_rescan = self._clock.monotonic() + cfg.rescan_s
+        target_errors: dict[tuple[str, str], int] = {}
         found = run_collector(
             self.ledger,
             "discovery",
             lambda: discover(
-                cfg.targets, cfg.path_procfs, exclude_pids=self._checkpoints.own_pids()
+                cfg.targets,
+                cfg.path_procfs,
+                exclude_pids=self._checkpoints.own_pids(),
+                target_errors=target_errors,
             ),
             lambda found: {"discovery": (True, f"{len(found)} process(es) matched")},
+            monotonic=self._clock.monotonic,
         )
+        for (target, kind), n in target_errors.items():
+            self._target_error(target, kind, n)  # its pid file: that target's
         if found is None:
             return  # keep sampling what we know; /metrics and the landing page say why
         seen = set()
@@ -607,6 +630,11 @@ class Daemon:
         self._forget_unmatched()
         self._update_target_processes()
 
+    def _target_error(self, target: str, kind: str, count: int = 1) -> None:
+        """What a target's own files cost it (its pid file, its checkpoint watch)."""
+        with contextlib.suppress(ValueError):  # a target a reload removed meanwhile
+            self.ledger.add_sampler_error(target, kind, count)
+
     def _forget_unmatched(self) -> None:
         # A process with a window in flight is forgotten once its window is applied
         # (its samples belong to its run, which must still be open then), before the
@@ -625,6 +653,7 @@ class Daemon:
             host=self._host,
             config=dict(self.config.raw),
             sources=sources,
+            started_at=self._clock.time(),
         )
         self._open_runs[proc.run_id] = proc.target
         spec = next((t for t in self.config.targets if t.name == proc.target), None)
@@ -718,10 +747,8 @@ class Daemon:
 
     def _finish_episodes(self, proc: Any) -> None:
         """A process's open episodes closed into its run's checkpoint watch and record."""
-        try:
-            self._pipeline.finish(self._run_sinks(proc.run_id), pid=proc.pid)
-        except Exception as exc:
-            log.error("recording episodes of %s failed: %s", proc.run_id, exc)
+        for failure in self._pipeline.finish(self._run_sinks(proc.run_id), pid=proc.pid).failures:
+            log.error("recording episodes of %s failed: %s", proc.run_id, failure)
 
     def _shutdown(self) -> None:
         self.notifier.stopping("stopping: closing runs")

@@ -4,12 +4,22 @@ A process is a target when every criterion its target's `match` gives holds
 (cmdline regex on the space-joined command line, exe regex on the resolved
 executable, systemd unit and cgroup regex from /proc/<pid>/cgroup, exact
 environment values from /proc/<pid>/environ, the pid in a pid file) and it runs
-Python. The first target (in config order) that matches a process gets it, so a
+Python (by its exe; by a libpython in its maps only when the target's match names its
+exe, as for uwsgi). The first target (in config order) that matches a process gets it, so a
 process is sampled once.
 
 Never targets: this process, and what profiler/sampling/eligible.py refuses (kernel
 threads, serwatt itself, py-spy, processes that are not CPython): the rule a profile
 applies to the children it follows.
+
+A pid file is the job's. One on a FUSE mount is not read at all (collectors/mounts.py:
+a FUSE request never answered leaves the thread that made it unkillable); any other is
+read through the one bounded open (a FIFO, device or anything but a regular file is
+refused before it is read, at most PID_FILE_MAX_BYTES) on a worker owned by its target
+with a deadline (profiler/owned_io.py: a link may still lead into such a mount), and
+its content counts only when it is ASCII digits. One that cannot be read costs its own
+target that scan, counted in `target_errors` (the daemon's
+`serwatt_sampler_errors_total{kind="pid_file_..."}`), never the scan or another target.
 
 Processes come and go while we read them: a process that vanishes mid-scan, or
 whose files we may not read, is skipped and counted in `stats`, never raised.
@@ -22,15 +32,30 @@ from __future__ import annotations
 import os
 import re
 import socket
-from collections.abc import Iterable, MutableMapping
+from collections.abc import Callable, Iterable, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from collectors import procstat
+from collectors.mounts import on_fuse
 from collectors.procstat import ProcessFiles
+from profiler.owned_io import OwnedWorkers, Stuck
 from profiler.records.run_ids import render_run_id
+from profiler.safeio import NO_SUCH_FILE, InputFileError, read_bounded
 from profiler.sampling import eligible
 from profiler.service.config import TargetMatch, TargetSpec
+
+# A pid and its newline; a longer file is not a pid file.
+PID_FILE_MAX_BYTES = 64
+# How long one scan waits for one target's pid file. A local file answers in
+# microseconds; one that has not by then is left to its worker and the target misses
+# this scan (and every scan while that read is still stuck: one worker per target).
+PID_FILE_WAIT_S = 0.5
+# Kinds counted in target_errors.
+PID_FILE_STUCK = "pid_file_stuck"  # the read did not answer in time
+PID_FILE_REFUSED = "pid_file_refused"  # not a regular file, too long, unreadable
+PID_FILE_INVALID = "pid_file_invalid"  # not ASCII digits
+_PID_FILES = OwnedWorkers(per_owner=1, name="serwatt-pid-file")
 
 _UNIT_RE = re.compile(r"\.(service|scope|socket|mount|swap|target|timer|path|device)$")
 
@@ -57,12 +82,33 @@ def _units(proc: ProcessFiles) -> list[str]:
     return found
 
 
-def _read_pid_file(path: Path) -> int | None:
-    try:
-        text = path.read_text().strip()
-    except OSError:
+def _read_pid_file(target: str, path: Path, error: Callable[[str, str], None]) -> int | None:
+    """The pid in a target's pid file; None (and `error(target, kind)` unless the file is
+    missing) when there is none to read."""
+    if on_fuse(os.path.abspath(path)):
+        # never asked: a FUSE request its server never answers leaves the thread that
+        # made it unkillable, and the daemon with it (collectors/mounts.py)
+        error(target, PID_FILE_REFUSED)
         return None
-    return int(text) if text.isdigit() else None
+    try:
+        data = _PID_FILES.call(
+            target,
+            lambda: read_bounded(path, max_bytes=PID_FILE_MAX_BYTES),
+            PID_FILE_WAIT_S,
+            what=f"pid file {path}",
+        )
+    except Stuck:
+        error(target, PID_FILE_STUCK)
+        return None
+    except InputFileError as exc:
+        if exc.problem != NO_SUCH_FILE:  # not written yet: nothing wrong
+            error(target, PID_FILE_REFUSED)
+        return None
+    text = data.strip()
+    if not (text.isascii() and text.isdigit()):
+        error(target, PID_FILE_INVALID)
+        return None
+    return int(text)
 
 
 def _matches(proc: ProcessFiles, match: TargetMatch, pid_file_pid: int | None) -> bool:
@@ -96,12 +142,14 @@ def discover(
     exclude_pids: Iterable[int] | None = None,
     host: str | None = None,
     stats: MutableMapping[str, int] | None = None,
+    target_errors: MutableMapping[tuple[str, str], int] | None = None,
 ) -> list[DiscoveredProcess]:
     """Every process that is one of `targets` now, by pid.
 
     exclude_pids: never targets (default: this process). stats: if given, counts of
     processes skipped by reason ("vanished", "permission", "kernel_thread", "self",
-    "not_python") are added to it.
+    "not_python") are added to it. target_errors: if given, (target, kind) counts of
+    what cost a target this scan (its pid file: PID_FILE_STUCK, _REFUSED, _INVALID).
     """
     targets = list(targets)
     if not targets:
@@ -110,13 +158,20 @@ def discover(
     excluded = {os.getpid()} if exclude_pids is None else set(exclude_pids)
     host = host if host is not None else socket.gethostname().split(".")[0]
     boot_s = procstat.boot_time_s(procfs)
-    pid_files = {
-        t.name: _read_pid_file(t.match.pid_file) for t in targets if t.match.pid_file is not None
-    }
 
     def count(reason: str) -> None:
         if stats is not None:
             stats[reason] = stats.get(reason, 0) + 1
+
+    def error(target: str, kind: str) -> None:
+        if target_errors is not None:
+            target_errors[(target, kind)] = target_errors.get((target, kind), 0) + 1
+
+    pid_files = {
+        t.name: _read_pid_file(t.name, t.match.pid_file, error)
+        for t in targets
+        if t.match.pid_file is not None
+    }
 
     found: list[DiscoveredProcess] = []
     for pid in _pids(procfs):
@@ -134,6 +189,15 @@ def discover(
                 (t for t in targets if _matches(proc, t.match, pid_files.get(t.name))), None
             )
             if spec is None:
+                continue
+            if (
+                spec.match.exe is None
+                and not eligible.is_serwatt_or_pyspy(proc)
+                and not proc.python_kind(maps=False).is_python
+            ):
+                # Only a target that names its exe admits an embedded interpreter (found
+                # in the maps); others' maps are never read (one can be 260 MB).
+                count(eligible.NOT_PYTHON)
                 continue
             refused = eligible.refusal(proc)
             if refused is not None:

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any
 
 from profiler.attribution.tracker import EnergyTracker, EnergyUnavailableError, WindowEnergy
-from profiler.attribution.window import AttributedWindow, attribute_slot
+from profiler.attribution.window import AttributedWindow, attribute_span
 from profiler.records.sources import run_sources
 from profiler.sampling.window import WindowReport
+from profiler.service.clock import Clock
 from profiler.service.collector_health import Health, publish, run_collector
 from profiler.service.config import Config
 from profiler.service.ledger import Ledger
@@ -29,6 +29,17 @@ class SlotEnergy:
 
 # Collector states that mean "not in use here", not "failed": not exported.
 _UNUSED_REASONS = frozenset({"not_needed", "off"})
+# What `auto` finds on a node without the hardware (most cloud VMs): the collector is not
+# present there, not down, so it is not exported and SerwattCollectorDown cannot fire for
+# it. A permission or driver error on hardware that is there stays "down".
+NOT_PRESENT_REASONS = {
+    "rapl": frozenset({"no_powercap"}),
+    "nvml": frozenset({"no_driver", "no_gpu"}),
+}
+
+
+def not_present(name: str, reason: str | None) -> bool:
+    return reason in NOT_PRESENT_REASONS.get(name, ())
 
 
 class EnergySide:
@@ -36,15 +47,26 @@ class EnergySide:
     node, one reading per slot, split over the slot's target windows.
 
     All windows of a slot are attributed against the slot's single energy reading
-    (attribution.window.attribute_slot): each target gets (its window CPU / node busy CPU
+    (attribution.window.attribute_span): each target gets (its window CPU / node busy CPU
     over the slot) of the slot's dynamic energy, fitted by the one overlap rule so the
     targets' joules never sum past the node's, and what is left (idle part, other
     processes, targets not sampled this slot) is exported as
     `serwatt_unattributed_energy_joules_total`.
     """
 
-    def __init__(self, config: Config, *, nvml_backend: Any = None) -> None:
-        self._tracker = EnergyTracker(
+    def __init__(
+        self,
+        config: Config,
+        clock: Clock,
+        *,
+        nvml_backend: Any = None,
+        tracker: EnergyTracker | None = None,
+    ) -> None:
+        """clock: the daemon's (service/clock.py), which times the collectors' reads.
+        tracker: the node's, made by the caller (the replay harness's, in fake time);
+        None: one made from `config`."""
+        self._clock = clock
+        self._tracker = tracker or EnergyTracker(
             sysfs_root=config.path_sysfs,
             procfs_root=config.path_procfs,
             tdp_w=config.cpu_tdp_w,
@@ -52,16 +74,18 @@ class EnergySide:
             nvml_mode=config.nvml,
             nvml_backend=nvml_backend,
         )
-        t0 = time.monotonic()
+        t0 = clock.monotonic()
         try:
             self.status = self._tracker.probe()
         except EnergyUnavailableError as exc:
             raise RequiredCollectorMissing(f"collectors: {exc}") from None
-        self._probe_s = time.monotonic() - t0
+        self._probe_s = clock.monotonic() - t0
         self._rapl_errors_seen = 0
         self.source = self._tracker.energy_source
         for name, st in self.status.items():
-            if not st.up and st.reason not in _UNUSED_REASONS:
+            if not_present(name, st.reason):
+                log.info("collector %s not present (%s): %s", name, st.reason, st.detail)
+            elif not st.up and st.reason not in _UNUSED_REASONS:
                 log.info("collector %s unavailable: %s: %s", name, st.reason, st.detail)
         self._tracker.start()
 
@@ -81,7 +105,7 @@ class EnergySide:
                 (st.detail or "") if st.up else f"unavailable: {st.reason}: {st.detail or ''}",
             )
             for name, st in self.status.items()
-            if st.reason not in _UNUSED_REASONS
+            if st.reason not in _UNUSED_REASONS and not not_present(name, st.reason)
         }
         publish(ledger, health, self._probe_s)
 
@@ -92,11 +116,15 @@ class EnergySide:
         self, start: float, end: float, reports: list[WindowReport], ledger: Ledger
     ) -> SlotEnergy | None:
         we = run_collector(
-            ledger, "energy", lambda: self._tracker.window(start, end), self._slot_health
+            ledger,
+            "energy",
+            lambda: self._tracker.window(start, end),
+            self._slot_health,
+            monotonic=self._clock.monotonic,
         )
         if we is None:
             return None
-        got = attribute_slot(reports, we)
+        got = attribute_span(reports, we, slot=True)
         if got.node_j is not None:
             ledger.add_node_energy(
                 we.source, node_j=got.node_j, unattributed_j=got.node_j - got.attributed_j

@@ -310,10 +310,14 @@ class MetricsServer:
         workers: int = HTTP_WORKERS,
         max_connections: int = HTTP_MAX_CONNECTIONS,
         connection_timeout_s: float = HTTP_CONNECTION_TIMEOUT_S,
+        clock: Callable[[], float] = time.time,
     ) -> None:
+        """clock: epoch seconds on the snapshots' clock (the daemon's, service/clock.py),
+        for the landing page's "snapshot taken N s ago"."""
         host, port = parse_listen(listen, any_port=True)
         self.registry = registry
         self._get_snapshot = get_snapshot
+        self._clock = clock
         self._httpd = _HttpServer(
             host,
             port,
@@ -357,7 +361,9 @@ def _make_handler(server: MetricsServer) -> type[BaseHTTPRequestHandler]:
                 body = encoder(server.registry)
                 self._send(200, content_type, body)
             elif path == "/":
-                page = render_landing_page(server._get_snapshot(), listen=server.address)
+                page = render_landing_page(
+                    server._get_snapshot(), listen=server.address, now=server._clock()
+                )
                 self._send(200, "text/html; charset=utf-8", page.encode())
             else:
                 self._send(404, "text/plain; charset=utf-8", b"not found: try / or /metrics\n")

@@ -4,16 +4,16 @@
 from __future__ import annotations
 
 import html
-import time
 
 from profiler.service.ledger import LedgerSnapshot
 from profiler.service.metrics import series_count
 
 
-def render_landing_page(snap: LedgerSnapshot, *, listen: str = "") -> str:
-    """The HTML at `/`: a link to /metrics, the targets and the collectors' status."""
+def render_landing_page(snap: LedgerSnapshot, *, listen: str = "", now: float) -> str:
+    """The HTML at `/`: a link to /metrics, the targets and the collectors' status. now:
+    epoch seconds on the clock that stamped the snapshot (the daemon's)."""
     e = html.escape
-    age_s = max(0.0, time.time() - snap.taken_at)
+    age_s = max(0.0, now - snap.taken_at)
     rows = []
     for t in snap.targets:
         samples = sum(n for (name, _cp, _d), n in snap.samples.items() if name == t.name)

@@ -3,6 +3,7 @@ replayed NVML timelines."""
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
@@ -11,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from collectors.cpu_model import DEFAULT_W_PER_CPU, IDLE_FRACTION
+from profiler.attribution.pipeline import WindowPipeline
 from profiler.attribution.tracker import EnergyTracker, EnergyUnavailableError
-from profiler.attribution.window import AttributedWindow, attribute, attribute_window
+from profiler.attribution.window import AttributedWindow, attribute_window
 from profiler.classify.codepaths import CODEPATHS
 from profiler.profile.document import add_energy as _add_energy
 from profiler.profile.energy_sink import EnergySink, ProfileEnergy
@@ -23,9 +25,16 @@ from tests.powercap import PowercapTree, build_powercap
 TARGET = 4321
 
 
+@functools.cache
+def _pipeline(tr: EnergyTracker) -> WindowPipeline:
+    return WindowPipeline(tr)
+
+
 def _attributed(tr: EnergyTracker, rep: WindowReport) -> AttributedWindow:
-    """What the session hands its sinks: the window attributed against its own reading."""
-    return attribute(rep, tr.window(rep.started_at, rep.ended_at))
+    """What the session hands its sinks: the window attributed against its own reading,
+    with the node's reading since the last window (one pipeline per tracker, as a
+    session has)."""
+    return _pipeline(tr).attribute(rep)
 
 
 def _document_part(energy: ProfileEnergy) -> dict:
@@ -342,7 +351,7 @@ def test_a_profiles_process_tree_is_held_to_the_overlap_rule(tmp_path: Path) -> 
         tr.poll_once()
     for pid, cpu in ((1, {"pickle": 2.0}), (2, {"pickle": 1.0, "other": 1.0})):
         rep = _report(t0, t0 + 4.0, cpu, [], pid=pid)
-        sink.on_window(attribute(rep, tr.window(t0, t0 + 4.0)))
+        sink.on_window(_attributed(tr, rep))
     e = sink.finish().energy
     assert e["package_j"] == pytest.approx(40.0) and e["dynamic_j"] == pytest.approx(8.0)
     assert e["attributed_j"] == pytest.approx(8.0)  # not 16: each window alone took all 8

@@ -10,7 +10,7 @@ import pytest
 
 from profiler.attribution.apportion import attribute_energy, overlap_factor, scaled_energy
 from profiler.attribution.tracker import WindowEnergy
-from profiler.attribution.window import attribute, attribute_slot
+from profiler.attribution.window import attribute_span
 from profiler.classify.codepaths import CODEPATHS
 from profiler.sampling.window import CodepathWindow, WindowReport
 
@@ -73,9 +73,9 @@ def test_a_slots_targets_share_the_dynamic_joules_when_their_cpu_overshoots() ->
     reading = _reading(package_j=50.0, dynamic_j=30.0, busy_cpu_s=2.0)
     a = _report(1, 100.0, 105.0, {"pickle": 2.0, "other": 1.0})
     b = _report(2, 100.0, 105.0, {"json": 1.0})
-    alone = [attribute(r, reading, slot=True).energy_j for r in (a, b)]
+    alone = [attribute_span([r], reading, slot=True).windows[0].energy_j for r in (a, b)]
     assert [math.fsum(j.values()) for j in alone if j] == pytest.approx([30.0, 15.0])
-    got = attribute_slot([a, b], reading)
+    got = attribute_span([a, b], reading, slot=True)
     ja, jb = (w.energy_j for w in got.windows)
     assert ja is not None and jb is not None
     assert ja["pickle"] == pytest.approx(2 * 30.0 / 3 * 2 / 3)  # 13.33: 2/3 of a's 20 J
@@ -92,8 +92,8 @@ def test_a_slots_targets_share_the_dynamic_joules_when_their_cpu_overshoots() ->
 def test_a_slot_within_the_bound_is_left_as_attributed() -> None:
     reading = _reading(package_j=50.0, dynamic_j=30.0, busy_cpu_s=4.0)
     reports = [_report(1, 100.0, 105.0, {"pickle": 1.0}), _report(2, 100.0, 105.0, {"json": 2.0})]
-    got = attribute_slot(reports, reading)
+    got = attribute_span(reports, reading, slot=True)
     assert [w.energy_j for w in got.windows] == [
-        attribute(r, reading, slot=True).energy_j for r in reports
+        attribute_span([r], reading, slot=True).windows[0].energy_j for r in reports
     ]
     assert got.attributed_j == pytest.approx(22.5)

@@ -1,5 +1,6 @@
 """The window pipeline both drivers run (profiler/attribution/pipeline.py): the order a
-window and its closed episodes reach the sinks, and a sink that stops the delivery."""
+window and its closed episodes reach the sinks, a sink that fails (counted, the others
+still served) and one that rejects the window (it goes no further)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Sequence
 import pytest
 
 from profiler.attribution.episodes import Episode
-from profiler.attribution.pipeline import WindowPipeline
+from profiler.attribution.pipeline import WindowPipeline, WindowRejected
 from profiler.attribution.window import AttributedWindow
 from profiler.classify.codepaths import CODEPATHS
 from profiler.sampling.window import CodepathWindow, TimedLabel, WindowReport
@@ -43,12 +44,14 @@ def _report(start: float, codes: str, cpu: dict[str, float] | None = None) -> Wi
 
 
 class _Sink:
-    def __init__(self, name: str, log: list[tuple[str, str, object]], fail: bool = False):
+    def __init__(
+        self, name: str, log: list[tuple[str, str, object]], fail: type[Exception] | None = None
+    ):
         self.name, self.log, self.fail = name, log, fail
 
     def on_window(self, window: AttributedWindow) -> None:
-        if self.fail:
-            raise OSError("disk full")
+        if self.fail is not None:
+            raise self.fail("disk full")
         self.log.append((self.name, "window", window.report.started_at))
 
     def on_episodes(self, episodes: Sequence[Episode]) -> None:
@@ -60,8 +63,9 @@ def test_a_window_then_the_episodes_it_closed_reach_every_sink_in_order() -> Non
     sinks = [_Sink("ledger", log), _Sink("record", log)]
     first = pipe.attribute(_report(0.0, "....pppp"))
     assert first.reading is None and first.attribution is None  # no tracker: no joules
-    assert pipe.deliver(first, sinks) == []  # the pickle run may go on in the next window
-    closed = pipe.deliver(pipe.attribute(_report(0.08, "pp......")), sinks)
+    # the pickle run may go on in the next window
+    assert pipe.deliver(first, sinks).episodes == []
+    closed = pipe.deliver(pipe.attribute(_report(0.08, "pp......")), sinks).episodes
     assert [e.codepath for e in closed] == ["pickle"]
     assert closed[0].start == pytest.approx(0.04) and closed[0].end == pytest.approx(0.10)
     assert log == [
@@ -74,20 +78,35 @@ def test_a_window_then_the_episodes_it_closed_reach_every_sink_in_order() -> Non
     ]
 
 
-def test_a_sink_that_raises_stops_the_window_there() -> None:
+def test_a_sink_that_fails_is_counted_and_the_others_still_get_the_window() -> None:
     pipe, log = WindowPipeline(), []
-    with pytest.raises(OSError, match="disk full"):
+    sinks = [_Sink("a", log, OSError), _Sink("b", log)]
+    got = pipe.deliver(pipe.attribute(_report(0.0, "....pppp")), sinks)
+    assert [str(f) for f in got.failures] == ["_Sink: OSError: disk full"]
+    assert log == [("b", "window", 0.0)]
+    got = pipe.deliver(pipe.attribute(_report(0.08, "pp......")), sinks)
+    # the episode tracker saw both windows: the pickle run closed across them
+    assert [e.codepath for e in got.episodes] == ["pickle"]
+    assert pipe.sink_failures == {"_Sink": 2}
+    assert pipe.sink_errors == ["_Sink: OSError: disk full"] * 2
+
+
+def test_a_rejected_window_goes_no_further() -> None:
+    pipe, log = WindowPipeline(), []
+    with pytest.raises(WindowRejected, match="disk full"):
         pipe.deliver(
-            pipe.attribute(_report(0.0, "pppp....")), [_Sink("a", log), _Sink("b", log, True)]
+            pipe.attribute(_report(0.0, "pppp....")),
+            [_Sink("a", log), _Sink("b", log, WindowRejected), _Sink("c", log)],
         )
-    assert log == [("a", "window", 0.0)]
+    assert log == [("a", "window", 0.0)] and pipe.sink_failures == {}
     # neither did the episode tracker see it: nothing is open to close
-    assert pipe.finish([_Sink("a", log)]) == [] and pipe.episodes.open_episodes() == 0
+    assert pipe.finish([_Sink("a", log)]).episodes == []
+    assert pipe.episodes.open_episodes() == 0
 
 
 def test_finish_closes_what_is_open_into_the_sinks() -> None:
     pipe, log = WindowPipeline(), []
     pipe.deliver(pipe.attribute(_report(0.0, "....pppp")), [])
-    (ep,) = pipe.finish([_Sink("record", log)], pid=PID)
+    (ep,) = pipe.finish([_Sink("record", log)], pid=PID).episodes
     assert ep.codepath == "pickle" and ep.truncated
     assert log == [("record", "episodes", ("pickle",))]

@@ -72,8 +72,13 @@ def test_a_slot_window_stores_the_shape_the_reader_reads() -> None:
     assert gpu.to_json() == {
         "codepaths_wait_s": dict.fromkeys(CODEPATHS, 0.25),
         "codepaths_wait_j": dict.fromkeys(CODEPATHS, 2.0),
+        # a codepath's wait with no split by direction is `unknown`'s: the one fold
+        # (DirectedTotals), as in the daemon's counters
         "codepaths_wait_by_direction_s": {
-            "pickle": {"encode": 0.1, "decode": 0.0, "unknown": 0.15}
+            cp: {"encode": 0.1, "decode": 0.0, "unknown": 0.15}
+            if cp == "pickle"
+            else {"encode": 0.0, "decode": 0.0, "unknown": 0.25}
+            for cp in CODEPATHS
         },
         "gpus": [
             {

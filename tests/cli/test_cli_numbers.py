@@ -87,9 +87,9 @@ def _parsers(
 
 
 def _subcommand_parsers() -> Iterator[tuple[str, argparse.ArgumentParser]]:
-    for name, (module, _help) in SUBCOMMANDS.items():
+    for name, spec in SUBCOMMANDS.items():
         parser = argparse.ArgumentParser(prog=f"serwatt {name}")
-        importlib.import_module(module).configure(parser)
+        importlib.import_module(spec.module).configure(parser)
         yield from _parsers(parser, f"serwatt {name}")
 
 

@@ -85,6 +85,16 @@ FIFO_API = {
     "print(verify_chain([sys.argv[1], sys.argv[1]]))",
     "arena": "from profiler.many import Arena\ntry:\n    Arena(sys.argv[1])\n"
     "except Exception as exc:\n    print(type(exc).__name__, exc)",
+    # issue 45 item 13: torch_compat's hint for torch.save files peeked with a plain open
+    "torch_compat": "from profiler.many import torch_compat\ntry:\n"
+    "    torch_compat.load(sys.argv[1])\nexcept Exception as exc:\n"
+    "    print(type(exc).__name__, exc)",
+    "load_state": "from profiler.many import load_state\ntry:\n    load_state(sys.argv[1])\n"
+    "except Exception as exc:\n    print(type(exc).__name__, exc)",
+    "read_receipts": "from profiler.many.verify import read_receipts\ntry:\n"
+    "    read_receipts(sys.argv[1])\nexcept Exception as exc:\n"
+    "    print(type(exc).__name__, exc)",
+    "chain_head": "from profiler.many import chain_head\nprint(chain_head([sys.argv[1]]))",
 }
 
 
@@ -104,7 +114,7 @@ def test_fifo_is_refused_without_blocking(tmp_path: Path, how: str) -> None:
     assert "FIFO" in text, text
     if how != "verify":  # verify() returns one file's problems; everything else names the file
         assert str(fifo) in text, text
-    if how in ("load", "arena"):
+    if how in ("load", "arena", "torch_compat", "load_state", "read_receipts"):
         assert out.stdout.startswith("ManyFormatError"), text
     if how.startswith("cli-"):
         assert out.returncode == 2, text  # the wrong kind of file is bad input

@@ -251,7 +251,12 @@ def test_full_config_values(tmp_path: Path) -> None:
         ("listen: '300.1.1.1:80'", "listen", 1, "neither an IPv4 address nor a host name"),
         ("listen: 'host:http'", "listen", 1, "not a number"),
         ("log_level: loud", "log_level", 1, "must be one of debug, info, warning, error"),
-        ("collectors: {rapl: {enabled: maybe}}", "collectors.rapl.enabled", 1, "auto, true"),
+        (
+            "collectors: {rapl: {enabled: maybe}}",
+            "collectors.rapl.enabled",
+            1,
+            "auto, required, off, true, false",
+        ),
         ("collectors: {rapl: {on: auto}}", "collectors.rapl[True]", 1, "keys must be strings"),
         ('collectors: {"a\\nb": 1}', "collectors['a\\nb']", 1, "unknown key"),
         ("record: {'my dir': x}", "record['my dir']", 1, "unknown key"),

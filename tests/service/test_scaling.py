@@ -17,7 +17,8 @@ from tests.service.test_prometheus_rules import load_rules, rules_of
 DOC = Path(__file__).resolve().parents[2] / "docs" / "scaling.md"
 
 # Collectors a daemon exports with RAPL and NVML on `auto`: discovery, pyspy, recorder,
-# rapl (or cpu_model), cpustat, nvml (docs/daemon.md, collectors).
+# rapl (or cpu_model), cpustat, nvml (docs/daemon.md, collectors); nvml only where a GPU
+# driver is (auto without one: not present, not exported).
 COLLECTORS = 6
 # Series Prometheus adds per scrape target: up, scrape_duration_seconds,
 # scrape_samples_scraped, scrape_samples_post_metric_relabeling, scrape_series_added.
@@ -49,12 +50,16 @@ def exposition_series(text: str) -> int:
 
 
 def test_the_formula_is_a_real_daemons_series_count(daemon_scrape: DaemonScrape) -> None:
-    # Two targets (one with a process, one absent), RAPL, no GPU: NVML is unavailable (its
-    # collector is exported, down).
+    # Two targets (one with a process, one absent), RAPL, no GPU driver: NVML on `auto` is
+    # not present, so not exported (it was exported as down, and SerwattCollectorDown fired
+    # on every node without a GPU).
     text = daemon_scrape.text
     assert daemon_scrape.exit_code == 0, daemon_scrape.log
-    assert 'serwatt_collector_up{collector="nvml"} 0.0' in text
-    assert exposition_series(text) == series_per_node(2, 0, processes=1), text
+    assert 'serwatt_collector_up{collector="nvml"}' not in text
+    assert 'serwatt_collector_up{collector="rapl"} 1.0' in text
+    assert exposition_series(text) == series_per_node(
+        2, 0, processes=1, collectors=COLLECTORS - 1
+    ), text
 
 
 def test_the_formula_holds_with_gpus_budget_and_errors():

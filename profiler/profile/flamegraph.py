@@ -1,0 +1,223 @@
+"""`serwatt profile --flamegraph FILE`: the session's classified stacks as an interactive
+flame graph in one self-contained HTML file (no network: the renderer is inlined).
+
+The renderer is d3-flame-graph with d3 (npm packages, vendored unmodified under
+profiler/vendor/flamegraph/, see SOURCES.md there). Width is CPU seconds. A frame is a
+function at a line, so each serialization call site is a frame of its own. Colour is the
+codepath: a frame whose CPU is all one serializer's has that serializer's colour, one
+whose CPU is all `other` is grey, one mixing several is pale.
+
+Frame names, file names and the command line come from the target: they go into the page
+as JSON inside a `<script type="application/json">` with `<`, `>` and `&` escaped, and
+the renderer writes them with textContent, so none of them is markup. The page's
+Content-Security-Policy allows no network at all; it allows inline scripts (the inlined
+renderer) and eval, which the bundled d3 needs to render."""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Sequence
+from importlib import resources
+from typing import Any
+
+from profiler.classify.codepaths import CODEPATHS
+from profiler.profile.stack_profile import StackProfile
+from profiler.sampling.stacks import FrameKey
+
+VENDOR = ("vendor", "flamegraph")
+MIXED = "(mixed)"
+
+# one colour per codepath (Tableau 10, colour-blind-safer order), `other` grey
+COLOURS = {
+    "pickle": "#4e79a7",
+    "torch": "#f28e2b",
+    "protobuf": "#e15759",
+    "json": "#76b7b2",
+    "msgpack": "#59a14f",
+    "yaml": "#edc948",
+    "safetensors": "#b07aa1",
+    "numpy": "#ff9da7",
+    "many": "#9c755f",
+    "other": "#bab0ac",
+    MIXED: "#e8e4e0",
+}
+
+
+def _vendor(name: str) -> str:
+    return (
+        resources.files("profiler").joinpath("/".join((*VENDOR, name))).read_text(encoding="utf-8")
+    )
+
+
+def frame_label(frame: FrameKey) -> str:
+    name, filename, line = frame
+    if not filename:
+        return name
+    short = "/".join(filename.split("/")[-2:])
+    return f"{name} ({short}:{line})"
+
+
+def build_tree(stacks: StackProfile) -> dict[str, Any]:
+    """The d3-flame-graph tree (name, value, children) of the stacks' CPU, root first;
+    each node with the codepath of all of its CPU (MIXED when several)."""
+    root: dict[str, Any] = {"name": "all", "value": 0.0, "children": {}, "cps": {}}
+    for (frames, codepath, _direction), fig in stacks:
+        if fig.cpu_s <= 0:
+            continue
+        node = root
+        node["value"] += fig.cpu_s
+        node["cps"][codepath] = node["cps"].get(codepath, 0.0) + fig.cpu_s
+        for frame in reversed(frames):  # stored leaf first
+            label = frame_label(frame)
+            child = node["children"].get(label)
+            if child is None:
+                child = node["children"][label] = {
+                    "name": label, "value": 0.0, "children": {}, "cps": {},
+                    "file": frame[1], "line": frame[2],
+                }  # fmt: skip
+            child["value"] += fig.cpu_s
+            child["cps"][codepath] = child["cps"].get(codepath, 0.0) + fig.cpu_s
+            node = child
+    return _finish(root)
+
+
+def _finish(node: dict[str, Any]) -> dict[str, Any]:
+    cps = node.pop("cps")
+    node["codepath"] = next(iter(cps)) if len(cps) == 1 else MIXED
+    node["value"] = round(node["value"], 6)
+    node["children"] = [_finish(c) for c in node["children"].values()]
+    return node
+
+
+MAX_TIMELINE_ROWS = 40  # threads drawn in the episodes timeline (the busiest first)
+
+
+def episodes_svg(episodes: Sequence[Any], *, started_at: float, duration_s: float) -> str:
+    """The episodes over time: a row per thread (pid/thread), a bar per episode from its
+    start to its end, in its codepath's colour. Plain SVG, no script."""
+    if not episodes or duration_s <= 0:
+        return "<p>No episodes (no thread stayed in a serialization codepath for 2 samples).</p>"
+    busy: dict[tuple[int, int], float] = {}
+    for ep in episodes:
+        busy[ep.pid, ep.thread] = busy.get((ep.pid, ep.thread), 0.0) + ep.wall_s
+    rows = sorted(busy, key=lambda k: -busy[k])[:MAX_TIMELINE_ROWS]
+    row_of = {k: i for i, k in enumerate(rows)}
+    width, label_w, row_h, top = 960, 150, 16, 6
+    plot_w = width - label_w - 10
+    height = top + row_h * len(rows) + 24
+    parts = [
+        f'<svg class="episodes" width="100%" style="max-width:{width}px;height:auto" '
+        f'height="{height}" viewBox="0 0 {width} {height}" role="img" '
+        'aria-label="serialization episodes over time">'
+    ]
+    for (pid, thread), n in row_of.items():
+        parts.append(f'<text x="4" y="{top + n * row_h + 12}" font-size="11">{pid}/{thread}</text>')
+    for ep in episodes:
+        i = row_of.get((ep.pid, ep.thread))
+        if i is None:
+            continue
+        x = label_w + max(0.0, ep.start - started_at) / duration_s * plot_w
+        w = max(1.0, ep.wall_s / duration_s * plot_w)
+        parts.append(
+            f'<rect class="episode" data-codepath="{html.escape(ep.codepath)}" x="{x:.1f}" '
+            f'y="{top + i * row_h + 2}" width="{w:.1f}" height="{row_h - 4}" '
+            f'fill="{COLOURS.get(ep.codepath, COLOURS[MIXED])}"><title>'
+            f"{html.escape(ep.codepath)} {html.escape(ep.direction)}: {ep.wall_s:.3f} s at "
+            f"+{ep.start - started_at:.2f} s</title></rect>"
+        )
+    parts.append(
+        f'<text x="{label_w}" y="{height - 6}" font-size="11">0 s</text>'
+        f'<text x="{width - 10}" y="{height - 6}" font-size="11" text-anchor="end">'
+        f"{duration_s:.1f} s since the profile started</text></svg>"
+    )
+    return "".join(parts)
+
+
+def _json_for_script(data: Any) -> str:
+    text = json.dumps(data, separators=(",", ":"))
+    return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
+
+
+CSP = "default-src 'none'; script-src 'unsafe-inline' 'unsafe-eval'; style-src 'unsafe-inline'"
+
+PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="{csp}">
+<title>serwatt flame graph: {title}</title>
+<style>{css}
+body {{ font: 14px system-ui, sans-serif; margin: 16px; }}
+h1 {{ font-size: 18px; margin: 0 0 4px; }}
+h2 {{ font-size: 16px; margin: 18px 0 6px; }}
+.legend span {{ display: inline-block; margin-right: 12px; }}
+.legend i {{ display: inline-block; width: 12px; height: 12px; margin-right: 4px;
+  vertical-align: -1px; border: 1px solid #999; }}
+#chart {{ width: 100%; }}
+pre {{ font-size: 12px; overflow-x: auto; }}
+</style></head>
+<body>
+<h1>serwatt flame graph: {title}</h1>
+<p>{summary}</p>
+<p class="legend">{legend}</p>
+<div id="chart"></div>
+<h2>Episodes over time</h2>
+{episodes}
+<details><summary>The table</summary><pre>{table}</pre></details>
+<script type="application/json" id="serwatt-stacks">{data}</script>
+<script type="application/json" id="serwatt-colours">{colours}</script>
+<script>{d3}</script>
+<script>{flamegraph}</script>
+<script>
+(function () {{
+  var tree = JSON.parse(document.getElementById("serwatt-stacks").textContent);
+  var colours = JSON.parse(document.getElementById("serwatt-colours").textContent);
+  var lib = window.flamegraph;
+  var make = typeof lib === "function" ? lib : (lib.flamegraph || lib.default);
+  var el = document.getElementById("chart");
+  var chart = make()
+    .width(Math.max(400, el.clientWidth))
+    .cellHeight(18)
+    .minFrameSize(1)
+    .transitionDuration(0)
+    .setColorMapper(function (d) {{ return colours[d.data.codepath] || colours["(mixed)"]; }})
+    .setLabelHandler(function (d) {{
+      return d.data.name + "\\n" + d.value.toFixed(3) + " CPU-s, codepath " + d.data.codepath;
+    }});
+  d3.select(el).datum(tree).call(chart);
+  document.body.setAttribute("data-rendered", "1");
+}})();
+</script>
+</body></html>
+"""
+
+
+def render_page(
+    stacks: StackProfile,
+    *,
+    title: str,
+    summary: str,
+    table: str = "",
+    episodes: Sequence[Any] = (),
+    started_at: float = 0.0,
+    duration_s: float = 0.0,
+) -> str:
+    """The flame graph page, the episodes over time and the table. `title`, `summary` and
+    `table` are plain text; `episodes` the session's (profiler/attribution/episodes.py)."""
+    tree = build_tree(stacks)
+    legend = "".join(
+        f'<span><i style="background:{COLOURS[cp]}"></i>{html.escape(cp)}</span>'
+        for cp in (*CODEPATHS, MIXED)
+    )
+    return PAGE.format(
+        csp=CSP,
+        title=html.escape(title),
+        summary=html.escape(summary),
+        legend=legend,
+        table=html.escape(table),
+        episodes=episodes_svg(episodes, started_at=started_at, duration_s=duration_s),
+        data=_json_for_script(tree),
+        colours=_json_for_script(COLOURS),
+        css=_vendor("d3-flamegraph.css"),
+        d3=_vendor("d3.min.js"),
+        flamegraph=_vendor("d3-flamegraph.umd.min.js"),
+    )

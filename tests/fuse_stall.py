@@ -1,0 +1,161 @@
+"""A FUSE filesystem that answers, then stalls: the hostile source, checkpoint directory or
+pid file of a job that serves its own files (any user can mount FUSE on a directory of
+theirs through the setuid fusermount).
+
+    with stalling_fuse(tmp_path / "mnt", {"mod.py": b"import pickle\\n"}) as fs:
+        ...                 # every file answers
+        fs.stall()          # from now on every request blocks, never answered
+        ...
+    # the server is killed (its blocked requests fail with ENOTCONN) and the mount
+    # lazily unmounted, whatever happened inside
+
+Run as its own process (`python tests/fuse_stall.py MOUNTPOINT FLAG FILES.json`), so a
+test that hangs in the kernel on it is released when the server dies. Uses mfusepy
+(ctypes over libfuse3, Debian `fuse3`); attribute and entry caching are off, so every
+stat reaches the server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+
+
+def fuse_available() -> str | None:
+    """None when a FUSE filesystem can be mounted here, else why not."""
+    if not os.path.exists("/dev/fuse"):
+        return "no /dev/fuse"
+    try:
+        import mfusepy  # noqa: F401
+    except (ImportError, OSError) as exc:  # OSError: no libfuse
+        return f"mfusepy unusable ({exc}): pip install mfusepy; apt-get install fuse3"
+    if os.geteuid() != 0:
+        return "mounting FUSE in tests needs root"
+    return None
+
+
+class StallingFuse:
+    def __init__(self, mountpoint: Path, flag: Path, proc: subprocess.Popen[bytes]) -> None:
+        self.mountpoint = mountpoint
+        self.flag = flag
+        self.proc = proc
+
+    def stall(self) -> None:
+        """Every request from now on blocks."""
+        self.flag.touch()
+
+    def close(self) -> None:
+        # Killing the server aborts the connection: every request blocked on it fails
+        # with ENOTCONN, so no test thread stays stuck in the kernel.
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.send_signal(signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10)
+        subprocess.run(
+            ["fusermount3", "-u", "-z", str(self.mountpoint)],
+            capture_output=True,
+            timeout=10,
+            check=False,
+        )
+        self.flag.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def stalling_fuse(
+    mountpoint: Path, files: dict[str, bytes], *, dirs: tuple[str, ...] = ()
+) -> Iterator[StallingFuse]:
+    """A mount at `mountpoint` (made if missing) serving `files` (name -> bytes, at its
+    root) and empty directories `dirs`; see the module docstring."""
+    mountpoint.mkdir(parents=True, exist_ok=True)
+    flag = mountpoint.parent / f".{mountpoint.name}.stall"
+    flag.unlink(missing_ok=True)
+    spec = mountpoint.parent / f".{mountpoint.name}.files.json"
+    spec.write_text(
+        json.dumps({"files": {k: v.decode("latin-1") for k, v in files.items()}, "dirs": dirs})
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE), str(mountpoint), str(flag), str(spec)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    fs = StallingFuse(mountpoint, flag, proc)
+    try:
+        deadline = time.monotonic() + 20
+        while not os.path.ismount(mountpoint):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+                raise RuntimeError(f"the FUSE server did not mount {mountpoint}: {err}")
+            time.sleep(0.05)
+        yield fs
+    finally:
+        fs.close()
+        spec.unlink(missing_ok=True)
+
+
+def _serve(mountpoint: str, flag: str, spec_path: str) -> None:
+    import mfusepy
+
+    spec = json.loads(Path(spec_path).read_text())
+    files = {"/" + k: v.encode("latin-1") for k, v in spec["files"].items()}
+    dirs = {"/"} | {"/" + d for d in spec["dirs"]}
+    now = time.time()
+
+    def gate() -> None:
+        while os.path.exists(flag):
+            time.sleep(3600)  # stalled for good: only killing the server ends it
+
+    class Ops(mfusepy.Operations):
+        def getattr(self, path: str, fh: int | None = None) -> dict[str, float]:
+            gate()
+            common = {"st_atime": now, "st_mtime": now, "st_ctime": now, "st_uid": 0}
+            if path in dirs:
+                return {"st_mode": stat.S_IFDIR | 0o755, "st_nlink": 2, **common}
+            if path in files:
+                data = files[path]
+                return {"st_mode": stat.S_IFREG | 0o644, "st_nlink": 1, "st_size": len(data),
+                        **common}  # fmt: skip
+            raise mfusepy.FuseOSError(errno.ENOENT)
+
+        def readdir(self, path: str, fh: int) -> list[str]:
+            gate()
+            names = [p[len(path.rstrip("/")) + 1 :] for p in (files.keys() | dirs) if p != "/"]
+            return [".", ".."] + [n for n in names if n and "/" not in n]
+
+        def open(self, path: str, flags: int) -> int:
+            gate()
+            if path not in files:
+                raise mfusepy.FuseOSError(errno.ENOENT)
+            return 0
+
+        def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
+            gate()
+            return files[path][offset : offset + size]
+
+        def statfs(self, path: str) -> dict[str, int]:
+            gate()
+            return {"f_bsize": 4096, "f_blocks": 1, "f_namemax": 255}
+
+    mfusepy.FUSE(
+        Ops(),
+        mountpoint,
+        foreground=True,
+        allow_other=True,
+        attr_timeout=0,
+        entry_timeout=0,
+        negative_timeout=0,
+    )
+
+
+if __name__ == "__main__":
+    _serve(*sys.argv[1:4])
