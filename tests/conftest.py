@@ -1,5 +1,13 @@
 """Fixtures shared across test modules.
 
+Where a new test goes (markers in pyproject.toml, the targets in the Makefile): unmarked,
+it runs in `make test`, before every commit, on a loaded machine too, so its bounds must
+hold at any load (a claim covering the truth, not a quiet machine's figure). Mark it
+`long` when it takes over ~15 s on a quiet machine (`--durations`) and is not its
+component's only real-process test, and `serial` when it holds a figure only a quiet
+machine gives (time, CPU shares, scheduling; measure the load and say it:
+tests/node_load.py); both run in `make check`.
+
 Session-scoped fixtures here are per process: under pytest-xdist each worker has its own
 session, so a worker that runs none of a fixture's tests never starts it, and two workers
 that both do start one each. (xdist_group cannot pin them to one worker: with pytest 9.2

@@ -13,6 +13,7 @@ from tests.report_coverage import coverage, one_sided_margin
 TRIALS = {6: 1000, 10: 600, 30: 600}
 
 
+@pytest.mark.long  # measures the interval's coverage over many trials
 @pytest.mark.parametrize("sigma", [0.5, 1.0])
 @pytest.mark.parametrize("n", [6, 10, 30])
 def test_the_ratio_interval_covers_at_least_93_percent(sigma: float, n: int) -> None:
