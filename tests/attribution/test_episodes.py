@@ -499,13 +499,20 @@ class Profiled:
     others_cores: float  # the node's other processes' CPU over the run
 
 
-def _episodes(tmp_path: Path) -> Profiled:
+def _episodes(tmp_path: Path, *, quiet: bool = False) -> Profiled:
     """The workload profiled, its episodes, and the checks that hold at any load: one
     pickle episode of the main thread per checkpoint, each whole and timed by stack
-    changes, and no durable flag where nothing was fsynced."""
+    changes, and no durable flag where nothing was fsynced. quiet: skip, saying the
+    load, when other processes used more than QUIET_CORES over the run."""
     with OthersCpu() as load:
         reports, truth = _profile(tmp_path)
     load_said = f"other processes used {load.cores:.2f} cores over the run"
+    if quiet and load.cores > QUIET_CORES:
+        pytest.skip(
+            f"the quiet node's figures need a quiet node: {load_said} (over {QUIET_CORES}); "
+            "the stated resolution's coverage of the truth is held at any load by "
+            "test_known_blocking_dumps_give_their_episodes_within_their_stated_resolution"
+        )
     assert len(reports) >= 3, f"the checkpoints should span several windows; {load_said}"
     tracker = EpisodeTracker()
     eps = [e for r in reports for e in tracker.add(r)] + tracker.finish()
@@ -639,13 +646,7 @@ def test_known_blocking_dumps_give_their_episodes_within_their_stated_resolution
 
 @pytest.mark.serial  # the quiet node's figures: the load is measured, and said
 def test_known_blocking_dumps_give_their_episodes_on_a_quiet_node(tmp_path: Path) -> None:
-    run = _episodes(tmp_path)
-    if run.others_cores > QUIET_CORES:
-        pytest.skip(
-            f"the quiet node's figures need a quiet node: other processes used "
-            f"{run.others_cores:.2f} cores over the run (over {QUIET_CORES}); the stated "
-            "resolution's coverage of the truth held (the test above holds it at any load)"
-        )
+    run = _episodes(tmp_path, quiet=True)
     sure_tails = 0
     errors_ms = []
     for k, (ep, cp) in enumerate(zip(run.episodes, run.truth, strict=True)):
