@@ -39,6 +39,7 @@ def _fs_type(path: Path) -> str:
     return fstype
 
 
+@pytest.mark.long  # the checkpoint bench over every method
 def test_a_damaged_checkpoint_fails_the_bench_and_is_never_ranked(tmp_path: Path) -> None:
     # On tmpfs (where the machine has one) the same run also shows that a directory that
     # cannot be made cold is said so, loudly, and no cold figure or goal comes from it.

@@ -183,6 +183,7 @@ def test_overhead_verdict_without_an_interval_says_why() -> None:
 # ---------------------------------------------------------------------------- daemon
 
 
+@pytest.mark.long  # a daemon over workloads
 def test_daemon_bench_smoke(tmp_path: Path) -> None:
     fig_path = tmp_path / "daemon.json"
     r = bench(
@@ -414,6 +415,7 @@ def test_classify_cost_bench_smoke() -> None:
 # ---------------------------------------------------------------------------- many_proofs
 
 
+@pytest.mark.long  # the proofs bench
 def test_many_proofs_bench_smoke(tmp_path: Path) -> None:
     work, out = tmp_path / "proofs", tmp_path / "proofs.json"
     r = bench(
@@ -442,6 +444,7 @@ def test_many_proofs_bench_smoke(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------- remote_write
 
 
+@pytest.mark.long  # Prometheus remote-writing
 @pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs Debian's prometheus")
 def test_remote_write_bench_smoke(tmp_path: Path) -> None:
     out = tmp_path / "rw.json"
@@ -733,6 +736,7 @@ def test_checkpoint_identity_verdicts_hold_and_fail_on_each_rule() -> None:
     assert blind["failed"] == ["no stall timed"]
 
 
+@pytest.mark.long  # profiled torch jobs
 def test_checkpoint_identity_bench_smoke(tmp_path: Path) -> None:
     out = tmp_path / "cells.json"
     r = bench(

@@ -21,8 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from collectors.cpustat import CpuStat, cpu_delta
-from profiler.profile.cpu_budget import own_cpu_s
+from tests.node_load import OthersCpu
 
 REPO = Path(__file__).resolve().parents[2]
 WORKLOAD = REPO / "tests" / "workloads" / "dataloader_job.py"
@@ -53,20 +52,19 @@ class Run:
 
 def _profile(tmp_path: Path, mode: str) -> Run:
     out = tmp_path / "profile.json"
-    node = CpuStat()
-    before, own = node.read(), own_cpu_s()
-    # One window over the whole run (--window 60): py-spy's restart between windows
-    # would miss part of what the truth counts.
-    proc = subprocess.run(
-        [sys.executable, "-m", "profiler", "profile", "--rate", "100", "--window", "60",
-         "--json", str(out), "--", sys.executable, str(WORKLOAD), str(tmp_path), mode, SECONDS],
-        cwd=REPO, capture_output=True, text=True, timeout=150,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )  # fmt: skip
-    spent = cpu_delta(before, node.read())
-    # own_cpu_s holds this process and its reaped descendants (serwatt, py-spy, the job,
-    # its workers: each waits for its children), so the rest is the node's other processes
-    others = max(0.0, spent.busy_s - (own_cpu_s() - own)) / max(1e-9, spent.wall_s)
+    # the load: serwatt, py-spy, the job and its workers are reaped descendants (each waits
+    # for its children), so what is left is the node's other processes
+    with OthersCpu() as load:
+        # One window over the whole run (--window 60): py-spy's restart between windows
+        # would miss part of what the truth counts.
+        proc = subprocess.run(
+            [sys.executable, "-m", "profiler", "profile", "--rate", "100", "--window", "60",
+             "--json", str(out), "--", sys.executable, str(WORKLOAD), str(tmp_path), mode,
+             SECONDS],
+            cwd=REPO, capture_output=True, text=True, timeout=150,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )  # fmt: skip
+    others = load.cores
     assert proc.returncode == 0, proc.stderr[-2000:]
     job = json.loads((tmp_path / "job.json").read_text())
     assert job["sampler"], "the job started before py-spy was attached"

@@ -15,9 +15,6 @@ import pytest
 from profiler.classify.codepaths import CODEPATHS
 from tests.powercap import build_powercap
 
-# measures CPU shares and time: runs alone, after the parallel pass
-pytestmark = pytest.mark.serial
-
 REPO = Path(__file__).resolve().parents[2]
 SERWATT = [sys.executable, "-m", "profiler"]
 WATTS_PER_PACKAGE = 25.0
@@ -68,6 +65,7 @@ def _check_identities(doc: dict) -> None:
     assert sum(e["unattributed_parts_j"].values()) == pytest.approx(e["unattributed_j"], abs=1e-4)
 
 
+@pytest.mark.serial  # measures CPU shares and time: alone, on a quiet machine
 def test_profile_measures_known_power_through_wraps(tmp_path: Path) -> None:
     tree = build_powercap(tmp_path / "sys", max_uj=RANGE_UJ, start_uj=RANGE_UJ // 2)
     work = tmp_path / "work.py"
@@ -109,6 +107,7 @@ def test_profile_measures_known_power_through_wraps(tmp_path: Path) -> None:
     assert "J (rapl)" in r.stdout and "energy: measured (RAPL): package" in r.stdout
 
 
+@pytest.mark.serial  # measures CPU shares and time: alone, on a quiet machine
 def test_demo_reads_rapl_from_path_sysfs(tmp_path: Path) -> None:
     tree = build_powercap(tmp_path / "sys", max_uj=DEMO_RANGE_UJ, dram=False, psys=False)
     out = tmp_path / "d.json"
@@ -130,6 +129,7 @@ def test_demo_reads_rapl_from_path_sysfs(tmp_path: Path) -> None:
     _check_identities(doc)
 
 
+@pytest.mark.serial  # measures CPU shares and time: alone, on a quiet machine
 def test_without_powercap_profile_uses_the_labelled_model(tmp_path: Path) -> None:
     (tmp_path / "sys").mkdir()
     out = tmp_path / "p.json"

@@ -1,10 +1,12 @@
 """Serialization episodes (profiler/attribution/episodes.py) and the durability tags
 they use (profiler/classify/durability.py).
 
-Pure tests build windows tick by tick from strings; the real test profiles
+Pure tests build windows tick by tick from strings; the real tests profile
 tests/workloads/blocking_dumps.py (known blocking pickle.dump calls, timed inside the
-workload) with real py-spy through the sampling path the profile session runs, and
-checks the episode count, each duration and each durable flag.
+workload) with real py-spy through the sampling path the profile session runs, alone
+(`make check`'s serial pass): at any load of other processes, the episode count, the
+durable flags and that each episode's stated resolution covers its true duration and CPU;
+on a quiet node, the quiet node's figures.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from profiler.attribution.episodes import (
     Episode,
     EpisodeTracker,
     episodes_of,
+    error_quantile_s,
     period_s,
 )
 from profiler.classify.classifier import Classifier
@@ -43,9 +46,7 @@ from profiler.sampling.collect import (
     finish_window,
 )
 from profiler.sampling.window import CodepathWindow, TimedLabel, WindowReport
-
-# measures CPU shares and time: runs alone, after the parallel pass
-pytestmark = pytest.mark.serial
+from tests.node_load import OthersCpu
 
 REPO = Path(__file__).resolve().parents[2]
 WORKLOAD = REPO / "tests" / "workloads" / "blocking_dumps.py"
@@ -480,6 +481,62 @@ CLOCK_S = 0.1
 # per edge, two edges.
 POLL_S = 0.1
 CPU_INTERPOLATION_S = 2 * POLL_S / 4
+# What serwatt claims at any load: wall_s within resolution_s of the truth (95%), under
+# the error model of how it was timed; resolution_s takes in py-spy's reported lag, so a
+# loaded node widens the claim instead of breaking it. Held at serwatt's own quantile
+# for this tail probability a side (error_quantile_s): 0.1% an episode, 0.6% a run of six.
+CLAIM_P = 0.0005
+# Other processes' CPU over the run, in cores, above which the node is too loaded for
+# the quiet figures (as the DataLoader truth test's: one busy loop takes 0.8)
+QUIET_CORES = 0.15
+
+
+@dataclasses.dataclass(frozen=True)
+class Profiled:
+    reports: list[WindowReport]
+    episodes: list[Episode]
+    truth: list[dict[str, float]]  # the workload's own times, one per checkpoint
+    others_cores: float  # the node's other processes' CPU over the run
+
+
+def _episodes(tmp_path: Path, *, quiet: bool = False) -> Profiled:
+    """The workload profiled, its episodes, and the checks that hold at any load: one
+    pickle episode of the main thread per checkpoint, each whole and timed by stack
+    changes, and no durable flag where nothing was fsynced. quiet: skip, saying the
+    load, when other processes used more than QUIET_CORES over the run."""
+    with OthersCpu() as load:
+        reports, truth = _profile(tmp_path)
+    load_said = f"other processes used {load.cores:.2f} cores over the run"
+    if quiet and load.cores > QUIET_CORES:
+        pytest.skip(
+            f"the quiet node's figures need a quiet node: {load_said} (over {QUIET_CORES}); "
+            "the stated resolution's coverage of the truth is held at any load by "
+            "test_known_blocking_dumps_give_their_episodes_within_their_stated_resolution"
+        )
+    assert len(reports) >= 3, f"the checkpoints should span several windows; {load_said}"
+    tracker = EpisodeTracker()
+    eps = [e for r in reports for e in tracker.add(r)] + tracker.finish()
+    pid = reports[0].pid
+    # (beside tens of busy processes py-spy can miss more than GAP_TICKS ticks in a row
+    # and cut one dump in two: seen here at load 30-40 on 2 CPUs)
+    assert [(e.pid, e.thread, e.codepath, e.main_thread) for e in eps] == [
+        (pid, pid, "pickle", True)
+    ] * len(PLAN["checkpoints"]), (load_said, eps)
+    for k, (ep, cp) in enumerate(zip(eps, truth, strict=True)):
+        assert not ep.truncated, (k, load_said, ep)
+        assert ep.timed_by == "stack changes", (k, load_said, ep)
+        assert ep.timing_period_s == pytest.approx(1 / TIMING_HZ), (k, load_said, ep)
+        if not cp["durable"]:
+            assert not ep.durable, (k, ep)  # nothing fsynced: no tail to see
+    return Profiled(reports, eps, truth, load.cores)
+
+
+def _expected(ep: Episode, cp: dict[str, float]) -> tuple[float, float]:
+    """The true duration and CPU the episode stands for: a tail that was seen is the
+    checkpoint's; one that was not, is not in wall_s."""
+    if ep.durable:
+        return cp["total_s"], cp["total_cpu_s"]
+    return cp["dump_s"], cp["dump_cpu_s"]
 
 
 def _profile(tmp_path: Path) -> tuple[list[WindowReport], list[dict[str, float]]]:
@@ -557,47 +614,65 @@ def two_windows(reports: list[WindowReport], ep: Episode) -> bool:
     return first is None or first != window_of(ep.end)
 
 
-def test_known_blocking_dumps_give_their_episodes(tmp_path: Path) -> None:
-    reports, truth = _profile(tmp_path)
-    assert len(reports) >= 3, "the checkpoints should span several windows"
-    tracker = EpisodeTracker()
-    eps = [e for r in reports for e in tracker.add(r)] + tracker.finish()
-    pid = reports[0].pid
-    assert [(e.pid, e.thread, e.codepath, e.main_thread) for e in eps] == [
-        (pid, pid, "pickle", True)
-    ] * len(PLAN["checkpoints"]), eps
+# real py-spy timing real dumps: alone (make check), but at any load of other processes
+@pytest.mark.serial
+def test_known_blocking_dumps_give_their_episodes_within_their_stated_resolution(
+    tmp_path: Path,
+) -> None:
+    """At any load: each episode's stated resolution covers the checkpoint's true
+    duration and CPU. Beside busy processes py-spy falls behind and serwatt says so by a
+    wider resolution (2.66 s in one run at load 4-9); that is the claim, and it holds."""
+    run = _episodes(tmp_path)
+    for k, (ep, cp) in enumerate(zip(run.episodes, run.truth, strict=True)):
+        wall, cpu = _expected(ep, cp)
+        half = error_quantile_s(ep.resolution_s, ep.timed_by, CLAIM_P)
+        err, cpu_err = ep.wall_s - wall, ep.cpu_s - cpu
+        said = (
+            f"episode {k}: wall {ep.wall_s:.3f} s, cpu {ep.cpu_s:.3f} s against the job's "
+            f"{wall:.3f} s and {cpu:.3f} s; resolution {ep.resolution_s:.3f} s "
+            f"(clock {ep.clock_s:.3f} s, host lag {ep.host_lag_s:.3f} s), its "
+            f"{1 - CLAIM_P:.2%} quantile {half:.3f} s; "
+            f"other processes used {run.others_cores:.2f} cores; {ep}"
+        )
+        # an episode that began or ended in a gap between windows may be longer than seen
+        assert -half - ep.edge_unknown_s <= err <= half, said
+        # an edge placed dt off moves cpu_s by at most dt, plus the CPU clock's interpolation;
+        # the CPU clock is polled on the host's clock, which the edges' may be up to
+        # host_lag_s behind (py-spy started late: 3.6 s at load 38, where cpu_s read 0.000
+        # s against 0.178 s with wall_s right to 2 ms)
+        cpu_half = half + ep.host_lag_s + CPU_INTERPOLATION_S
+        assert -cpu_half - ep.edge_unknown_s <= cpu_err <= cpu_half, said
+
+
+@pytest.mark.serial  # the quiet node's figures: the load is measured, and said
+def test_known_blocking_dumps_give_their_episodes_on_a_quiet_node(tmp_path: Path) -> None:
+    run = _episodes(tmp_path, quiet=True)
     sure_tails = 0
     errors_ms = []
-    for k, (ep, cp) in enumerate(zip(eps, truth, strict=True)):
-        assert not ep.truncated, (k, ep)
-        assert ep.timed_by == "stack changes", (k, ep)
-        assert ep.timing_period_s == pytest.approx(1 / TIMING_HZ), (k, ep)
+    for k, (ep, cp) in enumerate(zip(run.episodes, run.truth, strict=True)):
         # a tail is sure to be seen when the fsync is long and the episode did not end in a
         # gap between windows (there the tail is unobserved: edge_unknown_s)
         sure = cp["sync_s"] >= SURE_TAIL_PERIODS * ep.timing_period_s and ep.edge_unknown_s == 0
-        if not cp["durable"]:
-            assert not ep.durable, (k, ep)  # nothing fsynced: no tail to see
-        elif sure:
+        if cp["durable"] and sure:
             assert ep.durable, (k, ep, cp)
             sure_tails += 1
-        # a tail that was seen is the checkpoint's; one that was not, is not in wall_s
-        expected = cp["total_s"] if ep.durable else cp["dump_s"]
-        expected_cpu = cp["total_cpu_s"] if ep.durable else cp["dump_cpu_s"]
+        expected, expected_cpu = _expected(ep, cp)
         err = ep.wall_s - expected
         cpu_err = ep.cpu_s - expected_cpu
         errors_ms.append((round(err * 1000, 1), round(cpu_err * 1000, 1)))
         # edges in two windows are on two py-spy clocks (which windows: the test's own
         # reading of the windows' spans, not serwatt's clock_s)
-        bound = PERIODS / RATE_HZ + (CLOCK_S if two_windows(reports, ep) else 0.0)
+        bound = PERIODS / RATE_HZ + (CLOCK_S if two_windows(run.reports, ep) else 0.0)
+        said = (k, errors_ms, f"other processes used {run.others_cores:.2f} cores", ep, cp)
         # an episode that began or ended in a gap between windows may be longer than seen
-        assert -bound - ep.edge_unknown_s <= err <= bound, (k, errors_ms, ep, cp)
+        assert -bound - ep.edge_unknown_s <= err <= bound, said
         # the stated resolution is no wider than the claim plus its own clock term
-        assert ep.resolution_s <= PERIODS / RATE_HZ + ep.clock_s, (k, ep)
+        assert ep.resolution_s <= PERIODS / RATE_HZ + ep.clock_s, said
         # the episode's CPU against the thread's own CPU clock over the same span; the
         # CPU of a part a gap hid is not in cpu_s, as its time is not in wall_s
         cpu_bound = bound + CPU_INTERPOLATION_S
-        assert -cpu_bound - ep.edge_unknown_s <= cpu_err <= cpu_bound, (k, errors_ms, ep, cp)
-    syncs = [round(cp["sync_s"] * 1000) for cp in truth if cp["durable"]]
+        assert -cpu_bound - ep.edge_unknown_s <= cpu_err <= cpu_bound, said
+    syncs = [round(cp["sync_s"] * 1000) for cp in run.truth if cp["durable"]]
     assert sure_tails >= 1, (
         f"every fsync of {PLAN['sync_mb']} MiB took under {SURE_TAIL_PERIODS} ticks "
         f"({syncs} ms) on {tmp_path}: too short to be sampled for sure; raise sync_mb"

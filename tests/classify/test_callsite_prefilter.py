@@ -253,6 +253,7 @@ def _statement(draw: st.DrawFn) -> str:
     return f"def f({local}):\n    return {local}.{attr}(q)"
 
 
+@pytest.mark.long  # many generated programs; the recorded fixtures' test stays
 @settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )

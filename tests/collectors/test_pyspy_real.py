@@ -37,9 +37,6 @@ from profiler.classify.classifier import Classifier
 from profiler.sampling.collect import sample_window
 from tests.workloads.targets import find_interpreter
 
-# measures CPU shares and time: runs alone, after the parallel pass
-pytestmark = pytest.mark.serial
-
 # one CPython before 3.11 (bare frame names, no kernel tid in nonblocking mode) and one
 # 3.12+ (qualnames, native_thread_id); pyenv builds, found like the classification tests'
 CANDIDATES = {"3.10.13": ("3.10.13", "3.10"), "3.12.1": ("3.12.1", "3.13.0", "3.12")}
@@ -115,6 +112,7 @@ def classifier() -> Classifier:
     return Classifier.default()
 
 
+@pytest.mark.serial  # measures CPU shares and time: alone, on a quiet machine
 @pytest.mark.parametrize("version", VERSIONS)
 def test_threads_mapped_weighted_and_classified(
     version: str, tmp_path: Path, classifier: Classifier
@@ -208,6 +206,7 @@ def model_agreement(windows: Sequence[tuple[int, float]], reps: int = 20000) -> 
     return agree / total
 
 
+@pytest.mark.serial  # measures CPU shares and time: alone, on a quiet machine
 def test_sample_times_line_up_with_the_host_clock(tmp_path: Path, classifier: Classifier) -> None:
     """The target switches function every 0.5 s of host time; a sample's estimated
     time must fall in the phase its stack shows as often as the Poisson tick model
@@ -253,6 +252,7 @@ def test_sample_times_line_up_with_the_host_clock(tmp_path: Path, classifier: Cl
     )
 
 
+@pytest.mark.serial  # measures CPU shares and time: alone, on a quiet machine
 def test_target_exiting_mid_window_yields_samples_so_far(
     tmp_path: Path, classifier: Classifier
 ) -> None:
@@ -272,6 +272,7 @@ def test_target_exiting_mid_window_yields_samples_so_far(
     assert r.codepaths["pickle"].samples > 0
 
 
+@pytest.mark.serial  # measures CPU shares and time: alone, on a quiet machine
 def test_stop_event_ends_the_window_early(tmp_path: Path, classifier: Classifier) -> None:
     p = start("3.10.13", "while True:\n    pass\n", tmp_path)
     stop = threading.Event()
@@ -295,6 +296,7 @@ def test_stop_event_ends_the_window_early(tmp_path: Path, classifier: Classifier
     assert r.codepaths["other"].samples > 10
 
 
+@pytest.mark.serial  # measures CPU shares and time: alone, on a quiet machine
 def test_stop_event_wakes_a_blocked_window_and_nothing_polls(
     tmp_path: Path, classifier: Classifier
 ) -> None:
@@ -423,6 +425,7 @@ def test_no_ptrace_permission(tmp_path: Path) -> None:
     assert PtraceDenied.kind == "ptrace_denied"
 
 
+@pytest.mark.serial  # measures CPU shares and time: alone, on a quiet machine
 def test_pyspy_binary_is_injectable(tmp_path: Path, classifier: Classifier) -> None:
     copy = tmp_path / "my-py-spy"
     shutil.copy(PySpy().binary, copy)
@@ -471,6 +474,7 @@ def test_pyspy_runs_without_rust_backtrace(monkeypatch: pytest.MonkeyPatch, tmp_
         assert b"SERWATT_TEST_MARK" in names and b"RUST_BACKTRACE" not in names
 
 
+@pytest.mark.serial  # measures CPU shares and time: alone, on a quiet machine
 def test_probe_of_a_process_that_just_started_does_not_fail() -> None:
     """`serwatt demo` probes the workload right after spawning it. A single nonblocking
     dump then failed in 3-5 of 25 tries (a stack changing under it, or no interpreter

@@ -61,6 +61,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
     return losses
 
 
+@pytest.mark.long  # GPT training killed and resumed, three modes
 @pytest.mark.parametrize("mode", ["sync", "async", "overlap"])
 def test_gpt_killed_after_a_checkpoint_resumes_with_identical_losses(
     tmp_path: Path, reference: dict[int, float], mode: str

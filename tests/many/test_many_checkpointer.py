@@ -256,6 +256,7 @@ def _expected(k: int) -> dict[str, Any]:
     return namespace["state"](k)
 
 
+@pytest.mark.long  # a writer SIGKILLed at many random moments
 def test_sigkill_at_random_moments_leaves_the_previous_checkpoint_valid(tmp_path: Path) -> None:
     d = tmp_path / "ckpts"
     rng = np.random.default_rng(13)

@@ -233,11 +233,13 @@ def ranks_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.long  # two and four gloo ranks (its module fixture)
 def test_two_ranks_save_async_save_and_load(ranks_dir: Path) -> None:
     files = _check_files(ranks_dir / "two", 2)
     assert files == ["rank0.many", "rank1.many"]  # both ranks hold DTensor shards
 
 
+@pytest.mark.long  # two and four gloo ranks (its module fixture)
 def test_four_ranks_save_async_save_and_load(ranks_dir: Path) -> None:
     four_rank_dir = ranks_dir / "four"
     files = _check_files(four_rank_dir, 4)
@@ -257,6 +259,7 @@ def test_four_ranks_save_async_save_and_load(ranks_dir: Path) -> None:
     assert len(owners) == 1
 
 
+@pytest.mark.long  # two and four gloo ranks (its module fixture)
 def test_four_rank_checkpoint_loads_resharded_on_two_ranks(ranks_dir: Path) -> None:
     # The comparison ran in each rank (_job_reshard); each rank marks that it finished.
     assert sorted(p.name for p in (ranks_dir / "two").glob("resharded-*")) == [
@@ -265,6 +268,7 @@ def test_four_rank_checkpoint_loads_resharded_on_two_ranks(ranks_dir: Path) -> N
     ]
 
 
+@pytest.mark.long  # two and four gloo ranks (its module fixture)
 def test_dcp_stack_under_many_storage_classifies_as_many(ranks_dir: Path) -> None:
     from collectors.samples import Frame
     from profiler.classify.classifier import Classifier

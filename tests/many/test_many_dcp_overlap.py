@@ -108,6 +108,7 @@ def _rank_files(out: Path) -> list[str]:
     return names
 
 
+@pytest.mark.long  # two torch ranks training, with and without the gate
 def test_two_ranks_overlapped_dcp_save_is_bit_exact_and_without_the_gate_torn(
     tmp_path: Path,
 ) -> None:

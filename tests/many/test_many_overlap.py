@@ -194,6 +194,7 @@ def test_gpt_overlapped_checkpoint_is_bit_exact(tmp_path: Path) -> None:
     assert written.overlap_copy_s > 0
 
 
+@pytest.mark.long  # a third GPT run of the overlap; the bit-exact one stays
 def test_gpt_bit_exact_when_step_must_wait_for_a_slowed_copy(
     tmp_path: Path, slow_copy: threading.Event
 ) -> None:
@@ -205,6 +206,7 @@ def test_gpt_bit_exact_when_step_must_wait_for_a_slowed_copy(
     assert differing_slots(sync, overlapped) == []
 
 
+@pytest.mark.long  # a second GPT run of the overlap; the bit-exact one stays
 def test_without_the_hook_the_same_schedule_tears_the_checkpoint(
     tmp_path: Path, slow_copy: threading.Event, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -378,6 +380,7 @@ HELD_CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.long  # a profiled GPT run; test_gpt_overlapped_checkpoint_is_bit_exact stays
 def test_the_step_wait_is_a_many_sample_on_the_training_thread(tmp_path: Path) -> None:
     """Real py-spy on a child held in the hook, and serwatt's classifier on its stacks."""
     pyspy = Path(sys.executable).with_name("py-spy")

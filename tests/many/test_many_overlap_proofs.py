@@ -55,6 +55,7 @@ def workdir(tmp_path: Path) -> Iterator[Path]:
         shutil.rmtree(d, ignore_errors=True)
 
 
+@pytest.mark.long  # the overlap allocation proof at full length
 def test_overlapped_checkpoints_allocate_nothing_tensor_sized_and_free_everything(
     tmp_path: Path, workdir: Path
 ) -> None:
@@ -77,6 +78,7 @@ def test_overlapped_checkpoints_allocate_nothing_tensor_sized_and_free_everythin
     assert plain["malloc"] <= overlapped["malloc"] <= plain["malloc"] + EXTRA_PER_CHECKPOINT * N
 
 
+@pytest.mark.long  # the overlap seccomp proof at full length
 def test_overlapped_checkpoints_survive_seccomp(workdir: Path) -> None:
     r = run_child(TARGET, "seccomp", workdir=workdir, n=200, warmup=WARMUP)
     assert r.survived, (r.returncode, r.signal, r.trapped_call or r.stderr[-2000:])

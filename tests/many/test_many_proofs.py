@@ -142,6 +142,7 @@ def _owner(stack: list[str]) -> str:
     return "python"
 
 
+@pytest.mark.long  # allocation proof at full length
 @pytest.mark.parametrize("by", ["name", "handle"])
 def test_update_reaches_the_c_allocator_only_in_its_one_blake3_hash(
     shim: Path, tmp_path: Path, by: str
@@ -164,6 +165,7 @@ def test_update_reaches_the_c_allocator_only_in_its_one_blake3_hash(
 UPDATE_CALLS = ("ndarray_shape", "ndarray_flags", "blake3_hash", "handle")
 
 
+@pytest.mark.long  # allocation proof at full length
 def test_python_objects_per_update_are_its_named_calls(shim: Path, tmp_path: Path) -> None:
     """PYTHONMALLOC=malloc: each Python object is a malloc the shim sees. 1000 updates over
     16 slots after 200 warm-up updates keep every generation under 257 (cached ints).
@@ -191,6 +193,7 @@ def test_trap_aborts_at_the_first_allocation(shim: Path, tmp_path: Path) -> None
     assert r.signal == "SIGABRT" and "trapped malloc" in r.stderr  # blake3's one malloc
 
 
+@pytest.mark.long  # allocation proof at full length
 def test_tracemalloc_net_zero_and_peak_bounded(tmp_path: Path) -> None:
     empty = run_child(EMPTY, "tracemalloc", workdir=tmp_path, n=N)
     r = run_child(UPDATE, "tracemalloc", workdir=tmp_path, n=N)
@@ -202,6 +205,7 @@ def test_tracemalloc_net_zero_and_peak_bounded(tmp_path: Path) -> None:
     assert control.result["net_after_gc"] >= 64 * N
 
 
+@pytest.mark.long  # seccomp proof at full length
 def test_seccomp_update_loop_survives_10000_updates(tmp_path: Path) -> None:
     r = run_child(UPDATE, "seccomp", workdir=tmp_path, n=N)
     assert r.survived, (r.returncode, r.signal, r.trapped_call or r.stderr[-2000:])
@@ -305,6 +309,7 @@ def _waits_skipped(caller_mallocs: int, expected: int, wait: int, n: int) -> int
     return missing // wait
 
 
+@pytest.mark.long  # allocation proof at full length
 def test_checkpoint_caller_allocations_are_its_named_calls(shim: Path, ckpt_dir: Path) -> None:
     expected, wait = _ckpt_caller_mallocs(shim, ckpt_dir)
     r = run_child(
@@ -331,6 +336,7 @@ def test_checkpoint_caller_allocations_are_its_named_calls(shim: Path, ckpt_dir:
     assert r.result["max_size"] < CKPT_WEIGHT_BYTES, r.result["max_size"]
 
 
+@pytest.mark.long  # allocation proof at full length
 def test_checkpoint_allocations_are_the_same_every_checkpoint_and_all_freed(
     shim: Path, ckpt_dir: Path
 ) -> None:
@@ -355,6 +361,7 @@ def test_checkpoint_allocations_are_the_same_every_checkpoint_and_all_freed(
     assert r.result["max_size"] < CKPT_WEIGHT_BYTES
 
 
+@pytest.mark.long  # allocation proof at full length
 def test_checkpoint_tracemalloc_retains_nothing_of_the_checkpointers(ckpt_dir: Path) -> None:
     r = run_child(
         CHECKPOINT, "tracemalloc", workdir=ckpt_dir, n=100, warmup=CKPT_WARMUP,
@@ -377,6 +384,7 @@ def test_checkpoint_tracemalloc_retains_nothing_of_the_checkpointers(ckpt_dir: P
     assert r.result["peak"] < 512 * 1024, r.result
 
 
+@pytest.mark.long  # seccomp proof at full length
 def test_checkpoint_survives_seccomp_for_200_checkpoints(ckpt_dir: Path) -> None:
     # The background write of each checkpoint overlaps the next one's copy, as in training.
     r = run_child(CHECKPOINT, "seccomp", workdir=ckpt_dir, n=CKPT_N, warmup=CKPT_WARMUP)

@@ -291,6 +291,7 @@ while True:
 """
 
 
+@pytest.mark.long  # a recorder SIGKILLed at many random moments
 def test_sigkill_at_random_moments_keeps_every_committed_window(tmp_path: Path) -> None:
     db_path = tmp_path / "crash.sqlite"
     rng = random.Random(int(os.environ.get("SERWATT_CRASH_SEED", "4")))

@@ -270,6 +270,7 @@ def test_swap_refused_for_what_the_drop_in_cannot_write(tmp_path: Path) -> None:
     assert unsupported_by_swap([str(tmp_path / "b.pt")]) == []
 
 
+@pytest.mark.long  # 8 profiled torch jobs, the real-job A/B
 def test_swap_ab_of_the_training_job_with_cold_restore(tmp_path: Path) -> None:
     """The whole A/B: torch.save against the same job swapped to .many, each run resumed
     from its own directory after its files were evicted."""
@@ -349,6 +350,7 @@ def test_swap_ab_of_the_training_job_with_cold_restore(tmp_path: Path) -> None:
     assert page.index('id="ab-headline"') < page.index("<table")
 
 
+@pytest.mark.long  # a second profiled A/B end to end
 def test_a_resumed_run_that_reads_no_checkpoint(tmp_path: Path) -> None:
     (tmp_path / "ck").mkdir()
     job = f"{TRAIN} --ckpt json --steps 2 --every 1 --size 0.1 --dir {{dir}}"

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from profiler.exitcodes import EXIT_USAGE
 from profiler.many.format import MAGIC
 from profiler.profile.ab import SWAP_DIR, SWAP_ENV
@@ -62,12 +64,14 @@ def test_swap_reaches_the_job_and_its_children(tmp_path: Path) -> None:
         assert (tmp_path / name).read_bytes()[:8] == MAGIC, name
 
 
+@pytest.mark.long  # a second real A/B of the swap (test_swap_reaches_the_job_and_its_children)
 def test_no_swap_without_the_variable(tmp_path: Path) -> None:
     got = _job(tmp_path, swap=False)
     assert got["own_site"] == "ran" and got["save"] != "profiler.many.torch_compat"
     assert (tmp_path / "parent.pt").read_bytes()[:4] == b"PK\x03\x04"  # torch's own zip
 
 
+@pytest.mark.long  # a third real A/B of the swap
 def test_a_swap_that_took_no_effect_is_refused(tmp_path: Path) -> None:
     (tmp_path / "ck").mkdir()
     # checkpoints with pickle, not torch.save: the swap cannot change them

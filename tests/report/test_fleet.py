@@ -44,6 +44,10 @@ from tests.daemon_support import DaemonProc, daemon_config, stop_process, wait_f
 from tests.ports import listening_port, prometheus_port
 from tests.serwatt_cli import Ran, serwatt
 
+# the fleet: three daemons, Prometheus and VictoriaMetrics, long enough for every rule
+# and panel to have data
+pytestmark = pytest.mark.long
+
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "configs" / "prometheus" / "serwatt.rules.yml"
 # Each daemon: (variant, checkpoint format). Two baseline nodes, one candidate.

@@ -248,6 +248,7 @@ def _peak(n: int, how: str) -> dict:
     return json.loads(out.stdout)
 
 
+@pytest.mark.long  # millions of series, at full size
 def test_an_answer_of_millions_of_empty_series_is_refused_before_it_is_parsed() -> None:
     """1 M empty series (27 MB, within the byte cap): json.loads alone grows RSS by over
     ten times the body (the control); the parse refuses it growing by less than the body."""

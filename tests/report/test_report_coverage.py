@@ -26,6 +26,7 @@ def _margin(target: float, trials: int) -> float:
     return Z99 * math.sqrt(target * (1 - target) / trials)
 
 
+@pytest.mark.long  # measures A/A and coverage over 400 trials a case
 @pytest.mark.parametrize("case", [c for c in CASES if c.name != KNOWN_SHORT], ids=lambda c: c.name)
 def test_aa_false_positives_at_most_6_percent_and_coverage_at_least_93(case: Case) -> None:
     got = run_case(case, TRIALS, seed=sum(map(ord, case.name)))

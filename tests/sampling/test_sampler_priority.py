@@ -30,9 +30,6 @@ from tests.collectors.test_pyspy_real import pyspy_children
 from tests.daemon_support import PYTHON, daemon_config
 from tests.service.test_systemd import as_nobody
 
-# measures CPU shares and time: runs alone, after the parallel pass
-pytestmark = pytest.mark.serial
-
 REPO = Path(__file__).resolve().parents[2]
 # Custom slices arrived in Linux 6.12; on an older kernel every test below checks that
 # serwatt says so instead of checking the slice.
@@ -75,6 +72,7 @@ def _window_attrs(priority: str) -> tuple[set[tuple], tuple[str, ...]]:
     return late, w.errors.notes
 
 
+@pytest.mark.serial  # py-spy's scheduling, timed: alone, on a quiet machine
 def test_auto_gives_every_pyspy_thread_the_slice_and_nice() -> None:
     assert os.geteuid() == 0, "the test machine runs the suite as root"
     attrs, notes = _window_attrs("auto")
@@ -86,6 +84,7 @@ def test_auto_gives_every_pyspy_thread_the_slice_and_nice() -> None:
         assert any(sched.NO_SLICE in n for n in notes), notes
 
 
+@pytest.mark.serial  # py-spy's scheduling, timed: alone, on a quiet machine
 def test_off_leaves_pyspy_as_it_was_started() -> None:
     attrs, notes = _window_attrs("off")
     assert {a[:2] for a in attrs} == {(0, os.getpriority(os.PRIO_PROCESS, 0))}, attrs
@@ -211,6 +210,7 @@ WITH_UNIT_CAPS = textwrap.dedent(
 )
 
 
+@pytest.mark.serial  # py-spy's scheduling, timed: alone, on a quiet machine
 def test_the_unit_capabilities_allow_the_sampler_priority() -> None:
     """As the unit runs it (nobody + CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH, CAP_SYS_NICE):
     py-spy can be given nice -20, and a window with the priority required samples a root
@@ -252,6 +252,7 @@ def test_profile_required_without_the_privilege_is_a_usage_error() -> None:
     assert "--sampler-priority off" in out.stderr
 
 
+@pytest.mark.serial  # py-spy's scheduling, timed: alone, on a quiet machine
 @pytest.mark.skipif(not KERNEL_HAS_SLICES, reason="the 0.1 ms slice needs Linux 6.12")
 def test_samples_do_not_gather_after_the_targets_system_calls() -> None:
     """The regression test of the sampler's scheduling: two busy threads timing their

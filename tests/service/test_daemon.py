@@ -286,6 +286,7 @@ def test_sighup_bad_config_is_logged_and_the_old_one_kept(tmp_path):
         stop_process(other)
 
 
+@pytest.mark.long  # SIGKILLs a writing daemon at many moments
 def test_sigkill_during_writes_keeps_every_committed_window(tmp_path):
     work = start_workload(tmp_path, "kill9_trainer")
     work2 = start_workload(tmp_path, "kill9_loader")

@@ -21,6 +21,7 @@ LATE_START = (
 )
 
 
+@pytest.mark.long  # a training job under the daemon to its end
 def test_the_daemons_record_counts_every_file_the_job_wrote(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()

@@ -20,6 +20,8 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from profiler.classify.codepaths import CODEPATHS
 from profiler.classify.direction import CODEPATH_DIRECTIONS
 from profiler.service.config import load_config
@@ -127,6 +129,7 @@ def _steps(series: list[list]) -> list[tuple[float, float]]:
     return [b for a, b in zip(points, points[1:], strict=False) if b[1] != a[1]]
 
 
+@pytest.mark.long  # a real Prometheus scraping a daemon for 12 s of clean scrapes
 def test_prometheus_scrapes_the_daemon_and_agrees_with_the_record(tmp_path):
     sysfs = tmp_path / "sys"
     advancer = start_powercap(sysfs, WATTS)

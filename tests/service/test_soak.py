@@ -24,6 +24,7 @@ pytest.importorskip("scipy")
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.long  # the 90 s soak
 @pytest.mark.timeout(300)
 def test_ninety_second_soak_loses_nothing_and_leaks_nothing(tmp_path: Path) -> None:
     if shutil.which("prometheus") is None:
