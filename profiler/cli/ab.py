@@ -467,9 +467,35 @@ def headline(report: dict[str, Any], opts: AbOptions) -> list[str]:
     }
     lines.append(
         f"compared: {what}; {per_side['baseline']}+{per_side['candidate']} runs, "
-        f"{opts.order}" + (", each resumed" if opts.resume_args else "")
+        f"{opts.order}"
+        + (", each resumed" if opts.resume_args else "")
+        + (f"; {swap_split(done)}" if opts.swap is not None else "")
     )
     return lines
+
+
+def _files_bytes(pair: list[int]) -> str:
+    return f"{pair[0]} files ({fmt(pair[1] / 1e6)} MB)"
+
+
+def swap_split(runs: list[dict[str, Any]]) -> str:
+    """What each side's runs wrote under DIR, by format, summed: the swap sends what `.many`
+    cannot store to the original torch.save, so the comparison is of these shares."""
+    parts = []
+    for side in ("baseline", "candidate"):
+        total = {"many": [0, 0], "torch": [0, 0]}
+        for r in runs:
+            got = r.get("written")
+            if r["side"] != side or not got:
+                continue
+            for kind, pair in total.items():
+                files, size = got.get(kind) or (0, 0)
+                total[kind] = [pair[0] + files, pair[1] + size]
+        parts.append(
+            f"{side} wrote {_files_bytes(total['many'])} as .many and "
+            f"{_files_bytes(total['torch'])} through torch.save"
+        )
+    return ", ".join(parts)
 
 
 def closing(report: dict[str, Any], html_path: Path | None, json_path: Path | None) -> list[str]:
