@@ -2,8 +2,8 @@
 
     serwatt ab --baseline 'CMD...' --candidate 'CMD...' [--repeats N]
                [--order interleaved|random --seed S] [--prepare 'CMD'] [--resume-args 'ARGS']
-               [--cold-restore] [--checkpoints DIR] [--record DB] [--json F] [--html F]
-               [--cluster F] [--skip-warmup N]
+               [--cold-restore] [--checkpoints DIR [--checkpoint-glob G]] [--record DB]
+               [--json F] [--html F] [--cluster F] [--skip-warmup N]
     serwatt ab --swap torch --checkpoints DIR [--resume-args 'ARGS'] -- CMD ARGS...
 
 Each run is `serwatt profile --record DB --run-id ab-<start>-<side>-<k> --checkpoints DIR`
@@ -118,6 +118,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "becomes a directory of that run's own under DIR",
     )
     parser.add_argument(
+        "--checkpoint-glob",
+        metavar="GLOB",
+        help="with --checkpoints: the file names that are checkpoints, as for `serwatt "
+        "profile` (fnmatch; default: no temp files, no TensorBoard event files)",
+    )
+    parser.add_argument(
         "--record", type=Path, metavar="DB", help="the run record (default ./ab-<start>.sqlite)"
     )
     parser.add_argument("--json", type=Path, metavar="F", help="write serwatt.report/1 JSON")
@@ -189,6 +195,7 @@ def _options(args: argparse.Namespace, record: Path) -> AbOptions:
         cold_restore=args.cold_restore,
         # absolute: the job may change directory before it writes {dir}
         checkpoints=args.checkpoints.absolute() if args.checkpoints is not None else None,
+        checkpoint_glob=args.checkpoint_glob,
     )
 
 

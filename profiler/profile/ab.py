@@ -10,7 +10,8 @@ Checkpoint directories: with `--checkpoints DIR`, a command holding `{dir}` gets
 of its own per run pair (DIR/ab-<start>/<side>-<k>, made here), so no run reads another's
 files; a command without `{dir}` has every run use DIR itself. A file counts as written by
 a run when its (inode, size, mtime) under the directory is new after the run (names that
-start with '.' or end in '.tmp' are temp files, as for `serwatt profile --checkpoint-glob`).
+start with '.' or end in '.tmp' are temp files, TensorBoard's event files are a logger's;
+`checkpoint_glob` names the files that count instead, as `serwatt profile --checkpoint-glob`).
 
 Restore: with `resume_args`, every run is followed by the same command with those arguments
 appended, recorded on the same side as `...-<k>-resumed`. With `cold_restore` the run's
@@ -60,6 +61,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from collectors.fsevents import name_filter
 from profiler.exitcodes import EXIT_RUNTIME, EXIT_USAGE
 from profiler.many.format import MAGIC, escape_text
 from profiler.records.run_ids import format_start_time
@@ -102,6 +104,7 @@ class AbOptions:
     resume_args: tuple[str, ...] = ()
     cold_restore: bool = False
     checkpoints: Path | None = None
+    checkpoint_glob: str | None = None  # the names under DIR that are checkpoints (fnmatch)
     python: str = sys.executable  # runs `-m profiler profile`
 
 
@@ -240,6 +243,7 @@ class Ab:
             raise AbError(f"--swap {o.swap}: not one of {', '.join(SWAPS)}")
         if o.checkpoints is None:
             for flag, given in (
+                ("--checkpoint-glob", o.checkpoint_glob is not None),
                 ("--resume-args", bool(o.resume_args)),
                 ("--cold-restore", o.cold_restore),
                 ("--swap", o.swap is not None),
@@ -399,7 +403,7 @@ class Ab:
                     os.makedirs(directory, 0o755)
             if planned.resumed:
                 cached = cache_state(directory, evict=o.cold_restore)
-        before = snapshot(directory) if directory is not None else {}
+        before = snapshot(directory, o.checkpoint_glob) if directory is not None else {}
         job = list(planned.command)
         swap_log = None
         if o.swap is not None and planned.side == "candidate":
@@ -428,10 +432,12 @@ class Ab:
         ]
         if directory is not None:
             argv += ["--checkpoints", str(directory)]
+            if o.checkpoint_glob is not None:
+                argv += ["--checkpoint-glob", o.checkpoint_glob]
         code, err = self._run_quiet([*argv, "--", *job])
         outcome = RunOutcome(planned, code, self.clock() - t0, None, None, err)
         if directory is not None:
-            after = snapshot(directory)
+            after = snapshot(directory, o.checkpoint_glob)
             written = written_files(before, after)
             outcome.checkpoint_files = len(written)
             outcome.written = by_format({p: after[p][2] for p in written})
@@ -510,7 +516,7 @@ class Ab:
             return
         if run.side == "baseline" and not self._swap_checked and outcome.checkpoint_files:
             self._swap_checked = True
-            damaged, _pickled = swap_problems(written_paths(run.directory))
+            damaged, _pickled = swap_problems(written_paths(run.directory, o.checkpoint_glob))
             if damaged:
                 raise AbError(
                     f"--swap {o.swap}: {len(damaged)} of the baseline's checkpoint files "
@@ -545,13 +551,11 @@ def _last_line(text: str) -> str:
 FileVersion = tuple[int, int, int, int]  # (dev, inode, size, mtime_ns)
 
 
-def _temp_name(name: str) -> bool:
-    return name.startswith(".") or name.endswith(".tmp")
-
-
-def snapshot(directory: Path) -> dict[str, FileVersion]:
-    """path -> version of each regular file under `directory` (links not followed, at most
-    MAX_ENTRIES entries looked at, temp names left out)."""
+def snapshot(directory: Path, glob: str | None = None) -> dict[str, FileVersion]:
+    """path -> version of each regular file under `directory` whose name is a checkpoint's
+    (`--checkpoint-glob`, or the watch's default rule: no temp files, no TensorBoard
+    events), links not followed, at most MAX_ENTRIES entries looked at."""
+    keep = name_filter(glob)
     out: dict[str, FileVersion] = {}
     pending = [str(directory)]
     seen = 0
@@ -571,7 +575,7 @@ def snapshot(directory: Path) -> dict[str, FileVersion]:
                 continue
             if stat.S_ISDIR(info.st_mode):
                 pending.append(entry.path)
-            elif stat.S_ISREG(info.st_mode) and not _temp_name(entry.name):
+            elif stat.S_ISREG(info.st_mode) and keep(entry.name):
                 out[entry.path] = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
     return out
 
@@ -581,8 +585,8 @@ def written_files(before: dict[str, FileVersion], after: dict[str, FileVersion])
     return sorted(p for p, v in after.items() if before.get(p) != v)
 
 
-def written_paths(directory: Path) -> list[str]:
-    return sorted(snapshot(directory))
+def written_paths(directory: Path, glob: str | None = None) -> list[str]:
+    return sorted(snapshot(directory, glob))
 
 
 def by_format(sizes: dict[str, int]) -> dict[str, list[int]]:

@@ -143,3 +143,38 @@ def test_swap_problems_lists_every_file_and_passes_numpy_rng_state(tmp_path: Pat
     torch_compat.save(rng, tmp_path / "rng.many")
     back = torch_compat.load(tmp_path / "rng.many")
     assert back["numpy"][0] == "MT19937" and (back["numpy"][1] == rng["numpy"][1]).all()
+
+
+def test_tensorboard_events_are_not_checkpoint_files(tmp_path: Path) -> None:
+    from collectors.fsevents import name_filter
+    from profiler.profile.ab import snapshot
+
+    run = tmp_path / "runs" / "Dec07_host"
+    run.mkdir(parents=True)
+    (run / "events.out.tfevents.1765110000.host.123.0").write_bytes(b"x")
+    (tmp_path / "checkpoint-20").mkdir()
+    (tmp_path / "checkpoint-20" / "optimizer.pt").write_bytes(b"y")
+    assert [Path(p).name for p in snapshot(tmp_path)] == ["optimizer.pt"]
+    assert not name_filter(None)("events.out.tfevents.1765110000.host.123.0")
+
+
+def test_ab_takes_checkpoint_glob_as_profile_does(tmp_path: Path) -> None:
+    import argparse
+
+    from profiler.cli import ab as cli_ab
+    from profiler.profile.ab import Ab, AbError, snapshot
+
+    parser = argparse.ArgumentParser()
+    cli_ab.configure(parser)
+    args = parser.parse_args(
+        ["--swap", "torch", "--checkpoints", str(tmp_path), "--checkpoint-glob", "*.pt",
+         "--repeats", "2", "--", "python", "job.py"]
+    )  # fmt: skip
+    opts = cli_ab._options(args, tmp_path / "r.sqlite")
+    assert opts.checkpoint_glob == "*.pt"
+    (tmp_path / "a.pt").write_bytes(b"1")
+    (tmp_path / "trainer_state.json").write_text("{}")
+    assert [Path(p).name for p in snapshot(tmp_path, opts.checkpoint_glob)] == ["a.pt"]
+    args = parser.parse_args(["--checkpoint-glob", "*.pt", "--baseline", "a", "--candidate", "b"])
+    with pytest.raises(AbError, match="--checkpoint-glob needs --checkpoints"):
+        Ab(cli_ab._options(args, tmp_path / "r.sqlite")).check()
