@@ -178,3 +178,23 @@ def test_ab_takes_checkpoint_glob_as_profile_does(tmp_path: Path) -> None:
     args = parser.parse_args(["--checkpoint-glob", "*.pt", "--baseline", "a", "--candidate", "b"])
     with pytest.raises(AbError, match="--checkpoint-glob needs --checkpoints"):
         Ab(cli_ab._options(args, tmp_path / "r.sqlite")).check()
+
+
+def test_yaml_set_up_at_import_is_not_serialization() -> None:
+    from collectors.samples import Frame
+    from profiler.classify.classifier import Classifier
+
+    site = "/venv/lib/python3.11/site-packages"
+    resolver = Frame("BaseResolver.add_implicit_resolver", f"{site}/yaml/resolver.py", 30)
+    importing = (
+        resolver,
+        Frame("<module>", f"{site}/yaml/resolver.py", 170),
+        Frame("_call_with_frames_removed", "<frozen importlib._bootstrap>", 241),
+        Frame("<module>", f"{site}/yaml/__init__.py", 8),
+        Frame("<module>", "/srv/train.py", 3),
+    )
+    c = Classifier.default()
+    assert c.classify_frames(importing).codepath == "other"
+    # the same function called by the job after the import is yaml's
+    called = (resolver, Frame("main", "/srv/train.py", 40), Frame("<module>", "/srv/train.py", 50))
+    assert c.classify_frames(called).codepath == "yaml"
