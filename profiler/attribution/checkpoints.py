@@ -51,6 +51,7 @@ is then never the save when the save itself went unsampled.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
@@ -62,6 +63,11 @@ from profiler.many.format import MAGIC
 # on each match window, not a resolution any figure claims.
 STAMP_SLACK_S = 0.05
 FILE_EVENT_ONLY = "file event only"
+PART_OF = "part of the save of"  # a file of a checkpoint directory's save (`_saves`)
+# Files of one checkpoint directory whose completions follow each other by at most this
+# are one save: a Trainer's eight files land within a few hundred ms, its saves are steps
+# apart. A directory rewritten by saves closer together than this merges them.
+SAVE_GAP_S = 1.0
 SHARED = "one episode spans several files"
 LAZY_SUFFIXES = (".many", ".safetensors")
 LAZY_HEAD_BYTES = 9  # what `lazy_format` looks at
@@ -289,10 +295,12 @@ def match(
     cpu_s: Counter,
     read_bytes: Counter,
     head_of: Callable[[str], bytes | None] = lambda _path: None,
+    root: str | os.PathLike[str] | None = None,
 ) -> Matched:
     """Checkpoints, restores and unmatched main-thread episodes (module docstring);
     `head_of(path)` is a file's first LAZY_HEAD_BYTES (None: unreadable, the file is gone)
-    and tells its format."""
+    and tells its format; `root` is the watched DIR, whose subdirectories' files are saved
+    together (`_saves`)."""
     eps = sorted(episodes, key=lambda e: (e.start, e.pid, e.thread))
     encoders = [e for e in eps if _direction(e) != "decode"]
     decoders = [e for e in eps if _direction(e) != "encode" and e.main_thread]
@@ -305,6 +313,8 @@ def match(
         if binary_head(head_of(ev.path)):
             writers = [e for e in encoders if e.codepath not in TEXT_CODEPATHS]
         checkpoints.append(_checkpoint(ev, writers, used, cpu_s))
+    if root is not None:
+        checkpoints = _saves(checkpoints, os.fspath(root), cpu_s)
     checkpoints = _unshared(checkpoints)
     restores = _restores(
         [
@@ -381,6 +391,94 @@ def _checkpoint(
         ),
         async_tail_s=max(0.0, ev.t - stall_end) if stall_end is not None else None,
     )
+
+
+def _save_dir(path: str, root: str) -> str | None:
+    """The checkpoint directory a file is in: its first-level directory under `root`
+    (`DIR/checkpoint-20/optimizer.pt` -> `DIR/checkpoint-20`); None for a file in `root`."""
+    rel = os.path.relpath(path, root)
+    first, sep, _rest = rel.partition(os.sep)
+    if not sep or first in (os.curdir, os.pardir):
+        return None
+    return os.path.join(root, first)
+
+
+def _saves(checkpoints: list[Checkpoint], root: str, cpu_s: Counter) -> list[Checkpoint]:
+    """Files completed in one checkpoint directory within one save are one checkpoint.
+
+    A save is the files of one first-level directory under DIR whose events follow each
+    other by at most SAVE_GAP_S (a directory rewritten every save, `latest/`, is one
+    checkpoint per save). Its row is the directory: `stall_s` is the training thread's
+    time from the first of its files' stalls (where its save function began preparing)
+    to the last of them, or to the last file event of a file the training thread wrote
+    (or no thread was seen writing: a small file written between sampled episodes), the
+    later; its resolution the two ends'. Its files stay, each with its writer episode
+    (a breakdown per file and codepath) and no stall of its own: timed_by `PART_OF`."""
+    groups: dict[str, list[list[Checkpoint]]] = {}
+    out: list[Checkpoint] = []
+    for c in sorted(checkpoints, key=lambda c: c.event_t):
+        key = _save_dir(c.path, root)
+        if key is None:
+            out.append(c)
+            continue
+        runs = groups.setdefault(key, [])
+        if runs and c.event_t - runs[-1][-1].event_t <= SAVE_GAP_S:
+            runs[-1].append(c)
+        else:
+            runs.append([c])
+    for key, runs in groups.items():
+        for members in runs:
+            out.extend(_one_save(key, members, cpu_s))
+    out.sort(key=lambda c: c.event_t)
+    return out
+
+
+def _one_save(directory: str, members: list[Checkpoint], cpu_s: Counter) -> list[Checkpoint]:
+    stalls = {id(c.stall): c.stall for c in members if c.stall is not None}
+    last = members[-1]
+    n = len(members)
+    sizes = [c.bytes for c in members]
+    total = None if None in sizes else sum(s for s in sizes if s is not None)
+    parts = [
+        replace(
+            c, stall=None, stall_s=None, resolution_s=None, cpu_s_all_threads=None,
+            async_tail_s=None, timed_by=f"{PART_OF} {os.path.basename(directory)} ({n} files)",
+        )
+        for c in members
+    ]  # fmt: skip
+    if not stalls:
+        row = Checkpoint(
+            path=directory, bytes=total, event_t=last.event_t, pid=None, thread_id=None,
+            episode=None, stall=None, stall_s=None, resolution_s=None,
+            timed_by=f"{FILE_EVENT_ONLY}, one save of {n} files", cpu_s_all_threads=None,
+            async_tail_s=None,
+        )  # fmt: skip
+        return [row, *parts]
+    first = min(stalls.values(), key=lambda e: e.start - e.prepared_s)
+    ending = max(stalls.values(), key=lambda e: e.end + e.host_lag_s)
+    begin = first.start - first.prepared_s
+    end = ending.end + ending.host_lag_s
+    end_resolution = stated_resolution_s(ending)
+    own = [c.event_t for c in members if c.episode is None or c.episode.main_thread]
+    if own and max(own) > end:
+        end, end_resolution = max(own), STAMP_SLACK_S
+    if own and min(own) < begin:
+        begin = min(own)
+    row = Checkpoint(
+        path=directory,
+        bytes=total,
+        event_t=last.event_t,
+        pid=first.pid,
+        thread_id=first.thread,
+        episode=first,
+        stall=first,
+        stall_s=max(0.0, end - begin),
+        resolution_s=_stall_resolution_s(first) + end_resolution,
+        timed_by=f"{first.timed_by}, one save of {n} files",
+        cpu_s_all_threads=cpu_s(first.pid, begin, max(begin, end)),
+        async_tail_s=max(0.0, last.event_t - end),
+    )
+    return [row, *parts]
 
 
 def _unshared(checkpoints: list[Checkpoint]) -> list[Checkpoint]:

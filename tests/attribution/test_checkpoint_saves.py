@@ -1,0 +1,73 @@
+"""A checkpoint directory's files completed in one save are one checkpoint (issue 47 ask 2):
+the Trainer's layout, model by safetensors, optimizer by torch, state by json."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from collectors.fsevents import WRITTEN, FileEvent
+from profiler.attribution.checkpoints import PART_OF, STAMP_SLACK_S, match
+from profiler.attribution.episodes import Episode
+
+PID = 100
+RES = 0.005
+
+
+def ep(codepath: str, start: float, end: float) -> Episode:
+    return Episode(
+        pid=PID, thread=PID, codepath=codepath, start=start, end=end, wall_s=end - start,
+        period_s=0.01, resolution_s=RES, cpu_s=(end - start) / 2, main_thread=True,
+        durable=False, direction="encode",
+    )  # fmt: skip
+
+
+def written(t: float, path: str) -> FileEvent:
+    return FileEvent(t=t, kind=WRITTEN, path=path, bytes=100)
+
+
+def test_a_trainer_checkpoint_directory_is_one_save_with_its_files_as_breakdown() -> None:
+    # save 1 at 10.0-10.40: config.json (unsampled), model.safetensors, optimizer.pt,
+    # trainer_state.json last (unsampled, at 10.40); save 2 the same, 5 s later; a file in
+    # DIR itself stays a checkpoint of its own
+    eps, evs = [], []
+    for k, t in ((10, 10.0), (20, 15.0)):
+        d = f"/out/checkpoint-{k}"
+        model = replace(ep("safetensors", t + 0.05, t + 0.15), prepared_s=0.03)
+        optim = ep("torch", t + 0.16, t + 0.35)
+        eps += [model, optim]
+        evs += [
+            written(t + 0.01, f"{d}/config.json"),
+            written(t + 0.15, f"{d}/model.safetensors"),
+            written(t + 0.35, f"{d}/optimizer.pt"),
+            written(t + 0.40, f"{d}/trainer_state.json"),
+        ]
+    lone = ep("torch", 30.0, 30.2)
+    m = match(
+        [*evs, written(30.2, "/out/final.pt")], [*eps, lone],
+        cpu_s=lambda *_: 0.0, read_bytes=lambda *_: 0.0, root="/out",
+    )  # fmt: skip
+    saves = [c for c in m.checkpoints if not c.timed_by.startswith(PART_OF)]
+    assert [c.path for c in saves] == ["/out/checkpoint-10", "/out/checkpoint-20", "/out/final.pt"]
+    for c, t in zip(saves[:2], (10.0, 15.0), strict=True):
+        # from its first file (config.json, done before the model's save began preparing
+        # at +0.02) to the last file the training thread wrote
+        assert c.stall_s is not None and abs(c.stall_s - (0.40 - 0.01)) < 1e-9
+        assert c.resolution_s is not None and c.resolution_s >= STAMP_SLACK_S
+        assert c.bytes == 400 and c.stall is not None and c.stall.codepath == "safetensors"
+        assert abs(c.stall.start - c.stall.prepared_s - (t + 0.02)) < 1e-9
+    assert saves[2].stall is lone and saves[2].stall_s == lone.wall_s
+    parts = [c for c in m.checkpoints if c.timed_by.startswith(PART_OF)]
+    assert len(parts) == 8 and all(c.stall_s is None for c in parts)
+    by_file = {c.path.rsplit("/", 1)[1]: c.episode for c in parts[:4]}
+    assert by_file["model.safetensors"] is not None
+    assert by_file["model.safetensors"].codepath == "safetensors"
+    assert by_file["optimizer.pt"] is not None and by_file["optimizer.pt"].codepath == "torch"
+
+
+def test_without_a_root_files_are_matched_one_by_one_as_before() -> None:
+    a, b = ep("safetensors", 1.0, 1.1), ep("torch", 1.1, 1.3)
+    m = match(
+        [written(1.1, "/out/c/m.safetensors"), written(1.3, "/out/c/o.pt")], [a, b],
+        cpu_s=lambda *_: 0.0, read_bytes=lambda *_: 0.0,
+    )  # fmt: skip
+    assert [c.stall for c in m.checkpoints] == [a, b]
