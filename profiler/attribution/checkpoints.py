@@ -501,6 +501,14 @@ def _unshared(checkpoints: list[Checkpoint]) -> list[Checkpoint]:
     return out
 
 
+def _at_most(reads: list[float | None], size: int | None) -> float | None:
+    """A file's reads over its episodes, summed: no more than the file holds."""
+    if None in reads:
+        return None
+    total = sum(r for r in reads if r is not None)
+    return total if size is None else min(total, float(size))
+
+
 def _restores(
     opens: Sequence[FileEvent],
     decoders: Sequence[Episode],
@@ -509,6 +517,7 @@ def _restores(
     is_lazy: Callable[[str], bool],
 ) -> list[Restore]:
     by_episode: dict[int, tuple[Episode, FileEvent]] = {}
+    files_of: dict[int, set[str]] = {}  # episode -> the files opened in it
     unmatched_paths: dict[str, FileEvent] = {}
     matched_paths: set[str] = set()
     for ev in sorted(opens, key=lambda e: e.t):
@@ -517,14 +526,24 @@ def _restores(
             unmatched_paths.setdefault(ev.path, ev)
             continue
         matched_paths.add(ev.path)
-        by_episode.setdefault(id(ep), (ep, ev))
+        # an episode that opened several files stands for its largest (a torch.load of the
+        # optimizer, not the small json read just before it)
+        had = by_episode.get(id(ep))
+        if had is None or (ev.bytes or 0) > (had[1].bytes or 0):
+            by_episode[id(ep)] = (ep, ev)
+        files_of.setdefault(id(ep), set()).add(ev.path)
     # A file read back in several of the process's episodes is one restore: the main
     # thread's time in all of them (many.Checkpointer reads the newest receipt when it is
     # made, the job loads the state later).
     per_file: dict[tuple[int, str], list[tuple[Episode, FileEvent, float | None]]] = {}
     for ep, ev in by_episode.values():
         used.add(id(ep))
-        got = read_bytes(ep.pid, ep.start, ep.end)
+        # the process's reads over the episode are this file's only when it is the one
+        # file opened in it, and then no more than the file holds (the process read
+        # other things meanwhile: a log, a dataset)
+        got = read_bytes(ep.pid, ep.start, ep.end) if len(files_of[id(ep)]) == 1 else None
+        if got is not None and ev.bytes is not None:
+            got = min(got, float(ev.bytes))
         per_file.setdefault((ep.pid, ev.path), []).append((ep, ev, got))
     out = []
     for group in per_file.values():
@@ -539,7 +558,7 @@ def _restores(
                 episode=ep, wall_s=sum(g[0].wall_s for g in group),
                 resolution_s=sum(stated_resolution_s(g[0]) for g in group),
                 timed_by=timed_by,
-                read_bytes=None if None in reads else sum(r for r in reads if r is not None),
+                read_bytes=_at_most(reads, ev.bytes),
                 lazy=is_lazy(ev.path),
             )
         )  # fmt: skip

@@ -71,3 +71,32 @@ def test_without_a_root_files_are_matched_one_by_one_as_before() -> None:
         cpu_s=lambda *_: 0.0, read_bytes=lambda *_: 0.0,
     )  # fmt: skip
     assert [c.stall for c in m.checkpoints] == [a, b]
+
+
+def test_a_restores_read_bytes_are_its_files_never_the_processes() -> None:
+    from collectors.fsevents import OPENED
+
+    def opened(t: float, path: str, size: int) -> FileEvent:
+        return FileEvent(t=t, kind=OPENED, path=path, bytes=size)
+
+    both = replace(ep("torch", 1.0, 1.2), direction="decode")  # json + optimizer in one
+    alone = replace(ep("torch", 2.0, 2.2), direction="decode")
+    m = match(
+        [opened(1.01, "/out/c/trainer_state.json", 800), opened(1.05, "/out/c/optimizer.pt", 9000),
+         opened(2.01, "/out/c/rng_state.pth", 1000)],
+        [both, alone], cpu_s=lambda *_: 0.0,
+        read_bytes=lambda *_: 11_600_000.0,  # the process read a dataset meanwhile
+    )  # fmt: skip
+    got = {r.path.rsplit("/", 1)[1]: r.read_bytes for r in m.restores}
+    # the shared episode is the optimizer's load, and its reads are no one file's
+    assert got == {"optimizer.pt": None, "rng_state.pth": 1000.0}
+
+
+def test_a_runs_restore_is_all_it_read_back_not_a_mean_over_files() -> None:
+    from types import SimpleNamespace
+
+    from profiler.report.from_records import _run_restore_s
+
+    files = [SimpleNamespace(wall_s=w) for w in (0.002, 0.110, None, 0.001)]
+    assert _run_restore_s(files) == (0.113,)  # type: ignore[arg-type]
+    assert _run_restore_s([]) == ()
