@@ -408,12 +408,10 @@ def _saves(checkpoints: list[Checkpoint], root: str, cpu_s: Counter) -> list[Che
 
     A save is the files of one first-level directory under DIR whose events follow each
     other by at most SAVE_GAP_S (a directory rewritten every save, `latest/`, is one
-    checkpoint per save). Its row is the directory: `stall_s` is the training thread's
-    time from the first of its files' stalls (where its save function began preparing)
-    to the last of them, or to the last file event of a file the training thread wrote
-    (or no thread was seen writing: a small file written between sampled episodes), the
-    later; its resolution the two ends'. Its files stay, each with its writer episode
-    (a breakdown per file and codepath) and no stall of its own: timed_by `PART_OF`."""
+    checkpoint per save). Its row is the directory (`_one_save`); its files stay, each
+    with its writer episode (a breakdown per file and codepath) and no stall of its own:
+    timed_by `PART_OF`. A stall episode counts for the earliest save it was matched in
+    (an episode spanning the end of one save and, within its tolerance, the next)."""
     groups: dict[str, list[list[Checkpoint]]] = {}
     out: list[Checkpoint] = []
     for c in sorted(checkpoints, key=lambda c: c.event_t):
@@ -426,15 +424,34 @@ def _saves(checkpoints: list[Checkpoint], root: str, cpu_s: Counter) -> list[Che
             runs[-1].append(c)
         else:
             runs.append([c])
-    for key, runs in groups.items():
-        for members in runs:
-            out.extend(_one_save(key, members, cpu_s))
+    claimed: set[int] = set()
+    saves = sorted(
+        ((key, members) for key, runs in groups.items() for members in runs),
+        key=lambda g: g[1][0].event_t,
+    )
+    for key, members in saves:
+        out.extend(_one_save(key, members, cpu_s, claimed))
     out.sort(key=lambda c: c.event_t)
     return out
 
 
-def _one_save(directory: str, members: list[Checkpoint], cpu_s: Counter) -> list[Checkpoint]:
-    stalls = {id(c.stall): c.stall for c in members if c.stall is not None}
+def _one_save(
+    directory: str, members: list[Checkpoint], cpu_s: Counter, claimed: set[int]
+) -> list[Checkpoint]:
+    """A save's row and its files (`_saves`).
+
+    Its stall begins where the first of its files' stalls began, counting where its save
+    function began preparing (`prepared_s`), and ends at the last file the training thread
+    wrote (or that no thread was seen writing: a small file between sampled episodes),
+    since the save returns as its last file is written; an episode running on past it is
+    the training thread's next work. File events are stamped on the host's clock, which an
+    episode's may trail by up to its host_lag_s: that end is taken half a lag early, and
+    its resolution widened by half a lag. With no file of the training thread's (a
+    background writer's save), it ends where the last of its stalls ends."""
+    stalls = {
+        id(c.stall): c.stall for c in members if c.stall is not None and id(c.stall) not in claimed
+    }
+    claimed.update(stalls)
     last = members[-1]
     n = len(members)
     sizes = [c.bytes for c in members]
@@ -455,15 +472,16 @@ def _one_save(directory: str, members: list[Checkpoint], cpu_s: Counter) -> list
         )  # fmt: skip
         return [row, *parts]
     first = min(stalls.values(), key=lambda e: e.start - e.prepared_s)
-    ending = max(stalls.values(), key=lambda e: e.end + e.host_lag_s)
     begin = first.start - first.prepared_s
-    end = ending.end + ending.host_lag_s
-    end_resolution = stated_resolution_s(ending)
     own = [c.event_t for c in members if c.episode is None or c.episode.main_thread]
-    if own and max(own) > end:
-        end, end_resolution = max(own), STAMP_SLACK_S
-    if own and min(own) < begin:
-        begin = min(own)
+    if own:
+        lag = max(e.host_lag_s for e in stalls.values())
+        end, end_resolution = max(own) - lag / 2, lag / 2 + STAMP_SLACK_S
+        host_end = max(own)
+    else:
+        ending = max(stalls.values(), key=lambda e: e.end)
+        end, end_resolution = ending.end, stated_resolution_s(ending)
+        host_end = ending.end + ending.host_lag_s
     row = Checkpoint(
         path=directory,
         bytes=total,
@@ -476,7 +494,7 @@ def _one_save(directory: str, members: list[Checkpoint], cpu_s: Counter) -> list
         resolution_s=_stall_resolution_s(first) + end_resolution,
         timed_by=f"{first.timed_by}, one save of {n} files",
         cpu_s_all_threads=cpu_s(first.pid, begin, max(begin, end)),
-        async_tail_s=max(0.0, last.event_t - end),
+        async_tail_s=max(0.0, last.event_t - host_end),
     )
     return [row, *parts]
 

@@ -37,6 +37,7 @@ from profiler.profile.ab import (
     PlannedRun,
     RunFailed,
     RunOutcome,
+    perturbation,
     split_command,
 )
 from profiler.records.store import Recorder, RecordError
@@ -374,6 +375,8 @@ def _report(args: argparse.Namespace, opts: AbOptions, result: AbResult, cluster
     report["source"] = {"kind": "run records", "file": str(opts.record)}
     report["ab"] = ab_section(opts, result)
     report["ab"]["headline"] = headline(report, opts)
+    report["ab"]["perturbation"] = perturbation(result.outcomes)
+    report["caveats"].append(report["ab"]["perturbation"])
     if partial is not None:
         report["ab"]["partial"] = partial
         report["caveats"].append(partial)

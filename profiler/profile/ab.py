@@ -66,7 +66,7 @@ from profiler.exitcodes import EXIT_RUNTIME, EXIT_USAGE
 from profiler.many.format import MAGIC, escape_text
 from profiler.records.run_ids import format_start_time
 from profiler.records.store import Recorder, RecordError
-from profiler.safeio import InputFileError, open_regular, read_bounded, read_head
+from profiler.safeio import InputFileError, open_regular, read_bounded, read_head, read_json
 
 SIDES = ("baseline", "candidate")
 ORDERS = ("interleaved", "random")
@@ -132,6 +132,9 @@ class RunOutcome:
     written: dict[str, list[int]] | None = None
     # --swap candidate runs: the sitecustomize's log, {"many"|"torch": [files, bytes]}
     swap_saves: dict[str, list[int]] | None = None
+    # serwatt's own CPU over the run (its process and py-spy runs, cores), from the
+    # profile's document; None: not measured
+    serwatt_cpu_cores: float | None = None
     restore_cache: str | None = None  # cold | warm | partly cached (x%)
     cached_fraction: float | None = None
 
@@ -151,6 +154,7 @@ class RunOutcome:
             out["written"] = self.written
         if self.swap_saves is not None:
             out["swap_saves"] = self.swap_saves
+        out["serwatt_cpu_cores"] = self.serwatt_cpu_cores
         if self.run.resumed:
             out |= {
                 "restores": self.restores,
@@ -430,6 +434,8 @@ class Ab:
             "--cpu-budget",
             "off",
         ]
+        document = self._private() / f"{planned.run_id}.json"
+        argv += ["--json", str(document)]
         if directory is not None:
             argv += ["--checkpoints", str(directory)]
             if o.checkpoint_glob is not None:
@@ -444,6 +450,7 @@ class Ab:
             outcome.many_files = outcome.written["many"][0]
         if swap_log is not None:
             outcome.swap_saves = self._swap_saves(swap_log, planned)
+        outcome.serwatt_cpu_cores = _own_cpu_cores(document)
         if planned.resumed and code == 0:
             self._restore(outcome, cached)
         return outcome
@@ -451,9 +458,14 @@ class Ab:
     def _swap_log(self, planned: PlannedRun) -> Path:
         """The log file of this run's swap (swap/sitecustomize.py); a resumed run shares its
         pair's, so it may hand back to torch.load the files that run wrote through it."""
+        return self._private() / f"{planned.side}-{planned.k}.jsonl"
+
+    def _private(self) -> Path:
+        """A directory of this A/B's own (mode 0700) for the swap's logs and the runs'
+        documents."""
         if self._swap_logs is None:
-            self._swap_logs = Path(tempfile.mkdtemp(prefix=f"serwatt-{self.start}-swap-"))
-        return self._swap_logs / f"{planned.side}-{planned.k}.jsonl"
+            self._swap_logs = Path(tempfile.mkdtemp(prefix=f"serwatt-{self.start}-"))
+        return self._swap_logs
 
     def _swap_saves(self, log: Path, planned: PlannedRun) -> dict[str, list[int]]:
         """This run's saves by where they went, from the log (lines from `seen` on are
@@ -527,6 +539,36 @@ class Ab:
                 f"the swap took no effect: no .many file written in {run.directory}; "
                 "does the job call torch.save?"
             )
+
+
+def _own_cpu_cores(document: Path) -> float | None:
+    """serwatt's own CPU over a run (cores) from its profile document (profiler/profile/
+    cpu_budget.py measures it); None when the document or the figure is missing."""
+    try:
+        doc = read_json(document)
+    except (InputFileError, OSError):
+        return None
+    got = (doc.get("cpu_budget") or {}).get("own_cpu_cores") if isinstance(doc, dict) else None
+    return float(got) if isinstance(got, int | float) else None
+
+
+def perturbation(outcomes: Sequence[RunOutcome], cpus: int | None = None) -> str:
+    """How perturbed each side was: serwatt's own CPU (its process and py-spy runs) as a
+    share of the node's CPUs, mean and max over the side's runs."""
+    n = cpus or os.cpu_count() or 1
+    parts = []
+    for side in SIDES:
+        got = [o.serwatt_cpu_cores for o in outcomes if o.run.side == side]
+        known = [g for g in got if g is not None]
+        if not known:
+            parts.append(f"{side} not measured")
+            continue
+        mean = sum(known) / len(known)
+        parts.append(
+            f"{side} {mean:.2f} cores ({mean / n:.0%} of the node's {n} CPUs; "
+            f"max {max(known) / n:.0%}; {len(known)} of {len(got)} runs measured)"
+        )
+    return "serwatt's own CPU while it measured: " + ", ".join(parts)
 
 
 class RunFailed(AbError):
