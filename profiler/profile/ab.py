@@ -42,6 +42,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import json
+import math
 import mmap
 import os
 import pickletools
@@ -720,7 +721,8 @@ def cache_label(fraction: float) -> str:
         return "cold"
     if fraction >= 1.0:
         return "warm"
-    return f"partly cached ({fraction:.0%})"
+    # floored: a file one page short of cached is not "100%" cached
+    return f"partly cached ({math.floor(fraction * 100)}%)"
 
 
 # ---------------------------------------------------------------------- what --swap covers

@@ -198,3 +198,10 @@ def test_yaml_set_up_at_import_is_not_serialization() -> None:
     # the same function called by the job after the import is yaml's
     called = (resolver, Frame("main", "/srv/train.py", 40), Frame("<module>", "/srv/train.py", 50))
     assert c.classify_frames(called).codepath == "yaml"
+
+
+def test_a_restore_one_page_short_of_cached_is_not_labelled_100_percent() -> None:
+    from profiler.profile.ab import cache_label
+
+    assert cache_label(0.9996) == "partly cached (99%)"
+    assert (cache_label(1.0), cache_label(0.0)) == ("warm", "cold")
