@@ -64,9 +64,9 @@ from profiler.many.format import MAGIC
 STAMP_SLACK_S = 0.05
 FILE_EVENT_ONLY = "file event only"
 PART_OF = "part of the save of"  # a file of a checkpoint directory's save (`_saves`)
-# Files of one checkpoint directory whose completions follow each other by at most this
-# are one save: a Trainer's eight files land within a few hundred ms, its saves are steps
-# apart. A directory rewritten by saves closer together than this merges them.
+# A file of a checkpoint directory written again this long after the directory's last
+# file begins a new save (`_saves`): a Trainer's files land within a few hundred ms, its
+# saves are steps apart. A directory rewritten by saves closer together merges them.
 SAVE_GAP_S = 1.0
 SHARED = "one episode spans several files"
 LAZY_SUFFIXES = (".many", ".safetensors")
@@ -406,12 +406,15 @@ def _save_dir(path: str, root: str) -> str | None:
 def _saves(checkpoints: list[Checkpoint], root: str, cpu_s: Counter) -> list[Checkpoint]:
     """Files completed in one checkpoint directory within one save are one checkpoint.
 
-    A save is the files of one first-level directory under DIR whose events follow each
-    other by at most SAVE_GAP_S (a directory rewritten every save, `latest/`, is one
-    checkpoint per save). Its row is the directory (`_one_save`); its files stay, each
-    with its writer episode (a breakdown per file and codepath) and no stall of its own:
-    timed_by `PART_OF`. A stall episode counts for the earliest save it was matched in
-    (an episode spanning the end of one save and, within its tolerance, the next)."""
+    A save is the files of one first-level directory under DIR, until a file already
+    written in it is written again more than SAVE_GAP_S after the one before (a directory
+    rewritten every save, `latest/`, is one checkpoint per save; a slow save of
+    `checkpoint-N/`, seconds between its files, is still one). Its row is the directory
+    (`_one_save`); its files stay, each with its writer episode (a breakdown per file and
+    codepath) and no stall of its own:
+    timed_by `PART_OF`. A stall episode matched in several saves (one whose edges are
+    loosely resolved spans the files of the save before it too) counts for the save whose
+    files it is nearest, the earliest of equals."""
     groups: dict[str, list[list[Checkpoint]]] = {}
     out: list[Checkpoint] = []
     for c in sorted(checkpoints, key=lambda c: c.event_t):
@@ -420,23 +423,34 @@ def _saves(checkpoints: list[Checkpoint], root: str, cpu_s: Counter) -> list[Che
             out.append(c)
             continue
         runs = groups.setdefault(key, [])
-        if runs and c.event_t - runs[-1][-1].event_t <= SAVE_GAP_S:
+        if runs and (
+            c.event_t - runs[-1][-1].event_t <= SAVE_GAP_S
+            or c.path not in {m.path for m in runs[-1]}
+        ):
             runs[-1].append(c)
         else:
             runs.append([c])
-    claimed: set[int] = set()
     saves = sorted(
         ((key, members) for key, runs in groups.items() for members in runs),
         key=lambda g: g[1][0].event_t,
     )
-    for key, members in saves:
-        out.extend(_one_save(key, members, cpu_s, claimed))
+    nearest: dict[int, tuple[float, int]] = {}  # stall -> (distance, save index)
+    for i, (_key, members) in enumerate(saves):
+        for c in members:
+            if c.stall is None:
+                continue
+            d = _spans(c.stall, c.event_t)
+            got = (abs(c.stall.end - c.event_t) if d is None else d, i)
+            nearest[id(c.stall)] = min(nearest.get(id(c.stall), got), got)
+    for i, (key, members) in enumerate(saves):
+        mine = {k for k, (_d, j) in nearest.items() if j == i}
+        out.extend(_one_save(key, members, cpu_s, mine))
     out.sort(key=lambda c: c.event_t)
     return out
 
 
 def _one_save(
-    directory: str, members: list[Checkpoint], cpu_s: Counter, claimed: set[int]
+    directory: str, members: list[Checkpoint], cpu_s: Counter, mine: set[int]
 ) -> list[Checkpoint]:
     """A save's row and its files (`_saves`).
 
@@ -448,10 +462,7 @@ def _one_save(
     episode's may trail by up to its host_lag_s: that end is taken half a lag early, and
     its resolution widened by half a lag. With no file of the training thread's (a
     background writer's save), it ends where the last of its stalls ends."""
-    stalls = {
-        id(c.stall): c.stall for c in members if c.stall is not None and id(c.stall) not in claimed
-    }
-    claimed.update(stalls)
+    stalls = {id(c.stall): c.stall for c in members if c.stall is not None and id(c.stall) in mine}
     last = members[-1]
     n = len(members)
     sizes = [c.bytes for c in members]

@@ -102,3 +102,30 @@ def test_a_runs_restore_is_all_it_read_back_not_a_mean_over_files() -> None:
     files = [SimpleNamespace(wall_s=w) for w in (0.002, 0.110, None, 0.001)]
     assert _run_restore_s(files) == (0.113,)  # type: ignore[arg-type]
     assert _run_restore_s([]) == ()
+
+
+def _saves_of(m):  # noqa: ANN001, ANN202
+    return [c for c in m.checkpoints if not c.timed_by.startswith(PART_OF)]
+
+
+def test_a_loosely_resolved_stall_counts_for_the_save_whose_files_it_holds() -> None:
+    # the second save's episode is timed by sample counts with a second of unknown edge:
+    # its tolerance reaches back over the first save's files, which have their own stall
+    first = ep("torch", 10.0, 10.3)
+    second = replace(ep("many", 10.6, 13.0), edge_unknown_s=1.0)
+    m = match(
+        [written(9.7, "/out/checkpoint-10/c.json"), written(10.3, "/out/checkpoint-10/o.pt"),
+         written(10.61, "/out/checkpoint-20/c.json"), written(10.7, "/out/checkpoint-20/o.pt")],
+        [first, second], cpu_s=lambda *_: 0.0, read_bytes=lambda *_: 0.0, root="/out",
+    )  # fmt: skip
+    a, b = _saves_of(m)
+    assert (a.stall, b.stall) == (first, second)
+    assert b.stall_s is not None and abs(b.stall_s - 0.1) < 1e-9  # to its last file
+
+
+def test_a_rewritten_directory_is_one_save_per_rewrite_and_a_slow_save_is_one() -> None:
+    eps = [ep("torch", 1.0, 1.1), ep("torch", 5.0, 5.1), ep("torch", 9.0, 9.1)]
+    evs = [written(1.1, "/out/latest/w.pt"), written(5.1, "/out/latest/w.pt"),
+           written(7.0, "/out/slow/a.json"), written(9.1, "/out/slow/w.pt")]  # fmt: skip
+    m = match(evs, eps, cpu_s=lambda *_: 0.0, read_bytes=lambda *_: 0.0, root="/out")
+    assert [c.path for c in _saves_of(m)] == ["/out/latest", "/out/latest", "/out/slow"]
