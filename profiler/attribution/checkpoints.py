@@ -314,7 +314,7 @@ def match(
             writers = [e for e in encoders if e.codepath not in TEXT_CODEPATHS]
         checkpoints.append(_checkpoint(ev, writers, used, cpu_s))
     if root is not None:
-        checkpoints = _saves(checkpoints, os.fspath(root), cpu_s)
+        checkpoints = _saves(checkpoints, os.fspath(root), cpu_s, encoders, used)
     checkpoints = _unshared(checkpoints)
     restores = _restores(
         [
@@ -403,7 +403,13 @@ def _save_dir(path: str, root: str) -> str | None:
     return os.path.join(root, first)
 
 
-def _saves(checkpoints: list[Checkpoint], root: str, cpu_s: Counter) -> list[Checkpoint]:
+def _saves(
+    checkpoints: list[Checkpoint],
+    root: str,
+    cpu_s: Counter,
+    encoders: Sequence[Episode] = (),
+    used: set[int] | None = None,
+) -> list[Checkpoint]:
     """Files completed in one checkpoint directory within one save are one checkpoint.
 
     A save is the files of one first-level directory under DIR, until a file already
@@ -442,20 +448,29 @@ def _saves(checkpoints: list[Checkpoint], root: str, cpu_s: Counter) -> list[Che
             d = _spans(c.stall, c.event_t)
             got = (abs(c.stall.end - c.event_t) if d is None else d, i)
             nearest[id(c.stall)] = min(nearest.get(id(c.stall), got), got)
+    taken = set(used or ()) | set(nearest)
+    spare = [e for e in encoders if e.main_thread and id(e) not in taken]
     for i, (key, members) in enumerate(saves):
         mine = {k for k, (_d, j) in nearest.items() if j == i}
-        out.extend(_one_save(key, members, cpu_s, mine))
+        out.extend(_one_save(key, members, cpu_s, mine, spare, used))
     out.sort(key=lambda c: c.event_t)
     return out
 
 
 def _one_save(
-    directory: str, members: list[Checkpoint], cpu_s: Counter, mine: set[int]
+    directory: str,
+    members: list[Checkpoint],
+    cpu_s: Counter,
+    mine: set[int],
+    spare: list[Episode],
+    used: set[int] | None,
 ) -> list[Checkpoint]:
     """A save's row and its files (`_saves`).
 
     Its stall begins where the first of its files' stalls began, counting where its save
-    function began preparing (`prepared_s`), and ends at the last file the training thread
+    function began preparing (`prepared_s`), or at the first file the training thread
+    wrote when that is earlier (config.json, written before the weights' save and too
+    short to sample), and ends at the last file the training thread
     wrote (or that no thread was seen writing: a small file between sampled episodes),
     since the save returns as its last file is written; an episode running on past it is
     the training thread's next work. File events are stamped on the host's clock, which an
@@ -463,6 +478,25 @@ def _one_save(
     its resolution widened by half a lag. With no file of the training thread's (a
     background writer's save), it ends where the last of its stalls ends."""
     stalls = {id(c.stall): c.stall for c in members if c.stall is not None and id(c.stall) in mine}
+    # the training thread's serialization just before, ending where the save's first seen
+    # stall begins (within its resolution), is the same save: the weights' safetensors
+    # episode no file's event was nearest to (its files stamped together, late)
+    while stalls:
+        head = min(stalls.values(), key=lambda e: e.start)
+        before = [
+            e
+            for e in spare
+            if e.pid == head.pid
+            and e.start < head.start
+            and head.start - _tolerance_s(e) <= e.end <= head.start + e.resolution_s
+        ]
+        if not before:
+            break
+        e = max(before, key=lambda e: e.end)
+        spare.remove(e)
+        stalls[id(e)] = e
+        if used is not None:
+            used.add(id(e))
     last = members[-1]
     n = len(members)
     sizes = [c.bytes for c in members]
@@ -484,11 +518,14 @@ def _one_save(
         return [row, *parts]
     first = min(stalls.values(), key=lambda e: e.start - e.prepared_s)
     begin = first.start - first.prepared_s
+    begin_resolution = _stall_resolution_s(first)
     own = [c.event_t for c in members if c.episode is None or c.episode.main_thread]
     if own:
         lag = max(e.host_lag_s for e in stalls.values())
         end, end_resolution = max(own) - lag / 2, lag / 2 + STAMP_SLACK_S
         host_end = max(own)
+        if min(own) - lag / 2 < begin:  # a file done before the first stall seen began
+            begin, begin_resolution = min(own) - lag / 2, lag / 2 + STAMP_SLACK_S
     else:
         ending = max(stalls.values(), key=lambda e: e.end)
         end, end_resolution = ending.end, stated_resolution_s(ending)
@@ -502,7 +539,7 @@ def _one_save(
         episode=first,
         stall=first,
         stall_s=max(0.0, end - begin),
-        resolution_s=_stall_resolution_s(first) + end_resolution,
+        resolution_s=begin_resolution + end_resolution,
         timed_by=f"{first.timed_by}, one save of {n} files",
         cpu_s_all_threads=cpu_s(first.pid, begin, max(begin, end)),
         async_tail_s=max(0.0, last.event_t - host_end),

@@ -51,9 +51,9 @@ def test_a_trainer_checkpoint_directory_is_one_save_with_its_files_as_breakdown(
     saves = [c for c in m.checkpoints if not c.timed_by.startswith(PART_OF)]
     assert [c.path for c in saves] == ["/out/checkpoint-10", "/out/checkpoint-20", "/out/final.pt"]
     for c, t in zip(saves[:2], (10.0, 15.0), strict=True):
-        # from where the model's save began preparing (+0.02) to the last file the
-        # training thread wrote (+0.40)
-        assert c.stall_s is not None and abs(c.stall_s - (0.40 - 0.02)) < 1e-9
+        # from config.json (+0.01, done before the model's save began preparing at +0.02)
+        # to the last file the training thread wrote (+0.40)
+        assert c.stall_s is not None and abs(c.stall_s - (0.40 - 0.01)) < 1e-9
         assert c.resolution_s is not None and c.resolution_s >= STAMP_SLACK_S
         assert c.bytes == 400 and c.stall is not None and c.stall.codepath == "safetensors"
         assert abs(c.stall.start - c.stall.prepared_s - (t + 0.02)) < 1e-9
@@ -129,3 +129,15 @@ def test_a_rewritten_directory_is_one_save_per_rewrite_and_a_slow_save_is_one() 
            written(7.0, "/out/slow/a.json"), written(9.1, "/out/slow/w.pt")]  # fmt: skip
     m = match(evs, eps, cpu_s=lambda *_: 0.0, read_bytes=lambda *_: 0.0, root="/out")
     assert [c.path for c in _saves_of(m)] == ["/out/latest", "/out/latest", "/out/slow"]
+
+
+def test_the_threads_serialization_just_before_a_saves_first_stall_is_the_save() -> None:
+    # the files were stamped together, late (the watch thread descheduled): every one is
+    # nearest the optimizer's episode, none the model's safetensors episode just before it
+    model = replace(ep("safetensors", 5.00, 5.05), prepared_s=0.10)
+    optim = ep("torch", 5.05, 5.20)
+    late = [written(5.20, f"/out/checkpoint-30/{n}") for n in ("model.safetensors", "o.pt")]
+    m = match(late, [model, optim], cpu_s=lambda *_: 0.0, read_bytes=lambda *_: 0.0, root="/out")
+    (save,) = _saves_of(m)
+    assert save.stall is model and save.stall_s is not None
+    assert abs(save.stall_s - (5.20 - 4.90)) < 1e-9
