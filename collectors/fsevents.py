@@ -65,9 +65,16 @@ _DIR_MASK = (
 )
 
 
+# Files a job's logger writes next to its checkpoints, which no save writes: TensorBoard's
+# event files (a Trainer's logging_dir is under its output_dir by default).
+NOT_CHECKPOINTS = ("events.out.tfevents.",)
+
+
 def default_name_filter(name: str) -> bool:
-    """A checkpoint name: not hidden (`.ckpt.tmp-…`) and not a temp file (`*.tmp`)."""
-    return not name.startswith(".") and not name.endswith(".tmp")
+    """A checkpoint name: not hidden (`.ckpt.tmp-…`), not a temp file (`*.tmp`), not a
+    logger's (NOT_CHECKPOINTS)."""
+    hidden_or_temp = name.startswith(".") or name.endswith(".tmp")
+    return not hidden_or_temp and not name.startswith(NOT_CHECKPOINTS)
 
 
 def name_filter(glob: str | None) -> Callable[[str], bool]:

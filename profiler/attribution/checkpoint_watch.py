@@ -85,6 +85,7 @@ class CheckpointWatch:
             cpu_s=self.counters.cpu_s,
             read_bytes=self.counters.read_bytes,
             head_of=self._own_head,
+            root=self.directory,
         )
         self.events = events
         return self.result

@@ -51,6 +51,7 @@ is then never the save when the save itself went unsampled.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
@@ -62,6 +63,11 @@ from profiler.many.format import MAGIC
 # on each match window, not a resolution any figure claims.
 STAMP_SLACK_S = 0.05
 FILE_EVENT_ONLY = "file event only"
+PART_OF = "part of the save of"  # a file of a checkpoint directory's save (`_saves`)
+# A file of a checkpoint directory written again this long after the directory's last
+# file begins a new save (`_saves`): a Trainer's files land within a few hundred ms, its
+# saves are steps apart. A directory rewritten by saves closer together merges them.
+SAVE_GAP_S = 1.0
 SHARED = "one episode spans several files"
 LAZY_SUFFIXES = (".many", ".safetensors")
 LAZY_HEAD_BYTES = 9  # what `lazy_format` looks at
@@ -289,10 +295,12 @@ def match(
     cpu_s: Counter,
     read_bytes: Counter,
     head_of: Callable[[str], bytes | None] = lambda _path: None,
+    root: str | os.PathLike[str] | None = None,
 ) -> Matched:
     """Checkpoints, restores and unmatched main-thread episodes (module docstring);
     `head_of(path)` is a file's first LAZY_HEAD_BYTES (None: unreadable, the file is gone)
-    and tells its format."""
+    and tells its format; `root` is the watched DIR, whose subdirectories' files are saved
+    together (`_saves`)."""
     eps = sorted(episodes, key=lambda e: (e.start, e.pid, e.thread))
     encoders = [e for e in eps if _direction(e) != "decode"]
     decoders = [e for e in eps if _direction(e) != "encode" and e.main_thread]
@@ -305,6 +313,8 @@ def match(
         if binary_head(head_of(ev.path)):
             writers = [e for e in encoders if e.codepath not in TEXT_CODEPATHS]
         checkpoints.append(_checkpoint(ev, writers, used, cpu_s))
+    if root is not None:
+        checkpoints = _saves(checkpoints, os.fspath(root), cpu_s, encoders, used)
     checkpoints = _unshared(checkpoints)
     restores = _restores(
         [
@@ -383,6 +393,160 @@ def _checkpoint(
     )
 
 
+def _save_dir(path: str, root: str) -> str | None:
+    """The checkpoint directory a file is in: its first-level directory under `root`
+    (`DIR/checkpoint-20/optimizer.pt` -> `DIR/checkpoint-20`); None for a file in `root`."""
+    rel = os.path.relpath(path, root)
+    first, sep, _rest = rel.partition(os.sep)
+    if not sep or first in (os.curdir, os.pardir):
+        return None
+    return os.path.join(root, first)
+
+
+def _saves(
+    checkpoints: list[Checkpoint],
+    root: str,
+    cpu_s: Counter,
+    encoders: Sequence[Episode] = (),
+    used: set[int] | None = None,
+) -> list[Checkpoint]:
+    """Files completed in one checkpoint directory within one save are one checkpoint.
+
+    A save is the files of one first-level directory under DIR, until a file already
+    written in it is written again more than SAVE_GAP_S after the one before (a directory
+    rewritten every save, `latest/`, is one checkpoint per save; a slow save of
+    `checkpoint-N/`, seconds between its files, is still one). Its row is the directory
+    (`_one_save`); its files stay, each with its writer episode (a breakdown per file and
+    codepath) and no stall of its own:
+    timed_by `PART_OF`. A stall episode matched in several saves (one whose edges are
+    loosely resolved spans the files of the save before it too) counts for the save whose
+    files it is nearest, the earliest of equals."""
+    groups: dict[str, list[list[Checkpoint]]] = {}
+    out: list[Checkpoint] = []
+    for c in sorted(checkpoints, key=lambda c: c.event_t):
+        key = _save_dir(c.path, root)
+        if key is None:
+            out.append(c)
+            continue
+        runs = groups.setdefault(key, [])
+        if runs and (
+            c.event_t - runs[-1][-1].event_t <= SAVE_GAP_S
+            or c.path not in {m.path for m in runs[-1]}
+        ):
+            runs[-1].append(c)
+        else:
+            runs.append([c])
+    saves = sorted(
+        ((key, members) for key, runs in groups.items() for members in runs),
+        key=lambda g: g[1][0].event_t,
+    )
+    nearest: dict[int, tuple[float, int]] = {}  # stall -> (distance, save index)
+    for i, (_key, members) in enumerate(saves):
+        for c in members:
+            if c.stall is None:
+                continue
+            d = _spans(c.stall, c.event_t)
+            got = (abs(c.stall.end - c.event_t) if d is None else d, i)
+            nearest[id(c.stall)] = min(nearest.get(id(c.stall), got), got)
+    taken = set(used or ()) | set(nearest)
+    spare = [e for e in encoders if e.main_thread and id(e) not in taken]
+    for i, (key, members) in enumerate(saves):
+        mine = {k for k, (_d, j) in nearest.items() if j == i}
+        out.extend(_one_save(key, members, cpu_s, mine, spare, used))
+    out.sort(key=lambda c: c.event_t)
+    return out
+
+
+def _one_save(
+    directory: str,
+    members: list[Checkpoint],
+    cpu_s: Counter,
+    mine: set[int],
+    spare: list[Episode],
+    used: set[int] | None,
+) -> list[Checkpoint]:
+    """A save's row and its files (`_saves`).
+
+    Its stall begins where the first of its files' stalls began, counting where its save
+    function began preparing (`prepared_s`), or at the first file the training thread
+    wrote when that is earlier (config.json, written before the weights' save and too
+    short to sample), and ends at the last file the training thread
+    wrote (or that no thread was seen writing: a small file between sampled episodes),
+    since the save returns as its last file is written; an episode running on past it is
+    the training thread's next work. File events are stamped on the host's clock, which an
+    episode's may trail by up to its host_lag_s: that end is taken half a lag early, and
+    its resolution widened by half a lag. With no file of the training thread's (a
+    background writer's save), it ends where the last of its stalls ends."""
+    stalls = {id(c.stall): c.stall for c in members if c.stall is not None and id(c.stall) in mine}
+    # the training thread's serialization just before, ending where the save's first seen
+    # stall begins (within its resolution), is the same save: the weights' safetensors
+    # episode no file's event was nearest to (its files stamped together, late)
+    while stalls:
+        head = min(stalls.values(), key=lambda e: e.start)
+        before = [
+            e
+            for e in spare
+            if e.pid == head.pid
+            and e.start < head.start
+            and head.start - _tolerance_s(e) <= e.end <= head.start + e.resolution_s
+        ]
+        if not before:
+            break
+        e = max(before, key=lambda e: e.end)
+        spare.remove(e)
+        stalls[id(e)] = e
+        if used is not None:
+            used.add(id(e))
+    last = members[-1]
+    n = len(members)
+    sizes = [c.bytes for c in members]
+    total = None if None in sizes else sum(s for s in sizes if s is not None)
+    parts = [
+        replace(
+            c, stall=None, stall_s=None, resolution_s=None, cpu_s_all_threads=None,
+            async_tail_s=None, timed_by=f"{PART_OF} {os.path.basename(directory)} ({n} files)",
+        )
+        for c in members
+    ]  # fmt: skip
+    if not stalls:
+        row = Checkpoint(
+            path=directory, bytes=total, event_t=last.event_t, pid=None, thread_id=None,
+            episode=None, stall=None, stall_s=None, resolution_s=None,
+            timed_by=f"{FILE_EVENT_ONLY}, one save of {n} files", cpu_s_all_threads=None,
+            async_tail_s=None,
+        )  # fmt: skip
+        return [row, *parts]
+    first = min(stalls.values(), key=lambda e: e.start - e.prepared_s)
+    begin = first.start - first.prepared_s
+    begin_resolution = _stall_resolution_s(first)
+    own = [c.event_t for c in members if c.episode is None or c.episode.main_thread]
+    if own:
+        lag = max(e.host_lag_s for e in stalls.values())
+        end, end_resolution = max(own) - lag / 2, lag / 2 + STAMP_SLACK_S
+        host_end = max(own)
+        if min(own) - lag / 2 < begin:  # a file done before the first stall seen began
+            begin, begin_resolution = min(own) - lag / 2, lag / 2 + STAMP_SLACK_S
+    else:
+        ending = max(stalls.values(), key=lambda e: e.end)
+        end, end_resolution = ending.end, stated_resolution_s(ending)
+        host_end = ending.end + ending.host_lag_s
+    row = Checkpoint(
+        path=directory,
+        bytes=total,
+        event_t=last.event_t,
+        pid=first.pid,
+        thread_id=first.thread,
+        episode=first,
+        stall=first,
+        stall_s=max(0.0, end - begin),
+        resolution_s=begin_resolution + end_resolution,
+        timed_by=f"{first.timed_by}, one save of {n} files",
+        cpu_s_all_threads=cpu_s(first.pid, begin, max(begin, end)),
+        async_tail_s=max(0.0, last.event_t - host_end),
+    )
+    return [row, *parts]
+
+
 def _unshared(checkpoints: list[Checkpoint]) -> list[Checkpoint]:
     """A stall that several files' events fall in is not one checkpoint's: saves closer
     together than the episode rules' gap (GAP_TICKS) merge into one episode, or one call
@@ -403,6 +567,14 @@ def _unshared(checkpoints: list[Checkpoint]) -> list[Checkpoint]:
     return out
 
 
+def _at_most(reads: list[float | None], size: int | None) -> float | None:
+    """A file's reads over its episodes, summed: no more than the file holds."""
+    if None in reads:
+        return None
+    total = sum(r for r in reads if r is not None)
+    return total if size is None else min(total, float(size))
+
+
 def _restores(
     opens: Sequence[FileEvent],
     decoders: Sequence[Episode],
@@ -411,6 +583,7 @@ def _restores(
     is_lazy: Callable[[str], bool],
 ) -> list[Restore]:
     by_episode: dict[int, tuple[Episode, FileEvent]] = {}
+    files_of: dict[int, set[str]] = {}  # episode -> the files opened in it
     unmatched_paths: dict[str, FileEvent] = {}
     matched_paths: set[str] = set()
     for ev in sorted(opens, key=lambda e: e.t):
@@ -419,14 +592,24 @@ def _restores(
             unmatched_paths.setdefault(ev.path, ev)
             continue
         matched_paths.add(ev.path)
-        by_episode.setdefault(id(ep), (ep, ev))
+        # an episode that opened several files stands for its largest (a torch.load of the
+        # optimizer, not the small json read just before it)
+        had = by_episode.get(id(ep))
+        if had is None or (ev.bytes or 0) > (had[1].bytes or 0):
+            by_episode[id(ep)] = (ep, ev)
+        files_of.setdefault(id(ep), set()).add(ev.path)
     # A file read back in several of the process's episodes is one restore: the main
     # thread's time in all of them (many.Checkpointer reads the newest receipt when it is
     # made, the job loads the state later).
     per_file: dict[tuple[int, str], list[tuple[Episode, FileEvent, float | None]]] = {}
     for ep, ev in by_episode.values():
         used.add(id(ep))
-        got = read_bytes(ep.pid, ep.start, ep.end)
+        # the process's reads over the episode are this file's only when it is the one
+        # file opened in it, and then no more than the file holds (the process read
+        # other things meanwhile: a log, a dataset)
+        got = read_bytes(ep.pid, ep.start, ep.end) if len(files_of[id(ep)]) == 1 else None
+        if got is not None and ev.bytes is not None:
+            got = min(got, float(ev.bytes))
         per_file.setdefault((ep.pid, ev.path), []).append((ep, ev, got))
     out = []
     for group in per_file.values():
@@ -441,7 +624,7 @@ def _restores(
                 episode=ep, wall_s=sum(g[0].wall_s for g in group),
                 resolution_s=sum(stated_resolution_s(g[0]) for g in group),
                 timed_by=timed_by,
-                read_bytes=None if None in reads else sum(r for r in reads if r is not None),
+                read_bytes=_at_most(reads, ev.bytes),
                 lazy=is_lazy(ev.path),
             )
         )  # fmt: skip

@@ -56,6 +56,7 @@ from profiler.classify.source_store import SourceStore
 from profiler.classify.target_files import source_path
 
 _MEMO_MAX = 1 << 17
+MODULE_BODY = "<module>"  # a module body's frame name (CPython)
 
 
 def _is_inner_scope(name: str) -> bool:
@@ -165,6 +166,7 @@ class Classifier:
         self._generation = self._sources.generation
         self._stacks: dict[tuple[str | None, tuple[Frame, ...]], Classification] = {}
         self._python_memo: dict[tuple[str, str], Rule | None] = {}
+        self._import_memo: dict[str, frozenset[str]] = {}
         self._native_memo: dict[tuple[str, str], Rule | None] = {}
         self._callback_memo: dict[str, bool] = {}
         self._callsite_memo: dict[tuple[str, int, bool], CallsiteMatch | None] = {}
@@ -235,7 +237,7 @@ class Classifier:
 
     def _sweep(self) -> None:
         """Periodic upkeep (every `stat_ttl_s`): bound the memos, notice pid reuse."""
-        for memo in (self._python_memo, self._native_memo, self._callsite_memo):
+        for memo in (self._python_memo, self._native_memo, self._callsite_memo, self._import_memo):
             if len(memo) > _MEMO_MAX:
                 memo.clear()
         if len(self._callback_memo) > _MEMO_MAX:
@@ -264,6 +266,24 @@ class Classifier:
                 break
         self._python_memo[key] = found
         return found
+
+    def _imported_by(self, frame: Frame) -> frozenset[str]:
+        """The python rules whose files `frame` is the module body of, where the rule
+        leaves module bodies out (`!<module>`): below this frame that package is being
+        imported, and a function it runs then (yaml's resolver registering its implicit
+        resolvers) is set-up, not serialization."""
+        got = self._import_memo.get(frame.filename)
+        if got is None:
+            got = frozenset(
+                rule.id
+                for rule in self._python_rules
+                if rule.files is not None
+                and rule.functions is not None
+                and rule.files.match(frame.filename)
+                and not rule.functions.match(MODULE_BODY)
+            )
+            self._import_memo[frame.filename] = got
+        return got
 
     def _native_rule(self, frame: Frame) -> Rule | None:
         module = os.path.basename(frame.module or "")
@@ -489,8 +509,11 @@ class Classifier:
         for k in range(1, len(python_idx)):
             deeper_python[python_idx[k]] = python_idx[k - 1]
         enclosing: Explanation | None = None  # the outermost line enclosing deeper frames
+        importing: frozenset[str] = frozenset()  # rules whose package's import is running
         for i in range(len(frames) - 1, -1, -1):
             frame = frames[i]
+            if not frame.is_native and frame.name == MODULE_BODY:
+                importing |= self._imported_by(frame)
             if frame.is_native:
                 rule = self._native_rule(frame)
                 if rule is not None:
@@ -502,6 +525,8 @@ class Classifier:
                     )
                 continue
             rule = self._python_rule(frame)
+            if rule is not None and rule.id in importing:
+                rule = None  # import-time set-up of the package (`_imported_by`)
             if rule is not None:
                 return _within(
                     enclosing,

@@ -2,8 +2,8 @@
 
     serwatt ab --baseline 'CMD...' --candidate 'CMD...' [--repeats N]
                [--order interleaved|random --seed S] [--prepare 'CMD'] [--resume-args 'ARGS']
-               [--cold-restore] [--checkpoints DIR] [--record DB] [--json F] [--html F]
-               [--full] [--cluster F | --project] [--skip-warmup N]
+               [--cold-restore] [--checkpoints DIR [--checkpoint-glob G]] [--record DB]
+               [--json F] [--html F] [--full] [--cluster F | --project] [--skip-warmup N]
     serwatt ab --swap torch --checkpoints DIR [--resume-args 'ARGS'] -- CMD ARGS...
 
 Each run is `serwatt profile --record DB --run-id ab-<start>-<side>-<k> --checkpoints DIR`
@@ -37,6 +37,7 @@ from profiler.profile.ab import (
     PlannedRun,
     RunFailed,
     RunOutcome,
+    perturbation,
     split_command,
 )
 from profiler.records.store import Recorder, RecordError
@@ -116,6 +117,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="the job's checkpoint directory, watched in every run; '{dir}' in a command "
         "becomes a directory of that run's own under DIR",
+    )
+    parser.add_argument(
+        "--checkpoint-glob",
+        metavar="GLOB",
+        help="with --checkpoints: the file names that are checkpoints, as for `serwatt "
+        "profile` (fnmatch; default: no temp files, no TensorBoard event files)",
     )
     parser.add_argument(
         "--record", type=Path, metavar="DB", help="the run record (default ./ab-<start>.sqlite)"
@@ -200,6 +207,7 @@ def _options(args: argparse.Namespace, record: Path) -> AbOptions:
         cold_restore=args.cold_restore,
         # absolute: the job may change directory before it writes {dir}
         checkpoints=args.checkpoints.absolute() if args.checkpoints is not None else None,
+        checkpoint_glob=args.checkpoint_glob,
     )
 
 
@@ -378,6 +386,8 @@ def _report(args: argparse.Namespace, opts: AbOptions, result: AbResult, cluster
     report["source"] = {"kind": "run records", "file": str(opts.record)}
     report["ab"] = ab_section(opts, result)
     report["ab"]["headline"] = headline(report, opts)
+    report["ab"]["perturbation"] = perturbation(result.outcomes)
+    report["caveats"].append(report["ab"]["perturbation"])
     if partial is not None:
         report["ab"]["partial"] = partial
         report["caveats"].append(partial)
@@ -479,11 +489,37 @@ def headline(report: dict[str, Any], opts: AbOptions) -> list[str]:
     }
     lines.append(
         f"compared: {what}; {per_side['baseline']}+{per_side['candidate']} runs, "
-        f"{opts.order}" + (", each resumed" if opts.resume_args else "")
+        f"{opts.order}"
+        + (", each resumed" if opts.resume_args else "")
+        + (f"; {swap_split(done)}" if opts.swap is not None else "")
     )
     if ck.get("stall_s") and (warm := warmup_text(ck["stall_s"])) is not None:
         lines.append(f"warm-up: {warm}")
     return lines
+
+
+def _files_bytes(pair: list[int]) -> str:
+    return f"{pair[0]} files ({fmt(pair[1] / 1e6)} MB)"
+
+
+def swap_split(runs: list[dict[str, Any]]) -> str:
+    """What each side's runs wrote under DIR, by format, summed: the swap sends what `.many`
+    cannot store to the original torch.save, so the comparison is of these shares."""
+    parts = []
+    for side in ("baseline", "candidate"):
+        total = {"many": [0, 0], "torch": [0, 0]}
+        for r in runs:
+            got = r.get("written")
+            if r["side"] != side or not got:
+                continue
+            for kind, pair in total.items():
+                files, size = got.get(kind) or (0, 0)
+                total[kind] = [pair[0] + files, pair[1] + size]
+        parts.append(
+            f"{side} wrote {_files_bytes(total['many'])} as .many and "
+            f"{_files_bytes(total['torch'])} through torch.save"
+        )
+    return ", ".join(parts)
 
 
 def closing(report: dict[str, Any], html_path: Path | None, json_path: Path | None) -> list[str]:

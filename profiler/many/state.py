@@ -58,6 +58,12 @@ class _Attr(str):
 Path = tuple[Any, ...]
 
 
+def state_at(path: Path) -> str:
+    """Where in the state an error is, as a message's subject: `state['model']['w']`, or
+    `the state's root` for the object passed itself."""
+    return f"state{format_path(path)}" if path else "the state's root"
+
+
 def format_path(path: Path) -> str:
     """A path as Python subscripts (`['optimizer']['state'][3]`), for error messages."""
     if not path:
@@ -196,7 +202,7 @@ class _Flattener:
             if isinstance(x, torch.Tensor):
                 return self.tensor(x, path)
         raise TypeError(
-            f"state{format_path(path)}: {t.__module__}.{t.__qualname__} cannot be stored in a "
+            f"{state_at(path)}: {t.__module__}.{t.__qualname__} cannot be stored in a "
             ".many state (leaves are torch tensors, numpy arrays, int, float, bool, str and "
             "None; containers are dict, OrderedDict, list and tuple). Nothing is pickled: "
             "convert it to one of those first"
@@ -205,11 +211,11 @@ class _Flattener:
     def container(self, x: Any, path: Path, depth: int) -> Any:
         if depth >= self.max_depth:
             raise ValueError(
-                f"state{format_path(path)}: nested deeper than {self.max_depth} containers; "
+                f"{state_at(path)}: nested deeper than {self.max_depth} containers; "
                 "raise max_depth= if this is intended"
             )
         if id(x) in self.active:
-            raise ValueError(f"state{format_path(path)}: the container contains itself (a cycle)")
+            raise ValueError(f"{state_at(path)}: the container contains itself (a cycle)")
         self.active.add(id(x))
         try:
             if isinstance(x, dict):
@@ -217,7 +223,7 @@ class _Flattener:
                 for k, v in x.items():
                     if type(k) is not str and type(k) is not int:
                         raise TypeError(
-                            f"state{format_path(path)}: key {k!r} is a {type(k).__name__}; "
+                            f"{state_at(path)}: key {k!r} is a {type(k).__name__}; "
                             "dict keys must be str or int (bool keys would collide with 1/0)"
                         )
                     items.append([k, self.node(v, (*path, k), depth + 1)])
@@ -242,7 +248,7 @@ class _Flattener:
         code = _NUMPY_CODES.get(dt, 0)
         if not code:
             raise TypeError(
-                f"state{format_path(path)}: numpy dtype {arr.dtype} has no .many dtype code "
+                f"{state_at(path)}: numpy dtype {arr.dtype} has no .many dtype code "
                 "(FORMAT.md dtype table)"
             )
         shape = tuple(int(d) for d in arr.shape)
@@ -270,7 +276,7 @@ class _Flattener:
 
     def tensor(self, x: Any, path: Path) -> Any:
         def where() -> str:  # built only for an error: a checkpoint walks every tensor
-            return f"state{format_path(path)}"
+            return state_at(path)
 
         if type(x) not in self.tensor_types:
             raise TypeError(

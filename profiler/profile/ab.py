@@ -10,7 +10,8 @@ Checkpoint directories: with `--checkpoints DIR`, a command holding `{dir}` gets
 of its own per run pair (DIR/ab-<start>/<side>-<k>, made here), so no run reads another's
 files; a command without `{dir}` has every run use DIR itself. A file counts as written by
 a run when its (inode, size, mtime) under the directory is new after the run (names that
-start with '.' or end in '.tmp' are temp files, as for `serwatt profile --checkpoint-glob`).
+start with '.' or end in '.tmp' are temp files, TensorBoard's event files are a logger's;
+`checkpoint_glob` names the files that count instead, as `serwatt profile --checkpoint-glob`).
 
 Restore: with `resume_args`, every run is followed by the same command with those arguments
 appended, recorded on the same side as `...-<k>-resumed`. With `cold_restore` the run's
@@ -40,6 +41,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import json
+import math
 import mmap
 import os
 import pickletools
@@ -49,6 +52,7 @@ import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import zipfile
@@ -58,11 +62,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from collectors.fsevents import name_filter
 from profiler.exitcodes import EXIT_RUNTIME, EXIT_USAGE
 from profiler.many.format import MAGIC, escape_text
 from profiler.records.run_ids import format_start_time
 from profiler.records.store import Recorder, RecordError
-from profiler.safeio import open_regular, read_head
+from profiler.safeio import InputFileError, open_regular, read_bounded, read_head, read_json
 
 SIDES = ("baseline", "candidate")
 ORDERS = ("interleaved", "random")
@@ -70,9 +75,11 @@ SWAPS = ("torch",)
 DIR_PLACEHOLDER = "{dir}"
 SWAP_DIR = Path(__file__).resolve().parent / "swap"
 SWAP_ENV = "SERWATT_SWAP"
+SWAP_LOG_ENV = "SERWATT_SWAP_LOG"  # swap/sitecustomize.py's log of what went where
 TAIL_BYTES = 4096  # of each run's stderr, kept for a failure's message
 MAX_ENTRIES = 100_000  # entries of a checkpoint directory looked at per snapshot
 RESUMED = "resumed"
+MAX_SWAP_LOG_BYTES = 64 << 20  # a line per save of every process of a run
 
 
 class AbError(Exception):
@@ -98,6 +105,7 @@ class AbOptions:
     resume_args: tuple[str, ...] = ()
     cold_restore: bool = False
     checkpoints: Path | None = None
+    checkpoint_glob: str | None = None  # the names under DIR that are checkpoints (fnmatch)
     python: str = sys.executable  # runs `-m profiler profile`
 
 
@@ -121,6 +129,13 @@ class RunOutcome:
     many_files: int | None
     stderr_tail: str
     restores: int | None = None  # resumed runs: files opened for reading, from the record
+    # what the run wrote under DIR, by format: {"many"|"torch"|"other": [files, bytes]}
+    written: dict[str, list[int]] | None = None
+    # --swap candidate runs: the sitecustomize's log, {"many"|"torch": [files, bytes]}
+    swap_saves: dict[str, list[int]] | None = None
+    # serwatt's own CPU over the run (its process and py-spy runs, cores), from the
+    # profile's document; None: not measured
+    serwatt_cpu_cores: float | None = None
     restore_cache: str | None = None  # cold | warm | partly cached (x%)
     cached_fraction: float | None = None
 
@@ -136,6 +151,11 @@ class RunOutcome:
             "wall_s": round(self.wall_s, 3),
             "directory": str(self.run.directory) if self.run.directory is not None else None,
         }
+        if self.written is not None:
+            out["written"] = self.written
+        if self.swap_saves is not None:
+            out["swap_saves"] = self.swap_saves
+        out["serwatt_cpu_cores"] = self.serwatt_cpu_cores
         if self.run.resumed:
             out |= {
                 "restores": self.restores,
@@ -211,6 +231,8 @@ class Ab:
         self._stop = False
         self._child: subprocess.Popen[bytes] | None = None
         self._swap_checked = False
+        self._swap_logs: Path | None = None  # a private directory: one log per run pair
+        self._swap_seen: dict[Path, int] = {}  # log -> lines read by earlier runs
 
     # ------------------------------------------------------------------ before any run
 
@@ -226,6 +248,7 @@ class Ab:
             raise AbError(f"--swap {o.swap}: not one of {', '.join(SWAPS)}")
         if o.checkpoints is None:
             for flag, given in (
+                ("--checkpoint-glob", o.checkpoint_glob is not None),
                 ("--resume-args", bool(o.resume_args)),
                 ("--cold-restore", o.cold_restore),
                 ("--swap", o.swap is not None),
@@ -385,14 +408,17 @@ class Ab:
                     os.makedirs(directory, 0o755)
             if planned.resumed:
                 cached = cache_state(directory, evict=o.cold_restore)
-        before = snapshot(directory) if directory is not None else {}
+        before = snapshot(directory, o.checkpoint_glob) if directory is not None else {}
         job = list(planned.command)
+        swap_log = None
         if o.swap is not None and planned.side == "candidate":
             path = os.environ.get("PYTHONPATH")
+            swap_log = self._swap_log(planned)
             job = [
                 "env",
                 f"PYTHONPATH={SWAP_DIR}" + (f":{path}" if path else ""),
                 f"{SWAP_ENV}={o.swap}",
+                f"{SWAP_LOG_ENV}={swap_log}",
                 *job,
             ]
         argv = [
@@ -409,17 +435,71 @@ class Ab:
             "--cpu-budget",
             "off",
         ]
+        document = self._private() / f"{planned.run_id}.json"
+        argv += ["--json", str(document)]
         if directory is not None:
             argv += ["--checkpoints", str(directory)]
+            if o.checkpoint_glob is not None:
+                argv += ["--checkpoint-glob", o.checkpoint_glob]
         code, err = self._run_quiet([*argv, "--", *job])
         outcome = RunOutcome(planned, code, self.clock() - t0, None, None, err)
         if directory is not None:
-            written = written_files(before, snapshot(directory))
+            after = snapshot(directory, o.checkpoint_glob)
+            written = written_files(before, after)
             outcome.checkpoint_files = len(written)
-            outcome.many_files = sum(1 for p in written if is_many(p))
+            outcome.written = by_format({p: after[p][2] for p in written})
+            outcome.many_files = outcome.written["many"][0]
+        if swap_log is not None:
+            outcome.swap_saves = self._swap_saves(swap_log, planned)
+        outcome.serwatt_cpu_cores = _own_cpu_cores(document)
         if planned.resumed and code == 0:
             self._restore(outcome, cached)
         return outcome
+
+    def _swap_log(self, planned: PlannedRun) -> Path:
+        """The log file of this run's swap (swap/sitecustomize.py); a resumed run shares its
+        pair's, so it may hand back to torch.load the files that run wrote through it."""
+        return self._private() / f"{planned.side}-{planned.k}.jsonl"
+
+    def _private(self) -> Path:
+        """A directory of this A/B's own (mode 0700) for the swap's logs and the runs'
+        documents."""
+        if self._swap_logs is None:
+            self._swap_logs = Path(tempfile.mkdtemp(prefix=f"serwatt-{self.start}-"))
+        return self._swap_logs
+
+    def _swap_saves(self, log: Path, planned: PlannedRun) -> dict[str, list[int]]:
+        """This run's saves by where they went, from the log (lines from `seen` on are
+        this run's: a resumed run appends to its pair's log). Raises AbError when the swap
+        did not apply in one of the job's processes: the sides would be the same thing."""
+        try:
+            data = read_bounded(log, max_bytes=MAX_SWAP_LOG_BYTES, follow_links=False)
+        except InputFileError:
+            data = b""
+        lines = data.decode("utf-8", "replace").splitlines()
+        seen = self._swap_seen.get(log, 0)
+        self._swap_seen[log] = len(lines)
+        out: dict[str, list[int]] = {"many": [0, 0], "torch": [0, 0]}
+        why: list[str] = []
+        for line in lines[seen:]:
+            try:
+                ev = json.loads(line)
+                if ev.get("event") == "not_applied":
+                    why.append(str(ev.get("why")))
+                elif ev.get("event") == "save" and ev.get("to") in out:
+                    out[ev["to"]][0] += 1
+                    out[ev["to"]][1] += int(ev.get("bytes") or 0)
+            except (ValueError, TypeError, AttributeError):
+                continue
+        if why:
+            raise AbError(
+                f"--swap {self.opts.swap}: the swap did not apply in {len(why)} of the job's "
+                f"processes (run {planned.run_id}): {escape_text(why[0])}; the candidate "
+                "would measure the baseline again. Install numpy and blake3 into the job's "
+                "environment, or run the job with serwatt's interpreter",
+                EXIT_RUNTIME,
+            )
+        return out
 
     def _restore(self, outcome: RunOutcome, cached: dict[str, float]) -> None:
         try:
@@ -449,18 +529,47 @@ class Ab:
             return
         if run.side == "baseline" and not self._swap_checked and outcome.checkpoint_files:
             self._swap_checked = True
-            problems = unsupported_by_swap(written_paths(run.directory))
-            if problems:
+            damaged, _pickled = swap_problems(written_paths(run.directory, o.checkpoint_glob))
+            if damaged:
                 raise AbError(
-                    f"--swap {o.swap}: the baseline's checkpoints hold what the .many "
-                    f"drop-in cannot write, or cannot be checked ({problems[0]}; "
-                    "docs/many.md, 'Whole checkpoints'); A/B this job with --candidate"
+                    f"--swap {o.swap}: {len(damaged)} of the baseline's checkpoint files "
+                    f"cannot be checked: {'; '.join(damaged)}"
                 )
         if run.side == "candidate" and not run.resumed and not outcome.many_files:
             raise AbError(
                 f"the swap took no effect: no .many file written in {run.directory}; "
                 "does the job call torch.save?"
             )
+
+
+def _own_cpu_cores(document: Path) -> float | None:
+    """serwatt's own CPU over a run (cores) from its profile document (profiler/profile/
+    cpu_budget.py measures it); None when the document or the figure is missing."""
+    try:
+        doc = read_json(document)
+    except (InputFileError, OSError):
+        return None
+    got = (doc.get("cpu_budget") or {}).get("own_cpu_cores") if isinstance(doc, dict) else None
+    return float(got) if isinstance(got, int | float) else None
+
+
+def perturbation(outcomes: Sequence[RunOutcome], cpus: int | None = None) -> str:
+    """How perturbed each side was: serwatt's own CPU (its process and py-spy runs) as a
+    share of the node's CPUs, mean and max over the side's runs."""
+    n = cpus or os.cpu_count() or 1
+    parts = []
+    for side in SIDES:
+        got = [o.serwatt_cpu_cores for o in outcomes if o.run.side == side]
+        known = [g for g in got if g is not None]
+        if not known:
+            parts.append(f"{side} not measured")
+            continue
+        mean = sum(known) / len(known)
+        parts.append(
+            f"{side} {mean:.2f} cores ({mean / n:.0%} of the node's {n} CPUs; "
+            f"max {max(known) / n:.0%}; {len(known)} of {len(got)} runs measured)"
+        )
+    return "serwatt's own CPU while it measured: " + ", ".join(parts)
 
 
 class RunFailed(AbError):
@@ -485,13 +594,11 @@ def _last_line(text: str) -> str:
 FileVersion = tuple[int, int, int, int]  # (dev, inode, size, mtime_ns)
 
 
-def _temp_name(name: str) -> bool:
-    return name.startswith(".") or name.endswith(".tmp")
-
-
-def snapshot(directory: Path) -> dict[str, FileVersion]:
-    """path -> version of each regular file under `directory` (links not followed, at most
-    MAX_ENTRIES entries looked at, temp names left out)."""
+def snapshot(directory: Path, glob: str | None = None) -> dict[str, FileVersion]:
+    """path -> version of each regular file under `directory` whose name is a checkpoint's
+    (`--checkpoint-glob`, or the watch's default rule: no temp files, no TensorBoard
+    events), links not followed, at most MAX_ENTRIES entries looked at."""
+    keep = name_filter(glob)
     out: dict[str, FileVersion] = {}
     pending = [str(directory)]
     seen = 0
@@ -511,7 +618,7 @@ def snapshot(directory: Path) -> dict[str, FileVersion]:
                 continue
             if stat.S_ISDIR(info.st_mode):
                 pending.append(entry.path)
-            elif stat.S_ISREG(info.st_mode) and not _temp_name(entry.name):
+            elif stat.S_ISREG(info.st_mode) and keep(entry.name):
                 out[entry.path] = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
     return out
 
@@ -521,8 +628,22 @@ def written_files(before: dict[str, FileVersion], after: dict[str, FileVersion])
     return sorted(p for p, v in after.items() if before.get(p) != v)
 
 
-def written_paths(directory: Path) -> list[str]:
-    return sorted(snapshot(directory))
+def written_paths(directory: Path, glob: str | None = None) -> list[str]:
+    return sorted(snapshot(directory, glob))
+
+
+def by_format(sizes: dict[str, int]) -> dict[str, list[int]]:
+    """[files, bytes] written per format: `.many`, torch.save's zip, anything else."""
+    out = {"many": [0, 0], "torch": [0, 0], "other": [0, 0]}
+    for path, size in sizes.items():
+        try:
+            head = read_head(path, len(MAGIC))
+        except OSError:
+            head = b""
+        kind = "many" if head == MAGIC else "torch" if head.startswith(_ZIP_MAGIC) else "other"
+        out[kind][0] += 1
+        out[kind][1] += size
+    return out
 
 
 def is_many(path: str) -> bool:
@@ -600,7 +721,8 @@ def cache_label(fraction: float) -> str:
         return "cold"
     if fraction >= 1.0:
         return "warm"
-    return f"partly cached ({fraction:.0%})"
+    # floored: a file one page short of cached is not "100%" cached
+    return f"partly cached ({math.floor(fraction * 100)}%)"
 
 
 # ---------------------------------------------------------------------- what --swap covers
@@ -613,6 +735,14 @@ _TENSOR_GLOBALS = {
     ("collections", "OrderedDict"),
     ("torch._utils", "_rebuild_tensor_v2"),
     ("torch._utils", "_rebuild_parameter"),
+    # numpy arrays and scalars (an RNG state): the drop-in stores them as arrays
+    ("numpy.core.multiarray", "_reconstruct"),
+    ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy.core.multiarray", "scalar"),
+    ("numpy._core.multiarray", "scalar"),
+    ("numpy", "ndarray"),
+    ("numpy", "dtype"),
+    ("_codecs", "encode"),  # protocol 2's bytes (torch.save's default protocol)
 }
 
 
@@ -662,10 +792,18 @@ def _pickle_of(fd: int) -> bytes | None:
 
 
 def unsupported_by_swap(paths: Sequence[str]) -> list[str]:
-    """What in these torch.save files the `.many` drop-in cannot write: one line per kind,
-    e.g. "ckpt.pt pickles argparse.Namespace", or one naming a file too damaged to check
-    (a zip or pickle that cannot be read); [] when nothing (or not a torch.save zip)."""
+    """`swap_problems`' two lists in one, damaged files first."""
+    damaged, pickled = swap_problems(paths)
+    return damaged + pickled
+
+
+def swap_problems(paths: Sequence[str]) -> tuple[list[str], list[str]]:
+    """What in these torch.save files the `.many` drop-in cannot write, every file: (files
+    too damaged to check, a zip or pickle that cannot be read; files that pickle objects,
+    "training_args.bin pickles transformers.training_args.TrainingArguments", which the
+    swap sends to the original torch.save). Not torch.save zips: nothing."""
     problems: list[str] = []
+    damaged: list[str] = []
     for path in paths:
         try:
             with open_regular(path) as fd:
@@ -678,7 +816,7 @@ def unsupported_by_swap(paths: Sequence[str]) -> list[str]:
                 # lacks), RuntimeError (an encryption flag), EOFError, OSError... Each is the
                 # same answer: this file cannot be checked.
                 except Exception as exc:
-                    problems.append(_damaged(path, exc))
+                    damaged.append(_damaged(path, exc))
                     continue
         except OSError:
             continue  # gone, or not a regular file: not a checkpoint the job left
@@ -694,8 +832,8 @@ def unsupported_by_swap(paths: Sequence[str]) -> list[str]:
                 }
             )
         except Exception as exc:  # pickletools on a damaged pickle: ValueError, EOFError...
-            problems.append(_damaged(path, exc))
+            damaged.append(_damaged(path, exc))
             continue
         if found:
             problems.append(f"{os.path.basename(path)} pickles {', '.join(found[:3])}")
-    return problems
+    return damaged, problems

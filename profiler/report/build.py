@@ -796,7 +796,7 @@ def _checkpoint_section(
         out["restore_s"] = _episode_metric(
             rb, rc, "s", {s.name: "measured: checkpoint restores" for s in sides}, "restores"
         )
-        out["restore_s"]["basis"] = "per measured restore (mean)"
+        out["restore_s"]["basis"] = "per resumed run (its timed loads summed; mean)"
     out["durability"] = _durability_part(out, choices, ckpt_eps, caveats)
     return out
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from profiler.attribution.checkpoints import STAMP_SLACK_S
+from profiler.attribution.checkpoints import PART_OF, STAMP_SLACK_S
 from profiler.classify.codepaths import KNOWN_DURABLE
 from profiler.report.inputs import CheckpointInput, EpisodeInput, RunInput
 
@@ -47,7 +47,9 @@ def _stalls(
     first `skip` (in event order), each with the episode its stall points at (None: none;
     a checkpoint without stall_s has no stall whatever it points at)."""
     by_key: _EpisodesByKey = {(e.pid, e.thread, e.start): e for e in run.episodes or ()}
-    ordered = sorted(run.checkpoints or (), key=lambda c: c.event_t)[skip:]
+    # a checkpoint directory's files are its save's breakdown, the directory the checkpoint
+    saves = [c for c in run.checkpoints or () if not (c.timed_by or "").startswith(PART_OF)]
+    ordered = sorted(saves, key=lambda c: c.event_t)[skip:]
     return by_key, [(c, by_key.get((c.pid, c.stall_thread, c.stall_start))) for c in ordered]
 
 

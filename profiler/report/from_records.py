@@ -42,6 +42,11 @@ def _energy_source(detail: RunDetail) -> tuple[str, str | None]:
     return "unavailable", str(detail.sources.get("energy") or "no energy was recorded")
 
 
+def _run_restore_s(restores: Sequence[RestoreInput]) -> tuple[float, ...]:
+    timed = [r.wall_s for r in restores if r.wall_s is not None]
+    return (sum(timed),) if timed else ()
+
+
 def _rate_hz(detail: RunDetail) -> float:
     configured = detail.config.get("rate_hz") or detail.config.get("sample_rate_hz")
     if isinstance(configured, (int, float)) and not isinstance(configured, bool):
@@ -130,7 +135,10 @@ def run_input(detail: RunDetail) -> RunInput:
         episodes=episodes,
         checkpoints=checkpoints,
         restores=restores or (),
-        restore_s=tuple(r.wall_s for r in restores or () if r.wall_s is not None),
+        # one restore per run: every checkpoint file it read back, their timed loads summed
+        # (a run's small json reads are not restores of their own to average with its
+        # optimizer's load)
+        restore_s=_run_restore_s(restores or ()),
         unmatched_episodes=watched["unmatched_episodes"] if watched else None,
         read_bytes=watched["read_bytes"] if watched else None,
         read_bytes_source=watched["read_bytes_source"] if watched else None,

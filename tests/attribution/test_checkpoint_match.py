@@ -94,7 +94,8 @@ def test_one_files_reads_in_two_episodes_are_one_restore() -> None:
     (r,) = m.restores
     assert r.path == path and r.episode is load and r.open_t == 50.005
     assert abs(r.wall_s - 0.06) < 1e-9 and r.resolution_s == 2 * RES
-    assert r.read_bytes == 1e6 and r.timed_by.endswith("2 episodes")
+    # the reads counted over its episodes, no more than the file holds (4096 bytes)
+    assert r.read_bytes == 4096 and r.timed_by.endswith("2 episodes")
     assert m.unmatched == ()
 
 

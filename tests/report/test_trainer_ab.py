@@ -1,0 +1,74 @@
+"""Issue 47's done-when: a stock Hugging Face `Trainer` job, unchanged, A/Bs with
+`serwatt ab --swap torch --checkpoints DIR --resume-args ...`: both sides report a stall per
+checkpoint directory, each within its stated resolution of the job's own timing of
+`Trainer._save_checkpoint`, and a restore per resumed run; the report says what each side
+wrote as `.many` and through torch.save (training_args.bin pickles TrainingArguments)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PY = sys.executable
+
+
+@pytest.mark.long
+def test_a_stock_trainer_job_ab_swaps_end_to_end(tmp_path: Path) -> None:
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    record, report = tmp_path / "r.sqlite", tmp_path / "r.json"
+    job = [PY, "-m", "tests.workloads.trainer_job", "{dir}", "--steps", "20", "--save-steps", "10"]
+    job += ["--timing", "{dir}/.timing.jsonl"]  # a hidden name: not a checkpoint file
+    out = subprocess.run(
+        [PY, "-m", "profiler", "ab", "--swap", "torch", "--checkpoints", str(ck),
+         "--resume-args=--resume", "--repeats", "2", "--record", str(record),
+         "--json", str(report), "--", *job],
+        cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
+        timeout=1500,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-4000:]
+    doc = json.loads(report.read_text())
+    runs = doc["ab"]["runs"]
+    for r in runs:
+        w = r["written"]
+        if r["side"] == "baseline":
+            assert w["many"][0] == 0 and w["torch"][0] > 0, r
+        else:
+            # optimizer.pt, scheduler.pt, rng_state.pth as .many; training_args.bin (a
+            # pickled TrainingArguments) through the original torch.save
+            assert w["many"][0] == 3 * w["torch"][0] > 0, r
+            assert r["swap_saves"]["torch"][0] == w["torch"][0], r
+        if r["resumed"]:
+            assert r["restores"] and r["restores"] > 0, r
+    # how perturbed each side was: serwatt's own CPU share of the node, every run measured
+    assert all(isinstance(r["serwatt_cpu_cores"], float) for r in runs), runs
+    assert "not measured" not in doc["ab"]["perturbation"]
+    assert doc["ab"]["perturbation"] in doc["caveats"]
+    headline = out.stdout.splitlines()[:3]
+    assert "through torch.save" in headline[2], headline
+    db = sqlite3.connect(record)
+    checked = 0
+    for r in runs:
+        timing = Path(r["directory"]) / ".timing.jsonl"
+        saves = {f"checkpoint-{t['step']}": t["save_s"] for t in map(json.loads, timing.open())}
+        rows = db.execute(
+            "SELECT path, stall_s, resolution_s FROM checkpoints WHERE run_id = ?"
+            " AND timed_by NOT LIKE 'part of the save of%'",
+            (r["run_id"],),
+        ).fetchall()
+        dirs = {Path(p).name: (s, res) for p, s, res in rows}
+        written_now = {f"checkpoint-{k}" for k in ((30,) if r["resumed"] else (10, 20))}
+        assert written_now <= set(dirs), (r["run_id"], dirs)
+        for name in written_now:
+            stall, res = dirs[name]
+            assert stall is not None, (r["run_id"], name, dirs)
+            assert abs(stall - saves[name]) <= res, (r["run_id"], name, stall, res, saves[name])
+            checked += 1
+    assert checked == 12
