@@ -392,7 +392,15 @@ def attribute_span(
     past them (the targets' and the node's CPU clocks tick separately), all are scaled by
     one factor (apportion.overlap_factor); each sample's GPU-wait is timed by the timeline
     that produced it (attribute_window)."""
-    windows = [_attribute_one(report, reading, slot) for report in reports]
+    return fit_span([_attribute_one(report, reading, slot) for report in reports], reading)
+
+
+def fit_span(windows: Sequence[AttributedWindow], reading: WindowEnergy) -> SpanAttribution:
+    """The one overlap fit: windows attributed over one span, whose joules together may
+    not pass the node's dynamic joules over it (`reading`), all scaled by one factor
+    where they do (apportion.overlap_factor). attribute_span fits a span's windows; the
+    profile's pipeline fits the windows of a process tree that overlap in time
+    (WindowPipeline.attribute_held) against the reading of their joint span."""
     if reading.source not in ("rapl", "model") or reading.package_j is None:
         return SpanAttribution(tuple(windows), None, _joules(windows))
     node_j = max(0.0, reading.package_j)

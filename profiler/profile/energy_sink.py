@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from profiler.attribution.apportion import GpuWaitAttribution, overlap_factor
+from profiler.attribution.apportion import GpuWaitAttribution
 from profiler.attribution.tracker import (
     ENERGY_METHOD,
     GPU_WAIT_METHOD,
@@ -84,7 +84,7 @@ class EnergySink:
         self.status = tracker.probe()
         self.summary: ProfileEnergy | None = None  # set by finish()
         self._fold = DirectedTotals()  # the windows' joules and GPU-wait by direction
-        self._dir_j: dict[str, dict[str, float]] = {}  # fitted to the node's (finish)
+        self._dir_j: dict[str, dict[str, float]] = {}  # by codepath (finish)
         self._parts = {"idle": 0.0, "other_processes": 0.0, "target_unsampled": 0.0}
         self._sources: set[str] = set()
         self._reasons: list[str] = []
@@ -213,11 +213,9 @@ class EnergySink:
             return {"source": "unavailable", "reason": reason, "package_j": None}
         (source,) = self._sources
         total = self._node["package_j"]
-        # the targets of a process tree share the node's dynamic joules: the one overlap rule
-        dynamic = total if "dynamic_j" in self._node_missing else self._node.get("dynamic_j", total)
-        dir_j = self._fold.by_codepath(self._fold.energy_j)
-        factor = overlap_factor(math.fsum(self._fold.energy_j.values()), dynamic)
-        self._dir_j = {cp: {d: j * factor for d, j in by_d.items()} for cp, by_d in dir_j.items()}
+        # the windows arrive fitted to the node's joules (attribution.window.RunFit): the
+        # record keeps the same figures
+        self._dir_j = self._fold.by_codepath(self._fold.energy_j)
         attributed = min(
             math.fsum(j for by_d in self._dir_j.values() for j in by_d.values()), total
         )

@@ -349,9 +349,14 @@ def test_a_profiles_process_tree_is_held_to_the_overlap_rule(tmp_path: Path) -> 
         tree.advance("intel-rapl:0", 5.0)  # 10 W
         (procfs / "stat").write_text(_stat(20 * i, 80 * i))  # 2 CPUs 20% busy: 1.6 CPU-s
         tr.poll_once()
+    pipeline = _pipeline(tr)
     for pid, cpu in ((1, {"pickle": 2.0}), (2, {"pickle": 1.0, "other": 1.0})):
         rep = _report(t0, t0 + 4.0, cpu, [], pid=pid)
-        sink.on_window(_attributed(tr, rep))
+        # as the session hands them: held while the other process may overlap them
+        for window in pipeline.attribute_held(rep, live=(1, 2)):
+            sink.on_window(window)
+    for window in pipeline.flush():
+        sink.on_window(window)
     e = sink.finish().energy
     assert e["package_j"] == pytest.approx(40.0) and e["dynamic_j"] == pytest.approx(8.0)
     assert e["attributed_j"] == pytest.approx(8.0)  # not 16: each window alone took all 8
