@@ -202,9 +202,10 @@ def _sum_into(into: dict[_K, _V], parts: Mapping[_K, _V]) -> None:
 @dataclass
 class DirectedTotals:
     """The one fold of attributed windows into codepath x direction totals: each window's
-    DirectedFigures (AttributedWindow.by_direction, the ledger's shape) summed. The
-    daemon's ledger adds the same figures per target; the profile document's CPU, joules
-    and GPU-wait by direction, and a window's GPU record, read them from here."""
+    DirectedFigures (AttributedWindow.by_direction) summed. The daemon's ledger keeps one
+    per target behind /metrics; the profile document's CPU, joules and GPU-wait by
+    direction, and a window's GPU record, read it; the run record's direction rows are
+    the same figures, summed per run in its file (records/direction_rows.py)."""
 
     samples: dict[tuple[str, str], int] = field(default_factory=dict)
     cpu_s: dict[tuple[str, str], float] = field(default_factory=dict)
