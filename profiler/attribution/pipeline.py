@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from profiler.attribution.episodes import Episode, EpisodeTracker
-from profiler.attribution.tracker import EnergyTracker, WindowEnergy
+from profiler.attribution.tracker import EnergyTracker, TrackerReport, WindowEnergy
 from profiler.attribution.window import (
     AttributedWindow,
     attribute_span,
@@ -97,12 +97,23 @@ class WindowPipeline:
         if self.tracker is None:
             return AttributedWindow(report)
         advance = self._advance(self.tracker, report)
+        state = self.tracker_report()
         try:
             reading = self.tracker.window(report.started_at, report.ended_at)
             (window,) = attribute_span([report], reading, slot=False).windows
-            return replace(window, advance=advance)
+            return replace(window, advance=advance, tracker=state)
         except Exception as exc:
-            return AttributedWindow(report, failure=f"{type(exc).__name__}: {exc}", advance=advance)
+            why = f"{type(exc).__name__}: {exc}"
+            return AttributedWindow(report, failure=why, advance=advance, tracker=state)
+
+    def tracker_report(self) -> TrackerReport | None:
+        """The tracker's status and self-metrics now (None: no tracker, or it cannot say)."""
+        if self.tracker is None:
+            return None
+        try:
+            return self.tracker.report()
+        except Exception:
+            return None
 
     def attribute_held(self, report: WindowReport, live: Collection[int]) -> list[AttributedWindow]:
         """`attribute` for the windows of a process tree (`serwatt profile`), whose

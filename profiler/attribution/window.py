@@ -23,7 +23,7 @@ from profiler.attribution.apportion import (
     scaled_energy,
 )
 from profiler.attribution.episodes import Episode, period_s
-from profiler.attribution.tracker import EnergyTracker, WindowEnergy
+from profiler.attribution.tracker import EnergyTracker, TrackerReport, WindowEnergy
 from profiler.attribution.window_records import EnergyRecord, GpuFigures, GpuRecord, SlotSplit
 from profiler.classify.codepaths import CODEPATHS
 from profiler.classify.direction import DIRECTIONS, UNKNOWN, series_directions
@@ -310,6 +310,9 @@ class AttributedWindow:
     # this one ends (attribution/pipeline.py), so the profile's node totals miss no span
     # between windows; None when it had no new span (or the run measures no energy)
     advance: WindowEnergy | None = None
+    # `serwatt profile`'s: the tracker's status and self-metrics as the window was
+    # attributed, so its sinks never read the tracker (profile/energy_sink.py)
+    tracker: TrackerReport | None = None
 
     @property
     def energy_j(self) -> Mapping[str, float] | None:

@@ -45,7 +45,7 @@ from collectors.pyspy import (
 )
 from profiler.attribution.episodes import Episode
 from profiler.attribution.pipeline import Delivery, WindowPipeline
-from profiler.attribution.tracker import EnergyTracker
+from profiler.attribution.tracker import EnergyTracker, TrackerReport
 from profiler.attribution.window import AttributedWindow
 from profiler.classify import source_cache
 from profiler.many.format import escape_text
@@ -90,6 +90,8 @@ class SessionInfo:
     rate_hz: float
     window_s: float
     procfs: Path
+    # the energy tracker's status at the start (None: no tracker), read by the pipeline
+    tracker: TrackerReport | None = None
 
 
 @dataclass
@@ -205,6 +207,7 @@ class ProfileSession:
             rate_hz=plan.rate_hz,
             window_s=window_s,
             procfs=procfs,
+            tracker=self._pipeline.tracker_report(),
         )
         self.acc = Accumulator()
         self.stacks = StackProfile()  # the classified stacks, for --pprof / --flamegraph

@@ -30,7 +30,7 @@ def test_a_trees_record_keeps_the_joules_its_document_shows(tmp_path: Path) -> N
     tree = [parent + k for k in range(8)]
     tr = world.tracker(tmp_path / "node", parent)
     pipeline = WindowPipeline(tr)
-    energy = EnergySink(tr)
+    energy = EnergySink()
     db = tmp_path / "runs.sqlite"
     record = RecordSink(db, tracker=tr, run_id="tree", target="trainer", clock=lambda: t)
     info = SessionInfo(parent, "workload.py", world.T0, raw.PLAN.rate_hz, 2.0, tmp_path)
