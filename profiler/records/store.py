@@ -539,7 +539,7 @@ class Recorder:
         with self._reading() as db:
             return direction_rows.read(db, run_id)
 
-    def episodes(self, run_id: str) -> tuple[dict[str, Any], ...] | None:
+    def episodes(self, run_id: str) -> tuple[reader.RecordedEpisode, ...] | None:
         """A run's episodes in time order; None when it was recorded without detection."""
         with self._reading() as db:
             return reader.episodes(db, run_id)
