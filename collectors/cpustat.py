@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from collectors.status import CollectorStatus
 
@@ -83,6 +84,10 @@ def parse_proc_stat(text: str, user_hz: int) -> tuple[float, float, int]:
 
 class CpuStat:
     """Reads node-wide busy/total CPU seconds under `procfs_root` (default /proc)."""
+
+    # a Source (collectors/source.py): its status key, and the reasons that mean absent
+    name: ClassVar[str] = "cpustat"
+    absent_reasons: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(
         self,

@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from collectors.series import interpolate
 from collectors.status import CollectorStatus
@@ -360,6 +360,10 @@ class NvmlCollector:
     questions. Call `probe()` once, `poll()` every ~0.5 s (the ring buffer holds some
     tens of seconds), and `window(start, end)` for each sampling window."""
 
+    # a Source (collectors/source.py): its status key, and the reasons that mean absent
+    name: ClassVar[str] = "nvml"
+    absent_reasons: ClassVar[frozenset[str]] = frozenset({REASON_NO_DRIVER, REASON_NO_GPU})
+
     def __init__(
         self,
         backend: NvmlBackend | type | None = None,
@@ -445,6 +449,10 @@ class NvmlCollector:
                 self._call("nvmlShutdown", self._backend.shutdown)
             except NvmlError:
                 pass
+
+    def read(self) -> None:
+        """The Source read: poll (the samples land in the history window() answers from)."""
+        self.poll()
 
     def poll(self) -> None:
         """Collect new samples, energy and pids from every usable GPU."""

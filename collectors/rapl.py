@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from collectors.status import CollectorStatus
 
@@ -149,6 +150,10 @@ class RaplCollector:
 
     Thread-safe: `read()` may be called from a poller thread and a window boundary.
     """
+
+    # a Source (collectors/source.py): its status key, and the reasons that mean absent
+    name: ClassVar[str] = "rapl"
+    absent_reasons: ClassVar[frozenset[str]] = frozenset({REASON_NO_POWERCAP})
 
     def __init__(
         self,

@@ -19,13 +19,19 @@ that refuses a malformed window raises WindowRejected: that window goes no furth
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import math
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from profiler.attribution.episodes import Episode, EpisodeTracker
-from profiler.attribution.tracker import EnergyTracker, WindowEnergy
-from profiler.attribution.window import AttributedWindow, attribute_span, episode_gpu_reading
+from profiler.attribution.tracker import EnergyTracker, TrackerReport, WindowEnergy
+from profiler.attribution.window import (
+    AttributedWindow,
+    attribute_span,
+    episode_gpu_reading,
+    fit_span,
+)
 from profiler.sampling.window import WindowReport
 
 
@@ -82,6 +88,12 @@ class WindowPipeline:
         self.sink_failures: dict[str, int] = {}  # sink class name -> failed deliveries
         self.sink_errors: list[str] = []  # the first MAX_SINK_ERRORS, as SinkFailure says
         self._read_until: float | None = None  # the node read up to here (_advance)
+        # attribute_held: windows not handed back yet, each process's last window's end,
+        # the processes that exited, the longest window seen
+        self._held: list[AttributedWindow] = []
+        self._last_end: dict[int, float] = {}
+        self._exited: set[int] = set()
+        self._longest_s = 0.0
 
     def attribute(self, report: WindowReport) -> AttributedWindow:
         """The window as a span of its own against the reading of it (`serwatt profile`;
@@ -91,12 +103,82 @@ class WindowPipeline:
         if self.tracker is None:
             return AttributedWindow(report)
         advance = self._advance(self.tracker, report)
+        state = self.tracker_report()
         try:
             reading = self.tracker.window(report.started_at, report.ended_at)
             (window,) = attribute_span([report], reading, slot=False).windows
-            return replace(window, advance=advance)
+            return replace(window, advance=advance, tracker=state)
         except Exception as exc:
-            return AttributedWindow(report, failure=f"{type(exc).__name__}: {exc}", advance=advance)
+            why = f"{type(exc).__name__}: {exc}"
+            return AttributedWindow(report, failure=why, advance=advance, tracker=state)
+
+    def tracker_report(self) -> TrackerReport | None:
+        """The tracker's status and self-metrics now (None: no tracker, or it cannot say)."""
+        if self.tracker is None:
+            return None
+        try:
+            return self.tracker.report()
+        except Exception:
+            return None
+
+    def attribute_held(self, report: WindowReport, live: Collection[int]) -> list[AttributedWindow]:
+        """`attribute` for the windows of a process tree (`serwatt profile`), whose
+        processes' windows overlap in time: each window against its own span, so together
+        they may claim more than the node's joules. A window is held until no window of a
+        process still sampled (`live`) can overlap it any more, then the windows that
+        overlap one another are fitted together against their joint span's reading
+        (attribution.window.fit_span, the rule a daemon slot's windows follow) and handed
+        back, in order, before any sink reads them: the run record keeps what the
+        document sums. One process's windows never overlap and come back at once. A
+        process whose windows stopped coming (gone between windows: no window said it
+        exited) holds nothing longer than two windows' length; a process first seen
+        after a window was handed back is fitted without it."""
+        window = self.attribute(report)
+        pid = report.pid
+        self._held.append(window)
+        self._last_end[pid] = max(self._last_end.get(pid, report.ended_at), report.ended_at)
+        self._longest_s = max(self._longest_s, report.ended_at - report.started_at)
+        if report.exited:
+            self._exited.add(pid)
+        newest = max(self._last_end.values())
+        first = min(w.report.started_at for w in self._held)
+        ends = [self._last_end.get(p, first) for p in live if p not in self._exited]
+        horizon = min((e for e in ends if newest - e <= 2 * self._longest_s), default=newest)
+        return self._release(horizon)
+
+    def flush(self) -> list[AttributedWindow]:
+        """Every window attribute_held still holds, fitted (the session's end)."""
+        return self._release(math.inf)
+
+    def _release(self, horizon: float) -> list[AttributedWindow]:
+        """The held windows no later window can overlap (ending by `horizon`), each group
+        of windows overlapping one another fitted together."""
+        groups: list[list[AttributedWindow]] = []
+        for w in sorted(self._held, key=lambda w: (w.report.started_at, w.report.ended_at)):
+            if groups and w.report.started_at < max(g.report.ended_at for g in groups[-1]):
+                groups[-1].append(w)
+            else:
+                groups.append([w])
+        out: list[AttributedWindow] = []
+        kept: list[AttributedWindow] = []
+        for group in groups:
+            if max(w.report.ended_at for w in group) > horizon:
+                kept.extend(group)
+            else:
+                out.extend(self._fit_group(group))
+        self._held = kept
+        return out
+
+    def _fit_group(self, group: list[AttributedWindow]) -> list[AttributedWindow]:
+        if self.tracker is None or sum(1 for w in group if w.energy_j) < 2:
+            return group  # each window is already fitted to its own span
+        start = min(w.report.started_at for w in group)
+        end = max(w.report.ended_at for w in group)
+        try:
+            reading = self.tracker.window(start, end)
+        except Exception:
+            return group  # as attributed: no reading of the joint span to fit them to
+        return list(fit_span(group, reading).windows)
 
     def _advance(self, tracker: EnergyTracker, report: WindowReport) -> WindowEnergy | None:
         """The node's reading from the end of the windows so far to this one's end: the

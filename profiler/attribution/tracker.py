@@ -33,8 +33,8 @@ from pathlib import Path
 
 from collectors.cpu_model import CpuPowerModel
 from collectors.cpustat import CpuStat
-from collectors.nvml import REASON_OFF, GpuWindow, NvmlBackend, NvmlCollector
-from collectors.rapl import DEFAULT_MAX_POWER_W, RaplCollector
+from collectors.nvml import REASON_OFF, GpuInfo, GpuWindow, NvmlBackend, NvmlCollector
+from collectors.rapl import DEFAULT_MAX_POWER_W, RaplCollector, RaplStatus
 from collectors.series import CumulativeSeries
 from collectors.status import CollectorStatus
 
@@ -87,6 +87,24 @@ class WindowEnergy:
     @property
     def wall_s(self) -> float:
         return max(0.0, self.end - self.start)
+
+
+@dataclass(frozen=True)
+class TrackerReport:
+    """What an EnergyTracker says of itself at one instant, for a run's document: its
+    collectors' status (probe), the source a run carries, RAPL's zones and self-metrics
+    (wraps corrected, the longest gap between reads, the fastest wrap at the power seen)
+    and the GPUs NVML lists. The window pipeline reads it with each window
+    (AttributedWindow.tracker), so the profile's sinks never read the tracker."""
+
+    status: Mapping[str, CollectorStatus]
+    energy_source: str
+    rapl: RaplStatus | None = None  # RAPL's zones, when it measures
+    rapl_poll_period_s: float | None = None
+    rapl_wraps: int = 0
+    max_rapl_gap_s: float = 0.0
+    fastest_wrap_s: float | None = None
+    nvml_gpus: tuple[GpuInfo, ...] = ()
 
 
 class EnergyTracker:
@@ -194,6 +212,21 @@ class EnergyTracker:
                 )
             out["nvml"] = CollectorStatus(ns.up, ns.reason, detail)
         return out
+
+    def report(self) -> TrackerReport:
+        """The tracker's status and self-metrics now (TrackerReport)."""
+        status = self.probe()
+        rapl_up = status["rapl"].up
+        return TrackerReport(
+            status=dict(status),
+            energy_source=self.energy_source,
+            rapl=self.rapl.probe() if rapl_up else None,
+            rapl_poll_period_s=self.rapl_poll_period_s,
+            rapl_wraps=self.rapl_wraps,
+            max_rapl_gap_s=self.max_rapl_gap_s,
+            fastest_wrap_s=self.fastest_wrap_s() if rapl_up else None,
+            nvml_gpus=self.nvml.probe().gpus if status["nvml"].up else (),
+        )
 
     @property
     def energy_source(self) -> str:

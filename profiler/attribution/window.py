@@ -23,7 +23,7 @@ from profiler.attribution.apportion import (
     scaled_energy,
 )
 from profiler.attribution.episodes import Episode, period_s
-from profiler.attribution.tracker import EnergyTracker, WindowEnergy
+from profiler.attribution.tracker import EnergyTracker, TrackerReport, WindowEnergy
 from profiler.attribution.window_records import EnergyRecord, GpuFigures, GpuRecord, SlotSplit
 from profiler.classify.codepaths import CODEPATHS
 from profiler.classify.direction import DIRECTIONS, UNKNOWN, series_directions
@@ -187,6 +187,7 @@ class DirectedFigures:
     energy_j: Mapping[tuple[str, str], float] | None
     gpu_wait_s: Mapping[tuple[str, str, int | str], float]
     gpu_wait_energy_j: Mapping[tuple[str, str, int | str], float]
+    energy_source: str | None = None  # where energy_j came from (rapl, model)
 
 
 _K = TypeVar("_K")
@@ -201,20 +202,26 @@ def _sum_into(into: dict[_K, _V], parts: Mapping[_K, _V]) -> None:
 @dataclass
 class DirectedTotals:
     """The one fold of attributed windows into codepath x direction totals: each window's
-    DirectedFigures (AttributedWindow.by_direction, the ledger's shape) summed. The
-    daemon's ledger adds the same figures per target; the profile document's CPU, joules
-    and GPU-wait by direction, and a window's GPU record, read them from here."""
+    DirectedFigures (AttributedWindow.by_direction) summed. The daemon's ledger keeps one
+    per target behind /metrics; the profile document's CPU, joules and GPU-wait by
+    direction, and a window's GPU record, read it; the run record's direction rows are
+    the same figures, summed per run in its file (records/direction_rows.py)."""
 
     samples: dict[tuple[str, str], int] = field(default_factory=dict)
     cpu_s: dict[tuple[str, str], float] = field(default_factory=dict)
     energy_j: dict[tuple[str, str], float] = field(default_factory=dict)
     gpu_wait_s: dict[tuple[str, str, int | str], float] = field(default_factory=dict)
     gpu_wait_energy_j: dict[tuple[str, str, int | str], float] = field(default_factory=dict)
+    # the same joules by their source (the ledger's `source` label); a source is listed
+    # once a window came with it, even with no joules
+    energy_j_by_source: dict[str, dict[tuple[str, str], float]] = field(default_factory=dict)
 
     def add(self, f: DirectedFigures) -> None:
         _sum_into(self.samples, f.samples)
         _sum_into(self.cpu_s, f.cpu_s)
         _sum_into(self.energy_j, f.energy_j or {})
+        if f.energy_source is not None:
+            _sum_into(self.energy_j_by_source.setdefault(f.energy_source, {}), f.energy_j or {})
         _sum_into(self.gpu_wait_s, f.gpu_wait_s)
         _sum_into(self.gpu_wait_energy_j, f.gpu_wait_energy_j)
 
@@ -233,6 +240,55 @@ class DirectedTotals:
             if s:
                 out.setdefault(cp, dict.fromkeys(DIRECTIONS, 0.0))[d] += s
         return out
+
+
+def _directed(
+    report: WindowReport, codepaths_j: Mapping[str, float] | None, source: str | None
+) -> DirectedFigures:
+    """A window's samples, CPU and joules keyed by (codepath, direction), no GPU-wait:
+    the split both AttributedWindow.by_direction and figures_of_records use."""
+    samples: dict[tuple[str, str], int] = {}
+    cpu_s: dict[tuple[str, str], float] = {}
+    for cp, cw in report.codepaths.items():
+        parts = cw.direction or {UNKNOWN: DirectionWindow(cw.samples, cw.cpu_s)}
+        for d, part in parts.items():
+            key = (cp, _label(cp, d))
+            samples[key] = samples.get(key, 0) + part.samples
+            cpu_s[key] = cpu_s.get(key, 0.0) + part.cpu_s
+    energy_j: dict[tuple[str, str], float] | None = None
+    if codepaths_j is not None:
+        energy_j = {}
+        for cp, j in codepaths_j.items():
+            for d, joules in split_by_direction(j, report.codepaths.get(cp)).items():
+                key = (cp, _label(cp, d))
+                energy_j[key] = energy_j.get(key, 0.0) + joules
+    return DirectedFigures(
+        samples, cpu_s, energy_j, {}, {}, source if energy_j is not None else None
+    )
+
+
+# the GPU key of figures_of_records' GPU-wait: the record keeps it summed over GPUs
+ALL_GPUS = "all"
+
+
+def figures_of_records(
+    report: WindowReport, energy: EnergyRecord | None, gpu: GpuRecord | None
+) -> DirectedFigures:
+    """A window's DirectedFigures from what the run record was handed (a writer given
+    the records rather than the AttributedWindow: Recorder.append_window without
+    `directed`): the same split of samples, CPU and joules, and the GPU-wait the GPU
+    record already holds by direction, summed over GPUs (key ALL_GPUS)."""
+    measured = energy is not None and energy.measured
+    figures = _directed(
+        report,
+        energy.codepaths_j if energy is not None and measured else None,
+        energy.source if energy is not None and measured else None,
+    )
+    waits = gpu.codepaths_wait_by_direction_s if gpu is not None else {}
+    return replace(
+        figures,
+        gpu_wait_s={(cp, d, ALL_GPUS): s for cp, by_d in waits.items() for d, s in by_d.items()},
+    )
 
 
 @dataclass(frozen=True)
@@ -254,6 +310,9 @@ class AttributedWindow:
     # this one ends (attribution/pipeline.py), so the profile's node totals miss no span
     # between windows; None when it had no new span (or the run measures no energy)
     advance: WindowEnergy | None = None
+    # `serwatt profile`'s: the tracker's status and self-metrics as the window was
+    # attributed, so its sinks never read the tracker (profile/energy_sink.py)
+    tracker: TrackerReport | None = None
 
     @property
     def energy_j(self) -> Mapping[str, float] | None:
@@ -266,24 +325,11 @@ class AttributedWindow:
     def by_direction(self) -> DirectedFigures:
         """The window's per-codepath figures keyed by (codepath, direction), as the
         daemon's counters carry them (CODEPATH_DIRECTIONS: `other` is `unknown` only)."""
-        report, ta = self.report, self.attribution
-        samples: dict[tuple[str, str], int] = {}
-        cpu_s: dict[tuple[str, str], float] = {}
-        for cp, cw in report.codepaths.items():
-            parts = cw.direction or {UNKNOWN: DirectionWindow(cw.samples, cw.cpu_s)}
-            for d, part in parts.items():
-                key = (cp, _label(cp, d))
-                samples[key] = samples.get(key, 0) + part.samples
-                cpu_s[key] = cpu_s.get(key, 0.0) + part.cpu_s
-        energy_j: dict[tuple[str, str], float] | None = None
+        ta = self.attribution
+        e = ta.energy if ta is not None else None
+        figures = _directed(self.report, e.codepaths_j if e else None, e.source if e else None)
         wait_s: dict[tuple[str, str, int | str], float] = {}
         wait_j: dict[tuple[str, str, int | str], float] = {}
-        if ta is not None and ta.energy is not None:
-            energy_j = {}
-            for cp, j in ta.energy.codepaths_j.items():
-                for d, joules in split_by_direction(j, report.codepaths.get(cp)).items():
-                    key = (cp, _label(cp, d))
-                    energy_j[key] = energy_j.get(key, 0.0) + joules
         for g in ta.gpu_wait if ta is not None else ():
             for cp, total in g.wait_s.items():
                 split = g.wait_by_direction_s.get(cp) or {UNKNOWN: total}
@@ -295,7 +341,7 @@ class AttributedWindow:
                         # idle joules follow the wait they were spent in
                         share = s / total if total > 0 else float(d == UNKNOWN)
                         wait_j[key3] = wait_j.get(key3, 0.0) + idle_j * share
-        return DirectedFigures(samples, cpu_s, energy_j, wait_s, wait_j)
+        return replace(figures, gpu_wait_s=wait_s, gpu_wait_energy_j=wait_j)
 
     def energy_record(self) -> EnergyRecord | None:
         """What the run record keeps of the window's energy; None when the run measures no
@@ -392,7 +438,15 @@ def attribute_span(
     past them (the targets' and the node's CPU clocks tick separately), all are scaled by
     one factor (apportion.overlap_factor); each sample's GPU-wait is timed by the timeline
     that produced it (attribute_window)."""
-    windows = [_attribute_one(report, reading, slot) for report in reports]
+    return fit_span([_attribute_one(report, reading, slot) for report in reports], reading)
+
+
+def fit_span(windows: Sequence[AttributedWindow], reading: WindowEnergy) -> SpanAttribution:
+    """The one overlap fit: windows attributed over one span, whose joules together may
+    not pass the node's dynamic joules over it (`reading`), all scaled by one factor
+    where they do (apportion.overlap_factor). attribute_span fits a span's windows; the
+    profile's pipeline fits the windows of a process tree that overlap in time
+    (WindowPipeline.attribute_held) against the reading of their joint span."""
     if reading.source not in ("rapl", "model") or reading.package_j is None:
         return SpanAttribution(tuple(windows), None, _joules(windows))
     node_j = max(0.0, reading.package_j)

@@ -81,6 +81,31 @@ class EnergyRecord:
         """Whether the joules were measured or estimated (and so split by codepath)."""
         return self.source in MEASURED_SOURCES
 
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> EnergyRecord:
+        """The record as the writer was given it, from what to_json stored (a measured
+        record without codepaths_j, or an unknown codepath, raises ValueError)."""
+        slot = None
+        if doc.get("slot") is not None:
+            start, end = doc["slot"]
+            slot = SlotSplit(
+                start=start,
+                end=end,
+                node_busy_cpu_s=doc.get("node_busy_cpu_s"),
+                target_share=doc.get("target_share"),
+                model=doc.get("model"),
+                notes=tuple(doc.get("notes") or ()),
+            )
+        return cls(
+            source=doc["source"],
+            reason=doc.get("reason"),
+            package_j=doc.get("package_j"),
+            target_j=doc.get("target_j"),
+            unattributed_j=doc.get("unattributed_j"),
+            codepaths_j=doc.get("codepaths_j"),
+            slot=slot,
+        )
+
     def to_json(self) -> dict[str, Any]:
         """The mapping stored in windows.energy_json."""
         out: dict[str, Any] = {"source": self.source, "reason": self.reason}
@@ -145,6 +170,18 @@ class GpuRecord:
     def __post_init__(self) -> None:
         _known_codepaths(self.codepaths_wait_s, "codepaths_wait_s")
         _known_codepaths(self.codepaths_wait_j, "codepaths_wait_j")
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> GpuRecord:
+        """The record as the writer was given it, from what to_json stored. A record
+        from before directions were kept (schema 3) has none: {} (no codepath waited by
+        direction), as a writer that kept no split would have been given."""
+        return cls(
+            codepaths_wait_s=doc["codepaths_wait_s"],
+            codepaths_wait_j=doc.get("codepaths_wait_j"),
+            codepaths_wait_by_direction_s=doc.get("codepaths_wait_by_direction_s") or {},
+            gpus=tuple(GpuFigures(**g) for g in doc.get("gpus") or ()),
+        )
 
     def to_json(self) -> dict[str, Any]:
         """The mapping stored in windows.gpu_json."""

@@ -7,11 +7,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from profiler.attribution.apportion import GpuWaitAttribution, overlap_factor
+from profiler.attribution.apportion import GpuWaitAttribution
 from profiler.attribution.tracker import (
     ENERGY_METHOD,
     GPU_WAIT_METHOD,
-    EnergyTracker,
+    TrackerReport,
     WindowEnergy,
 )
 from profiler.attribution.window import AttributedWindow, DirectedTotals
@@ -75,16 +75,16 @@ class EnergySink:
     Joules and GPU-wait are each window's own attribution (AttributedWindow: the figures
     the run record keeps), summed. Node totals and each GPU's reading are the pipeline's
     readings span by span as windows arrive (AttributedWindow.advance), so a profile of
-    any length stays inside the tracker's history; the sink reads no reading of its own,
-    only the tracker's status and self-metrics for the document.
+    any length stays inside the tracker's history. The tracker's status and self-metrics
+    come the same way (SessionInfo.tracker at the start, AttributedWindow.tracker with
+    each window, the latest kept): the sink never reads the tracker.
     """
 
-    def __init__(self, tracker: EnergyTracker) -> None:
-        self.tracker = tracker
-        self.status = tracker.probe()
+    def __init__(self) -> None:
+        self._report: TrackerReport | None = None  # the latest the pipeline handed
         self.summary: ProfileEnergy | None = None  # set by finish()
         self._fold = DirectedTotals()  # the windows' joules and GPU-wait by direction
-        self._dir_j: dict[str, dict[str, float]] = {}  # fitted to the node's (finish)
+        self._dir_j: dict[str, dict[str, float]] = {}  # by codepath (finish)
         self._parts = {"idle": 0.0, "other_processes": 0.0, "target_unsampled": 0.0}
         self._sources: set[str] = set()
         self._reasons: list[str] = []
@@ -99,9 +99,12 @@ class EnergySink:
         self._gpus: dict[int, _GpuAcc] = {}
 
     def on_start(self, info: Any) -> None:
-        """Nothing to set up: the tracker runs from its constructor."""
+        """The tracker's report at the start (SessionInfo.tracker), until a window's."""
+        self._report = getattr(info, "tracker", None) or self._report
 
     def on_window(self, window: AttributedWindow) -> None:
+        if window.tracker is not None:
+            self._report = window.tracker
         report = window.report
         self._pids.add(report.pid)
         self._first = (
@@ -160,9 +163,8 @@ class EnergySink:
 
     def _add_gpus(self, we: WindowEnergy) -> None:
         """Each GPU's reading (coverage, busy and idle time, energy) span by span, as the
-        node's energy: the GPU as NVML saw it, whichever process used it."""
-        if not self.status["nvml"].up:
-            return
+        node's energy: the GPU as NVML saw it, whichever process used it (a reading
+        lists GPUs only while NVML is up)."""
         for g in we.gpus:
             acc = self._gpu(g.index)
             acc.uuid, acc.name = acc.uuid or g.uuid, acc.name or g.name
@@ -204,20 +206,22 @@ class EnergySink:
     def _energy_part(self) -> dict[str, Any]:
         if not self._sources or "package_j" not in self._node:
             reason = self._reasons[0] if self._reasons else "no window was profiled"
-            if self.tracker.energy_source == "unavailable":
-                st = self.status
+            tr = self._report
+            if tr is not None and tr.energy_source == "unavailable":
+                st = tr.status
                 reason = (
                     f"rapl {st['rapl'].reason}: {st['rapl'].detail}; "
                     f"cpu model: {st['cpu_model'].detail}"
                 )
             return {"source": "unavailable", "reason": reason, "package_j": None}
         (source,) = self._sources
+        tr = self._report
+        assert tr is not None, "every attributed window carries the tracker's report"
+        st = tr.status
         total = self._node["package_j"]
-        # the targets of a process tree share the node's dynamic joules: the one overlap rule
-        dynamic = total if "dynamic_j" in self._node_missing else self._node.get("dynamic_j", total)
-        dir_j = self._fold.by_codepath(self._fold.energy_j)
-        factor = overlap_factor(math.fsum(self._fold.energy_j.values()), dynamic)
-        self._dir_j = {cp: {d: j * factor for d, j in by_d.items()} for cp, by_d in dir_j.items()}
+        # the windows arrive fitted to the node's joules (attribution.window.RunFit): the
+        # record keeps the same figures
+        self._dir_j = self._fold.by_codepath(self._fold.energy_j)
         attributed = min(
             math.fsum(j for by_d in self._dir_j.values() for j in by_d.values()), total
         )
@@ -230,7 +234,7 @@ class EnergySink:
             )
         part: dict[str, Any] = {
             "source": source,
-            "reason": self.status["rapl"].detail if source == "model" else None,
+            "reason": st["rapl"].detail if source == "model" else None,
             "package_j": _r(total),
             "attributed_j": _r(attributed),
             "unattributed_j": _r(max(0.0, total - attributed)),
@@ -246,25 +250,25 @@ class EnergySink:
             "notes": notes,
         }
         if source == "model":
-            part["reason"] = f"rapl {self.status['rapl'].reason}: {self.status['rapl'].detail}"
+            part["reason"] = f"rapl {st['rapl'].reason}: {st['rapl'].detail}"
             part["model"] = getattr(self, "_model", None)
-        if source == "rapl":
-            rs = self.tracker.rapl.probe()
+        if source == "rapl" and tr.rapl is not None:
+            rs = tr.rapl
             part["rapl"] = {
-                "poll_period_s": self.tracker.rapl_poll_period_s,
+                "poll_period_s": tr.rapl_poll_period_s,
                 "max_safe_period_s": rs.poll_period_s,
                 "zones": [
                     {"zone": z.zone_id, "name": z.name, "kind": z.kind, "package": z.package}
                     for z in rs.zones
                 ],
                 "skipped": [{"zone": s.zone_id, "reason": s.reason} for s in rs.skipped],
-                "wraps_corrected": self.tracker.rapl_wraps,
-                "max_read_gap_s": round(self.tracker.max_rapl_gap_s, 6),
+                "wraps_corrected": tr.rapl_wraps,
+                "max_read_gap_s": round(tr.max_rapl_gap_s, 6),
             }
-            fastest = self.tracker.fastest_wrap_s()
-            if fastest is not None and self.tracker.max_rapl_gap_s > fastest / 2:
+            fastest = tr.fastest_wrap_s
+            if fastest is not None and tr.max_rapl_gap_s > fastest / 2:
                 part["notes"].append(
-                    f"RAPL reads were {self.tracker.max_rapl_gap_s:.2f} s apart at worst; at "
+                    f"RAPL reads were {tr.max_rapl_gap_s:.2f} s apart at worst; at "
                     f"the power seen, a counter wraps every {fastest:.2f} s: a wrap may have "
                     "been missed"
                 )
@@ -279,7 +283,7 @@ class EnergySink:
     def _finish(self) -> ProfileEnergy:
         energy = self._energy_part()
         measured = energy["source"] in ("rapl", "model")
-        nv = self.status["nvml"]
+        nv = self._report.status["nvml"] if self._report is not None else None
         gpus: list[dict[str, Any]] = []
         wait_s: dict[str, float] | None = None
         idle_j: dict[str, float] | None = None
@@ -316,7 +320,7 @@ class EnergySink:
                     for cp, v in acc.idle_j.items():
                         idle_j[cp] += v
             gpus.append(row)
-        if not gpus and nv.up:
+        if not gpus and nv is not None and nv.up and self._report is not None:
             gpus = [
                 {
                     "index": g.index,
@@ -326,7 +330,7 @@ class EnergySink:
                     "reason": g.reason,
                     "used_by_target": False,
                 }  # fmt: skip
-                for g in self.tracker.nvml.probe().gpus
+                for g in self._report.nvml_gpus
             ]
         dir_wait_s = self._fold.by_codepath(
             {(cp, d): s for (cp, d, _gpu), s in self._fold.gpu_wait_s.items()}
@@ -351,7 +355,9 @@ class EnergySink:
             energy=energy,
             gpus=gpus,
             codepaths=codepaths,
-            nvml={
+            nvml=None
+            if nv is None
+            else {
                 "up": nv.up,
                 "reason": nv.reason,
                 "detail": nv.detail,

@@ -45,7 +45,7 @@ from collectors.pyspy import (
 )
 from profiler.attribution.episodes import Episode
 from profiler.attribution.pipeline import Delivery, WindowPipeline
-from profiler.attribution.tracker import EnergyTracker
+from profiler.attribution.tracker import EnergyTracker, TrackerReport
 from profiler.attribution.window import AttributedWindow
 from profiler.classify import source_cache
 from profiler.many.format import escape_text
@@ -90,6 +90,8 @@ class SessionInfo:
     rate_hz: float
     window_s: float
     procfs: Path
+    # the energy tracker's status at the start (None: no tracker), read by the pipeline
+    tracker: TrackerReport | None = None
 
 
 @dataclass
@@ -205,6 +207,7 @@ class ProfileSession:
             rate_hz=plan.rate_hz,
             window_s=window_s,
             procfs=procfs,
+            tracker=self._pipeline.tracker_report(),
         )
         self.acc = Accumulator()
         self.stacks = StackProfile()  # the classified stacks, for --pprof / --flamegraph
@@ -345,9 +348,6 @@ class ProfileSession:
                     stats.error = f"window_failed: {exc!r}"
 
     def _deliver(self, report: WindowReport, stats: TargetStats) -> None:
-        window = self._pipeline.attribute(report)
-        self.stacks.add(window)
-        self.acc.add(window, self.info.started_at)
         for kind, n in report.classify_errors.items():
             self.acc.failures[kind] = self.acc.failures.get(kind, 0) + n
         stats.windows += 1
@@ -356,6 +356,15 @@ class ProfileSession:
         stats.cpu_s += report.cpu_s
         stats.first_t = stats.first_t or report.started_at
         stats.last_t = report.ended_at
+        # the processes still sampled: a window overlapping theirs waits for them, to be
+        # fitted with theirs to the node's joules before any sink reads it
+        live = [pid for pid, t in list(self._workers.items()) if t.is_alive()]
+        for window in self._pipeline.attribute_held(report, live):
+            self._to_sinks(window)
+
+    def _to_sinks(self, window: AttributedWindow) -> None:
+        self.stacks.add(window)
+        self.acc.add(window, self.info.started_at)
         self._delivered(self._pipeline.deliver(window, self.sinks))
 
     def _delivered(self, delivery: Delivery) -> None:
@@ -510,6 +519,13 @@ class ProfileSession:
             self._print_progress(time.time(), final=True)
         if self.strict_root and self._root_error is not None:
             raise self._root_error
+        with self._lock:
+            for window in self._pipeline.flush():
+                try:
+                    self._to_sinks(window)
+                except Exception as exc:  # as in the finisher: the other windows go on
+                    self.acc.fail("window_failed")
+                    self.targets[window.report.pid].error = f"window_failed: {exc!r}"
         self._delivered(self._pipeline.finish(self.sinks))
         self._pipeline.finish_sinks(self.sinks)
         return SessionResult(

@@ -183,7 +183,8 @@ def _energy(o: ProfileOptions) -> tuple[EnergyTracker, EnergySink]:
         sysfs_root=o.sysfs, procfs_root=o.procfs, tdp_w=o.tdp_w, rapl_mode=o.rapl, nvml_mode=o.nvml
     )
     try:
-        return tracker, EnergySink(tracker)
+        tracker.probe()  # a required collector that is down fails here, before any process
+        return tracker, EnergySink()
     except EnergyUnavailableError as exc:
         raise SetupError(str(exc)) from exc
 

@@ -1,10 +1,10 @@
 """Schema version 4 of the run record: encode / decode (profiler/classify/direction.py).
 
 Each episode keeps its `direction`, and each run keeps, per codepath, what each direction
-took: samples, CPU-seconds, joules and GPU-wait. Joules split within a codepath as its
-CPU does in each window (the attribution's rule: profiler/attribution/window.py
-`split_by_direction`); GPU-wait comes split from its own attribution (an instant's share
-of a codepath is divided among the directions running then).
+took: samples, CPU-seconds, joules and GPU-wait, as the window's one split by direction
+gives them (profiler/attribution/window.py `AttributedWindow.by_direction`: joules split
+within a codepath as its CPU does; GPU-wait split by its own attribution, an instant's
+share of a codepath divided among the directions running then).
 
 `direction_runs` names the runs recorded with directions, so a run a version 3 writer
 recorded reads as "not recorded" rather than as all `unknown`. Only directions with
@@ -14,15 +14,12 @@ something in them get a row.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Mapping
 from dataclasses import dataclass
 
-from profiler.attribution.window import split_by_direction
-from profiler.attribution.window_records import EnergyRecord, GpuRecord
+from profiler.attribution.window import DirectedFigures
 from profiler.classify.codepaths import CODEPATHS
 from profiler.classify.direction import DIRECTIONS
 from profiler.records.validation import _finite, _integer, _number, _text
-from profiler.sampling.window import WindowReport
 
 # Added to `episodes`: NULL in rows a version 3 writer recorded.
 EPISODE_COLUMNS_V4 = (("direction", "TEXT"),)  # encode | decode | unknown
@@ -60,28 +57,23 @@ def start(db: sqlite3.Connection, run_id: str) -> None:
 
 
 def window_rows(
-    window: WindowReport, energy: EnergyRecord | None, gpu: GpuRecord | None
+    figures: DirectedFigures, gpu: bool
 ) -> list[tuple[str, str, int, float, float | None, float | None]]:
     """(codepath, direction, samples, cpu_s, energy_j, gpu_wait_s) of one window, for
-    the directions with something in them; energy_j / gpu_wait_s None when the window
-    had none (the same rule as the codepath's own row)."""
-    codepaths_j = energy.codepaths_j if energy is not None and energy.measured else None
-    waits: Mapping[str, Mapping[str, float]] = (
-        gpu.codepaths_wait_by_direction_s if gpu is not None else {}
-    )
+    the directions with something in them, read from the window's one split by
+    direction (AttributedWindow.by_direction, the figures the ledger and the profile
+    document fold too); energy_j None when the window had none, gpu_wait_s None when it
+    had no GPU data (`gpu` False), as in the codepath's own row."""
+    waits: dict[tuple[str, str], float] = {}
+    for (cp, d, _gpu), s in figures.gpu_wait_s.items():
+        waits[(cp, d)] = waits.get((cp, d), 0.0) + s
     rows = []
     for cp in CODEPATHS:
-        cw = window.codepaths[cp]
-        joules = (
-            split_by_direction(float(codepaths_j.get(cp, 0.0)), cw)
-            if codepaths_j is not None
-            else None
-        )
         for d in DIRECTIONS:
-            part = cw.direction.get(d)
-            samples, cpu_s = (part.samples, part.cpu_s) if part is not None else (0, 0.0)
-            j = joules[d] if joules is not None else None
-            wait = float(waits.get(cp, {}).get(d, 0.0)) if gpu is not None else None
+            samples = figures.samples.get((cp, d), 0)
+            cpu_s = figures.cpu_s.get((cp, d), 0.0)
+            j = None if figures.energy_j is None else figures.energy_j.get((cp, d), 0.0)
+            wait = waits.get((cp, d), 0.0) if gpu else None
             if samples or cpu_s or j or wait:
                 rows.append(
                     (cp, d, int(samples), _finite(cpu_s, f"{cp}.{d}.cpu_s"),

@@ -10,10 +10,12 @@ functions take a connection the Recorder holds under its lock (`Recorder._readin
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
+from profiler.attribution.episodes import Episode
+from profiler.attribution.window_records import EnergyRecord, GpuRecord
 from profiler.classify.codepaths import CODEPATHS
 from profiler.records import checkpoint_rows, direction_rows
 from profiler.records.direction_rows import DirectionTotals
@@ -82,6 +84,29 @@ class WindowRecord:
     gpu: Mapping[str, Any] | None
     codepaths: Mapping[str, Mapping[str, Any]]
     load_1min: float | None = None  # the host's 1-minute load at the window's end
+    # `energy` and `gpu` as the writer was given them (None where those are)
+    energy_record: EnergyRecord | None = None
+    gpu_record: GpuRecord | None = None
+
+
+@dataclass(frozen=True)
+class RecordedEpisode:
+    """A recorded episode as the writer was given it (`episode`). A row an older writer
+    recorded lacks the later columns (timed_by: schema 2; direction: 3; clock_s,
+    durability_s, host_lag_s, prepared_s after): those read as Episode's defaults in
+    `episode` ("sample counts", "unknown", 0.0) and are named in `unrecorded`; by name
+    (`ep["prepared_s"]`) an unrecorded field reads None, as its column does."""
+
+    episode: Episode
+    unrecorded: frozenset[str] = frozenset()
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in EPISODE_FIELDS:
+            raise KeyError(name)
+        return None if name in self.unrecorded else getattr(self.episode, name)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self[name] if name in EPISODE_FIELDS else default
 
 
 @dataclass(frozen=True)
@@ -93,7 +118,7 @@ class RunDetail:
     codepaths: Mapping[str, CodepathTotals]  # every codepath in CODEPATHS
     windows: tuple[WindowRecord, ...] = field(default=())
     # None: the run was recorded without episode detection (a version 1 writer)
-    episodes: tuple[Mapping[str, Any], ...] | None = None
+    episodes: tuple[RecordedEpisode, ...] | None = None
     # None: recorded without a --checkpoints watch (profiler/records/checkpoint_rows.py)
     checkpoint_events: Mapping[str, Any] | None = None
     # codepath -> direction -> totals; None: recorded by a writer older than schema 4
@@ -252,7 +277,7 @@ def decode_receipts(rows: list[tuple], run_id: str) -> tuple[dict[str, Any], ...
     return tuple(out)
 
 
-def episodes(db: sqlite3.Connection, run_id: str) -> tuple[dict[str, Any], ...] | None:
+def episodes(db: sqlite3.Connection, run_id: str) -> tuple[RecordedEpisode, ...] | None:
     """A run's episodes in time order; None when it was recorded without detection."""
     if not has_table(db, "episodes"):
         return None
@@ -283,8 +308,16 @@ def episodes(db: sqlite3.Connection, run_id: str) -> tuple[dict[str, Any], ...] 
                 ep[name] = _text(value, what, nullable=True)
             else:
                 ep[name] = _number(value, what, nullable=name in _EPISODE_NULLABLE)
-        out.append(ep)
+        # NULL where an Episode holds None is a value; elsewhere it is a column an older
+        # writer did not have: Episode's default, named unrecorded
+        unrecorded = frozenset(n for n, v in ep.items() if v is None and n not in _EPISODE_NONE)
+        typed = Episode(**{n: v for n, v in ep.items() if n not in unrecorded})
+        out.append(RecordedEpisode(typed, unrecorded))
     return tuple(out)
+
+
+# the Episode fields whose None is a value (unknown), not a missing column
+_EPISODE_NONE = ("main_thread", "gpu_wait_s", "gpu_idle_j", "timing_period_s")
 
 
 _WINDOW_CODEPATH_FIELDS = (
@@ -362,13 +395,29 @@ def _windows(wrows: list[tuple], crows: list[tuple]) -> tuple[WindowRecord, ...]
                     "behind_s": r[11],
                     "notes": _json_of(r[12], f"{what}: notes_json", list),
                 },
-                energy=_json_of(r[13], f"{what}: energy_json", dict, nullable=True),
-                gpu=_json_of(r[14], f"{what}: gpu_json", dict, nullable=True),
+                energy=(energy := _json_of(r[13], f"{what}: energy_json", dict, nullable=True)),
+                gpu=(gpu := _json_of(r[14], f"{what}: gpu_json", dict, nullable=True)),
                 codepaths={cp: per_window.get(r[0], {}).get(cp, {}) for cp in CODEPATHS},
                 load_1min=_number(r[15], f"{what}: load_1min", nullable=True),
+                energy_record=_typed(EnergyRecord.from_json, energy, f"{what}: energy_json"),
+                gpu_record=_typed(GpuRecord.from_json, gpu, f"{what}: gpu_json"),
             )
         )
     return tuple(out)
+
+
+_R = TypeVar("_R")
+
+
+def _typed(decode: Callable[[Mapping[str, Any]], _R], doc: Any, what: str) -> _R | None:
+    """A stored record's typed value; a shape its writer could not have given is one
+    ValueError naming the column."""
+    if doc is None:
+        return None
+    try:
+        return decode(doc)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{what} is not a record serwatt wrote ({exc!r})") from None
 
 
 def _summary(row: tuple) -> RunSummary:

@@ -29,6 +29,7 @@ class RunSink:
             energy=window.energy_record(),
             gpu=window.gpu_record(),
             load_1min=load_1min(),
+            directed=window.by_direction(),
         )
 
     def on_episodes(self, episodes: Sequence[Episode]) -> None:

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from profiler import __version__, safeio
+from profiler.attribution.window import DirectedFigures, figures_of_records
 from profiler.attribution.window_records import EnergyRecord, GpuRecord
 from profiler.classify.codepaths import CODEPATHS
 from profiler.records import checkpoint_rows, direction_rows, reader, schema
@@ -383,6 +384,7 @@ class Recorder:
         energy: EnergyRecord | None = None,
         gpu: GpuRecord | None = None,
         load_1min: float | None = None,
+        directed: DirectedFigures | None = None,
     ) -> int:
         """Record one window; durable (committed) on return. Returns the window id.
 
@@ -391,7 +393,9 @@ class Recorder:
         idle joules per codepath; None when it had no GPU data. Both are stored whole as
         their `to_json()` (windows.energy_json / gpu_json) and per codepath in the rows.
         load_1min: the host's 1-minute load average at the window's end (records/host.py);
-        None when not read.
+        None when not read. directed: the window's figures by direction
+        (AttributedWindow.by_direction, what RunSink hands); None: split from `energy`
+        and `gpu` by the same rule (attribution.window.figures_of_records).
         """
         missing = [cp for cp in CODEPATHS if cp not in window.codepaths]
         unknown = [cp for cp in window.codepaths if cp not in CODEPATHS]
@@ -409,7 +413,9 @@ class Recorder:
         if gpu is not None:
             wait_s = _codepath_values(gpu.codepaths_wait_s, "codepaths_wait_s")
             wait_j = _codepath_values(gpu.codepaths_wait_j, "codepaths_wait_j")
-        direction = direction_rows.window_rows(window, energy, gpu)
+        if directed is None:
+            directed = figures_of_records(window, energy, gpu)
+        direction = direction_rows.window_rows(directed, gpu is not None)
         e = window.errors
         with self._tx() as db:
             if db.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone() is None:
@@ -569,7 +575,7 @@ class Recorder:
         with self._reading() as db:
             return direction_rows.read(db, run_id)
 
-    def episodes(self, run_id: str) -> tuple[dict[str, Any], ...] | None:
+    def episodes(self, run_id: str) -> tuple[reader.RecordedEpisode, ...] | None:
         """A run's episodes in time order; None when it was recorded without detection."""
         with self._reading() as db:
             return reader.episodes(db, run_id)

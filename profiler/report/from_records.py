@@ -6,10 +6,12 @@ The one place the report meets SQLite: everything after this reads RunInput only
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+from dataclasses import fields
 from typing import Any
 
 from profiler.classify.codepaths import CODEPATHS
+from profiler.records.reader import RecordedEpisode
 from profiler.records.store import Recorder, RunDetail, WindowRecord
 from profiler.report.inputs import (
     CheckpointInput,
@@ -26,17 +28,14 @@ ENERGY_SOURCES = ("rapl", "model")
 
 def _energy_source(detail: RunDetail) -> tuple[str, str | None]:
     """The run's energy source and, when unavailable, why."""
-    sources = Counter(w.energy.get("source") for w in detail.windows if w.energy is not None)
+    records = [w.energy_record for w in detail.windows if w.energy_record is not None]
+    sources = Counter(e.source for e in records)
     measured = [s for s in sources if s in ENERGY_SOURCES]
     if len(measured) == 1:
         return str(measured[0]), None
     if len(measured) > 1:
         return "unavailable", f"windows mix energy sources ({', '.join(sorted(measured))})"
-    reasons = [
-        str(w.energy.get("reason"))
-        for w in detail.windows
-        if w.energy is not None and w.energy.get("reason")
-    ]
+    reasons = [e.reason for e in records if e.reason]
     if reasons:
         return "unavailable", reasons[0]
     return "unavailable", str(detail.sources.get("energy") or "no energy was recorded")
@@ -71,41 +70,22 @@ def _window_input(w: WindowRecord) -> WindowInput:
         ended_at=w.ended_at,
         cpu_s=w.cpu_s,
         codepaths={cp: _figures(dict(w.codepaths[cp])) for cp in CODEPATHS if w.codepaths.get(cp)},
-        energy_source=w.energy.get("source") if w.energy is not None else None,
+        energy_source=w.energy_record.source if w.energy_record is not None else None,
         pid=w.pid,
         load_1min=w.load_1min,
     )
 
 
-def _episode_input(e: Mapping[str, Any]) -> EpisodeInput:
-    """A recorded episode row as report input (columns a file of an older schema lacks
-    read None)."""
-    return EpisodeInput(
-        pid=e["pid"],
-        thread=e["thread"],
-        codepath=e["codepath"],
-        start=e["start"],
-        end=e["end"],
-        wall_s=e["wall_s"],
-        resolution_s=e["resolution_s"],
-        cpu_s=e["cpu_s"],
-        gpu_wait_s=e["gpu_wait_s"],
-        gpu_idle_j=e["gpu_idle_j"],
-        # an unknown thread (no kernel tid) is not taken for the training thread
-        main_thread=bool(e["main_thread"]),
-        durable=e["durable"],
-        unknown_s=e["unknown_s"],
-        edge_unknown_s=e["edge_unknown_s"],
-        truncated=e["truncated"],
-        samples=e["samples"],
-        timed_by=e.get("timed_by"),
-        timing_period_s=e.get("timing_period_s"),
-        clock_s=e.get("clock_s"),
-        durability_s=e.get("durability_s"),
-        host_lag_s=e.get("host_lag_s"),
-        direction=e.get("direction"),
-        prepared_s=e.get("prepared_s"),
-    )
+_EPISODE_INPUT_FIELDS = tuple(f.name for f in fields(EpisodeInput))
+
+
+def _episode_input(e: RecordedEpisode) -> EpisodeInput:
+    """A recorded episode, as its writer was given it, as report input: the fields the
+    report takes, None where an older writer did not record them (RecordedEpisode)."""
+    values = {name: e[name] for name in _EPISODE_INPUT_FIELDS}
+    # an unknown thread (no kernel tid) is not taken for the training thread
+    values["main_thread"] = bool(values["main_thread"])
+    return EpisodeInput(**values)
 
 
 def run_input(detail: RunDetail) -> RunInput:

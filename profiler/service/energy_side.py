@@ -6,6 +6,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from collectors.source import absent
 from profiler.attribution.tracker import EnergyTracker, EnergyUnavailableError, WindowEnergy
 from profiler.attribution.window import AttributedWindow, attribute_span
 from profiler.records.sources import run_sources
@@ -29,17 +30,14 @@ class SlotEnergy:
 
 # Collector states that mean "not in use here", not "failed": not exported.
 _UNUSED_REASONS = frozenset({"not_needed", "off"})
-# What `auto` finds on a node without the hardware (most cloud VMs): the collector is not
-# present there, not down, so it is not exported and SerwattCollectorDown cannot fire for
-# it. A permission or driver error on hardware that is there stays "down".
-NOT_PRESENT_REASONS = {
-    "rapl": frozenset({"no_powercap"}),
-    "nvml": frozenset({"no_driver", "no_gpu"}),
-}
 
 
 def not_present(name: str, reason: str | None) -> bool:
-    return reason in NOT_PRESENT_REASONS.get(name, ())
+    """What `auto` finds on a node without the hardware (most cloud VMs): the collector is
+    not present there, not down, so it is not exported and SerwattCollectorDown cannot
+    fire for it. A permission or driver error on hardware that is there stays "down".
+    Each source names its own (collectors/source.py `absent_reasons`)."""
+    return absent(name, reason)
 
 
 class EnergySide:

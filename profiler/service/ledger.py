@@ -19,6 +19,7 @@ identifiers. A pid appears only in the per-target process list (the
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import threading
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from profiler import __version__
+from profiler.attribution.window import DirectedFigures, DirectedTotals
 from profiler.classify.codepaths import CODEPATHS
 from profiler.classify.direction import CODEPATH_DIRECTIONS
 
@@ -101,14 +103,15 @@ class Ledger:
         self._configured: dict[str, bool] = {}
         self._processes: dict[str, tuple[TargetProcess, ...]] = {}
         self._labels: dict[str, Mapping[str, str]] = {}
-        self._samples: dict[tuple[str, str, str], int] = {}
-        self._cpu_s: dict[tuple[str, str, str], float] = {}
-        self._energy_j: dict[tuple[str, str, str, str], float] = {}
+        # each target's windows folded by (codepath, direction[, gpu]): the one fold the
+        # profile document and the run record read too (attribution/window.py)
+        self._folds: dict[str, DirectedTotals] = {}
+        # the (target, source) and (target, gpu) whose series exist, 0 until added to
+        self._energy_series: set[tuple[str, str]] = set()
+        self._gpu_series: set[tuple[str, str]] = set()
         self._node_j: dict[str, float] = {}
         self._unattributed_j: dict[str, float] = {}
         self._gpu_idle_s: dict[str, float] = {}
-        self._gpu_wait_s: dict[tuple[str, str, str, str], float] = {}
-        self._gpu_wait_j: dict[tuple[str, str, str, str], float] = {}
         self._errors: dict[tuple[str, str], int] = {}
         self._collectors: dict[str, CollectorState] = {}
         self._energy_sources: set[str] = set()
@@ -140,14 +143,8 @@ class Ledger:
                 self._configured[name] = True
                 self._labels[name] = _frozen(dict(sorted(labels.get(name, {}).items())))
                 self._processes.setdefault(name, ())
-                for cp, d in CODEPATH_DIRECTIONS:
-                    self._samples.setdefault((name, cp, d), 0)
-                    self._cpu_s.setdefault((name, cp, d), 0.0)
-                    for source in self._energy_sources:
-                        self._energy_j.setdefault((name, cp, d, source), 0.0)
-                    for gpu in self._gpus:
-                        self._gpu_wait_s.setdefault((name, cp, d, gpu), 0.0)
-                        self._gpu_wait_j.setdefault((name, cp, d, gpu), 0.0)
+                self._energy_series.update((name, source) for source in self._energy_sources)
+                self._gpu_series.update((name, gpu) for gpu in self._gpus)
             for name, configured in self._configured.items():
                 if not configured:
                     self._processes[name] = ()
@@ -159,9 +156,7 @@ class Ledger:
             self._energy_sources.add(source)
             self._node_j.setdefault(source, 0.0)
             self._unattributed_j.setdefault(source, 0.0)
-            for name in self._configured:
-                for cp, d in CODEPATH_DIRECTIONS:
-                    self._energy_j.setdefault((name, cp, d, source), 0.0)
+            self._energy_series.update((name, source) for name in self._configured)
 
     def declare_gpu(self, gpu: int | str) -> None:
         """Zero-fill GPU series for GPU index `gpu` for every target."""
@@ -169,10 +164,7 @@ class Ledger:
         with self._lock:
             self._gpus.add(g)
             self._gpu_idle_s.setdefault(g, 0.0)
-            for name in self._configured:
-                for cp, d in CODEPATH_DIRECTIONS:
-                    self._gpu_wait_s.setdefault((name, cp, d, g), 0.0)
-                    self._gpu_wait_j.setdefault((name, cp, d, g), 0.0)
+            self._gpu_series.update((name, g) for name in self._configured)
 
     def set_target_processes(self, target: str, processes: Iterable[TargetProcess]) -> None:
         with self._lock:
@@ -237,28 +229,25 @@ class Ledger:
             raise ValueError("energy_j given without its source (rapl or model)")
         if energy_source is not None:
             _check_ident(energy_source, "source")
+        figures = DirectedFigures(
+            samples={k: int(n) for k, n in samples.items()},
+            cpu_s={k: float(v) for k, v in cpu_s.items()},
+            energy_j={k: float(v) for k, v in energy_j.items()},
+            gpu_wait_s={(cp, d, _gpu_label(g)): float(v) for (cp, d, g), v in gpu_wait_s.items()},
+            gpu_wait_energy_j={
+                (cp, d, _gpu_label(g)): float(v) for (cp, d, g), v in gpu_wait_energy_j.items()
+            },
+            energy_source=energy_source,
+        )
         with self._lock:
             self._require_target(target)
-            for (cp, d), n in samples.items():
-                key3 = (target, cp, d)
-                self._samples[key3] = self._samples.get(key3, 0) + int(n)
-            for (cp, d), v in cpu_s.items():
-                key3 = (target, cp, d)
-                self._cpu_s[key3] = self._cpu_s.get(key3, 0.0) + float(v)
+            if energy_source is not None and energy_source not in self._energy_sources:
+                self._energy_sources.add(energy_source)
+                self._node_j.setdefault(energy_source, 0.0)
+                self._unattributed_j.setdefault(energy_source, 0.0)
             if energy_source is not None:
-                if energy_source not in self._energy_sources:
-                    self._energy_sources.add(energy_source)
-                    self._node_j.setdefault(energy_source, 0.0)
-                    self._unattributed_j.setdefault(energy_source, 0.0)
-                for cp, d in CODEPATH_DIRECTIONS:
-                    key4 = (target, cp, d, energy_source)
-                    self._energy_j[key4] = self._energy_j.get(key4, 0.0) + float(
-                        energy_j.get((cp, d), 0.0)
-                    )
-            for src, dst in ((gpu_wait_s, self._gpu_wait_s), (gpu_wait_energy_j, self._gpu_wait_j)):
-                for (cp, d, gpu), v in src.items():
-                    key4 = (target, cp, d, _gpu_label(gpu))
-                    dst[key4] = dst.get(key4, 0.0) + float(v)
+                self._energy_series.add((target, energy_source))
+            self._folds.setdefault(target, DirectedTotals()).add(figures)
             self._windows += 1
 
     def add_node_energy(self, source: str, *, node_j: float, unattributed_j: float) -> None:
@@ -314,18 +303,41 @@ class Ledger:
             )
             for name, configured in sorted(self._configured.items())
         )
+        samples: dict[tuple[str, str, str], int] = {}
+        cpu_s: dict[tuple[str, str, str], float] = {}
+        energy_j: dict[tuple[str, str, str, str], float] = {}
+        wait_s: dict[tuple[str, str, str, str], float] = {}
+        wait_j: dict[tuple[str, str, str, str], float] = {}
+        # a configured target's series exist from the start, 0 until a window adds to them
+        for name in self._configured:
+            for cp, d in CODEPATH_DIRECTIONS:
+                samples[(name, cp, d)] = 0
+                cpu_s[(name, cp, d)] = 0.0
+        for (name, source), (cp, d) in itertools.product(self._energy_series, CODEPATH_DIRECTIONS):
+            energy_j[(name, cp, d, source)] = 0.0
+        for (name, g), (cp, d) in itertools.product(self._gpu_series, CODEPATH_DIRECTIONS):
+            wait_s[(name, cp, d, g)] = wait_j[(name, cp, d, g)] = 0.0
+        for target, fold in self._folds.items():
+            samples.update({(target, cp, d): n for (cp, d), n in fold.samples.items()})
+            cpu_s.update({(target, cp, d): v for (cp, d), v in fold.cpu_s.items()})
+            for source, joules in fold.energy_j_by_source.items():
+                energy_j.update({(target, cp, d, source): v for (cp, d), v in joules.items()})
+            for (cp, d, gpu), v in fold.gpu_wait_s.items():
+                wait_s[(target, cp, d, str(gpu))] = v
+            for (cp, d, gpu), v in fold.gpu_wait_energy_j.items():
+                wait_j[(target, cp, d, str(gpu))] = v
         return LedgerSnapshot(
             taken_at=self._clock(),
             version=self._version,
             targets=targets,
-            samples=_frozen(self._samples),
-            cpu_s=_frozen(self._cpu_s),
-            energy_j=_frozen(self._energy_j),
+            samples=_frozen(samples),
+            cpu_s=_frozen(cpu_s),
+            energy_j=_frozen(energy_j),
             node_cpu_energy_j=_frozen(self._node_j),
             unattributed_energy_j=_frozen(self._unattributed_j),
             gpu_idle_s=_frozen(self._gpu_idle_s),
-            gpu_wait_s=_frozen(self._gpu_wait_s),
-            gpu_wait_energy_j=_frozen(self._gpu_wait_j),
+            gpu_wait_s=_frozen(wait_s),
+            gpu_wait_energy_j=_frozen(wait_j),
             sampler_errors=_frozen(self._errors),
             collectors=_frozen(self._collectors),
             windows=self._windows,

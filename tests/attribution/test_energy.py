@@ -262,9 +262,9 @@ def test_observer_fills_the_document_parts(tmp_path: Path) -> None:
         load_timeline("h200_checkpoint_stall"), target_pids=[TARGET], clock=clock
     )
     tr = EnergyTracker(sysfs, procfs, nvml_backend=fake, clock=clock, nvml_boottime=fake.boottime)
-    obs = EnergySink(tr)
+    obs = EnergySink()
     t0 = clock()
-    obs.tracker.poll_once()
+    tr.poll_once()
     for i in range(1, 21):
         clock.advance(0.5)
         tree.advance("intel-rapl:0", 5.0)  # 10 W
@@ -314,7 +314,7 @@ def test_a_profiles_gpu_wait_is_its_windows_own_as_the_record_keeps_it(tmp_path:
     process, in `other` through the stall, gets it all."""
     tr, clock, procfs = _replayed_h200_tracker(tmp_path)
     t0 = _half_busy_polls(tr, clock, procfs, 20)
-    sink = EnergySink(tr)
+    sink = EnergySink()
     main = _report(t0 + 1, t0 + 8, {"other": 3.0}, _labels("other", t0 + 1, t0 + 8))
     worker = _report(
         t0 + 1, t0 + 8, {"pickle": 3.0}, _labels("pickle", t0 + 4, t0 + 7), pid=TARGET + 1
@@ -341,7 +341,7 @@ def test_a_profiles_process_tree_is_held_to_the_overlap_rule(tmp_path: Path) -> 
     (2 s each against 1.6 s: the clocks tick separately), so each alone takes all 8 dynamic
     joules: together they hold 8, not 16, and the per-direction split shrinks with them."""
     tr, clock, tree, procfs = _rapl_tracker(tmp_path, max_uj=30_000_000, psys=False)
-    sink = EnergySink(tr)
+    sink = EnergySink()
     t0 = clock()
     tr.poll_once()
     for i in range(1, 9):
@@ -349,9 +349,14 @@ def test_a_profiles_process_tree_is_held_to_the_overlap_rule(tmp_path: Path) -> 
         tree.advance("intel-rapl:0", 5.0)  # 10 W
         (procfs / "stat").write_text(_stat(20 * i, 80 * i))  # 2 CPUs 20% busy: 1.6 CPU-s
         tr.poll_once()
+    pipeline = _pipeline(tr)
     for pid, cpu in ((1, {"pickle": 2.0}), (2, {"pickle": 1.0, "other": 1.0})):
         rep = _report(t0, t0 + 4.0, cpu, [], pid=pid)
-        sink.on_window(_attributed(tr, rep))
+        # as the session hands them: held while the other process may overlap them
+        for window in pipeline.attribute_held(rep, live=(1, 2)):
+            sink.on_window(window)
+    for window in pipeline.flush():
+        sink.on_window(window)
     e = sink.finish().energy
     assert e["package_j"] == pytest.approx(40.0) and e["dynamic_j"] == pytest.approx(8.0)
     assert e["attributed_j"] == pytest.approx(8.0)  # not 16: each window alone took all 8
@@ -395,7 +400,7 @@ def test_tracker_thread_polls_real_files(tmp_path: Path) -> None:
 
 def test_reads_too_far_apart_for_the_power_seen_are_noted(tmp_path: Path) -> None:
     tr, clock, tree, procfs = _rapl_tracker(tmp_path, max_uj=30_000_000, dram=False, psys=False)
-    obs = EnergySink(tr)
+    obs = EnergySink()
     t0 = clock()
     tr.poll_once()
     for i in range(1, 4):
@@ -428,7 +433,7 @@ def test_long_profile_accumulates_beyond_the_tracker_history(tmp_path: Path) -> 
         boot_epoch=clock() - 10_000.0,
     )
     tr = EnergyTracker(sysfs, procfs, nvml_backend=fake, clock=clock, nvml_boottime=fake.boottime)
-    obs = EnergySink(tr)
+    obs = EnergySink()
     t0 = clock()
     tr.poll_once()
     for w in range(100):
@@ -465,7 +470,7 @@ def test_table_shows_joules_source_gpu_wait_and_gpu_idle_joules(tmp_path: Path) 
         load_timeline("h200_checkpoint_stall"), target_pids=[TARGET], clock=clock
     )
     tr = EnergyTracker(sysfs, procfs, nvml_backend=fake, clock=clock, nvml_boottime=fake.boottime)
-    obs = EnergySink(tr)
+    obs = EnergySink()
     t0 = clock()
     tr.poll_once()
     for i in range(1, 17):

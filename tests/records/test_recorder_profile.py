@@ -76,7 +76,7 @@ def test_profile_session_is_recorded_with_model_energy_and_replayed_gpu_wait(
         nvml_backend=backend,
         clock=backend.clock,
     )
-    energy = EnergySink(tracker)
+    energy = EnergySink()
     recorder = RecordSink(tmp_path / "profile.sqlite", tracker=tracker)
     result = profile(workload.pid, [energy, recorder], tracker=tracker)
     assert recorder.errors == []

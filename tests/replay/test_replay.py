@@ -44,8 +44,9 @@ def _as_one_span(w: AttributedWindow) -> AttributedWindow:
     """The window as the profile holds it: its reading's span is its own in both, and
     the daemon's marks it a slot's (the record keeps how the slot was split). Only the
     profile folds the classified stacks (for --pprof and --flamegraph); they are no
-    attributed figure, so they are set aside here and checked on their own below."""
-    return replace(w, slot=False, advance=None, report=replace(w.report, stacks={}))
+    attributed figure, so they are set aside here and checked on their own below; nor is
+    the tracker's report the profile's windows carry to its sinks."""
+    return replace(w, slot=False, advance=None, tracker=None, report=replace(w.report, stacks={}))
 
 
 def test_both_drivers_attribute_the_recorded_windows_alike(replayed: dict[str, Any]) -> None:

@@ -214,7 +214,7 @@ def run_profile(
             return now[0]
 
     tr = tracker(tmp / "node", pid)
-    energy = EnergySink(tr)
+    energy = EnergySink()
     record = RecordSink(db, tracker=tr, host=host, run_id=PROFILE_RUN, target=TARGET, clock=clock)
     session = ProfileSession(
         pid,
