@@ -17,7 +17,9 @@ WORDS = " ".join(DOC.split())  # the doc with its line breaks as spaces
 CLASSIFY_IMPORTS = {
     "collectors.samples",
     "collectors.procstat",
+    "collectors.mounts",
     "profiler.safeio",
+    "profiler.owned_io",
     "profiler.yamlcheck",
 }
 CLASSIFY_EXTERNAL = {"yaml", "blake3"}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from prometheus_client import generate_latest
 from profiler.attribution.episodes import period_s
 from profiler.attribution.window import AttributedWindow, DirectedTotals
 from profiler.cli.main import main as serwatt
+from profiler.records import run_sink
 from profiler.records.store import Recorder
 from profiler.service.daemon import Daemon
 from profiler.service.exporter import make_registry
@@ -30,14 +32,18 @@ from tests.replay import golden, raw, world
 
 
 @pytest.fixture(scope="module")
-def replayed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def replayed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("replay")
     recs = raw.load()
     pid = recs[0]["pid"]
-    daemon, d = world.run_daemon(tmp / "daemon", recs, pid)
-    (db,) = (tmp / "daemon" / "runs").glob("*.sqlite")
-    p = world.run_profile(tmp / "profile", recs, pid, d.starts, db, daemon._host)
-    return {"daemon": daemon, "d": d, "p": p, "db": db, "tmp": tmp}
+    with pytest.MonkeyPatch.context() as mp:
+        # the host's load at each window's end is this machine's, not the recording's:
+        # one fixed value, so the report's load comparison is the same on every host
+        mp.setattr(run_sink, "load_1min", lambda: 1.0)
+        daemon, d = world.run_daemon(tmp / "daemon", recs, pid)
+        (db,) = (tmp / "daemon" / "runs").glob("*.sqlite")
+        p = world.run_profile(tmp / "profile", recs, pid, d.starts, db, daemon._host)
+    yield {"daemon": daemon, "d": d, "p": p, "db": db, "tmp": tmp}
 
 
 def _as_one_span(w: AttributedWindow) -> AttributedWindow:
