@@ -382,3 +382,37 @@ def test_a_stalled_procfs_read_costs_that_process_its_admission_not_the_scan(
     finally:
         # release the readers left blocked in open()
         os.close(os.open(d / "environ", os.O_RDWR | os.O_NONBLOCK))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the job's files are another user's")
+def test_the_daemon_counts_a_stalled_procfs_read_and_goes_on(tmp_path: Path) -> None:
+    """The daemon over a procfs (--path.procfs) where a job's cmdline never answers:
+    before, its main loop hung in the first scan (no /metrics, SIGTERM unanswered). Now
+    each scan counts it in serwatt_sampler_errors_total{kind="proc_read_stuck"}, the loop
+    scans again, and SIGTERM stops it."""
+    from tests.daemon_support import start_daemon, total
+    from tests.service.test_discovery import make_proc
+
+    procfs = tmp_path / "proc"
+    procfs.mkdir()
+    (procfs / "stat").write_text("cpu  1 2 3\nbtime 1800000000\nprocesses 10\n")
+    d = make_proc(procfs, 12, ["python3", "hostile.py"])
+    (d / "cmdline").unlink()
+    os.mkfifo(d / "cmdline")
+    os.chown(d, 65534, 65534)
+    daemon = start_daemon(tmp_path, {"hostile": "hostile"}, procfs=procfs)
+    try:
+        m = daemon.wait_metric(
+            "serwatt_sampler_errors_total",
+            2,
+            timeout_s=30,
+            target="hostile",
+            kind="proc_read_stuck",
+        )
+        assert (
+            total(m, "serwatt_sampler_errors_total", target="hostile", kind="proc_read_stuck") >= 2
+        )
+        assert daemon.stop()[0] == 0
+    finally:
+        daemon.kill()
+        os.close(os.open(d / "cmdline", os.O_RDWR | os.O_NONBLOCK))
