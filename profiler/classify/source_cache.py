@@ -40,6 +40,7 @@ from profiler.classify.source_store import SourceStore
 from profiler.classify.target_files import (
     MAX_SOURCE_BYTES,
     decode_source,
+    is_exited_root,
     open_source,
     package_of,
     read_fd,
@@ -202,6 +203,8 @@ def _on_fuse(path: str, root: str | None) -> bool:
     if root is None:
         return on_fuse(path)
     inner = path[len(root.rstrip("/")) :] or "/"
+    if is_exited_root(root):
+        return on_fuse(inner)  # read at host paths: the host's mounts say
     return on_fuse(inner, os.path.join(os.path.dirname(root.rstrip("/")), "mountinfo"))
 
 

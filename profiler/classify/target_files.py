@@ -16,7 +16,9 @@ import os
 import platform
 import re
 import stat
+import threading
 import tokenize
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -167,7 +169,51 @@ def target_creds(root: str) -> TargetCreds | None:
         os.stat(os.path.join(proc_dir, "ns", "user")).st_ino == os.stat("/proc/self/ns/user").st_ino
     )
     bypass = own_ns and bool(caps & (1 << _CAP_DAC_OVERRIDE | 1 << _CAP_DAC_READ_SEARCH))
-    return TargetCreds(int(uids[3]), int(gids[3]), groups | {int(gids[3])}, bypass)
+    creds = TargetCreds(int(uids[3]), int(gids[3]), groups | {int(gids[3])}, bypass)
+    _remember(root.rstrip("/"), creds)
+    return creds
+
+
+# A target that has exited leaves no credentials to ask (its /proc/PID is gone, or a
+# zombie's root no longer resolves), yet its last window's frames are classified after,
+# from host paths. So each target's credentials are remembered while it lives (every
+# target_creds that answers, and remember_creds at each window's start), and a source of
+# an exited target is read only if those would have let it; a target never seen alive
+# has nothing read. Bounded: the oldest are forgotten first.
+_MAX_REMEMBERED = 4096
+_REMEMBERED: OrderedDict[str, TargetCreds] = OrderedDict()
+_REMEMBERED_LOCK = threading.Lock()
+_EXITED_SUFFIX = ".exited"
+
+
+def _remember(root: str, creds: TargetCreds) -> None:
+    with _REMEMBERED_LOCK:
+        _REMEMBERED[root] = creds
+        _REMEMBERED.move_to_end(root)
+        while len(_REMEMBERED) > _MAX_REMEMBERED:
+            _REMEMBERED.popitem(last=False)
+
+
+def remember_creds(root: str) -> None:
+    """Read and remember the credentials of the live process whose root `root` is
+    (`<procfs>/<pid>/root`), for when its sources are read after it exits."""
+    try:
+        target_creds(root)  # remembers what it reads
+    except OSError:
+        pass  # gone already: nothing to remember, and nothing of it will be read
+
+
+def exited_root(root: str) -> str:
+    """The root to classify an exited target's frames under: its sources are read at
+    host paths, under the credentials remembered for `root` (`<procfs>/<pid>/root`). A
+    name of its own, so nothing read or memoized under the live root (reads that failed
+    as it exited) is taken for it, and no other target's host reads either."""
+    return root.rstrip("/") + _EXITED_SUFFIX
+
+
+def is_exited_root(root: str) -> bool:
+    """Whether `root` is an exited_root (sources at host paths, checked as remembered)."""
+    return root.endswith(_EXITED_SUFFIX)
 
 
 def _has_acl(fd: int) -> bool:
@@ -246,7 +292,16 @@ def _open_path(path: str, root: str | None) -> tuple[int, TargetCreds | None]:
     if not path.startswith(root):
         raise ValueError(f"{path!r} is not under the root {root!r}")
     rel = path[len(root) :]
-    creds = target_creds(root)
+    if is_exited_root(root):
+        with _REMEMBERED_LOCK:
+            creds = _REMEMBERED.get(root[: -len(_EXITED_SUFFIX)])
+        if creds is None:
+            raise TargetCannotRead(
+                errno.EACCES, "the target exited before its credentials were read", path
+            )
+        root = "/"
+    else:
+        creds = target_creds(root)
     if creds is not None and creds.bypass:
         creds = None  # the target may read whatever serwatt may: nothing more to check
     rootfd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)

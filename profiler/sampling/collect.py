@@ -44,6 +44,7 @@ from collectors.sched_timeline import SchedTimeline, TimelineCounters
 from profiler.classify.codepaths import Classification
 from profiler.classify.durability import DurabilityReader, reader_for
 from profiler.classify.saver import saver_call
+from profiler.classify.target_files import exited_root, is_exited_root, remember_creds
 from profiler.sampling.kernel_cpu import (
     CPU_SOURCE_ESTIMATE,
     CPU_SOURCE_KERNEL,
@@ -184,6 +185,8 @@ def collect_window(
     except procstat.ProcfsCorrupt as exc:
         raise SamplingError(f"cannot read the CPU time of process {pid}: {exc}") from exc
     process_before = _process_cpu_s(pid, procfs)
+    # while it lives: its frames may be classified after it exits (target_files)
+    remember_creds(str(procfs / str(pid) / "root"))
     python = procstat.python_version(pid, procfs)
     tracer, kernel_problem = _start_timeline(pid, plan, procfs)
     epoch_minus_mono = time.time() - time.monotonic()
@@ -343,7 +346,7 @@ class _Classified:
     run caught, each weighted by the time it held."""
 
     window: WindowSamples  # the stack changes resolved
-    proc_root: Path | None  # None: the target exited, sources read from host paths
+    proc_root: Path  # the target's root, or its exited_root (sources at host paths)
     durability: DurabilityReader
     deadline: float
     counts_before: tuple[int, int]
@@ -439,19 +442,21 @@ def _classify(raw: RawWindow, classifier: ClassifierLike, deadline: float) -> _C
     Sources are read inside the target's root (/proc/<pid>/root). That path dies with the
     target, a zombie's included, and the call-site rules still need its sources: a target
     gone is classified from the same paths on the host (right unless it lived in another
-    mount namespace). One that exits while its window is classified (the profiled
+    mount namespace), and only what its credentials, remembered while it lived, would let
+    it read (none remembered: nothing read; target_files.exited_root). One that exits
+    while its window is classified (the profiled
     command's root, exiting as its last window closes) is classified again that way:
     its reads through /proc/<pid>/root failed partway, and those samples were `other`."""
     durability = reader_for(classifier)
     counts_before = _classify_counts(classifier, durability)
     pid, procfs = raw.pid, raw.procfs
+    root = procfs / str(pid) / "root"
+    exited = Path(exited_root(str(root)))
     if not procstat.exists(pid, procfs):
-        return _classify_in(raw, classifier, deadline, None, durability, counts_before)
-    got = _classify_in(
-        raw, classifier, deadline, procfs / str(pid) / "root", durability, counts_before
-    )
+        return _classify_in(raw, classifier, deadline, exited, durability, counts_before)
+    got = _classify_in(raw, classifier, deadline, root, durability, counts_before)
     if not procstat.exists(pid, procfs):
-        got = _classify_in(raw, classifier, deadline, None, durability, counts_before)
+        got = _classify_in(raw, classifier, deadline, exited, durability, counts_before)
     return got
 
 
@@ -459,11 +464,11 @@ def _classify_in(
     raw: RawWindow,
     classifier: ClassifierLike,
     deadline: float,
-    proc_root: Path | None,
+    proc_root: Path,
     durability: DurabilityReader,
     counts_before: tuple[int, int],
 ) -> _Classified:
-    """_classify with the sources read inside `proc_root` (None: at host paths)."""
+    """_classify with the sources read inside `proc_root` (an exited_root: at host paths)."""
     window = resolve_changes(raw.window, raw.kernel)
     # durability first: few files decide where each checkpoint ends (see prepare)
     durability.prepare(
@@ -712,7 +717,7 @@ def _notes(
             f"{weighting.exited_pool_s:.3f} cpu_s of exited threads on the samples of "
             "threads without a live CPU count"
         )
-    if got.proc_root is None:
+    if got.proc_root is not None and is_exited_root(str(got.proc_root)):
         notes.append("target exited: sources read from host paths")
     unreadable = {tid for snap in raw.snapshots for tid, _ in snap.unreadable}
     if unreadable:

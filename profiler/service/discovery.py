@@ -21,6 +21,14 @@ its content counts only when it is ASCII digits. One that cannot be read costs i
 target that scan, counted in `target_errors` (the daemon's
 `serwatt_sampler_errors_total{kind="pid_file_..."}`), never the scan or another target.
 
+A process's procfs files are the job's too: its cmdline and environ wait for its
+memory-map lock, which its own threads hold. So every read that decides whether a
+process is a target runs on a worker of its user's (profiler/owned_io.py), waited on
+PROC_READ_WAIT_S; one that does not answer costs that process its admission this scan,
+counted under each target it was yet to be checked against (`proc_read_stuck`), never
+the scan; a user with PROC_READS_PER_USER reads stuck has no process read until one
+returns.
+
 Processes come and go while we read them: a process that vanishes mid-scan, or
 whose files we may not read, is skipped and counted in `stats`, never raised.
 The procfs root is a parameter so tests (and containers with the host's /proc
@@ -34,6 +42,7 @@ import re
 import socket
 from collections.abc import Callable, Iterable, MutableMapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from collectors import procstat
@@ -56,6 +65,17 @@ PID_FILE_STUCK = "pid_file_stuck"  # the read did not answer in time
 PID_FILE_REFUSED = "pid_file_refused"  # not a regular file, too long, unreadable
 PID_FILE_INVALID = "pid_file_invalid"  # not ASCII digits
 _PID_FILES = OwnedWorkers(per_owner=1, name="serwatt-pid-file")
+# How long one scan waits for one process's procfs files (cmdline, cgroup, environ, exe,
+# stat: the reads that decide whether it is a target). cmdline and environ take the
+# process's memory-map lock, which its own threads hold; procfs answers in microseconds
+# otherwise. A process not read by then is not admitted this scan.
+PROC_READ_WAIT_S = 0.5
+# Reads of one user's processes left running past their wait, at most: past it, that
+# user's processes are not read at all until one returns (each stalled process would
+# otherwise cost the scan its wait, and a thread, anew).
+PROC_READS_PER_USER = 4
+PROC_READ_STUCK = "proc_read_stuck"  # a process's procfs files did not answer in time
+_PROC_READS = OwnedWorkers(per_owner=PROC_READS_PER_USER, name="serwatt-proc-read")
 
 _UNIT_RE = re.compile(r"\.(service|scope|socket|mount|swap|target|timer|path|device)$")
 
@@ -131,6 +151,64 @@ def _matches(proc: ProcessFiles, match: TargetMatch, pid_file_pid: int | None) -
     return True
 
 
+def _admit(
+    proc: ProcessFiles,
+    targets: list[TargetSpec],
+    pid_files: dict[str, int | None],
+    boot_s: float,
+    host: str,
+    checking: list[int],
+) -> DiscoveredProcess | str | None:
+    """The process as the first target that matches it; a reason to count when it is
+    not one; None when no target matches. Runs on a worker of its user's
+    (`_PROC_READS`): every read of its procfs is here. `checking[0]` is the index of the
+    target being checked."""
+    # The command line first: empty for kernel threads and zombies, and most processes
+    # fail the cheap criteria, so their stat is never read.
+    if not proc.argv():
+        return "kernel_thread"  # or a zombie: nothing to sample either way
+    spec = None
+    for i, t in enumerate(targets):
+        checking[0] = i
+        if _matches(proc, t.match, pid_files.get(t.name)):
+            spec = t
+            break
+    if spec is None:
+        return None
+    if (
+        spec.match.exe is None
+        and not eligible.is_serwatt_or_pyspy(proc)
+        and not proc.python_kind(maps=False).is_python
+    ):
+        # Only a target that names its exe admits an embedded interpreter (found in the
+        # maps); others' maps are never read (one can be 260 MB).
+        return eligible.NOT_PYTHON
+    refused = eligible.refusal(proc)
+    if refused is not None:
+        return refused
+    st = proc.stat()
+    units = _units(proc)
+    start_time = st.started_at(boot_s)
+    unit = units[0] if units else None
+    return DiscoveredProcess(
+        pid=proc.pid,
+        target=spec.name,
+        start_time=start_time,
+        cmdline=" ".join(proc.argv()),
+        exe=proc.exe(),
+        unit=unit,
+        run_id=render_run_id(
+            spec.run,
+            target=spec.name,
+            pid=proc.pid,
+            start_time=start_time,
+            unit=unit,
+            host=host,
+        ),
+        ppid=st.ppid,
+    )
+
+
 def _pids(procfs: Path) -> list[int]:
     return sorted(int(name) for name in os.listdir(procfs) if name.isdigit())
 
@@ -149,7 +227,9 @@ def discover(
     exclude_pids: never targets (default: this process). stats: if given, counts of
     processes skipped by reason ("vanished", "permission", "kernel_thread", "self",
     "not_python") are added to it. target_errors: if given, (target, kind) counts of
-    what cost a target this scan (its pid file: PID_FILE_STUCK, _REFUSED, _INVALID).
+    what cost a target this scan (its pid file: PID_FILE_STUCK, _REFUSED, _INVALID; a
+    process whose procfs files did not answer: PROC_READ_STUCK, under each target it was
+    yet to be checked against).
     """
     targets = list(targets)
     if not targets:
@@ -179,57 +259,29 @@ def discover(
             count("self")
             continue
         proc = ProcessFiles(pid, procfs)
+        # what the reads got to, as they go: a stall then costs the targets it was to be
+        # checked against (from that one on), not the scan
+        checking: list[int] = [0]
         try:
-            # The command line first: empty for kernel threads and zombies, and most
-            # processes fail the cheap criteria, so their stat is never read.
-            if not proc.argv():
-                count("kernel_thread")  # or a zombie: nothing to sample either way
-                continue
-            spec = next(
-                (t for t in targets if _matches(proc, t.match, pid_files.get(t.name))), None
+            owner = os.stat(proc.dir).st_uid  # procfs: answers without blocking
+            got = _PROC_READS.call(
+                owner,
+                partial(_admit, proc, targets, pid_files, boot_s, host, checking),
+                PROC_READ_WAIT_S,
+                what=f"procfs files of process {pid}",
             )
-            if spec is None:
-                continue
-            if (
-                spec.match.exe is None
-                and not eligible.is_serwatt_or_pyspy(proc)
-                and not proc.python_kind(maps=False).is_python
-            ):
-                # Only a target that names its exe admits an embedded interpreter (found
-                # in the maps); others' maps are never read (one can be 260 MB).
-                count(eligible.NOT_PYTHON)
-                continue
-            refused = eligible.refusal(proc)
-            if refused is not None:
-                count(refused)
-                continue
-            st = proc.stat()
-            units = _units(proc)
-            start_time = st.started_at(boot_s)
-            unit = units[0] if units else None
-            found.append(
-                DiscoveredProcess(
-                    pid=pid,
-                    target=spec.name,
-                    start_time=start_time,
-                    cmdline=" ".join(proc.argv()),
-                    exe=proc.exe(),
-                    unit=unit,
-                    run_id=render_run_id(
-                        spec.run,
-                        target=spec.name,
-                        pid=pid,
-                        start_time=start_time,
-                        unit=unit,
-                        host=host,
-                    ),
-                    ppid=st.ppid,
-                )
-            )
-        except procstat.ProcessGone:
-            count("vanished")
+        except Stuck:
+            for t in targets[checking[0] :]:
+                error(t.name, PROC_READ_STUCK)
+            continue
         except procstat.ProcessUnreadable:
             count("permission")
-        except (ValueError, IndexError):
-            count("vanished")  # a half-written stat of an exiting process
+            continue
+        except (procstat.ProcessGone, OSError, ValueError, IndexError):
+            count("vanished")  # gone, or a half-written stat of an exiting process
+            continue
+        if isinstance(got, str):
+            count(got)
+        elif got is not None:
+            found.append(got)
     return found

@@ -24,7 +24,11 @@ from pathlib import Path
 
 import pytest
 
+from collectors.pyspy import SamplingPlan
 from profiler.classify import target_files
+from profiler.classify.classifier import Classifier
+from profiler.sampling.collect import collect_window, finish_window
+from profiler.sampling.window import WindowReport
 from tests.classify.test_hostile_sources import PICKLE_LOOP, RUNNER, classify_in_child
 from tests.daemon_support import stop_process
 
@@ -131,3 +135,43 @@ def test_control_a_file_the_target_can_read_classifies_pickle(tree: Path) -> Non
     with nobody_target(tree, frame) as pid:
         got = classify_in_child(pid, frame, f"/proc/{pid}/root")
     assert {cp for cp, _, _ in got} == {"pickle"}, got
+
+
+# --- a target that has exited before its window is classified -------------------------
+
+
+def _exited_window(top: Path, frame_path: str) -> WindowReport:
+    """A window of a `nobody` target whose frames name `frame_path`, classified after the
+    target exited (its /proc/PID gone: its sources are read at host paths)."""
+    with nobody_target(top, frame_path) as pid:
+        raw = collect_window(pid, duration_s=1.0, plan=SamplingPlan(rate_hz=50, on_cpu_run=True))
+    assert not Path(f"/proc/{pid}").exists()
+    return finish_window(raw, Classifier.default(), deadline_s=30.0)
+
+
+def test_an_exited_target_still_reads_only_what_it_could(tree: Path) -> None:
+    """Before, an exited target's sources were read at host paths with no check: root
+    read the root-only file and the window said `pickle`."""
+    report = _exited_window(tree, str(tree / "root_only.py"))
+    assert "target exited: sources read from host paths" in report.errors.notes
+    samples = sum(cp.samples for cp in report.codepaths.values())
+    assert samples > 10, report.codepaths
+    assert report.codepaths["pickle"].samples == 0, report.codepaths
+    assert report.codepaths["other"].samples == samples, report.codepaths
+
+
+def test_control_an_exited_target_reads_its_own_file(tree: Path) -> None:
+    """Its credentials, remembered while it lived, let it read its own file."""
+    report = _exited_window(tree, str(tree / "theirs/own.py"))
+    assert "target exited: sources read from host paths" in report.errors.notes
+    samples = sum(cp.samples for cp in report.codepaths.values())
+    assert samples > 10, report.codepaths
+    assert report.codepaths["pickle"].samples >= 0.9 * samples, report.codepaths
+
+
+def test_a_target_never_seen_alive_has_nothing_read(tree: Path) -> None:
+    """No credentials were ever read for this root: nothing of it is read, not even a
+    file every user may read."""
+    root = target_files.exited_root("/proc/999999999/root")
+    with pytest.raises(target_files.TargetCannotRead, match="exited before its credentials"):
+        target_files.read_source(Path(root + str(tree / "readable.py")), root)

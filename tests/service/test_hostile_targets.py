@@ -332,3 +332,87 @@ def test_one_watcher_per_target_whatever_its_runs(tmp_path: Path) -> None:
         assert _watchers(os.getpid()) == []  # the last run of a target stops its watcher
     finally:
         rc.close()
+
+
+# ------------------------------------------- procfs files of processes not yet admitted
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the job's files are another user's")
+def test_a_stalled_procfs_read_costs_that_process_its_admission_not_the_scan(
+    tmp_path: Path,
+) -> None:
+    """A process's environ that never answers (a FIFO in a procfs tree, as a job holding
+    its memory-map lock would make it): before, discovery read it on the scan's thread and
+    hung (needs root: the job runs as another user). Now the scan waits PROC_READ_WAIT_S
+    for it at most, finds the honest process,
+    and counts the stall under the targets that process was yet to be checked against;
+    once PROC_READS_PER_USER of its user's reads are stuck, it does not wait at all."""
+    from profiler.service.discovery import PROC_READ_WAIT_S, PROC_READS_PER_USER
+    from tests.service.test_discovery import make_proc
+
+    procfs = tmp_path / "proc"
+    procfs.mkdir()
+    (procfs / "stat").write_text("cpu  1 2 3\nbtime 1800000000\nprocesses 10\n")
+    d = make_proc(procfs, 12, ["python3", "hostile.py"])
+    (d / "environ").unlink()
+    os.mkfifo(d / "environ")
+    os.chown(d, 65534, 65534)  # another user's job: its stuck reads cap its user alone
+    make_proc(procfs, 13, ["python3", "honest.py"])
+    targets = [
+        spec("hostile", cmdline="hostile", environ={"JOB": "1"}),
+        spec("honest", cmdline="honest"),
+    ]
+    errors: dict[tuple[str, str], int] = {}
+    took = []
+    try:
+        for _ in range(PROC_READS_PER_USER + 1):
+            t0 = time.monotonic()
+            done, result = _within(
+                lambda: discover(targets, procfs, target_errors=errors), SCAN_BOUND_S
+            )
+            took.append(time.monotonic() - t0)
+            assert done, "discovery blocked on a process's procfs file"
+            assert not isinstance(result, BaseException), f"discovery raised {result!r}"
+            assert [(p.target, p.pid) for p in result] == [("honest", 13)]
+        n = PROC_READS_PER_USER + 1
+        assert errors == {("hostile", "proc_read_stuck"): n, ("honest", "proc_read_stuck"): n}
+        # each stalled read waited on once, then the user's reads are all stuck: no wait
+        assert all(PROC_READ_WAIT_S <= t < SCAN_BOUND_S for t in took[:-1]), took
+        assert took[-1] < PROC_READ_WAIT_S, took
+    finally:
+        # release the readers left blocked in open()
+        os.close(os.open(d / "environ", os.O_RDWR | os.O_NONBLOCK))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the job's files are another user's")
+def test_the_daemon_counts_a_stalled_procfs_read_and_goes_on(tmp_path: Path) -> None:
+    """The daemon over a procfs (--path.procfs) where a job's cmdline never answers:
+    before, its main loop hung in the first scan (no /metrics, SIGTERM unanswered). Now
+    each scan counts it in serwatt_sampler_errors_total{kind="proc_read_stuck"}, the loop
+    scans again, and SIGTERM stops it."""
+    from tests.daemon_support import start_daemon, total
+    from tests.service.test_discovery import make_proc
+
+    procfs = tmp_path / "proc"
+    procfs.mkdir()
+    (procfs / "stat").write_text("cpu  1 2 3\nbtime 1800000000\nprocesses 10\n")
+    d = make_proc(procfs, 12, ["python3", "hostile.py"])
+    (d / "cmdline").unlink()
+    os.mkfifo(d / "cmdline")
+    os.chown(d, 65534, 65534)
+    daemon = start_daemon(tmp_path, {"hostile": "hostile"}, procfs=procfs)
+    try:
+        m = daemon.wait_metric(
+            "serwatt_sampler_errors_total",
+            2,
+            timeout_s=30,
+            target="hostile",
+            kind="proc_read_stuck",
+        )
+        assert (
+            total(m, "serwatt_sampler_errors_total", target="hostile", kind="proc_read_stuck") >= 2
+        )
+        assert daemon.stop()[0] == 0
+    finally:
+        daemon.kill()
+        os.close(os.open(d / "cmdline", os.O_RDWR | os.O_NONBLOCK))
