@@ -238,6 +238,10 @@ _ALLOWED = {
     "profiler/profile/ab.py": {"fsync"},
     # stdout's reader is gone (EPIPE): /dev/null takes over fd 1, writing no file
     "profiler/cli/main.py": {"os.open for writing"},
+    # runs inside the job's processes (their user, their interpreter; serwatt's modules
+    # are not loaded yet): appends the swap's log in the A/B's own mode-0700 directory,
+    # O_APPEND | O_NOFOLLOW
+    "profiler/profile/swap/sitecustomize.py": {"os.open for writing"},
 }
 # profiler/many/ stands alone (it has its own durable writer); workloads are the demo's jobs.
 _OUTSIDE = ("profiler/many/", "profiler/workloads/")

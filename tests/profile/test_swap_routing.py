@@ -205,3 +205,32 @@ def test_a_restore_one_page_short_of_cached_is_not_labelled_100_percent() -> Non
 
     assert cache_label(0.9996) == "partly cached (99%)"
     assert (cache_label(1.0), cache_label(0.0)) == ("warm", "cold")
+
+
+def test_ab_refuses_when_the_swap_did_not_apply_and_counts_what_went_where(
+    tmp_path: Path,
+) -> None:
+    from profiler.profile.ab import Ab, AbError, AbOptions, PlannedRun
+
+    ab = Ab(AbOptions(baseline=("x",), candidate=("x",), repeats=2, record=tmp_path / "r"))
+    run = PlannedRun(1, "candidate", 1, False, "ab-x-candidate-1", tmp_path, ("x",))
+    log = tmp_path / "log.jsonl"
+    saves = [
+        {"pid": 1, "event": "applied"},
+        {"pid": 1, "event": "save", "to": "many", "bytes": 100},
+        {"pid": 1, "event": "save", "to": "torch", "bytes": 7},
+    ]
+    log.write_text("".join(json.dumps(e) + "\n" for e in saves))
+    assert ab._swap_saves(log, run) == {"many": [1, 100], "torch": [1, 7]}
+    # the resumed run appends to its pair's log: only its own lines count
+    why = "ModuleNotFoundError: No module named 'blake3'"
+    with log.open("a") as f:
+        f.write(json.dumps({"pid": 2, "event": "not_applied", "why": why}) + "\n")
+    with pytest.raises(AbError, match="did not apply in 1 of the job's processes.*blake3"):
+        ab._swap_saves(log, replace_run(run))
+
+
+def replace_run(run: Any) -> Any:
+    from dataclasses import replace
+
+    return replace(run, resumed=True, run_id=run.run_id + "-resumed")

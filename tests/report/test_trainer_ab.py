@@ -54,21 +54,27 @@ def test_a_stock_trainer_job_ab_swaps_end_to_end(tmp_path: Path) -> None:
     headline = out.stdout.splitlines()[:3]
     assert "through torch.save" in headline[2], headline
     db = sqlite3.connect(record)
-    checked = 0
+    timed = {"baseline": 0, "candidate": 0}
     for r in runs:
         timing = Path(r["directory"]) / ".timing.jsonl"
         saves = {f"checkpoint-{t['step']}": t["save_s"] for t in map(json.loads, timing.open())}
         rows = db.execute(
-            "SELECT path, stall_s, resolution_s FROM checkpoints WHERE run_id = ?"
+            "SELECT path, stall_s, resolution_s, timed_by FROM checkpoints WHERE run_id = ?"
             " AND timed_by NOT LIKE 'part of the save of%'",
             (r["run_id"],),
         ).fetchall()
-        dirs = {Path(p).name: (s, res) for p, s, res in rows}
+        dirs = {Path(p).name: (s, res, how) for p, s, res, how in rows}
         written_now = {f"checkpoint-{k}" for k in ((30,) if r["resumed"] else (10, 20))}
-        assert written_now <= set(dirs), (r["run_id"], dirs)
+        # one checkpoint per directory, each file of it part of that save
+        assert set(dirs) == written_now, (r["run_id"], dirs)
         for name in written_now:
-            stall, res = dirs[name]
-            assert stall is not None, (r["run_id"], name, dirs)
+            stall, res, how = dirs[name]
+            if stall is None:
+                # a save the sampler did not see (a loaded node: py-spy lagging by most of
+                # a second) is said to be untimed, never given a number
+                assert how.startswith("file event only"), (r["run_id"], name, how)
+                continue
             assert abs(stall - saves[name]) <= res, (r["run_id"], name, stall, res, saves[name])
-            checked += 1
-    assert checked == 12
+            timed[r["side"]] += 1
+    # of 6 saves a side, most are timed: enough for the stall comparison
+    assert min(timed.values()) >= 4, timed
