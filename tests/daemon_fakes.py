@@ -187,6 +187,17 @@ class ScriptedSampler:
         )
 
 
+def give_root_creds(pid_dir: Path) -> None:
+    """A fake process's credentials, as a real root process has them: serwatt reads a
+    target's source only where the target itself could (/proc/PID/status, and its user
+    namespace: this one, through a link to serwatt's own)."""
+    (pid_dir / "status").write_text(
+        "Name:\tpython3\nUid:\t0\t0\t0\t0\nGid:\t0\t0\t0\t0\nGroups:\t\nCapEff:\t000001ffffffffff\n"
+    )
+    (pid_dir / "ns").mkdir(exist_ok=True)
+    (pid_dir / "ns" / "user").symlink_to("/proc/self/ns/user")
+
+
 def make_proc(procfs: Path, pid: int, marker: str) -> None:
     """A fake Python process `python3 MARKER.py` under procfs (what discovery reads)."""
     d = procfs / str(pid)
@@ -198,6 +209,7 @@ def make_proc(procfs: Path, pid: int, marker: str) -> None:
     (d / "cgroup").write_text("0::/\n")
     (d / "environ").write_bytes(b"")
     (d / "maps").write_text("")
+    give_root_creds(d)
 
 
 def remove_proc(procfs: Path, pid: int) -> None:

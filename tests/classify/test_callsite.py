@@ -14,6 +14,7 @@ from profiler.classify.classifier import Classifier
 from profiler.classify.source_cache import SourceCache
 from profiler.classify.source_index import SourceIndex
 from profiler.classify.target_files import source_path
+from tests.daemon_fakes import give_root_creds
 
 SRC = textwrap.dedent(
     """
@@ -330,6 +331,7 @@ def test_stale_source_lowers_confidence(tmp_path: Path) -> None:
     fields = ["S"] + ["0"] * 18 + [str(10 * clk)] + ["0"] * 10
     (pid_dir / "stat").write_text(f"4242 (python) {' '.join(fields)}\n")
     (proc / "stat").write_text(f"cpu 1 2 3\nbtime {btime}\n")
+    give_root_creds(pid_dir)  # serwatt reads only what the target could
     c = Classifier.default(proc_fs=proc)
     got = c.classify_frames((Frame("f", "/srv/job.py", 4),), proc_root=pid_dir / "root")
     assert (got.codepath, got.confidence) == ("pickle", "low")

@@ -9,6 +9,7 @@ import pytest
 from collectors.samples import Frame, Sample
 from profiler.classify.classifier import Classifier
 from profiler.classify.codepaths import CODEPATHS, OTHER
+from tests.daemon_fakes import give_root_creds
 
 STD = "/usr/lib/python3.12"
 SITE = "/venv/lib/python3.12/site-packages"
@@ -164,6 +165,7 @@ def test_pid_reuse_forgets_the_old_process(tmp_path: Path) -> None:
     pid_dir = proc / "77"
     (pid_dir / "root" / "srv").mkdir(parents=True)
     (proc / "stat").write_text("btime 1000\n")
+    give_root_creds(pid_dir)  # serwatt reads only what the target could
     clk = os.sysconf("SC_CLK_TCK")
 
     def start_process(after_boot_s: int, source: str) -> None:

@@ -23,6 +23,7 @@ from profiler.attribution.episodes import Episode
 from profiler.attribution.pipeline import Delivery, WindowPipeline
 from profiler.attribution.tracker import EnergyTracker
 from profiler.attribution.window import AttributedWindow
+from profiler.classify import target_files
 from profiler.classify.classifier import Classifier
 from profiler.profile.document import build_document
 from profiler.profile.energy_sink import EnergySink
@@ -33,7 +34,13 @@ from profiler.service.config import load_config
 from profiler.service.daemon import Daemon
 from profiler.service.pools import SamplingJob
 from profiler.service.sdnotify import SdNotifier
-from tests.daemon_fakes import FAKE_EPOCH_OFFSET, FAKE_START_MONO, FakeClock, make_proc
+from tests.daemon_fakes import (
+    FAKE_EPOCH_OFFSET,
+    FAKE_START_MONO,
+    FakeClock,
+    give_root_creds,
+    make_proc,
+)
 from tests.daemon_support import daemon_config
 from tests.nvml_replay import FakeClock as HostClock
 from tests.nvml_replay import ReplayNvmlBackend, load_timeline
@@ -99,6 +106,17 @@ def _procfs(tmp: Path, pid: int) -> Path:
     return procfs
 
 
+def _exited_procfs(tmp: Path, pid: int) -> Path:
+    """A procfs in which the target has exited (no stat), whose credentials the collector
+    remembered while it lived (target_files.remember_creds, as collect_window does at
+    each window's start): its sources are read from host paths as it could have."""
+    procfs = tmp / "no-proc"
+    (procfs / str(pid)).mkdir(parents=True)
+    give_root_creds(procfs / str(pid))
+    target_files.remember_creds(str(procfs / str(pid) / "root"))
+    return procfs
+
+
 def _spy(pipeline: WindowPipeline, seen: list[AttributedWindow], episodes: list[Episode]) -> None:
     """Keep every window (and closed episode) as the driver's pipeline delivers it."""
     deliver, finish = pipeline.deliver, pipeline.finish
@@ -155,7 +173,7 @@ def run_daemon(tmp: Path, recs: list[dict[str, Any]], pid: int) -> tuple[Daemon,
         daemon_config(tmp / "runs", {TARGET: "workload"}, tdp_w=None, procfs=procfs, window_s=2)
     )
     clock = FakeClock(lambda: {f"serwatt-sample-{pid}"})
-    sampler = _ReplaySampler(clock, recs, pid, tmp / "no-proc")
+    sampler = _ReplaySampler(clock, recs, pid, _exited_procfs(tmp, pid))
     daemon = Daemon(
         load_config(cfg),
         notifier=SdNotifier(env={}),
@@ -195,7 +213,7 @@ def run_profile(
     the daemon's ran at (`starts`), its record written beside the daemon's (`db`) with
     the daemon's `host` (the same machine: the report compares like with like)."""
     procfs = _procfs(tmp, pid)
-    no_proc = tmp / "no-proc"
+    no_proc = _exited_procfs(tmp, pid)
     queue = list(zip(starts, recs, strict=True))
     lock = threading.Lock()
     now = [starts[0]]  # the session's host clock: each window's end once collected

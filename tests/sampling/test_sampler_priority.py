@@ -176,7 +176,7 @@ def test_config_key_bad_value_names_the_key_and_line(tmp_path: Path) -> None:
         parse_config(text, tmp_path / "c.yaml")
     (problem,) = ei.value.problems
     assert problem.key_path == "sampler_priority" and problem.line == 4
-    assert "auto, true, false" in problem.message
+    assert "auto, required, off, true, false" in problem.message
 
 
 def test_daemon_exits_78_when_priority_is_required_but_not_allowed(tmp_path: Path) -> None:
