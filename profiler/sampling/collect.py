@@ -47,8 +47,9 @@ from profiler.classify.saver import saver_call
 from profiler.sampling.kernel_cpu import (
     CPU_SOURCE_ESTIMATE,
     CPU_SOURCE_KERNEL,
-    on_cpu_ticks,
+    on_cpu_weights,
     on_cpu_times,
+    reused_tids,
 )
 from profiler.sampling.stacks import fold_stacks
 from profiler.sampling.weighting import (
@@ -356,7 +357,7 @@ class _Classified:
     held_s: list[float]
     uncounted_tids: set[int | None]
     # cpu_source "kernel": the carriers of the threads in kernel_tids are their stack
-    # changes, weighed by kernel_cpu.on_cpu_ticks (kernel_prior); the rest --idle samples
+    # changes, weighed by kernel_cpu.on_cpu_weights (kernel_prior); the rest --idle samples
     kernel_prior: list[float] | None = None
     kernel_tids: set[int | None] = field(default_factory=set)
 
@@ -481,8 +482,11 @@ def _classify_in(
         # each thread the timeline traced and the stack-change run saw carries its CPU
         # on its stack changes, weighed by the ticks it was on a CPU at (kernel_cpu.py)
         times = on_cpu_times(raw.kernel.threads, raw.kernel.epoch_minus_mono)
+        window = replace(
+            window, changes=tuple(reused_tids(window.changes or (), times, raw.kernel.threads))
+        )
         spans = [s for s in window.changes or () if not s.partial and s.tid in times]
-        kernel_prior = on_cpu_ticks(spans, window.changes_end, times, window.changes_ticks)
+        kernel_prior = on_cpu_weights(spans, window.changes_end, times, window.changes_ticks)
         covered = {s.tid for s in spans}
         carriers = list(spans)
         carrier_labels = [classify(s) for s in spans]
