@@ -52,8 +52,9 @@ class ProfileOptions:
     timing_rate_hz: float | None = None
     on_cpu_run: bool = True
     # CPU by the kernel's scheduler timeline where the window has a stack-change run
-    # (docs/sampling.md, cpu_source); opt-in until it holds the truth tests it fails
-    kernel_timeline: bool = False
+    # (docs/sampling.md, cpu_source); where it is not available the estimates weigh and
+    # each window says so
+    kernel_timeline: bool = True
     follow_children: bool = True
     pyspy: Path | None = None
     sampler_priority: str = "auto"

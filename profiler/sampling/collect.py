@@ -47,8 +47,8 @@ from profiler.classify.saver import saver_call
 from profiler.sampling.kernel_cpu import (
     CPU_SOURCE_ESTIMATE,
     CPU_SOURCE_KERNEL,
-    on_cpu_weights,
     on_cpu_times,
+    on_cpu_weights,
     reused_tids,
 )
 from profiler.sampling.stacks import fold_stacks
