@@ -478,14 +478,17 @@ def _classify_in(
     on_cpu_tids: set[int | None] = set()
     kernel_prior: list[float] | None = None
     covered: set[int | None] = set()
+    spans: list[Sample] = []
     if raw.kernel is not None and window.changes_timed_by == "kernel":
-        # each thread the timeline traced and the stack-change run saw carries its CPU
-        # on its stack changes, weighed by the ticks it was on a CPU at (kernel_cpu.py)
         times = on_cpu_times(raw.kernel.threads, raw.kernel.epoch_minus_mono)
         window = replace(
             window, changes=tuple(reused_tids(window.changes or (), times, raw.kernel.threads))
         )
         spans = [s for s in window.changes or () if not s.partial and s.tid in times]
+    if spans:
+        # each thread the timeline traced and the stack-change run saw carries its CPU
+        # on its stack changes, weighed by the kernel's timeline (kernel_cpu.py). None
+        # named by its kernel tid (py-spy on Python < 3.11 knows none): the estimates
         kernel_prior = on_cpu_weights(spans, window.changes_end, times, window.changes_ticks)
         covered = {s.tid for s in spans}
         carriers = list(spans)
@@ -685,11 +688,12 @@ def _notes(
     else:
         why = raw.kernel_problem
         if why is None and raw.kernel is not None:
-            why = (
-                "py-spy's clock not aligned to the scheduler timeline"
-                if window.changes is not None
-                else "no stack-change run to weigh by the scheduler timeline"
-            )
+            if window.changes is None:
+                why = "no stack-change run to weigh by the scheduler timeline"
+            elif window.changes_timed_by != "kernel":
+                why = "py-spy's clock not aligned to the scheduler timeline"
+            else:
+                why = "no stack change named by its kernel thread id (Python < 3.11)"
         notes.append(f"cpu_source estimate{f' ({why})' if why else ''}")
     kc = raw.kernel_counters
     if kc is not None and (not kc.complete or kc.unpaired_switches):
