@@ -101,7 +101,7 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
         "threads that share the GIL become less accurate)",
     )  # fmt: skip
     parser.add_argument(
-        "--kernel-timeline", action=argparse.BooleanOptionalAction, default=True,
+        "--kernel-timeline", action=argparse.BooleanOptionalAction, default=False,
         help="weigh CPU by the kernel's scheduler timeline where it is available (root; "
         "needs the stack-change run), else by the estimates, each window saying which: "
         "docs/sampling.md, cpu_source",
