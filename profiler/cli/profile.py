@@ -101,9 +101,10 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
         "threads that share the GIL become less accurate)",
     )  # fmt: skip
     parser.add_argument(
-        "--kernel-timeline", action="store_true",
-        help="weigh CPU by the kernel's scheduler timeline (root; needs the stack-change "
-        "run): docs/sampling.md, cpu_source",
+        "--kernel-timeline", action=argparse.BooleanOptionalAction, default=False,
+        help="weigh CPU by the kernel's scheduler timeline where it is available (root; "
+        "needs the stack-change run), else by the estimates, each window saying which: "
+        "docs/sampling.md, cpu_source",
     )  # fmt: skip
     parser.add_argument(
         "--timing-rate", type=Number(float, min=0, max=1000, unit="Hz"), default=None,

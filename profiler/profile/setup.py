@@ -52,7 +52,9 @@ class ProfileOptions:
     timing_rate_hz: float | None = None
     on_cpu_run: bool = True
     # CPU by the kernel's scheduler timeline where the window has a stack-change run
-    # (docs/sampling.md, cpu_source); opt-in until it holds the truth tests it fails
+    # (docs/sampling.md, cpu_source); where it is not available the estimates weigh and
+    # each window says so. Opt-in: with it, the known-pickle CLI test reads 2.6-3.1 pp
+    # over its 2 pp bound (docs/benchmarks.md, issue 44 continued)
     kernel_timeline: bool = False
     follow_children: bool = True
     pyspy: Path | None = None

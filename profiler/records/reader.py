@@ -31,6 +31,7 @@ from profiler.records.validation import (
     _text,
     read_name,
 )
+from profiler.sampling.kernel_cpu import CPU_SOURCES
 
 _EPISODE_NULLABLE = (
     "gpu_wait_s", "gpu_idle_j", "timing_period_s", "clock_s", "durability_s", "host_lag_s",
@@ -87,6 +88,9 @@ class WindowRecord:
     # `energy` and `gpu` as the writer was given them (None where those are)
     energy_record: EnergyRecord | None = None
     gpu_record: GpuRecord | None = None
+    # what weighed its CPU: "kernel" or "estimate" (profiler/sampling/kernel_cpu.py);
+    # None in a window an older version wrote
+    cpu_source: str | None = None
 
 
 @dataclass(frozen=True)
@@ -167,6 +171,7 @@ class RunDetail:
                     "gpu": w.gpu,
                     "codepaths": {k: dict(v) for k, v in w.codepaths.items()},
                     "load_1min": w.load_1min,
+                    "cpu_source": w.cpu_source,
                 }
                 for w in self.windows
             ]
@@ -224,10 +229,12 @@ def run_detail(db: sqlite3.Connection, summary: RunSummary, *, windows: bool) ->
         # a file older than version 6 opened read-only (not upgraded) has no load_1min
         have = {r[1] for r in db.execute("PRAGMA table_info(windows)")}
         load = "load_1min" if "load_1min" in have else "NULL AS load_1min"
+        source = "cpu_source" if "cpu_source" in have else "NULL AS cpu_source"
         wrows = db.execute(
             "SELECT window_id, pid, started_at, ended_at, rate_hz, cpu_s, python,"
             " exited, pyspy_samples, pyspy_errors, partial_stacks, behind_s,"
-            f" notes_json, energy_json, gpu_json, {load} FROM windows WHERE run_id = ?"
+            f" notes_json, energy_json, gpu_json, {load}, {source} FROM windows"
+            " WHERE run_id = ?"
             " ORDER BY started_at, window_id",
             (run_id,),
         ).fetchall()
@@ -401,6 +408,7 @@ def _windows(wrows: list[tuple], crows: list[tuple]) -> tuple[WindowRecord, ...]
                 load_1min=_number(r[15], f"{what}: load_1min", nullable=True),
                 energy_record=_typed(EnergyRecord.from_json, energy, f"{what}: energy_json"),
                 gpu_record=_typed(GpuRecord.from_json, gpu, f"{what}: gpu_json"),
+                cpu_source=_cpu_source(r[16], what),
             )
         )
     return tuple(out)
@@ -418,6 +426,13 @@ def _typed(decode: Callable[[Mapping[str, Any]], _R], doc: Any, what: str) -> _R
         return decode(doc)
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{what} is not a record serwatt wrote ({exc!r})") from None
+
+
+def _cpu_source(value: object, what: str) -> str | None:
+    source = _text(value, f"{what}: cpu_source", nullable=True)
+    if source is not None and source not in CPU_SOURCES:
+        raise ValueError(f"{what}: cpu_source is {_shown(source)}, not one of {CPU_SOURCES}")
+    return source
 
 
 def _summary(row: tuple) -> RunSummary:

@@ -27,10 +27,10 @@ from profiler.attribution.episodes import Episode
 from profiler.records import checkpoint_rows, direction_rows
 from profiler.records.validation import RecordError, _damaged, _shown
 
-SCHEMA_VERSION = 6  # 2 adds serialization episodes, 3 checkpoints by file events
+SCHEMA_VERSION = 7  # 2 adds serialization episodes, 3 checkpoints by file events
 # (profiler/records/checkpoint_rows.py), 4 encode / decode (direction_rows.py), 5 the
-# episodes' prepared_s (checkpoint_rows.py), 6 the windows' load_1min; older files are
-# upgraded in place
+# episodes' prepared_s (checkpoint_rows.py), 6 the windows' load_1min, 7 their
+# cpu_source; older files are upgraded in place
 _APPLICATION = "serwatt.runs"
 
 _SCHEMA = """
@@ -93,7 +93,7 @@ CREATE TABLE IF NOT EXISTS windows (
     energy_source TEXT,             -- rapl | model | unavailable | NULL (not given)
     energy_json TEXT,               -- the energy mapping as given, NULL when not given
     gpu_json TEXT                   -- the GPU mapping as given, NULL when not given
-);                                  -- (version 6 adds load_1min: _VERSIONS)
+);                                  -- (versions 6, 7 add load_1min, cpu_source: _VERSIONS)
 CREATE INDEX IF NOT EXISTS windows_by_run ON windows(run_id, started_at);
 CREATE TABLE IF NOT EXISTS window_codepaths (
     window_id INTEGER NOT NULL REFERENCES windows(window_id) ON DELETE CASCADE,
@@ -311,8 +311,9 @@ def upgrade(db: sqlite3.Connection) -> None:
     tables (earlier runs keep no episodes), 2 -> 3 the episode fields and the checkpoint
     tables (earlier runs read as identified by the heuristic), 3 -> 4 the episodes'
     direction and the per-direction totals (earlier runs read as not recorded), 4 -> 5
-    the episodes' prepared_s (NULL in earlier rows), 5 -> 6 the windows' load_1min (NULL
-    in earlier rows). Each statement is idempotent, so one pass does all."""
+    the episodes' prepared_s (NULL in earlier rows), 5 -> 6 the windows' load_1min, 6 -> 7
+    their cpu_source (NULL in earlier rows). Each statement is idempotent, so one pass
+    does all."""
     for stmt in _SCHEMA_V2.split(";"):
         if stmt.strip():
             db.execute(stmt)
@@ -320,7 +321,7 @@ def upgrade(db: sqlite3.Connection) -> None:
     db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
 
 
-# What versions 3 (checkpoint_rows.py), 4 (direction_rows.py), 5 and 6 add: columns of
+# What versions 3 (checkpoint_rows.py), 4 (direction_rows.py), 5 to 7 add: columns of
 # one table, then tables; each statement is idempotent
 _VERSIONS = (
     ("episodes", checkpoint_rows.EPISODE_COLUMNS_V3, checkpoint_rows.SCHEMA_V3),
@@ -329,11 +330,14 @@ _VERSIONS = (
     # the host's 1-minute load average at the window's end; NULL when unreadable or
     # written by an older version
     ("windows", (("load_1min", "REAL"),), ""),
+    # what weighed the window's CPU: kernel (the scheduler timeline) or estimate
+    # (profiler/sampling/kernel_cpu.py); NULL when written by an older version
+    ("windows", (("cpu_source", "TEXT"),), ""),
 )
 
 
 def _add_versions(db: sqlite3.Connection) -> None:
-    """Versions 3 to 6 onto a file that has version 2's tables (caller's transaction)."""
+    """Versions 3 to 7 onto a file that has version 2's tables (caller's transaction)."""
     for table, columns, tables in _VERSIONS:
         have = {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
         for name, kind in columns:

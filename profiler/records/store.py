@@ -86,8 +86,8 @@ def _codepath_values(values: Mapping[str, float] | None, key: str) -> dict[str, 
 _INSERT_WINDOW = (
     "INSERT INTO windows(run_id, pid, started_at, ended_at, rate_hz, cpu_s, python,"
     " exited, pyspy_samples, pyspy_errors, partial_stacks, behind_s, notes_json,"
-    " energy_source, energy_json, gpu_json, load_1min)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " energy_source, energy_json, gpu_json, load_1min, cpu_source)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _INSERT_WINDOW_CODEPATHS = (
     "INSERT INTO window_codepaths(window_id, codepath, samples, cpu_s, wall_s,"
@@ -143,6 +143,7 @@ def _window_row(
         None if energy is None else _json(energy.to_json()),
         None if gpu is None else _json(gpu.to_json()),
         None if load_1min is None else _finite(load_1min, "load_1min"),
+        window.cpu_source,
     )
 
 

@@ -48,8 +48,9 @@ from profiler.classify.target_files import exited_root, is_exited_root, remember
 from profiler.sampling.kernel_cpu import (
     CPU_SOURCE_ESTIMATE,
     CPU_SOURCE_KERNEL,
-    on_cpu_ticks,
     on_cpu_times,
+    on_cpu_weights,
+    reused_tids,
 )
 from profiler.sampling.stacks import fold_stacks
 from profiler.sampling.weighting import (
@@ -359,7 +360,7 @@ class _Classified:
     held_s: list[float]
     uncounted_tids: set[int | None]
     # cpu_source "kernel": the carriers of the threads in kernel_tids are their stack
-    # changes, weighed by kernel_cpu.on_cpu_ticks (kernel_prior); the rest --idle samples
+    # changes, weighed by kernel_cpu.on_cpu_weights (kernel_prior); the rest --idle samples
     kernel_prior: list[float] | None = None
     kernel_tids: set[int | None] = field(default_factory=set)
 
@@ -482,12 +483,18 @@ def _classify_in(
     on_cpu_tids: set[int | None] = set()
     kernel_prior: list[float] | None = None
     covered: set[int | None] = set()
+    spans: list[Sample] = []
     if raw.kernel is not None and window.changes_timed_by == "kernel":
-        # each thread the timeline traced and the stack-change run saw carries its CPU
-        # on its stack changes, weighed by the ticks it was on a CPU at (kernel_cpu.py)
         times = on_cpu_times(raw.kernel.threads, raw.kernel.epoch_minus_mono)
+        window = replace(
+            window, changes=tuple(reused_tids(window.changes or (), times, raw.kernel.threads))
+        )
         spans = [s for s in window.changes or () if not s.partial and s.tid in times]
-        kernel_prior = on_cpu_ticks(spans, window.changes_end, times, window.changes_ticks)
+    if spans:
+        # each thread the timeline traced and the stack-change run saw carries its CPU
+        # on its stack changes, weighed by the kernel's timeline (kernel_cpu.py). None
+        # named by its kernel tid (py-spy on Python < 3.11 knows none): the estimates
+        kernel_prior = on_cpu_weights(spans, window.changes_end, times, window.changes_ticks)
         covered = {s.tid for s in spans}
         carriers = list(spans)
         carrier_labels = [classify(s) for s in spans]
@@ -686,11 +693,12 @@ def _notes(
     else:
         why = raw.kernel_problem
         if why is None and raw.kernel is not None:
-            why = (
-                "py-spy's clock not aligned to the scheduler timeline"
-                if window.changes is not None
-                else "no stack-change run to weigh by the scheduler timeline"
-            )
+            if window.changes is None:
+                why = "no stack-change run to weigh by the scheduler timeline"
+            elif window.changes_timed_by != "kernel":
+                why = "py-spy's clock not aligned to the scheduler timeline"
+            else:
+                why = "no stack change named by its kernel thread id (Python < 3.11)"
         notes.append(f"cpu_source estimate{f' ({why})' if why else ''}")
     kc = raw.kernel_counters
     if kc is not None and (not kc.complete or kc.unpaired_switches):

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from collectors.samples import Sample
-from collectors.sched_timeline import BLOCKED, ThreadTimeline
+from collectors.sched_timeline import BLOCKED, EXITED, ThreadTimeline
 
 CPU_SOURCE_KERNEL = "kernel"  # on-CPU intervals from sched_switch
 CPU_SOURCE_ESTIMATE = "estimate"  # py-spy's R state and /proc polls (weighting.py)
+CPU_SOURCES = (CPU_SOURCE_KERNEL, CPU_SOURCE_ESTIMATE)
 
 
 @dataclass(frozen=True)
@@ -132,19 +133,31 @@ _AT_TICK_S = 20e-6
 MIN_ON_CPU_TICKS = 20  # below this a thread's tick counts are too noisy: spans instead
 
 
-def on_cpu_ticks(
+def on_cpu_weights(
     changes: Sequence[Sample],
     end: float,
     times: Mapping[int, OnCpuTimes],
     ticks: Sequence[float],
 ) -> list[float]:
-    """For each stack change (aligned with `changes`), the ticks of the stack-change run
-    inside its span at which its thread was on a CPU (or was just taken off it by py-spy
-    waking there). A tick's time does not depend on what the target runs, so these are a
-    Poisson sampling of the thread's on-CPU time by stack: unbiased however short its
-    calls are against the ticks, which the spans are not (a call that starts and ends
-    between two ticks leaves no change). A thread with fewer than MIN_ON_CPU_TICKS gets
-    its span CPU (`span_cpu_s`) instead."""
+    """For each stack change (aligned with `changes`), the on-CPU seconds of its thread
+    that its stack used, from the stack-change run's `ticks`:
+
+    - between two ticks that showed the same stack, the thread's on-CPU seconds are that
+      stack's: exact, however the ticks fall;
+    - between two ticks that showed different stacks, the change happened somewhere, and
+      calls too short to show at any tick may have run too: that CPU is shared by the
+      ticks at which the thread was on a CPU (or was just taken off it by py-spy waking
+      there), one share per tick, by the stack then.
+
+    Why both. Counting on-CPU ticks alone is unbiased only while a tick's time does not
+    depend on what the target runs, and on a loaded node it does: beside OpenMP threads
+    `many.save`'s thread was on a CPU 52% of the time inside saves but at 38% of the
+    ticks there (ticks came at 236/s inside, 335/s outside), so counts gave the save
+    0.58-0.86 of its CPU; the seconds between same-stack ticks do not care when the ticks
+    came. Seconds alone give all the CPU between two ticks to one of their stacks and
+    miss calls shorter than a tick (two threads sharing the GIL: `other` 15.7-18.2 pp
+    high, against 5.6-9.2 by counts and 3.8-5.9 by both; docs/benchmarks.md). A thread
+    with fewer than MIN_ON_CPU_TICKS gets its spans' CPU (`span_cpu_s`) instead."""
     spans = span_cpu_s(changes, end, times, ticks)
     out = [0.0] * len(changes)
     by_tid: dict[int, list[int]] = {}
@@ -154,24 +167,69 @@ def on_cpu_ticks(
     for tid, idx in by_tid.items():
         tl = times[tid]
         idx.sort(key=lambda i: changes[i].t)
-        counts = [0.0] * len(idx)
         starts = [changes[i].t for i in idx]
+        stop = max(end, starts[-1])
         lo = bisect.bisect_left(ticks, starts[0])
-        hi = bisect.bisect_right(ticks, max(end, starts[-1]))
-        for t in ticks[lo:hi]:
-            k = bisect.bisect_right(tl.starts, t) - 1
-            if k < 0 or tl.ends[k] < t - _AT_TICK_S:
-                # off its CPU. A thread switched out by py-spy's own wake-up on its CPU
-                # counts: leaving those ticks out (their time may follow the thread's
-                # system calls) made the bench worse, 13.0 pp against 7.7-9.7
-                continue
+        hi = bisect.bisect_right(ticks, stop)
+        mine = [*ticks[lo:hi], stop]
+        same = [0.0] * len(idx)
+        counts = [0.0] * len(idx)
+        shared = 0.0
+        for t, nxt in zip(mine, mine[1:], strict=False):
             n = bisect.bisect_right(starts, t) - 1
-            if n >= 0:
+            if n < 0:
+                continue
+            k = bisect.bisect_right(tl.starts, t) - 1
+            if k >= 0 and tl.ends[k] >= t - _AT_TICK_S:
+                # on its CPU, or taken off it by py-spy's own wake-up there: leaving
+                # those out made the mix bench worse (13.0 pp against 7.7-9.7 by counts)
                 counts[n] += 1
-        if sum(counts) >= MIN_ON_CPU_TICKS:
-            for n, i in enumerate(idx):
-                out[i] = counts[n]
-        else:
-            for i in idx:
-                out[i] = spans[i]
+            cpu = tl.between(t, nxt)
+            if bisect.bisect_right(starts, nxt) - 1 == n or nxt == stop:
+                same[n] += cpu
+            else:
+                shared += cpu
+        total = sum(counts)
+        for n, i in enumerate(idx):
+            out[i] = same[n] + shared * counts[n] / total if total >= MIN_ON_CPU_TICKS else spans[i]
+    return out
+
+
+def reused_tids(
+    changes: Sequence[Sample],
+    times: Mapping[int, OnCpuTimes],
+    threads: Mapping[int, ThreadTimeline],
+) -> list[Sample]:
+    """`changes` with each stack seen under the tid of a thread that had already exited
+    given to the thread that was using that thread's name then. py-spy keys threads by
+    pthread_t and keeps the tid it first read for one: a thread started after another
+    exited may reuse its pthread_t (`many.save`'s hashing thread, one per save), and its
+    stacks come under the dead thread's tid, whose timeline has no CPU for them. The
+    kernel saw each thread's birth: the one meant is the latest-born thread that no
+    change names, born after the dead one left its CPU and before the change, and not
+    yet gone."""
+    named = {s.tid for s in changes}
+    gone: dict[int, float] = {}
+    for tid, tl in times.items():
+        th = threads.get(tid)
+        if th is not None and th.intervals and th.intervals[-1].off == EXITED and tl.ends:
+            gone[tid] = tl.ends[-1]
+    born = sorted(
+        (tl.starts[0], tid) for tid, tl in times.items() if tl.starts and tid not in named
+    )
+    if not gone or not born:
+        return list(changes)
+    births = [b for b, _ in born]
+    out = []
+    for s in changes:
+        end = gone.get(s.tid) if s.tid is not None else None
+        if end is not None and s.t > end:
+            k = bisect.bisect_right(births, s.t) - 1
+            while k >= 0 and births[k] > end:
+                tid = born[k][1]
+                if gone.get(tid, s.t) >= s.t - _AT_TICK_S:
+                    s = replace(s, tid=tid)
+                    break
+                k -= 1
+        out.append(s)
     return out

@@ -54,7 +54,7 @@ MAX_LABEL_VALUE_LEN = 128
 # exported_*), and the ones PromQL gives a meaning (`le`, `quantile`).
 RESERVED_LABELS: frozenset[str] = frozenset(
     {"target", "codepath", "direction", "source", "gpu", "pid", "python", "kind", "collector",
-     "part", "version", "job", "instance", "le", "quantile"}
+     "part", "version", "cpu_source", "job", "instance", "le", "quantile"}
 )  # fmt: skip
 
 

@@ -103,6 +103,7 @@ class _Tracked:
 
     proc: Any  # profiler.service.discovery.DiscoveredProcess
     python: str = "unknown"
+    cpu_source: str = "unknown"  # what weighed its last window's CPU: kernel | estimate
     last_sampled_at: float = 0.0
     retry_at: float = 0.0  # do not sample before this (monotonic s) after a refusal
     refused: str | None = None  # the kind of the last refusal, None when sampling works
@@ -546,6 +547,7 @@ class Daemon:
                 tracked.faults = 0
                 if report.python:
                     tracked.python = report.python
+                tracked.cpu_source = report.cpu_source
                 if report.exited:
                     self._forget(j.key, reason="exited")
         return failed
@@ -679,7 +681,7 @@ class Daemon:
         by_target: dict[str, list[TargetProcess]] = {t.name: [] for t in self.config.targets}
         for t in self._tracked.values():
             if t.refused is None and t.proc.target in by_target:
-                by_target[t.proc.target].append(TargetProcess(t.proc.pid, t.python))
+                by_target[t.proc.target].append(TargetProcess(t.proc.pid, t.python, t.cpu_source))
         for name, procs in by_target.items():
             self.ledger.set_target_processes(name, procs)
 

@@ -41,6 +41,9 @@ _IDENT = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
 class TargetProcess:
     pid: int
     python: str  # "3.11.7", or "unknown" until a window reported it
+    # what weighed its last window's CPU: kernel (the scheduler timeline) or estimate
+    # (profiler/sampling/kernel_cpu.py); "unknown" until a window reported it
+    cpu_source: str = "unknown"
 
 
 @dataclass(frozen=True)

@@ -111,8 +111,10 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(
         "serwatt_target_info",
         "info",
-        ("target", "pid", "python"),
-        "One series per profiled process of the target (value 1): its pid and Python version.",
+        ("target", "pid", "python", "cpu_source"),
+        "One series per profiled process of the target (value 1): its pid, Python version and "
+        "what weighed its last window's CPU (cpu_source: kernel, the scheduler timeline; "
+        "estimate, the fallback; unknown before its first window).",
     ),
     MetricSpec(
         "serwatt_sampler_errors_total",
@@ -316,7 +318,11 @@ def _target_info(snap: LedgerSnapshot) -> Metric:
     fam = _info_family("serwatt_target_info")
     for t in snap.targets:
         for p in t.processes:
-            fam.add_metric([], {"target": t.name, "pid": str(p.pid), "python": p.python})
+            fam.add_metric(
+                [],
+                {"target": t.name, "pid": str(p.pid), "python": p.python,
+                 "cpu_source": p.cpu_source},
+            )  # fmt: skip
     return fam
 
 

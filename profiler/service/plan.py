@@ -33,11 +33,15 @@ def daemon_retry(window_s: float, refused_s: float) -> RetryPolicy:
 
 def daemon_plan(rate_hz: float, timing_rate_hz: float | None) -> SamplingPlan:
     """A daemon window's runs: the on-CPU run at `rate_hz`, the --idle run at
-    min(rate_hz, IDLE_RUN_RATE_HZ), the stack-change run at `timing_rate_hz` (None: none)."""
+    min(rate_hz, IDLE_RUN_RATE_HZ), the stack-change run at `timing_rate_hz` (None: none).
+    With a stack-change run the window's CPU is weighed by the kernel's scheduler
+    timeline where the host allows it (docs/sampling.md, cpu_source); without one, by
+    the estimates (each window says which)."""
     return SamplingPlan(
         rate_hz=rate_hz,
         on_cpu_run=ON_CPU_RUN,
         idle_rate_hz=min(rate_hz, IDLE_RUN_RATE_HZ),
         timing_rate_hz=timing_rate_hz,
         poll_s=CPU_POLL_S,
+        kernel_timeline=timing_rate_hz is not None,
     )

@@ -450,7 +450,7 @@ def test_episodes_round_trip_and_a_version_1_file_says_it_has_none(tmp_path: Pat
         )
     assert eps[0]["direction"] == "encode" and eps[0]["prepared_s"] == 0.03
     meta = dict(sqlite3.connect(path).execute("SELECT key, value FROM meta"))
-    assert meta["schema_version"] == str(SCHEMA_VERSION) == "6"
+    assert meta["schema_version"] == str(SCHEMA_VERSION) == "7"
 
 
 def test_a_version_4_files_episodes_read_no_prepared_s_and_new_ones_keep_it(
@@ -565,4 +565,4 @@ def test_each_window_keeps_the_load_and_a_version_5_file_is_upgraded(tmp_path: P
         assert loads[1] is not None and 0 <= loads[1] <= 1000, loads
         assert rec.run("new").to_json()["window_list"][0]["load_1min"] == 2.5
     meta = dict(sqlite3.connect(path).execute("SELECT key, value FROM meta"))
-    assert meta["schema_version"] == "6"
+    assert meta["schema_version"] == str(SCHEMA_VERSION)

@@ -6,7 +6,13 @@ import pytest
 
 from collectors.samples import Frame, Sample
 from collectors.sched_timeline import OnCpu, ThreadTimeline
-from profiler.sampling.kernel_cpu import OnCpuTimes, on_cpu_ticks, on_cpu_times, span_cpu_s
+from profiler.sampling.kernel_cpu import (
+    OnCpuTimes,
+    on_cpu_times,
+    on_cpu_weights,
+    reused_tids,
+    span_cpu_s,
+)
 
 
 def _thread(tid: int, ivs: list[tuple[float, float]]) -> ThreadTimeline:
@@ -62,15 +68,54 @@ def test_the_cpu_between_two_ticks_goes_by_what_the_thread_did_at_the_first() ->
     assert span_cpu_s(changes, 3.0, times) == pytest.approx([1.0, 0.5, 2.0, 1.0])
 
 
-def test_on_cpu_ticks_count_the_ticks_a_thread_ran_at_by_its_stack_then() -> None:
-    # a change at 0 (pickle) and at 5 (json); ticks every 0.2 s from 0 to 10; the
-    # thread ran 1-2 (pickle) and 6-9 (json), asleep otherwise
+def test_cpu_between_same_stack_ticks_is_that_stacks_whenever_the_ticks_came() -> None:
+    # a change at 0 (pickle) and at 5 (json); the thread ran 1-2 (pickle) and 6-9
+    # (json). Ticks came every 0.05 s while it ran pickle and every 0.5 s while it ran
+    # json (py-spy's ticks on a loaded node follow what the target does): by counts of
+    # on-CPU ticks json would get 7 of 28; the seconds between ticks that showed one
+    # stack are exact, 1 s and 3 s
+    ticks = [k / 2 for k in range(21) if not 1 <= k / 2 <= 2] + [1 + k / 20 for k in range(21)]
+    ticks.sort()
     th = ThreadTimeline(
         7, "t", None, None, [OnCpu(1.0, 2.0, "blocked"), OnCpu(6.0, 9.0, "blocked")]
     )
     times = on_cpu_times({7: th}, 0.0)
-    ticks = [k / 5 for k in range(51)]
     changes = [_change(7, 0.0, "pickle"), _change(7, 5.0, "json")]
-    assert on_cpu_ticks(changes, 10.0, times, ticks) == [6.0, 16.0]  # 1.0..2.0, 6.0..9.0
+    assert on_cpu_weights(changes, 10.0, times, ticks) == pytest.approx([1.0, 3.0])
+
+
+def test_cpu_between_ticks_that_showed_two_stacks_goes_by_on_cpu_ticks() -> None:
+    # the thread ran throughout 0-10; its stack alternated at every tick (0.1 s apart),
+    # so every tick interval is shared: by the on-CPU ticks, pickle (even ticks) 51,
+    # json (odd) 50 of the 10 s
+    th = ThreadTimeline(7, "t", None, None, [OnCpu(0.0, 10.0, "preempted")])
+    times = on_cpu_times({7: th}, 0.0)
+    ticks = [k / 10 for k in range(101)]
+    changes = [_change(7, t, "pickle" if k % 2 == 0 else "json") for k, t in enumerate(ticks)]
+    got = on_cpu_weights(changes, 10.05, times, ticks)
+    pickle_s = sum(g for c, g in zip(changes, got, strict=True) if c.frames[0].name == "pickle")
+    assert pickle_s == pytest.approx(10.0 * 51 / 101)
+    assert sum(got) == pytest.approx(10.0)
     # too few ticks on a CPU: the spans' CPU instead
-    assert on_cpu_ticks(changes, 10.0, times, ticks[::10]) == pytest.approx([1.0, 3.0])
+    assert on_cpu_weights(changes[:3], 0.2, times, ticks[:3]) == pytest.approx(
+        span_cpu_s(changes[:3], 0.2, times, ticks[:3])
+    )
+
+
+def test_a_dead_threads_tid_seen_later_is_the_thread_born_after_it() -> None:
+    # 20 ran 1-2 and exited; 21 (born 3) and 22 (born 6) are its successors on the same
+    # pthread_t, which py-spy keeps calling 20; 99 (an OpenMP worker, born 0) is never
+    # named and was alive throughout: it is not a successor of 20
+    th = {
+        20: ThreadTimeline(20, "h", 1, 1.0, [OnCpu(1.0, 2.0, "exited")]),
+        21: ThreadTimeline(21, "h", 1, 3.0, [OnCpu(3.0, 4.0, "exited")]),
+        22: ThreadTimeline(22, "h", 1, 6.0, [OnCpu(6.0, 7.0, "exited")]),
+        99: ThreadTimeline(99, "omp", 1, 0.0, [OnCpu(0.0, 9.0, "preempted")]),
+        1: ThreadTimeline(1, "main", None, None, [OnCpu(0.0, 9.0, "preempted")]),
+    }
+    times = on_cpu_times(th, 0.0)
+    changes = [_change(20, 1.5, "many"), _change(20, 3.5, "many"), _change(20, 6.5, "many"),
+               _change(20, 8.0, "many"), _change(1, 3.5, "other")]  # fmt: skip
+    got = [s.tid for s in reused_tids(changes, times, th)]
+    # at 8.0 every successor had exited: the change stays where py-spy put it
+    assert got == [20, 21, 22, 20, 1]

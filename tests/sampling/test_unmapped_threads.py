@@ -157,6 +157,9 @@ def test_many_cpu_per_checkpoint_with_openmp_threads_alive(tmp_path: Path) -> No
     per_save = sum(x["process_cpu_s"] - x["omp_cpu_s"] for x in saves) / len(saves)
     measured = doc["codepaths"]["many"]["cpu_s"] / len(saves)
     assert measured == pytest.approx(per_save, rel=0.15), (measured, per_save)
+    # by the default weighing, the estimates (the kernel's is opt-in: --kernel-timeline)
+    notes = doc["sampler"]["notes"]
+    assert any(n.startswith("cpu_source estimate") for n in notes), notes
     # the OpenMP worker is its own row, with its tid and name, inside other's CPU
     u = doc["unmapped_threads"]
     rows = {t["tid"]: t for t in u["threads"]}

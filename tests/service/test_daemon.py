@@ -148,6 +148,9 @@ def test_lifecycle_ready_watchdog_metrics_sigterm_and_record(tmp_path):
         assert total(m, "serwatt_cpu_seconds_total", target="trainer") > 0
         assert total(m, "serwatt_target_up", target="trainer") == 1
         assert total(m, "serwatt_target_info", target="trainer", pid=str(work.pid)) == 1
+        # no stack-change run (timing_rate_hz 0): the estimates weighed, and it says so
+        now = d.metrics()
+        assert total(now, "serwatt_target_info", pid=str(work.pid), cpu_source="estimate") == 1
         assert total(m, "serwatt_build_info") == 1
         page = d.get("/")
         assert '<a href="/metrics">' in page and f"pid {work.pid}" in page

@@ -31,7 +31,7 @@ CONTRACT = {
     "serwatt_gpu_wait_seconds_total": {"target", "codepath", "direction", "gpu"},
     "serwatt_gpu_wait_energy_joules_total": {"target", "codepath", "direction", "gpu"},
     "serwatt_target_up": {"target"},
-    "serwatt_target_info": {"target", "pid", "python"},
+    "serwatt_target_info": {"target", "pid", "python", "cpu_source"},
     "serwatt_sampler_errors_total": {"target", "kind"},
     "serwatt_collector_up": {"collector"},
     "serwatt_collector_duration_seconds": {"collector"},
@@ -63,8 +63,9 @@ HELP = {
     "threads were in the codepath, by direction, in joules.",
     "serwatt_target_up": "1 if at least one process of the configured target is being "
     "profiled, else 0.",
-    "serwatt_target_info": "One series per profiled process of the target (value 1): its pid "
-    "and Python version.",
+    "serwatt_target_info": "One series per profiled process of the target (value 1): its pid, "
+    "Python version and what weighed its last window's CPU (cpu_source: kernel, the "
+    "scheduler timeline; estimate, the fallback; unknown before its first window).",
     "serwatt_sampler_errors_total": "Sampling windows of the target that failed, by kind "
     "(target_gone, not_python, ptrace_denied, unsupported_python, ...).",
     "serwatt_collector_up": "1 if the collector's last use succeeded, 0 if it failed or is "
@@ -85,7 +86,7 @@ def _documented() -> dict[str, tuple[str, set[str]]]:
     """docs/daemon.md's metric table: name -> (type as exposed, labels). An info metric
     ("gauge (info)") is a gauge in the text format."""
     rows = re.findall(
-        r"^\| `(serwatt_[a-z_]+)` \| (counter|gauge|gauge \(info\)) \| ?([a-z, ]*?) ?\| .+\|$",
+        r"^\| `(serwatt_[a-z_]+)` \| (counter|gauge|gauge \(info\)) \| ?([a-z_, ]*?) ?\| .+\|$",
         DAEMON_DOC.read_text(),
         re.M,
     )

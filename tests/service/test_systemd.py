@@ -110,12 +110,15 @@ def test_unit_contract() -> None:
     assert s["ExecStart"] == [f"{INSTALLED_SERWATT} daemon --config /etc/serwatt/serwatt.yaml"]
     assert s["StateDirectory"] == ["serwatt"] and s["ProtectSystem"] == ["strict"]
     assert s["NoNewPrivileges"] == ["yes"] and s["PrivateTmp"] == ["yes"]
-    # CAP_SYS_NICE: py-spy's nice -20 (tests/sampling/test_sampler_priority.py)
-    caps = {"CAP_SYS_PTRACE", "CAP_DAC_READ_SEARCH", "CAP_SYS_NICE"}
+    # CAP_SYS_NICE: py-spy's nice -20 (tests/sampling/test_sampler_priority.py);
+    # CAP_DAC_OVERRIDE: the scheduler timeline's tracefs instance (test below)
+    caps = {"CAP_SYS_PTRACE", "CAP_DAC_READ_SEARCH", "CAP_SYS_NICE", "CAP_DAC_OVERRIDE"}
     assert set(s["CapabilityBoundingSet"][0].split()) == caps
     assert set(s["AmbientCapabilities"][0].split()) == caps
     assert s["RestrictRealtime"] == ["yes"]  # py-spy stays in the normal class
     assert "sched_setattr" in " ".join(s["SystemCallFilter"])  # back from ~@resources
+    # /sys is read-only (ProtectKernelTunables) but for the timeline's tracefs
+    assert s["ReadWritePaths"] == ["-/sys/kernel/tracing"]
     # Settings that would stop serwatt from seeing or reading other users' processes, or
     # (on systemd < 253) close /dev/nvidia* to NVML.
     for forbidden in (
@@ -185,6 +188,38 @@ def test_pyspy_needs_the_unit_capabilities_and_works_with_them(root_python) -> N
     assert as_nobody(["dac_read_search"], environ).returncode != 0
     both = as_nobody(["sys_ptrace", "dac_read_search"], environ)
     assert both.returncode == 0 and "PATH=" in both.stdout
+
+
+TIMELINE = """
+import os
+from collectors import sched_timeline as st
+t = st.SchedTimeline([os.getpid()])
+try:
+    t.start()
+except OSError as exc:
+    print("down:", st.probe().detail, exc)
+else:
+    t.stop()
+    print("up:", len(t.threads()))
+"""
+
+
+def test_the_scheduler_timeline_needs_dac_override_not_perfmon_or_sys_admin() -> None:
+    # tracefs guards its instances by file mode only (root's, 0700): the capability the
+    # unit adds for collectors/sched_timeline.py is CAP_DAC_OVERRIDE
+    assert os.geteuid() == 0 and Path(st_root := "/sys/kernel/tracing/instances").is_dir(), st_root
+    argv = [sys.executable, "-c", TIMELINE]
+
+    def run(caps: list[str]) -> str:
+        out = as_nobody(caps, argv, cwd=REPO)
+        return out.stdout + out.stderr
+
+    unit_caps = ["sys_ptrace", "dac_read_search", "sys_nice", "dac_override"]
+    assert run(unit_caps).startswith("up: "), run(unit_caps)
+    for caps in (["dac_read_search", "perfmon"], ["dac_read_search", "sys_admin"]):
+        got = run(caps)
+        # refused, and the window's note names the fix and the fallback
+        assert got.startswith("down: ") and "cpu_source=estimate" in got, (caps, got)
 
 
 def test_root_only_energy_files_need_dac_read_search() -> None:
