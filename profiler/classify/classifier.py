@@ -59,6 +59,13 @@ _MEMO_MAX = 1 << 17
 MODULE_BODY = "<module>"  # a module body's frame name (CPython)
 
 
+def _is_import(outer: Frame | None) -> bool:
+    """Whether a module body run below `outer` is an import: the import system runs it
+    (importlib's frames, frozen or not). A script's own body (`python job.py`, or runpy's
+    for `-m`) is no import: its functions are the job's, whatever a rule says of them."""
+    return outer is not None and "importlib" in outer.filename
+
+
 def _is_inner_scope(name: str) -> bool:
     last = name.rsplit(".", 1)[-1]
     return last in ("<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>", "<lambda>")
@@ -510,10 +517,13 @@ class Classifier:
             deeper_python[python_idx[k]] = python_idx[k - 1]
         enclosing: Explanation | None = None  # the outermost line enclosing deeper frames
         importing: frozenset[str] = frozenset()  # rules whose package's import is running
+        outer: Frame | None = None  # the next Python frame outward
         for i in range(len(frames) - 1, -1, -1):
             frame = frames[i]
-            if not frame.is_native and frame.name == MODULE_BODY:
+            if not frame.is_native and frame.name == MODULE_BODY and _is_import(outer):
                 importing |= self._imported_by(frame)
+            if not frame.is_native:
+                outer = frame
             if frame.is_native:
                 rule = self._native_rule(frame)
                 if rule is not None:

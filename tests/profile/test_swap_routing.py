@@ -198,6 +198,10 @@ def test_yaml_set_up_at_import_is_not_serialization() -> None:
     # the same function called by the job after the import is yaml's
     called = (resolver, Frame("main", "/srv/train.py", 40), Frame("<module>", "/srv/train.py", 50))
     assert c.classify_frames(called).codepath == "yaml"
+    # a script's own body is no import: a rule over the script's functions still holds
+    # (a module body counts as an import only below importlib's frames)
+    called_at_top = (resolver, Frame("<module>", f"{site}/yaml/resolver.py", 170))
+    assert c.classify_frames(called_at_top).codepath == "yaml"
 
 
 def test_a_restore_one_page_short_of_cached_is_not_labelled_100_percent() -> None:
