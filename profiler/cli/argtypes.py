@@ -85,3 +85,22 @@ _SWITCH_ALIASES = {"true": "required", "false": "off"}
 def switch(text: str) -> str:
     """auto | required | off, as the config says them too (true / false accepted)."""
     return _SWITCH_ALIASES.get(text.lower(), text.lower())
+
+
+def add_report_view_options(parser: argparse.ArgumentParser, cluster_metavar: str) -> None:
+    """What an A/B report prints, the same for `serwatt report` and `serwatt ab`: the
+    first screen or --full, and the cluster projection only when asked."""
+    parser.add_argument(
+        "--cluster", type=Path, metavar=cluster_metavar,
+        help="project the saving onto a cluster with these assumptions (an estimate; "
+        "off unless asked)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--full", action="store_true",
+        help="print every detail below the first table (the method, each caveat and warning, "
+        "the checkpoint and codepath tables); the JSON and HTML always have them",
+    )  # fmt: skip
+    parser.add_argument(
+        "--project", action="store_true",
+        help="project the saving onto the documented default cluster (an estimate)",
+    )  # fmt: skip

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from profiler import safeio
-from profiler.cli.argtypes import Number, check_output_option
+from profiler.cli.argtypes import Number, add_report_view_options, check_output_option
 from profiler.cli.main import UsageError
 from profiler.cli.runs import DEFAULT_RECORD_DIR
 from profiler.exitcodes import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE
@@ -94,20 +94,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--html", type=Path, metavar="FILE", help="write a self-contained HTML page"
     )
-    parser.add_argument(
-        "--cluster", type=Path, metavar="FILE.yaml",
-        help="project the saving onto a cluster with these assumptions (an estimate; "
-        "off unless asked)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--full", action="store_true",
-        help="print every detail below the first table (the method, each caveat and warning, "
-        "the checkpoint and codepath tables); the JSON and HTML always have them",
-    )  # fmt: skip
-    parser.add_argument(
-        "--project", action="store_true",
-        help="project the saving onto the documented default cluster (an estimate)",
-    )  # fmt: skip
+    add_report_view_options(parser, cluster_metavar="FILE.yaml")
     parser.add_argument(
         "--checkpoints", type=Path, metavar="DIR",
         help="verify every .many file in DIR and put its receipt chain in the report",
