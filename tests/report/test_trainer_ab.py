@@ -48,7 +48,11 @@ def test_a_stock_trainer_job_ab_swaps_end_to_end(tmp_path: Path) -> None:
         if r["resumed"]:
             assert r["restores"] and r["restores"] > 0, r
     # how perturbed each side was: serwatt's own CPU share of the node, every run measured
-    assert all(isinstance(r["serwatt_cpu_cores"], float) for r in runs), runs
+    # (a run shorter than one window length observes no slot: its figure is unavailable,
+    # None, and the side's figure comes from its other runs)
+    assert all(r["serwatt_cpu_cores"] is None or r["serwatt_cpu_cores"] >= 0 for r in runs), runs
+    for side in ("baseline", "candidate"):
+        assert any(isinstance(r["serwatt_cpu_cores"], float) for r in runs if r["side"] == side)
     assert "not measured" not in doc["ab"]["perturbation"]
     assert doc["ab"]["perturbation"] in doc["caveats"]
     headline = out.stdout.splitlines()[:3]
