@@ -298,7 +298,9 @@ def test_accuracy_bench_smoke() -> None:
         "accuracy.py", "--rate", "50", "--duration", "2", "--window", "1", "--repeats", "2",
         "--timing-rate", "0", "--threads", "2", "--busy", "1", "--truth-waits",
     )  # fmt: skip
-    assert "== mix, 2 busy thread(s), 1 busy process(es): 2 repeat(s)" in r.stdout, r.stdout
+    assert (
+        "== mix, 2 busy thread(s), 1 busy process(es), cpu_source estimate: 2 repeat(s)" in r.stdout
+    ), r.stdout
     assert r.returncode in (0, 1), r.stderr[-3000:]
     rows = re.findall(
         rf"^(pickle|json|protobuf|msgpack|other) +{NUM}% +{NUM}% +([+-][0-9.]+|nan) "
