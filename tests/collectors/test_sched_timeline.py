@@ -19,6 +19,9 @@ from collectors import sched_timeline as st
 
 STATUS = st.probe()
 needs_tracefs = pytest.mark.skipif(not STATUS.up, reason=f"no scheduler timeline: {STATUS}")
+# the kernel timeline against the threads' own clock reads: scheduling on a quiet machine,
+# so the serial pass (a run beside 6 workers once missed a switch: docs/sampling.md)
+pytestmark = pytest.mark.serial
 
 # A thread born after the trace starts: three busy phases and three sleeps of 0.25 s. It
 # reads CLOCK_MONOTONIC at each phase edge while on a CPU, and its own CPU clock at the
