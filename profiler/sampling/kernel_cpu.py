@@ -103,13 +103,8 @@ def span_cpu_s(
     the run's `ticks`, the CPU between a change's tick and the tick before it is split
     between the two stacks (`_lead_in`) rather than all left to the old one."""
     out = [0.0] * len(changes)
-    by_tid: dict[int, list[int]] = {}
-    for i, s in enumerate(changes):
-        if s.tid is not None and s.tid in times:
-            by_tid.setdefault(s.tid, []).append(i)
-    for tid, idx in by_tid.items():
+    for tid, idx in _changes_by_tid(changes, times).items():
         tl = times[tid]
-        idx.sort(key=lambda i: changes[i].t)
         lead = []
         for n, i in enumerate(idx):
             t = changes[i].t
@@ -160,13 +155,8 @@ def on_cpu_weights(
     with fewer than MIN_ON_CPU_TICKS gets its spans' CPU (`span_cpu_s`) instead."""
     spans = span_cpu_s(changes, end, times, ticks)
     out = [0.0] * len(changes)
-    by_tid: dict[int, list[int]] = {}
-    for i, s in enumerate(changes):
-        if s.tid is not None and s.tid in times:
-            by_tid.setdefault(s.tid, []).append(i)
-    for tid, idx in by_tid.items():
+    for tid, idx in _changes_by_tid(changes, times).items():
         tl = times[tid]
-        idx.sort(key=lambda i: changes[i].t)
         starts = [changes[i].t for i in idx]
         stop = max(end, starts[-1])
         lo = bisect.bisect_left(ticks, starts[0])
@@ -233,3 +223,14 @@ def reused_tids(
                 k -= 1
         out.append(s)
     return out
+
+
+def _changes_by_tid(changes: Sequence[Sample], times: Mapping[int, object]) -> dict[int, list[int]]:
+    """The indexes of `changes` of each thread the timeline has, in time order."""
+    by_tid: dict[int, list[int]] = {}
+    for i, s in enumerate(changes):
+        if s.tid is not None and s.tid in times:
+            by_tid.setdefault(s.tid, []).append(i)
+    for idx in by_tid.values():
+        idx.sort(key=lambda i: changes[i].t)
+    return by_tid
