@@ -87,7 +87,7 @@ check: test
 lint: $(TEST_DEPS)
 	$(BIN)/ruff check profiler collectors tests bench
 	$(BIN)/ruff format --check profiler collectors tests bench
-	$(BIN)/mypy profiler collectors
+	$(BIN)/mypy
 	$(BIN)/lint-imports
 
 clean:

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SERWATT = [sys.executable, "-m", "profiler"]
+SERWATT = [sys.executable, "-m", "serwatt"]
 
 
 def profile_run(args: argparse.Namespace, db: Path, run_id: str, ckpt: str) -> None:
@@ -34,7 +34,7 @@ def profile_run(args: argparse.Namespace, db: Path, run_id: str, ckpt: str) -> N
     cmd = [
         *SERWATT, "profile", "--rate", f"{args.rate:g}", "--window", "2",
         "--record", str(db), "--run-id", run_id, "--checkpoints", str(ckpt_dir), "--",
-        sys.executable, "-m", "profiler.workloads.train", "--ckpt", ckpt,
+        sys.executable, "-m", "serwatt.profiler.workloads.train", "--ckpt", ckpt,
         "--steps", str(args.steps), "--every", str(args.every), "--size", f"{args.size:g}",
         "--dir", str(ckpt_dir),
     ]  # fmt: skip

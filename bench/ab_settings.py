@@ -40,7 +40,7 @@ def one_run(tmp: Path, name: str, flags: list[str], k: int, steps: int, every: i
     job = [sys.executable, "-m", "tests.workloads.trainer_job", str(d), "--steps", str(steps)]
     job += ["--save-steps", str(every), "--timing", str(d / ".timing.jsonl")]
     subprocess.run(
-        [sys.executable, "-m", "profiler", "profile", "--cpu-budget", "off", *flags,
+        [sys.executable, "-m", "serwatt", "profile", "--cpu-budget", "off", *flags,
          "--record", str(db), "--run-id", run_id, "--checkpoints", str(d), "--json", str(doc),
          "--", *job],
         cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), check=True,

@@ -57,12 +57,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from profiler.intervals import NOT_MET, mean_interval, verdict  # noqa: E402
+from serwatt.profiler.intervals import NOT_MET, mean_interval, verdict  # noqa: E402
 
 WORKLOAD = r"""
 import json, os, pickle, signal, sys, threading, time
 import msgpack
-from profiler.workloads.demo import build_record_types
+from serwatt.profiler.workloads.demo import build_record_types
 
 thread_time = time.thread_time
 truth_path, n_threads = sys.argv[1], int(sys.argv[2])
@@ -278,7 +278,7 @@ def timestamps(args: argparse.Namespace) -> int:
     its error is the distance to the true boundary (the nearest multiple of 0.5 s)."""
     import statistics
 
-    from collectors.pyspy import PySpy, SamplingPlan
+    from serwatt.collectors.pyspy import PySpy, SamplingPlan
 
     spy = PySpy(priority=args.sampler_priority)
     proc = subprocess.Popen([sys.executable, "-c", PHASES])
@@ -326,9 +326,9 @@ def profile_once(
 ) -> tuple[dict[str, float], dict]:
     """One profiled run: (true shares, serwatt's profile document). `kernel`: CPU
     weighed by the scheduler timeline (SamplingPlan.kernel_timeline)."""
-    from collectors.pyspy import PySpy, SamplingPlan
-    from profiler.profile.document import build_document
-    from profiler.profile.session import ProfileSession
+    from serwatt.collectors.pyspy import PySpy, SamplingPlan
+    from serwatt.profiler.profile.document import build_document
+    from serwatt.profiler.profile.session import ProfileSession
 
     spy = PySpy(priority=args.sampler_priority)
 
@@ -388,7 +388,7 @@ def profile_once(
 
 def timing_rate_hz(args: argparse.Namespace) -> float | None:
     """The stack-change run's rate, as `serwatt profile` chooses it (0: none)."""
-    from profiler.sampling.collect import timing_rate_hz as rule
+    from serwatt.profiler.sampling.collect import timing_rate_hz as rule
 
     return rule(args.timing_rate, args.rate)
 
@@ -494,7 +494,7 @@ def main() -> int:
     if args.busy < 0 or (args.busy and args.contention is not None):
         ap.error("--busy N (N >= 0) is for the mix workload; --contention N has its own")
 
-    from profiler.classify.classifier import Classifier
+    from serwatt.profiler.classify.classifier import Classifier
 
     classifier = Classifier.default()
     load = os.getloadavg()

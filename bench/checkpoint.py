@@ -99,7 +99,7 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from profiler.intervals import (  # noqa: E402
+from serwatt.profiler.intervals import (  # noqa: E402
     CONFIRMED,
     NOT_MET,
     UNDECIDED,
@@ -108,7 +108,7 @@ from profiler.intervals import (  # noqa: E402
     mean_interval,
     verdict,
 )
-from profiler.profile.ab import resident_pages as ab_resident_pages  # noqa: E402
+from serwatt.profiler.profile.ab import resident_pages as ab_resident_pages  # noqa: E402
 
 METHODS = (
     "torch.save",
@@ -411,7 +411,7 @@ def save(b: Bench, method: str) -> Saved:
     from safetensors.torch import save_file
     from torch.distributed.checkpoint import FileSystemWriter
 
-    from profiler import many
+    from serwatt.profiler import many
 
     state = b.state
     if method == "torch.save":
@@ -515,7 +515,7 @@ def restore(b: Bench, method: str, target: Path) -> Restored:
     from safetensors import safe_open
     from torch.distributed.checkpoint import FileSystemReader
 
-    from profiler import many
+    from serwatt.profiler import many
 
     if method == "torch.save":
         t0 = time.perf_counter()
@@ -715,7 +715,7 @@ def run_size(
     inject: str | None,
     drop_caches: bool = False,
 ) -> dict[str, Any]:
-    from profiler import many
+    from serwatt.profiler import many
 
     state, d = build_state(size_mb << 20)
     tensors = tensors_of(state)

@@ -37,9 +37,9 @@ from scipy.stats import binom
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from profiler.attribution.episodes import error_quantile_s  # noqa: E402
+from serwatt.profiler.attribution.episodes import error_quantile_s  # noqa: E402
 
-SERWATT = [sys.executable, "-m", "profiler"]
+SERWATT = [sys.executable, "-m", "serwatt"]
 FORMATS = ("torch", "json", "many", "many-async")
 SIZES_MB = (1.0, 4.0, 16.0, 64.0, 256.0)
 FALSE_FAILURE = 0.001  # per cell: the misses a 95% half-width allows this often
@@ -61,7 +61,8 @@ def profile(
     cmd = [
         *SERWATT, "profile", "--rate", f"{rate:g}", "--window", "2",
         "--checkpoints", str(ckpt), "--json", str(doc), "--",
-        sys.executable, "-m", "profiler.workloads.train", "--ckpt", fmt, "--size", f"{size_mb:g}",
+        sys.executable, "-m", "serwatt.profiler.workloads.train", "--ckpt", fmt, "--size",
+        f"{size_mb:g}",
         "--dir", str(ckpt), "--keep", "0", "--backend", backend, *train,
     ]  # fmt: skip
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)

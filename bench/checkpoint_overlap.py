@@ -59,9 +59,9 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from profiler.intervals import Interval, geometric_mean_interval, mean_interval, verdict  # noqa: E402
-from profiler.many.checkpointer import Checkpointer  # noqa: E402
-from profiler.workloads.gpt import GPT, GPTConfig, get_batch, make_text  # noqa: E402
+from serwatt.profiler.intervals import Interval, geometric_mean_interval, mean_interval, verdict  # noqa: E402
+from serwatt.profiler.many.checkpointer import Checkpointer  # noqa: E402
+from serwatt.profiler.workloads.gpt import GPT, GPTConfig, get_batch, make_text  # noqa: E402
 
 METHODS = (
     "many.Checkpointer",

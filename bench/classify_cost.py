@@ -27,7 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from profiler.classify.classifier import Classifier  # noqa: E402
+from serwatt.profiler.classify.classifier import Classifier  # noqa: E402
 from tests.workloads.harness import samples_from_dump  # noqa: E402
 
 FIXTURES = REPO / "tests" / "fixtures" / "pyspy"

@@ -79,7 +79,7 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from profiler.intervals import SlopeInterval, mean_interval, slope_interval, verdict  # noqa: E402
+from serwatt.profiler.intervals import SlopeInterval, mean_interval, slope_interval, verdict  # noqa: E402
 from tests.daemon_support import daemon_config  # noqa: E402
 from tests.ports import listening_port  # noqa: E402
 from tests.workloads import alternating  # noqa: E402
@@ -421,7 +421,7 @@ def main() -> int:
     cfg.write_text(watched_cfg)
     log = open(tmp / "daemon.log", "wb")  # noqa: SIM115
     daemon = subprocess.Popen(
-        [sys.executable, "-m", "profiler", "daemon", "--config", str(cfg)],
+        [sys.executable, "-m", "serwatt", "daemon", "--config", str(cfg)],
         cwd=REPO,
         stdout=log,
         stderr=subprocess.STDOUT,

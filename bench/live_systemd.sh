@@ -84,7 +84,7 @@ install -d "$TREE/opt/serwatt/bin" "$TREE/etc/serwatt" "$TREE/etc/systemd/system
 cat >"$TREE/opt/serwatt/bin/serwatt" <<EOF
 #!/bin/sh
 # serwatt from the checkout bound at /opt/serwatt/src, with the venv bound at its own path
-PYTHONPATH=/opt/serwatt/src exec $VENV/bin/python -m profiler "\$@"
+PYTHONPATH=/opt/serwatt/src exec $VENV/bin/python -m serwatt "\$@"
 EOF
 chmod 755 "$TREE/opt/serwatt/bin/serwatt"
 install -m 644 "$REPO/configs/systemd/serwatt.service" "$TREE/etc/systemd/system/serwatt.service"

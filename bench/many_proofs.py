@@ -37,13 +37,13 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from profiler.many import Arena, save  # noqa: E402
+from serwatt.profiler.many import Arena, save  # noqa: E402
 
 SLOT_ELEMS = 65536  # float32 -> 256 KiB per slot
 
 RSS_CHILD = r"""
 import json, sys, time, numpy as np, psutil
-from profiler.many import load
+from serwatt.profiler.many import load
 proc = psutil.Process()
 rss0 = proc.memory_info().rss
 t0 = time.perf_counter()

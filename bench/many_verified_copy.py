@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from profiler.many import load, save
+from serwatt.profiler.many import load, save
 
 
 def private_mapping_sees_later_writes(directory: str) -> bool:

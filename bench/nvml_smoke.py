@@ -38,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from collectors.nvml import GpuWindow, NvmlCollector  # noqa: E402
+from serwatt.collectors.nvml import GpuWindow, NvmlCollector  # noqa: E402
 
 BUSY_MIN = 0.9
 IDLE_MAX = 0.1

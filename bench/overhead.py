@@ -71,8 +71,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from profiler import intervals  # noqa: E402
-from profiler.intervals import Interval, mean_interval  # noqa: E402
+from serwatt.profiler import intervals  # noqa: E402
+from serwatt.profiler.intervals import Interval, mean_interval  # noqa: E402
 
 TARGET = r"""
 import json, pickle, sys, time
@@ -117,7 +117,7 @@ def ci_text(iv: Interval) -> str:
 
 
 def main() -> int:
-    from collectors.pyspy import DEFAULT_RATE_HZ
+    from serwatt.collectors.pyspy import DEFAULT_RATE_HZ
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -160,11 +160,11 @@ def main() -> int:
     )  # fmt: skip
     args = ap.parse_args()
 
-    from collectors.pyspy import SamplingPlan
-    from profiler.classify.classifier import Classifier
-    from profiler.profile.session import ProfileSession
-    from profiler.sampling.budget import PROFILE_FIX, RateGovernor, default_budget_cores
-    from profiler.sampling.collect import timing_rate_hz as timing_rule
+    from serwatt.collectors.pyspy import SamplingPlan
+    from serwatt.profiler.classify.classifier import Classifier
+    from serwatt.profiler.profile.session import ProfileSession
+    from serwatt.profiler.sampling.budget import PROFILE_FIX, RateGovernor, default_budget_cores
+    from serwatt.profiler.sampling.collect import timing_rate_hz as timing_rule
 
     if args.rate is None:
         args.rate = LOOP_RATE_HZ if args.workload == "loop" else DEFAULT_RATE_HZ

@@ -34,12 +34,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from collectors.samples import SamplerErrors  # noqa: E402
-from profiler.attribution.window_records import EnergyRecord  # noqa: E402
-from profiler.classify.codepaths import CODEPATHS  # noqa: E402
-from profiler.intervals import Interval, mean_interval  # noqa: E402
-from profiler.records.store import Recorder  # noqa: E402
-from profiler.sampling.window import CodepathWindow, WindowReport  # noqa: E402
+from serwatt.collectors.samples import SamplerErrors  # noqa: E402
+from serwatt.profiler.attribution.window_records import EnergyRecord  # noqa: E402
+from serwatt.profiler.classify.codepaths import CODEPATHS  # noqa: E402
+from serwatt.profiler.intervals import Interval, mean_interval  # noqa: E402
+from serwatt.profiler.records.store import Recorder  # noqa: E402
+from serwatt.profiler.sampling.window import CodepathWindow, WindowReport  # noqa: E402
 
 RUN_ID = "bench-record-append"
 

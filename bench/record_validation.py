@@ -47,15 +47,15 @@ from typing import Annotated, Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from profiler.attribution.window_records import EnergyRecord  # noqa: E402
-from profiler.classify.codepaths import CODEPATHS  # noqa: E402
-from profiler.intervals import Interval, mean_interval, verdict  # noqa: E402
-from profiler.records.reader import (  # noqa: E402
+from serwatt.profiler.attribution.window_records import EnergyRecord  # noqa: E402
+from serwatt.profiler.classify.codepaths import CODEPATHS  # noqa: E402
+from serwatt.profiler.intervals import Interval, mean_interval, verdict  # noqa: E402
+from serwatt.profiler.records.reader import (  # noqa: E402
     _WINDOW_CODEPATH_KINDS,
     _WINDOW_CODEPATH_SIGNATURES,
 )
-from profiler.records.store import Recorder  # noqa: E402
-from profiler.records.validation import _check_row, _finite  # noqa: E402
+from serwatt.profiler.records.store import Recorder  # noqa: E402
+from serwatt.profiler.records.validation import _check_row, _finite  # noqa: E402
 
 try:
     import msgspec

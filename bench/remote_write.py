@@ -32,7 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from profiler.intervals import mean_interval  # noqa: E402
+from serwatt.profiler.intervals import mean_interval  # noqa: E402
 from tests.daemon_support import (  # noqa: E402
     start_daemon,
     start_powercap,

@@ -34,7 +34,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from collectors.pyspy.runner import PYSPY_FLAGS, find_pyspy, pyspy_env  # noqa: E402
+from serwatt.collectors.pyspy.runner import PYSPY_FLAGS, find_pyspy, pyspy_env  # noqa: E402
 
 COST_TARGET = REPO / "tests" / "workloads" / "alternating.py"
 PERIODIC_TARGET = textwrap.dedent(

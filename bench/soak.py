@@ -80,7 +80,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from profiler.intervals import slope_interval, verdict  # noqa: E402 (needs REPO on the path)
+from serwatt.profiler.intervals import slope_interval, verdict  # noqa: E402 (needs REPO on the path)
 from tests.daemon_support import (  # noqa: E402
     DaemonProc,
     children_named,

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from collectors.status import CollectorStatus
+from serwatt.collectors.status import CollectorStatus
 
 REASON_UNREADABLE = "unreadable"
 

@@ -44,7 +44,7 @@ from pathlib import Path
 
 from inotify_simple import INotify, flags
 
-from collectors.mounts import read_mounts
+from serwatt.collectors.mounts import read_mounts
 
 WRITTEN = "written"
 OPENED = "opened"
@@ -332,7 +332,7 @@ class DirectoryWatch:
 
 
 class _SharedChild:
-    """One watching child process (`python -m collectors.fsevents DIR`) and the
+    """One watching child process (`python -m serwatt.collectors.fsevents DIR`) and the
     WatchProcess views it feeds: every view of one (DIR, glob) shares it, so a target
     whose every process is a run of its own still has one watcher (issue 45: one
     interpreter per process ran the unit out of memory and tasks)."""
@@ -346,10 +346,12 @@ class _SharedChild:
         self._synced = threading.Condition()
         self._sync_sent = self._sync_seen = 0
         root, glob = key
-        argv = [sys.executable, "-m", "collectors.fsevents", root]
+        argv = [sys.executable, "-m", "serwatt.collectors.fsevents", root]
         if glob is not None:
             argv += ["--glob", glob]
-        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        here = os.path.dirname(
+            os.path.dirname(os.path.abspath(sys.modules["serwatt"].__file__ or ""))
+        )
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
@@ -440,7 +442,7 @@ STOP_TIMEOUT_S = 3.0  # a child that has not ended by then is killed
 
 
 class WatchProcess:
-    """A DirectoryWatch run in a child process (`python -m collectors.fsevents DIR`), so
+    """A DirectoryWatch run in a child process (`python -m serwatt.collectors.fsevents DIR`), so
     that its stamps do not wait for this process's GIL. Same interface as DirectoryWatch.
 
     Views of one (DIR, glob) share one child (_SharedChild): each gets the events read

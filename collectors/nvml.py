@@ -34,8 +34,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
-from collectors.series import interpolate
-from collectors.status import CollectorStatus
+from serwatt.collectors.series import interpolate
+from serwatt.collectors.status import CollectorStatus
 
 # NVML return codes (nvml.h), so translation does not need pynvml imported.
 NVML_ERROR_UNINITIALIZED = 1

@@ -20,8 +20,8 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from collectors import procstat
-from collectors.series import interpolate
+from serwatt.collectors import procstat
+from serwatt.collectors.series import interpolate
 
 POLL_S = 0.02
 MAX_POINTS = 200_000  # per pid: about 66 minutes at POLL_S

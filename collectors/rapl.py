@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from collectors.status import CollectorStatus
+from serwatt.collectors.status import CollectorStatus
 
 UJ_PER_J = 1_000_000
 

@@ -39,7 +39,7 @@ import resource
 import struct
 from pathlib import Path
 
-from collectors import procstat
+from serwatt.collectors import procstat
 
 MODES = ("auto", "required", "off")
 SLICE_NS = 100_000  # 0.1 ms: the shortest custom slice the kernel accepts

@@ -51,7 +51,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from collectors.status import CollectorStatus
+from serwatt.collectors.status import CollectorStatus
 
 TRACEFS = Path("/sys/kernel/tracing")
 INSTANCE_PREFIX = "serwatt-"

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Protocol
 
-from collectors.cpustat import CpuStat
-from collectors.nvml import NvmlCollector
-from collectors.rapl import RaplCollector
-from collectors.status import CollectorStatus
+from serwatt.collectors.cpustat import CpuStat
+from serwatt.collectors.nvml import NvmlCollector
+from serwatt.collectors.rapl import RaplCollector
+from serwatt.collectors.status import CollectorStatus
 
 
 class Source(Protocol):

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import re2
 import yaml
 
-from profiler import safeio
+from serwatt.profiler import safeio
 
 # The largest YAML file serwatt reads (daemon config, cluster file). Real ones are a few
 # KiB; PyYAML holds ~75 bytes of memory per byte of input, so 8 MB took 625 MB and 15 s.

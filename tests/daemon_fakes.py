@@ -23,12 +23,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from profiler.classify.codepaths import CODEPATHS
-from profiler.sampling.window import CodepathWindow, WindowReport
-from profiler.service.config import load_config
-from profiler.service.daemon import Daemon
-from profiler.service.pools import SamplingJob
-from profiler.service.sdnotify import SdNotifier
+from serwatt.profiler.classify.codepaths import CODEPATHS
+from serwatt.profiler.sampling.window import CodepathWindow, WindowReport
+from serwatt.profiler.service.config import load_config
+from serwatt.profiler.service.daemon import Daemon
+from serwatt.profiler.service.pools import SamplingJob
+from serwatt.profiler.service.sdnotify import SdNotifier
 from tests.daemon_support import daemon_config
 
 # Exactly representable, so sums of the daemon's 0.5 s waits land on them exactly.

@@ -191,9 +191,9 @@ def daemon_argv(config_path: Path, **daemon_options: Any) -> list[str]:
     """`serwatt daemon --config FILE`, or, with daemon_options (Daemon's keywords such as
     kill_grace_s), the same CLI entry point with those passed to the Daemon."""
     if not daemon_options:
-        return [PYTHON, "-m", "profiler", "daemon", "--config", str(config_path)]
+        return [PYTHON, "-m", "serwatt", "daemon", "--config", str(config_path)]
     code = (
-        "from pathlib import Path\nfrom profiler.cli.daemon import serve\n"
+        "from pathlib import Path\nfrom serwatt.profiler.cli.daemon import serve\n"
         f"raise SystemExit(serve(Path({str(config_path)!r}), **{daemon_options!r}))\n"
     )
     return [PYTHON, "-c", code]

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from types import TracebackType
 
-from collectors.cpustat import CpuStat, cpu_delta
-from profiler.profile.cpu_budget import own_cpu_s
+from serwatt.collectors.cpustat import CpuStat, cpu_delta
+from serwatt.profiler.profile.cpu_budget import own_cpu_s
 
 
 class OthersCpu:

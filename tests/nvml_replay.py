@@ -36,7 +36,7 @@ from typing import Any
 
 import pynvml
 
-from collectors.nvml import read_clock_pair
+from serwatt.collectors.nvml import read_clock_pair
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nvml"
 

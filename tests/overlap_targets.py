@@ -18,7 +18,7 @@ def checkpoint_and_step(
     same loop through the synchronous copy, the reference."""
     import torch
 
-    from profiler.many import Checkpointer
+    from serwatt.profiler.many import Checkpointer
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(

@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from profiler.cli.daemon import serve
+from serwatt.profiler.cli.daemon import serve
 from tests.nvml_replay import ReplayNvmlBackend, load_timeline
 
 

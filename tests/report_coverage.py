@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from profiler.report import stats
+from serwatt.profiler.report import stats
 
 TRUE_RATIO = 0.7
 BATCH = 100  # trials per vectorized call: (arrangements x 100) arrays stay ~8 MB each

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from profiler.report.inputs import CodepathFigures, EpisodeInput, RunInput, WindowInput
+from serwatt.profiler.report.inputs import CodepathFigures, EpisodeInput, RunInput, WindowInput
 
 HOST: dict[str, Any] = {
     "hostname": "node-a",

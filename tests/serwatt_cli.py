@@ -1,7 +1,7 @@
 """`serwatt` in the test's own process: `profiler.cli.main.main()` with an argv, its exit
 code and what it printed. It saves an interpreter start and serwatt's imports (0.9-2 s
 a run of `runs list` on the 2-vCPU VM under load), and a traceback is an exception
-here. Each command keeps one subprocess test that runs `python -m profiler` as a user
+here. Each command keeps one subprocess test that runs `python -m serwatt` as a user
 does."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from profiler.cli.main import main
+from serwatt.profiler.cli.main import main
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,9 @@ CLASSIFY_IMPORTS = {
     "collectors.samples",
     "collectors.procstat",
     "collectors.mounts",
-    "profiler.safeio",
-    "profiler.owned_io",
-    "profiler.yamlcheck",
+    "serwatt.profiler.safeio",
+    "serwatt.profiler.owned_io",
+    "serwatt.profiler.yamlcheck",
 }
 CLASSIFY_EXTERNAL = {"yaml", "blake3"}
 # the service modules that read the time module themselves: the clock, and the HTTP
@@ -38,7 +38,7 @@ def _imports_of(package: str) -> set[str]:
 
 
 def test_classify_imports_what_the_doc_says() -> None:
-    imported = _imports_of("profiler.classify")
+    imported = _imports_of("serwatt.profiler.classify")
     ours = {i for i in imported if i.split(".")[0] in ("profiler", "collectors")}
     assert ours == CLASSIFY_IMPORTS
     external = {i.split(".")[0] for i in imported} - {"profiler", "collectors"}

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from profiler.cli import main as cli_main
+from serwatt.profiler.cli import main as cli_main
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "architecture.md"
@@ -133,7 +133,7 @@ def test_the_checks_can_fail() -> None:
     assert named("`profiler/report/` builds", "profiler/report")
     assert named("the `profiler.report` layer.", "profiler/report")
     assert not named("profiler/report/build.py", "profiler/report")
-    assert not named("profiler.report.build", "profiler/report")
+    assert not named("serwatt.profiler.report.build", "profiler/report")
     assert not named("profiler/reports", "profiler/report")
     assert mentions("| `--rate HZ` |", "--rate")
     assert not mentions("`--timing-rate HZ`", "--rate")

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from collectors.nvml import NvmlCollector
-from profiler.intervals import Interval, mean_interval
-from profiler.service.config import load_config
+from serwatt.collectors.nvml import NvmlCollector
+from serwatt.profiler.intervals import Interval, mean_interval
+from serwatt.profiler.service.config import load_config
 from tests.benches import BENCH_DIR, load_bench
 from tests.nvml_replay import ReplayNvmlBackend
 
@@ -620,7 +620,7 @@ def test_live_systemd_dry_run_writes_the_installation_and_boots_nothing(tmp_path
         link = system / "multi-user.target.wants" / unit
         assert os.readlink(link) == f"/etc/systemd/system/{unit}"
     wrapper = tree / "opt/serwatt/bin/serwatt"
-    assert os.access(wrapper, os.X_OK) and "-m profiler" in wrapper.read_text()
+    assert os.access(wrapper, os.X_OK) and "-m serwatt" in wrapper.read_text()
     cfg = load_config(tree / "etc/serwatt/serwatt.yaml")  # serwatt's own loader accepts it
     assert [t.name for t in cfg.targets] == ["trainer"] and cfg.window_s == 2
     assert (tree / "root/serwatt-live-target.py").is_file()

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from profiler import safeio
-from profiler.exitcodes import EXIT_CONFIG, EXIT_USAGE
+from serwatt.profiler import safeio
+from serwatt.profiler.exitcodes import EXIT_CONFIG, EXIT_USAGE
 from tests.records.test_hostile_records import _build
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,7 +36,7 @@ def _limit_memory() -> None:
 
 def serwatt(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "profiler", *args],
+        [sys.executable, "-m", "serwatt", *args],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -147,7 +147,7 @@ def test_read_bounded_refuses_what_a_file_argument_must_not_be(tmp_path: Path) -
 def test_classifier_explain_tool_on_a_fifo_and_deep_json(tmp_path: Path, fifo: Path) -> None:
     def explain(path: Path) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "profiler", "classify", str(path)],
+            [sys.executable, "-m", "serwatt", "classify", str(path)],
             cwd=REPO, capture_output=True, text=True, timeout=DEADLINE_S,
             stdin=subprocess.DEVNULL, preexec_fn=_limit_memory,
         )  # fmt: skip

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from profiler.classify.codepaths import CODEPATHS
-from profiler.records.host import fingerprint
-from profiler.records.store import Recorder
-from profiler.report import build_report, default_cluster, render_text
+from serwatt.profiler.classify.codepaths import CODEPATHS
+from serwatt.profiler.records.host import fingerprint
+from serwatt.profiler.records.store import Recorder
+from serwatt.profiler.report import build_report, default_cluster, render_text
 from tests.records.test_recorder import window
 from tests.report_synth import HOST, make_run
 from tests.serwatt_cli import serwatt
@@ -44,7 +44,7 @@ def test_a_targets_argv_is_escaped_in_the_profile_table() -> None:
     try:
         time.sleep(0.5)
         ran = subprocess.run(
-            [sys.executable, "-m", "profiler", "profile", "--pid", str(target.pid),
+            [sys.executable, "-m", "serwatt", "profile", "--pid", str(target.pid),
              "--duration", "2"],
             cwd=REPO, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
@@ -63,7 +63,7 @@ def test_the_json_path_is_escaped_when_the_document_cannot_be_written(tmp_path: 
     out_dir = tmp_path / f"out{TITLE}{CLEAR}"
     out_dir.mkdir()
     ran = subprocess.run(
-        [sys.executable, "-m", "profiler", "profile", "--duration", "30", "--json",
+        [sys.executable, "-m", "serwatt", "profile", "--duration", "30", "--json",
          str(out_dir / "p.json"), "--", sys.executable, "-c",
          "import shutil, sys, time; shutil.rmtree(sys.argv[1]); time.sleep(0.5)", str(out_dir)],
         cwd=REPO, capture_output=True, text=True, timeout=120,

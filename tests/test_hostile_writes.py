@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from profiler import safeio
-from profiler.cli.main import main
-from profiler.records.store import Recorder, RecordError
+from serwatt.profiler import safeio
+from serwatt.profiler.cli.main import main
+from serwatt.profiler.records.store import Recorder, RecordError
 from tests.records.test_hostile_records import _build
 
 REPO = Path(__file__).resolve().parents[1]
@@ -33,7 +33,7 @@ PRECIOUS = "precious: another user's file, or root's\n"
 
 def serwatt(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "profiler", *args],
+        [sys.executable, "-m", "serwatt", *args],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from profiler.intervals import (
+from serwatt.profiler.intervals import (
     CONFIRMED,
     NOT_MET,
     UNDECIDED,

@@ -16,19 +16,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from profiler import many
-from profiler.many import torch_compat as ckpt
-from profiler.records.host import fingerprint
-from profiler.records.store import Recorder
-from profiler.report import build_report, default_cluster, load_cluster, render_text
-from profiler.report.cluster import parse_cluster
-from profiler.report.render_text import fmt
+from serwatt.profiler import many
+from serwatt.profiler.many import torch_compat as ckpt
+from serwatt.profiler.records.host import fingerprint
+from serwatt.profiler.records.store import Recorder
+from serwatt.profiler.report import build_report, default_cluster, load_cluster, render_text
+from serwatt.profiler.report.cluster import parse_cluster
+from serwatt.profiler.report.render_text import fmt
 from tests.records.test_recorder import window
 from tests.report_synth import make_run
 from tests.serwatt_cli import serwatt
 
 REPO = Path(__file__).resolve().parents[1]
-SERWATT = [sys.executable, "-m", "profiler"]
+SERWATT = [sys.executable, "-m", "serwatt"]
 BROKEN_PIPE_EXIT = 141  # 128 + SIGPIPE, what a shell reports for `yes | head`
 
 THREADS = textwrap.dedent(

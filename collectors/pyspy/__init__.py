@@ -6,8 +6,8 @@ parsed into timed samples (pure); threads: py-spy thread labels mapped to kernel
 Imports only collectors.*; never profiler.
 """
 
-from collectors.pyspy.plan import DEFAULT_RATE_HZ, SamplingPlan
-from collectors.pyspy.runner import (
+from serwatt.collectors.pyspy.plan import DEFAULT_RATE_HZ, SamplingPlan
+from serwatt.collectors.pyspy.runner import (
     PYSPY_FLAGS,
     NotPython,
     PtraceDenied,
@@ -19,7 +19,7 @@ from collectors.pyspy.runner import (
     UnsupportedPython,
     precheck,
 )
-from collectors.pyspy.speedscope import WindowSamples
+from serwatt.collectors.pyspy.speedscope import WindowSamples
 
 __all__ = [
     "DEFAULT_RATE_HZ",

@@ -28,14 +28,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from collectors.pyspy.clock import PySpyClock, align
-from collectors.pyspy.speedscope import label_thread_id, partial_flags
-from collectors.pyspy.threads import ThreadMapping
-from collectors.samples import Frame, Sample
-from collectors.sched_timeline import ThreadTimeline
+from serwatt.collectors.pyspy.clock import PySpyClock, align
+from serwatt.collectors.pyspy.speedscope import label_thread_id, partial_flags
+from serwatt.collectors.pyspy.threads import ThreadMapping
+from serwatt.collectors.samples import Frame, Sample
+from serwatt.collectors.sched_timeline import ThreadTimeline
 
 if TYPE_CHECKING:
-    from collectors.pyspy.speedscope import WindowSamples
+    from serwatt.collectors.pyspy.speedscope import WindowSamples
 
 # 10 s windows at 400 Hz of a few busy threads are ~10^5 events; far past that the file
 # is not a window of a training process.

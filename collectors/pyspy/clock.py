@@ -27,7 +27,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from collectors.sched_timeline import ThreadTimeline
+from serwatt.collectors.sched_timeline import ThreadTimeline
 
 VOTE_BIN_S = 0.0002  # well below py-spy's shortest tick gaps at 400 Hz (~0.1 ms: rare)
 MATCH_S = 0.001  # a ts further than this after its wake-up is not counted as matched

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from collectors.samples import Frame
+from serwatt.collectors.samples import Frame
 
 
 class DumpError(ValueError):

@@ -48,16 +48,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from collectors import procstat, sched
-from collectors.pyspy.chrometrace import RawChanges
-from collectors.pyspy.plan import SamplingPlan
-from collectors.pyspy.speedscope import (
+from serwatt.collectors import procstat, sched
+from serwatt.collectors.pyspy.chrometrace import RawChanges
+from serwatt.collectors.pyspy.plan import SamplingPlan
+from serwatt.collectors.pyspy.speedscope import (
     WindowSamples,
     assemble_samples,
     parse_speedscope,
     parse_status,
 )
-from collectors.pyspy.threads import map_threads
+from serwatt.collectors.pyspy.threads import map_threads
 
 # The timing run's file is read only up to this size (a window's chrometrace of a few
 # busy threads at 400 Hz is a few MB).

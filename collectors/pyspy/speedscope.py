@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from collectors.pyspy.threads import ThreadMapping
-from collectors.samples import Frame, Sample, SamplerErrors
+from serwatt.collectors.pyspy.threads import ThreadMapping
+from serwatt.collectors.samples import Frame, Sample, SamplerErrors
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from collectors import procstat
+from serwatt.collectors import procstat
 
 if TYPE_CHECKING:  # speedscope imports this module for ThreadMapping
-    from collectors.pyspy.speedscope import ThreadTrack
+    from serwatt.collectors.pyspy.speedscope import ThreadTrack
 
 
 @dataclass(frozen=True)

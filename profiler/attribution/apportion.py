@@ -43,10 +43,10 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from collectors.series import interpolate
-from profiler.classify.codepaths import CODEPATHS, SERIALIZATION_CODEPATHS
-from profiler.classify.direction import DIRECTIONS, UNKNOWN
-from profiler.sampling.window import TimedLabel
+from serwatt.collectors.series import interpolate
+from serwatt.profiler.classify.codepaths import CODEPATHS, SERIALIZATION_CODEPATHS
+from serwatt.profiler.classify.direction import DIRECTIONS, UNKNOWN
+from serwatt.profiler.sampling.window import TimedLabel
 
 _SERIALIZATION = frozenset(SERIALIZATION_CODEPATHS)
 

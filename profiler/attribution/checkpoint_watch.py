@@ -15,12 +15,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from collectors.fsevents import WatchProcess
-from collectors.mounts import on_fuse
-from collectors.proccounters import CPU_SOURCE, ProcessCounters
-from profiler.attribution.checkpoints import LAZY_HEAD_BYTES, Matched, file_is_lazy, match
-from profiler.attribution.episodes import Episode
-from profiler.safeio import read_head
+from serwatt.collectors.fsevents import WatchProcess
+from serwatt.collectors.mounts import on_fuse
+from serwatt.collectors.proccounters import CPU_SOURCE, ProcessCounters
+from serwatt.profiler.attribution.checkpoints import LAZY_HEAD_BYTES, Matched, file_is_lazy, match
+from serwatt.profiler.attribution.episodes import Episode
+from serwatt.profiler.safeio import read_head
 
 IDENTIFIED_BY_EVENTS = "file events"
 MAX_EPISODES = 200_000  # episodes kept for matching; the rest are counted

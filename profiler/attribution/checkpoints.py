@@ -55,9 +55,9 @@ import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from collectors.fsevents import OPENED, WRITTEN, FileEvent
-from profiler.attribution.episodes import Episode
-from profiler.many.format import MAGIC
+from serwatt.collectors.fsevents import OPENED, WRITTEN, FileEvent
+from serwatt.profiler.attribution.episodes import Episode
+from serwatt.profiler.many.format import MAGIC
 
 # How late the watch's stamp may be (a thread waking from poll(), GIL handover): a margin
 # on each match window, not a resolution any figure claims.

@@ -70,9 +70,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from statistics import NormalDist
 
-from collectors.series import interpolate
-from profiler.classify.codepaths import OTHER, SERIALIZATION_CODEPATHS
-from profiler.sampling.window import TimedLabel, WindowReport
+from serwatt.collectors.series import interpolate
+from serwatt.profiler.classify.codepaths import OTHER, SERIALIZATION_CODEPATHS
+from serwatt.profiler.sampling.window import TimedLabel, WindowReport
 
 # Ticks that are `other` (or missing) inside an episode without ending it.
 GAP_TICKS = 2

@@ -24,15 +24,15 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from profiler.attribution.episodes import Episode, EpisodeTracker
-from profiler.attribution.tracker import EnergyTracker, TrackerReport, WindowEnergy
-from profiler.attribution.window import (
+from serwatt.profiler.attribution.episodes import Episode, EpisodeTracker
+from serwatt.profiler.attribution.tracker import EnergyTracker, TrackerReport, WindowEnergy
+from serwatt.profiler.attribution.window import (
     AttributedWindow,
     attribute_span,
     episode_gpu_reading,
     fit_span,
 )
-from profiler.sampling.window import WindowReport
+from serwatt.profiler.sampling.window import WindowReport
 
 
 class WindowSink(Protocol):

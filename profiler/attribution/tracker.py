@@ -31,12 +31,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from collectors.cpu_model import CpuPowerModel
-from collectors.cpustat import CpuStat
-from collectors.nvml import REASON_OFF, GpuInfo, GpuWindow, NvmlBackend, NvmlCollector
-from collectors.rapl import DEFAULT_MAX_POWER_W, RaplCollector, RaplStatus
-from collectors.series import CumulativeSeries
-from collectors.status import CollectorStatus
+from serwatt.collectors.cpu_model import CpuPowerModel
+from serwatt.collectors.cpustat import CpuStat
+from serwatt.collectors.nvml import REASON_OFF, GpuInfo, GpuWindow, NvmlBackend, NvmlCollector
+from serwatt.collectors.rapl import DEFAULT_MAX_POWER_W, RaplCollector, RaplStatus
+from serwatt.collectors.series import CumulativeSeries
+from serwatt.collectors.status import CollectorStatus
 
 MODES = ("auto", "required", "off")
 POLL_CAP_S = 0.25  # RAPL is read at least this often, for window edges, whatever the range

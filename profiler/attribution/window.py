@@ -11,8 +11,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
-from collectors.nvml import DEFAULT_SAMPLE_PERIOD_S, GpuWindow, clip_intervals
-from profiler.attribution.apportion import (
+from serwatt.collectors.nvml import DEFAULT_SAMPLE_PERIOD_S, GpuWindow, clip_intervals
+from serwatt.profiler.attribution.apportion import (
     EnergyAttribution,
     GpuWaitAttribution,
     IdleSpan,
@@ -22,12 +22,22 @@ from profiler.attribution.apportion import (
     overlap_factor,
     scaled_energy,
 )
-from profiler.attribution.episodes import Episode, period_s
-from profiler.attribution.tracker import EnergyTracker, TrackerReport, WindowEnergy
-from profiler.attribution.window_records import EnergyRecord, GpuFigures, GpuRecord, SlotSplit
-from profiler.classify.codepaths import CODEPATHS
-from profiler.classify.direction import DIRECTIONS, UNKNOWN, series_directions
-from profiler.sampling.window import CodepathWindow, DirectionWindow, TimedLabel, WindowReport
+from serwatt.profiler.attribution.episodes import Episode, period_s
+from serwatt.profiler.attribution.tracker import EnergyTracker, TrackerReport, WindowEnergy
+from serwatt.profiler.attribution.window_records import (
+    EnergyRecord,
+    GpuFigures,
+    GpuRecord,
+    SlotSplit,
+)
+from serwatt.profiler.classify.codepaths import CODEPATHS
+from serwatt.profiler.classify.direction import DIRECTIONS, UNKNOWN, series_directions
+from serwatt.profiler.sampling.window import (
+    CodepathWindow,
+    DirectionWindow,
+    TimedLabel,
+    WindowReport,
+)
 
 
 def split_by_direction(value: float, cw: CodepathWindow | None) -> dict[str, float]:

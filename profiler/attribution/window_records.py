@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from profiler.classify.codepaths import CODEPATHS
+from serwatt.profiler.classify.codepaths import CODEPATHS
 
 MEASURED_SOURCES = ("rapl", "model")
 

@@ -43,17 +43,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from collectors import procstat
-from collectors.samples import Frame, Sample
-from profiler.classify.callsite import MAX_NAME_PARTS, LineCalls, LineIndex
-from profiler.classify.codepaths import OTHER, Classification
-from profiler.classify.direction import UNKNOWN, combined, name_direction
-from profiler.classify.prefilter import CallsitePrefilter
-from profiler.classify.rules import PatternSet, Rule, RuleSet, load_rules
-from profiler.classify.source_cache import NOT_READY, SourceCache
-from profiler.classify.source_index import TOO_COSTLY
-from profiler.classify.source_store import SourceStore
-from profiler.classify.target_files import source_path
+from serwatt.collectors import procstat
+from serwatt.collectors.samples import Frame, Sample
+from serwatt.profiler.classify.callsite import MAX_NAME_PARTS, LineCalls, LineIndex
+from serwatt.profiler.classify.codepaths import OTHER, Classification
+from serwatt.profiler.classify.direction import UNKNOWN, combined, name_direction
+from serwatt.profiler.classify.prefilter import CallsitePrefilter
+from serwatt.profiler.classify.rules import PatternSet, Rule, RuleSet, load_rules
+from serwatt.profiler.classify.source_cache import NOT_READY, SourceCache
+from serwatt.profiler.classify.source_index import TOO_COSTLY
+from serwatt.profiler.classify.source_store import SourceStore
+from serwatt.profiler.classify.target_files import source_path
 
 _MEMO_MAX = 1 << 17
 MODULE_BODY = "<module>"  # a module body's frame name (CPython)

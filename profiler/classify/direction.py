@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 
-from profiler.classify.codepaths import CODEPATHS, SERIALIZATION_CODEPATHS
+from serwatt.profiler.classify.codepaths import CODEPATHS, SERIALIZATION_CODEPATHS
 
 ENCODE = "encode"
 DECODE = "decode"

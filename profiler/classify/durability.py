@@ -22,10 +22,10 @@ import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from collectors.samples import Frame
-from profiler.classify.prefilter import CallsitePrefilter
-from profiler.classify.source_cache import NOT_READY, SourceCache
-from profiler.classify.target_files import is_job_file, source_path
+from serwatt.collectors.samples import Frame
+from serwatt.profiler.classify.prefilter import CallsitePrefilter
+from serwatt.profiler.classify.source_cache import NOT_READY, SourceCache
+from serwatt.profiler.classify.target_files import is_job_file, source_path
 
 SYNC = "sync"  # data reaches the disk: os.fsync, os.fdatasync, os.sync
 RENAME = "rename"  # the file is moved into place: os.replace, os.rename

@@ -50,9 +50,9 @@ from typing import Any
 
 import yaml
 
-from profiler.classify.codepaths import CODEPATHS
-from profiler.classify.direction import DIRECTIONS
-from profiler.yamlcheck import (
+from serwatt.profiler.classify.codepaths import CODEPATHS
+from serwatt.profiler.classify.direction import DIRECTIONS
+from serwatt.profiler.yamlcheck import (
     ConfigError,
     RegexError,
     compile_regex,

@@ -31,8 +31,8 @@ import functools
 import re
 from collections.abc import Sequence
 
-from collectors.samples import Frame
-from profiler.classify.target_files import is_job_file
+from serwatt.collectors.samples import Frame
+from serwatt.profiler.classify.target_files import is_job_file
 
 SAVER_NAME = re.compile(r"save|checkpoint|ckpt|dump|seriali[sz]e|persist|snapshot", re.I)
 

@@ -32,12 +32,12 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
 
-from collectors.mounts import on_fuse
-from profiler.classify.callsite import LineIndex
-from profiler.classify.prefilter import CallsitePrefilter
-from profiler.classify.source_index import SourceIndex, SourceTooCostly
-from profiler.classify.source_store import SourceStore
-from profiler.classify.target_files import (
+from serwatt.collectors.mounts import on_fuse
+from serwatt.profiler.classify.callsite import LineIndex
+from serwatt.profiler.classify.prefilter import CallsitePrefilter
+from serwatt.profiler.classify.source_index import SourceIndex, SourceTooCostly
+from serwatt.profiler.classify.source_store import SourceStore
+from serwatt.profiler.classify.target_files import (
     MAX_SOURCE_BYTES,
     decode_source,
     is_exited_root,
@@ -46,7 +46,7 @@ from profiler.classify.target_files import (
     read_fd,
     stat_source,
 )
-from profiler.owned_io import OwnedWorkers, Stuck, user_of
+from serwatt.profiler.owned_io import OwnedWorkers, Stuck, user_of
 
 # How long one caller waits for one file's load. A load still running after this is
 # not waited on again by anyone: it finishes (or not) in the background.

@@ -16,7 +16,7 @@ import time
 from array import array
 from collections.abc import Callable
 
-from profiler.classify.callsite import (
+from serwatt.profiler.classify.callsite import (
     TOO_DEEP,
     Binding,
     CallSite,

@@ -33,10 +33,10 @@ from typing import Any
 
 import blake3
 
-from profiler import safeio
-from profiler.classify import callsite, prefilter, source_index
-from profiler.classify.callsite import CallSite, LineCalls
-from profiler.classify.source_index import SourceIndex
+from serwatt.profiler import safeio
+from serwatt.profiler.classify import callsite, prefilter, source_index
+from serwatt.profiler.classify.callsite import CallSite, LineCalls
+from serwatt.profiler.classify.source_index import SourceIndex
 
 FORMAT = "serwatt.source-index/1"
 # Entries kept; past it, opening the store removes the oldest written until half remain.

@@ -22,12 +22,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from profiler import safeio
-from profiler.cli.argtypes import Number, add_report_view_options, check_output_option
-from profiler.cli.main import UsageError
-from profiler.exitcodes import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE
-from profiler.many.format import escape_text
-from profiler.profile.ab import (
+from serwatt.profiler import safeio
+from serwatt.profiler.cli.argtypes import Number, add_report_view_options, check_output_option
+from serwatt.profiler.cli.main import UsageError
+from serwatt.profiler.exitcodes import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE
+from serwatt.profiler.many.format import escape_text
+from serwatt.profiler.profile.ab import (
     ORDERS,
     SWAPS,
     Ab,
@@ -40,8 +40,8 @@ from profiler.profile.ab import (
     perturbation,
     split_command,
 )
-from profiler.records.store import Recorder, RecordError
-from profiler.report import (
+from serwatt.profiler.records.store import Recorder, RecordError
+from serwatt.profiler.report import (
     InputError,
     ReportRefused,
     build_report,
@@ -50,8 +50,8 @@ from profiler.report import (
     render_text,
     stats,
 )
-from profiler.report.from_records import load_runs
-from profiler.report.render_text import (
+from serwatt.profiler.report.from_records import load_runs
+from serwatt.profiler.report.render_text import (
     change_text,
     fmt,
     n_text,
@@ -59,7 +59,7 @@ from profiler.report.render_text import (
     untimed_restore_bound,
     warmup_text,
 )
-from profiler.yamlcheck import ConfigError
+from serwatt.profiler.yamlcheck import ConfigError
 
 INTERRUPTED = 130  # a shell's code for SIGINT, as `serwatt` itself returns on Ctrl-C
 MAX_REPEATS = 10_000
@@ -77,7 +77,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--swap",
         choices=SWAPS,
         help="the candidate is the baseline's own command with torch.save/torch.load replaced "
-        "by profiler.many.torch_compat (an injected sitecustomize; the job is not changed)",
+        "by serwatt.profiler.many.torch_compat (an injected sitecustomize; the job is not changed)",
     )
     parser.add_argument(
         "--repeats",
@@ -462,7 +462,7 @@ def headline(report: dict[str, Any], opts: AbOptions) -> list[str]:
     if opts.swap is not None:
         what = (
             f"`{_shown_command(list(opts.baseline))}` with torch.save/torch.load as "
-            "profiler.many.torch_compat (candidate) and as is (baseline)"
+            "serwatt.profiler.many.torch_compat (candidate) and as is (baseline)"
         )
     else:
         what = (

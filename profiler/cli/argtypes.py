@@ -14,8 +14,8 @@ import argparse
 import math
 from pathlib import Path
 
-from profiler import safeio
-from profiler.cli.main import UsageError
+from serwatt.profiler import safeio
+from serwatt.profiler.cli.main import UsageError
 
 PID_MAX_LIMIT = 4_194_304  # the kernel's largest pid_max (2**22): the bound of every --pid
 

@@ -6,10 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from profiler.classify.rules import RuleError, load_rules
-from profiler.exitcodes import EXIT_CONFIG
-from profiler.many.format import escape_text
-from profiler.service.config import Config, ConfigError, ConfigProblem, load_config
+from serwatt.profiler.classify.rules import RuleError, load_rules
+from serwatt.profiler.exitcodes import EXIT_CONFIG
+from serwatt.profiler.many.format import escape_text
+from serwatt.profiler.service.config import Config, ConfigError, ConfigProblem, load_config
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

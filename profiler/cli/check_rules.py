@@ -7,9 +7,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from profiler.classify.rules import RuleError, load_rules
-from profiler.exitcodes import EXIT_CONFIG, EXIT_OK
-from profiler.many.format import escape_text
+from serwatt.profiler.classify.rules import RuleError, load_rules
+from serwatt.profiler.exitcodes import EXIT_CONFIG, EXIT_OK
+from serwatt.profiler.many.format import escape_text
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from collectors.pyspy import (
+from serwatt.collectors.pyspy import (
     NotPython,
     PtraceDenied,
     PySpy,
@@ -21,14 +21,14 @@ from collectors.pyspy import (
     TargetGone,
     UnsupportedPython,
 )
-from collectors.pyspy.dump import DumpError, DumpThread, parse_dump
-from profiler import safeio
-from profiler.classify.classifier import Classifier
-from profiler.classify.rules import RuleError
-from profiler.cli.argtypes import PID_MAX_LIMIT, Number
-from profiler.cli.main import UsageError
-from profiler.exitcodes import EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME
-from profiler.many.format import escape_text
+from serwatt.collectors.pyspy.dump import DumpError, DumpThread, parse_dump
+from serwatt.profiler import safeio
+from serwatt.profiler.classify.classifier import Classifier
+from serwatt.profiler.classify.rules import RuleError
+from serwatt.profiler.cli.argtypes import PID_MAX_LIMIT, Number
+from serwatt.profiler.cli.main import UsageError
+from serwatt.profiler.exitcodes import EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME
+from serwatt.profiler.many.format import escape_text
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -16,7 +16,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import shtab
 
-    from profiler.cli.main import build_parser
+    from serwatt.profiler.cli.main import build_parser
 
     # every subcommand's options, not only the chosen one's
     print(shtab.complete(build_parser(configure_all=True), shell=args.shell))

@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from profiler.exitcodes import EXIT_CONFIG
-from profiler.service.config import ConfigError, load_config
-from profiler.service.daemon import Daemon, setup_logging
+from serwatt.profiler.exitcodes import EXIT_CONFIG
+from serwatt.profiler.service.config import ConfigError, load_config
+from serwatt.profiler.service.daemon import Daemon, setup_logging
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

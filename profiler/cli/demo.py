@@ -25,20 +25,20 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from collectors.pyspy import SamplingError
-from profiler.cli import ab
-from profiler.cli.argtypes import Number, check_output_option
-from profiler.cli.main import UsageError
-from profiler.cli.profile import (
+from serwatt.collectors.pyspy import SamplingError
+from serwatt.profiler.cli import ab
+from serwatt.profiler.cli.argtypes import Number, check_output_option
+from serwatt.profiler.cli.main import UsageError
+from serwatt.profiler.cli.profile import (
     BAD_INPUT_ERRORS,
     add_common_options,
     run_session,
     validate_common,
     write_outputs,
 )
-from profiler.exitcodes import EXIT_RUNTIME
-from profiler.profile.session import ProfileSession, SessionResult
-from profiler.profile.setup import ProfileSetup
+from serwatt.profiler.exitcodes import EXIT_RUNTIME
+from serwatt.profiler.profile.session import ProfileSession, SessionResult
+from serwatt.profiler.profile.setup import ProfileSetup
 
 SIDES = (("baseline", "torch"), ("candidate", "many-async"))
 MIXED_WINDOW_S = 5.0  # the `serwatt profile` default
@@ -105,7 +105,7 @@ def _train_command(ckpt: str, args: argparse.Namespace) -> str:
     overlap = ["--overlap"] if args.overlap and ckpt == SIDES[1][1] else []
     return shlex.join(
         [
-            sys.executable, "-m", "profiler.workloads.train", "--ckpt", ckpt, *overlap,
+            sys.executable, "-m", "serwatt.profiler.workloads.train", "--ckpt", ckpt, *overlap,
             "--steps", str(args.steps), "--every", str(args.every), "--size", f"{args.size:g}",
             "--dir", "{dir}",
         ]
@@ -164,10 +164,18 @@ def _run_launched(session: ProfileSession, proc: subprocess.Popen[bytes]) -> Ses
 
 
 def _mixed(args: argparse.Namespace, setup: ProfileSetup) -> int:
-    cmd = [sys.executable, "-m", "profiler.workloads.demo", "--duration", f"{args.duration:g}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "serwatt.profiler.workloads.demo",
+        "--duration",
+        f"{args.duration:g}",
+    ]
     print(f"serwatt demo: profiling `{' '.join(cmd)}` at {args.rate:g} Hz", file=sys.stderr)
     proc = subprocess.Popen(cmd)
-    session = setup.session(proc.pid, command="python -m profiler.workloads.demo", proc=proc)
+    session = setup.session(
+        proc.pid, command="python -m serwatt.profiler.workloads.demo", proc=proc
+    )
     result = _run_launched(session, proc)
     if result is None:
         return EXIT_RUNTIME

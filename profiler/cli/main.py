@@ -17,8 +17,8 @@ import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from profiler import __version__
-from profiler.exitcodes import EXIT_USAGE
+from serwatt.profiler import __version__
+from serwatt.profiler.exitcodes import EXIT_USAGE
 
 # A reader that closed the pipe early (`serwatt many inspect F | head`): exit as a process
 # killed by SIGPIPE reports, the shell's 128 + 13, quietly.
@@ -52,7 +52,7 @@ class Subcommand:
 
 SUBCOMMANDS: dict[str, Subcommand] = {
     "profile": Subcommand(
-        "profiler.cli.profile",
+        "serwatt.profiler.cli.profile",
         "profile one process (and its Python children)",
         "Launch a command (or attach to a running Python process), sample its stacks until "
         "it exits, and print CPU-seconds, joules and GPU-wait seconds per serialization "
@@ -72,7 +72,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         ),
     ),
     "demo": Subcommand(
-        "profiler.cli.demo",
+        "serwatt.profiler.cli.demo",
         "torch.save against .many on a training loop, end to end",
         "Run a small training loop that checkpoints with torch.save and with .many, profile "
         "both, and write their run records and the A/B report.",
@@ -82,14 +82,14 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         ),
     ),
     "daemon": Subcommand(
-        "profiler.cli.daemon",
+        "serwatt.profiler.cli.daemon",
         "run the per-node service",
         "Profile every process on the node that the config's targets match, export "
         "Prometheus metrics and record runs. Usually started by systemd (configs/serwatt.service).",
         (("serwatt daemon --config /etc/serwatt/serwatt.yaml", "run with a config file"),),
     ),
     "check-config": Subcommand(
-        "profiler.cli.check_config",
+        "serwatt.profiler.cli.check_config",
         "validate a daemon config file",
         "Check a daemon config (YAML) the way the daemon does at start, and print every "
         "problem with the key it is under.",
@@ -99,7 +99,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         ),
     ),
     "classify": Subcommand(
-        "profiler.cli.classify",
+        "serwatt.profiler.cli.classify",
         "explain the codepath of each thread of one snapshot",
         "Take one stack snapshot of a Python process (or read a saved `py-spy dump --json`) "
         "and say, per thread, which codepath it is in and which rule matched.",
@@ -109,13 +109,13 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         ),
     ),
     "check-rules": Subcommand(
-        "profiler.cli.check_rules",
+        "serwatt.profiler.cli.check_rules",
         "validate codepath rule files",
         "Check codepath rule files (YAML) as the classifier loads them.",
         (("serwatt check-rules my_rules.yaml", "validate one rule file"),),
     ),
     "runs": Subcommand(
-        "profiler.cli.runs",
+        "serwatt.profiler.cli.runs",
         "list and show recorded runs",
         "List the runs in a run-record file (written by `serwatt profile --record` or the "
         "daemon) and show one run's totals.",
@@ -125,7 +125,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         ),
     ),
     "report": Subcommand(
-        "profiler.cli.report",
+        "serwatt.profiler.cli.report",
         "the A/B report: baseline runs against candidate runs",
         "Compare baseline runs with candidate runs (from run records or Prometheus): "
         "per-codepath CPU, energy and GPU-wait, checkpoint stall and restore, with "
@@ -142,7 +142,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         ),
     ),
     "ab": Subcommand(
-        "profiler.cli.ab",
+        "serwatt.profiler.cli.ab",
         "A/B two commands (or torch.save against .many) in one go",
         "Run a baseline and a candidate command alternately under the profiler, record "
         "every run and print the A/B report.",
@@ -158,7 +158,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         ),
     ),
     "many": Subcommand(
-        "profiler.cli.many",
+        "serwatt.profiler.cli.many",
         "inspect and verify .many checkpoints, make signing keys",
         "Read a .many checkpoint's header and slots, verify its hashes, receipts and "
         "signatures, or make an Ed25519 signing key pair.",
@@ -169,7 +169,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         ),
     ),
     "completion": Subcommand(
-        "profiler.cli.completion",
+        "serwatt.profiler.cli.completion",
         "print a shell completion script (bash or zsh)",
         "Print a completion script for bash or zsh, generated from serwatt's own parser "
         "(shtab), so every subcommand and option completes.",
@@ -276,7 +276,7 @@ def _dispatch(argv: list[str] | None) -> int:
         return int(module.run(args))
     except UsageError as exc:
         # a message quotes paths, run ids, labels, server text: escaped for the terminal
-        from profiler.many.format import escape_text
+        from serwatt.profiler.many.format import escape_text
 
         print(f"serwatt {args.command}: error: {escape_text(str(exc), backslash=False)}",
               file=sys.stderr)  # fmt: skip

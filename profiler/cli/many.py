@@ -23,23 +23,23 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from profiler.cli.main import UsageError
-from profiler.exitcodes import EXIT_OK, EXIT_RUNTIME
-from profiler.many.format import (
+from serwatt.profiler.cli.main import UsageError
+from serwatt.profiler.exitcodes import EXIT_OK, EXIT_RUNTIME
+from serwatt.profiler.many.format import (
     HEADER_DIRTY,
     VERSION_MAJOR,
     ManyFormatError,
     display_name,
     escape_text,
 )
-from profiler.many.reader import load
-from profiler.many.receipt import Receipt
-from profiler.many.signing import (
+from serwatt.profiler.many.reader import load
+from serwatt.profiler.many.receipt import Receipt
+from serwatt.profiler.many.signing import (
     generate_signing_key,
     key_id,
     load_public_key,
 )
-from profiler.many.verify import verify, verify_chain
+from serwatt.profiler.many.verify import verify, verify_chain
 
 # Text-mode column width for names; longer names are cut with a marker and their length.
 _NAME_COLUMN = 48

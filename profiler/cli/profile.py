@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from collectors.pyspy import (
+from serwatt.collectors.pyspy import (
     DEFAULT_RATE_HZ,
     NotPython,
     PtraceDenied,
@@ -28,25 +28,25 @@ from collectors.pyspy import (
     TargetGone,
     UnsupportedPython,
 )
-from profiler import safeio
-from profiler.classify import source_store
-from profiler.cli.argtypes import (
+from serwatt.profiler import safeio
+from serwatt.profiler.classify import source_store
+from serwatt.profiler.cli.argtypes import (
     PID_MAX_LIMIT,
     SWITCH_CHOICES,
     Number,
     check_output_option,
     switch,
 )
-from profiler.cli.main import UsageError
-from profiler.exitcodes import EXIT_OK, EXIT_RUNTIME
-from profiler.many.format import escape_text
-from profiler.profile.flamegraph import render_page
-from profiler.profile.pprof import pprof_bytes
-from profiler.profile.session import ProfileSession, SessionResult
-from profiler.profile.setup import ProfileOptions, ProfileSetup, SetupError
-from profiler.profile.table import render_table, sampled_nothing
-from profiler.sampling.budget import DEFAULT_BUDGET_SHARE, default_budget_cores
-from profiler.sampling.collect import (
+from serwatt.profiler.cli.main import UsageError
+from serwatt.profiler.exitcodes import EXIT_OK, EXIT_RUNTIME
+from serwatt.profiler.many.format import escape_text
+from serwatt.profiler.profile.flamegraph import render_page
+from serwatt.profiler.profile.pprof import pprof_bytes
+from serwatt.profiler.profile.session import ProfileSession, SessionResult
+from serwatt.profiler.profile.setup import ProfileOptions, ProfileSetup, SetupError
+from serwatt.profiler.profile.table import render_table, sampled_nothing
+from serwatt.profiler.sampling.budget import DEFAULT_BUDGET_SHARE, default_budget_cores
+from serwatt.profiler.sampling.collect import (
     TIMING_RATE_FACTOR,
     TIMING_RATE_MAX_HZ,
 )

@@ -25,16 +25,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from profiler import safeio
-from profiler.cli.argtypes import Number, add_report_view_options, check_output_option
-from profiler.cli.main import UsageError
-from profiler.cli.runs import DEFAULT_RECORD_DIR
-from profiler.exitcodes import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE
-from profiler.many import chain_head
-from profiler.many.format import escape_text
-from profiler.many.torch_compat import directory_chain
-from profiler.records.store import RECORD_FILENAME, Recorder, RecordError
-from profiler.report import (
+from serwatt.profiler import safeio
+from serwatt.profiler.cli.argtypes import Number, add_report_view_options, check_output_option
+from serwatt.profiler.cli.main import UsageError
+from serwatt.profiler.cli.runs import DEFAULT_RECORD_DIR
+from serwatt.profiler.exitcodes import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE
+from serwatt.profiler.many import chain_head
+from serwatt.profiler.many.format import escape_text
+from serwatt.profiler.many.torch_compat import directory_chain
+from serwatt.profiler.records.store import RECORD_FILENAME, Recorder, RecordError
+from serwatt.profiler.report import (
     InputError,
     ReportRefused,
     build_report,
@@ -43,10 +43,10 @@ from profiler.report import (
     render_text,
     verify_receipt,
 )
-from profiler.report import from_prometheus as promql
-from profiler.report.build import SCHEMA1_NOTE
-from profiler.report.from_records import load_runs
-from profiler.yamlcheck import ConfigError
+from serwatt.profiler.report import from_prometheus as promql
+from serwatt.profiler.report.build import SCHEMA1_NOTE
+from serwatt.profiler.report.from_records import load_runs
+from serwatt.profiler.yamlcheck import ConfigError
 
 MAX_CHECKPOINT_FILES = 10_000  # a directory is hostile input too: bound what is verified
 

@@ -13,14 +13,20 @@ import sys
 import time
 from pathlib import Path
 
-from profiler.classify.codepaths import CODEPATHS
-from profiler.cli.main import UsageError
-from profiler.exitcodes import EXIT_RUNTIME
-from profiler.many.format import escape_text
-from profiler.records.host import describe
-from profiler.records.sources import sources_text
-from profiler.records.store import RECORD_FILENAME, Recorder, RecordError, RunDetail, RunSummary
-from profiler.service.config import ConfigError, load_config
+from serwatt.profiler.classify.codepaths import CODEPATHS
+from serwatt.profiler.cli.main import UsageError
+from serwatt.profiler.exitcodes import EXIT_RUNTIME
+from serwatt.profiler.many.format import escape_text
+from serwatt.profiler.records.host import describe
+from serwatt.profiler.records.sources import sources_text
+from serwatt.profiler.records.store import (
+    RECORD_FILENAME,
+    Recorder,
+    RecordError,
+    RunDetail,
+    RunSummary,
+)
+from serwatt.profiler.service.config import ConfigError, load_config
 
 DEFAULT_RECORD_DIR = Path("/var/lib/serwatt/runs")
 

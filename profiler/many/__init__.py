@@ -12,26 +12,26 @@
 Byte layout: FORMAT.md next to this file.
 """
 
-from profiler.many.arena import Arena, Handle, StaleHandleError
-from profiler.many.checkpointer import (
+from serwatt.profiler.many.arena import Arena, Handle, StaleHandleError
+from serwatt.profiler.many.checkpointer import (
     Checkpointer,
     CheckpointError,
     Staged,
     TornCopyError,
     Written,
 )
-from profiler.many.format import (
+from serwatt.profiler.many.format import (
     RIGHT_READ,
     RIGHT_WRITE,
     ManyError,
     ManyFormatError,
 )
-from profiler.many.reader import Checkpoint, RightsError, SlotInfo, load
-from profiler.many.receipt import Receipt
-from profiler.many.signing import generate_signing_key, load_public_key, load_signing_key
-from profiler.many.state import LoadedState, load_state, open_state, save_state
-from profiler.many.verify import ChainHead, chain_head, verify, verify_chain
-from profiler.many.writer import save
+from serwatt.profiler.many.reader import Checkpoint, RightsError, SlotInfo, load
+from serwatt.profiler.many.receipt import Receipt
+from serwatt.profiler.many.signing import generate_signing_key, load_public_key, load_signing_key
+from serwatt.profiler.many.state import LoadedState, load_state, open_state, save_state
+from serwatt.profiler.many.verify import ChainHead, chain_head, verify, verify_chain
+from serwatt.profiler.many.writer import save
 
 __all__ = [
     "RIGHT_READ",

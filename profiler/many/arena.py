@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 import blake3
 import numpy as np
 
-from profiler.many.format import (
+from serwatt.profiler.many.format import (
     BFLOAT16,
     DTYPES,
     HEADER_DIRTY,
@@ -31,10 +31,10 @@ from profiler.many.format import (
     SLOT_HASHED,
     ManyError,
 )
-from profiler.many.reader import RightsError, SlotInfo, open_checked, require_intact
-from profiler.many.receipt import Receipt
-from profiler.many.signing import coerce_signing_key, signature_block
-from profiler.many.writer import layout_sources, slot_source, write_file
+from serwatt.profiler.many.reader import RightsError, SlotInfo, open_checked, require_intact
+from serwatt.profiler.many.receipt import Receipt
+from serwatt.profiler.many.signing import coerce_signing_key, signature_block
+from serwatt.profiler.many.writer import layout_sources, slot_source, write_file
 
 _FLAGS_AT = 28  # byte offset of the header `flags` field (FORMAT.md)
 _THREADED_MIN_BYTES = 4 << 20

@@ -37,10 +37,10 @@ from typing import Any
 
 import numpy as np
 
-from profiler.many.format import DTYPES, ManyError, ManyFormatError, round_up
-from profiler.many.reader import load
-from profiler.many.receipt import Receipt
-from profiler.many.state import (
+from serwatt.profiler.many.format import DTYPES, ManyError, ManyFormatError, round_up
+from serwatt.profiler.many.reader import load
+from serwatt.profiler.many.receipt import Receipt
+from serwatt.profiler.many.state import (
     MAX_DEPTH,
     MAX_NODES,
     FlatState,
@@ -48,8 +48,8 @@ from profiler.many.state import (
     load_state,
     state_metadata,
 )
-from profiler.many.stepgate import StepGate
-from profiler.many.writer import SlotSource, write_file
+from serwatt.profiler.many.stepgate import StepGate
+from serwatt.profiler.many.writer import SlotSource, write_file
 
 log = logging.getLogger(__name__)
 

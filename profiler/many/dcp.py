@@ -1,7 +1,7 @@
 """PyTorch Distributed Checkpoint (DCP) storage that writes `.many` files.
 
     import torch.distributed.checkpoint as dcp
-    from profiler.many.dcp import ManyStorageReader, ManyStorageWriter
+    from serwatt.profiler.many.dcp import ManyStorageReader, ManyStorageWriter
 
     dcp.save(state_dict, storage_writer=ManyStorageWriter("ckpt/100"))
     dcp.async_save(state_dict, storage_writer=writer, checkpoint_id="ckpt/200").result()
@@ -73,7 +73,7 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
 
-from profiler.many.format import (
+from serwatt.profiler.many.format import (
     DTYPE_CODE_BY_NAME,
     DTYPES,
     GRAD_DTYPE_CODES,
@@ -82,9 +82,9 @@ from profiler.many.format import (
     escape_text,
     show_name,
 )
-from profiler.many.reader import Checkpoint, load
-from profiler.many.receipt import Receipt
-from profiler.many.writer import save
+from serwatt.profiler.many.reader import Checkpoint, load
+from serwatt.profiler.many.receipt import Receipt
+from serwatt.profiler.many.writer import save
 
 __all__ = [
     "METADATA_FILE",

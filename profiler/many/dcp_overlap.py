@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from profiler.many.checkpointer import optimizer_cover
-from profiler.many.stepgate import StepGate
+from serwatt.profiler.many.checkpointer import optimizer_cover
+from serwatt.profiler.many.stepgate import StepGate
 
 
 class OverlappedSaver:

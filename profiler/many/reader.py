@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from profiler.many.format import (
+from serwatt.profiler.many.format import (
     DESCRIPTOR_DTYPE,
     DTYPES,
     HEADER_DIRTY,
@@ -40,8 +40,8 @@ from profiler.many.format import (
     rights_text,
     show_name,
 )
-from profiler.many.receipt import Receipt
-from profiler.many.signing import SignatureInfo, signature_valid
+from serwatt.profiler.many.receipt import Receipt
+from serwatt.profiler.many.signing import SignatureInfo, signature_valid
 
 
 class RightsError(ManyError, PermissionError):
@@ -490,7 +490,7 @@ def load(path: str | os.PathLike[str], *, verify: bool = False) -> Checkpoint:
     opened = open_checked(path)
     if not verify:
         return Checkpoint(path, opened.mm, opened.parsed, opened.fd)
-    from profiler.many.verify import check_open_file, verified_copy, writable_by_others
+    from serwatt.profiler.many.verify import check_open_file, verified_copy, writable_by_others
 
     fd, mm = opened.fd, opened.mm
     try:

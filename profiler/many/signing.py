@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from profiler.many.format import pack_signature_block, signed_message
+from serwatt.profiler.many.format import pack_signature_block, signed_message
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import (

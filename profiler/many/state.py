@@ -25,17 +25,17 @@ from typing import Any
 
 import numpy as np
 
-from profiler.many.format import (
+from serwatt.profiler.many.format import (
     BFLOAT16,
     DTYPES,
     GRAD_DTYPE_CODES,
     ManyFormatError,
     show_name,
 )
-from profiler.many.reader import Parsed, open_regular, read_parsed
-from profiler.many.receipt import Receipt
-from profiler.many.verify import check_open_file, verified_copy, writable_by_others
-from profiler.many.writer import _NUMPY_CODES, _torch_code, slot_source, write_file
+from serwatt.profiler.many.reader import Parsed, open_regular, read_parsed
+from serwatt.profiler.many.receipt import Receipt
+from serwatt.profiler.many.verify import check_open_file, verified_copy, writable_by_others
+from serwatt.profiler.many.writer import _NUMPY_CODES, _torch_code, slot_source, write_file
 
 STATE_KEY = "many.state"
 TREE_VERSION = 1

@@ -2,7 +2,7 @@
 
 A training script switches with one line:
 
-    from profiler.many import torch_compat as ckpt
+    from serwatt.profiler.many import torch_compat as ckpt
     ckpt.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "iter_num": i}, path)
     state = ckpt.load(path, map_location="cpu")
 
@@ -32,11 +32,11 @@ import tempfile
 from collections.abc import Callable, Mapping
 from typing import IO, Any
 
-from profiler.many.format import HEADER_SIZE, MAGIC, ManyFormatError
-from profiler.many.reader import load as load_many
-from profiler.many.reader import open_regular
-from profiler.many.receipt import Receipt
-from profiler.many.state import open_state, save_state
+from serwatt.profiler.many.format import HEADER_SIZE, MAGIC, ManyFormatError
+from serwatt.profiler.many.reader import load as load_many
+from serwatt.profiler.many.reader import open_regular
+from serwatt.profiler.many.receipt import Receipt
+from serwatt.profiler.many.state import open_state, save_state
 
 log = logging.getLogger(__name__)
 

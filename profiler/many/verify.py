@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 import blake3
 import numpy as np
 
-from profiler.many.format import (
+from serwatt.profiler.many.format import (
     HEADER_DIRTY,
     SLOT_HASHED,
     ZERO_DIGEST,
@@ -33,9 +33,9 @@ from profiler.many.format import (
     receipt_digest,
     show_name,
 )
-from profiler.many.reader import Parsed, open_regular, read_parsed
-from profiler.many.receipt import Receipt
-from profiler.many.signing import key_id, public_key_bytes
+from serwatt.profiler.many.reader import Parsed, open_regular, read_parsed
+from serwatt.profiler.many.receipt import Receipt
+from serwatt.profiler.many.signing import key_id, public_key_bytes
 
 # Large slots are hashed with BLAKE3's own threads; small ones are not worth the hand-off.
 _THREADED_MIN_BYTES = 4 << 20
@@ -230,7 +230,7 @@ def check_open_file(
         )
     problems.extend(_signature_problems(parsed, key))
     # What load_state needs too: a state tree it can build (state imports this module).
-    from profiler.many.state import tree_problems
+    from serwatt.profiler.many.state import tree_problems
 
     problems.extend(tree_problems(parsed))
     return problems

@@ -17,7 +17,7 @@ from typing import Any
 import blake3
 import numpy as np
 
-from profiler.many.format import (
+from serwatt.profiler.many.format import (
     ALL_RIGHTS,
     BFLOAT16,
     DESCRIPTOR_DTYPE,
@@ -33,8 +33,8 @@ from profiler.many.format import (
     rights_from,
     round_up,
 )
-from profiler.many.receipt import Receipt
-from profiler.many.signing import coerce_signing_key, signature_block
+from serwatt.profiler.many.receipt import Receipt
+from serwatt.profiler.many.signing import coerce_signing_key, signature_block
 
 # Linux moves at most 0x7ffff000 bytes per write call; stay well under it.
 _WRITE_CHUNK = 1 << 30

@@ -1,7 +1,7 @@
 """`serwatt ab`: run a baseline and a candidate command N times each under `serwatt profile
 --record`, interleaved, and say what each run did; the report is built from the record.
 
-Each run is a real `python -m profiler profile --record DB --run-id ab-<start>-<side>-<k>
+Each run is a real `python -m serwatt profile --record DB --run-id ab-<start>-<side>-<k>
 --checkpoints DIR -- CMD`. The run plan is ABAB... (`interleaved`) or a seeded shuffle
 (`random`), so a load drift over the A/B spreads over both sides instead of reading as a
 difference. Before each run a `prepare` command runs (hyperfine's --prepare).
@@ -62,12 +62,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from collectors.fsevents import name_filter
-from profiler.exitcodes import EXIT_RUNTIME, EXIT_USAGE
-from profiler.many.format import MAGIC, escape_text
-from profiler.records.run_ids import format_start_time
-from profiler.records.store import Recorder, RecordError
-from profiler.safeio import InputFileError, open_regular, read_bounded, read_head, read_json
+from serwatt.collectors.fsevents import name_filter
+from serwatt.profiler.exitcodes import EXIT_RUNTIME, EXIT_USAGE
+from serwatt.profiler.many.format import MAGIC, escape_text
+from serwatt.profiler.records.run_ids import format_start_time
+from serwatt.profiler.records.store import Recorder, RecordError
+from serwatt.profiler.safeio import InputFileError, open_regular, read_bounded, read_head, read_json
 
 SIDES = ("baseline", "candidate")
 ORDERS = ("interleaved", "random")
@@ -424,7 +424,7 @@ class Ab:
         argv = [
             o.python,
             "-m",
-            "profiler",
+            "serwatt",
             "profile",
             "--record",
             str(o.record),

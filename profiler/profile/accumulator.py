@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from collectors.samples import SamplerErrors
-from profiler.attribution.window import AttributedWindow, DirectedTotals
-from profiler.classify.codepaths import CODEPATHS
-from profiler.profile.processes import ProcessTally
+from serwatt.collectors.samples import SamplerErrors
+from serwatt.profiler.attribution.window import AttributedWindow, DirectedTotals
+from serwatt.profiler.classify.codepaths import CODEPATHS
+from serwatt.profiler.profile.processes import ProcessTally
 
 BIN_S = 1.0  # time resolution of the per-codepath CPU bins used for the share interval
 # A target that starts native threads without end must not grow the session's memory.

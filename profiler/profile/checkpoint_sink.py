@@ -11,16 +11,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from profiler.attribution.checkpoint_watch import (
+from serwatt.profiler.attribution.checkpoint_watch import (
     IDENTIFIED_BY_EVENTS,
     CheckpointWatch,
     file_head,
     is_lazy_file,
 )
-from profiler.attribution.checkpoints import LAZY_NOTE, Checkpoint, Restore
-from profiler.attribution.episodes import Episode
-from profiler.attribution.window import AttributedWindow
-from profiler.profile.session import SessionInfo
+from serwatt.profiler.attribution.checkpoints import LAZY_NOTE, Checkpoint, Restore
+from serwatt.profiler.attribution.episodes import Episode
+from serwatt.profiler.attribution.window import AttributedWindow
+from serwatt.profiler.profile.session import SessionInfo
 
 __all__ = [
     "IDENTIFIED_BY_EVENTS",

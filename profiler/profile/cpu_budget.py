@@ -20,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from collectors.pyspy import SamplingPlan
-from profiler.sampling.budget import RateGovernor, starting_rate
+from serwatt.collectors.pyspy import SamplingPlan
+from serwatt.profiler.sampling.budget import RateGovernor, starting_rate
 
 # The CPU poll is at least this many sample periods apart: at 50 Hz its 0.1 s default.
 POLL_PERIODS = 5

@@ -29,20 +29,20 @@ from typing import Any
 
 import numpy as np
 
-from profiler.attribution.episodes import Episode
-from profiler.classify.codepaths import CODEPATHS
-from profiler.classify.direction import DIRECTIONS
-from profiler.intervals import t_quantile
-from profiler.profile.accumulator import Accumulator
-from profiler.profile.energy_sink import ProfileEnergy
-from profiler.profile.processes import (
+from serwatt.profiler.attribution.episodes import Episode
+from serwatt.profiler.classify.codepaths import CODEPATHS
+from serwatt.profiler.classify.direction import DIRECTIONS
+from serwatt.profiler.intervals import t_quantile
+from serwatt.profiler.profile.accumulator import Accumulator
+from serwatt.profiler.profile.energy_sink import ProfileEnergy
+from serwatt.profiler.profile.processes import (
     WALL_METHOD,
     codepath_processes,
     main_pid,
     main_thread_wall_s,
     role,
 )
-from profiler.profile.session import SessionResult
+from serwatt.profiler.profile.session import SessionResult
 
 SCHEMA = "serwatt.profile/1"
 MAX_BATCHES = 30

@@ -7,16 +7,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from profiler.attribution.apportion import GpuWaitAttribution
-from profiler.attribution.tracker import (
+from serwatt.profiler.attribution.apportion import GpuWaitAttribution
+from serwatt.profiler.attribution.tracker import (
     ENERGY_METHOD,
     GPU_WAIT_METHOD,
     TrackerReport,
     WindowEnergy,
 )
-from profiler.attribution.window import AttributedWindow, DirectedTotals
-from profiler.classify.codepaths import CODEPATHS
-from profiler.classify.direction import DIRECTIONS
+from serwatt.profiler.attribution.window import AttributedWindow, DirectedTotals
+from serwatt.profiler.classify.codepaths import CODEPATHS
+from serwatt.profiler.classify.direction import DIRECTIONS
 
 
 def _r(v: float | None, nd: int = 6) -> float | None:

@@ -21,9 +21,9 @@ from collections.abc import Sequence
 from importlib import resources
 from typing import Any
 
-from profiler.classify.codepaths import CODEPATHS
-from profiler.profile.stack_profile import StackProfile
-from profiler.sampling.stacks import FrameKey
+from serwatt.profiler.classify.codepaths import CODEPATHS
+from serwatt.profiler.profile.stack_profile import StackProfile
+from serwatt.profiler.sampling.stacks import FrameKey
 
 VENDOR = ("vendor", "flamegraph")
 MIXED = "(mixed)"
@@ -46,7 +46,9 @@ COLOURS = {
 
 def _vendor(name: str) -> str:
     return (
-        resources.files("profiler").joinpath("/".join((*VENDOR, name))).read_text(encoding="utf-8")
+        resources.files("serwatt.profiler")
+        .joinpath("/".join((*VENDOR, name)))
+        .read_text(encoding="utf-8")
     )
 
 

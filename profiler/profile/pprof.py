@@ -20,8 +20,8 @@ from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-from profiler.profile.stack_profile import StackFigures, StackProfile
-from profiler.sampling.stacks import FrameKey, StackKey
+from serwatt.profiler.profile.stack_profile import StackFigures, StackProfile
+from serwatt.profiler.sampling.stacks import FrameKey, StackKey
 
 _F = descriptor_pb2.FieldDescriptorProto
 _INT64, _UINT64, _STRING, _BOOL, _MSG = (

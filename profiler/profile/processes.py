@@ -18,8 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from profiler.classify.codepaths import CODEPATHS
-from profiler.sampling.window import TimedLabel, WindowReport
+from serwatt.profiler.classify.codepaths import CODEPATHS
+from serwatt.profiler.sampling.window import TimedLabel, WindowReport
 
 WALL_METHOD = (
     "wall_s: thread-seconds, samples x tick summed over every thread (it can exceed "

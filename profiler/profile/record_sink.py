@@ -24,21 +24,21 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from profiler.attribution.episodes import Episode
-from profiler.attribution.tracker import EnergyTracker
-from profiler.attribution.window import AttributedWindow
-from profiler.many import ManyError
-from profiler.many.format import escape_text
-from profiler.many.verify import read_receipts
-from profiler.profile.session import SessionInfo
+from serwatt.profiler.attribution.episodes import Episode
+from serwatt.profiler.attribution.tracker import EnergyTracker
+from serwatt.profiler.attribution.window import AttributedWindow
+from serwatt.profiler.many import ManyError
+from serwatt.profiler.many.format import escape_text
+from serwatt.profiler.many.verify import read_receipts
+from serwatt.profiler.profile.session import SessionInfo
 
 if TYPE_CHECKING:
-    from profiler.profile.checkpoint_sink import CheckpointSink
-from profiler.records.host import fingerprint
-from profiler.records.run_ids import format_start_time
-from profiler.records.run_sink import RunSink
-from profiler.records.sources import run_sources
-from profiler.records.store import Recorder, RecordError
+    from serwatt.profiler.profile.checkpoint_sink import CheckpointSink
+from serwatt.profiler.records.host import fingerprint
+from serwatt.profiler.records.run_ids import format_start_time
+from serwatt.profiler.records.run_sink import RunSink
+from serwatt.profiler.records.sources import run_sources
+from serwatt.profiler.records.store import Recorder, RecordError
 
 MAX_ERROR_MESSAGES = 10  # problems kept word for word; the rest are counted
 MAX_CHECKPOINT_ENTRIES = 100_000  # directory entries looked at per window

@@ -33,8 +33,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
-from collectors import procstat
-from collectors.pyspy import (
+from serwatt.collectors import procstat
+from serwatt.collectors.pyspy import (
     NotPython,
     PySpy,
     SamplingError,
@@ -43,20 +43,25 @@ from collectors.pyspy import (
     TargetGone,
     precheck,
 )
-from profiler.attribution.episodes import Episode
-from profiler.attribution.pipeline import Delivery, WindowPipeline
-from profiler.attribution.tracker import EnergyTracker, TrackerReport
-from profiler.attribution.window import AttributedWindow
-from profiler.classify import source_cache
-from profiler.many.format import escape_text
-from profiler.profile.accumulator import Accumulator
-from profiler.profile.cpu_budget import SessionBudget
-from profiler.profile.stack_profile import StackProfile
-from profiler.sampling import collect, eligible
-from profiler.sampling.budget import RateGovernor
-from profiler.sampling.collect import ClassifierLike, RawWindow, collect_window, finish_window
-from profiler.sampling.retry import RetryPolicy
-from profiler.sampling.window import WindowReport
+from serwatt.profiler.attribution.episodes import Episode
+from serwatt.profiler.attribution.pipeline import Delivery, WindowPipeline
+from serwatt.profiler.attribution.tracker import EnergyTracker, TrackerReport
+from serwatt.profiler.attribution.window import AttributedWindow
+from serwatt.profiler.classify import source_cache
+from serwatt.profiler.many.format import escape_text
+from serwatt.profiler.profile.accumulator import Accumulator
+from serwatt.profiler.profile.cpu_budget import SessionBudget
+from serwatt.profiler.profile.stack_profile import StackProfile
+from serwatt.profiler.sampling import collect, eligible
+from serwatt.profiler.sampling.budget import RateGovernor
+from serwatt.profiler.sampling.collect import (
+    ClassifierLike,
+    RawWindow,
+    collect_window,
+    finish_window,
+)
+from serwatt.profiler.sampling.retry import RetryPolicy
+from serwatt.profiler.sampling.window import WindowReport
 
 # a window that ran this long before it failed as its target exited had samples to lose
 LOST_WINDOW_MIN_S = 1.0

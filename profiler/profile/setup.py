@@ -17,19 +17,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from collectors.pyspy import DEFAULT_RATE_HZ, PySpy, SamplingError, SamplingPlan
-from profiler.attribution.tracker import EnergyTracker, EnergyUnavailableError
-from profiler.classify.classifier import Classifier
-from profiler.classify.source_store import SourceStore
-from profiler.profile.checkpoint_sink import CheckpointSink, heuristic_section
-from profiler.profile.document import build_document
-from profiler.profile.energy_sink import EnergySink
-from profiler.profile.record_sink import RecordSink
-from profiler.profile.session import ProfileSession, SessionResult, SessionSink
-from profiler.records.run_ids import check_run_id
-from profiler.records.store import RecordError
-from profiler.sampling.budget import PROFILE_FIX, RateGovernor
-from profiler.sampling.collect import timing_rate_hz
+from serwatt.collectors.pyspy import DEFAULT_RATE_HZ, PySpy, SamplingError, SamplingPlan
+from serwatt.profiler.attribution.tracker import EnergyTracker, EnergyUnavailableError
+from serwatt.profiler.classify.classifier import Classifier
+from serwatt.profiler.classify.source_store import SourceStore
+from serwatt.profiler.profile.checkpoint_sink import CheckpointSink, heuristic_section
+from serwatt.profiler.profile.document import build_document
+from serwatt.profiler.profile.energy_sink import EnergySink
+from serwatt.profiler.profile.record_sink import RecordSink
+from serwatt.profiler.profile.session import ProfileSession, SessionResult, SessionSink
+from serwatt.profiler.records.run_ids import check_run_id
+from serwatt.profiler.records.store import RecordError
+from serwatt.profiler.sampling.budget import PROFILE_FIX, RateGovernor
+from serwatt.profiler.sampling.collect import timing_rate_hz
 
 MODES = ("auto", "required", "off")
 

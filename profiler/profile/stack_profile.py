@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from profiler.attribution.window import AttributedWindow
-from profiler.sampling.stacks import OVERFLOW_FRAME, StackKey
+from serwatt.profiler.attribution.window import AttributedWindow
+from serwatt.profiler.sampling.stacks import OVERFLOW_FRAME, StackKey
 
 MAX_SESSION_STACKS = 20_000
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from profiler.classify.codepaths import CODEPATHS
-from profiler.many.format import escape_text
+from serwatt.profiler.classify.codepaths import CODEPATHS
+from serwatt.profiler.many.format import escape_text
 
 
 def _pct(v: float) -> str:

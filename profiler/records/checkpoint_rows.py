@@ -16,7 +16,14 @@ import sqlite3
 from collections.abc import Mapping
 from typing import Any
 
-from profiler.records.validation import _integer, _json_of, _number, _text, read_name, stored_name
+from serwatt.profiler.records.validation import (
+    _integer,
+    _json_of,
+    _number,
+    _text,
+    read_name,
+    stored_name,
+)
 
 # Added to version 2's `episodes`: NULL in rows a version 2 writer recorded.
 EPISODE_COLUMNS_V3 = (

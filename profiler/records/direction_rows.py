@@ -16,10 +16,10 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass
 
-from profiler.attribution.window import DirectedFigures
-from profiler.classify.codepaths import CODEPATHS
-from profiler.classify.direction import DIRECTIONS
-from profiler.records.validation import _finite, _integer, _number, _text
+from serwatt.profiler.attribution.window import DirectedFigures
+from serwatt.profiler.classify.codepaths import CODEPATHS
+from serwatt.profiler.classify.direction import DIRECTIONS
+from serwatt.profiler.records.validation import _finite, _integer, _number, _text
 
 # Added to `episodes`: NULL in rows a version 3 writer recorded.
 EPISODE_COLUMNS_V4 = (("direction", "TEXT"),)  # encode | decode | unknown

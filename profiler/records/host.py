@@ -19,9 +19,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from collectors.cpu_model import parse_cpuinfo
-from collectors.nvml import NvmlCollector, NvmlStatus
-from profiler import __version__
+from serwatt.collectors.cpu_model import parse_cpuinfo
+from serwatt.collectors.nvml import NvmlCollector, NvmlStatus
+from serwatt.profiler import __version__
 
 HOST_SCHEMA = "serwatt.host/1"
 

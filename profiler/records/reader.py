@@ -14,13 +14,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from profiler.attribution.episodes import Episode
-from profiler.attribution.window_records import EnergyRecord, GpuRecord
-from profiler.classify.codepaths import CODEPATHS
-from profiler.records import checkpoint_rows, direction_rows
-from profiler.records.direction_rows import DirectionTotals
-from profiler.records.schema import EPISODE_FIELDS, has_table
-from profiler.records.validation import (
+from serwatt.profiler.attribution.episodes import Episode
+from serwatt.profiler.attribution.window_records import EnergyRecord, GpuRecord
+from serwatt.profiler.classify.codepaths import CODEPATHS
+from serwatt.profiler.records import checkpoint_rows, direction_rows
+from serwatt.profiler.records.direction_rows import DirectionTotals
+from serwatt.profiler.records.schema import EPISODE_FIELDS, has_table
+from serwatt.profiler.records.validation import (
     _check_row,
     _integer,
     _json_of,
@@ -31,7 +31,7 @@ from profiler.records.validation import (
     _text,
     read_name,
 )
-from profiler.sampling.kernel_cpu import CPU_SOURCES
+from serwatt.profiler.sampling.kernel_cpu import CPU_SOURCES
 
 _EPISODE_NULLABLE = (
     "gpu_wait_s", "gpu_idle_j", "timing_period_s", "clock_s", "durability_s", "host_lag_s",

@@ -8,10 +8,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from profiler.attribution.episodes import Episode
-from profiler.attribution.window import AttributedWindow
-from profiler.records.host import load_1min
-from profiler.records.store import Recorder
+from serwatt.profiler.attribution.episodes import Episode
+from serwatt.profiler.attribution.window import AttributedWindow
+from serwatt.profiler.records.host import load_1min
+from serwatt.profiler.records.store import Recorder
 
 
 @dataclass(frozen=True)

@@ -22,10 +22,10 @@ import sqlite3
 import time
 from pathlib import Path
 
-from profiler import __version__
-from profiler.attribution.episodes import Episode
-from profiler.records import checkpoint_rows, direction_rows
-from profiler.records.validation import RecordError, _damaged, _shown
+from serwatt.profiler import __version__
+from serwatt.profiler.attribution.episodes import Episode
+from serwatt.profiler.records import checkpoint_rows, direction_rows
+from serwatt.profiler.records.validation import RecordError, _damaged, _shown
 
 SCHEMA_VERSION = 7  # 2 adds serialization episodes, 3 checkpoints by file events
 # (profiler/records/checkpoint_rows.py), 4 encode / decode (direction_rows.py), 5 the

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from collectors.status import CollectorStatus
+from serwatt.collectors.status import CollectorStatus
 
 
 def run_sources(energy: str, status: Mapping[str, CollectorStatus]) -> dict[str, Any]:

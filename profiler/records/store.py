@@ -39,15 +39,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from profiler import __version__, safeio
-from profiler.attribution.window import DirectedFigures, figures_of_records
-from profiler.attribution.window_records import EnergyRecord, GpuRecord
-from profiler.classify.codepaths import CODEPATHS
-from profiler.records import checkpoint_rows, direction_rows, reader, schema
-from profiler.records.reader import CodepathTotals, RunDetail, RunSummary, WindowRecord
-from profiler.records.schema import EPISODE_FIELDS, SCHEMA_VERSION
-from profiler.records.validation import RecordError, _damaged, _finite, stored_name
-from profiler.sampling.window import WindowReport
+from serwatt.profiler import __version__, safeio
+from serwatt.profiler.attribution.window import DirectedFigures, figures_of_records
+from serwatt.profiler.attribution.window_records import EnergyRecord, GpuRecord
+from serwatt.profiler.classify.codepaths import CODEPATHS
+from serwatt.profiler.records import checkpoint_rows, direction_rows, reader, schema
+from serwatt.profiler.records.reader import CodepathTotals, RunDetail, RunSummary, WindowRecord
+from serwatt.profiler.records.schema import EPISODE_FIELDS, SCHEMA_VERSION
+from serwatt.profiler.records.validation import RecordError, _damaged, _finite, stored_name
+from serwatt.profiler.sampling.window import WindowReport
 
 # What other modules import from here: the Recorder, its error, and what it returns.
 __all__ = [

@@ -13,24 +13,24 @@ closed codepath set), profiler.yamlcheck (the cluster file's checker), profiler.
 profile session or hardware.
 """
 
-from profiler.report.build import REPORT_SCHEMA, build_report
-from profiler.report.cluster import (
+from serwatt.profiler.report.build import REPORT_SCHEMA, build_report
+from serwatt.profiler.report.cluster import (
     ClusterConfig,
     default_cluster,
     load_cluster,
     projection_cluster,
 )
-from profiler.report.comparability import Mismatch, ReportRefused
-from profiler.report.inputs import (
+from serwatt.profiler.report.comparability import Mismatch, ReportRefused
+from serwatt.profiler.report.inputs import (
     CodepathFigures,
     EpisodeInput,
     InputError,
     RunInput,
     WindowInput,
 )
-from profiler.report.receipt import receipt, verify_receipt
-from profiler.report.render_html import render_html
-from profiler.report.render_text import render_text
+from serwatt.profiler.report.receipt import receipt, verify_receipt
+from serwatt.profiler.report.render_html import render_html
+from serwatt.profiler.report.render_text import render_text
 
 __all__ = [
     "REPORT_SCHEMA",

@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from profiler.classify.codepaths import CODEPATHS, SERIALIZATION_CODEPATHS
-from profiler.report import comparability, power, stats
-from profiler.report.checkpoints import (
+from serwatt.profiler.classify.codepaths import CODEPATHS, SERIALIZATION_CODEPATHS
+from serwatt.profiler.report import comparability, power, stats
+from serwatt.profiler.report.checkpoints import (
     FILE_EVENTS,
     HEURISTIC,
     checkpoint_choice,
@@ -39,16 +39,16 @@ from profiler.report.checkpoints import (
     wait_fields,
     watched_checkpoints,
 )
-from profiler.report.cluster import ClusterConfig
-from profiler.report.direction import direction_section
-from profiler.report.inputs import (
+from serwatt.profiler.report.cluster import ClusterConfig
+from serwatt.profiler.report.direction import direction_section
+from serwatt.profiler.report.inputs import (
     EpisodeInput,
     InputError,
     RunInput,
     WindowInput,
 )
-from profiler.report.projection import CheckpointSize, SideMeasurement, project
-from profiler.report.receipt import receipt
+from serwatt.profiler.report.projection import CheckpointSize, SideMeasurement, project
+from serwatt.profiler.report.receipt import receipt
 
 REPORT_SCHEMA = "serwatt.report/1"
 SIDES = ("baseline", "candidate")

@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from profiler.attribution.checkpoints import PART_OF, STAMP_SLACK_S
-from profiler.classify.codepaths import KNOWN_DURABLE
-from profiler.report.inputs import CheckpointInput, EpisodeInput, RunInput
+from serwatt.profiler.attribution.checkpoints import PART_OF, STAMP_SLACK_S
+from serwatt.profiler.classify.codepaths import KNOWN_DURABLE
+from serwatt.profiler.report.inputs import CheckpointInput, EpisodeInput, RunInput
 
 if TYPE_CHECKING:
-    from profiler.report.build import _Side
+    from serwatt.profiler.report.build import _Side
 
 # How a side's checkpoints were found: the files its `--checkpoints DIR` watch saw
 # completed, or (no watch) the serialization codepath with the most main-thread episode

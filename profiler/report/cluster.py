@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from profiler.yamlcheck import INVALID, check_yaml, read_yaml_file
+from serwatt.profiler.yamlcheck import INVALID, check_yaml, read_yaml_file
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from profiler.classify.codepaths import SERIALIZATION_CODEPATHS
-from profiler.classify.direction import DIRECTIONS
-from profiler.report.inputs import RunInput
+from serwatt.profiler.classify.codepaths import SERIALIZATION_CODEPATHS
+from serwatt.profiler.classify.direction import DIRECTIONS
+from serwatt.profiler.report.inputs import RunInput
 
 SOURCE = (
     "measured: each sample's direction from the functions on its stack "

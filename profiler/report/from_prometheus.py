@@ -49,11 +49,11 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from profiler.classify.codepaths import CODEPATHS
-from profiler.classify.direction import DIRECTIONS
-from profiler.many.format import escape_text
-from profiler.report.deadline_http import RedirectRefused, deadline_opener
-from profiler.report.inputs import (
+from serwatt.profiler.classify.codepaths import CODEPATHS
+from serwatt.profiler.classify.direction import DIRECTIONS
+from serwatt.profiler.many.format import escape_text
+from serwatt.profiler.report.deadline_http import RedirectRefused, deadline_opener
+from serwatt.profiler.report.inputs import (
     CodepathFigures,
     DirectionFigures,
     InputError,

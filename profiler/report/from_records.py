@@ -10,10 +10,10 @@ from collections.abc import Sequence
 from dataclasses import fields
 from typing import Any
 
-from profiler.classify.codepaths import CODEPATHS
-from profiler.records.reader import RecordedEpisode
-from profiler.records.store import Recorder, RunDetail, WindowRecord
-from profiler.report.inputs import (
+from serwatt.profiler.classify.codepaths import CODEPATHS
+from serwatt.profiler.records.reader import RecordedEpisode
+from serwatt.profiler.records.store import Recorder, RunDetail, WindowRecord
+from serwatt.profiler.report.inputs import (
     CheckpointInput,
     CodepathFigures,
     DirectionFigures,

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from profiler.classify.codepaths import CODEPATHS
-from profiler.classify.direction import DIRECTIONS
+from serwatt.profiler.classify.codepaths import CODEPATHS
+from serwatt.profiler.classify.direction import DIRECTIONS
 
 ENERGY_SOURCES: tuple[str, ...] = ("rapl", "model", "unavailable")
 

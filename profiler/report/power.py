@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from profiler.report import stats
+from serwatt.profiler.report import stats
 
 if TYPE_CHECKING:
-    from profiler.report.build import _Side
+    from serwatt.profiler.report.build import _Side
 
 
 def min_attainable(rows: Sequence[Mapping[str, Any]], family: int) -> float | None:

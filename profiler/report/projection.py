@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from profiler.report.cluster import RANGED, ClusterConfig, ClusterInput, Policy
+from serwatt.profiler.report.cluster import RANGED, ClusterConfig, ClusterInput, Policy
 
 HOURS_PER_YEAR = 8760.0
 SECONDS_PER_YEAR = HOURS_PER_YEAR * 3600.0

@@ -27,7 +27,7 @@ from typing import Any
 
 import blake3
 
-from profiler.report.inputs import RunInput
+from serwatt.profiler.report.inputs import RunInput
 
 RECEIPT_SCHEMA = "serwatt.receipt/1"
 PREFIX = "rcpt_"

@@ -18,7 +18,7 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from profiler.report.render_text import (
+from serwatt.profiler.report.render_text import (
     DIRECTION_HEAD,
     METRIC_LABELS,
     change_text,

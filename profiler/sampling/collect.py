@@ -35,25 +35,25 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
-from collectors import procstat, sched_timeline
-from collectors.pyspy import PySpy, SamplingError, SamplingPlan, TargetGone, WindowSamples
-from collectors.pyspy.chrometrace import KernelClock, resolve_changes
-from collectors.samples import Sample, SamplerErrors
-from collectors.sched_timeline import FIX as TIMELINE_FIX
-from collectors.sched_timeline import SchedTimeline, TimelineCounters
-from profiler.classify.codepaths import Classification
-from profiler.classify.durability import DurabilityReader, reader_for
-from profiler.classify.saver import saver_call
-from profiler.classify.target_files import exited_root, is_exited_root, remember_creds
-from profiler.sampling.kernel_cpu import (
+from serwatt.collectors import procstat, sched_timeline
+from serwatt.collectors.pyspy import PySpy, SamplingError, SamplingPlan, TargetGone, WindowSamples
+from serwatt.collectors.pyspy.chrometrace import KernelClock, resolve_changes
+from serwatt.collectors.samples import Sample, SamplerErrors
+from serwatt.collectors.sched_timeline import FIX as TIMELINE_FIX
+from serwatt.collectors.sched_timeline import SchedTimeline, TimelineCounters
+from serwatt.profiler.classify.codepaths import Classification
+from serwatt.profiler.classify.durability import DurabilityReader, reader_for
+from serwatt.profiler.classify.saver import saver_call
+from serwatt.profiler.classify.target_files import exited_root, is_exited_root, remember_creds
+from serwatt.profiler.sampling.kernel_cpu import (
     CPU_SOURCE_ESTIMATE,
     CPU_SOURCE_KERNEL,
     on_cpu_times,
     on_cpu_weights,
     reused_tids,
 )
-from profiler.sampling.stacks import fold_stacks
-from profiler.sampling.weighting import (
+from serwatt.profiler.sampling.stacks import fold_stacks
+from serwatt.profiler.sampling.weighting import (
     CpuSeries,
     Phases,
     RunqueueWeights,
@@ -62,7 +62,7 @@ from profiler.sampling.weighting import (
     distribute_cpu,
     runqueue_weights,
 )
-from profiler.sampling.window import TimedLabel, UnmappedThread, WindowReport
+from serwatt.profiler.sampling.window import TimedLabel, UnmappedThread, WindowReport
 
 # The most one window's classification waits for source files to load, in all.
 CLASSIFY_DEADLINE_S = 5.0

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from collectors.procstat import ProcessFiles
+from serwatt.collectors.procstat import ProcessFiles
 
 PF_KTHREAD = 0x00200000  # include/linux/sched.h: the task is a kernel thread
 
@@ -31,7 +31,11 @@ def is_serwatt_or_pyspy(proc: ProcessFiles) -> bool:
     # DIR` is a serwatt's checkpoint watch (its argv names the job's directory, which a
     # target's cmdline pattern may match)
     return any(
-        a == "-m" and (b in ("profiler", "profiler.cli") or b.startswith("collectors."))
+        a == "-m"
+        and (
+            b in ("serwatt", "serwatt.profiler", "serwatt.profiler.cli")
+            or b.startswith("serwatt.collectors.")
+        )
         for a, b in zip(argv, argv[1:], strict=False)
     )
 

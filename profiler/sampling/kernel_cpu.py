@@ -21,8 +21,8 @@ import bisect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from collectors.samples import Sample
-from collectors.sched_timeline import BLOCKED, EXITED, ThreadTimeline
+from serwatt.collectors.samples import Sample
+from serwatt.collectors.sched_timeline import BLOCKED, EXITED, ThreadTimeline
 
 CPU_SOURCE_KERNEL = "kernel"  # on-CPU intervals from sched_switch
 CPU_SOURCE_ESTIMATE = "estimate"  # py-spy's R state and /proc polls (weighting.py)

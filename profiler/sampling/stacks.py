@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from collectors.samples import Frame, Sample
-from profiler.classify.codepaths import Classification
-from profiler.classify.direction import UNKNOWN, series_directions
+from serwatt.collectors.samples import Frame, Sample
+from serwatt.profiler.classify.codepaths import Classification
+from serwatt.profiler.classify.direction import UNKNOWN, series_directions
 
 # (function, file, line) leaf first, as py-spy orders frames
 FrameKey = tuple[str, str, int]

@@ -85,10 +85,10 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from collectors.samples import Sample
-from profiler.classify.codepaths import CODEPATHS, Classification
-from profiler.classify.direction import DIRECTIONS, UNKNOWN
-from profiler.sampling.window import CodepathWindow, DirectionWindow
+from serwatt.collectors.samples import Sample
+from serwatt.profiler.classify.codepaths import CODEPATHS, Classification
+from serwatt.profiler.classify.direction import DIRECTIONS, UNKNOWN
+from serwatt.profiler.sampling.window import CodepathWindow, DirectionWindow
 
 
 def _interp(t: Sequence[float], v: Sequence[float], when: float) -> float:

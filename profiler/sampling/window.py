@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from collectors.samples import SamplerErrors
-from profiler.sampling.stacks import StackKey, StackTally
+from serwatt.collectors.samples import SamplerErrors
+from serwatt.profiler.sampling.stacks import StackKey, StackTally
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import TypeVar
 
-from profiler.service.ledger import Ledger
+from serwatt.profiler.service.ledger import Ledger
 
 log = logging.getLogger("serwatt.daemon")
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from profiler.yamlcheck import (
+from serwatt.profiler.yamlcheck import (
     INVALID,
     ConfigError,
     ConfigProblem,

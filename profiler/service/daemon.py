@@ -32,40 +32,40 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from collectors.pyspy import PySpy, SamplingError
-from profiler import __version__
-from profiler.attribution.pipeline import WindowPipeline, WindowRejected
-from profiler.attribution.tracker import EnergyTracker
-from profiler.attribution.window import AttributedWindow
-from profiler.exitcodes import EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME
-from profiler.records.host import fingerprint
-from profiler.records.run_sink import RunSink
-from profiler.records.store import Recorder, RecordError
-from profiler.sampling.budget import RateGovernor
-from profiler.sampling.retry import TARGET_KINDS
-from profiler.sampling.window import WindowReport
-from profiler.service.clock import Clock, SystemClock
-from profiler.service.collector_health import run_collector
-from profiler.service.config import Config, ConfigError, load_config
-from profiler.service.discovery import discover
-from profiler.service.energy_side import EnergySide, RequiredCollectorMissing
-from profiler.service.exporter import MetricsServer, make_registry
-from profiler.service.ledger import Ledger, TargetProcess
-from profiler.service.plan import (
+from serwatt.collectors.pyspy import PySpy, SamplingError
+from serwatt.profiler import __version__
+from serwatt.profiler.attribution.pipeline import WindowPipeline, WindowRejected
+from serwatt.profiler.attribution.tracker import EnergyTracker
+from serwatt.profiler.attribution.window import AttributedWindow
+from serwatt.profiler.exitcodes import EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME
+from serwatt.profiler.records.host import fingerprint
+from serwatt.profiler.records.run_sink import RunSink
+from serwatt.profiler.records.store import Recorder, RecordError
+from serwatt.profiler.sampling.budget import RateGovernor
+from serwatt.profiler.sampling.retry import TARGET_KINDS
+from serwatt.profiler.sampling.window import WindowReport
+from serwatt.profiler.service.clock import Clock, SystemClock
+from serwatt.profiler.service.collector_health import run_collector
+from serwatt.profiler.service.config import Config, ConfigError, load_config
+from serwatt.profiler.service.discovery import discover
+from serwatt.profiler.service.energy_side import EnergySide, RequiredCollectorMissing
+from serwatt.profiler.service.exporter import MetricsServer, make_registry
+from serwatt.profiler.service.ledger import Ledger, TargetProcess
+from serwatt.profiler.service.plan import (
     IDLE_RUN_RATE_HZ,  # noqa: F401 (re-exported: the daemon's --idle run rate)
     daemon_plan,
     daemon_retry,
 )
-from profiler.service.pools import (
+from serwatt.profiler.service.pools import (
     ClassifierPool,
     PySpyWindows,
     Sampler,
     SamplerPool,
     SamplingJob,
 )
-from profiler.service.run_checkpoints import RunCheckpoints
-from profiler.service.sdnotify import SdNotifier
-from profiler.service.window_sinks import CheckpointsSink, LedgerSink
+from serwatt.profiler.service.run_checkpoints import RunCheckpoints
+from serwatt.profiler.service.sdnotify import SdNotifier
+from serwatt.profiler.service.window_sinks import CheckpointsSink, LedgerSink
 
 log = logging.getLogger("serwatt.daemon")
 

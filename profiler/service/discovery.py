@@ -45,14 +45,14 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from collectors import procstat
-from collectors.mounts import on_fuse
-from collectors.procstat import ProcessFiles
-from profiler.owned_io import OwnedWorkers, Stuck
-from profiler.records.run_ids import render_run_id
-from profiler.safeio import NO_SUCH_FILE, InputFileError, read_bounded
-from profiler.sampling import eligible
-from profiler.service.config import TargetMatch, TargetSpec
+from serwatt.collectors import procstat
+from serwatt.collectors.mounts import on_fuse
+from serwatt.collectors.procstat import ProcessFiles
+from serwatt.profiler.owned_io import OwnedWorkers, Stuck
+from serwatt.profiler.records.run_ids import render_run_id
+from serwatt.profiler.safeio import NO_SUCH_FILE, InputFileError, read_bounded
+from serwatt.profiler.sampling import eligible
+from serwatt.profiler.service.config import TargetMatch, TargetSpec
 
 # A pid and its newline; a longer file is not a pid file.
 PID_FILE_MAX_BYTES = 64

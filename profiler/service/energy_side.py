@@ -6,15 +6,15 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from collectors.source import absent
-from profiler.attribution.tracker import EnergyTracker, EnergyUnavailableError, WindowEnergy
-from profiler.attribution.window import AttributedWindow, attribute_span
-from profiler.records.sources import run_sources
-from profiler.sampling.window import WindowReport
-from profiler.service.clock import Clock
-from profiler.service.collector_health import Health, publish, run_collector
-from profiler.service.config import Config
-from profiler.service.ledger import Ledger
+from serwatt.collectors.source import absent
+from serwatt.profiler.attribution.tracker import EnergyTracker, EnergyUnavailableError, WindowEnergy
+from serwatt.profiler.attribution.window import AttributedWindow, attribute_span
+from serwatt.profiler.records.sources import run_sources
+from serwatt.profiler.sampling.window import WindowReport
+from serwatt.profiler.service.clock import Clock
+from serwatt.profiler.service.collector_health import Health, publish, run_collector
+from serwatt.profiler.service.config import Config
+from serwatt.profiler.service.ledger import Ledger
 
 log = logging.getLogger("serwatt.daemon")
 

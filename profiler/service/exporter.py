@@ -22,9 +22,9 @@ from http.server import BaseHTTPRequestHandler
 from prometheus_client.core import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-from profiler.service.config import parse_listen
-from profiler.service.ledger import LedgerSnapshot
-from profiler.service.metrics import (
+from serwatt.profiler.service.config import parse_listen
+from serwatt.profiler.service.ledger import LedgerSnapshot
+from serwatt.profiler.service.metrics import (
     METRIC_NAMES,
     METRICS,
     MetricSpec,
@@ -34,7 +34,7 @@ from profiler.service.metrics import (
     make_registry,
     series_count,
 )
-from profiler.service.status_page import render_landing_page
+from serwatt.profiler.service.status_page import render_landing_page
 
 __all__ = [
     "HTTP_CONNECTION_TIMEOUT_S",

@@ -28,10 +28,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from profiler import __version__
-from profiler.attribution.window import DirectedFigures, DirectedTotals
-from profiler.classify.codepaths import CODEPATHS
-from profiler.classify.direction import CODEPATH_DIRECTIONS
+from serwatt.profiler import __version__
+from serwatt.profiler.attribution.window import DirectedFigures, DirectedTotals
+from serwatt.profiler.classify.codepaths import CODEPATHS
+from serwatt.profiler.classify.direction import CODEPATH_DIRECTIONS
 
 # `kind` and `source` label values: short identifiers, never free text.
 _IDENT = re.compile(r"^[a-z][a-z0-9_]{0,39}$")

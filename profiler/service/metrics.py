@@ -33,8 +33,8 @@ from prometheus_client.core import (
     Metric,
 )
 
-from profiler.classify.direction import CODEPATH_DIRECTIONS
-from profiler.service.ledger import LedgerSnapshot
+from serwatt.profiler.classify.direction import CODEPATH_DIRECTIONS
+from serwatt.profiler.service.ledger import LedgerSnapshot
 
 log = logging.getLogger(__name__)
 

@@ -4,8 +4,8 @@ a window at the governor's rate (`daemon_plan`) and the daemon's retry rule
 
 from __future__ import annotations
 
-from collectors.pyspy import SamplingPlan
-from profiler.sampling.retry import RetryPolicy
+from serwatt.collectors.pyspy import SamplingPlan
+from serwatt.profiler.sampling.retry import RetryPolicy
 
 # Per-thread CPU snapshots during a window (SamplingPlan.poll_s). Each snapshot
 # reads /proc/<pid>/task/*/stat (+ schedstat) of every thread (~0.14 ms of CPU for a

@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from collectors.pyspy import PySpy, SamplingPlan, StopEvent
-from profiler.classify.classifier import Classifier
-from profiler.sampling.collect import sample_window
-from profiler.sampling.window import WindowReport
-from profiler.service.config import Config
+from serwatt.collectors.pyspy import PySpy, SamplingPlan, StopEvent
+from serwatt.profiler.classify.classifier import Classifier
+from serwatt.profiler.sampling.collect import sample_window
+from serwatt.profiler.sampling.window import WindowReport
+from serwatt.profiler.service.config import Config
 
 
 @dataclass

@@ -22,11 +22,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from collectors import fsevents
-from profiler.attribution.checkpoint_watch import CheckpointWatch
-from profiler.attribution.episodes import Episode
-from profiler.owned_io import OwnedWorkers, Stuck
-from profiler.service.config import TargetSpec
+from serwatt.collectors import fsevents
+from serwatt.profiler.attribution.checkpoint_watch import CheckpointWatch
+from serwatt.profiler.attribution.episodes import Episode
+from serwatt.profiler.owned_io import OwnedWorkers, Stuck
+from serwatt.profiler.service.config import TargetSpec
 
 log = logging.getLogger("serwatt.daemon")
 

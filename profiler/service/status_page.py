@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import html
 
-from profiler.service.ledger import LedgerSnapshot
-from profiler.service.metrics import series_count
+from serwatt.profiler.service.ledger import LedgerSnapshot
+from serwatt.profiler.service.metrics import series_count
 
 
 def render_landing_page(snap: LedgerSnapshot, *, listen: str = "", now: float) -> str:

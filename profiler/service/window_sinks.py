@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from profiler.attribution.episodes import Episode
-from profiler.attribution.pipeline import WindowRejected
-from profiler.attribution.window import AttributedWindow
-from profiler.service.ledger import Ledger
-from profiler.service.run_checkpoints import RunCheckpoints
+from serwatt.profiler.attribution.episodes import Episode
+from serwatt.profiler.attribution.pipeline import WindowRejected
+from serwatt.profiler.attribution.window import AttributedWindow
+from serwatt.profiler.service.ledger import Ledger
+from serwatt.profiler.service.run_checkpoints import RunCheckpoints
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ the profile: pickle (dumps/loads of a nested dict), json (dumps/loads), protobuf
 by the installed backend, upb by default), torch.save/torch.load of a small state
 dict when torch is installed, and plain Python compute (the `other` codepath).
 
-    python -m profiler.workloads.demo [--duration S]
+    python -m serwatt.profiler.workloads.demo [--duration S]
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """A small GPT (character-level transformer LM, AdamW, CPU) checkpointing through `.many`.
 
-    python -m profiler.workloads.gpt --out-dir DIR [--iters N] [--every K] [--async [--overlap]]
+    python -m serwatt.profiler.workloads.gpt --out-dir DIR [--iters N] [--every K] [--async
+        [--overlap]]
         [--resume]
 
 The model and training loop follow the usual single-file GPT recipe: token and position
@@ -41,8 +42,8 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from profiler.many import torch_compat as ckpt
-from profiler.many.checkpointer import Checkpointer, Written
+from serwatt.profiler.many import torch_compat as ckpt
+from serwatt.profiler.many.checkpointer import Checkpointer, Written
 
 WORDS = (
     "the a model learns to predict next token from context while loss falls and "

@@ -1,6 +1,6 @@
 """A small real training loop that checkpoints through one chosen serializer.
 
-    python -m profiler.workloads.train
+    python -m serwatt.profiler.workloads.train
         --ckpt {pickle,torch,json,protobuf,msgpack,safetensors,many,many-async [--overlap]}
         --steps N --every K --size MB [--dir DIR] [--resume]
 
@@ -431,14 +431,14 @@ def load_safetensors(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
 def save_many(
     path: Path, tensors: dict[str, Any], meta: dict[str, Any], tmp: Path, prev: Any = None
 ) -> Any:
-    from profiler import many
+    from serwatt.profiler import many
 
     # .many's save is itself atomic and durable; it writes straight to `path`.
     return many.save(path, tensors, prev=prev, metadata=meta)
 
 
 def load_many(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    from profiler import many
+    from serwatt.profiler import many
 
     ckpt = many.load(path)
     return {k: ckpt[k] for k in ckpt}, ckpt.metadata
@@ -481,7 +481,7 @@ def checkpoint_paths(directory: Path, fmt: str) -> list[tuple[int, Path]]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m profiler.workloads.train", description=__doc__.splitlines()[0]
+        prog="python -m serwatt.profiler.workloads.train", description=__doc__.splitlines()[0]
     )
     p.add_argument(
         "--ckpt", choices=(*FORMATS, ASYNC_MANY), required=True, help="checkpoint serializer"
@@ -544,7 +544,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         except ImportError:
             raise UsageError("--ckpt torch needs torch installed; choose another format") from None
     if args.ckpt == "many":
-        import profiler.many  # noqa: F401  (here, so restore_s times the load, not the import)
+        import serwatt.profiler.many  # noqa: F401  (here, so restore_s times the load, not the import)
     trainer = make_trainer(args.backend, width, args.seed, args.threads)
     args.dir.mkdir(parents=True, exist_ok=True)
     start_step, restored, restore_s, prev = 0, None, None, None
@@ -556,7 +556,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         restore_s = time.perf_counter() - t0
         restored = str(restored_path)
         if args.ckpt == "many":
-            from profiler import many
+            from serwatt.profiler import many
 
             # Continue the receipt chain from the checkpoint this run grew out of.
             prev = many.load(restored_path).receipt
@@ -610,8 +610,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 
 def train_async(args: argparse.Namespace) -> dict[str, Any]:
     """--ckpt many-async: the same loop, checkpointing through many.Checkpointer."""
-    from profiler.many.checkpointer import Checkpointer, Written
-    from profiler.many.state import load_state
+    from serwatt.profiler.many.checkpointer import Checkpointer, Written
+    from serwatt.profiler.many.state import load_state
 
     width = width_for(args.size)
     # Making the Checkpointer reads the newest checkpoint's receipt to continue its chain:

@@ -27,10 +27,10 @@ def test_a_background_checkpoints_cpu_is_the_processs_over_its_span(tmp_path: Pa
     r = subprocess.run(
         [
             # the checkpoints' CPU at the full rate (a budget lowers it on a 2-CPU node)
-            sys.executable, "-m", "profiler", "profile", "--cpu-budget", "off",
+            sys.executable, "-m", "serwatt", "profile", "--cpu-budget", "off",
             "--checkpoints", str(ckpt),
             "--json", str(doc), "--",
-            sys.executable, "-m", "profiler.workloads.train", "--ckpt", "many-async",
+            sys.executable, "-m", "serwatt.profiler.workloads.train", "--ckpt", "many-async",
             "--backend", "numpy", "--size", "256", "--steps", "12", "--every", "3",
             "--keep", "1", "--dir", str(ckpt),
         ],

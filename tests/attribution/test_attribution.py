@@ -8,15 +8,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collectors.series import interpolate
-from profiler.attribution.apportion import (
+from serwatt.collectors.series import interpolate
+from serwatt.profiler.attribution.apportion import (
     IdleSpan,
     attribute_energy,
     attribute_gpu_wait,
     gpus_used_by,
 )
-from profiler.classify.codepaths import CODEPATHS
-from profiler.sampling.window import TimedLabel
+from serwatt.profiler.classify.codepaths import CODEPATHS
+from serwatt.profiler.sampling.window import TimedLabel
 
 
 def test_energy_worked_example() -> None:

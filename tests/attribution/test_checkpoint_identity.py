@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from scipy.stats import binom
 
-from profiler.attribution.episodes import error_quantile_s
+from serwatt.profiler.attribution.episodes import error_quantile_s
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -22,9 +22,9 @@ def _profile(tmp: Path, name: str, fmt: str, *train: str) -> tuple[dict, dict]:
     ckpt.mkdir(exist_ok=True)
     doc = tmp / f"{name}.json"
     cmd = [
-        sys.executable, "-m", "profiler", "profile", "--rate", "100", "--window", "2",
+        sys.executable, "-m", "serwatt", "profile", "--rate", "100", "--window", "2",
         "--checkpoints", str(ckpt), "--json", str(doc), "--",
-        sys.executable, "-m", "profiler.workloads.train", "--ckpt", fmt, "--size", "4",
+        sys.executable, "-m", "serwatt.profiler.workloads.train", "--ckpt", fmt, "--size", "4",
         "--dir", str(ckpt), "--keep", "0", "--every", "100", *train,
     ]  # fmt: skip
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)

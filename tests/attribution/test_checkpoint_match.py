@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from collectors.fsevents import OPENED, WRITTEN, FileEvent
-from profiler.attribution.checkpoints import match
-from profiler.attribution.episodes import Episode
+from serwatt.collectors.fsevents import OPENED, WRITTEN, FileEvent
+from serwatt.profiler.attribution.checkpoints import match
+from serwatt.profiler.attribution.episodes import Episode
 
 PID = 100
 MAIN, WRITER = PID, 101  # the main thread's tid is the pid

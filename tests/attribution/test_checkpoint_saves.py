@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from collectors.fsevents import WRITTEN, FileEvent
-from profiler.attribution.checkpoints import PART_OF, STAMP_SLACK_S, match
-from profiler.attribution.episodes import Episode
+from serwatt.collectors.fsevents import WRITTEN, FileEvent
+from serwatt.profiler.attribution.checkpoints import PART_OF, STAMP_SLACK_S, match
+from serwatt.profiler.attribution.episodes import Episode
 
 PID = 100
 RES = 0.005
@@ -76,7 +76,7 @@ def test_without_a_root_files_are_matched_one_by_one_as_before() -> None:
 
 
 def test_a_restores_read_bytes_are_its_files_never_the_processes() -> None:
-    from collectors.fsevents import OPENED
+    from serwatt.collectors.fsevents import OPENED
 
     def opened(t: float, path: str, size: int) -> FileEvent:
         return FileEvent(t=t, kind=OPENED, path=path, bytes=size)
@@ -97,7 +97,7 @@ def test_a_restores_read_bytes_are_its_files_never_the_processes() -> None:
 def test_a_runs_restore_is_all_it_read_back_not_a_mean_over_files() -> None:
     from types import SimpleNamespace
 
-    from profiler.report.from_records import _run_restore_s
+    from serwatt.profiler.report.from_records import _run_restore_s
 
     files = [SimpleNamespace(wall_s=w) for w in (0.002, 0.110, None, 0.001)]
     assert _run_restore_s(files) == (0.113,)  # type: ignore[arg-type]

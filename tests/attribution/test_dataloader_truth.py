@@ -58,7 +58,7 @@ def _profile(tmp_path: Path, mode: str) -> Run:
         # One window over the whole run (--window 60): py-spy's restart between windows
         # would miss part of what the truth counts.
         proc = subprocess.run(
-            [sys.executable, "-m", "profiler", "profile", "--rate", "100", "--window", "60",
+            [sys.executable, "-m", "serwatt", "profile", "--rate", "100", "--window", "60",
              "--json", str(out), "--", sys.executable, str(WORKLOAD), str(tmp_path), mode,
              SECONDS],
             cwd=REPO, capture_output=True, text=True, timeout=150,

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from collectors.cpu_model import DEFAULT_W_PER_CPU, IDLE_FRACTION
-from profiler.attribution.pipeline import WindowPipeline
-from profiler.attribution.tracker import EnergyTracker, EnergyUnavailableError
-from profiler.attribution.window import AttributedWindow, attribute_window
-from profiler.classify.codepaths import CODEPATHS
-from profiler.profile.document import add_energy as _add_energy
-from profiler.profile.energy_sink import EnergySink, ProfileEnergy
-from profiler.sampling.window import CodepathWindow, TimedLabel, WindowReport
+from serwatt.collectors.cpu_model import DEFAULT_W_PER_CPU, IDLE_FRACTION
+from serwatt.profiler.attribution.pipeline import WindowPipeline
+from serwatt.profiler.attribution.tracker import EnergyTracker, EnergyUnavailableError
+from serwatt.profiler.attribution.window import AttributedWindow, attribute_window
+from serwatt.profiler.classify.codepaths import CODEPATHS
+from serwatt.profiler.profile.document import add_energy as _add_energy
+from serwatt.profiler.profile.energy_sink import EnergySink, ProfileEnergy
+from serwatt.profiler.sampling.window import CodepathWindow, TimedLabel, WindowReport
 from tests.nvml_replay import FakeClock, ReplayNvmlBackend, load_timeline
 from tests.powercap import PowercapTree, build_powercap
 
@@ -459,7 +459,7 @@ def test_long_profile_accumulates_beyond_the_tracker_history(tmp_path: Path) -> 
 
 
 def test_table_shows_joules_source_gpu_wait_and_gpu_idle_joules(tmp_path: Path) -> None:
-    from profiler.profile.table import render_table
+    from serwatt.profiler.profile.table import render_table
 
     clock = FakeClock()
     sysfs, procfs = tmp_path / "sys", tmp_path / "proc"

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from profiler.classify.codepaths import CODEPATHS
+from serwatt.profiler.classify.codepaths import CODEPATHS
 from tests.powercap import build_powercap
 
 REPO = Path(__file__).resolve().parents[2]
-SERWATT = [sys.executable, "-m", "profiler"]
+SERWATT = [sys.executable, "-m", "serwatt"]
 WATTS_PER_PACKAGE = 25.0
 # Each package counter wraps every 3 s at 25 W, so any profile of 5 s sees a wrap
 # of both. Not much smaller: the serwatt process can hold the GIL for ~0.5-1 s

@@ -27,25 +27,25 @@ from pathlib import Path
 
 import pytest
 
-from collectors.pyspy import SamplingPlan, StopEvent
-from collectors.samples import Frame, SamplerErrors
-from profiler.attribution.episodes import (
+from serwatt.collectors.pyspy import SamplingPlan, StopEvent
+from serwatt.collectors.samples import Frame, SamplerErrors
+from serwatt.profiler.attribution.episodes import (
     Episode,
     EpisodeTracker,
     episodes_of,
     error_quantile_s,
     period_s,
 )
-from profiler.classify.classifier import Classifier
-from profiler.classify.codepaths import CODEPATHS, SERIALIZATION_CODEPATHS
-from profiler.classify.durability import RENAME, SYNC, DurabilityReader
-from profiler.sampling.collect import (
+from serwatt.profiler.classify.classifier import Classifier
+from serwatt.profiler.classify.codepaths import CODEPATHS, SERIALIZATION_CODEPATHS
+from serwatt.profiler.classify.durability import RENAME, SYNC, DurabilityReader
+from serwatt.profiler.sampling.collect import (
     RawWindow,
     collect_window,
     default_timing_rate_hz,
     finish_window,
 )
-from profiler.sampling.window import CodepathWindow, TimedLabel, WindowReport
+from serwatt.profiler.sampling.window import CodepathWindow, TimedLabel, WindowReport
 from tests.node_load import OthersCpu
 
 REPO = Path(__file__).resolve().parents[2]
@@ -683,7 +683,7 @@ def test_known_blocking_dumps_give_their_episodes_on_a_quiet_node(tmp_path: Path
 
 
 def _gpu_window(pids: frozenset[int], *, energy: bool = True, up: bool = True):  # type: ignore[no-untyped-def]
-    from collectors.nvml import GpuWindow, UtilInterval
+    from serwatt.collectors.nvml import GpuWindow, UtilInterval
 
     # busy 100-101, idle 101-103 (a stall), half busy 103-104; 100 W + 300 W x busy
     intervals = (
@@ -706,7 +706,7 @@ def _episode(start: float, end: float) -> Episode:
 
 
 def test_an_episode_gets_the_gpu_idle_seconds_and_idle_joules_of_its_span() -> None:
-    from profiler.attribution.window import episode_with_gpu
+    from serwatt.profiler.attribution.window import episode_with_gpu
 
     # 100.5-103.5: busy 0.5 s (no wait), idle 2 s at 100 J/s, half busy 0.5 s
     ep = episode_with_gpu(_episode(100.5, 103.5), [_gpu_window(frozenset({PID}))])
@@ -716,8 +716,8 @@ def test_an_episode_gets_the_gpu_idle_seconds_and_idle_joules_of_its_span() -> N
 
 
 def test_an_episode_without_its_gpu_or_energy_says_unknown_not_zero() -> None:
-    from collectors.nvml import UtilInterval
-    from profiler.attribution.window import episode_with_gpu
+    from serwatt.collectors.nvml import UtilInterval
+    from serwatt.profiler.attribution.window import episode_with_gpu
 
     ep = _episode(101.0, 102.0)
     other_pid = episode_with_gpu(ep, [_gpu_window(frozenset({PID + 1}))])

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from profiler.attribution.episodes import CHANGE_EDGES_95, error_quantile_s
+from serwatt.profiler.attribution.episodes import CHANGE_EDGES_95, error_quantile_s
 
 PERIOD_S = 0.0025  # the stack-change run at 400 Hz
 

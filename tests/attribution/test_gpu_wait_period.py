@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import pytest
 
-from collectors.nvml import GpuWindow, UtilInterval
-from profiler.attribution.tracker import WindowEnergy
-from profiler.attribution.window import attribute_span
-from profiler.classify.codepaths import CODEPATHS
-from profiler.sampling.window import CodepathWindow, TimedLabel, WindowReport
-from profiler.service.plan import IDLE_RUN_RATE_HZ, daemon_plan
+from serwatt.collectors.nvml import GpuWindow, UtilInterval
+from serwatt.profiler.attribution.tracker import WindowEnergy
+from serwatt.profiler.attribution.window import attribute_span
+from serwatt.profiler.classify.codepaths import CODEPATHS
+from serwatt.profiler.sampling.window import CodepathWindow, TimedLabel, WindowReport
+from serwatt.profiler.service.plan import IDLE_RUN_RATE_HZ, daemon_plan
 
 PID = 5151
 START, SPAN_S = 1000.0, 10.0

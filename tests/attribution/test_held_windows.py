@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from profiler.attribution.pipeline import WindowPipeline
-from profiler.classify.codepaths import CODEPATHS
-from profiler.sampling.window import CodepathWindow, WindowReport
+from serwatt.profiler.attribution.pipeline import WindowPipeline
+from serwatt.profiler.classify.codepaths import CODEPATHS
+from serwatt.profiler.sampling.window import CodepathWindow, WindowReport
 
 W = 1.0  # each window's length
 

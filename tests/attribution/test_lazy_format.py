@@ -14,17 +14,17 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from collectors.fsevents import OPENED, WRITTEN, FileEvent
-from profiler.attribution.checkpoints import (
+from serwatt.collectors.fsevents import OPENED, WRITTEN, FileEvent
+from serwatt.profiler.attribution.checkpoints import (
     FILE_EVENT_ONLY,
     LAZY_HEAD_BYTES,
     binary_head,
     lazy_format,
     match,
 )
-from profiler.attribution.episodes import Episode
-from profiler.many import torch_compat
-from profiler.profile.checkpoint_sink import file_head, is_lazy_file
+from serwatt.profiler.attribution.episodes import Episode
+from serwatt.profiler.many import torch_compat
+from serwatt.profiler.profile.checkpoint_sink import file_head, is_lazy_file
 
 STATE = {"w": torch.arange(12, dtype=torch.float32).reshape(3, 4), "b": torch.zeros(4)}
 

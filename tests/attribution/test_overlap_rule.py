@@ -8,11 +8,11 @@ import math
 
 import pytest
 
-from profiler.attribution.apportion import attribute_energy, overlap_factor, scaled_energy
-from profiler.attribution.tracker import WindowEnergy
-from profiler.attribution.window import attribute_span
-from profiler.classify.codepaths import CODEPATHS
-from profiler.sampling.window import CodepathWindow, WindowReport
+from serwatt.profiler.attribution.apportion import attribute_energy, overlap_factor, scaled_energy
+from serwatt.profiler.attribution.tracker import WindowEnergy
+from serwatt.profiler.attribution.window import attribute_span
+from serwatt.profiler.classify.codepaths import CODEPATHS
+from serwatt.profiler.sampling.window import CodepathWindow, WindowReport
 
 
 def _report(pid: int, start: float, end: float, cpu: dict[str, float]) -> WindowReport:

@@ -8,11 +8,11 @@ from collections.abc import Sequence
 
 import pytest
 
-from profiler.attribution.episodes import Episode
-from profiler.attribution.pipeline import WindowPipeline, WindowRejected
-from profiler.attribution.window import AttributedWindow
-from profiler.classify.codepaths import CODEPATHS
-from profiler.sampling.window import CodepathWindow, TimedLabel, WindowReport
+from serwatt.profiler.attribution.episodes import Episode
+from serwatt.profiler.attribution.pipeline import WindowPipeline, WindowRejected
+from serwatt.profiler.attribution.window import AttributedWindow
+from serwatt.profiler.classify.codepaths import CODEPATHS
+from serwatt.profiler.sampling.window import CodepathWindow, TimedLabel, WindowReport
 
 PID = 4242
 P = 0.01

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from profiler.attribution.apportion import EnergyAttribution, GpuWaitAttribution
-from profiler.attribution.tracker import WindowEnergy
-from profiler.attribution.window import AttributedWindow, TargetAttribution
-from profiler.attribution.window_records import EnergyRecord, GpuRecord
-from profiler.classify.codepaths import CODEPATHS
+from serwatt.profiler.attribution.apportion import EnergyAttribution, GpuWaitAttribution
+from serwatt.profiler.attribution.tracker import WindowEnergy
+from serwatt.profiler.attribution.window import AttributedWindow, TargetAttribution
+from serwatt.profiler.attribution.window_records import EnergyRecord, GpuRecord
+from serwatt.profiler.classify.codepaths import CODEPATHS
 from tests.records.test_recorder import window
 
 CODEPATHS_J = {cp: float(i) for i, cp in enumerate(CODEPATHS)}

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from collectors.samples import Frame
-from profiler.classify.classifier import Classifier
+from serwatt.collectors.samples import Frame
+from serwatt.profiler.classify.classifier import Classifier
 
 QUEUES = multiprocessing.queues.__file__
 REDUCTION = multiprocessing.reduction.__file__

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from collectors.samples import Frame
-from profiler.classify.classifier import Classifier
-from profiler.classify.source_cache import SourceCache
-from profiler.classify.source_index import SourceIndex
-from profiler.classify.target_files import source_path
+from serwatt.collectors.samples import Frame
+from serwatt.profiler.classify.classifier import Classifier
+from serwatt.profiler.classify.source_cache import SourceCache
+from serwatt.profiler.classify.source_index import SourceIndex
+from serwatt.profiler.classify.target_files import source_path
 from tests.daemon_fakes import give_root_creds
 
 SRC = textwrap.dedent(
@@ -368,7 +368,7 @@ def test_one_file_is_parsed_once_across_paths_and_caches(tmp_path: Path) -> None
     daemon's one cache per concurrent window) reaches the same inode by another path."""
     import gc
 
-    from profiler.classify import source_cache
+    from serwatt.profiler.classify import source_cache
 
     f = tmp_path / "job.py"
     f.write_text("import pickle\nblob = pickle.dumps({})\n")

@@ -17,12 +17,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from collectors.samples import Frame, Sample
-from profiler.classify import source_index
-from profiler.classify.classifier import Classifier
-from profiler.classify.codepaths import Classification
-from profiler.classify.prefilter import import_roots, required_words
-from profiler.classify.rules import load_rules
+from serwatt.collectors.samples import Frame, Sample
+from serwatt.profiler.classify import source_index
+from serwatt.profiler.classify.classifier import Classifier
+from serwatt.profiler.classify.codepaths import Classification
+from serwatt.profiler.classify.prefilter import import_roots, required_words
+from serwatt.profiler.classify.rules import load_rules
 from tests.workloads.harness import samples_from_dump, samples_from_speedscope
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "pyspy"

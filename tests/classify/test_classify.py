@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from collectors.samples import Frame, Sample
-from profiler.classify.classifier import Classifier
-from profiler.classify.codepaths import CODEPATHS, OTHER
+from serwatt.collectors.samples import Frame, Sample
+from serwatt.profiler.classify.classifier import Classifier
+from serwatt.profiler.classify.codepaths import CODEPATHS, OTHER
 from tests.daemon_fakes import give_root_creds
 
 STD = "/usr/lib/python3.12"
@@ -209,7 +209,7 @@ def test_serwatt_classify_on_a_saved_dump(
 ) -> None:
     import json
 
-    from profiler.cli.main import main
+    from serwatt.profiler.cli.main import main
 
     dump = [
         {

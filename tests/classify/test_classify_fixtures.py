@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from collectors.samples import Frame, Sample
-from profiler.classify.classifier import Classifier
-from profiler.classify.codepaths import CODEPATHS, Classification
+from serwatt.collectors.samples import Frame, Sample
+from serwatt.profiler.classify.classifier import Classifier
+from serwatt.profiler.classify.codepaths import CODEPATHS, Classification
 from tests.workloads.harness import samples_from_dump, samples_from_speedscope
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "pyspy"
@@ -295,7 +295,7 @@ def test_speedscope_recordings_classify_like_dumps(classifier: Classifier, proc_
 
 def test_speedscope_through_the_sampler_parser(classifier: Classifier, proc_root: Path) -> None:
     """The same recording parsed by the sampler's own parser (collectors/pyspy.py)."""
-    from collectors.pyspy import speedscope as pyspy
+    from serwatt.collectors.pyspy import speedscope as pyspy
 
     doc = _load("py312-pickle_alias.json")["speedscope"]
     tracks = pyspy.parse_speedscope(doc)

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from collectors.pyspy import SamplingPlan
-from profiler.classify.classifier import Classifier
-from profiler.sampling.collect import sample_window
-from profiler.sampling.window import WindowReport
+from serwatt.collectors.pyspy import SamplingPlan
+from serwatt.profiler.classify.classifier import Classifier
+from serwatt.profiler.sampling.collect import sample_window
+from serwatt.profiler.sampling.window import WindowReport
 from tests.workloads import harness, targets
 from tests.workloads.serializers import EXPECT
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from collectors.samples import Frame
-from profiler.classify.classifier import Classifier
-from profiler.classify.direction import combined, name_direction
-from profiler.classify.rules import parse_rules_text
+from serwatt.collectors.samples import Frame
+from serwatt.profiler.classify.classifier import Classifier
+from serwatt.profiler.classify.direction import combined, name_direction
+from serwatt.profiler.classify.rules import parse_rules_text
 from tests.workloads.harness import samples_from_dump
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "pyspy"
@@ -210,7 +210,7 @@ def test_encode_and_decode_cpu_against_the_threads_own_cpu(tmp_path: Path) -> No
     (tmp_path / "two_ways.py").write_text(TWO_WAYS)
     out, truth_file = tmp_path / "p.json", tmp_path / "truth.json"
     r = subprocess.run(
-        [sys.executable, "-m", "profiler", "profile", "--rate", "100", "--json", str(out),
+        [sys.executable, "-m", "serwatt", "profile", "--rate", "100", "--json", str(out),
          "--duration", "8", "--window", "10", "--",
          sys.executable, str(tmp_path / "two_ways.py"), str(truth_file)],
         cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=120,

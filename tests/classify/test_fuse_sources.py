@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
-from collectors.samples import Frame
-from profiler.classify import source_cache
-from profiler.classify.classifier import Classifier
-from profiler.classify.source_cache import NOT_READY, SourceCache
+from serwatt.collectors.samples import Frame
+from serwatt.profiler.classify import source_cache
+from serwatt.profiler.classify.classifier import Classifier
+from serwatt.profiler.classify.source_cache import NOT_READY, SourceCache
 from tests.fuse_stall import fuse_available, stalling_fuse
 
 pytestmark = pytest.mark.skipif(fuse_available() is not None, reason=str(fuse_available()))

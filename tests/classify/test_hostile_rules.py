@@ -13,9 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from profiler.classify.rules import SCHEMA, FunctionPatterns, PatternSet, RuleError, load_rules
-from profiler.classify.rules import parse_rules_text as parse
-from profiler.yamlcheck import MAX_YAML_BYTES
+from serwatt.profiler.classify.rules import (
+    SCHEMA,
+    FunctionPatterns,
+    PatternSet,
+    RuleError,
+    load_rules,
+)
+from serwatt.profiler.classify.rules import parse_rules_text as parse
+from serwatt.profiler.yamlcheck import MAX_YAML_BYTES
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -120,7 +126,7 @@ def test_a_fifo_rule_file_is_refused_not_waited_on(tmp_path: Path) -> None:
     os.mkfifo(fifo)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run(
-        [sys.executable, "-m", "profiler", "check-rules", str(fifo)],
+        [sys.executable, "-m", "serwatt", "check-rules", str(fifo)],
         capture_output=True, text=True, timeout=30, env=env,
     )  # fmt: skip
     assert done.returncode == 78, done.stderr

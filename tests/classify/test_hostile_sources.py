@@ -26,12 +26,12 @@ from pathlib import Path
 
 import pytest
 
-from collectors.pyspy import SamplingPlan
-from collectors.samples import Frame
-from profiler.classify import source_cache, source_index, target_files
-from profiler.classify.classifier import Classifier
-from profiler.classify.source_cache import SourceCache
-from profiler.classify.source_index import SourceIndex
+from serwatt.collectors.pyspy import SamplingPlan
+from serwatt.collectors.samples import Frame
+from serwatt.profiler.classify import source_cache, source_index, target_files
+from serwatt.profiler.classify.classifier import Classifier
+from serwatt.profiler.classify.source_cache import SourceCache
+from serwatt.profiler.classify.source_index import SourceIndex
 from tests.daemon_support import (
     daemon_config,
     parse_metrics,
@@ -99,7 +99,7 @@ def leaf_samples(pid: int, frame_path: str, dumps: int = 4) -> list:
 CLASSIFY_CHILD = """\
 import json, sys
 from pathlib import Path
-from profiler.classify.classifier import Classifier
+from serwatt.profiler.classify.classifier import Classifier
 from tests.workloads import harness
 pid, frame_path, proc_root = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 c = Classifier.default()
@@ -204,7 +204,7 @@ def test_profile_pid_on_a_fifo_source_returns(tmp_path: Path) -> None:
     with target(tmp_path, str(fifo), PICKLE_LOOP) as pid:
         try:
             r = subprocess.run(
-                [PYTHON, "-m", "profiler", "profile", "--pid", str(pid), "--duration", "3"],
+                [PYTHON, "-m", "serwatt", "profile", "--pid", str(pid), "--duration", "3"],
                 cwd=REPO,
                 capture_output=True,
                 text=True,
@@ -226,7 +226,7 @@ def test_a_classification_past_its_deadline_is_abandoned_and_counted(
     window's deadline, nor started past it (its parse would hold the GIL the late window
     needs): its samples are `other`, low confidence, and the window says so; a later
     window with time left loads it."""
-    from profiler.sampling.collect import collect_window, finish_window
+    from serwatt.profiler.sampling.collect import collect_window, finish_window
 
     job = tmp_path / "job.py"
     job.write_text(PICKLE_LOOP + _filler(100_000))
@@ -255,10 +255,10 @@ def test_daemon_counts_classify_timeouts_and_costly_sources(
 
     from prometheus_client import generate_latest
 
-    from profiler.sampling import collect
-    from profiler.service.config import load_config
-    from profiler.service.daemon import Daemon
-    from profiler.service.exporter import make_registry
+    from serwatt.profiler.sampling import collect
+    from serwatt.profiler.service.config import load_config
+    from serwatt.profiler.service.daemon import Daemon
+    from serwatt.profiler.service.exporter import make_registry
 
     monkeypatch.setattr(source_index, "SOURCE_CPU_BUDGET_S", 0.001)
     # 50 ms: the costly file's load starts, is not waited for (a timeout), and a later

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from collectors.pyspy import SamplingPlan
-from profiler.classify.classifier import Classifier
+from serwatt.collectors.pyspy import SamplingPlan
+from serwatt.profiler.classify.classifier import Classifier
 from tests.workloads import harness, targets
 from tests.workloads.serializers import EXPECT
 
@@ -127,7 +127,7 @@ def test_target_interpreters_are_before_and_after_3_11(target: tuple[str, Path])
 )
 def test_end_to_end_through_sample_window(target: tuple[str, Path], kind: str, expect: str) -> None:
     """The sampler (py-spy speedscope window + per-thread CPU) with this classifier."""
-    from profiler.sampling.collect import sample_window
+    from serwatt.profiler.sampling.collect import sample_window
 
     _name, python = target
     with harness.running(python, kind) as pid:
@@ -149,7 +149,7 @@ def test_explain_command_on_a_live_process(
     target: tuple[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`serwatt classify --pid P`: real py-spy dump, reasons per thread."""
-    from profiler.cli.main import main
+    from serwatt.profiler.cli.main import main
 
     _name, python = target
     out = ""

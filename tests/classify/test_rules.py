@@ -10,10 +10,10 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collectors.samples import Frame
-from profiler.classify.classifier import Classifier
-from profiler.classify.codepaths import SERIALIZATION_CODEPATHS
-from profiler.classify.rules import (
+from serwatt.collectors.samples import Frame
+from serwatt.profiler.classify.classifier import Classifier
+from serwatt.profiler.classify.codepaths import SERIALIZATION_CODEPATHS
+from serwatt.profiler.classify.rules import (
     SCHEMA,
     FunctionPatterns,
     PatternSet,
@@ -217,7 +217,7 @@ def test_function_patterns_bare_and_qualified() -> None:
 
 
 def test_file_patterns_are_path_suffixes() -> None:
-    from profiler.classify.rules import _suffix_patterns
+    from serwatt.profiler.classify.rules import _suffix_patterns
 
     ps = _suffix_patterns(["json/encoder.py", "profiler/many/*.py"])
     assert ps.match("/usr/lib/python3.12/json/encoder.py")
@@ -248,7 +248,7 @@ def test_arbitrary_text_never_crashes_the_loader(text: str) -> None:
 
 def test_check_rules_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`serwatt check-rules`: 0 and each file's rule ids, 78 with file:line, 2 for no file."""
-    from profiler.cli.main import main
+    from serwatt.profiler.cli.main import main
 
     good = write(
         tmp_path,

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from collectors.samples import Frame
-from profiler.classify.classifier import Classifier
-from profiler.classify.rules import RuleError, load_rules, parse_rules_text
+from serwatt.collectors.samples import Frame
+from serwatt.profiler.classify.classifier import Classifier
+from serwatt.profiler.classify.rules import RuleError, load_rules, parse_rules_text
 
 SITE = "/usr/lib/python3/dist-packages"
 

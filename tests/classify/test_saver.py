@@ -3,8 +3,8 @@ frame of the job's own files named like a save, keyed by where it was called fro
 
 from __future__ import annotations
 
-from collectors.samples import Frame
-from profiler.classify.saver import saver_call
+from serwatt.collectors.samples import Frame
+from serwatt.profiler.classify.saver import saver_call
 
 JOB = "/srv/job/train.py"
 STDLIB_JSON = "/usr/lib/python3.11/json/__init__.py"

@@ -18,11 +18,16 @@ from pathlib import Path
 
 import pytest
 
-from collectors.samples import Frame
-from profiler.classify import source_store
-from profiler.classify.classifier import Classifier
-from profiler.classify.source_index import SourceIndex
-from profiler.classify.source_store import SourceStore, StoredIndex, decode_table, encode_table
+from serwatt.collectors.samples import Frame
+from serwatt.profiler.classify import source_store
+from serwatt.profiler.classify.classifier import Classifier
+from serwatt.profiler.classify.source_index import SourceIndex
+from serwatt.profiler.classify.source_store import (
+    SourceStore,
+    StoredIndex,
+    decode_table,
+    encode_table,
+)
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 FILES = [

@@ -24,11 +24,11 @@ from pathlib import Path
 
 import pytest
 
-from collectors.pyspy import SamplingPlan
-from profiler.classify import target_files
-from profiler.classify.classifier import Classifier
-from profiler.sampling.collect import collect_window, finish_window
-from profiler.sampling.window import WindowReport
+from serwatt.collectors.pyspy import SamplingPlan
+from serwatt.profiler.classify import target_files
+from serwatt.profiler.classify.classifier import Classifier
+from serwatt.profiler.sampling.collect import collect_window, finish_window
+from serwatt.profiler.sampling.window import WindowReport
 from tests.classify.test_hostile_sources import PICKLE_LOOP, RUNNER, classify_in_child
 from tests.daemon_support import stop_process
 

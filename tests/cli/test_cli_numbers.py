@@ -18,16 +18,16 @@ from typing import Any
 
 import pytest
 
-from profiler.cli import argtypes
-from profiler.cli.main import SUBCOMMANDS, main
-from profiler.exitcodes import EXIT_USAGE
+from serwatt.profiler.cli import argtypes
+from serwatt.profiler.cli.main import SUBCOMMANDS, main
+from serwatt.profiler.exitcodes import EXIT_USAGE
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def serwatt(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "profiler", *args],
+        [sys.executable, "-m", "serwatt", *args],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -67,7 +67,7 @@ def test_profile_refuses_a_non_finite_window_or_duration(
 
 
 def test_the_serwatt_command_refuses_a_nan_window(tmp_path: Path) -> None:
-    """The same end to end, once: `python -m profiler` in a process of its own."""
+    """The same end to end, once: `python -m serwatt` in a process of its own."""
 
     def run(*args: str) -> tuple[int, str]:
         r = serwatt(*args)

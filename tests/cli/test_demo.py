@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from scipy.stats import binom
 
-from profiler.cli import demo
+from serwatt.profiler.cli import demo
 
 REPO = Path(__file__).resolve().parents[2]
 # a baseline save missed with no reason the record gives, as measured (docs/benchmarks.md)
@@ -23,7 +23,7 @@ UNEXPLAINED_MISS_RATE = 2 / 160
 def test_demo_profiles_every_kind_of_work(tmp_path: Path) -> None:
     out = tmp_path / "demo.json"
     r = subprocess.run(
-        [sys.executable, "-m", "profiler", "demo", "--workload", "mixed", "--duration", "8",
+        [sys.executable, "-m", "serwatt", "demo", "--workload", "mixed", "--duration", "8",
          "--json", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=180,
     )  # fmt: skip
@@ -52,7 +52,7 @@ def test_a_failing_sampler_is_an_error_line_not_a_traceback(tmp_path: Path) -> N
     broken.chmod(0o755)
     t0 = time.monotonic()
     r = subprocess.run(
-        [sys.executable, "-m", "profiler", "demo", "--workload", "mixed", "--duration", "300",
+        [sys.executable, "-m", "serwatt", "demo", "--workload", "mixed", "--duration", "300",
          "--pyspy", str(broken)],
         cwd=REPO, capture_output=True, text=True, timeout=240,
     )  # fmt: skip
@@ -61,14 +61,16 @@ def test_a_failing_sampler_is_an_error_line_not_a_traceback(tmp_path: Path) -> N
     assert "Failed to get stack traces" in r.stderr and "Traceback" not in r.stderr
     assert time.monotonic() - t0 < 150
     leftover = subprocess.run(
-        ["pgrep", "-f", "profiler.workloads.demo --duration 300"], capture_output=True, text=True
+        ["pgrep", "-f", "serwatt.profiler.workloads.demo --duration 300"],
+        capture_output=True,
+        text=True,
     )
     assert leftover.stdout == "", "the workload was left running"
 
 
 def test_the_train_demo_refuses_profile_options_it_would_not_use(tmp_path: Path) -> None:
     r = subprocess.run(
-        [sys.executable, "-m", "profiler", "demo", "--rate", "75", "--out", str(tmp_path)],
+        [sys.executable, "-m", "serwatt", "demo", "--rate", "75", "--out", str(tmp_path)],
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert r.returncode == 2, r.stderr
@@ -100,7 +102,7 @@ def test_the_train_demo_is_serwatt_ab_of_torch_save_against_the_checkpointer(
         # too short for a 50 Hz sample, and no stall of a run's 2 saves may be timed
         # the demo's spacing too: 6 steps (~0.3 s here) between saves; at 2 (~0.1 s) a faster
         # CI machine's two saves of a run were 2.5 samples apart and read as one episode
-        [sys.executable, "-m", "profiler", "demo", "--steps", "12", "--every", "6", "--out",
+        [sys.executable, "-m", "serwatt", "demo", "--steps", "12", "--every", "6", "--out",
          str(tmp_path)],
         cwd=REPO, capture_output=True, text=True, timeout=400,
     )  # fmt: skip

@@ -8,7 +8,7 @@ import argparse
 
 import pytest
 
-from profiler.cli.main import SUBCOMMANDS, build_parser
+from serwatt.profiler.cli.main import SUBCOMMANDS, build_parser
 from tests.serwatt_cli import serwatt
 
 

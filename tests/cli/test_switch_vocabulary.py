@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from profiler.cli.main import build_parser
+from serwatt.profiler.cli.main import build_parser
 from tests.serwatt_cli import serwatt
 
 REPO = Path(__file__).resolve().parents[2]

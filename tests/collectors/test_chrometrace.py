@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from collectors.pyspy import PySpy, SamplingPlan
-from collectors.pyspy.chrometrace import MAX_EVENTS, parse_chrometrace, resolve_changes
-from collectors.samples import SamplerErrors
-from profiler.attribution.episodes import CHANGE_EDGES_95, EpisodeTracker, episodes_of
-from profiler.classify.codepaths import CODEPATHS
-from profiler.sampling.window import CodepathWindow, TimedLabel, WindowReport
+from serwatt.collectors.pyspy import PySpy, SamplingPlan
+from serwatt.collectors.pyspy.chrometrace import MAX_EVENTS, parse_chrometrace, resolve_changes
+from serwatt.collectors.samples import SamplerErrors
+from serwatt.profiler.attribution.episodes import CHANGE_EDGES_95, EpisodeTracker, episodes_of
+from serwatt.profiler.classify.codepaths import CODEPATHS
+from serwatt.profiler.sampling.window import CodepathWindow, TimedLabel, WindowReport
 
 PID = 4242
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from collectors.cpu_model import (
+from serwatt.collectors.cpu_model import (
     DEFAULT_W_PER_CPU,
     CpuPowerModel,
     parse_cpuinfo,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from collectors.cpustat import CpuStat, CpuStatError, cpu_delta, parse_proc_stat
+from serwatt.collectors.cpustat import CpuStat, CpuStatError, cpu_delta, parse_proc_stat
 
 STAT_A = """cpu  1000 50 400 8000 200 10 40 30 0 0
 cpu0 500 25 200 4000 100 5 20 15 0 0

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from collectors.fsevents import OPENED, WRITTEN, DirectoryWatch, WatchProcess, name_filter
+from serwatt.collectors.fsevents import OPENED, WRITTEN, DirectoryWatch, WatchProcess, name_filter
 
 # the watch in this process, and in the child process `serwatt profile` runs it in
 WATCHES = pytest.mark.parametrize("make", [DirectoryWatch, WatchProcess], ids=["thread", "child"])

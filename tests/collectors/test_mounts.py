@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collectors.mounts import is_fuse, mount_of, parse_mountinfo, read_mounts
+from serwatt.collectors.mounts import is_fuse, mount_of, parse_mountinfo, read_mounts
 
 INFO = (
     "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n"

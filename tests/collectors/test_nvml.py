@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from collectors.nvml import (
+from serwatt.collectors.nvml import (
     REASON_GPU_LOST,
     REASON_MIG,
     REASON_NO_DRIVER,
@@ -146,7 +146,7 @@ def test_real_backend_on_this_machine_says_no_driver() -> None:
 
 
 def test_import_is_lazy_and_only_collectors_nvml_imports_pynvml() -> None:
-    code = "import sys, collectors.nvml; print('pynvml' in sys.modules)"
+    code = "import sys, serwatt.collectors.nvml; print('pynvml' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert out.stdout.strip() == "False", out.stderr
     importers = []

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from collectors.nvml import NvmlCollector
+from serwatt.collectors.nvml import NvmlCollector
 from tests.benches import load_bench
 from tests.nvml_replay import FakeClock, ReplayNvmlBackend
 

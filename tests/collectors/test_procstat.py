@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from collectors import procstat
-from collectors.pyspy import SamplingPlan
+from serwatt.collectors import procstat
+from serwatt.collectors.pyspy import SamplingPlan
 
 TICK = procstat.CLOCK_TICKS_PER_S
 
@@ -208,8 +208,8 @@ def test_a_thread_whose_stat_does_not_parse_is_left_out_and_named(fake: Path) ->
 
 
 def test_a_window_on_a_procfs_that_does_not_parse_is_a_sampling_error(fake: Path) -> None:
-    from collectors.pyspy import SamplingError
-    from profiler.sampling.collect import collect_window
+    from serwatt.collectors.pyspy import SamplingError
+    from serwatt.profiler.sampling.collect import collect_window
 
     make_proc(fake, 80, {80: (1, 1, None)})
     (fake / "80" / "task" / "80" / "stat").write_text("\x00" * 50)

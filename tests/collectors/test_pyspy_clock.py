@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from collectors import sched_timeline as st
-from collectors.pyspy import clock
-from collectors.pyspy.chrometrace import parse_chrometrace
-from collectors.pyspy.runner import find_pyspy
+from serwatt.collectors import sched_timeline as st
+from serwatt.collectors.pyspy import clock
+from serwatt.collectors.pyspy.chrometrace import parse_chrometrace
+from serwatt.collectors.pyspy.runner import find_pyspy
 
 STATUS = st.probe()
 

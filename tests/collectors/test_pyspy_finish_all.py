@@ -19,7 +19,7 @@ import time
 import psutil
 import pytest
 
-from collectors.pyspy import PySpy, SamplingError, SamplingPlan
+from serwatt.collectors.pyspy import PySpy, SamplingError, SamplingPlan
 
 LIGHT = (
     "import pickle, time\nd = list(range(20000))\n"

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from collectors.pyspy.speedscope import (
+from serwatt.collectors.pyspy.speedscope import (
     assemble_samples,
     parse_speedscope,
     parse_status,
@@ -24,8 +24,8 @@ from collectors.pyspy.speedscope import (
     tick_indices,
     tick_times,
 )
-from collectors.pyspy.threads import ThreadMapping
-from collectors.samples import Frame
+from serwatt.collectors.pyspy.threads import ThreadMapping
+from serwatt.collectors.samples import Frame
 
 FIX = Path(__file__).parents[1] / "fixtures" / "sampling"
 

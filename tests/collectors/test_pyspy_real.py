@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from collectors import procstat
-from collectors.pyspy import (
+from serwatt.collectors import procstat
+from serwatt.collectors.pyspy import (
     NotPython,
     PtraceDenied,
     PySpy,
@@ -33,8 +33,8 @@ from collectors.pyspy import (
     TargetGone,
     UnsupportedPython,
 )
-from profiler.classify.classifier import Classifier
-from profiler.sampling.collect import sample_window
+from serwatt.profiler.classify.classifier import Classifier
+from serwatt.profiler.sampling.collect import sample_window
 from tests.workloads.targets import find_interpreter
 
 # one CPython before 3.11 (bare frame names, no kernel tid in nonblocking mode) and one
@@ -403,7 +403,7 @@ def test_no_ptrace_permission(tmp_path: Path) -> None:
     p = subprocess.Popen([interpreter("3.12.1"), "-c", "import time; time.sleep(30)"])
     code = (
         "import sys\n"
-        "from collectors.pyspy import PySpy, PtraceDenied\n"
+        "from serwatt.collectors.pyspy import PySpy, PtraceDenied\n"
         "try:\n"
         f"    PySpy({str(PySpy().binary)!r}).record_window({p.pid}, duration_s=1)\n"
         "except PtraceDenied as e:\n"
@@ -483,7 +483,7 @@ def test_probe_of_a_process_that_just_started_does_not_fail() -> None:
     failures = []
     for _ in range(20):
         p = subprocess.Popen(
-            [sys.executable, "-m", "profiler.workloads.demo", "--duration", "5"],
+            [sys.executable, "-m", "serwatt.profiler.workloads.demo", "--duration", "5"],
             cwd=REPO, stdout=subprocess.DEVNULL,
         )  # fmt: skip
         try:

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collectors.rapl import (
+from serwatt.collectors.rapl import (
     REASON_NO_POWERCAP,
     REASON_PERMISSION,
     REASON_UNSUPPORTED,
@@ -150,7 +150,7 @@ def test_transient_read_error_carries_energy_never_zero(tmp_path: Path) -> None:
 _PERMISSION_PROBE = """
 import json, os, sys
 sys.path.insert(0, sys.argv[2])
-from collectors.rapl import RaplCollector
+from serwatt.collectors.rapl import RaplCollector
 c = RaplCollector(sys.argv[1])
 os.setgid(65534)
 os.setuid(65534)  # drop root for real: the kernel, not us, refuses the read

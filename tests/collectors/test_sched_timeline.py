@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from collectors import sched_timeline as st
+from serwatt.collectors import sched_timeline as st
 
 STATUS = st.probe()
 needs_tracefs = pytest.mark.skipif(not STATUS.up, reason=f"no scheduler timeline: {STATUS}")

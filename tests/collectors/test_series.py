@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from collectors.series import CumulativeSeries, interpolate
+from serwatt.collectors.series import CumulativeSeries, interpolate
 
 
 def test_interpolate_edges_and_between() -> None:

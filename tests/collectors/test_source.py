@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from collectors.source import SOURCES, absent
-from profiler.attribution.tracker import EnergyTracker
+from serwatt.collectors.source import SOURCES, absent
+from serwatt.profiler.attribution.tracker import EnergyTracker
 
 
 def test_every_source_has_the_one_shape_and_a_distinct_name() -> None:

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from profiler.many import load, verify, verify_chain
-from profiler.many.checkpointer import OVERLAP_KEY, Checkpointer
+from serwatt.profiler.many import load, verify, verify_chain
+from serwatt.profiler.many.checkpointer import OVERLAP_KEY, Checkpointer
 
 REPO = Path(__file__).resolve().parents[2]
 ITERS, EVERY = 24, 6
@@ -26,7 +26,7 @@ def _cmd(out: Path, *extra: str) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "profiler.workloads.gpt",
+        "serwatt.profiler.workloads.gpt",
         "--out-dir",
         str(out),
         "--iters",

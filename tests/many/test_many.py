@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from profiler.many import (
+from serwatt.profiler.many import (
     Arena,
     ManyFormatError,
     Receipt,
@@ -30,7 +30,7 @@ from profiler.many import (
     verify,
     verify_chain,
 )
-from profiler.many.format import HEADER_SIZE, parse_header, receipt_digest
+from serwatt.profiler.many.format import HEADER_SIZE, parse_header, receipt_digest
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -374,7 +374,7 @@ def test_failed_save_leaves_old_file_and_no_temp(
 CRASH_WRITER = textwrap.dedent(
     """
     import sys, numpy as np
-    from profiler.many import save
+    from serwatt.profiler.many import save
     path = sys.argv[1]
     i = 0
     print("ready", flush=True)
@@ -564,7 +564,7 @@ def test_directory_and_missing_files(tmp_path: Path) -> None:
 
 def _serwatt(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "profiler", *args],
+        [sys.executable, "-m", "serwatt", *args],
         capture_output=True,
         text=True,
         cwd=REPO,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from profiler.many import Arena, save, verify
+from serwatt.profiler.many import Arena, save, verify
 
 REPO = Path(__file__).resolve().parents[2]
 SLOT_ELEMS = 65536  # float32: 256 KiB per slot
@@ -86,7 +86,7 @@ def test_save_writes_from_buffers_without_copying_the_state(tmp_path: Path) -> N
 
 RSS_CHILD = r"""
 import json, sys, numpy as np, psutil
-from profiler.many import load
+from serwatt.profiler.many import load
 proc = psutil.Process()
 rss0 = proc.memory_info().rss
 ckpt = load(sys.argv[1])

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from profiler.many import Arena, verify
+from serwatt.profiler.many import Arena, verify
 from tests.many.test_many_alloc import update_peak
 
 REPO = Path(__file__).resolve().parents[2]
@@ -75,7 +75,7 @@ def test_update_of_k_slots_at_4_gib_allocates_as_at_16_mib(tmp_path: Path) -> No
 
 RSS_CHILD = r"""
 import json, sys, tracemalloc, numpy as np, psutil
-from profiler.many import load
+from serwatt.profiler.many import load
 proc = psutil.Process()
 
 def load_bound(path):

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 import torch
 
-from profiler.many import load, verify, verify_chain
-from profiler.many.checkpointer import Checkpointer, CheckpointError, Written
-from profiler.many.state import load_state
+from serwatt.profiler.many import load, verify, verify_chain
+from serwatt.profiler.many.checkpointer import Checkpointer, CheckpointError, Written
+from serwatt.profiler.many.state import load_state
 from tests.many_trees import assert_same_tree
 
 REPO = Path(__file__).resolve().parents[2]
@@ -78,7 +78,7 @@ def test_staging_is_reused_until_the_layout_changes(
         arena = cp._staging
         b = cp.checkpoint({"renamed": torch.full((100,), 2.0), "n": 2, "more": [1, 2]})
         assert cp._staging is arena  # same dtypes and shapes: same memory
-        with caplog.at_level("INFO", logger="profiler.many.checkpointer"):
+        with caplog.at_level("INFO", logger="serwatt.profiler.many.checkpointer"):
             c = cp.checkpoint({"w": torch.ones(101), "n": 3})
         assert cp._staging is not arena
         d = cp.checkpoint({"w": torch.ones(101, dtype=torch.float64), "n": 4})
@@ -165,7 +165,7 @@ def test_a_checkpoint_in_flight_at_interpreter_exit_is_finished(tmp_path: Path) 
         """
         import sys
         import numpy as np
-        from profiler.many.checkpointer import Checkpointer
+        from serwatt.profiler.many.checkpointer import Checkpointer
 
         cp = Checkpointer(sys.argv[1])
         staged = cp.checkpoint({"w": np.full(8 << 20, 3.0), "k": 1})  # 64 MiB to write
@@ -228,7 +228,7 @@ CHILD = textwrap.dedent(
     """
     import sys
     import numpy as np
-    from profiler.many.checkpointer import Checkpointer
+    from serwatt.profiler.many.checkpointer import Checkpointer
 
     def state(k):
         rng = np.random.default_rng(k)

@@ -24,8 +24,8 @@ dcp = pytest.importorskip("torch.distributed.checkpoint")
 
 from torch.distributed.checkpoint.api import CheckpointException  # noqa: E402
 
-from profiler import many  # noqa: E402
-from profiler.many.dcp import (  # noqa: E402
+from serwatt.profiler import many  # noqa: E402
+from serwatt.profiler.many.dcp import (  # noqa: E402
     METADATA_FILE,
     ManyStorageReader,
     ManyStorageWriter,
@@ -98,7 +98,7 @@ def _assert_same(want: Any, got: Any, where: str = "") -> None:
 
 def _record_stack(out: Path) -> None:
     """Record the real Python stack (qualnames, leaf first) when DCP reaches `many.save`."""
-    from profiler.many import writer
+    from serwatt.profiler.many import writer
 
     target = writer.save.__code__
 
@@ -270,8 +270,8 @@ def test_four_rank_checkpoint_loads_resharded_on_two_ranks(ranks_dir: Path) -> N
 
 @pytest.mark.long  # two and four gloo ranks (its module fixture)
 def test_dcp_stack_under_many_storage_classifies_as_many(ranks_dir: Path) -> None:
-    from collectors.samples import Frame
-    from profiler.classify.classifier import Classifier
+    from serwatt.collectors.samples import Frame
+    from serwatt.profiler.classify.classifier import Classifier
 
     stack = json.loads((ranks_dir / "four" / "stack.json").read_text())
     frames = tuple(Frame(name, path, line) for name, path, line in stack)
@@ -290,7 +290,7 @@ def test_dcp_stack_under_many_storage_classifies_as_many(ranks_dir: Path) -> Non
 def _stacks_during(fn: Any) -> list[tuple[Any, ...]]:
     """Every distinct Python stack (leaf first) at each Python call and each C call while
     `fn()` runs: what a sampler can see. A C call's frame is its caller at the call line."""
-    from collectors.samples import Frame
+    from serwatt.collectors.samples import Frame
 
     seen: dict[tuple[Any, ...], None] = {}
 
@@ -313,7 +313,7 @@ def _stacks_during(fn: Any) -> list[tuple[Any, ...]]:
 
 
 def _classified(stacks: list[tuple[Any, ...]]) -> list[tuple[Any, tuple[Any, ...]]]:
-    from profiler.classify.classifier import Classifier
+    from serwatt.profiler.classify.classifier import Classifier
 
     c = Classifier.default()
     return [(c.classify_frames(s), s) for s in stacks]

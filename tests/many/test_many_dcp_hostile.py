@@ -25,8 +25,8 @@ dcp = pytest.importorskip("torch.distributed.checkpoint")
 
 from torch.distributed.checkpoint.api import CheckpointException  # noqa: E402
 
-from profiler import many  # noqa: E402
-from profiler.many.dcp import (  # noqa: E402
+from serwatt.profiler import many  # noqa: E402
+from serwatt.profiler.many.dcp import (  # noqa: E402
     METADATA_FILE,
     ManyStorageReader,
     ManyStorageWriter,

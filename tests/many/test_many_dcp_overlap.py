@@ -15,8 +15,8 @@ torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 dcp = pytest.importorskip("torch.distributed.checkpoint")
 
-from profiler import many  # noqa: E402
-from profiler.many.dcp import METADATA_FILE, ManyStorageWriter  # noqa: E402
+from serwatt.profiler import many  # noqa: E402
+from serwatt.profiler.many.dcp import METADATA_FILE, ManyStorageWriter  # noqa: E402
 from tests.many.test_many_overlap import DELAY_S, differing_slots  # noqa: E402
 
 WORLD = 2
@@ -55,8 +55,8 @@ def _hold_staging_until_a_step() -> None:
 
 
 def _job(rank: int, out: Path, gated: bool) -> None:
-    from profiler.many.dcp_overlap import OverlappedSaver
-    from profiler.many.stepgate import StepGate
+    from serwatt.profiler.many.dcp_overlap import OverlappedSaver
+    from serwatt.profiler.many.stepgate import StepGate
 
     torch.manual_seed(0)  # the same replicated model on every rank: DCP spreads its items
     model = torch.nn.Sequential(

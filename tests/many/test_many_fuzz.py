@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from profiler.many import Arena, ManyError, load, save, verify
-from profiler.many.format import HEADER_SIZE, parse_header
+from serwatt.profiler.many import Arena, ManyError, load, save, verify
+from serwatt.profiler.many.format import HEADER_SIZE, parse_header
 
 MAX_TRACED_BYTES = 8 << 20  # the inputs are < 64 KiB; anything near this is a runaway allocation
 
@@ -195,7 +195,7 @@ def test_sealed_tables_and_descriptors_fail_cleanly(
 
     import blake3
 
-    from profiler.many.format import receipt_digest
+    from serwatt.profiler.many.format import receipt_digest
 
     raw = bytearray(seed_file)
     header = parse_header(bytes(raw[:HEADER_SIZE]), len(raw))

@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 import torch
 
-from profiler.many import ManyError, ManyFormatError, load, save, verify
-from profiler.many.format import receipt_digest
+from serwatt.profiler.many import ManyError, ManyFormatError, load, save, verify
+from serwatt.profiler.many.format import receipt_digest
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = dict(os.environ, PYTHONPATH=str(REPO))
@@ -47,7 +47,7 @@ def _serwatt(
     *args: str, timeout: float = 60, prefix: Sequence[str] = ()
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [*prefix, sys.executable, "-m", "profiler", *args],
+        [*prefix, sys.executable, "-m", "serwatt", *args],
         capture_output=True,
         text=True,
         env=ENV,
@@ -78,23 +78,24 @@ def replace_table(path: Path, table: bytes) -> None:
 # -- 5. FIFOs -------------------------------------------------------------------------------
 
 FIFO_API = {
-    "load": "from profiler.many import load\ntry:\n    load(sys.argv[1])\n"
+    "load": "from serwatt.profiler.many import load\ntry:\n    load(sys.argv[1])\n"
     "except Exception as exc:\n    print(type(exc).__name__, exc)",
-    "verify": "from profiler.many import verify\nprint(verify(sys.argv[1]))",
-    "verify_chain": "from profiler.many import verify_chain\n"
+    "verify": "from serwatt.profiler.many import verify\nprint(verify(sys.argv[1]))",
+    "verify_chain": "from serwatt.profiler.many import verify_chain\n"
     "print(verify_chain([sys.argv[1], sys.argv[1]]))",
-    "arena": "from profiler.many import Arena\ntry:\n    Arena(sys.argv[1])\n"
+    "arena": "from serwatt.profiler.many import Arena\ntry:\n    Arena(sys.argv[1])\n"
     "except Exception as exc:\n    print(type(exc).__name__, exc)",
     # issue 45 item 13: torch_compat's hint for torch.save files peeked with a plain open
-    "torch_compat": "from profiler.many import torch_compat\ntry:\n"
+    "torch_compat": "from serwatt.profiler.many import torch_compat\ntry:\n"
     "    torch_compat.load(sys.argv[1])\nexcept Exception as exc:\n"
     "    print(type(exc).__name__, exc)",
-    "load_state": "from profiler.many import load_state\ntry:\n    load_state(sys.argv[1])\n"
+    "load_state": "from serwatt.profiler.many import load_state\ntry:\n    "
+    "load_state(sys.argv[1])\n"
     "except Exception as exc:\n    print(type(exc).__name__, exc)",
-    "read_receipts": "from profiler.many.verify import read_receipts\ntry:\n"
+    "read_receipts": "from serwatt.profiler.many.verify import read_receipts\ntry:\n"
     "    read_receipts(sys.argv[1])\nexcept Exception as exc:\n"
     "    print(type(exc).__name__, exc)",
-    "chain_head": "from profiler.many import chain_head\nprint(chain_head([sys.argv[1]]))",
+    "chain_head": "from serwatt.profiler.many import chain_head\nprint(chain_head([sys.argv[1]]))",
 }
 
 
@@ -160,7 +161,7 @@ class GatedHasher:
 
 
 blake3.blake3 = GatedHasher
-from profiler.many import verify
+from serwatt.profiler.many import verify
 
 print(json.dumps(verify(sys.argv[1])), flush=True)
 """
@@ -169,7 +170,7 @@ TRUNCATE = "import os, sys\nos.truncate(sys.argv[1], int(sys.argv[2]))"
 
 LOAD_THEN_TOUCH = r"""
 import sys
-from profiler.many import ManyError, load
+from serwatt.profiler.many import ManyError, load
 
 ckpt = load(sys.argv[1])
 print("loaded", flush=True)
@@ -263,7 +264,7 @@ def test_torch_tensor_comes_from_the_file_opened_at_load(tmp_path: Path) -> None
     view = ckpt["w"]
     # Another writer saves over the same path (atomic rename: a new file under the old name).
     writer = _python(
-        "import sys, numpy as np\nfrom profiler.many import save\n"
+        "import sys, numpy as np\nfrom serwatt.profiler.many import save\n"
         "save(sys.argv[1], {'w': np.full(4096, 1000, np.float32),"
         " 'h': np.zeros(4096, np.float16)})",
         str(path),

@@ -26,7 +26,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from profiler.many import (
+from serwatt.profiler.many import (
     ManyError,
     ManyFormatError,
     RightsError,
@@ -35,9 +35,9 @@ from profiler.many import (
     torch_compat,
     verify,
 )
-from profiler.many.format import DTYPES, HEADER_SIZE, parse_header
-from profiler.many.state import STATE_KEY, save_state
-from profiler.many.writer import slot_source, write_file
+from serwatt.profiler.many.format import DTYPES, HEADER_SIZE, parse_header
+from serwatt.profiler.many.state import STATE_KEY, save_state
+from serwatt.profiler.many.writer import slot_source, write_file
 from tests.many.test_many_hostile import reseal
 
 REPO = Path(__file__).resolve().parents[2]
@@ -89,7 +89,7 @@ def _loaders(path: Path) -> dict[str, Any]:
 
 def _cli_verify(path: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "profiler", "many", "verify", str(path)],
+        [sys.executable, "-m", "serwatt", "many", "verify", str(path)],
         capture_output=True,
         text=True,
         env=dict(os.environ, PYTHONPATH=str(REPO)),

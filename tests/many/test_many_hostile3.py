@@ -26,8 +26,8 @@ import numpy as np
 import pytest
 import torch
 
-from profiler.many import load, load_state, save, save_state, torch_compat, verify
-from profiler.many.format import HEADER_SIZE, Header, parse_header
+from serwatt.profiler.many import load, load_state, save, save_state, torch_compat, verify
+from serwatt.profiler.many.format import HEADER_SIZE, Header, parse_header
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = dict(os.environ, PYTHONPATH=str(REPO))
@@ -122,8 +122,8 @@ READERS = {
 }
 PRELUDE = (
     "import sys\nfrom pathlib import Path\nfrom profiler import many\n"
-    "from profiler.many.verify import read_receipts\n"
-    "from profiler.cli.report import checkpoint_chain\np = sys.argv[1]\n"
+    "from serwatt.profiler.many.verify import read_receipts\n"
+    "from serwatt.profiler.cli.report import checkpoint_chain\np = sys.argv[1]\n"
 )
 
 

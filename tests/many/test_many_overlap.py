@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 import torch
 
-from profiler.many import load, verify_chain
-from profiler.many.checkpointer import (
+from serwatt.profiler.many import load, verify_chain
+from serwatt.profiler.many.checkpointer import (
     OVERLAP_KEY,
     Checkpointer,
     CheckpointError,
@@ -29,9 +29,9 @@ from profiler.many.checkpointer import (
     _Staging,
     covered_slots,
 )
-from profiler.many.state import STATE_KEY
-from profiler.many.stepgate import StepGate
-from profiler.workloads.gpt import GPT, GPTConfig, get_batch, make_text
+from serwatt.profiler.many.state import STATE_KEY
+from serwatt.profiler.many.stepgate import StepGate
+from serwatt.profiler.workloads.gpt import GPT, GPTConfig, get_batch, make_text
 
 REPO = Path(__file__).resolve().parents[2]
 DELAY_S = 0.3  # the injected copy delay: several steps of the small models below
@@ -238,7 +238,7 @@ def test_batchnorm_buffers_left_to_the_background_copy_are_torn(
     tmp_path: Path, slow_copy: threading.Event, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The control for the synchronous part: treat the buffers as the optimizer's too."""
-    import profiler.many.checkpointer as checkpointer
+    import serwatt.profiler.many.checkpointer as checkpointer
 
     def everything(flat: Any, optimizer: Any, sync: Any = ()) -> list[int]:
         return [i for i, s in enumerate(flat.slots) if s.kind == "torch" and s.length]
@@ -337,7 +337,7 @@ def test_overlap_needs_the_optimizer_and_covers_only_its_cpu_tensors(tmp_path: P
             )
         with pytest.raises(TypeError, match="sync="):
             cp.checkpoint(trainer.state(), optimizer=trainer.opt, overlap=True, sync=["w"])
-    from profiler.many.state import flatten
+    from serwatt.profiler.many.state import flatten
 
     state = trainer.state()
     state["copies"] = [p.detach().clone() for p in trainer.model.parameters()]
@@ -355,7 +355,7 @@ HELD_CHILD = textwrap.dedent(
     import sys, threading
     import torch
     from torch.optim.optimizer import register_optimizer_step_pre_hook
-    from profiler.many.checkpointer import Checkpointer, _Staging
+    from serwatt.profiler.many.checkpointer import Checkpointer, _Staging
 
     release = threading.Event()
     real = _Staging.copy_slots
@@ -406,7 +406,7 @@ def test_the_step_wait_is_a_many_sample_on_the_training_thread(tmp_path: Path) -
         main = next(t for t in json.loads(out.stdout) if t.get("thread_name") == "MainThread")
         assert any(f["name"].endswith("_before_step") for f in main["frames"]), main
         explained = subprocess.run(
-            [sys.executable, "-m", "profiler", "classify", str(dump)],
+            [sys.executable, "-m", "serwatt", "classify", str(dump)],
             capture_output=True, text=True, timeout=60, cwd=REPO,
         )  # fmt: skip
         assert explained.returncode == 0, explained.stderr

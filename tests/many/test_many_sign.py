@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from profiler.many import (
+from serwatt.profiler.many import (
     Arena,
     ManyError,
     Receipt,

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from profiler.many import ManyFormatError, load, save, verify
-from profiler.many.format import HEADER_SIZE, parse_header
-from profiler.many.state import (
+from serwatt.profiler.many import ManyFormatError, load, save, verify
+from serwatt.profiler.many.format import HEADER_SIZE, parse_header
+from serwatt.profiler.many.state import (
     MAX_DEPTH,
     STATE_KEY,
     load_state,
@@ -26,7 +26,7 @@ from profiler.many.state import (
     save_state,
     slot_name,
 )
-from profiler.many.writer import slot_source, write_file
+from serwatt.profiler.many.writer import slot_source, write_file
 from tests.many.test_many import NUMPY_DTYPES  # every numpy dtype FORMAT.md lists
 from tests.many_trees import assert_same_tree
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from profiler.many import ManyFormatError, Receipt, verify
-from profiler.many import torch_compat as ckpt
+from serwatt.profiler.many import ManyFormatError, Receipt, verify
+from serwatt.profiler.many import torch_compat as ckpt
 from tests.many_trees import assert_same_tree
 
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from profiler.many import load, verify_chain
-from profiler.many.checkpointer import OVERLAP_KEY
-from profiler.workloads import train
+from serwatt.profiler.many import load, verify_chain
+from serwatt.profiler.many.checkpointer import OVERLAP_KEY
+from serwatt.profiler.workloads import train
 
 COMMON = ("--every", "3", "--size", "0.5", "--backend", "torch")
 

@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from profiler.many import load, verify_chain
-from profiler.workloads import train
+from serwatt.profiler.many import load, verify_chain
+from serwatt.profiler.workloads import train
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -189,7 +189,7 @@ def test_size_sets_the_checkpoint_size(tmp_path: Path) -> None:
 
 
 def test_module_entry_point_and_usage_errors(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "profiler.workloads.train"]
+    cmd = [sys.executable, "-m", "serwatt.profiler.workloads.train"]
     ok = subprocess.run(
         [
             *cmd,

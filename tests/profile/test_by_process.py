@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from profiler.classify.codepaths import CODEPATHS
-from profiler.profile.table import COMMAND_SHOWN
+from serwatt.profiler.classify.codepaths import CODEPATHS
+from serwatt.profiler.profile.table import COMMAND_SHOWN
 
 REPO = Path(__file__).resolve().parents[2]
-SERWATT = [sys.executable, "-m", "profiler"]
+SERWATT = [sys.executable, "-m", "serwatt"]
 HOSTILE_ARG = "\x1b]0;PWNED\x07"  # an argv that would retitle the terminal if printed raw
 
 SCRIPT = textwrap.dedent(

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from collectors.pyspy import SamplingPlan
-from profiler.profile.cpu_budget import POLL_PERIODS, SessionBudget
-from profiler.sampling.budget import HEADROOM, PROFILE_FIX, RateGovernor, starting_rate
+from serwatt.collectors.pyspy import SamplingPlan
+from serwatt.profiler.profile.cpu_budget import POLL_PERIODS, SessionBudget
+from serwatt.profiler.sampling.budget import HEADROOM, PROFILE_FIX, RateGovernor, starting_rate
 
 BASE = SamplingPlan(rate_hz=50, on_cpu_run=True, timing_rate_hz=200)
 

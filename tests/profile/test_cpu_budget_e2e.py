@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from collectors import procstat
-from profiler.records.store import Recorder
+from serwatt.collectors import procstat
+from serwatt.profiler.records.store import Recorder
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = REPO / "tests" / "workloads" / "dataloader_loop.py"
@@ -46,7 +46,7 @@ def test_serwatt_stays_under_its_cpu_budget_on_a_dataloader_job(tmp_path):
         job.stdout.readline()  # its first counter line: torch imported, workers started
         out, db = tmp_path / "profile.json", tmp_path / "runs.sqlite"
         serwatt = subprocess.Popen(
-            [sys.executable, "-m", "profiler", "profile", "--pid", str(job.pid),
+            [sys.executable, "-m", "serwatt", "profile", "--pid", str(job.pid),
              "--duration", "28", "--cpu-budget", str(BUDGET), "--json", str(out),
              "--record", str(db), "--run-id", "budgeted"],
             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,

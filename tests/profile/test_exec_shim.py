@@ -32,7 +32,7 @@ JSON_WORK = (
 
 def _serwatt(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "profiler", "profile", *args],
+        [sys.executable, "-m", "serwatt", "profile", *args],
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
 

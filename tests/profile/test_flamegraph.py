@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from profiler.profile.flamegraph import COLOURS
+from serwatt.profiler.profile.flamegraph import COLOURS
 from tests.workloads.targets import find_interpreter
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,7 +53,7 @@ def test_flame_graph_renders_in_chromium_with_the_call_site_coloured(tmp_path: P
     job.write_text(JOB)
     page = tmp_path / "flame.html"
     r = subprocess.run(
-        [sys.executable, "-m", "profiler", "profile", "--rate", "100",
+        [sys.executable, "-m", "serwatt", "profile", "--rate", "100",
          "--flamegraph", str(page), "--", PY312, str(job)],
         cwd=REPO, capture_output=True, text=True, timeout=180,
     )  # fmt: skip
@@ -86,8 +86,8 @@ def test_flame_graph_renders_in_chromium_with_the_call_site_coloured(tmp_path: P
 
 
 def test_target_strings_in_the_page_are_never_markup() -> None:
-    from profiler.profile.flamegraph import render_page
-    from profiler.profile.stack_profile import StackFigures, StackProfile
+    from serwatt.profiler.profile.flamegraph import render_page
+    from serwatt.profiler.profile.stack_profile import StackFigures, StackProfile
 
     hostile = "</script><img src=x onerror=alert(1)>&amp;"
     stacks = StackProfile()

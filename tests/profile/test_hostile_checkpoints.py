@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from profiler import many
-from profiler.attribution.window import AttributedWindow
-from profiler.profile import record_sink
-from profiler.profile.record_sink import RecordSink
-from profiler.profile.session import SessionInfo
+from serwatt.profiler import many
+from serwatt.profiler.attribution.window import AttributedWindow
+from serwatt.profiler.profile import record_sink
+from serwatt.profiler.profile.record_sink import RecordSink
+from serwatt.profiler.profile.session import SessionInfo
 from tests.records.test_recorder import window
 
 JUNK = 3000

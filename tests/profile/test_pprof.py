@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from profiler.profile.pprof import SAMPLE_TYPES, Profile
+from serwatt.profiler.profile.pprof import SAMPLE_TYPES, Profile
 from tests.workloads.targets import find_interpreter
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,7 +33,7 @@ def profiled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     tmp = tmp_path_factory.mktemp("pprof")
     out, doc_path = tmp / "job.pb.gz", tmp / "job.json"
     r = subprocess.run(
-        [sys.executable, "-m", "profiler", "profile", "--rate", "100", "--json", str(doc_path),
+        [sys.executable, "-m", "serwatt", "profile", "--rate", "100", "--json", str(doc_path),
          "--pprof", str(out), "--", PY312, "-c", JSON_JOB],
         cwd=REPO, capture_output=True, text=True, timeout=180,
     )  # fmt: skip
@@ -100,9 +100,14 @@ def test_go_tool_pprof_top_lists_the_json_frames_with_their_cpu(profiled) -> Non
 
 
 def test_stacks_are_bounded_and_what_is_cut_is_counted() -> None:
-    from collectors.samples import Frame, Sample
-    from profiler.classify.codepaths import Classification
-    from profiler.sampling.stacks import MAX_FRAMES, OVERFLOW_FRAME, TRUNCATED_FRAME, fold_stacks
+    from serwatt.collectors.samples import Frame, Sample
+    from serwatt.profiler.classify.codepaths import Classification
+    from serwatt.profiler.sampling.stacks import (
+        MAX_FRAMES,
+        OVERFLOW_FRAME,
+        TRUNCATED_FRAME,
+        fold_stacks,
+    )
 
     def sample(i: int, depth: int = 2) -> Sample:
         frames = tuple(Frame(f"f{i}_{d}", "/x.py", d) for d in range(depth))
@@ -120,9 +125,9 @@ def test_stacks_are_bounded_and_what_is_cut_is_counted() -> None:
 
 
 def test_equal_stacks_of_distinct_frame_objects_are_one_stack() -> None:
-    from collectors.samples import Frame, Sample
-    from profiler.classify.codepaths import Classification
-    from profiler.sampling.stacks import fold_stacks
+    from serwatt.collectors.samples import Frame, Sample
+    from serwatt.profiler.classify.codepaths import Classification
+    from serwatt.profiler.sampling.stacks import fold_stacks
 
     def sample() -> Sample:  # new Frame objects each time, as two parsers make them
         frames = (Frame("dumps", "/j.py", 3), Frame("main", "/m.py", 9))

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from profiler.classify.codepaths import CODEPATHS
-from profiler.records.store import Recorder
+from serwatt.profiler.classify.codepaths import CODEPATHS
+from serwatt.profiler.records.store import Recorder
 from tests.workloads.targets import find_interpreter
 
 REPO = Path(__file__).resolve().parents[2]
-SERWATT = [sys.executable, "-m", "profiler"]
+SERWATT = [sys.executable, "-m", "serwatt"]
 PY312 = str(find_interpreter(("3.12.1", "3.13.0", "3.12")))
 PY310 = str(find_interpreter(("3.10.13", "3.10")))
 
@@ -310,7 +310,7 @@ def test_a_sampler_that_never_works_is_an_error_and_the_command_still_completes(
     done = tmp_path / "done"
     cmd = f"import pathlib, time; time.sleep(2); pathlib.Path({str(done)!r}).write_text('ok')"
     r = subprocess.run(
-        [sys.executable, "-m", "profiler", "profile", "--pyspy", str(broken), "--",
+        [sys.executable, "-m", "serwatt", "profile", "--pyspy", str(broken), "--",
          PY312, "-c", cmd],
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )  # fmt: skip

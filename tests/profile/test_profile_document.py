@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from collectors.pyspy import SamplingPlan
-from profiler.attribution.window import AttributedWindow
-from profiler.classify.classifier import Classifier
-from profiler.classify.codepaths import CODEPATHS
-from profiler.profile.document import batches, build_document, share_ci95
-from profiler.profile.energy_sink import CodepathEnergy, ProfileEnergy
-from profiler.profile.session import ProfileSession, SessionInfo
-from profiler.profile.table import render_table
-from profiler.sampling.window import WindowReport
+from serwatt.collectors.pyspy import SamplingPlan
+from serwatt.profiler.attribution.window import AttributedWindow
+from serwatt.profiler.classify.classifier import Classifier
+from serwatt.profiler.classify.codepaths import CODEPATHS
+from serwatt.profiler.profile.document import batches, build_document, share_ci95
+from serwatt.profiler.profile.energy_sink import CodepathEnergy, ProfileEnergy
+from serwatt.profiler.profile.session import ProfileSession, SessionInfo
+from serwatt.profiler.profile.table import render_table
+from serwatt.profiler.sampling.window import WindowReport
 from tests.workloads.targets import find_interpreter
 
 PY312 = str(find_interpreter(("3.12.1", "3.13.0", "3.12")))
@@ -134,7 +134,7 @@ def test_observers_see_every_window_and_extend_the_document(tmp_path: Path) -> N
 def _failing_pyspy(tmp_path: Path, *, keep_output: bool) -> Path:
     """A py-spy that runs the real one, then, for `record`, fails (exit 1) as if it had
     failed on its target's exit, with or without the output it wrote."""
-    from collectors.pyspy.runner import find_pyspy
+    from serwatt.collectors.pyspy.runner import find_pyspy
 
     spy = tmp_path / "py-spy"
     drop = "" if keep_output else 'rm -f "$out"\n'
@@ -151,7 +151,7 @@ def _failing_pyspy(tmp_path: Path, *, keep_output: bool) -> Path:
 
 
 def _profile_with(tmp_path: Path, spy: Path) -> dict:
-    from collectors.pyspy import PySpy
+    from serwatt.collectors.pyspy import PySpy
 
     script = tmp_path / "w.py"
     # 5 s of work: under a loaded parallel pass the interpreter's start and py-spy's attach

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from profiler.records.store import Recorder
+from serwatt.profiler.records.store import Recorder
 from tests.profile.test_profile_cli import check_document
 
 REPO = Path(__file__).resolve().parents[2]
-SERWATT = [sys.executable, "-m", "profiler"]
+SERWATT = [sys.executable, "-m", "serwatt"]
 
 JOB = textwrap.dedent(
     """

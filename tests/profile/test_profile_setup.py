@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from profiler.profile.setup import ProfileOptions, ProfileSetup, SetupError
+from serwatt.profiler.profile.setup import ProfileOptions, ProfileSetup, SetupError
 
 
 def test_the_plan_is_the_options_runs() -> None:
@@ -61,7 +61,7 @@ def test_a_run_id_already_taken_is_refused(tmp_path: Path) -> None:
 
 
 def _profile_parser() -> argparse.ArgumentParser:
-    from profiler.cli import profile
+    from serwatt.profiler.cli import profile
 
     parser = argparse.ArgumentParser(prog="serwatt profile")
     profile.configure(parser)
@@ -79,8 +79,8 @@ def _profile_parser() -> argparse.ArgumentParser:
     ],
 )
 def test_the_cpu_budget_of_a_command_line(argv, rate, budget) -> None:
-    from profiler.cli.profile import profile_options
-    from profiler.sampling.budget import default_budget_cores
+    from serwatt.profiler.cli.profile import profile_options
+    from serwatt.profiler.sampling.budget import default_budget_cores
 
     args = _profile_parser().parse_args([*argv, "--", "true"])
     options = profile_options(args)

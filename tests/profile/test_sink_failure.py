@@ -10,11 +10,11 @@ import sys
 import textwrap
 from collections.abc import Sequence
 
-from collectors.pyspy import SamplingPlan
-from profiler.attribution.episodes import Episode
-from profiler.attribution.window import AttributedWindow
-from profiler.classify.classifier import Classifier
-from profiler.profile.session import ProfileSession, SessionInfo
+from serwatt.collectors.pyspy import SamplingPlan
+from serwatt.profiler.attribution.episodes import Episode
+from serwatt.profiler.attribution.window import AttributedWindow
+from serwatt.profiler.classify.classifier import Classifier
+from serwatt.profiler.profile.session import ProfileSession, SessionInfo
 
 LOOP = textwrap.dedent(
     """
@@ -86,10 +86,10 @@ def test_a_failing_sink_loses_no_window_and_is_counted() -> None:
 def test_a_run_with_failed_deliveries_says_so_and_exits_non_zero(capsys) -> None:  # type: ignore[no-untyped-def]
     from pathlib import Path
 
-    from profiler.cli.profile import delivery_rc
-    from profiler.exitcodes import EXIT_OK, EXIT_RUNTIME
-    from profiler.profile.accumulator import Accumulator
-    from profiler.profile.session import SessionResult
+    from serwatt.profiler.cli.profile import delivery_rc
+    from serwatt.profiler.exitcodes import EXIT_OK, EXIT_RUNTIME
+    from serwatt.profiler.profile.accumulator import Accumulator
+    from serwatt.profiler.profile.session import SessionResult
 
     info = SessionInfo(1, "cmd", 0.0, 50.0, 1.0, Path("/proc"))
     clean = SessionResult(info=info, ended_at=1.0, targets=[], acc=Accumulator())

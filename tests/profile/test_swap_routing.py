@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import torch
 
-from profiler.many.format import MAGIC
-from profiler.profile.ab import SWAP_DIR, SWAP_ENV, SWAP_LOG_ENV
+from serwatt.profiler.many.format import MAGIC
+from serwatt.profiler.profile.ab import SWAP_DIR, SWAP_ENV, SWAP_LOG_ENV
 
 PY = sys.executable
 ZIP = b"PK\x03\x04"
@@ -26,7 +26,7 @@ ZIP = b"PK\x03\x04"
 JOB = """
 import argparse, json, os, sys
 import torch
-import profiler
+import serwatt.profiler
 d = sys.argv[1]
 state = {"w": torch.arange(4.0), "step": 3, "rng": [1, (2.5, None)]}
 torch.save(state, os.path.join(d, "state.pt"))
@@ -81,7 +81,7 @@ def test_swap_loads_without_serwatt_on_the_jobs_path_and_routes_per_file(tmp_pat
         "w": [0.0, 1.0, 2.0, 3.0],
         "lr": 0.1,
         "foreign": "ManyFormatError",  # a torch.save file it never wrote stays refused
-        "save": "profiler.many.torch_compat",
+        "save": "serwatt.profiler.many.torch_compat",
     }, stderr
     assert (tmp_path / "state.pt").read_bytes()[:8] == MAGIC
     assert (tmp_path / "args.bin").read_bytes()[:4] == ZIP
@@ -106,7 +106,7 @@ def test_swap_that_cannot_load_warns_and_leaves_torch_as_is(tmp_path: Path) -> N
 
 
 def test_compat_error_names_the_root_with_a_separator(tmp_path: Path) -> None:
-    from profiler.many import torch_compat
+    from serwatt.profiler.many import torch_compat
 
     with pytest.raises(TypeError) as err:
         torch_compat.save(object(), tmp_path / "x.many")
@@ -120,7 +120,7 @@ def test_swap_problems_lists_every_file_and_passes_numpy_rng_state(tmp_path: Pat
 
     import numpy as np
 
-    from profiler.profile.ab import swap_problems
+    from serwatt.profiler.profile.ab import swap_problems
 
     # a Trainer's rng_state.pth: python's and numpy's RNG states and a torch byte tensor
     rng = {"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.ones(3)}
@@ -138,7 +138,7 @@ def test_swap_problems_lists_every_file_and_passes_numpy_rng_state(tmp_path: Pat
         "training_args.bin pickles argparse.Namespace",
     ]
     # what the check passes, the drop-in really stores
-    from profiler.many import torch_compat
+    from serwatt.profiler.many import torch_compat
 
     torch_compat.save(rng, tmp_path / "rng.many")
     back = torch_compat.load(tmp_path / "rng.many")
@@ -146,8 +146,8 @@ def test_swap_problems_lists_every_file_and_passes_numpy_rng_state(tmp_path: Pat
 
 
 def test_tensorboard_events_are_not_checkpoint_files(tmp_path: Path) -> None:
-    from collectors.fsevents import name_filter
-    from profiler.profile.ab import snapshot
+    from serwatt.collectors.fsevents import name_filter
+    from serwatt.profiler.profile.ab import snapshot
 
     run = tmp_path / "runs" / "Dec07_host"
     run.mkdir(parents=True)
@@ -161,8 +161,8 @@ def test_tensorboard_events_are_not_checkpoint_files(tmp_path: Path) -> None:
 def test_ab_takes_checkpoint_glob_as_profile_does(tmp_path: Path) -> None:
     import argparse
 
-    from profiler.cli import ab as cli_ab
-    from profiler.profile.ab import Ab, AbError, snapshot
+    from serwatt.profiler.cli import ab as cli_ab
+    from serwatt.profiler.profile.ab import Ab, AbError, snapshot
 
     parser = argparse.ArgumentParser()
     cli_ab.configure(parser)
@@ -181,8 +181,8 @@ def test_ab_takes_checkpoint_glob_as_profile_does(tmp_path: Path) -> None:
 
 
 def test_yaml_set_up_at_import_is_not_serialization() -> None:
-    from collectors.samples import Frame
-    from profiler.classify.classifier import Classifier
+    from serwatt.collectors.samples import Frame
+    from serwatt.profiler.classify.classifier import Classifier
 
     site = "/venv/lib/python3.11/site-packages"
     resolver = Frame("BaseResolver.add_implicit_resolver", f"{site}/yaml/resolver.py", 30)
@@ -205,7 +205,7 @@ def test_yaml_set_up_at_import_is_not_serialization() -> None:
 
 
 def test_a_restore_one_page_short_of_cached_is_not_labelled_100_percent() -> None:
-    from profiler.profile.ab import cache_label
+    from serwatt.profiler.profile.ab import cache_label
 
     assert cache_label(0.9996) == "partly cached (99%)"
     assert (cache_label(1.0), cache_label(0.0)) == ("warm", "cold")
@@ -214,7 +214,7 @@ def test_a_restore_one_page_short_of_cached_is_not_labelled_100_percent() -> Non
 def test_ab_refuses_when_the_swap_did_not_apply_and_counts_what_went_where(
     tmp_path: Path,
 ) -> None:
-    from profiler.profile.ab import Ab, AbError, AbOptions, PlannedRun
+    from serwatt.profiler.profile.ab import Ab, AbError, AbOptions, PlannedRun
 
     ab = Ab(AbOptions(baseline=("x",), candidate=("x",), repeats=2, record=tmp_path / "r"))
     run = PlannedRun(1, "candidate", 1, False, "ab-x-candidate-1", tmp_path, ("x",))

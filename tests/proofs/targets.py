@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from profiler.many import Arena
+from serwatt.profiler.many import Arena
 
 
 def arena_update(
@@ -82,7 +82,7 @@ def checkpointer(
     """
     import torch
 
-    from profiler.many import Checkpointer
+    from serwatt.profiler.many import Checkpointer
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(
@@ -126,7 +126,7 @@ def dependency_call(workdir: Path, *, call: str, elems: int = 65536) -> Callable
 
     import blake3
 
-    from profiler.many import Handle
+    from serwatt.profiler.many import Handle
 
     value = np.full(elems, 1, dtype=np.float32)
     slot = np.zeros(elems, dtype=np.float32)

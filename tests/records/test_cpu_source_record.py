@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from profiler.attribution.window import AttributedWindow
-from profiler.records.run_sink import RunSink
-from profiler.records.store import SCHEMA_VERSION, Recorder, RecordError
+from serwatt.profiler.attribution.window import AttributedWindow
+from serwatt.profiler.records.run_sink import RunSink
+from serwatt.profiler.records.store import SCHEMA_VERSION, Recorder, RecordError
 from tests.records.test_recorder import window
 
 

@@ -6,8 +6,8 @@ import json
 import platform
 from pathlib import Path
 
-from collectors.nvml import NvmlCollector
-from profiler.records.host import HOST_SCHEMA, describe, fingerprint
+from serwatt.collectors.nvml import NvmlCollector
+from serwatt.profiler.records.host import HOST_SCHEMA, describe, fingerprint
 from tests.nvml_replay import ReplayNvmlBackend, load_timeline
 
 CPUINFO_2S = "".join(

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from profiler.records.store import Recorder
+from serwatt.profiler.records.store import Recorder
 
 REPO = Path(__file__).resolve().parents[2]
 BAD = b"bad-\xff\xfe\n.many"  # not UTF-8, with a newline for the terminal
@@ -22,7 +22,7 @@ PLAIN = b"plain-\xff.many"
 JOB = r"""
 import os, sys, time
 import torch
-from profiler import many
+from serwatt.profiler import many
 d = os.fsencode(sys.argv[1])
 time.sleep(1.0)
 many.save(os.path.join(sys.argv[1], "tmp.many"), {"w": torch.zeros(4)})
@@ -42,7 +42,7 @@ def test_a_checkpoint_named_in_no_encoding_is_recorded_and_the_json_written(
     ckpt.mkdir()
     record, doc = tmp_path / "runs.sqlite", tmp_path / "profile.json"
     r = subprocess.run(
-        [sys.executable, "-m", "profiler", "profile", "--nvml", "off", "--rate", "50",
+        [sys.executable, "-m", "serwatt", "profile", "--nvml", "off", "--rate", "50",
          "--window", "1", "--checkpoints", str(ckpt), "--record", str(record),
          "--json", str(doc), "--", sys.executable, "-c", JOB, str(ckpt)],
         cwd=REPO, capture_output=True, text=True, timeout=240,
@@ -65,7 +65,7 @@ def test_a_checkpoint_named_in_no_encoding_is_recorded_and_the_json_written(
         assert os.fsencode(receipt["path"]) == os.fsencode(ckpt) + b"/" + BAD
     # printed escaped: no raw newline or undecodable byte reaches the terminal
     shown = subprocess.run(
-        [sys.executable, "-m", "profiler", "runs", "show", run.run_id, "--db", str(record)],
+        [sys.executable, "-m", "serwatt", "runs", "show", run.run_id, "--db", str(record)],
         cwd=REPO, capture_output=True, timeout=120,
     )  # fmt: skip
     assert shown.returncode == 0 and b"Traceback" not in shown.stderr, shown.stderr[-2000:]

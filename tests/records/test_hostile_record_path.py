@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from profiler.records.store import Recorder, RecordError
+from serwatt.profiler.records.store import Recorder, RecordError
 
 REPO = Path(__file__).resolve().parents[2]
 NOBODY = 65534
@@ -149,7 +149,7 @@ def test_a_side_file_another_user_planted_is_refused_before_the_job_starts(
     os.lchown(name, NOBODY, NOBODY)
     marker = shared.parent / "ran"
     r = subprocess.run(
-        [sys.executable, "-m", "profiler", "profile", "--nvml", "off", "--record",
+        [sys.executable, "-m", "serwatt", "profile", "--nvml", "off", "--record",
          str(shared / "runs.sqlite"), "--", sys.executable, "-c", f"open({str(marker)!r}, 'w')"],
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
@@ -220,10 +220,10 @@ def test_a_record_that_fails_after_the_job_started_is_reported_not_a_crash(
     """Whatever still makes the record fail once the job runs (a full disk, a query past
     its deadline: here every one), `profile` goes on without it, the job is never
     orphaned, and the end says what the record missed."""
-    from profiler.attribution.window import AttributedWindow
-    from profiler.profile.record_sink import RecordSink
-    from profiler.profile.session import SessionInfo
-    from profiler.records import store
+    from serwatt.profiler.attribution.window import AttributedWindow
+    from serwatt.profiler.profile.record_sink import RecordSink
+    from serwatt.profiler.profile.session import SessionInfo
+    from serwatt.profiler.records import store
     from tests.records.test_recorder import window
 
     path = tmp_path / "runs.sqlite"

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from profiler.attribution.window_records import EnergyRecord
-from profiler.classify.codepaths import CODEPATHS
-from profiler.records.host import fingerprint
-from profiler.records.store import Recorder
+from serwatt.profiler.attribution.window_records import EnergyRecord
+from serwatt.profiler.classify.codepaths import CODEPATHS
+from serwatt.profiler.records.host import fingerprint
+from serwatt.profiler.records.store import Recorder
 from tests.records.test_recorder import window
 from tests.serwatt_cli import serwatt
 
@@ -29,7 +29,7 @@ T0 = 1_800_000_000.0
 
 def serwatt_subprocess(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "profiler", *args],
+        [sys.executable, "-m", "serwatt", *args],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -172,7 +172,7 @@ def test_a_damaged_record_is_one_error_line(
     "damage_name", ["flipped runs page", "host_json broken", "text in windows.started_at"]
 )
 def test_python_m_profiler_prints_one_line_too(tmp_path: Path, damage_name: str) -> None:
-    """`python -m profiler` as a user runs it, on one damage of each family."""
+    """`python -m serwatt` as a user runs it, on one damage of each family."""
     damage, commands = DAMAGES[damage_name]
     db = _build(tmp_path / "runs.sqlite")
     damage(db)

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from profiler.records import store
-from profiler.records.store import Recorder, RecordError
+from serwatt.profiler.records import store
+from serwatt.profiler.records.store import Recorder, RecordError
 from tests.records.test_hostile_records import LIST, REPORT, SHOW, _build
 from tests.serwatt_cli import serwatt
 
@@ -76,7 +76,7 @@ def test_a_crafted_record_is_refused_before_it_is_read(tmp_path: Path, name: str
         # a subprocess: on the old code the view's query never ends
         started = time.monotonic()
         r = subprocess.run(
-            [sys.executable, "-m", "profiler", *cmd, "--db", str(db)],
+            [sys.executable, "-m", "serwatt", *cmd, "--db", str(db)],
             cwd=REPO, capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert time.monotonic() - started < 30
@@ -132,7 +132,7 @@ def test_the_daemon_refuses_a_crafted_record_at_start(tmp_path: Path) -> None:
     config.write_text(daemon_config(record_dir, {"t": "no-such-process-h45b"}, rapl=False,
                                     nvml=False))  # fmt: skip
     r = subprocess.run(
-        [sys.executable, "-m", "profiler", "daemon", "--config", str(config)],
+        [sys.executable, "-m", "serwatt", "daemon", "--config", str(config)],
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     out = r.stdout + r.stderr

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from collectors.samples import SamplerErrors
-from profiler.attribution.window import AttributedWindow
-from profiler.attribution.window_records import EnergyRecord, GpuRecord
-from profiler.classify.codepaths import CODEPATHS
-from profiler.records.run_sink import RunSink
-from profiler.records.store import RECORD_FILENAME, SCHEMA_VERSION, Recorder, RecordError
-from profiler.sampling.window import CodepathWindow, WindowReport
+from serwatt.collectors.samples import SamplerErrors
+from serwatt.profiler.attribution.window import AttributedWindow
+from serwatt.profiler.attribution.window_records import EnergyRecord, GpuRecord
+from serwatt.profiler.classify.codepaths import CODEPATHS
+from serwatt.profiler.records.run_sink import RunSink
+from serwatt.profiler.records.store import RECORD_FILENAME, SCHEMA_VERSION, Recorder, RecordError
+from serwatt.profiler.sampling.window import CodepathWindow, WindowReport
 
 REPO = Path(__file__).resolve().parents[2]
 HOST = {"hostname": "node-1", "cpu_model": "Test CPU", "sockets": 2, "gpus": []}
@@ -275,8 +275,8 @@ CRASH_CHILD = r"""
 import sys, random
 sys.path.insert(0, sys.argv[2])
 from tests.records.test_recorder import window, HOST, CONFIG, SOURCES
-from profiler.attribution.window_records import EnergyRecord
-from profiler.records.store import Recorder
+from serwatt.profiler.attribution.window_records import EnergyRecord
+from serwatt.profiler.records.store import Recorder
 rec = Recorder(sys.argv[1])
 run_id = "crash-" + sys.argv[3]
 rec.start_run(run_id, "trainer", host=HOST, config=CONFIG, sources=SOURCES)
@@ -342,7 +342,7 @@ WRITER_CHILD = r"""
 import sys
 sys.path.insert(0, sys.argv[2])
 from tests.records.test_recorder import window, HOST, CONFIG, SOURCES
-from profiler.records.store import Recorder
+from serwatt.profiler.records.store import Recorder
 rec = Recorder(sys.argv[1])
 run_id = sys.argv[3]
 rec.start_run(run_id, "t", host=HOST, config=CONFIG, sources=SOURCES)
@@ -481,7 +481,7 @@ def test_a_version_4_files_episodes_read_no_prepared_s_and_new_ones_keep_it(
 def _directed(encode: tuple[int, float], decode: tuple[int, float]) -> WindowReport:
     """A window whose pickle codepath ran both ways (samples, cpu_s per direction), with
     0.1 CPU-s of `other` that no direction claims."""
-    from profiler.sampling.window import DirectionWindow
+    from serwatt.profiler.sampling.window import DirectionWindow
 
     (ne, ce), (nd, cd) = encode, decode
     cps = {cp: CodepathWindow() for cp in CODEPATHS}

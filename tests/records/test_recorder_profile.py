@@ -11,16 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from collectors.pyspy import SamplingPlan
-from profiler.attribution.episodes import Episode
-from profiler.attribution.tracker import EnergyTracker
-from profiler.attribution.window import episode_gpu_reading
-from profiler.classify.classifier import Classifier
-from profiler.classify.codepaths import CODEPATHS
-from profiler.profile.energy_sink import EnergySink
-from profiler.profile.record_sink import RecordSink
-from profiler.profile.session import ProfileSession
-from profiler.records.store import Recorder, RecordError
+from serwatt.collectors.pyspy import SamplingPlan
+from serwatt.profiler.attribution.episodes import Episode
+from serwatt.profiler.attribution.tracker import EnergyTracker
+from serwatt.profiler.attribution.window import episode_gpu_reading
+from serwatt.profiler.classify.classifier import Classifier
+from serwatt.profiler.classify.codepaths import CODEPATHS
+from serwatt.profiler.profile.energy_sink import EnergySink
+from serwatt.profiler.profile.record_sink import RecordSink
+from serwatt.profiler.profile.session import ProfileSession
+from serwatt.profiler.records.store import Recorder, RecordError
 from tests.nvml_replay import ReplayNvmlBackend, load_timeline
 
 REPO = Path(__file__).resolve().parents[2]
@@ -192,7 +192,7 @@ def test_serwatt_profile_record_writes_a_run_that_serwatt_runs_shows(tmp_path: P
     db = tmp_path / "runs.sqlite"
     out = subprocess.run(
         # --cpu-budget off: 1 s windows under the default budget on 2 CPUs run at 1 Hz
-        [sys.executable, "-m", "profiler", "profile", "--record", str(db), "--window", "1",
+        [sys.executable, "-m", "serwatt", "profile", "--record", str(db), "--window", "1",
          "--cpu-budget", "off",
          "--path.sysfs", str(tmp_path), "--tdp", "100", "--nvml", "off", "--",
          sys.executable, "-c", JSON_LOOP.replace("60", "4")],
@@ -209,7 +209,7 @@ def test_serwatt_profile_record_writes_a_run_that_serwatt_runs_shows(tmp_path: P
     assert detail.codepaths["json"].samples > 0
     assert detail.host["gpu_source"].startswith("unavailable: off")  # --nvml off, said so
     shown = subprocess.run(
-        [sys.executable, "-m", "profiler", "runs", "show", summary.run_id, "--db", str(db)],
+        [sys.executable, "-m", "serwatt", "runs", "show", summary.run_id, "--db", str(db)],
         capture_output=True, text=True, cwd=REPO,
     )  # fmt: skip
     assert shown.returncode == 0 and f"run {summary.run_id}  target profile" in shown.stdout
@@ -222,7 +222,7 @@ def test_serwatt_profile_refuses_a_bad_record_file_before_starting_the_command(
     junk.write_text("not a database\n" * 100)
     marker = tmp_path / "started"
     out = subprocess.run(
-        [sys.executable, "-m", "profiler", "profile", "--record", str(junk), "--",
+        [sys.executable, "-m", "serwatt", "profile", "--record", str(junk), "--",
          sys.executable, "-c", f"open({str(marker)!r}, 'w')"],
         capture_output=True, text=True, timeout=120, cwd=REPO,
     )  # fmt: skip

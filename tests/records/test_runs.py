@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from profiler.attribution.window_records import EnergyRecord
-from profiler.classify.codepaths import CODEPATHS
-from profiler.records.host import fingerprint
-from profiler.records.store import RECORD_FILENAME, Recorder
+from serwatt.profiler.attribution.window_records import EnergyRecord
+from serwatt.profiler.classify.codepaths import CODEPATHS
+from serwatt.profiler.records.host import fingerprint
+from serwatt.profiler.records.store import RECORD_FILENAME, Recorder
 from tests.records.test_recorder import window
 from tests.serwatt_cli import serwatt
 
@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def serwatt_subprocess(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "profiler", *args],
+        [sys.executable, "-m", "serwatt", *args],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -146,15 +146,15 @@ def test_errors_name_the_problem(
 
 
 def test_empty_record(tmp_path: Path) -> None:
-    """`python -m profiler runs` as a user runs it (the tests above call main() in process)."""
+    """`python -m serwatt runs` as a user runs it (the tests above call main() in process)."""
     Recorder.for_dir(tmp_path).close()
     out = serwatt_subprocess("runs", "list", "--dir", str(tmp_path))
     assert out.returncode == 0 and "no runs recorded" in out.stdout
 
 
 def test_sources_text_reads_the_one_shape_and_the_older_flat_one() -> None:
-    from collectors.status import CollectorStatus
-    from profiler.records.sources import run_sources, sources_text
+    from serwatt.collectors.status import CollectorStatus
+    from serwatt.profiler.records.sources import run_sources, sources_text
 
     status = {
         "rapl": CollectorStatus(False, "no_powercap", "no /sys/class/powercap"),

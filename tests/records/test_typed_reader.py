@@ -8,10 +8,15 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from profiler.attribution.episodes import Episode
-from profiler.attribution.window_records import EnergyRecord, GpuFigures, GpuRecord, SlotSplit
-from profiler.records.store import Recorder
-from profiler.report.from_records import run_input
+from serwatt.profiler.attribution.episodes import Episode
+from serwatt.profiler.attribution.window_records import (
+    EnergyRecord,
+    GpuFigures,
+    GpuRecord,
+    SlotSplit,
+)
+from serwatt.profiler.records.store import Recorder
+from serwatt.profiler.report.from_records import run_input
 from tests.records.test_recorder import CONFIG, HOST, SOURCES, window
 
 EPISODE = Episode(

@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from collectors import procstat
-from collectors.pyspy import PySpy
-from collectors.pyspy.speedscope import WindowSamples
-from profiler.sampling.collect import collect_window
+from serwatt.collectors import procstat
+from serwatt.collectors.pyspy import PySpy
+from serwatt.collectors.pyspy.speedscope import WindowSamples
+from serwatt.profiler.sampling.collect import collect_window
 from tests.replay.raw import OUT, PLAN, REPO, REPO_MARK, WINDOW_S
 
 

@@ -9,16 +9,16 @@ import json
 from pathlib import Path
 from typing import Any
 
-from collectors import procstat
-from collectors.pyspy import PySpy, SamplingPlan
-from collectors.pyspy.speedscope import (
+from serwatt.collectors import procstat
+from serwatt.collectors.pyspy import PySpy, SamplingPlan
+from serwatt.collectors.pyspy.speedscope import (
     WindowSamples,
     assemble_samples,
     parse_speedscope,
     parse_status,
 )
-from collectors.pyspy.threads import map_threads
-from profiler.sampling.collect import RawWindow
+from serwatt.collectors.pyspy.threads import map_threads
+from serwatt.profiler.sampling.collect import RawWindow
 
 REPO = Path(__file__).resolve().parents[2]
 OUT = Path(__file__).with_name("windows.json")

@@ -20,13 +20,13 @@ from typing import Any
 import pytest
 from prometheus_client import generate_latest
 
-from profiler.attribution.episodes import period_s
-from profiler.attribution.window import AttributedWindow, DirectedTotals
-from profiler.cli.main import main as serwatt
-from profiler.records import run_sink
-from profiler.records.store import Recorder
-from profiler.service.daemon import Daemon
-from profiler.service.exporter import make_registry
+from serwatt.profiler.attribution.episodes import period_s
+from serwatt.profiler.attribution.window import AttributedWindow, DirectedTotals
+from serwatt.profiler.cli.main import main as serwatt
+from serwatt.profiler.records import run_sink
+from serwatt.profiler.records.store import Recorder
+from serwatt.profiler.service.daemon import Daemon
+from serwatt.profiler.service.exporter import make_registry
 from tests.daemon_support import parse_metrics, total
 from tests.replay import golden, raw, world
 

@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from profiler.attribution.pipeline import WindowPipeline
-from profiler.classify.classifier import Classifier
-from profiler.classify.codepaths import CODEPATHS
-from profiler.profile.energy_sink import EnergySink
-from profiler.profile.record_sink import RecordSink
-from profiler.profile.session import SessionInfo
-from profiler.records.reader import WindowRecord
-from profiler.records.store import Recorder
-from profiler.sampling.collect import finish_window
+from serwatt.profiler.attribution.pipeline import WindowPipeline
+from serwatt.profiler.classify.classifier import Classifier
+from serwatt.profiler.classify.codepaths import CODEPATHS
+from serwatt.profiler.profile.energy_sink import EnergySink
+from serwatt.profiler.profile.record_sink import RecordSink
+from serwatt.profiler.profile.session import SessionInfo
+from serwatt.profiler.records.reader import WindowRecord
+from serwatt.profiler.records.store import Recorder
+from serwatt.profiler.sampling.collect import finish_window
 from tests.replay import raw, world
 
 

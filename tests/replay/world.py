@@ -18,22 +18,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from collectors.pyspy import TargetGone
-from profiler.attribution.episodes import Episode
-from profiler.attribution.pipeline import Delivery, WindowPipeline
-from profiler.attribution.tracker import EnergyTracker
-from profiler.attribution.window import AttributedWindow
-from profiler.classify import target_files
-from profiler.classify.classifier import Classifier
-from profiler.profile.document import build_document
-from profiler.profile.energy_sink import EnergySink
-from profiler.profile.record_sink import RecordSink
-from profiler.profile.session import ProfileSession, SessionResult
-from profiler.sampling.collect import RawWindow, finish_window
-from profiler.service.config import load_config
-from profiler.service.daemon import Daemon
-from profiler.service.pools import SamplingJob
-from profiler.service.sdnotify import SdNotifier
+from serwatt.collectors.pyspy import TargetGone
+from serwatt.profiler.attribution.episodes import Episode
+from serwatt.profiler.attribution.pipeline import Delivery, WindowPipeline
+from serwatt.profiler.attribution.tracker import EnergyTracker
+from serwatt.profiler.attribution.window import AttributedWindow
+from serwatt.profiler.classify import target_files
+from serwatt.profiler.classify.classifier import Classifier
+from serwatt.profiler.profile.document import build_document
+from serwatt.profiler.profile.energy_sink import EnergySink
+from serwatt.profiler.profile.record_sink import RecordSink
+from serwatt.profiler.profile.session import ProfileSession, SessionResult
+from serwatt.profiler.sampling.collect import RawWindow, finish_window
+from serwatt.profiler.service.config import load_config
+from serwatt.profiler.service.daemon import Daemon
+from serwatt.profiler.service.pools import SamplingJob
+from serwatt.profiler.service.sdnotify import SdNotifier
 from tests.daemon_fakes import (
     FAKE_EPOCH_OFFSET,
     FAKE_START_MONO,

@@ -13,21 +13,21 @@ from pathlib import Path
 
 import pytest
 
-from profiler.exitcodes import EXIT_USAGE
-from profiler.many.format import MAGIC
-from profiler.profile.ab import cache_state, run_order, unsupported_by_swap
-from profiler.records.store import Recorder
-from profiler.report.render_text import fmt
+from serwatt.profiler.exitcodes import EXIT_USAGE
+from serwatt.profiler.many.format import MAGIC
+from serwatt.profiler.profile.ab import cache_state, run_order, unsupported_by_swap
+from serwatt.profiler.records.store import Recorder
+from serwatt.profiler.report.render_text import fmt
 from tests.serwatt_cli import serwatt
 
 PY = sys.executable
-TRAIN = f"{PY} -m profiler.workloads.train"
+TRAIN = f"{PY} -m serwatt.profiler.workloads.train"
 SLEEPER = f"{PY} -c 'import time; time.sleep(1.5)'"
 
 
 def _ab(*argv: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [PY, "-m", "profiler", "ab", *argv],
+        [PY, "-m", "serwatt", "ab", *argv],
         cwd=cwd,
         capture_output=True,
         text=True,
@@ -207,7 +207,7 @@ def test_ctrl_c_stops_after_the_current_run(tmp_path: Path) -> None:
         [
             PY,
             "-m",
-            "profiler",
+            "serwatt",
             "ab",
             "--baseline",
             SLEEPER,
@@ -377,8 +377,8 @@ def test_a_resumed_run_that_reads_no_checkpoint(tmp_path: Path) -> None:
 def test_the_headline_says_why_no_restore_was_compared() -> None:
     """Restores seen but none timed on a side (a lazy open shorter than the sampling can
     time) are not "not measured": the line says whose and how many; no restore at all is."""
-    from profiler.cli.ab import headline
-    from profiler.profile.ab import AbOptions
+    from serwatt.profiler.cli.ab import headline
+    from serwatt.profiler.profile.ab import AbOptions
 
     opts = AbOptions(baseline=("python", "t.py"), candidate=("python", "t.py"), repeats=2,
                      record=Path("r.sqlite"))  # fmt: skip
@@ -412,7 +412,7 @@ def test_the_headline_says_why_no_restore_was_compared() -> None:
 def test_the_closing_lines_name_where_the_report_is() -> None:
     """Without --html the last line says where the report went instead; a side whose
     reads were not measured says so rather than 0 MB."""
-    from profiler.cli.ab import closing
+    from serwatt.profiler.cli.ab import closing
 
     report = {
         "ab": {"headline": ["stall per checkpoint: x", "restore (cold): y", "compared: z"]},

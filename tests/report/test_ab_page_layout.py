@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from profiler.report import build_report, default_cluster, render_html
+from serwatt.profiler.report import build_report, default_cluster, render_html
 from tests.report_synth import make_run
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"

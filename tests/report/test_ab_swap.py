@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from profiler.exitcodes import EXIT_USAGE
-from profiler.many.format import MAGIC
-from profiler.profile.ab import SWAP_DIR, SWAP_ENV
+from serwatt.profiler.exitcodes import EXIT_USAGE
+from serwatt.profiler.many.format import MAGIC
+from serwatt.profiler.profile.ab import SWAP_DIR, SWAP_ENV
 
 PY = sys.executable
 
@@ -58,7 +58,7 @@ def test_swap_reaches_the_job_and_its_children(tmp_path: Path) -> None:
         "own_site": "ran",
         "step": 3,
         "w": [0.0, 1.0, 2.0, 3.0],
-        "save": "profiler.many.torch_compat",
+        "save": "serwatt.profiler.many.torch_compat",
     }
     for name in ("parent.pt", "child.pt"):
         assert (tmp_path / name).read_bytes()[:8] == MAGIC, name
@@ -67,7 +67,7 @@ def test_swap_reaches_the_job_and_its_children(tmp_path: Path) -> None:
 @pytest.mark.long  # a second real A/B of the swap (test_swap_reaches_the_job_and_its_children)
 def test_no_swap_without_the_variable(tmp_path: Path) -> None:
     got = _job(tmp_path, swap=False)
-    assert got["own_site"] == "ran" and got["save"] != "profiler.many.torch_compat"
+    assert got["own_site"] == "ran" and got["save"] != "serwatt.profiler.many.torch_compat"
     assert (tmp_path / "parent.pt").read_bytes()[:4] == b"PK\x03\x04"  # torch's own zip
 
 
@@ -81,7 +81,7 @@ def test_a_swap_that_took_no_effect_is_refused(tmp_path: Path) -> None:
         [
             PY,
             "-m",
-            "profiler",
+            "serwatt",
             "ab",
             "--swap",
             "torch",

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from profiler.exitcodes import EXIT_USAGE
-from profiler.profile.ab import unsupported_by_swap
+from serwatt.profiler.exitcodes import EXIT_USAGE
+from serwatt.profiler.profile.ab import unsupported_by_swap
 
 PY = sys.executable
 REPO = Path(__file__).resolve().parents[2]
@@ -113,7 +113,7 @@ def test_ab_swap_on_a_damaged_zip_refuses_without_a_traceback(tmp_path: Path) ->
     copy = f"import shutil, sys, time; time.sleep(1); shutil.copy({str(bad)!r}, sys.argv[1])"
     r = subprocess.run(
         [
-            PY, "-m", "profiler", "ab", "--swap", "torch", "--repeats", "2",
+            PY, "-m", "serwatt", "ab", "--swap", "torch", "--repeats", "2",
             "--checkpoints", "ck", "--record", "r.sqlite",
             "--", PY, "-c", copy, "{dir}",
         ],

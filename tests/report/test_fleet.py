@@ -38,7 +38,7 @@ from typing import Any
 import pytest
 import yaml
 
-from profiler.exitcodes import EXIT_RUNTIME, EXIT_USAGE
+from serwatt.profiler.exitcodes import EXIT_RUNTIME, EXIT_USAGE
 from tests import dashboards
 from tests.daemon_support import DaemonProc, daemon_config, stop_process, wait_for
 from tests.ports import listening_port, prometheus_port
@@ -217,7 +217,7 @@ def fleet(tmp_path_factory) -> Any:
             cfg = tmp / f"serwatt-{i}.yaml"
             cfg.write_text(_daemon_config(tmp, i, variant))
             work = _start(
-                [sys.executable, "-m", "profiler.workloads.train", "--ckpt", ckpt]
+                [sys.executable, "-m", "serwatt.profiler.workloads.train", "--ckpt", ckpt]
                 + ["--steps", "100000", "--every", "2", "--size", "8"]
                 + ["--dir", str(tmp / f"{MARK}-ckpt-{i}")],
                 tmp / f"train-{i}.log",

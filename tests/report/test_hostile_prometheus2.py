@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from profiler.cli.main import main
-from profiler.report import deadline_http
-from profiler.report import from_prometheus as fp
+from serwatt.profiler.cli.main import main
+from serwatt.profiler.report import deadline_http
+from serwatt.profiler.report import from_prometheus as fp
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -209,7 +209,7 @@ def test_a_short_body_is_an_error_line_not_a_traceback(raw_server) -> None:
 _MEASURE = textwrap.dedent(
     """
     import json, sys
-    from profiler.report import from_prometheus as fp
+    from serwatt.profiler.report import from_prometheus as fp
 
     def rss_kib(field):
         with open("/proc/self/status") as f:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from profiler.report import from_prometheus as fp
+from serwatt.profiler.report import from_prometheus as fp
 
 DRIP_S = 0.3
 

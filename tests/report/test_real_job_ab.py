@@ -32,8 +32,8 @@ import numpy as np
 import pytest
 from scipy.stats import binom
 
-from profiler.many.format import MAGIC
-from profiler.records.store import Recorder
+from serwatt.profiler.many.format import MAGIC
+from serwatt.profiler.records.store import Recorder
 
 REPO = Path(__file__).resolve().parents[2]
 NANOGPT = REPO / "tests" / "fixtures" / "nanogpt"
@@ -72,7 +72,7 @@ def ab(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     env = dict(os.environ, PYTHONPATH=f"{TIMING}:{REPO}", NANOGPT_TIMING=str(log))
     r = subprocess.run(
         [
-            sys.executable, "-m", "profiler", "ab", "--swap", "torch", "--repeats", "2",
+            sys.executable, "-m", "serwatt", "ab", "--swap", "torch", "--repeats", "2",
             "--checkpoints", "ck", f"--resume-args={RESUME}", "--cold-restore",
             "--record", "r.sqlite", "--json", "r.json", "--",
             sys.executable, "train.py", *FLAGS.split(),
@@ -105,7 +105,11 @@ def test_every_save_is_one_checkpoint_and_the_candidates_are_many(ab: dict[str, 
         saves = _calls(ab, x["run_id"], "save")
         expected = RESUMED_SAVES if x["resumed"] else FRESH_SAVES
         assert [c["iter_num"] for c in saves] == list(expected), (x, saves)
-        impl = "profiler.many.torch_compat" if x["side"] == "candidate" else "torch.serialization"
+        impl = (
+            "serwatt.profiler.many.torch_compat"
+            if x["side"] == "candidate"
+            else "torch.serialization"
+        )
         assert {c["impl"] for c in saves} == {impl}, saves
         checkpoints = ab["events"][x["run_id"]]["checkpoints"]
         assert len(checkpoints) == len(saves), (x["run_id"], checkpoints)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from profiler.report import (
+from serwatt.profiler.report import (
     REPORT_SCHEMA,
     InputError,
     ReportRefused,
@@ -23,9 +23,9 @@ from profiler.report import (
     stats,
     verify_receipt,
 )
-from profiler.report.cluster import parse_cluster
-from profiler.report.inputs import CodepathFigures, RunInput
-from profiler.report.render_text import p_cell
+from serwatt.profiler.report.cluster import parse_cluster
+from serwatt.profiler.report.inputs import CodepathFigures, RunInput
+from serwatt.profiler.report.render_text import p_cell
 from tests.report_synth import HOST, make_run
 
 

@@ -8,8 +8,8 @@ import dataclasses
 
 import pytest
 
-from profiler.report import ReportRefused, build_report, render_text
-from profiler.report.inputs import InputError, RestoreInput, RunInput
+from serwatt.profiler.report import ReportRefused, build_report, render_text
+from serwatt.profiler.report.inputs import InputError, RestoreInput, RunInput
 from tests.report_synth import HOST, make_run
 
 
@@ -155,7 +155,7 @@ def test_a_sides_runs_of_different_commands_are_a_warning() -> None:
 
 
 def test_the_html_page_leads_each_warning_with_its_kind() -> None:
-    from profiler.report import render_html
+    from serwatt.profiler.report import render_html
 
     base = [_run("a-1", 1, cpu_governor="performance")]
     cand = [_run("b-1", 3, cpu_governor="powersave")]
@@ -166,8 +166,8 @@ def test_the_html_page_leads_each_warning_with_its_kind() -> None:
 
 
 def test_an_older_record_without_its_directory_finds_it_above_its_checkpoint_files() -> None:
-    from profiler.report.comparability import workload_command
-    from profiler.report.inputs import CheckpointInput
+    from serwatt.profiler.report.comparability import workload_command
+    from serwatt.profiler.report.inputs import CheckpointInput
 
     def saved(path: str) -> CheckpointInput:
         return CheckpointInput(

@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 
-from profiler.report import stats
+from serwatt.profiler.report import stats
 from tests.report_coverage import CASES, TRUE_RATIO, Case, Side, run_case, stalls
 
 TRIALS = 400  # +-2.1% (95%) at 5%: a 10% false-positive rate fails the 6% check

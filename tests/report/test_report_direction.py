@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from collectors.samples import SamplerErrors
-from profiler.classify.codepaths import CODEPATHS
-from profiler.records.store import Recorder
-from profiler.report import build_report, render_text
-from profiler.report.from_records import load_runs
-from profiler.report.inputs import DirectionFigures, RunInput
-from profiler.report.render_html import render_html
-from profiler.sampling.window import CodepathWindow, DirectionWindow, WindowReport
+from serwatt.collectors.samples import SamplerErrors
+from serwatt.profiler.classify.codepaths import CODEPATHS
+from serwatt.profiler.records.store import Recorder
+from serwatt.profiler.report import build_report, render_text
+from serwatt.profiler.report.from_records import load_runs
+from serwatt.profiler.report.inputs import DirectionFigures, RunInput
+from serwatt.profiler.report.render_html import render_html
+from serwatt.profiler.sampling.window import CodepathWindow, DirectionWindow, WindowReport
 from tests.report_synth import make_run
 
 

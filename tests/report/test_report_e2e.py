@@ -20,14 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from profiler.records.store import Recorder
-from profiler.report import build_report
-from profiler.report.from_records import load_runs
-from profiler.report.inputs import RunInput
+from serwatt.profiler.records.store import Recorder
+from serwatt.profiler.report import build_report
+from serwatt.profiler.report.from_records import load_runs
+from serwatt.profiler.report.inputs import RunInput
 from tests.serwatt_cli import serwatt
 
 REPO = Path(__file__).resolve().parents[2]
-SERWATT = [sys.executable, "-m", "profiler"]
+SERWATT = [sys.executable, "-m", "serwatt"]
 # run id: (checkpoint format, state MB, sampling Hz, training steps (a checkpoint every
 # 2), window s). The torch checkpoints take 0.1-0.5 s, so at 100 Hz every one has samples
 # enough to be seen. The A/B pair gives JSON a 4 MB state and `.many` a 64 MB one: JSON
@@ -96,7 +96,7 @@ def records(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, d
                 "profile", "--rate", str(rate_hz), "--window", str(window_s),
                 "--record", str(db), "--run-id", run_id, *anchor,
                 "--json", str(work / f"{run_id}.json"), "--",
-                sys.executable, "-m", "profiler.workloads.train", "--ckpt", ckpt,
+                sys.executable, "-m", "serwatt.profiler.workloads.train", "--ckpt", ckpt,
                 "--steps", str(steps), "--every", "2", "--size", str(size_mb),
                 "--dir", str(ckpt_dir),
             )  # fmt: skip
@@ -253,7 +253,7 @@ def test_verify_holds_until_a_record_changes(
 def test_runs_that_differ_are_refused_naming_each_mismatch(
     records: tuple[Path, dict[str, dict]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`python -m profiler report` as a user runs it (the other tests call main())."""
+    """`python -m serwatt report` as a user runs it (the other tests call main())."""
     db, _ = records
     # aa-1 was sampled at 100 Hz, ab-many at 200 Hz
     code, _out, err = finished(

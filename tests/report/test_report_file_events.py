@@ -9,8 +9,8 @@ import dataclasses
 
 import pytest
 
-from profiler.report import ReportRefused, build_report, render_text
-from profiler.report.inputs import CheckpointInput, EpisodeInput, RestoreInput, RunInput
+from serwatt.profiler.report import ReportRefused, build_report, render_text
+from serwatt.profiler.report.inputs import CheckpointInput, EpisodeInput, RestoreInput, RunInput
 from tests.report_synth import make_run
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from profiler.report import build_report, render_text
-from profiler.report.render_text import WIDTH
+from serwatt.profiler.report import build_report, render_text
+from serwatt.profiler.report.render_text import WIDTH
 from tests.report_synth import make_run
 
 GOLDEN = Path(__file__).parent / "golden"

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from profiler.report import build_report, default_cluster, render_html
-from profiler.report.render_text import fmt
+from serwatt.profiler.report import build_report, default_cluster, render_html
+from serwatt.profiler.report.render_text import fmt
 from tests.report_synth import HOST, make_run
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / ".artifacts"

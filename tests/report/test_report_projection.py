@@ -9,21 +9,21 @@ from pathlib import Path
 import pytest
 from scipy.optimize import minimize_scalar
 
-from profiler.report.cluster import (
+from serwatt.profiler.report.cluster import (
     DEFAULTS,
     default_cluster,
     load_cluster,
     parse_cluster,
     projection_cluster,
 )
-from profiler.report.projection import (
+from serwatt.profiler.report.projection import (
     CheckpointSize,
     SideMeasurement,
     daly_interval,
     lost_fraction,
     project,
 )
-from profiler.yamlcheck import ConfigError
+from serwatt.profiler.yamlcheck import ConfigError
 
 MIN = 60.0
 HOUR = 3600.0

@@ -13,7 +13,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from profiler.report import from_prometheus as fp
+from serwatt.profiler.report import from_prometheus as fp
 
 
 class _Server:

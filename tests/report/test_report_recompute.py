@@ -15,8 +15,8 @@ import pytest
 from scipy import optimize
 from scipy import stats as sps
 
-from profiler.report import build_report, load_cluster
-from profiler.report.inputs import EpisodeInput, RunInput
+from serwatt.profiler.report import build_report, load_cluster
+from serwatt.profiler.report.inputs import EpisodeInput, RunInput
 from tests.report_synth import make_run
 
 # Stalls in the order the job took them: no trend and no lag-1 dependence, so each

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from profiler.report import stats
-from profiler.report.inputs import CodepathFigures, WindowInput
+from serwatt.profiler.report import stats
+from serwatt.profiler.report.inputs import CodepathFigures, WindowInput
 
 
 def _ci(c: stats.Comparison) -> tuple[float, float]:

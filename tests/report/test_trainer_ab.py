@@ -27,7 +27,7 @@ def test_a_stock_trainer_job_ab_swaps_end_to_end(tmp_path: Path) -> None:
     job = [PY, "-m", "tests.workloads.trainer_job", "{dir}", "--steps", "20", "--save-steps", "10"]
     job += ["--timing", "{dir}/.timing.jsonl"]  # a hidden name: not a checkpoint file
     out = subprocess.run(
-        [PY, "-m", "profiler", "ab", "--swap", "torch", "--checkpoints", str(ck),
+        [PY, "-m", "serwatt", "ab", "--swap", "torch", "--checkpoints", str(ck),
          "--resume-args=--resume", "--repeats", "2", "--record", str(record),
          "--json", str(report), "--", *job],
         cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,

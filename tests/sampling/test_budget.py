@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from profiler.sampling.budget import (
+from serwatt.profiler.sampling.budget import (
     DEFAULT_BUDGET_SHARE,
     HEADROOM,
     MAX_STEP,

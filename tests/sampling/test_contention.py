@@ -33,10 +33,10 @@ from pathlib import Path
 
 import pytest
 
-from collectors.pyspy import SamplingPlan
-from profiler.classify.classifier import Classifier
-from profiler.sampling.collect import default_timing_rate_hz, sample_window
-from profiler.sampling.window import WindowReport
+from serwatt.collectors.pyspy import SamplingPlan
+from serwatt.profiler.classify.classifier import Classifier
+from serwatt.profiler.sampling.collect import default_timing_rate_hz, sample_window
+from serwatt.profiler.sampling.window import WindowReport
 
 # measures CPU shares and time: runs alone, after the parallel pass
 pytestmark = pytest.mark.serial

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from collectors import sched_timeline
-from collectors.pyspy import SamplingPlan
-from profiler.classify.classifier import Classifier
-from profiler.sampling.collect import sample_window
+from serwatt.collectors import sched_timeline
+from serwatt.collectors.pyspy import SamplingPlan
+from serwatt.profiler.classify.classifier import Classifier
+from serwatt.profiler.sampling.collect import sample_window
 
 STATUS = sched_timeline.probe()
 BUSY = """

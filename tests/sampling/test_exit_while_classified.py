@@ -15,11 +15,11 @@ import sys
 import time
 from pathlib import Path
 
-from collectors import procstat
-from collectors.pyspy import SamplingPlan
-from collectors.samples import Sample
-from profiler.classify.classifier import Classification, Classifier
-from profiler.sampling.collect import collect_window, finish_window
+from serwatt.collectors import procstat
+from serwatt.collectors.pyspy import SamplingPlan
+from serwatt.collectors.samples import Sample
+from serwatt.profiler.classify.classifier import Classification, Classifier
+from serwatt.profiler.sampling.collect import collect_window, finish_window
 
 PICKLE_LOOP = """\
 import pickle, sys

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from collectors.samples import Frame, Sample
-from collectors.sched_timeline import OnCpu, ThreadTimeline
-from profiler.sampling.kernel_cpu import (
+from serwatt.collectors.samples import Frame, Sample
+from serwatt.collectors.sched_timeline import OnCpu, ThreadTimeline
+from serwatt.profiler.sampling.kernel_cpu import (
     OnCpuTimes,
     on_cpu_times,
     on_cpu_weights,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from profiler.profile.session import SESSION_RETRY
-from profiler.sampling.retry import FORGET, GIVE_UP, Retry, RetryPolicy
+from serwatt.profiler.profile.session import SESSION_RETRY
+from serwatt.profiler.sampling.retry import FORGET, GIVE_UP, Retry, RetryPolicy
 
 DAEMON = RetryPolicy(refused_retry_s=60.0, fault_unit_s=5.0, fault_cap_s=60.0)
 

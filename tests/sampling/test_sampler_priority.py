@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from collectors import procstat, sched
-from collectors.pyspy import PySpy, SamplingPlan
-from profiler.classify.classifier import Classifier
-from profiler.service.config import ConfigError, parse_config
+from serwatt.collectors import procstat, sched
+from serwatt.collectors.pyspy import PySpy, SamplingPlan
+from serwatt.profiler.classify.classifier import Classifier
+from serwatt.profiler.service.config import ConfigError, parse_config
 from tests.benches import load_bench
 from tests.collectors.test_pyspy_real import pyspy_children
 from tests.daemon_support import PYTHON, daemon_config
@@ -100,8 +100,8 @@ def test_bad_mode_is_refused() -> None:
 UNPRIVILEGED = textwrap.dedent(
     """
     import json, os, subprocess, sys
-    from collectors import sched
-    from collectors.pyspy import PySpy, SamplingError  # imported while /root is readable
+    from serwatt.collectors import sched
+    from serwatt.collectors.pyspy import PySpy, SamplingError  # imported while /root is readable
     os.setgroups([]); os.setgid(65534); os.setuid(65534)  # drops every capability
     child = subprocess.Popen(["sleep", "30"])  # same uid as us now
     out = {"nice_problem": sched.nice_problem()}
@@ -185,7 +185,7 @@ def test_daemon_exits_78_when_priority_is_required_but_not_allowed(tmp_path: Pat
     # the unit's capabilities without CAP_SYS_NICE
     proc = as_nobody(
         ["sys_ptrace", "dac_read_search"],
-        [PYTHON, "-m", "profiler", "daemon", "--config", str(cfg)],
+        [PYTHON, "-m", "serwatt", "daemon", "--config", str(cfg)],
         cwd=REPO,
     )
     assert proc.returncode == 78, proc.stderr
@@ -196,8 +196,8 @@ def test_daemon_exits_78_when_priority_is_required_but_not_allowed(tmp_path: Pat
 WITH_UNIT_CAPS = textwrap.dedent(
     """
     import subprocess, sys
-    from collectors import sched
-    from collectors.pyspy import PySpy, SamplingPlan
+    from serwatt.collectors import sched
+    from serwatt.collectors.pyspy import PySpy, SamplingPlan
     child = subprocess.Popen(["sleep", "30"])
     try:
         print("made", sched.make_prompt(child.pid, nice=True), sched.get_attr(child.pid)[1])
@@ -240,7 +240,7 @@ def test_profile_required_without_the_privilege_is_a_usage_error() -> None:
         time.sleep(0.3)
         out = as_nobody(
             ["sys_ptrace", "dac_read_search"],
-            [PYTHON, "-m", "profiler", "profile", "--sampler-priority", "required",
+            [PYTHON, "-m", "serwatt", "profile", "--sampler-priority", "required",
              "--pid", str(target.pid), "--duration", "1"],
             cwd=REPO,
         )  # fmt: skip

@@ -19,10 +19,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from collectors.samples import Frame, Sample
-from profiler.classify.codepaths import CODEPATHS
-from profiler.profile.table import render_table
-from profiler.sampling.weighting import distribute_cpu
+from serwatt.collectors.samples import Frame, Sample
+from serwatt.profiler.classify.codepaths import CODEPATHS
+from serwatt.profiler.profile.table import render_table
+from serwatt.profiler.sampling.weighting import distribute_cpu
 from tests.profile.test_profile_cli import check_document
 
 REPO = Path(__file__).resolve().parents[2]
@@ -132,7 +132,7 @@ def test_many_cpu_per_checkpoint_with_openmp_threads_alive(tmp_path: Path) -> No
         # inside it (py-spy's restart between windows misses some: 5-20% on a loaded
         # node); the job runs once py-spy is attached and idles, threads alive, after.
         prof = subprocess.Popen(
-            [sys.executable, "-m", "profiler", "profile", "--pid", str(job.pid), "--rate",
+            [sys.executable, "-m", "serwatt", "profile", "--pid", str(job.pid), "--rate",
              "100", "--window", "60", "--duration", "16", "--json", str(out)],
             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip

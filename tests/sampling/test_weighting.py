@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from collectors import procstat
-from collectors.samples import Frame, Sample
-from profiler.classify.codepaths import CODEPATHS, Classification
-from profiler.sampling.collect import RawWindow, exited_threads_cpu
-from profiler.sampling.weighting import (
+from serwatt.collectors import procstat
+from serwatt.collectors.samples import Frame, Sample
+from serwatt.profiler.classify.codepaths import CODEPATHS, Classification
+from serwatt.profiler.sampling.collect import RawWindow, exited_threads_cpu
+from serwatt.profiler.sampling.weighting import (
     CpuSeries,
     Phases,
     codepath_windows,

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from profiler.exitcodes import EXIT_CONFIG
-from profiler.service.config import (
+from serwatt.profiler.exitcodes import EXIT_CONFIG
+from serwatt.profiler.service.config import (
     DEFAULT_RUN_TEMPLATE,
     RUN_PLACEHOLDERS,
     ConfigError,
@@ -22,7 +22,7 @@ from tests.serwatt_cli import serwatt
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "configs" / "serwatt.example.yaml"
-SERWATT = [sys.executable, "-m", "profiler"]
+SERWATT = [sys.executable, "-m", "serwatt"]
 
 
 def write(tmp_path: Path, text: str, name: str = "serwatt.yaml") -> Path:
@@ -114,7 +114,7 @@ def test_example_config_mentions_every_key_the_loader_accepts() -> None:
 
 
 def test_check_config_passes_on_the_example() -> None:
-    """`python -m profiler check-config` as a user runs it (the others call main())."""
+    """`python -m serwatt check-config` as a user runs it (the others call main())."""
     out = subprocess.run(
         [*SERWATT, "check-config", str(EXAMPLE)], capture_output=True, text=True, cwd=REPO
     )

@@ -10,7 +10,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from profiler.service.config import Config, ConfigError, parse_config
+from serwatt.profiler.service.config import Config, ConfigError, parse_config
 
 KEYS = [
     "listen", "sample_rate_hz", "window_s", "rescan_s", "max_concurrent_samplers", "log_level",

@@ -13,18 +13,18 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from profiler.exitcodes import EXIT_CONFIG
-from profiler.service.config import (
+from serwatt.profiler.exitcodes import EXIT_CONFIG
+from serwatt.profiler.service.config import (
     MAX_LABEL_VALUE_LEN,
     MAX_TARGET_LABELS,
     RESERVED_LABELS,
     ConfigError,
     load_config,
 )
-from profiler.service.exporter import METRICS, MetricsServer, make_registry, series_count
-from profiler.service.ledger import Ledger, TargetProcess
+from serwatt.profiler.service.exporter import METRICS, MetricsServer, make_registry, series_count
+from serwatt.profiler.service.ledger import Ledger, TargetProcess
 
-SERWATT = [sys.executable, "-m", "profiler"]
+SERWATT = [sys.executable, "-m", "serwatt"]
 REPO = Path(__file__).resolve().parents[2]
 
 

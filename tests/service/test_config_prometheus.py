@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from profiler.service.config import load_config
+from serwatt.profiler.service.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 SNIPPET = REPO / "configs" / "prometheus" / "serwatt.yml"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from profiler.service.ledger import Ledger, TargetProcess
-from profiler.service.metrics import SnapshotCollector
+from serwatt.profiler.service.ledger import Ledger, TargetProcess
+from serwatt.profiler.service.metrics import SnapshotCollector
 
 
 def test_each_process_series_names_its_cpu_source() -> None:

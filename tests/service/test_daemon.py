@@ -17,8 +17,8 @@ import time
 
 import pytest
 
-from profiler.classify.codepaths import CODEPATHS
-from profiler.records.store import Recorder
+from serwatt.profiler.classify.codepaths import CODEPATHS
+from serwatt.profiler.records.store import Recorder
 from tests.daemon_support import (
     PYTHON,
     REPO,
@@ -37,7 +37,7 @@ from tests.daemon_support import (
 def _run_to_exit(cfg) -> subprocess.CompletedProcess:
     """Run a daemon that is expected to exit on its own (bad config, startup failure)."""
     return subprocess.run(
-        [PYTHON, "-m", "profiler", "daemon", "--config", str(cfg)],
+        [PYTHON, "-m", "serwatt", "daemon", "--config", str(cfg)],
         cwd=REPO,
         capture_output=True,
         text=True,

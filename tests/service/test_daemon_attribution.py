@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from profiler.records.store import Recorder
+from serwatt.profiler.records.store import Recorder
 from tests.daemon_support import start_daemon, stop_process, total
 from tests.workloads.targets import ensure_target
 

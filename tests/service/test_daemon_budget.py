@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from profiler.records.store import Recorder
+from serwatt.profiler.records.store import Recorder
 from tests.daemon_support import (
     DaemonProc,
     daemon_config,

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from profiler.records.store import Recorder
-from profiler.service.config import ConfigError, load_config
+from serwatt.profiler.records.store import Recorder
+from serwatt.profiler.service.config import ConfigError, load_config
 from tests.daemon_support import REPO, start_daemon
 
 LATE_START = (
     "import runpy, sys, time; time.sleep(3.0); sys.argv[0] = 'train';"
-    " runpy.run_module('profiler.workloads.train', run_name='__main__')"
+    " runpy.run_module('serwatt.profiler.workloads.train', run_name='__main__')"
 )
 
 

@@ -34,7 +34,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from collectors import procstat
+from serwatt.collectors import procstat
 from tests.daemon_support import start_daemon, stop_process, total, wait_for
 from tests.workloads import alternating
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from collectors import sched_timeline
-from profiler.records.store import Recorder
+from serwatt.collectors import sched_timeline
+from serwatt.profiler.records.store import Recorder
 from tests.daemon_support import start_daemon, start_workload, stop_process, total, wait_for
 
 STATUS = sched_timeline.probe()

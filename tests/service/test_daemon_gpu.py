@@ -11,12 +11,12 @@ import threading
 
 from prometheus_client import generate_latest
 
-from profiler.attribution.tracker import NVML_POLL_S
-from profiler.classify.codepaths import CODEPATHS
-from profiler.records.store import Recorder
-from profiler.service.config import load_config
-from profiler.service.daemon import Daemon
-from profiler.service.exporter import make_registry
+from serwatt.profiler.attribution.tracker import NVML_POLL_S
+from serwatt.profiler.classify.codepaths import CODEPATHS
+from serwatt.profiler.records.store import Recorder
+from serwatt.profiler.service.config import load_config
+from serwatt.profiler.service.daemon import Daemon
+from serwatt.profiler.service.exporter import make_registry
 from tests.daemon_support import (
     daemon_config,
     parse_metrics,

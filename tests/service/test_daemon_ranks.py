@@ -13,7 +13,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from profiler.records.store import Recorder
+from serwatt.profiler.records.store import Recorder
 from tests.daemon_support import (
     PYTHON,
     DaemonProc,

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import psutil
 
-from profiler.records.store import Recorder
+from serwatt.profiler.records.store import Recorder
 from tests.daemon_support import (
     PYTHON,
     DaemonProc,

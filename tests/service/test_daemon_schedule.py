@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from collectors.pyspy import NotPython, SamplingError
+from serwatt.collectors.pyspy import NotPython, SamplingError
 from tests.daemon_fakes import FakeTimeDaemon, Scripted
 
 WAKE_S = 0.5

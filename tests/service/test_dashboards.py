@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from profiler.service.exporter import METRIC_NAMES, METRICS
+from serwatt.profiler.service.exporter import METRIC_NAMES, METRICS
 from tests.dashboards import (
     DASHBOARD_DIR,
     DASHBOARDS,

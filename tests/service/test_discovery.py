@@ -14,10 +14,10 @@ from types import MappingProxyType
 
 import pytest
 
-from profiler.records.run_ids import NO_UNIT, format_start_time, render_run_id
-from profiler.sampling.eligible import PF_KTHREAD
-from profiler.service.config import TargetMatch, TargetSpec
-from profiler.service.discovery import discover
+from serwatt.profiler.records.run_ids import NO_UNIT, format_start_time, render_run_id
+from serwatt.profiler.sampling.eligible import PF_KTHREAD
+from serwatt.profiler.service.config import TargetMatch, TargetSpec
+from serwatt.profiler.service.discovery import discover
 
 SLEEPER = "import time, sys; time.sleep(120)"
 
@@ -241,7 +241,7 @@ def test_fake_procfs_python_detection(procfs: Path) -> None:
     make_proc(procfs, 12, ["node", "x"], exe="/usr/bin/node", maps="7f00-7f01 r-xp /lib/libc.so\n")
     make_proc(procfs, 13, ["py-spy", "record", "x"], exe="/venv/bin/py-spy")
     make_proc(procfs, 14, ["/usr/bin/python3", "/usr/local/bin/serwatt", "daemon", "x"])
-    make_proc(procfs, 15, ["python3", "-m", "profiler", "daemon", "x"])
+    make_proc(procfs, 15, ["python3", "-m", "serwatt", "daemon", "x"])
     stats: dict[str, int] = {}
     found = discover([spec(cmdline="x")], procfs, stats=stats)
     # uwsgi's libpython is in its maps, read only for a target that names its exe
@@ -343,7 +343,7 @@ def test_a_checkpoint_watch_is_never_a_target(marker: str, spawn, tmp_path: Path
     watch_dir = tmp_path / marker
     watch_dir.mkdir()
     watch = spawn(
-        [sys.executable, "-m", "collectors.fsevents", str(watch_dir)],
+        [sys.executable, "-m", "serwatt.collectors.fsevents", str(watch_dir)],
         cwd=Path(__file__).resolve().parents[2],
         stdin=subprocess.PIPE,  # it watches until its stdin closes
     )

@@ -10,10 +10,10 @@ import pytest
 from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from profiler.classify.codepaths import CODEPATHS
-from profiler.service.config import parse_listen
-from profiler.service.exporter import MetricsServer, make_registry
-from profiler.service.ledger import Ledger, TargetProcess
+from serwatt.profiler.classify.codepaths import CODEPATHS
+from serwatt.profiler.service.config import parse_listen
+from serwatt.profiler.service.exporter import MetricsServer, make_registry
+from serwatt.profiler.service.ledger import Ledger, TargetProcess
 
 
 def _ledger() -> Ledger:

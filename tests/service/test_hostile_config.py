@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import re2
 
-from profiler import yamlcheck
-from profiler.exitcodes import EXIT_CONFIG
-from profiler.report import load_cluster
-from profiler.service.config import ConfigError, load_config
+from serwatt.profiler import yamlcheck
+from serwatt.profiler.exitcodes import EXIT_CONFIG
+from serwatt.profiler.report import load_cluster
+from serwatt.profiler.service.config import ConfigError, load_config
 from tests.daemon_support import (
     PYTHON,
     REPO,
@@ -31,7 +31,7 @@ from tests.daemon_support import (
     wait_for,
 )
 
-SERWATT = [PYTHON, "-m", "profiler"]
+SERWATT = [PYTHON, "-m", "serwatt"]
 RE2_TYPE = type(re2.compile("x"))
 MAX_YAML_BYTES = 1024 * 1024  # the documented limit (yamlcheck.MAX_YAML_BYTES)
 # (a+)+$ against "aaaa…b": a backtracking engine tries every split of the a-run, 2**n ways.
@@ -87,8 +87,8 @@ def test_a_backtracking_pattern_does_not_stall_discovery_of_real_processes(
         """
         import sys
         from pathlib import Path
-        from profiler.service.config import load_config
-        from profiler.service.discovery import discover
+        from serwatt.profiler.service.config import load_config
+        from serwatt.profiler.service.discovery import discover
         found = discover(load_config(Path(sys.argv[1])).targets)
         print(" ".join(f"{d.pid}:{d.target}" for d in found))
         """

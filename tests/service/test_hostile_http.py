@@ -17,9 +17,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from profiler.service import exporter
-from profiler.service.exporter import MetricsServer, make_registry
-from profiler.service.ledger import Ledger, LedgerSnapshot
+from serwatt.profiler.service import exporter
+from serwatt.profiler.service.exporter import MetricsServer, make_registry
+from serwatt.profiler.service.ledger import Ledger, LedgerSnapshot
 
 WORKERS = 4  # the documented bound (exporter.HTTP_WORKERS)
 MAX_CONNECTIONS = 64  # exporter.HTTP_MAX_CONNECTIONS
@@ -132,7 +132,7 @@ def test_a_client_gone_mid_response_is_a_debug_line_not_a_traceback(clients, cap
         proceed.wait(10)
         return ledger.snapshot()
 
-    caplog.set_level(logging.DEBUG, logger="profiler.service.exporter")
+    caplog.set_level(logging.DEBUG, logger="serwatt.profiler.service.exporter")
     srv = _start(slow_snapshot)
     try:
         s = _connect(srv, clients)

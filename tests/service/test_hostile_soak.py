@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from profiler.records.store import Recorder
+from serwatt.profiler.records.store import Recorder
 from tests.daemon_support import WORKLOAD, start_daemon, start_workload, stop_process, total
 from tests.fuse_stall import fuse_available, stalling_fuse
 

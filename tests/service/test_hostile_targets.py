@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from profiler.service.discovery import discover
+from serwatt.profiler.service.discovery import discover
 from tests.fuse_stall import fuse_available, stalling_fuse
 from tests.service.test_discovery import SLEEPER, spec
 
@@ -88,7 +88,7 @@ def test_a_pid_file_linked_to_dev_zero_is_refused_not_read(tmp_path: Path, hones
     code = (
         "import resource, sys, pickle\n"
         "resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))\n"
-        "from profiler.service.discovery import discover\n"
+        "from serwatt.profiler.service.discovery import discover\n"
         "from tests.service.test_discovery import spec\n"
         f"found = discover([spec('hostile', pid_file={str(pid_file)!r}),"
         f" spec('honest', cmdline={honest.marker!r})])\n"
@@ -188,7 +188,7 @@ def test_maps_of_an_exe_admitted_process_is_read_bounded(tmp_path: Path) -> None
     processes' maps searched for libpython, and at most MAX_MAPS_BYTES of it."""
     import tracemalloc
 
-    from collectors.procstat import MAX_MAPS_BYTES
+    from serwatt.collectors.procstat import MAX_MAPS_BYTES
     from tests.service.test_discovery import make_proc
 
     procfs = tmp_path / "proc"
@@ -219,7 +219,7 @@ def test_maps_of_an_exe_admitted_process_is_read_bounded(tmp_path: Path) -> None
 
 
 def _watchers(pid: int) -> list[int]:
-    """The checkpoint-watch children of `pid` (python -m collectors.fsevents)."""
+    """The checkpoint-watch children of `pid` (python -m serwatt.collectors.fsevents)."""
     out = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
@@ -253,8 +253,8 @@ def test_a_stalled_fuse_checkpoint_directory_costs_only_its_own_run(
     """Item 4: the main thread waited forever for the watcher's "ready". A FUSE mount
     inside the directory is not descended into (as find -xdev); one at the directory
     itself stalls its watch, which never comes up: that run alone goes to the heuristic."""
-    from profiler.service import run_checkpoints
-    from profiler.service.run_checkpoints import RunCheckpoints
+    from serwatt.profiler.service import run_checkpoints
+    from serwatt.profiler.service.run_checkpoints import RunCheckpoints
 
     hostile_dir, honest_dir = tmp_path / "hostile", tmp_path / "honest"
     hostile_dir.mkdir()
@@ -300,7 +300,7 @@ def test_a_stalled_fuse_checkpoint_directory_costs_only_its_own_run(
 
 def test_one_watcher_per_target_whatever_its_runs(tmp_path: Path) -> None:
     """Item 9: one watcher interpreter per matched process (24 runs: 24 children)."""
-    from profiler.service.run_checkpoints import RunCheckpoints
+    from serwatt.profiler.service.run_checkpoints import RunCheckpoints
 
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir()
@@ -347,7 +347,7 @@ def test_a_stalled_procfs_read_costs_that_process_its_admission_not_the_scan(
     for it at most, finds the honest process,
     and counts the stall under the targets that process was yet to be checked against;
     once PROC_READS_PER_USER of its user's reads are stuck, it does not wait at all."""
-    from profiler.service.discovery import PROC_READ_WAIT_S, PROC_READS_PER_USER
+    from serwatt.profiler.service.discovery import PROC_READ_WAIT_S, PROC_READS_PER_USER
     from tests.service.test_discovery import make_proc
 
     procfs = tmp_path / "proc"

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from profiler.classify.codepaths import CODEPATHS
-from profiler.classify.direction import CODEPATH_DIRECTIONS
-from profiler.service.ledger import Ledger, TargetProcess
+from serwatt.profiler.classify.codepaths import CODEPATHS
+from serwatt.profiler.classify.direction import CODEPATH_DIRECTIONS
+from serwatt.profiler.service.ledger import Ledger, TargetProcess
 
 
 def _ledger(*targets: str) -> Ledger:

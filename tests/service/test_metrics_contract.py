@@ -10,9 +10,9 @@ import subprocess
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from profiler.classify.codepaths import CODEPATHS
-from profiler.service.exporter import METRIC_NAMES, METRICS, make_registry
-from profiler.service.ledger import Ledger, TargetProcess
+from serwatt.profiler.classify.codepaths import CODEPATHS
+from serwatt.profiler.service.exporter import METRIC_NAMES, METRICS, make_registry
+from serwatt.profiler.service.ledger import Ledger, TargetProcess
 from tests.conftest import DaemonScrape
 from tests.daemon_support import PYTHON, REPO
 
@@ -215,7 +215,7 @@ def test_promtool_on_a_real_daemon(daemon_scrape: DaemonScrape) -> None:
 def test_python_m_profiler_is_the_entry_point():
     # The daemon tests run `python -m profiler daemon`; the console script is the same main.
     proc = subprocess.run(
-        [PYTHON, "-m", "profiler", "daemon", "--help"],
+        [PYTHON, "-m", "serwatt", "daemon", "--help"],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from profiler.classify.codepaths import CODEPATHS
-from profiler.classify.direction import CODEPATH_DIRECTIONS
-from profiler.service.config import load_config
-from profiler.service.daemon import Daemon
+from serwatt.profiler.classify.codepaths import CODEPATHS
+from serwatt.profiler.classify.direction import CODEPATH_DIRECTIONS
+from serwatt.profiler.service.config import load_config
+from serwatt.profiler.service.daemon import Daemon
 from tests.daemon_support import (
     daemon_config,
     start_powercap,

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from prometheus_client import generate_latest
 
-from profiler.service.exporter import make_registry
-from profiler.service.ledger import Ledger, TargetProcess
+from serwatt.profiler.service.exporter import make_registry
+from serwatt.profiler.service.ledger import Ledger, TargetProcess
 from tests.conftest import DaemonScrape
 from tests.service.test_prometheus_rules import load_rules, rules_of
 

@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from profiler.service.sdnotify import SdNotifier
+from serwatt.profiler.service.sdnotify import SdNotifier
 
 
 @pytest.fixture()

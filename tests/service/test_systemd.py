@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from profiler.exitcodes import EXIT_CONFIG
+from serwatt.profiler.exitcodes import EXIT_CONFIG
 
 REPO = Path(__file__).resolve().parents[2]
 UNIT = REPO / "configs" / "systemd" / "serwatt.service"
@@ -192,7 +192,7 @@ def test_pyspy_needs_the_unit_capabilities_and_works_with_them(root_python) -> N
 
 TIMELINE = """
 import os
-from collectors import sched_timeline as st
+from serwatt.collectors import sched_timeline as st
 t = st.SchedTimeline([os.getpid()])
 try:
     t.start()

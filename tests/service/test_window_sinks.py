@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from profiler.attribution.pipeline import WindowRejected
-from profiler.attribution.window import AttributedWindow
-from profiler.service.ledger import Ledger
-from profiler.service.window_sinks import LedgerSink
+from serwatt.profiler.attribution.pipeline import WindowRejected
+from serwatt.profiler.attribution.window import AttributedWindow
+from serwatt.profiler.service.ledger import Ledger
+from serwatt.profiler.service.window_sinks import LedgerSink
 from tests.attribution.test_pipeline import _report
 
 

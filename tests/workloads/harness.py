@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from collectors.samples import Frame, Sample
+from serwatt.collectors.samples import Frame, Sample
 
 WORKLOAD = Path(__file__).with_name("serializers.py")
 REPO = Path(__file__).resolve().parents[2]

@@ -36,7 +36,7 @@ def main() -> None:
     out_dir, truth_path, seconds, go = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
     import torch
 
-    from profiler import many
+    from serwatt.profiler import many
 
     torch.set_num_threads(2)
     torch.manual_seed(0)

@@ -315,7 +315,7 @@ def run(kind, max_s):
 
         import numpy as np
 
-        from profiler import many
+        from serwatt.profiler import many
 
         state = {f"w{i}": np.full((512, 512), i, dtype=np.float32) for i in range(16)}
         with tempfile.TemporaryDirectory() as tmp:
@@ -329,7 +329,7 @@ def run(kind, max_s):
 
         import numpy as np
 
-        from profiler import many
+        from serwatt.profiler import many
 
         state = {f"w{i}": np.full((512, 512), i, dtype=np.float32) for i in range(16)}
         with tempfile.TemporaryDirectory() as tmp:

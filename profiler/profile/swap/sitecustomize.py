@@ -46,9 +46,11 @@ ENV = "SERWATT_SWAP"
 LOG_ENV = "SERWATT_SWAP_LOG"
 HERE = os.path.dirname(os.path.abspath(__file__))
 SERWATT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+if os.path.isfile(os.path.join(SERWATT_ROOT, "__init__.py")):  # installed: .../serwatt/
+    SERWATT_ROOT = os.path.dirname(SERWATT_ROOT)
 NEXT = "_serwatt_next_sitecustomize"
 MARK = "_serwatt_swapped"  # set on torch once patched: a second finder pass is a no-op
-PACKAGE = "profiler"  # serwatt's top-level package
+PACKAGE = "serwatt"  # serwatt's top-level package
 MAGIC = b"\x89MANY\r\n\x1a"  # profiler/many/FORMAT.md; checked against the format module
 MAX_LOG_BYTES = 16 << 20  # of the log read back: a line per save
 
@@ -99,9 +101,9 @@ def _ours(name: str) -> bool:
 
 
 def _load_compat() -> ModuleType:
-    """profiler.many.torch_compat from SERWATT_ROOT (module docstring). Raises whatever the
-    import raises; sys.modules keeps any `profiler` of the job's either way."""
-    name = f"{PACKAGE}.many.torch_compat"
+    """serwatt.profiler.many.torch_compat from SERWATT_ROOT (module docstring). Raises whatever the
+    import raises; sys.modules keeps any `serwatt` of the job's either way."""
+    name = f"{PACKAGE}.profiler.many.torch_compat"
     if name in sys.modules:
         return sys.modules[name]
     theirs = {k: sys.modules.pop(k) for k in list(sys.modules) if _ours(k)}
@@ -238,7 +240,7 @@ def _patch(torch: ModuleType) -> None:
     setattr(torch, MARK, True)  # noqa: B010 (torch is a ModuleType to mypy)
     try:
         compat = _load_compat()
-        from_format = sys.modules[f"{PACKAGE}.many.format"].MAGIC
+        from_format = sys.modules[f"{PACKAGE}.profiler.many.format"].MAGIC
         if from_format != MAGIC:
             raise ImportError(f"the .many magic is {from_format!r}, this file expects {MAGIC!r}")
     except Exception as exc:
