@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 
 import re2
 import yaml
@@ -313,6 +313,30 @@ def read_yaml_file(path: Path, *, missing_hint: str, max_bytes: int = MAX_YAML_B
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise refuse(f"cannot read the file: not UTF-8 text ({exc})") from None
+
+
+def read_yaml_stream(stream: BinaryIO, name: Path, *, max_bytes: int = MAX_YAML_BYTES) -> str:
+    """The text of YAML piped to serwatt (`check-config -`), under the same bound as a file;
+    raises ConfigError naming `name` when it cannot be used."""
+
+    def refuse(message: str) -> ConfigError:
+        return ConfigError(name, [ConfigProblem("", None, message)])
+
+    chunks: list[bytes] = []
+    left = max_bytes + 1
+    while left > 0:
+        chunk = stream.read(left)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    data = b"".join(chunks)
+    if len(data) > max_bytes:
+        raise refuse(f"more than {max_bytes} bytes; serwatt reads at most that much here")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise refuse(f"cannot read the input: not UTF-8 text ({exc})") from None
 
 
 def check_yaml(

@@ -1,4 +1,4 @@
-"""`serwatt check-config FILE`: validate a daemon config as the daemon will load it."""
+"""`serwatt check-config FILE|-`: validate a daemon config as the daemon will load it."""
 
 from __future__ import annotations
 
@@ -9,11 +9,22 @@ from pathlib import Path
 from serwatt.profiler.classify.rules import RuleError, load_rules
 from serwatt.profiler.exitcodes import EXIT_CONFIG
 from serwatt.profiler.many.format import escape_text
-from serwatt.profiler.service.config import Config, ConfigError, ConfigProblem, load_config
+from serwatt.profiler.service.config import (
+    Config,
+    ConfigError,
+    ConfigProblem,
+    load_config,
+    parse_config,
+)
+from serwatt.profiler.yamlcheck import read_yaml_stream
+
+STDIN = Path("<stdin>")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", type=Path, help="the daemon config (YAML) to validate")
+    parser.add_argument(
+        "file", type=Path, help="the daemon config (YAML) to validate; - reads standard input"
+    )
     parser.add_argument(
         "-q", "--quiet", action="store_true", help="print nothing when the config is valid"
     )
@@ -34,7 +45,10 @@ def check_rules(config: Config) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        config = load_config(args.file)
+        if str(args.file) == "-":
+            config = parse_config(read_yaml_stream(sys.stdin.buffer, STDIN), STDIN)
+        else:
+            config = load_config(args.file)
         check_rules(config)
     except ConfigError as exc:
         print(f"serwatt check-config: {exc}", file=sys.stderr)

@@ -1,4 +1,5 @@
-"""`serwatt daemon --config FILE`: load the config, set up logging, run the service."""
+"""`serwatt daemon --config FILE`: load the config, set up logging, run the service.
+`serwatt daemon --example-config`: print the example config shipped in the package."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import ctypes
 import logging
 import os
 import sys
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -16,16 +18,34 @@ from serwatt.profiler.service.daemon import Daemon, setup_logging
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument(
         "--config",
-        required=True,
         type=Path,
         metavar="FILE",
-        help="daemon config (YAML); see configs/serwatt.example.yaml",
+        help="daemon config (YAML); start from the one --example-config prints",
+    )
+    which.add_argument(
+        "--example-config",
+        action="store_true",
+        help="print the example config (every key, its default and why) and exit",
+    )
+
+
+def example_config() -> str:
+    """The example config as shipped: package data of the wheel, configs/ in a checkout."""
+    return (
+        resources.files("serwatt")
+        .joinpath("configs")
+        .joinpath("serwatt.example.yaml")
+        .read_text(encoding="utf-8")
     )
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.example_config:
+        sys.stdout.write(example_config())
+        return 0
     return serve(args.config)
 
 

@@ -86,7 +86,10 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "run the per-node service",
         "Profile every process on the node that the config's targets match, export "
         "Prometheus metrics and record runs. Usually started by systemd (configs/serwatt.service).",
-        (("serwatt daemon --config /etc/serwatt/serwatt.yaml", "run with a config file"),),
+        (
+            ("serwatt daemon --config /etc/serwatt/serwatt.yaml", "run with a config file"),
+            ("serwatt daemon --example-config > serwatt.yaml", "start from the example config"),
+        ),
     ),
     "check-config": Subcommand(
         "serwatt.profiler.cli.check_config",
@@ -96,6 +99,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         (
             ("serwatt check-config /etc/serwatt/serwatt.yaml", "validate a config"),
             ("serwatt check-config -q configs/serwatt.example.yaml", "only errors, for scripts"),
+            ("serwatt daemon --example-config | serwatt check-config -", "check piped YAML"),
         ),
     ),
     "classify": Subcommand(
