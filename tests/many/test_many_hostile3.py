@@ -121,7 +121,7 @@ READERS = {
     "report-checkpoints": "print(checkpoint_chain(Path(p).parent, {})['first_break'])",
 }
 PRELUDE = (
-    "import sys\nfrom pathlib import Path\nfrom profiler import many\n"
+    "import sys\nfrom pathlib import Path\nfrom serwatt.profiler import many\n"
     "from serwatt.profiler.many.verify import read_receipts\n"
     "from serwatt.profiler.cli.report import checkpoint_chain\np = sys.argv[1]\n"
 )
@@ -155,7 +155,7 @@ def test_a_sparse_claim_within_the_filesystem_costs_what_the_file_stores(tmp_pat
     extra -= extra % 4096
     _grow_state(path, extra)
     code = (
-        "import sys, time, json\nfrom profiler import many\n"
+        "import sys, time, json\nfrom serwatt.profiler import many\n"
         "t = time.perf_counter(); problems = many.verify(sys.argv[1])\n"
         "print(json.dumps([problems, time.perf_counter() - t]))"
     )
@@ -194,7 +194,7 @@ def test_a_descriptor_arena_that_is_a_hole_is_not_read_into_memory(tmp_path: Pat
     finally:
         os.close(fd)
     code = (
-        "import sys\nfrom profiler import many\n"
+        "import sys\nfrom serwatt.profiler import many\n"
         "def hwm():\n    for line in open('/proc/self/status'):\n"
         "        if line.startswith('VmHWM:'):\n            return int(line.split()[1])\n"
         "before = hwm()\n"

@@ -21,12 +21,12 @@ from serwatt.profiler.profile.ab import SWAP_DIR, SWAP_ENV, SWAP_LOG_ENV
 PY = sys.executable
 ZIP = b"PK\x03\x04"
 
-# A job with a module of its own named `profiler`, saving one state .many can store and one
+# A job with a module of its own named `serwatt`, saving one state .many can store and one
 # it cannot (a pickled object), loading both back; then a torch.save file it never wrote.
 JOB = """
 import argparse, json, os, sys
 import torch
-import serwatt.profiler
+import serwatt
 d = sys.argv[1]
 state = {"w": torch.arange(4.0), "step": 3, "rng": [1, (2.5, None)]}
 torch.save(state, os.path.join(d, "state.pt"))
@@ -38,7 +38,7 @@ try:
     foreign = "read"
 except Exception as exc:
     foreign = type(exc).__name__
-print(json.dumps({"mine": profiler.MINE, "step": state["step"], "w": state["w"].tolist(),
+print(json.dumps({"mine": serwatt.MINE, "step": state["step"], "w": state["w"].tolist(),
                   "lr": args.lr, "foreign": foreign, "save": torch.save.__module__}))
 """
 
@@ -49,7 +49,7 @@ Ran = tuple[dict[str, Any], str, list[dict[str, Any]]]
 def _run(tmp_path: Path, *, extra_path: str = "") -> Ran:
     mine = tmp_path / "mine"
     mine.mkdir(exist_ok=True)
-    (mine / "profiler.py").write_text("MINE = 'the job own'\n")
+    (mine / "serwatt.py").write_text("MINE = 'the job own'\n")
     torch.save({"x": torch.ones(2)}, tmp_path / "foreign.pt")
     log = tmp_path / "swap.jsonl"
     # the job's interpreter cannot import serwatt: only the swap directory and the job's
@@ -76,7 +76,7 @@ def _run(tmp_path: Path, *, extra_path: str = "") -> Ran:
 def test_swap_loads_without_serwatt_on_the_jobs_path_and_routes_per_file(tmp_path: Path) -> None:
     got, stderr, log = _run(tmp_path)
     assert got == {
-        "mine": "the job own",  # the job's own `profiler` module, not serwatt's
+        "mine": "the job own",  # the job's own `serwatt` module, not serwatt's
         "step": 3,
         "w": [0.0, 1.0, 2.0, 3.0],
         "lr": 0.1,
