@@ -24,6 +24,10 @@ BUILD_INPUTS = ("pyproject.toml", "README.md", "serwatt", "profiler", "collector
                 "dashboards")  # fmt: skip
 OPERATOR_DIRS = ("configs", "dashboards")
 
+# make check: building and installing the wheel takes 12-20 s of CPU, and xdist builds it
+# once per worker that draws one of these tests; packaging changes rarely between commits
+pytestmark = pytest.mark.long
+
 
 def run(argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, capture_output=True, text=True, timeout=300, **kw)  # type: ignore[call-overload, no-any-return]
