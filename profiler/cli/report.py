@@ -31,7 +31,6 @@ from serwatt.profiler.cli.main import UsageError
 from serwatt.profiler.cli.runs import DEFAULT_RECORD_DIR
 from serwatt.profiler.exitcodes import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE
 from serwatt.profiler.many import chain_head
-from serwatt.profiler.many.format import escape_text
 from serwatt.profiler.many.torch_compat import directory_chain
 from serwatt.profiler.records.store import RECORD_FILENAME, Recorder, RecordError
 from serwatt.profiler.report import (
@@ -48,6 +47,7 @@ from serwatt.profiler.report import from_prometheus as promql
 from serwatt.profiler.report.build import SCHEMA1_NOTE
 from serwatt.profiler.report.from_records import load_runs
 from serwatt.profiler.report.prom_error import PrometheusError
+from serwatt.profiler.terminal_escape import escape_text
 from serwatt.profiler.yamlcheck import ConfigError
 
 MAX_CHECKPOINT_FILES = 10_000  # a directory is hostile input too: bound what is verified

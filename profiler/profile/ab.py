@@ -61,7 +61,6 @@ from pathlib import Path
 from typing import Any
 
 from serwatt.profiler.exitcodes import EXIT_RUNTIME, EXIT_USAGE
-from serwatt.profiler.many.format import escape_text
 from serwatt.profiler.profile.checkpoint_files import (
     by_format,
     snapshot,
@@ -73,6 +72,7 @@ from serwatt.profiler.profile.pickle_scan import swap_problems
 from serwatt.profiler.records.run_ids import format_start_time
 from serwatt.profiler.records.store import Recorder, RecordError
 from serwatt.profiler.safeio import InputFileError, read_bounded, read_json
+from serwatt.profiler.terminal_escape import escape_text
 
 SIDES = ("baseline", "candidate")
 ORDERS = ("interleaved", "random")

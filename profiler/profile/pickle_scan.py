@@ -13,9 +13,9 @@ import zipfile
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from serwatt.profiler.many.format import escape_text
 from serwatt.profiler.profile.checkpoint_files import ZIP_MAGIC
 from serwatt.profiler.safeio import open_regular
+from serwatt.profiler.terminal_escape import escape_text
 
 MAX_PICKLE_BYTES = 64 << 20  # a state dict's pickle holds names and offsets, not tensor data
 # The globals a torch.save file of tensors, dicts and lists refers to: what the drop-in

@@ -9,9 +9,9 @@ checkpoints and restores (checkpoints.py), the encode / decode breakdown (direct
 the cluster file (cluster.py) and projection (projection.py), the document (build.py),
 receipts (receipt.py) and rendering (render_text.py, render_html.py) are pure functions.
 Beyond those two adapters the package imports only profiler.classify.codepaths (the
-closed codepath set), profiler.yamlcheck (the cluster file's checker), profiler.many.format
-(escaping text for the terminal), numpy, scipy, yaml and blake3; never the daemon, the
-profile session or hardware.
+closed codepath set), profiler.yamlcheck (the cluster file's checker),
+profiler.terminal_escape (escaping text for the terminal), numpy, scipy, yaml and blake3;
+never the daemon, the profile session or hardware.
 """
 
 from serwatt.profiler.report.build import REPORT_SCHEMA, build_report

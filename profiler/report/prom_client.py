@@ -19,11 +19,11 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-from serwatt.profiler.many.format import escape_text
 from serwatt.profiler.report.deadline_http import RedirectRefused, deadline_opener
 from serwatt.profiler.report.prom_args import check_url
 from serwatt.profiler.report.prom_error import PrometheusError
 from serwatt.profiler.report.prom_matrix import MAX_POINTS, Series, parse_matrix
+from serwatt.profiler.terminal_escape import escape_text
 
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024  # one query's JSON; more is refused, not parsed
 MAX_ERROR_BODY_BYTES = 64 * 1024  # of an HTTP error's body, only its message is shown
