@@ -108,7 +108,7 @@ from serwatt.profiler.intervals import (  # noqa: E402
     mean_interval,
     verdict,
 )
-from serwatt.profiler.profile.ab import resident_pages as ab_resident_pages  # noqa: E402
+from serwatt.profiler.profile.page_cache import resident_pages as mincore_pages  # noqa: E402
 
 METHODS = (
     "torch.save",
@@ -218,7 +218,7 @@ def resident_pages(path: Path) -> tuple[int, int]:
     """(resident, total) pages of `path` in the page cache, by mincore(2); reads nothing."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        return ab_resident_pages(fd, os.fstat(fd).st_size)
+        return mincore_pages(fd, os.fstat(fd).st_size)
     finally:
         os.close(fd)
 

@@ -2,7 +2,7 @@
 finding 6): a target's argv in `serwatt profile`'s table, a record's host fields in
 `runs show`/`runs list` and the report, a Prometheus `instance` label and an HTTP error
 body in `report --prometheus`. Every such string is printed through the one escape
-`many inspect` uses (profiler.many.format.escape_text)."""
+`many inspect` uses (profiler.terminal_escape.escape_text)."""
 
 from __future__ import annotations
 

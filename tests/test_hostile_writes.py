@@ -235,7 +235,7 @@ _ALLOWED = {
     "profiler/records/schema.py": {"sqlite3.connect"},
     # --cold-restore fsyncs the job's checkpoint files, opened read-only, so their pages
     # are clean and posix_fadvise(DONTNEED) can drop them: it writes no file
-    "profiler/profile/ab.py": {"fsync"},
+    "profiler/profile/page_cache.py": {"fsync"},
     # stdout's reader is gone (EPIPE): /dev/null takes over fd 1, writing no file
     "profiler/cli/main.py": {"os.open for writing"},
     # runs inside the job's processes (their user, their interpreter; serwatt's modules

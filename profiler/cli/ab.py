@@ -26,7 +26,6 @@ from serwatt.profiler import safeio
 from serwatt.profiler.cli.argtypes import Number, add_report_view_options, check_output_option
 from serwatt.profiler.cli.main import UsageError
 from serwatt.profiler.exitcodes import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE
-from serwatt.profiler.many.format import escape_text
 from serwatt.profiler.profile.ab import (
     ORDERS,
     SWAPS,
@@ -59,6 +58,7 @@ from serwatt.profiler.report.render_text import (
     untimed_restore_bound,
     warmup_text,
 )
+from serwatt.profiler.terminal_escape import escape_text
 from serwatt.profiler.yamlcheck import ConfigError
 
 INTERRUPTED = 130  # a shell's code for SIGINT, as `serwatt` itself returns on Ctrl-C

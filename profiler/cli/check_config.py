@@ -8,7 +8,6 @@ from pathlib import Path
 
 from serwatt.profiler.classify.rules import RuleError, load_rules
 from serwatt.profiler.exitcodes import EXIT_CONFIG
-from serwatt.profiler.many.format import escape_text
 from serwatt.profiler.service.config import (
     Config,
     ConfigError,
@@ -16,6 +15,7 @@ from serwatt.profiler.service.config import (
     load_config,
     parse_config,
 )
+from serwatt.profiler.terminal_escape import escape_text
 from serwatt.profiler.yamlcheck import read_yaml_stream
 
 STDIN = Path("<stdin>")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from serwatt.profiler.classify.rules import RuleError, load_rules
 from serwatt.profiler.exitcodes import EXIT_CONFIG, EXIT_OK
-from serwatt.profiler.many.format import escape_text
+from serwatt.profiler.terminal_escape import escape_text
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -28,7 +28,7 @@ from serwatt.profiler.classify.rules import RuleError
 from serwatt.profiler.cli.argtypes import PID_MAX_LIMIT, Number
 from serwatt.profiler.cli.main import UsageError
 from serwatt.profiler.exitcodes import EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME
-from serwatt.profiler.many.format import escape_text
+from serwatt.profiler.terminal_escape import escape_text
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -280,7 +280,7 @@ def _dispatch(argv: list[str] | None) -> int:
         return int(module.run(args))
     except UsageError as exc:
         # a message quotes paths, run ids, labels, server text: escaped for the terminal
-        from serwatt.profiler.many.format import escape_text
+        from serwatt.profiler.terminal_escape import escape_text
 
         print(f"serwatt {args.command}: error: {escape_text(str(exc), backslash=False)}",
               file=sys.stderr)  # fmt: skip

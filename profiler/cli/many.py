@@ -25,13 +25,8 @@ from typing import Any
 
 from serwatt.profiler.cli.main import UsageError
 from serwatt.profiler.exitcodes import EXIT_OK, EXIT_RUNTIME
-from serwatt.profiler.many.format import (
-    HEADER_DIRTY,
-    VERSION_MAJOR,
-    ManyFormatError,
-    display_name,
-    escape_text,
-)
+from serwatt.profiler.many.format import HEADER_DIRTY, VERSION_MAJOR, ManyFormatError
+from serwatt.profiler.many.names import display_name
 from serwatt.profiler.many.reader import load
 from serwatt.profiler.many.receipt import Receipt
 from serwatt.profiler.many.signing import (
@@ -40,6 +35,7 @@ from serwatt.profiler.many.signing import (
     load_public_key,
 )
 from serwatt.profiler.many.verify import verify, verify_chain
+from serwatt.profiler.terminal_escape import escape_text
 
 # Text-mode column width for names; longer names are cut with a marker and their length.
 _NAME_COLUMN = 48

@@ -39,7 +39,6 @@ from serwatt.profiler.cli.argtypes import (
 )
 from serwatt.profiler.cli.main import UsageError
 from serwatt.profiler.exitcodes import EXIT_OK, EXIT_RUNTIME
-from serwatt.profiler.many.format import escape_text
 from serwatt.profiler.profile.flamegraph import render_page
 from serwatt.profiler.profile.pprof import pprof_bytes
 from serwatt.profiler.profile.session import ProfileSession, SessionResult
@@ -50,6 +49,7 @@ from serwatt.profiler.sampling.collect import (
     TIMING_RATE_FACTOR,
     TIMING_RATE_MAX_HZ,
 )
+from serwatt.profiler.terminal_escape import escape_text
 
 BAD_INPUT_ERRORS = (TargetGone, NotPython, UnsupportedPython, PtraceDenied)
 

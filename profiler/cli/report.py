@@ -31,7 +31,6 @@ from serwatt.profiler.cli.main import UsageError
 from serwatt.profiler.cli.runs import DEFAULT_RECORD_DIR
 from serwatt.profiler.exitcodes import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE
 from serwatt.profiler.many import chain_head
-from serwatt.profiler.many.format import escape_text
 from serwatt.profiler.many.torch_compat import directory_chain
 from serwatt.profiler.records.store import RECORD_FILENAME, Recorder, RecordError
 from serwatt.profiler.report import (
@@ -39,6 +38,7 @@ from serwatt.profiler.report import (
     ReportRefused,
     build_report,
     projection_cluster,
+    prom_args,
     render_html,
     render_text,
     verify_receipt,
@@ -46,6 +46,8 @@ from serwatt.profiler.report import (
 from serwatt.profiler.report import from_prometheus as promql
 from serwatt.profiler.report.build import SCHEMA1_NOTE
 from serwatt.profiler.report.from_records import load_runs
+from serwatt.profiler.report.prom_error import PrometheusError
+from serwatt.profiler.terminal_escape import escape_text
 from serwatt.profiler.yamlcheck import ConfigError
 
 MAX_CHECKPOINT_FILES = 10_000  # a directory is hostile input too: bound what is verified
@@ -80,8 +82,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     prom.add_argument(
         "--step", metavar="DURATION",
         help=f"window length: the query step (default: the range / "
-        f"{promql.DEFAULT_WINDOWS}, at least {promql.MIN_DEFAULT_STEP_S:g} s); at least the "
-        "daemon's window_s",
+        f"{prom_args.DEFAULT_WINDOWS}, at least {prom_args.MIN_DEFAULT_STEP_S:g} s); "
+        "at least the daemon's window_s",
     )  # fmt: skip
     src = parser.add_mutually_exclusive_group()
     src.add_argument("--db", type=Path, help="a record file (runs.sqlite)")
@@ -231,16 +233,16 @@ def _side_query(args: argparse.Namespace, side: str, now: float) -> promql.SideQ
     text = getattr(args, f"{side}_range") or args.time_range
     if text is None:
         raise UsageError(f"give --range 30m (both sides) or --{side}-range START..END")
-    start, end = promql.parse_range(
+    start, end = prom_args.parse_range(
         text, f"--{side}-range" if getattr(args, f"{side}_range") else "--range", now=now
     )
-    step = promql.parse_duration(args.step, "--step") if args.step else None
+    step = prom_args.parse_duration(args.step, "--step") if args.step else None
     return promql.SideQuery(
         name=side,
-        selector=promql.check_selector(selector, option),
+        selector=prom_args.check_selector(selector, option),
         start=start,
         end=end,
-        step_s=step if step is not None else promql.default_step(start, end),
+        step_s=step if step is not None else prom_args.default_step(start, end),
     )
 
 
@@ -260,7 +262,7 @@ def _from_prometheus(args: argparse.Namespace) -> tuple[list[Any], list[Any], di
                 "(--baseline, --candidate) or two ranges (--baseline-range, --candidate-range)"
             )
         return promql.load_sides(args.prometheus, base, cand)
-    except promql.PrometheusError as exc:
+    except PrometheusError as exc:
         if exc.usage:
             raise UsageError(str(exc)) from None
         raise _RuntimeFailure(str(exc)) from None

@@ -16,7 +16,6 @@ from pathlib import Path
 from serwatt.profiler.classify.codepaths import CODEPATHS
 from serwatt.profiler.cli.main import UsageError
 from serwatt.profiler.exitcodes import EXIT_RUNTIME
-from serwatt.profiler.many.format import escape_text
 from serwatt.profiler.records.host import describe
 from serwatt.profiler.records.sources import sources_text
 from serwatt.profiler.records.store import (
@@ -27,6 +26,7 @@ from serwatt.profiler.records.store import (
     RunSummary,
 )
 from serwatt.profiler.service.config import ConfigError, load_config
+from serwatt.profiler.terminal_escape import escape_text
 
 DEFAULT_RECORD_DIR = Path("/var/lib/serwatt/runs")
 

@@ -79,12 +79,12 @@ from serwatt.profiler.many.format import (
     GRAD_DTYPE_CODES,
     MAX_EXTENT_BYTES,
     ManyFormatError,
-    escape_text,
-    show_name,
 )
+from serwatt.profiler.many.names import show_name
 from serwatt.profiler.many.reader import Checkpoint, load
 from serwatt.profiler.many.receipt import Receipt
 from serwatt.profiler.many.writer import save
+from serwatt.profiler.terminal_escape import escape_text
 
 __all__ = [
     "METADATA_FILE",

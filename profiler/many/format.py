@@ -4,7 +4,7 @@ signature block.
 Pure parsing and packing: nothing here opens files. Every check on untrusted bytes raises
 `ManyFormatError` naming the field, and never allocates more than O(slot count) memory,
 where the slot count is itself bounded by the file size. Text from the file (slot names)
-reaches messages only through `show_name`, which escapes and bounds it.
+reaches messages only through `show_name` (names.py), which escapes and bounds it.
 """
 
 from __future__ import annotations
@@ -17,6 +17,9 @@ from typing import Any
 
 import blake3
 import numpy as np
+
+from serwatt.profiler.many.names import show_name
+from serwatt.profiler.terminal_escape import escape_text
 
 MAGIC = b"\x89MANY\r\n\x1a"
 VERSION_MAJOR = 1
@@ -40,9 +43,6 @@ SIGNATURE_DOMAIN = b"serwatt.many.signature.v1\0"
 SIG_ED25519 = 1
 _SIGNATURE = struct.Struct("<8sH6s32s64s16s")
 assert _SIGNATURE.size == SIGNATURE_BLOCK_SIZE
-
-# Names longer than this are cut in messages and listings (with their true length).
-NAME_DISPLAY_LIMIT = 64
 
 # header flags
 HEADER_DIRTY = 1
@@ -116,53 +116,6 @@ class ManyFormatError(ManyError, ValueError):
 
 def round_up(n: int, to: int = PAGE_SIZE) -> int:
     return (n + to - 1) // to * to
-
-
-_ESCAPES = {"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"}
-
-
-def escape_text(text: str, *, backslash: bool = True) -> str:
-    """`text` with every non-printable character (controls, escapes, bidi overrides, lone
-    surrogates) written as a Python-style escape: safe for a terminal. With `backslash`, a
-    backslash is doubled too, so the escaped form is unambiguous; without it, text that is
-    already escaped (a message quoting names) passes through unchanged."""
-    if text.isprintable() and (not backslash or "\\" not in text):
-        return text
-    out = []
-    for ch in text:
-        if ch == "\\" and not backslash:
-            out.append(ch)
-        elif ch in _ESCAPES:
-            out.append(_ESCAPES[ch])
-        elif ch.isprintable():
-            out.append(ch)
-        else:
-            code = ord(ch)
-            out.append(
-                f"\\x{code:02x}"
-                if code < 0x100
-                else f"\\u{code:04x}"
-                if code < 0x10000
-                else f"\\U{code:08x}"
-            )
-    return "".join(out)
-
-
-def display_name(name: str, limit: int = NAME_DISPLAY_LIMIT) -> str:
-    """A slot name for a terminal: escaped, and cut to about `limit` characters with a marker
-    naming its true length (so listing N names costs O(N * limit), not O(N * longest))."""
-    shown = escape_text(name[: limit + 1])
-    if len(name) <= limit and len(shown) <= limit:
-        return shown
-    marker = f"…[{len(name)} chars]"
-    return shown[: max(limit - len(marker), 8)] + marker
-
-
-def show_name(name: object) -> str:
-    """A slot name quoted for an error message: escaped and bounded."""
-    if not isinstance(name, str):
-        return escape_text(str(name)[:NAME_DISPLAY_LIMIT])
-    return f"'{display_name(name)}'"
 
 
 @dataclass(frozen=True)

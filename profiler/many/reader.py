@@ -38,8 +38,8 @@ from serwatt.profiler.many.format import (
     parse_signature_block,
     parse_table,
     rights_text,
-    show_name,
 )
+from serwatt.profiler.many.names import show_name
 from serwatt.profiler.many.receipt import Receipt
 from serwatt.profiler.many.signing import SignatureInfo, signature_valid
 

@@ -25,13 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from serwatt.profiler.many.format import (
-    BFLOAT16,
-    DTYPES,
-    GRAD_DTYPE_CODES,
-    ManyFormatError,
-    show_name,
-)
+from serwatt.profiler.many.format import BFLOAT16, DTYPES, GRAD_DTYPE_CODES, ManyFormatError
+from serwatt.profiler.many.names import show_name
 from serwatt.profiler.many.reader import Parsed, open_regular, read_parsed
 from serwatt.profiler.many.receipt import Receipt
 from serwatt.profiler.many.verify import check_open_file, verified_copy, writable_by_others

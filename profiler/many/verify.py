@@ -31,8 +31,8 @@ from serwatt.profiler.many.format import (
     ManyFormatError,
     check_all_shapes,
     receipt_digest,
-    show_name,
 )
+from serwatt.profiler.many.names import show_name
 from serwatt.profiler.many.reader import Parsed, open_regular, read_parsed
 from serwatt.profiler.many.receipt import Receipt
 from serwatt.profiler.many.signing import key_id, public_key_bytes

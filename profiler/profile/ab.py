@@ -34,18 +34,17 @@ Ctrl-C: the runs are in sessions of their own, so a terminal's Ctrl-C reaches se
 alone; the A/B stops after the current run and says it is partial. A second Ctrl-C
 interrupts the current run too. A run that fails (exit code not 0) stops the A/B with its
 exit code, run id and stderr tail; what the record holds stays.
+
+The checkpoint directory's files are snapshotted by checkpoint_files.py, the page cache
+read and evicted by page_cache.py, and the baseline's torch.save files scanned for what
+the swap cannot write by pickle_scan.py.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import json
-import math
-import mmap
 import os
-import pickletools
 import random
 import shlex
 import signal
@@ -55,19 +54,25 @@ import sys
 import tempfile
 import threading
 import time
-import zipfile
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from serwatt.collectors.fsevents import name_filter
 from serwatt.profiler.exitcodes import EXIT_RUNTIME, EXIT_USAGE
-from serwatt.profiler.many.format import MAGIC, escape_text
+from serwatt.profiler.profile.checkpoint_files import (
+    by_format,
+    snapshot,
+    written_files,
+    written_paths,
+)
+from serwatt.profiler.profile.page_cache import cache_label, cache_state
+from serwatt.profiler.profile.pickle_scan import swap_problems
 from serwatt.profiler.records.run_ids import format_start_time
 from serwatt.profiler.records.store import Recorder, RecordError
-from serwatt.profiler.safeio import InputFileError, open_regular, read_bounded, read_head, read_json
+from serwatt.profiler.safeio import InputFileError, read_bounded, read_json
+from serwatt.profiler.terminal_escape import escape_text
 
 SIDES = ("baseline", "candidate")
 ORDERS = ("interleaved", "random")
@@ -77,7 +82,6 @@ SWAP_DIR = Path(__file__).resolve().parent / "swap"
 SWAP_ENV = "SERWATT_SWAP"
 SWAP_LOG_ENV = "SERWATT_SWAP_LOG"  # swap/sitecustomize.py's log of what went where
 TAIL_BYTES = 4096  # of each run's stderr, kept for a failure's message
-MAX_ENTRIES = 100_000  # entries of a checkpoint directory looked at per snapshot
 RESUMED = "resumed"
 MAX_SWAP_LOG_BYTES = 64 << 20  # a line per save of every process of a run
 
@@ -587,253 +591,3 @@ class RunFailed(AbError):
 def _last_line(text: str) -> str:
     lines = [line for line in text.splitlines() if line.strip()]
     return lines[-1] if lines else "(no output on stderr)"
-
-
-# ---------------------------------------------------------------------- checkpoint files
-
-FileVersion = tuple[int, int, int, int]  # (dev, inode, size, mtime_ns)
-
-
-def snapshot(directory: Path, glob: str | None = None) -> dict[str, FileVersion]:
-    """path -> version of each regular file under `directory` whose name is a checkpoint's
-    (`--checkpoint-glob`, or the watch's default rule: no temp files, no TensorBoard
-    events), links not followed, at most MAX_ENTRIES entries looked at."""
-    keep = name_filter(glob)
-    out: dict[str, FileVersion] = {}
-    pending = [str(directory)]
-    seen = 0
-    while pending and seen < MAX_ENTRIES:
-        top = pending.pop()
-        try:
-            entries = list(os.scandir(top))
-        except OSError:
-            continue
-        for entry in entries:
-            seen += 1
-            if seen > MAX_ENTRIES:
-                break
-            try:
-                info = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            if stat.S_ISDIR(info.st_mode):
-                pending.append(entry.path)
-            elif stat.S_ISREG(info.st_mode) and keep(entry.name):
-                out[entry.path] = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
-    return out
-
-
-def written_files(before: dict[str, FileVersion], after: dict[str, FileVersion]) -> list[str]:
-    """The files a run completed: present after it, and new or changed since before it."""
-    return sorted(p for p, v in after.items() if before.get(p) != v)
-
-
-def written_paths(directory: Path, glob: str | None = None) -> list[str]:
-    return sorted(snapshot(directory, glob))
-
-
-def by_format(sizes: dict[str, int]) -> dict[str, list[int]]:
-    """[files, bytes] written per format: `.many`, torch.save's zip, anything else."""
-    out = {"many": [0, 0], "torch": [0, 0], "other": [0, 0]}
-    for path, size in sizes.items():
-        try:
-            head = read_head(path, len(MAGIC))
-        except OSError:
-            head = b""
-        kind = "many" if head == MAGIC else "torch" if head.startswith(_ZIP_MAGIC) else "other"
-        out[kind][0] += 1
-        out[kind][1] += size
-    return out
-
-
-def is_many(path: str) -> bool:
-    """Whether the file begins with the `.many` magic bytes (profiler/many/FORMAT.md)."""
-    try:
-        return read_head(path, len(MAGIC)) == MAGIC
-    except OSError:
-        return False
-
-
-# ---------------------------------------------------------------------- page cache
-
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-_libc.mmap.restype = ctypes.c_void_p
-_libc.mmap.argtypes = [
-    ctypes.c_void_p,
-    ctypes.c_size_t,
-    ctypes.c_int,
-    ctypes.c_int,
-    ctypes.c_int,
-    ctypes.c_long,
-]
-_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte)]
-_MAP_FAILED = ctypes.c_void_p(-1).value
-
-
-def resident_pages(fd: int, size: int) -> tuple[int, int]:
-    """(resident, total) pages of an open file of `size` bytes in the page cache, by
-    mincore(2) over a shared read-only mapping: mapping a file reads nothing until a page
-    is touched. bench/checkpoint.py uses it too."""
-    if size == 0:
-        return 0, 0
-    addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-    if addr in (None, _MAP_FAILED):
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-    try:
-        pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
-        vec = (ctypes.c_ubyte * pages)()
-        if _libc.mincore(addr, size, vec) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, os.strerror(err))
-        return sum(b & 1 for b in vec), pages
-    finally:
-        _libc.munmap(addr, size)
-
-
-def resident_fraction(fd: int, size: int) -> float:
-    """The fraction of the file's pages in the page cache (1.0 for an empty file)."""
-    resident, pages = resident_pages(fd, size)
-    return resident / pages if pages else 1.0
-
-
-def cache_state(directory: Path, *, evict: bool) -> dict[str, float]:
-    """path -> fraction cached, of each checkpoint file under `directory`; with `evict`
-    each is first fsynced (dirty pages cannot be dropped) and dropped with
-    posix_fadvise(DONTNEED), so the fraction confirms the eviction."""
-    out: dict[str, float] = {}
-    for path in snapshot(directory):
-        try:
-            with open_regular(path) as fd:
-                size = os.fstat(fd).st_size
-                if evict:
-                    os.fsync(fd)
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                out[path] = resident_fraction(fd, size)
-        except OSError:
-            continue
-    return out
-
-
-def cache_label(fraction: float) -> str:
-    if fraction <= 0.0:
-        return "cold"
-    if fraction >= 1.0:
-        return "warm"
-    # floored: a file one page short of cached is not "100%" cached
-    return f"partly cached ({math.floor(fraction * 100)}%)"
-
-
-# ---------------------------------------------------------------------- what --swap covers
-
-_ZIP_MAGIC = b"PK\x03\x04"
-MAX_PICKLE_BYTES = 64 << 20  # a state dict's pickle holds names and offsets, not tensor data
-# The globals a torch.save file of tensors, dicts and lists refers to: what the drop-in
-# writes (torch_compat's scope). Anything else is a pickled object it refuses.
-_TENSOR_GLOBALS = {
-    ("collections", "OrderedDict"),
-    ("torch._utils", "_rebuild_tensor_v2"),
-    ("torch._utils", "_rebuild_parameter"),
-    # numpy arrays and scalars (an RNG state): the drop-in stores them as arrays
-    ("numpy.core.multiarray", "_reconstruct"),
-    ("numpy._core.multiarray", "_reconstruct"),
-    ("numpy.core.multiarray", "scalar"),
-    ("numpy._core.multiarray", "scalar"),
-    ("numpy", "ndarray"),
-    ("numpy", "dtype"),
-    ("_codecs", "encode"),  # protocol 2's bytes (torch.save's default protocol)
-}
-
-
-def _globals(data: bytes) -> Iterator[tuple[str, str]]:
-    """(module, name) of every global a pickle refers to, without unpickling it."""
-    strings: list[str] = []
-    memo: dict[int, Any] = {}
-    for op, arg, _pos in pickletools.genops(data):
-        if op.name == "GLOBAL" and isinstance(arg, str):
-            module, _, name = arg.partition(" ")
-            yield module, name
-        elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
-            yield strings[-2], strings[-1]
-        elif isinstance(arg, str) and "UNICODE" in op.name:
-            strings.append(arg)
-        elif op.name == "MEMOIZE" and strings:
-            memo[len(memo)] = strings[-1]
-        elif op.name in ("BINGET", "LONG_BINGET") and isinstance(arg, int):
-            if isinstance(got := memo.get(arg), str):
-                strings.append(got)
-
-
-def _damaged(path: str, exc: BaseException) -> str:
-    detail = escape_text(f"{type(exc).__name__}: {exc}"[:200])
-    return (
-        f"{escape_text(os.path.basename(path))}: a damaged torch.save file ({detail}), so "
-        "what it pickles cannot be checked; check that torch.load reads it and save it "
-        "again, move it out of the checkpoint directory, or A/B this job with --candidate"
-    )
-
-
-def _pickle_of(fd: int) -> bytes | None:
-    """The data.pkl bytes of the torch.save zip open at `fd` (None: no such member, or one
-    past MAX_PICKLE_BYTES). Raises whatever the zip's damage makes zipfile raise."""
-    with os.fdopen(os.dup(fd), "rb") as fh, zipfile.ZipFile(fh) as zf:
-        member = next(
-            (
-                i
-                for i in zf.infolist()
-                if i.filename.endswith("/data.pkl") or i.filename == "data.pkl"
-            ),
-            None,
-        )
-        if member is None or member.file_size > MAX_PICKLE_BYTES:
-            return None
-        return zf.read(member)
-
-
-def unsupported_by_swap(paths: Sequence[str]) -> list[str]:
-    """`swap_problems`' two lists in one, damaged files first."""
-    damaged, pickled = swap_problems(paths)
-    return damaged + pickled
-
-
-def swap_problems(paths: Sequence[str]) -> tuple[list[str], list[str]]:
-    """What in these torch.save files the `.many` drop-in cannot write, every file: (files
-    too damaged to check, a zip or pickle that cannot be read; files that pickle objects,
-    "training_args.bin pickles transformers.training_args.TrainingArguments", which the
-    swap sends to the original torch.save). Not torch.save zips: nothing."""
-    problems: list[str] = []
-    damaged: list[str] = []
-    for path in paths:
-        try:
-            with open_regular(path) as fd:
-                if os.pread(fd, 4, 0) != _ZIP_MAGIC:
-                    continue
-                try:
-                    data = _pickle_of(fd)
-                # The file is the job's and damage takes any shape: zipfile raises
-                # BadZipFile, zlib.error, lzma.LZMAError, NotImplementedError (a method it
-                # lacks), RuntimeError (an encryption flag), EOFError, OSError... Each is the
-                # same answer: this file cannot be checked.
-                except Exception as exc:
-                    damaged.append(_damaged(path, exc))
-                    continue
-        except OSError:
-            continue  # gone, or not a regular file: not a checkpoint the job left
-        if data is None:
-            continue
-        try:
-            found = sorted(
-                {
-                    f"{m}.{n}"
-                    for m, n in _globals(data)
-                    if (m, n) not in _TENSOR_GLOBALS
-                    and not (m == "torch" and n.endswith("Storage"))
-                }
-            )
-        except Exception as exc:  # pickletools on a damaged pickle: ValueError, EOFError...
-            damaged.append(_damaged(path, exc))
-            continue
-        if found:
-            problems.append(f"{os.path.basename(path)} pickles {', '.join(found[:3])}")
-    return damaged, problems

@@ -28,9 +28,9 @@ from serwatt.profiler.attribution.episodes import Episode
 from serwatt.profiler.attribution.tracker import EnergyTracker
 from serwatt.profiler.attribution.window import AttributedWindow
 from serwatt.profiler.many import ManyError
-from serwatt.profiler.many.format import escape_text
 from serwatt.profiler.many.verify import read_receipts
 from serwatt.profiler.profile.session import SessionInfo
+from serwatt.profiler.terminal_escape import escape_text
 
 if TYPE_CHECKING:
     from serwatt.profiler.profile.checkpoint_sink import CheckpointSink

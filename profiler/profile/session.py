@@ -48,7 +48,6 @@ from serwatt.profiler.attribution.pipeline import Delivery, WindowPipeline
 from serwatt.profiler.attribution.tracker import EnergyTracker, TrackerReport
 from serwatt.profiler.attribution.window import AttributedWindow
 from serwatt.profiler.classify import source_cache
-from serwatt.profiler.many.format import escape_text
 from serwatt.profiler.profile.accumulator import Accumulator
 from serwatt.profiler.profile.cpu_budget import SessionBudget
 from serwatt.profiler.profile.stack_profile import StackProfile
@@ -62,6 +61,7 @@ from serwatt.profiler.sampling.collect import (
 )
 from serwatt.profiler.sampling.retry import RetryPolicy
 from serwatt.profiler.sampling.window import WindowReport
+from serwatt.profiler.terminal_escape import escape_text
 
 # a window that ran this long before it failed as its target exited had samples to lose
 LOST_WINDOW_MIN_S = 1.0

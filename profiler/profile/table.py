@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from serwatt.profiler.classify.codepaths import CODEPATHS
-from serwatt.profiler.many.format import escape_text
+from serwatt.profiler.terminal_escape import escape_text
 
 
 def _pct(v: float) -> str:

@@ -2,15 +2,16 @@
 
 The report's whole input is the frozen dataclasses of inputs.py. Two adapters make them:
 from_records.py from run records (the package's one import of profiler.records) and
-from_prometheus.py from PromQL range queries (over deadline_http.py). From the inputs on,
+from_prometheus.py from PromQL range queries (prom_client.py over deadline_http.py, the
+answers parsed by prom_matrix.py, the arguments checked by prom_args.py). From the inputs on,
 statistics (stats.py), power warnings (power.py), comparability (comparability.py),
 checkpoints and restores (checkpoints.py), the encode / decode breakdown (direction.py),
 the cluster file (cluster.py) and projection (projection.py), the document (build.py),
 receipts (receipt.py) and rendering (render_text.py, render_html.py) are pure functions.
 Beyond those two adapters the package imports only profiler.classify.codepaths (the
-closed codepath set), profiler.yamlcheck (the cluster file's checker), profiler.many.format
-(escaping text for the terminal), numpy, scipy, yaml and blake3; never the daemon, the
-profile session or hardware.
+closed codepath set), profiler.yamlcheck (the cluster file's checker),
+profiler.terminal_escape (escaping text for the terminal), numpy, scipy, yaml and blake3;
+never the daemon, the profile session or hardware.
 """
 
 from serwatt.profiler.report.build import REPORT_SCHEMA, build_report

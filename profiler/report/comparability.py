@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
-from serwatt.profiler.many.format import escape_text
 from serwatt.profiler.report.inputs import RunInput
+from serwatt.profiler.terminal_escape import escape_text
 
 SIDE_NAMES = ("baseline", "candidate")
 

@@ -19,7 +19,7 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from serwatt.profiler.many.format import escape_text
+from serwatt.profiler.terminal_escape import escape_text
 
 WIDTH = 100
 METRIC_LABELS = {"cpu_s": "CPU s", "energy_j": "energy J", "gpu_wait_s": "GPU-wait s"}

@@ -120,7 +120,7 @@ def test_swap_problems_lists_every_file_and_passes_numpy_rng_state(tmp_path: Pat
 
     import numpy as np
 
-    from serwatt.profiler.profile.ab import swap_problems
+    from serwatt.profiler.profile.pickle_scan import swap_problems
 
     # a Trainer's rng_state.pth: python's and numpy's RNG states and a torch byte tensor
     rng = {"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.ones(3)}
@@ -147,7 +147,7 @@ def test_swap_problems_lists_every_file_and_passes_numpy_rng_state(tmp_path: Pat
 
 def test_tensorboard_events_are_not_checkpoint_files(tmp_path: Path) -> None:
     from serwatt.collectors.fsevents import name_filter
-    from serwatt.profiler.profile.ab import snapshot
+    from serwatt.profiler.profile.checkpoint_files import snapshot
 
     run = tmp_path / "runs" / "Dec07_host"
     run.mkdir(parents=True)
@@ -162,7 +162,8 @@ def test_ab_takes_checkpoint_glob_as_profile_does(tmp_path: Path) -> None:
     import argparse
 
     from serwatt.profiler.cli import ab as cli_ab
-    from serwatt.profiler.profile.ab import Ab, AbError, snapshot
+    from serwatt.profiler.profile.ab import Ab, AbError
+    from serwatt.profiler.profile.checkpoint_files import snapshot
 
     parser = argparse.ArgumentParser()
     cli_ab.configure(parser)
@@ -205,7 +206,7 @@ def test_yaml_set_up_at_import_is_not_serialization() -> None:
 
 
 def test_a_restore_one_page_short_of_cached_is_not_labelled_100_percent() -> None:
-    from serwatt.profiler.profile.ab import cache_label
+    from serwatt.profiler.profile.page_cache import cache_label
 
     assert cache_label(0.9996) == "partly cached (99%)"
     assert (cache_label(1.0), cache_label(0.0)) == ("warm", "cold")

@@ -15,7 +15,9 @@ import pytest
 
 from serwatt.profiler.exitcodes import EXIT_USAGE
 from serwatt.profiler.many.format import MAGIC
-from serwatt.profiler.profile.ab import cache_state, run_order, unsupported_by_swap
+from serwatt.profiler.profile.ab import run_order
+from serwatt.profiler.profile.page_cache import cache_state
+from serwatt.profiler.profile.pickle_scan import unsupported_by_swap
 from serwatt.profiler.records.store import Recorder
 from serwatt.profiler.report.render_text import fmt
 from tests.serwatt_cli import serwatt

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from serwatt.profiler.exitcodes import EXIT_USAGE
-from serwatt.profiler.profile.ab import unsupported_by_swap
+from serwatt.profiler.profile.pickle_scan import unsupported_by_swap
 
 PY = sys.executable
 REPO = Path(__file__).resolve().parents[2]

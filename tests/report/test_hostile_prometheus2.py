@@ -22,8 +22,9 @@ from pathlib import Path
 import pytest
 
 from serwatt.profiler.cli.main import main
-from serwatt.profiler.report import deadline_http
+from serwatt.profiler.report import deadline_http, prom_client, prom_matrix
 from serwatt.profiler.report import from_prometheus as fp
+from serwatt.profiler.report.prom_error import PrometheusError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -116,9 +117,9 @@ def test_a_dripping_body_ends_at_the_request_deadline(raw_server) -> None:
 
     server = raw_server(serve)
     holder.append(server)
-    prom = fp.PromQL(server.url, request_deadline_s=1.5, report_deadline_s=60.0)
+    prom = prom_client.PromQL(server.url, request_deadline_s=1.5, report_deadline_s=60.0)
     started = time.monotonic()
-    with pytest.raises(fp.PrometheusError) as info:
+    with pytest.raises(PrometheusError) as info:
         prom.range("serwatt_cpu_seconds_total", 0, 100, 10)
     took = time.monotonic() - started
     assert took < 1.5 + 1.0, f"the request ran {took:.1f} s past its 1.5 s deadline"
@@ -135,9 +136,9 @@ def test_dripped_headers_end_at_the_request_deadline(raw_server) -> None:
 
     server = raw_server(serve)
     holder.append(server)
-    prom = fp.PromQL(server.url, request_deadline_s=1.5, report_deadline_s=60.0)
+    prom = prom_client.PromQL(server.url, request_deadline_s=1.5, report_deadline_s=60.0)
     started = time.monotonic()
-    with pytest.raises(fp.PrometheusError, match=r"1\.5 s request deadline"):
+    with pytest.raises(PrometheusError, match=r"1\.5 s request deadline"):
         prom.range("serwatt_cpu_seconds_total", 0, 100, 10)
     assert time.monotonic() - started < 1.5 + 1.0
 
@@ -171,7 +172,7 @@ def test_the_reports_deadline_bounds_all_its_queries_together(raw_server) -> Non
     side = fp.SideQuery("baseline", '{variant="a"}', 0.0, 120.0, 60.0)
     other = fp.SideQuery("candidate", '{variant="b"}', 0.0, 120.0, 60.0)
     started = time.monotonic()
-    with pytest.raises(fp.PrometheusError) as info:
+    with pytest.raises(PrometheusError) as info:
         fp.load_sides(server.url, side, other, request_deadline_s=10.0, report_deadline_s=1.0)
     took = time.monotonic() - started
     assert took < 1.0 + 1.0, f"the report ran {took:.1f} s past its 1 s deadline"
@@ -186,9 +187,9 @@ def test_a_deadline_that_passes_before_connecting_is_the_deadline(raw_server, mo
     monkeypatch.setattr(deadline_http._Watchdog, "_fire", lambda self: None)
     server = raw_server(lambda conn: None)
     with pytest.raises(TimeoutError):
-        fp._http_get(f"{server.url}/api/v1/query_range?query=up", time.monotonic() - 1.0)
-    prom = fp.PromQL(server.url, request_deadline_s=10.0, report_deadline_s=0.0)
-    with pytest.raises(fp.PrometheusError, match="0 s report deadline"):
+        prom_client._http_get(f"{server.url}/api/v1/query_range?query=up", time.monotonic() - 1.0)
+    prom = prom_client.PromQL(server.url, request_deadline_s=10.0, report_deadline_s=0.0)
+    with pytest.raises(PrometheusError, match="0 s report deadline"):
         prom.range("up", 0.0, 60.0, 60.0)
 
 
@@ -197,8 +198,8 @@ def test_a_short_body_is_an_error_line_not_a_traceback(raw_server) -> None:
         conn.sendall(b'HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n{"status"')
 
     server = raw_server(serve)
-    with pytest.raises(fp.PrometheusError, match="cannot read the answer") as info:
-        fp.PromQL(server.url).range("up", 0, 100, 10)
+    with pytest.raises(PrometheusError, match="cannot read the answer") as info:
+        prom_client.PromQL(server.url).range("up", 0, 100, 10)
     assert not info.value.usage
 
 
@@ -209,7 +210,8 @@ def test_a_short_body_is_an_error_line_not_a_traceback(raw_server) -> None:
 _MEASURE = textwrap.dedent(
     """
     import json, sys
-    from serwatt.profiler.report import from_prometheus as fp
+    from serwatt.profiler.report import prom_matrix
+    from serwatt.profiler.report.prom_error import PrometheusError
 
     def rss_kib(field):
         with open("/proc/self/status") as f:
@@ -230,8 +232,8 @@ _MEASURE = textwrap.dedent(
         if how == "control":
             doc = json.loads(body)
         else:
-            fp.parse_matrix(body)
-    except fp.PrometheusError as exc:
+            prom_matrix.parse_matrix(body)
+    except PrometheusError as exc:
         outcome = str(exc)
     print(json.dumps({"bytes": len(body), "grew": (rss_kib("VmHWM") - before) * 1024,
                       "outcome": outcome}))
@@ -267,15 +269,15 @@ def test_a_sound_answer_within_every_bound_is_still_read() -> None:
          "values": [[t * 60, str(t)] for t in range(50)]}
         for i in range(200)
     ]  # fmt: skip
-    parsed = fp.parse_matrix(_matrix(series))
+    parsed = prom_matrix.parse_matrix(_matrix(series))
     assert len(parsed) == 200 and all(len(s.points) == 50 for s in parsed)
 
 
 def test_more_points_than_one_answer_may_hold_is_the_callers_to_narrow(monkeypatch) -> None:
-    monkeypatch.setattr(fp, "MAX_ANSWER_POINTS", 100)
+    monkeypatch.setattr(prom_matrix, "MAX_ANSWER_POINTS", 100)
     series = [{"metric": {}, "values": [[t, "1"] for t in range(60)]}] * 2
-    with pytest.raises(fp.PrometheusError, match="points in one answer") as info:
-        fp.parse_matrix(_matrix(series))
+    with pytest.raises(PrometheusError, match="points in one answer") as info:
+        prom_matrix.parse_matrix(_matrix(series))
     assert info.value.usage
 
 

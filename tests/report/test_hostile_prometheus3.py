@@ -14,7 +14,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from serwatt.profiler.report import from_prometheus as fp
+from serwatt.profiler.report import prom_client
+from serwatt.profiler.report.prom_error import PrometheusError
 
 DRIP_S = 0.3
 
@@ -87,10 +88,10 @@ def _redirecting_to(location: str) -> Callable[[socket.socket, threading.Event],
 def test_a_redirect_to_ftp_is_refused_not_followed(listener) -> None:
     ftp = listener(_drip_ftp_greeting)
     http = listener(_redirecting_to(f"ftp://127.0.0.1:{ftp.port}/x"))
-    prom = fp.PromQL(f"http://127.0.0.1:{http.port}", request_deadline_s=1.5,
+    prom = prom_client.PromQL(f"http://127.0.0.1:{http.port}", request_deadline_s=1.5,
                      report_deadline_s=60.0)  # fmt: skip
     started = time.monotonic()
-    with pytest.raises(fp.PrometheusError) as info:
+    with pytest.raises(PrometheusError) as info:
         prom.range("serwatt_cpu_seconds_total", 0, 100, 10)
     took = time.monotonic() - started
     assert took < 1.5, f"took {took:.1f} s: the redirect was followed"
@@ -103,8 +104,8 @@ def test_a_redirect_to_ftp_is_refused_not_followed(listener) -> None:
 @pytest.mark.parametrize("location", ["file:///etc/passwd", "data:,{}", "gopher://127.0.0.1:1/"])
 def test_a_redirect_to_any_other_scheme_is_refused(listener, location: str) -> None:
     http = listener(_redirecting_to(location))
-    with pytest.raises(fp.PrometheusError, match=r"redirected to .*; serwatt follows"):
-        fp.PromQL(f"http://127.0.0.1:{http.port}").range("up", 0, 100, 10)
+    with pytest.raises(PrometheusError, match=r"redirected to .*; serwatt follows"):
+        prom_client.PromQL(f"http://127.0.0.1:{http.port}").range("up", 0, 100, 10)
 
 
 def test_a_redirect_within_http_is_followed_under_the_same_deadline(listener) -> None:
@@ -118,10 +119,10 @@ def test_a_redirect_within_http_is_followed_under_the_same_deadline(listener) ->
 
     slow = listener(drip_http)
     http = listener(_redirecting_to(f"http://127.0.0.1:{slow.port}/api/v1/query_range"))
-    prom = fp.PromQL(f"http://127.0.0.1:{http.port}", request_deadline_s=1.5,
+    prom = prom_client.PromQL(f"http://127.0.0.1:{http.port}", request_deadline_s=1.5,
                      report_deadline_s=60.0)  # fmt: skip
     started = time.monotonic()
-    with pytest.raises(fp.PrometheusError, match=r"1\.5 s request deadline"):
+    with pytest.raises(PrometheusError, match=r"1\.5 s request deadline"):
         prom.range("up", 0, 100, 10)
     took = time.monotonic() - started
     assert slow.accepted == 1  # followed
@@ -140,11 +141,11 @@ def test_a_stalled_name_lookup_ends_at_the_request_deadline(monkeypatch) -> None
         return real(host, *args, **kwargs)
 
     monkeypatch.setattr(socket, "getaddrinfo", stalled)
-    prom = fp.PromQL("http://stalled.example:9090", request_deadline_s=1.5,
+    prom = prom_client.PromQL("http://stalled.example:9090", request_deadline_s=1.5,
                      report_deadline_s=60.0)  # fmt: skip
     started = time.monotonic()
     try:
-        with pytest.raises(fp.PrometheusError, match=r"1\.5 s request deadline"):
+        with pytest.raises(PrometheusError, match=r"1\.5 s request deadline"):
             prom.range("up", 0, 100, 10)
     finally:
         release.set()

@@ -14,6 +14,8 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from serwatt.profiler.report import from_prometheus as fp
+from serwatt.profiler.report import prom_args, prom_client, prom_matrix
+from serwatt.profiler.report.prom_error import PrometheusError
 
 
 class _Server:
@@ -64,8 +66,8 @@ def _matrix(series: list[dict]) -> bytes:
     ).encode()
 
 
-def _range(server: _Server) -> list[fp.Series]:
-    return fp.PromQL(server.url).range("serwatt_cpu_seconds_total", 0, 100, 10)
+def _range(server: _Server) -> list[prom_matrix.Series]:
+    return prom_client.PromQL(server.url).range("serwatt_cpu_seconds_total", 0, 100, 10)
 
 
 def test_a_good_matrix_is_read_and_the_query_sent(server):
@@ -95,32 +97,32 @@ def test_a_good_matrix_is_read_and_the_query_sent(server):
         (_matrix([{"metric": {}, "values": [["1", "2"]]}]), "time is not a number"),
         (_matrix([{"metric": {}, "values": [[1, "two"]]}]), "is not a number"),
         (_matrix([{"metric": {}}]), "lacks its metric labels or values"),
-        (_matrix([{"metric": {}, "values": [[i, "1"] for i in range(fp.MAX_POINTS + 1)]}]),
+        (_matrix([{"metric": {}, "values": [[i, "1"] for i in range(prom_matrix.MAX_POINTS + 1)]}]),
          "more than"),
         (json.dumps({"status": "error", "error": "boom"}).encode(), "the query failed: boom"),
     ],
 )  # fmt: skip
 def test_hostile_answers_are_refused_with_the_reason(server, body, words):
     server.reply = (200, body)
-    with pytest.raises(fp.PrometheusError) as info:
+    with pytest.raises(PrometheusError) as info:
         _range(server)
     assert words in str(info.value)
     assert not info.value.usage
 
 
 def test_an_answer_over_the_size_bound_is_not_parsed(server, monkeypatch):
-    monkeypatch.setattr(fp, "MAX_RESPONSE_BYTES", 1000)
+    monkeypatch.setattr(prom_client, "MAX_RESPONSE_BYTES", 1000)
     server.reply = (200, _matrix([{"metric": {"k": "v" * 600}, "values": [[1, "1"]]}] * 3))
-    with pytest.raises(fp.PrometheusError) as info:
+    with pytest.raises(PrometheusError) as info:
         _range(server)
     assert "is over 1000 bytes" in str(info.value)
     assert info.value.usage  # the fix is the caller's: a narrower query
 
 
 def test_too_many_series_is_the_callers_to_narrow(server, monkeypatch):
-    monkeypatch.setattr(fp, "MAX_SERIES", 2)
+    monkeypatch.setattr(prom_matrix, "MAX_SERIES", 2)
     server.reply = (200, _matrix([{"metric": {}, "values": []}] * 3))
-    with pytest.raises(fp.PrometheusError, match="narrow the selector") as info:
+    with pytest.raises(PrometheusError, match="narrow the selector") as info:
         _range(server)
     assert info.value.usage
 
@@ -136,7 +138,7 @@ def test_too_many_series_is_the_callers_to_narrow(server, monkeypatch):
 )  # fmt: skip
 def test_http_errors_say_what_to_fix(server, code, body, words, usage):
     server.reply = (code, body)
-    with pytest.raises(fp.PrometheusError) as info:
+    with pytest.raises(PrometheusError) as info:
         _range(server)
     assert words in str(info.value) and info.value.usage is usage
 
@@ -147,8 +149,8 @@ def test_an_unreachable_server_is_a_runtime_error():
     with socket.socket() as reserved:
         reserved.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{reserved.getsockname()[1]}"
-        with pytest.raises(fp.PrometheusError, match="cannot reach") as info:
-            fp.PromQL(url).range("up", 0, 10, 1)
+        with pytest.raises(PrometheusError, match="cannot reach") as info:
+            prom_client.PromQL(url).range("up", 0, 10, 1)
     assert not info.value.usage
 
 
@@ -165,10 +167,10 @@ def test_an_unreachable_server_is_a_runtime_error():
 )
 def test_urls(url, ok):
     if ok:
-        assert not fp.check_url(url).endswith("/")
+        assert not prom_args.check_url(url).endswith("/")
     else:
-        with pytest.raises(fp.PrometheusError, match="--prometheus"):
-            fp.check_url(url)
+        with pytest.raises(PrometheusError, match="--prometheus"):
+            prom_args.check_url(url)
 
 
 @pytest.mark.parametrize(
@@ -180,7 +182,7 @@ def test_urls(url, ok):
     ],
 )
 def test_good_selectors(text, want):
-    assert fp.check_selector(text, "--baseline") == want
+    assert prom_args.check_selector(text, "--baseline") == want
 
 
 @pytest.mark.parametrize(
@@ -196,30 +198,30 @@ def test_good_selectors(text, want):
     ],
 )
 def test_bad_selectors(text, words):
-    with pytest.raises(fp.PrometheusError, match="--baseline") as info:
-        fp.check_selector(text, "--baseline")
+    with pytest.raises(PrometheusError, match="--baseline") as info:
+        prom_args.check_selector(text, "--baseline")
     assert words in str(info.value) and info.value.usage
 
 
 def test_durations_times_and_ranges():
-    assert fp.parse_duration("1h30m", "--range") == 5400
-    assert fp.parse_duration("90s", "--range") == 90
+    assert prom_args.parse_duration("1h30m", "--range") == 5400
+    assert prom_args.parse_duration("90s", "--range") == 90
     for bad in ("", "30", "30 minutes", "0s", "-5m", "1h 30m"):
-        with pytest.raises(fp.PrometheusError, match="not a duration"):
-            fp.parse_duration(bad, "--range")
+        with pytest.raises(PrometheusError, match="not a duration"):
+            prom_args.parse_duration(bad, "--range")
     now = 1_800_000_000.0
-    assert fp.parse_range("30m", "--range", now=now) == (now - 1800, now)
-    assert fp.parse_range("now-1h..now-30m", "--range", now=now) == (now - 3600, now - 1800)
+    assert prom_args.parse_range("30m", "--range", now=now) == (now - 1800, now)
+    assert prom_args.parse_range("now-1h..now-30m", "--range", now=now) == (now - 3600, now - 1800)
     assert (
-        fp.parse_range("2026-12-01T10:00:00Z..2026-12-01T10:30:00Z", "--r", now=now)[1]
-        - (fp.parse_range("2026-12-01T10:00:00Z..2026-12-01T10:30:00Z", "--r", now=now)[0])
+        prom_args.parse_range("2026-12-01T10:00:00Z..2026-12-01T10:30:00Z", "--r", now=now)[1]
+        - (prom_args.parse_range("2026-12-01T10:00:00Z..2026-12-01T10:30:00Z", "--r", now=now)[0])
         == 1800
     )
-    with pytest.raises(fp.PrometheusError, match="time zone"):
-        fp.parse_range("2026-12-01T10:00:00..now", "--range", now=now)
-    with pytest.raises(fp.PrometheusError, match="not after the start"):
-        fp.parse_range("now..now-1h", "--range", now=now)
-    assert fp.default_step(0, 1800) == 60 and fp.default_step(0, 36000) == 1200
+    with pytest.raises(PrometheusError, match="time zone"):
+        prom_args.parse_range("2026-12-01T10:00:00..now", "--range", now=now)
+    with pytest.raises(PrometheusError, match="not after the start"):
+        prom_args.parse_range("now..now-1h", "--range", now=now)
+    assert prom_args.default_step(0, 1800) == 60 and prom_args.default_step(0, 36000) == 1200
 
 
 def test_counter_deltas_count_a_reset_as_the_new_value():
@@ -247,7 +249,7 @@ def test_a_step_whose_cpu_moved_without_samples_is_a_window(server):
 
     server.reply = reply
     side = fp.SideQuery("baseline", '{target="trainer"}', 0.0, 40.0, 10.0)
-    (run,), idle = fp.load_side(fp.PromQL(server.url), side)
+    (run,), idle = fp.load_side(prom_client.PromQL(server.url), side)
     assert idle == []
     assert [(w.ended_at, w.codepaths["other"].samples) for w in run.windows] == [
         (10.0, 10),
