@@ -299,6 +299,7 @@ class Daemon:
                 self.ledger,
                 target_labels={t.name: t.labels for t in cfg.targets},
                 started_at=self._clock.time(),
+                wall_clock=self._clock.time,
             )
             self._pusher.start()
         self._rescan()

@@ -108,16 +108,21 @@ class PyroscopePusher:
         *,
         target_labels: Mapping[str, Mapping[str, str]],
         started_at: float,
+        wall_clock: Callable[[], float],
         host: str | None = None,
     ) -> None:
-        """started_at: the first period's start (epoch s). target_labels: each target's
-        static labels (targets[].labels, checked by the config for Pyroscope's syntax)."""
+        """started_at: the first period's start (epoch s); wall_clock: the daemon's
+        clock.time, which stamps the last period at close. target_labels: each target's
+        static labels (targets[].labels, checked by the config for Pyroscope's syntax).
+        Only a request's deadline reads real time (time.monotonic): a socket's timeout is
+        the kernel's, whatever clock the daemon runs on."""
         self.config = config
         self._encoder = encoder
         self._ledger = ledger
         self._host = host or short_host()
         self._labels = dict(target_labels)
         self._period_start = started_at
+        self._wall_clock = wall_clock
         self._stacks: dict[str, StackAccumulator] = {}
         self._queue: queue.Queue[PushJob | None] = queue.Queue(MAX_QUEUED)
         self._thread = threading.Thread(target=self._run, name="serwatt-push", daemon=True)
@@ -147,7 +152,7 @@ class PyroscopePusher:
         request's timeout to send what it can; what is left then is dropped (the thread
         is a daemon thread: it never holds the exit)."""
         if self._thread.is_alive():
-            self._cut(time.time(), 0.0)
+            self._cut(self._wall_clock(), 0.0)
             try:
                 self._queue.put(None, timeout=self.config.timeout_s)
             except queue.Full:

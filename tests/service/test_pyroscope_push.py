@@ -251,7 +251,13 @@ def _pusher(url: str, **kw: Any) -> tuple[PyroscopePusher, Ledger]:
     ledger = Ledger(version="test")
     cfg = PyroscopeConfig(url=url, period_s=kw.pop("period_s", 5.0), timeout_s=1.0, **kw)
     return PyroscopePusher(
-        cfg, PPROF_ENCODER, ledger, target_labels={}, started_at=0.0, host="node1"
+        cfg,
+        PPROF_ENCODER,
+        ledger,
+        target_labels={},
+        started_at=0.0,
+        wall_clock=time.time,
+        host="node1",
     ), ledger
 
 
