@@ -49,7 +49,11 @@ from serwatt.profiler.attribution.window import AttributedWindow
 from serwatt.profiler.deadline_http import RedirectRefused, deadline_opener
 from serwatt.profiler.many.format import escape_text
 from serwatt.profiler.safeio import InputFileError, read_bounded
-from serwatt.profiler.service.config import MAX_CREDENTIAL_BYTES, PyroscopeConfig
+from serwatt.profiler.service.config import (
+    MAX_CREDENTIAL_BYTES,
+    PYROSCOPE_LABEL_VALUE_RE,
+    PyroscopeConfig,
+)
 from serwatt.profiler.service.ledger import Ledger
 
 log = logging.getLogger("serwatt.pyroscope")
@@ -166,7 +170,13 @@ class PyroscopePusher:
             if not len(acc):
                 continue
             labels = {"target": target, "host": self._host}
-            labels |= dict(sorted(self._labels.get(target, {}).items()))
+            # the config refuses other values with a push; a reload that dropped the push
+            # from the file keeps this one running unchecked, so they are left out here
+            labels |= {
+                k: v
+                for k, v in sorted(self._labels.get(target, {}).items())
+                if PYROSCOPE_LABEL_VALUE_RE.match(v)
+            }
             job = PushJob(target, acc, start, now, rate_hz, tuple(labels.items()))
             try:
                 self._queue.put_nowait(job)

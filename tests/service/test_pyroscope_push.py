@@ -337,3 +337,27 @@ def test_tick_never_waits_on_a_hanging_server_and_the_queue_is_bounded(server_fa
     drops = ledger.publish().push_errors.get("queue_full", 0)
     # the thread took one job (or two, if the first timed out meanwhile): the rest queue
     assert MAX_QUEUED + 4 - 2 - MAX_QUEUED <= drops <= MAX_QUEUED + 4 - 1 - MAX_QUEUED, drops
+
+
+def test_a_period_is_cut_per_target_with_its_labels_and_empty_ones_skipped() -> None:
+    ledger = Ledger(version="test")
+    pusher = PyroscopePusher(
+        PyroscopeConfig(url="http://127.0.0.1:9", period_s=5.0, timeout_s=1.0),
+        PPROF_ENCODER,
+        ledger,
+        # a reload may drop `pyroscope:` from the file while this push keeps running, so
+        # its labels were not checked against Pyroscope's syntax: unfit ones stay out
+        target_labels={"t": {"variant": "a-1", "bad": "a,b}"}},
+        started_at=100.0,
+        wall_clock=time.time,
+        host="node1",
+    )
+    pusher._stacks = {"t": _job().stacks, "idle": StackProfile()}
+    pusher.tick(104.9, 50.0)  # not a period yet
+    assert pusher._queue.empty()
+    pusher.tick(105.0, 50.0)
+    job = pusher._queue.get_nowait()
+    assert pusher._queue.empty()  # `idle` had no stacks: nothing to push
+    assert (job.target, job.started_at, job.ended_at, job.rate_hz) == ("t", 100.0, 105.0, 50.0)
+    assert job.labels == (("target", "t"), ("host", "node1"), ("variant", "a-1"))
+    assert pusher._stacks == {}  # the next period starts empty
