@@ -127,6 +127,7 @@ class PyroscopePusher:
         self._labels = dict(target_labels)
         self._period_start = started_at
         self._wall_clock = wall_clock
+        self._rate_hz = 0.0  # the windows' rate at the last tick (0: none yet)
         self._stacks: dict[str, StackAccumulator] = {}
         self._queue: queue.Queue[PushJob | None] = queue.Queue(MAX_QUEUED)
         self._thread = threading.Thread(target=self._run, name="serwatt-push", daemon=True)
@@ -148,20 +149,22 @@ class PyroscopePusher:
 
     def tick(self, now: float, rate_hz: float) -> None:
         """After a slot: once a period has passed, queue each target's profile of it."""
+        self._rate_hz = rate_hz
         if now - self._period_start >= self.config.period_s:
             self._cut(now, rate_hz)
 
     def close(self) -> None:
-        """Queue what the last, partial period holds, and give the thread until one
-        request's timeout to send what it can; what is left then is dropped (the thread
-        is a daemon thread: it never holds the exit)."""
+        """Queue what the last, partial period holds, and give the thread one request's
+        timeout in all to send what it can; what is left then is dropped (the thread is
+        a daemon thread: it never holds the exit)."""
         if self._thread.is_alive():
-            self._cut(self._wall_clock(), 0.0)
+            deadline = time.monotonic() + self.config.timeout_s
+            self._cut(self._wall_clock(), self._rate_hz)
             try:
                 self._queue.put(None, timeout=self.config.timeout_s)
             except queue.Full:
                 return
-            self._thread.join(self.config.timeout_s + 1.0)
+            self._thread.join(max(0.0, deadline - time.monotonic()))
 
     def _cut(self, now: float, rate_hz: float) -> None:
         stacks, self._stacks = self._stacks, {}
