@@ -10,6 +10,7 @@ import gzip
 import http.server
 import json
 import re
+import signal
 import socket
 import threading
 import time
@@ -26,7 +27,14 @@ from serwatt.profiler.profile.stack_profile import StackFigures, StackProfile
 from serwatt.profiler.service.config import PyroscopeConfig
 from serwatt.profiler.service.ledger import Ledger
 from serwatt.profiler.service.pyroscope_push import MAX_QUEUED, PushJob, PyroscopePusher
-from tests.daemon_support import start_daemon, start_workload, stop_process, total, wait_for
+from tests.daemon_support import (
+    daemon_config,
+    start_daemon,
+    start_workload,
+    stop_process,
+    total,
+    wait_for,
+)
 
 SHAPE = json.loads(
     (Path(__file__).resolve().parents[1] / "fixtures/pyroscope/ingest_request.json").read_text()
@@ -365,3 +373,31 @@ def test_a_period_is_cut_per_target_with_its_labels_and_empty_ones_skipped() -> 
     assert (job.target, job.started_at, job.ended_at, job.rate_hz) == ("t", 100.0, 105.0, 50.0)
     assert job.labels == (("target", "t"), ("host", "node1"), ("variant", "a-1"))
     assert pusher._stacks == {}  # the next period starts empty
+
+
+def test_a_reload_keeps_the_running_push_and_says_so(tmp_path: Path, server_factory) -> None:
+    first, second = server_factory(), server_factory()
+    workload = start_workload(tmp_path, "reloadjob")
+    push = {"url": first.url, "period_s": 2, "timeout_s": 1}
+    daemon = start_daemon(tmp_path, {"reloadjob": r"reloadjob\.py"}, window_s=1, pyroscope=push)
+    try:
+        wait_for(lambda: first.seen, 120, "a push to the first server")
+        (tmp_path / "serwatt.yaml").write_text(
+            daemon_config(
+                tmp_path / "runs",
+                {"reloadjob": r"reloadjob\.py"},
+                window_s=1,
+                pyroscope=push | {"url": second.url},
+            )
+        )
+        daemon.signal(signal.SIGHUP)
+        wait_for(lambda: "reloaded:" in daemon.log(), 60, "the reload")
+        pushed = len(first.seen)
+        wait_for(lambda: len(first.seen) > pushed, 60, "a push after the reload")
+        code, _ = daemon.stop()
+    finally:
+        daemon.kill()
+        stop_process(workload)
+    assert code == 0, daemon.log()
+    assert "reload: pyroscope changed" in daemon.log()
+    assert second.seen == []  # the new URL waits for a restart, as the log says
