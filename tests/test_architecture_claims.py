@@ -24,8 +24,9 @@ CLASSIFY_IMPORTS = {
 }
 CLASSIFY_EXTERNAL = {"yaml", "blake3"}
 # the service modules that read the time module themselves: the clock, and the HTTP
-# server's connection deadlines (real time by nature: sockets time out on the kernel's)
-TIME_READERS = {"clock.py", "exporter.py"}
+# server's and the Pyroscope push's connection deadlines (real time by nature: sockets
+# time out on the kernel's)
+TIME_READERS = {"clock.py", "exporter.py", "pyroscope_push.py"}
 
 
 def _imports_of(package: str) -> set[str]:

@@ -64,5 +64,11 @@ def run(args: argparse.Namespace) -> int:
             f"{config.source_path}: ok: {len(config.targets)} target(s) ({names}), "
             f"listen {config.listen}, {config.sample_rate_hz:g} Hz, {config.window_s:g} s windows, "
             f"rapl {config.rapl}, nvml {config.nvml}, records in {config.record_dir}"
+            + (
+                f", profiles pushed to {escape_text(config.pyroscope.ingest_url())} every "
+                f"{config.pyroscope.period_s:g} s"
+                if config.pyroscope is not None
+                else ""
+            )
         )
     return 0

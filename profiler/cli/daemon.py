@@ -13,8 +13,20 @@ from pathlib import Path
 from typing import Any
 
 from serwatt.profiler.exitcodes import EXIT_CONFIG
+from serwatt.profiler.profile.pprof import pprof_bytes
+from serwatt.profiler.profile.stack_profile import StackProfile
 from serwatt.profiler.service.config import ConfigError, load_config
 from serwatt.profiler.service.daemon import Daemon, setup_logging
+from serwatt.profiler.service.pyroscope_push import ProfileEncoder
+
+# The `pyroscope:` push sends what `serwatt profile --pprof` writes: the CLI hands the
+# profile driver's encoder to the daemon, which may not import it.
+PPROF_ENCODER = ProfileEncoder(
+    new=StackProfile,
+    encode=lambda stacks, started_at, duration_s, rate_hz: pprof_bytes(
+        stacks, started_at=started_at, duration_s=duration_s, rate_hz=rate_hz
+    ),
+)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -60,7 +72,7 @@ def serve(config_path: Path, **daemon_options: Any) -> int:
         return EXIT_CONFIG
     setup_logging(config.log_level)
     limit_malloc_arenas()
-    return Daemon(config, **daemon_options).run()
+    return Daemon(config, profile_encoder=PPROF_ENCODER, **daemon_options).run()
 
 
 # glibc's mallopt parameter for the arena count (malloc.h)

@@ -758,8 +758,10 @@ def sample_window(
     pyspy: PySpy | None = None,
     procfs: Path = Path("/proc"),
     stop_event: threading.Event | None = None,
+    keep_stacks: bool = False,
 ) -> WindowReport:
-    """Sample one window of `pid` (blocking) with the runs `plan` names. Raises
+    """Sample one window of `pid` (blocking) with the runs `plan` names (keep_stacks: as
+    finish_window's; the daemon's Pyroscope push needs the stacks). Raises
     collectors.pyspy.SamplingError subclasses (TargetGone, NotPython, UnsupportedPython,
     PtraceDenied).
 
@@ -770,7 +772,7 @@ def sample_window(
     raw = collect_window(
         pid, duration_s=duration_s, plan=plan, pyspy=pyspy, procfs=procfs, stop_event=stop_event
     )
-    return finish_window(raw, classifier)
+    return finish_window(raw, classifier, keep_stacks=keep_stacks)
 
 
 def _lone_unmapped_as_main(

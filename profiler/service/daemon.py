@@ -63,6 +63,7 @@ from serwatt.profiler.service.pools import (
     SamplerPool,
     SamplingJob,
 )
+from serwatt.profiler.service.pyroscope_push import ProfileEncoder, PushSink, PyroscopePusher
 from serwatt.profiler.service.run_checkpoints import RunCheckpoints
 from serwatt.profiler.service.sdnotify import SdNotifier
 from serwatt.profiler.service.window_sinks import CheckpointsSink, LedgerSink
@@ -133,6 +134,7 @@ class Daemon:
         overrun_s: float = OVERRUN_S,
         abandon_after_s: float = ABANDON_AFTER_S,
         energy_tracker: EnergyTracker | None = None,
+        profile_encoder: ProfileEncoder | None = None,
     ) -> None:
         """nvml_backend: a collectors.nvml backend for the energy tracker (None: the real
         pynvml one); tests replay recorded GPU timelines through it. clock: where the
@@ -141,7 +143,10 @@ class Daemon:
         kill_grace_s: how long a py-spy that ignores its SIGINT lives before SIGKILL
         (None: collectors.pyspy's default). overrun_s, abandon_after_s: see OVERRUN_S.
         energy_tracker: the node's energy tracker (None: one made from the config); the
-        replay harness (tests/replay/) passes one over recorded readings in fake time."""
+        replay harness (tests/replay/) passes one over recorded readings in fake time.
+        profile_encoder: what turns a period's stacks into the pprof the `pyroscope:`
+        push sends (the CLI passes profiler/profile's; None: a config with `pyroscope:`
+        is refused)."""
         self.config = config
         self._nvml_backend = nvml_backend
         self._energy_tracker = energy_tracker
@@ -176,6 +181,8 @@ class Daemon:
         self._energy: EnergySide | None = None
         self._server: MetricsServer | None = None
         self._host: dict[str, Any] = {}
+        self._profile_encoder = profile_encoder
+        self._pusher: PyroscopePusher | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -240,7 +247,9 @@ class Daemon:
                     "gather after the targets' system calls (docs/sampling.md)",
                     pyspy.nice_problem,
                 )
-            self._sampler = PySpyWindows(pyspy, cfg.path_procfs)
+            self._sampler = PySpyWindows(
+                pyspy, cfg.path_procfs, keep_stacks=cfg.pyroscope is not None
+            )
         try:
             self._energy = EnergySide(
                 cfg, self._clock, nvml_backend=self._nvml_backend, tracker=self._energy_tracker
@@ -280,6 +289,19 @@ class Daemon:
                 exc,
             )
             return EXIT_RUNTIME
+        if cfg.pyroscope is not None:
+            if self._profile_encoder is None:
+                log.error("pyroscope: this daemon was started without a profile encoder")
+                return EXIT_CONFIG
+            self._pusher = PyroscopePusher(
+                cfg.pyroscope,
+                self._profile_encoder,
+                self.ledger,
+                target_labels={t.name: t.labels for t in cfg.targets},
+                started_at=self._clock.time(),
+                wall_clock=self._clock.time,
+            )
+            self._pusher.start()
         self._rescan()
         self.ledger.publish()
         self._server.start()
@@ -297,6 +319,8 @@ class Daemon:
         return EXIT_OK
 
     def _close(self) -> None:
+        if self._pusher is not None:
+            self._pusher.close()
         self._checkpoints.close()
         if self._energy is not None:
             self._energy.close()
@@ -318,6 +342,8 @@ class Daemon:
             slot_end = self._clock.time()
             try:
                 self._apply_slot(jobs, slot_start, slot_end)
+                if self._pusher is not None:  # queues the period's profiles; never waits
+                    self._pusher.tick(slot_end, self._governor.rate_hz)
             except Exception:
                 # A bug applying one slot must not stop the node's profiling (nor make
                 # systemd restart-loop us): log it loudly and go on with the next slot.
@@ -529,7 +555,12 @@ class Daemon:
         for j, window in zip(jobs, windows, strict=True):
             report = window.report
             try:
-                sinks = (LedgerSink(self.ledger, j.target), *self._run_sinks(j.run_id))
+                sinks: tuple[Any, ...] = (
+                    LedgerSink(self.ledger, j.target),
+                    *self._run_sinks(j.run_id),
+                )
+                if self._pusher is not None:
+                    sinks += (PushSink(self._pusher, j.target),)
                 delivery = self._pipeline.deliver(window, sinks)
             except WindowRejected as exc:
                 # A malformed report must not take the daemon down; it is not counted.
@@ -712,6 +743,7 @@ class Daemon:
             "nvml",
             "cpu_tdp_w",
             "sampler_priority",
+            "pyroscope",
         )
         for name in fixed:
             if getattr(new, name) != getattr(old, name):
@@ -732,6 +764,8 @@ class Daemon:
         self.ledger.set_targets(
             (t.name for t in new.targets), {t.name: t.labels for t in new.targets}
         )
+        if self._pusher is not None:
+            self._pusher.set_targets({t.name: t.labels for t in new.targets})
         if self._energy is not None:
             self._energy.declare(self.ledger)
         if new.retention_days != old.retention_days:

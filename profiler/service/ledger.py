@@ -94,6 +94,8 @@ class LedgerSnapshot:
     self_cpu_s: Mapping[str, float] = field(default_factory=dict)
     sample_rate_hz: float = 0.0  # the rate windows run at now (the CPU budget may lower it)
     cpu_budget_cores: float | None = None  # None: no budget configured
+    # profile pushes to Pyroscope that failed or were dropped, by kind (pyroscope_push.py)
+    push_errors: Mapping[str, int] = field(default_factory=dict)
 
 
 class Ledger:
@@ -123,6 +125,7 @@ class Ledger:
         self._self_cpu_s: dict[str, float] = {}
         self._sample_rate_hz = 0.0
         self._cpu_budget_cores: float | None = None
+        self._push_errors: dict[str, int] = {}
         self._latest = self._build_snapshot()
 
     # -- configuration -------------------------------------------------------------
@@ -283,6 +286,14 @@ class Ledger:
             self._require_target(target)
             self._errors[(target, kind)] = self._errors.get((target, kind), 0) + int(count)
 
+    def add_push_error(self, kind: str, count: int = 1) -> None:
+        """A profile push that failed or was dropped (the push thread adds these; the
+        main loop's next publish exports them)."""
+        _check_ident(kind, "kind")
+        _check_increment(count, "push errors")
+        with self._lock:
+            self._push_errors[kind] = self._push_errors.get(kind, 0) + int(count)
+
     # -- snapshots -----------------------------------------------------------------
 
     def publish(self) -> LedgerSnapshot:
@@ -347,6 +358,7 @@ class Ledger:
             self_cpu_s=_frozen(self._self_cpu_s),
             sample_rate_hz=self._sample_rate_hz,
             cpu_budget_cores=self._cpu_budget_cores,
+            push_errors=_frozen(self._push_errors),
         )
 
     def _require_target(self, target: str) -> None:

@@ -124,6 +124,13 @@ METRICS: tuple[MetricSpec, ...] = (
         "ptrace_denied, unsupported_python, ...).",
     ),
     MetricSpec(
+        "serwatt_push_errors_total",
+        "counter",
+        ("kind",),
+        "Profile pushes to Pyroscope that failed or were dropped, by kind (timeout, connect, "
+        "http_status, redirect, queue_full, ...).",
+    ),
+    MetricSpec(
         "serwatt_collector_up",
         "gauge",
         ("collector",),
@@ -194,6 +201,7 @@ _COUNTER_FIELDS: tuple[tuple[str, str], ...] = (
     ("serwatt_gpu_wait_seconds_total", "gpu_wait_s"),
     ("serwatt_gpu_wait_energy_joules_total", "gpu_wait_energy_j"),
     ("serwatt_sampler_errors_total", "sampler_errors"),
+    ("serwatt_push_errors_total", "push_errors"),
     ("serwatt_self_cpu_seconds_total", "self_cpu_s"),
 )
 
@@ -248,7 +256,8 @@ class SeriesCount:
     gpus: int
     processes: int  # serwatt_target_info: one per sampled process
     error_series: int  # serwatt_sampler_errors_total: (target, kind) pairs seen so far
-    node: int  # node energy, GPU idle, collectors, own CPU, rate, budget, build info
+    # node energy, GPU idle, collectors, own CPU, rate, budget, build info, push errors
+    node: int
 
     @property
     def per_target(self) -> int:
@@ -283,6 +292,7 @@ def series_count(snap: LedgerSnapshot) -> SeriesCount:
         + 1  # serwatt_sample_rate_hz
         + (snap.cpu_budget_cores is not None)
         + 1  # serwatt_build_info
+        + len(snap.push_errors)  # a kind's series once a push failed so (none without push)
     )
     return SeriesCount(
         targets=len(snap.targets),

@@ -114,6 +114,7 @@ class PySpyWindows:
 
     pyspy: PySpy
     procfs: Path
+    keep_stacks: bool = False  # fold each window's stacks (for the Pyroscope push)
 
     def __call__(self, job: SamplingJob, classifier: Classifier) -> WindowReport:
         return sample_window(
@@ -124,4 +125,5 @@ class PySpyWindows:
             procfs=self.procfs,
             stop_event=job.stop,
             pyspy=self.pyspy,
+            keep_stacks=self.keep_stacks,
         )

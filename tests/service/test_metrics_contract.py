@@ -33,6 +33,7 @@ CONTRACT = {
     "serwatt_target_up": {"target"},
     "serwatt_target_info": {"target", "pid", "python", "cpu_source"},
     "serwatt_sampler_errors_total": {"target", "kind"},
+    "serwatt_push_errors_total": {"kind"},
     "serwatt_collector_up": {"collector"},
     "serwatt_collector_duration_seconds": {"collector"},
     "serwatt_build_info": {"version"},
@@ -68,6 +69,8 @@ HELP = {
     "scheduler timeline; estimate, the fallback; unknown before its first window).",
     "serwatt_sampler_errors_total": "Sampling windows of the target that failed, by kind "
     "(target_gone, not_python, ptrace_denied, unsupported_python, ...).",
+    "serwatt_push_errors_total": "Profile pushes to Pyroscope that failed or were dropped, by "
+    "kind (timeout, connect, http_status, redirect, queue_full, ...).",
     "serwatt_collector_up": "1 if the collector's last use succeeded, 0 if it failed or is "
     "unavailable.",
     "serwatt_collector_duration_seconds": "Seconds the collector's last use took.",
@@ -122,6 +125,7 @@ def _full_ledger() -> Ledger:
     ledger.add_node_energy("rapl", node_j=100.0, unattributed_j=91.0)
     ledger.add_gpu_idle(0, 1.5)
     ledger.add_sampler_error("loader", "ptrace_denied")
+    ledger.add_push_error("timeout")
     ledger.set_target_processes(
         "trainer", [TargetProcess(10, "3.11.7"), TargetProcess(11, "3.10.13")]
     )
