@@ -19,7 +19,7 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-from serwatt.profiler.report.deadline_http import RedirectRefused, deadline_opener
+from serwatt.profiler.deadline_http import RedirectRefused, deadline_opener
 from serwatt.profiler.report.prom_args import check_url
 from serwatt.profiler.report.prom_error import PrometheusError
 from serwatt.profiler.report.prom_matrix import MAX_POINTS, Series, parse_matrix

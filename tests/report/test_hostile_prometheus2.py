@@ -21,9 +21,10 @@ from pathlib import Path
 
 import pytest
 
+from serwatt.profiler import deadline_http
 from serwatt.profiler.cli.main import main
-from serwatt.profiler.report import deadline_http, prom_client, prom_matrix
 from serwatt.profiler.report import from_prometheus as fp
+from serwatt.profiler.report import prom_client, prom_matrix
 from serwatt.profiler.report.prom_error import PrometheusError
 
 REPO = Path(__file__).resolve().parents[2]
