@@ -43,7 +43,7 @@ from serwatt.profiler import __version__, safeio
 from serwatt.profiler.attribution.window import DirectedFigures, figures_of_records
 from serwatt.profiler.attribution.window_records import EnergyRecord, GpuRecord
 from serwatt.profiler.classify.codepaths import CODEPATHS
-from serwatt.profiler.records import checkpoint_rows, direction_rows, reader, schema
+from serwatt.profiler.records import checkpoint_rows, direction_rows, reader, schema, stack_rows
 from serwatt.profiler.records.reader import CodepathTotals, RunDetail, RunSummary, WindowRecord
 from serwatt.profiler.records.schema import EPISODE_FIELDS, SCHEMA_VERSION
 from serwatt.profiler.records.validation import RecordError, _damaged, _finite, stored_name
@@ -368,6 +368,7 @@ class Recorder:
             if row is None:
                 db.execute("INSERT OR IGNORE INTO episode_runs(run_id) VALUES (?)", (run_id,))
                 direction_rows.start(db, run_id)
+                stack_rows.start(db, run_id)
             else:
                 # Resumed: keep the first host/config, refresh the sources (they may differ
                 # after a restart, e.g. RAPL became readable) and reopen the run.
@@ -446,6 +447,7 @@ class Recorder:
                 [(run_id, *row[1:6], row[6], row[8], row[9]) for row in codepath_rows],
             )
             direction_rows.add_window(db, run_id, direction)
+            stack_rows.add_window(db, run_id, window.stacks)
             facets = [("pid", str(window.pid))]
             if window.python:
                 facets.append(("python", window.python))
