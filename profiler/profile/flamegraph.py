@@ -16,80 +16,22 @@ renderer) and eval, which the bundled d3 needs to render."""
 from __future__ import annotations
 
 import html
-import json
 from collections.abc import Sequence
-from importlib import resources
 from typing import Any
 
 from serwatt.profiler.classify.codepaths import CODEPATHS
+from serwatt.profiler.flame import (
+    COLOURS,
+    CSP,
+    MIXED,
+    build_tree,
+    frame_label,
+    script_json,
+    vendor_text,
+)
 from serwatt.profiler.profile.stack_profile import StackProfile
-from serwatt.profiler.sampling.stacks import FrameKey
 
-VENDOR = ("vendor", "flamegraph")
-MIXED = "(mixed)"
-
-# one colour per codepath (Tableau 10, colour-blind-safer order), `other` grey
-COLOURS = {
-    "pickle": "#4e79a7",
-    "torch": "#f28e2b",
-    "protobuf": "#e15759",
-    "json": "#76b7b2",
-    "msgpack": "#59a14f",
-    "yaml": "#edc948",
-    "safetensors": "#b07aa1",
-    "numpy": "#ff9da7",
-    "many": "#9c755f",
-    "other": "#bab0ac",
-    MIXED: "#e8e4e0",
-}
-
-
-def _vendor(name: str) -> str:
-    return (
-        resources.files("serwatt.profiler")
-        .joinpath("/".join((*VENDOR, name)))
-        .read_text(encoding="utf-8")
-    )
-
-
-def frame_label(frame: FrameKey) -> str:
-    name, filename, line = frame
-    if not filename:
-        return name
-    short = "/".join(filename.split("/")[-2:])
-    return f"{name} ({short}:{line})"
-
-
-def build_tree(stacks: StackProfile) -> dict[str, Any]:
-    """The d3-flame-graph tree (name, value, children) of the stacks' CPU, root first;
-    each node with the codepath of all of its CPU (MIXED when several)."""
-    root: dict[str, Any] = {"name": "all", "value": 0.0, "children": {}, "cps": {}}
-    for (frames, codepath, _direction), fig in stacks:
-        if fig.cpu_s <= 0:
-            continue
-        node = root
-        node["value"] += fig.cpu_s
-        node["cps"][codepath] = node["cps"].get(codepath, 0.0) + fig.cpu_s
-        for frame in reversed(frames):  # stored leaf first
-            label = frame_label(frame)
-            child = node["children"].get(label)
-            if child is None:
-                child = node["children"][label] = {
-                    "name": label, "value": 0.0, "children": {}, "cps": {},
-                    "file": frame[1], "line": frame[2],
-                }  # fmt: skip
-            child["value"] += fig.cpu_s
-            child["cps"][codepath] = child["cps"].get(codepath, 0.0) + fig.cpu_s
-            node = child
-    return _finish(root)
-
-
-def _finish(node: dict[str, Any]) -> dict[str, Any]:
-    cps = node.pop("cps")
-    node["codepath"] = next(iter(cps)) if len(cps) == 1 else MIXED
-    node["value"] = round(node["value"], 6)
-    node["children"] = [_finish(c) for c in node["children"].values()]
-    return node
+__all__ = ["COLOURS", "MIXED", "build_tree", "episodes_svg", "frame_label", "render_page"]
 
 
 MAX_TIMELINE_ROWS = 40  # threads drawn in the episodes timeline (the busiest first)
@@ -135,13 +77,6 @@ def episodes_svg(episodes: Sequence[Any], *, started_at: float, duration_s: floa
     )
     return "".join(parts)
 
-
-def _json_for_script(data: Any) -> str:
-    text = json.dumps(data, separators=(",", ":"))
-    return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
-
-
-CSP = "default-src 'none'; script-src 'unsafe-inline' 'unsafe-eval'; style-src 'unsafe-inline'"
 
 PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
@@ -217,9 +152,9 @@ def render_page(
         legend=legend,
         table=html.escape(table),
         episodes=episodes_svg(episodes, started_at=started_at, duration_s=duration_s),
-        data=_json_for_script(tree),
-        colours=_json_for_script(COLOURS),
-        css=_vendor("d3-flamegraph.css"),
-        d3=_vendor("d3.min.js"),
-        flamegraph=_vendor("d3-flamegraph.umd.min.js"),
+        data=script_json(tree),
+        colours=script_json(COLOURS),
+        css=vendor_text("d3-flamegraph.css"),
+        d3=vendor_text("d3.min.js"),
+        flamegraph=vendor_text("d3-flamegraph.umd.min.js"),
     )

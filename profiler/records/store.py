@@ -337,8 +337,13 @@ class Recorder:
         config: Mapping,
         sources: Mapping,
         started_at: float | None = None,
+        stacks: bool = False,
     ) -> None:
-        """Open (or re-open, after a daemon restart) a run. Idempotent for the same target."""
+        """Open (or re-open, after a daemon restart) a run. Idempotent for the same target.
+
+        stacks: the driver folds each window's stacks (`serwatt profile` does; the daemon
+        does not yet), so the run keeps them (stack_rows.py); a run not started with them
+        reads as recorded without stacks, never as one whose stacks were empty."""
         if not run_id:
             raise ValueError("run_id must not be empty")
         now = time.time() if started_at is None else started_at
@@ -368,7 +373,8 @@ class Recorder:
             if row is None:
                 db.execute("INSERT OR IGNORE INTO episode_runs(run_id) VALUES (?)", (run_id,))
                 direction_rows.start(db, run_id)
-                stack_rows.start(db, run_id)
+                if stacks:
+                    stack_rows.start(db, run_id)
             else:
                 # Resumed: keep the first host/config, refresh the sources (they may differ
                 # after a restart, e.g. RAPL became readable) and reopen the run.

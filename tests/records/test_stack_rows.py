@@ -45,14 +45,17 @@ def test_stacks_sum_over_windows_and_an_older_run_has_none(tmp_path: Path) -> No
         assert rec.run("old").stacks is None
     with Recorder(path) as rec:  # upgraded in place
         rec.append_window("old", replace(window(), stacks=_stacks()))  # began before 8
-        rec.start_run("new", "t", host={}, config={}, sources={})
-        sink = RunSink(rec, "new")  # the drivers' way: daemon and profile
-        for i in range(2):
-            sink.on_window(
-                AttributedWindow(report=replace(window(t0=1.8e9 + 10 * i), stacks=_stacks()))
-            )
+        rec.start_run("new", "t", host={}, config={}, sources={}, stacks=True)
+        rec.start_run("daemon", "t", host={}, config={}, sources={})  # keeps no stacks
+        for run_id in ("new", "daemon"):
+            sink = RunSink(rec, run_id)  # the drivers' way: daemon and profile
+            for i in range(2):
+                sink.on_window(
+                    AttributedWindow(report=replace(window(t0=1.8e9 + 10 * i), stacks=_stacks()))
+                )
     with Recorder(path, readonly=True) as rec:
         assert rec.run("old").stacks is None  # its stacks would be only the later part
+        assert rec.run("daemon").stacks is None  # not started with stacks: not "empty"
         got = rec.run("new").stacks
     assert got is not None and got.merged == 0
     rows = {(frames, cp, d): (n, cpu) for frames, cp, d, n, cpu in got.stacks}
@@ -69,7 +72,7 @@ def test_distinct_stacks_and_frame_strings_are_bounded(
     long = ("f" * 1000, "/very" + "/deep" * 200 + "/mod.py", 7)
     path = tmp_path / "r.sqlite"
     with Recorder(path) as rec:
-        rec.start_run("r", "t", host={}, config={}, sources={})
+        rec.start_run("r", "t", host={}, config={}, sources={}, stacks=True)
         first = {((long,), "json", "decode"): StackTally(samples=1, cpu_s=0.1)}
         rec.append_window("r", replace(window(), stacks=first))
         many = {f"s{i}": StackTally(samples=1, cpu_s=0.01) for i in range(10)}
@@ -90,12 +93,18 @@ def test_distinct_stacks_and_frame_strings_are_bounded(
 
 @pytest.mark.parametrize(
     "frames",
-    ["not json", '{"a": 1}', "[]", '[["f", "x.py", "1"]]', '[["' + "f" * 5000 + '", "", 1]]'],
+    [
+        "not json",
+        '{"a": 1}',
+        '[["f", "x.py", "1"]]',
+        "[" + '["f", "", 1],' * 200 + '["f", "", 1]]',
+        '[["' + "f" * 5000 + '", "", 1]]',
+    ],
 )
 def test_a_stored_stack_serwatt_never_writes_is_damage(tmp_path: Path, frames: str) -> None:
     path = tmp_path / "r.sqlite"
     with Recorder(path) as rec:
-        rec.start_run("r", "t", host={}, config={}, sources={})
+        rec.start_run("r", "t", host={}, config={}, sources={}, stacks=True)
         rec.append_window("r", replace(window(), stacks=_stacks()))
     db = sqlite3.connect(path)
     db.execute("UPDATE run_stacks SET frames = ? WHERE codepath = 'json'", (frames,))
