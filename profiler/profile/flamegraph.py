@@ -1,5 +1,7 @@
-"""`serwatt profile --flamegraph FILE`: the session's classified stacks as an interactive
-flame graph in one self-contained HTML file (no network: the renderer is inlined).
+"""`serwatt profile --html FILE` (alias --flamegraph): the single-run page, in one
+self-contained HTML file (no network: the renderer is inlined): the table the terminal
+shows, the session's classified stacks as an interactive flame graph, and the episodes
+over time (plain SVG, a row per thread).
 
 The renderer is d3-flame-graph with d3 (npm packages, vendored unmodified under
 profiler/vendor/flamegraph/, see SOURCES.md there). Width is CPU seconds. A frame is a
@@ -81,25 +83,30 @@ def episodes_svg(episodes: Sequence[Any], *, started_at: float, duration_s: floa
 PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta http-equiv="Content-Security-Policy" content="{csp}">
-<title>serwatt flame graph: {title}</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>serwatt profile: {title}</title>
 <style>{css}
-body {{ font: 14px system-ui, sans-serif; margin: 16px; }}
+body {{ font: 14px system-ui, sans-serif; margin: 16px auto; max-width: 1200px;
+  padding: 0 16px; }}
 h1 {{ font-size: 18px; margin: 0 0 4px; }}
 h2 {{ font-size: 16px; margin: 18px 0 6px; }}
 .legend span {{ display: inline-block; margin-right: 12px; }}
 .legend i {{ display: inline-block; width: 12px; height: 12px; margin-right: 4px;
   vertical-align: -1px; border: 1px solid #999; }}
 #chart {{ width: 100%; }}
-pre {{ font-size: 12px; overflow-x: auto; }}
+pre.table {{ font-size: 12px; overflow-x: auto; max-width: 100%; background: #fafafa;
+  border: 1px solid #eee; padding: 6px; }}
 </style></head>
 <body>
-<h1>serwatt flame graph: {title}</h1>
+<h1>serwatt profile: {title}</h1>
 <p>{summary}</p>
+<h2 id="table">By codepath</h2>
+<pre class="table">{table}</pre>
+<h2 id="flame">Flame graph</h2>
 <p class="legend">{legend}</p>
 <div id="chart"></div>
-<h2>Episodes over time</h2>
+<h2 id="episodes">Episodes over time</h2>
 {episodes}
-<details><summary>The table</summary><pre>{table}</pre></details>
 <script type="application/json" id="serwatt-stacks">{data}</script>
 <script type="application/json" id="serwatt-colours">{colours}</script>
 <script>{d3}</script>
@@ -138,8 +145,9 @@ def render_page(
     started_at: float = 0.0,
     duration_s: float = 0.0,
 ) -> str:
-    """The flame graph page, the episodes over time and the table. `title`, `summary` and
-    `table` are plain text; `episodes` the session's (profiler/attribution/episodes.py)."""
+    """The single-run page: the table, the flame graph, the episodes over time. `title`,
+    `summary` and `table` are plain text; `episodes` the session's
+    (profiler/attribution/episodes.py)."""
     tree = build_tree(stacks)
     legend = "".join(
         f'<span><i style="background:{COLOURS[cp]}"></i>{html.escape(cp)}</span>'
