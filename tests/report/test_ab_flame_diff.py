@@ -1,12 +1,15 @@
 """The A/B page's differential flame graph (baseline -> candidate) in headless Chromium:
 the vendored d3-flame-graph draws it, a known call site is a frame coloured by its
 change (red: more CPU in the candidate, blue: less), the sides are normalised per run,
-a run recorded without stacks is named, and nothing overflows at 1400 and 800 px."""
+a run recorded without stacks is named, and nothing overflows at 1400 and 800 px; and
+end to end, from two real `serwatt profile --record` runs through `serwatt report`."""
 
 from __future__ import annotations
 
 import html
 import re
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -16,6 +19,7 @@ import pytest
 from serwatt.profiler.report import build_report, render_html
 from tests.report.test_ab_page_layout import _chrome, _measure
 from tests.report_synth import make_run
+from tests.workloads.targets import find_interpreter
 
 MAIN = ("main", "/job/train.py", 40)
 SAVE = ("save_state", "/job/train.py", 5)  # the call site: json.dumps under it
@@ -132,3 +136,55 @@ def test_past_the_cap_the_smallest_stacks_are_summed_per_codepath(
     assert all(r["frames"] == [stack_diff.SMALLER] for r in rest.values())
     assert (rest["json"]["baseline"], rest["json"]["candidate"]) == (0.1, 0.3)
     assert sum(r["candidate"] for r in st["stacks"]) == pytest.approx(2.35)
+
+
+E2E_JOB = """import json, sys, time
+
+
+def save_state(d):
+    return json.dumps(d)  # line 5: the call site the diff must show
+
+
+def step(n):
+    return sum(i * i for i in range(n))
+
+
+d = {"k%d" % i: [i, str(i)] for i in range(int(sys.argv[1]))}
+until = time.process_time() + 2.0  # its own CPU, however busy the machine is
+while time.process_time() < until:
+    save_state(d)
+    step(200000)
+"""
+
+
+def test_recorded_profiles_give_the_diff_end_to_end(tmp_path: Path) -> None:
+    """Two real `serwatt profile --record` runs (the candidate dumps 8x the dict), then
+    `serwatt report --html`: the job's save_state call site is a frame of the diff, red."""
+    py = str(find_interpreter(("3.12.1", "3.13.0", "3.12")))
+    repo = Path(__file__).resolve().parents[2]
+    job, db, page = tmp_path / "job.py", tmp_path / "runs.sqlite", tmp_path / "ab.html"
+    job.write_text(E2E_JOB)
+    serwatt = [sys.executable, "-m", "serwatt"]
+    for run_id, keys in (("base", "5000"), ("cand", "40000")):
+        r = subprocess.run(
+            [*serwatt, "profile", "--rate", "100", "--record", str(db), "--run-id", run_id,
+             "--", py, str(job), keys],
+            cwd=repo, capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+    r = subprocess.run(
+        [*serwatt, "report", "--db", str(db), "--baseline", "base", "--candidate", "cand",
+         "--html", str(page)],
+        cwd=repo, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    dom = _chrome(tmp_path, "--window-size=1400,900", "--virtual-time-budget=5000",
+                  "--dump-dom", page.as_uri())  # fmt: skip
+    assert re.search(r'id="serwatt-flame-diff"[^>]*data-rendered="1"', dom), dom[-2000:]
+    site = f"save_state ({tmp_path.name}/job.py:5)"
+    frames = re.findall(r'<g [^>]*class="frame"[^>]*>(.*?)</g>', dom, flags=re.S)
+    hit = [f for f in frames if f"<title>{site}\n" in f]
+    assert hit, [re.findall(r"<title>(.*?)\n", f) for f in frames][:30]
+    assert "codepath json" in hit[0], hit[0][:400]
+    r_, g_, b_ = _rgb(re.search(r'<rect[^>]*fill="([^"]+)"', hit[0]).group(1))
+    assert r_ > g_ + 50 and r_ > b_ + 50, hit[0][:400]  # the candidate's 8x dumps: more
