@@ -85,8 +85,9 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--flamegraph", "--html", dest="flamegraph", type=Path, metavar="FILE",
-        help="write an interactive flame graph of the classified stacks (frames coloured "
-        "by codepath, width CPU-s) with the table: one self-contained HTML file",
+        help="write the run's page, one self-contained HTML file: the table, an "
+        "interactive flame graph of the classified stacks (frames coloured by codepath, "
+        "width CPU-s) and the episodes over time",
     )  # fmt: skip
     parser.add_argument(
         "--window", type=Number(float, min=0.5, unit="s"), default=5.0, metavar="S",

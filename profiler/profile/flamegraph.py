@@ -1,5 +1,7 @@
-"""`serwatt profile --flamegraph FILE`: the session's classified stacks as an interactive
-flame graph in one self-contained HTML file (no network: the renderer is inlined).
+"""`serwatt profile --html FILE` (alias --flamegraph): the single-run page, in one
+self-contained HTML file (no network: the renderer is inlined): the table the terminal
+shows, the session's classified stacks as an interactive flame graph, and the episodes
+over time (plain SVG, a row per thread).
 
 The renderer is d3-flame-graph with d3 (npm packages, vendored unmodified under
 profiler/vendor/flamegraph/, see SOURCES.md there). Width is CPU seconds. A frame is a
@@ -16,80 +18,22 @@ renderer) and eval, which the bundled d3 needs to render."""
 from __future__ import annotations
 
 import html
-import json
 from collections.abc import Sequence
-from importlib import resources
 from typing import Any
 
 from serwatt.profiler.classify.codepaths import CODEPATHS
+from serwatt.profiler.flame import (
+    COLOURS,
+    CSP,
+    MIXED,
+    build_tree,
+    frame_label,
+    script_json,
+    vendor_text,
+)
 from serwatt.profiler.profile.stack_profile import StackProfile
-from serwatt.profiler.sampling.stacks import FrameKey
 
-VENDOR = ("vendor", "flamegraph")
-MIXED = "(mixed)"
-
-# one colour per codepath (Tableau 10, colour-blind-safer order), `other` grey
-COLOURS = {
-    "pickle": "#4e79a7",
-    "torch": "#f28e2b",
-    "protobuf": "#e15759",
-    "json": "#76b7b2",
-    "msgpack": "#59a14f",
-    "yaml": "#edc948",
-    "safetensors": "#b07aa1",
-    "numpy": "#ff9da7",
-    "many": "#9c755f",
-    "other": "#bab0ac",
-    MIXED: "#e8e4e0",
-}
-
-
-def _vendor(name: str) -> str:
-    return (
-        resources.files("serwatt.profiler")
-        .joinpath("/".join((*VENDOR, name)))
-        .read_text(encoding="utf-8")
-    )
-
-
-def frame_label(frame: FrameKey) -> str:
-    name, filename, line = frame
-    if not filename:
-        return name
-    short = "/".join(filename.split("/")[-2:])
-    return f"{name} ({short}:{line})"
-
-
-def build_tree(stacks: StackProfile) -> dict[str, Any]:
-    """The d3-flame-graph tree (name, value, children) of the stacks' CPU, root first;
-    each node with the codepath of all of its CPU (MIXED when several)."""
-    root: dict[str, Any] = {"name": "all", "value": 0.0, "children": {}, "cps": {}}
-    for (frames, codepath, _direction), fig in stacks:
-        if fig.cpu_s <= 0:
-            continue
-        node = root
-        node["value"] += fig.cpu_s
-        node["cps"][codepath] = node["cps"].get(codepath, 0.0) + fig.cpu_s
-        for frame in reversed(frames):  # stored leaf first
-            label = frame_label(frame)
-            child = node["children"].get(label)
-            if child is None:
-                child = node["children"][label] = {
-                    "name": label, "value": 0.0, "children": {}, "cps": {},
-                    "file": frame[1], "line": frame[2],
-                }  # fmt: skip
-            child["value"] += fig.cpu_s
-            child["cps"][codepath] = child["cps"].get(codepath, 0.0) + fig.cpu_s
-            node = child
-    return _finish(root)
-
-
-def _finish(node: dict[str, Any]) -> dict[str, Any]:
-    cps = node.pop("cps")
-    node["codepath"] = next(iter(cps)) if len(cps) == 1 else MIXED
-    node["value"] = round(node["value"], 6)
-    node["children"] = [_finish(c) for c in node["children"].values()]
-    return node
+__all__ = ["COLOURS", "MIXED", "build_tree", "episodes_svg", "frame_label", "render_page"]
 
 
 MAX_TIMELINE_ROWS = 40  # threads drawn in the episodes timeline (the busiest first)
@@ -136,35 +80,33 @@ def episodes_svg(episodes: Sequence[Any], *, started_at: float, duration_s: floa
     return "".join(parts)
 
 
-def _json_for_script(data: Any) -> str:
-    text = json.dumps(data, separators=(",", ":"))
-    return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
-
-
-CSP = "default-src 'none'; script-src 'unsafe-inline' 'unsafe-eval'; style-src 'unsafe-inline'"
-
 PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta http-equiv="Content-Security-Policy" content="{csp}">
-<title>serwatt flame graph: {title}</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>serwatt profile: {title}</title>
 <style>{css}
-body {{ font: 14px system-ui, sans-serif; margin: 16px; }}
+body {{ font: 14px system-ui, sans-serif; margin: 16px auto; max-width: 1200px;
+  padding: 0 16px; }}
 h1 {{ font-size: 18px; margin: 0 0 4px; }}
 h2 {{ font-size: 16px; margin: 18px 0 6px; }}
 .legend span {{ display: inline-block; margin-right: 12px; }}
 .legend i {{ display: inline-block; width: 12px; height: 12px; margin-right: 4px;
   vertical-align: -1px; border: 1px solid #999; }}
 #chart {{ width: 100%; }}
-pre {{ font-size: 12px; overflow-x: auto; }}
+pre.table {{ font-size: 12px; overflow-x: auto; max-width: 100%; background: #fafafa;
+  border: 1px solid #eee; padding: 6px; }}
 </style></head>
 <body>
-<h1>serwatt flame graph: {title}</h1>
+<h1>serwatt profile: {title}</h1>
 <p>{summary}</p>
+<h2 id="table">By codepath</h2>
+<pre class="table">{table}</pre>
+<h2 id="flame">Flame graph</h2>
 <p class="legend">{legend}</p>
 <div id="chart"></div>
-<h2>Episodes over time</h2>
+<h2 id="episodes">Episodes over time</h2>
 {episodes}
-<details><summary>The table</summary><pre>{table}</pre></details>
 <script type="application/json" id="serwatt-stacks">{data}</script>
 <script type="application/json" id="serwatt-colours">{colours}</script>
 <script>{d3}</script>
@@ -203,8 +145,9 @@ def render_page(
     started_at: float = 0.0,
     duration_s: float = 0.0,
 ) -> str:
-    """The flame graph page, the episodes over time and the table. `title`, `summary` and
-    `table` are plain text; `episodes` the session's (profiler/attribution/episodes.py)."""
+    """The single-run page: the table, the flame graph, the episodes over time. `title`,
+    `summary` and `table` are plain text; `episodes` the session's
+    (profiler/attribution/episodes.py)."""
     tree = build_tree(stacks)
     legend = "".join(
         f'<span><i style="background:{COLOURS[cp]}"></i>{html.escape(cp)}</span>'
@@ -217,9 +160,9 @@ def render_page(
         legend=legend,
         table=html.escape(table),
         episodes=episodes_svg(episodes, started_at=started_at, duration_s=duration_s),
-        data=_json_for_script(tree),
-        colours=_json_for_script(COLOURS),
-        css=_vendor("d3-flamegraph.css"),
-        d3=_vendor("d3.min.js"),
-        flamegraph=_vendor("d3-flamegraph.umd.min.js"),
+        data=script_json(tree),
+        colours=script_json(COLOURS),
+        css=vendor_text("d3-flamegraph.css"),
+        d3=vendor_text("d3.min.js"),
+        flamegraph=vendor_text("d3-flamegraph.umd.min.js"),
     )

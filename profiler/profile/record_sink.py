@@ -130,6 +130,7 @@ class RecordSink:
                 config=config,
                 sources=self._sources(),
                 started_at=info.started_at,
+                stacks=True,  # the session folds every window's stacks (session.py)
             )
         except RecordError as exc:
             self.failure = exc

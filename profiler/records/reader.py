@@ -17,9 +17,10 @@ from typing import Any, TypeVar
 from serwatt.profiler.attribution.episodes import Episode
 from serwatt.profiler.attribution.window_records import EnergyRecord, GpuRecord
 from serwatt.profiler.classify.codepaths import CODEPATHS
-from serwatt.profiler.records import checkpoint_rows, direction_rows
+from serwatt.profiler.records import checkpoint_rows, direction_rows, stack_rows
 from serwatt.profiler.records.direction_rows import DirectionTotals
 from serwatt.profiler.records.schema import EPISODE_FIELDS, has_table
+from serwatt.profiler.records.stack_rows import RunStacks
 from serwatt.profiler.records.validation import (
     _check_row,
     _integer,
@@ -127,6 +128,8 @@ class RunDetail:
     checkpoint_events: Mapping[str, Any] | None = None
     # codepath -> direction -> totals; None: recorded by a writer older than schema 4
     directions: Mapping[str, Mapping[str, DirectionTotals]] | None = None
+    # the run's folded stacks; None: recorded by a writer older than schema 8
+    stacks: RunStacks | None = None
 
     def to_json(self, *, include_windows: bool = True) -> dict[str, Any]:
         s = self.summary
@@ -255,6 +258,7 @@ def run_detail(db: sqlite3.Connection, summary: RunSummary, *, windows: bool) ->
         episodes=episodes(db, run_id),
         checkpoint_events=checkpoint_rows.read(db, run_id),
         directions=direction_rows.read(db, run_id),
+        stacks=stack_rows.read(db, run_id),
     )
 
 

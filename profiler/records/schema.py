@@ -24,13 +24,13 @@ from pathlib import Path
 
 from serwatt.profiler import __version__
 from serwatt.profiler.attribution.episodes import Episode
-from serwatt.profiler.records import checkpoint_rows, direction_rows
+from serwatt.profiler.records import checkpoint_rows, direction_rows, stack_rows
 from serwatt.profiler.records.validation import RecordError, _damaged, _shown
 
-SCHEMA_VERSION = 7  # 2 adds serialization episodes, 3 checkpoints by file events
+SCHEMA_VERSION = 8  # 2 adds serialization episodes, 3 checkpoints by file events
 # (profiler/records/checkpoint_rows.py), 4 encode / decode (direction_rows.py), 5 the
 # episodes' prepared_s (checkpoint_rows.py), 6 the windows' load_1min, 7 their
-# cpu_source; older files are upgraded in place
+# cpu_source, 8 the runs' folded stacks (stack_rows.py); older files are upgraded in place
 _APPLICATION = "serwatt.runs"
 
 _SCHEMA = """
@@ -312,7 +312,8 @@ def upgrade(db: sqlite3.Connection) -> None:
     tables (earlier runs read as identified by the heuristic), 3 -> 4 the episodes'
     direction and the per-direction totals (earlier runs read as not recorded), 4 -> 5
     the episodes' prepared_s (NULL in earlier rows), 5 -> 6 the windows' load_1min, 6 -> 7
-    their cpu_source (NULL in earlier rows). Each statement is idempotent, so one pass
+    their cpu_source (NULL in earlier rows), 7 -> 8 the stack tables (earlier runs read as
+    recorded without stacks). Each statement is idempotent, so one pass
     does all."""
     for stmt in _SCHEMA_V2.split(";"):
         if stmt.strip():
@@ -321,8 +322,8 @@ def upgrade(db: sqlite3.Connection) -> None:
     db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
 
 
-# What versions 3 (checkpoint_rows.py), 4 (direction_rows.py), 5 to 7 add: columns of
-# one table, then tables; each statement is idempotent
+# What versions 3 (checkpoint_rows.py), 4 (direction_rows.py), 5 to 7 and 8
+# (stack_rows.py) add: columns of one table, then tables; each statement is idempotent
 _VERSIONS = (
     ("episodes", checkpoint_rows.EPISODE_COLUMNS_V3, checkpoint_rows.SCHEMA_V3),
     ("episodes", direction_rows.EPISODE_COLUMNS_V4, direction_rows.SCHEMA_V4),
@@ -333,11 +334,12 @@ _VERSIONS = (
     # what weighed the window's CPU: kernel (the scheduler timeline) or estimate
     # (profiler/sampling/kernel_cpu.py); NULL when written by an older version
     ("windows", (("cpu_source", "TEXT"),), ""),
+    ("runs", (), stack_rows.SCHEMA_V8),
 )
 
 
 def _add_versions(db: sqlite3.Connection) -> None:
-    """Versions 3 to 7 onto a file that has version 2's tables (caller's transaction)."""
+    """Versions 3 to 8 onto a file that has version 2's tables (caller's transaction)."""
     for table, columns, tables in _VERSIONS:
         have = {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
         for name, kind in columns:

@@ -43,7 +43,7 @@ from serwatt.profiler import __version__, safeio
 from serwatt.profiler.attribution.window import DirectedFigures, figures_of_records
 from serwatt.profiler.attribution.window_records import EnergyRecord, GpuRecord
 from serwatt.profiler.classify.codepaths import CODEPATHS
-from serwatt.profiler.records import checkpoint_rows, direction_rows, reader, schema
+from serwatt.profiler.records import checkpoint_rows, direction_rows, reader, schema, stack_rows
 from serwatt.profiler.records.reader import CodepathTotals, RunDetail, RunSummary, WindowRecord
 from serwatt.profiler.records.schema import EPISODE_FIELDS, SCHEMA_VERSION
 from serwatt.profiler.records.validation import RecordError, _damaged, _finite, stored_name
@@ -337,8 +337,13 @@ class Recorder:
         config: Mapping,
         sources: Mapping,
         started_at: float | None = None,
+        stacks: bool = False,
     ) -> None:
-        """Open (or re-open, after a daemon restart) a run. Idempotent for the same target."""
+        """Open (or re-open, after a daemon restart) a run. Idempotent for the same target.
+
+        stacks: the driver folds each window's stacks (`serwatt profile` does; the daemon
+        does not yet), so the run keeps them (stack_rows.py); a run not started with them
+        reads as recorded without stacks, never as one whose stacks were empty."""
         if not run_id:
             raise ValueError("run_id must not be empty")
         now = time.time() if started_at is None else started_at
@@ -368,6 +373,8 @@ class Recorder:
             if row is None:
                 db.execute("INSERT OR IGNORE INTO episode_runs(run_id) VALUES (?)", (run_id,))
                 direction_rows.start(db, run_id)
+                if stacks:
+                    stack_rows.start(db, run_id)
             else:
                 # Resumed: keep the first host/config, refresh the sources (they may differ
                 # after a restart, e.g. RAPL became readable) and reopen the run.
@@ -446,6 +453,7 @@ class Recorder:
                 [(run_id, *row[1:6], row[6], row[8], row[9]) for row in codepath_rows],
             )
             direction_rows.add_window(db, run_id, direction)
+            stack_rows.add_window(db, run_id, window.stacks)
             facets = [("pid", str(window.pid))]
             if window.python:
                 facets.append(("python", window.python))

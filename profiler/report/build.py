@@ -49,6 +49,7 @@ from serwatt.profiler.report.inputs import (
 )
 from serwatt.profiler.report.projection import CheckpointSize, SideMeasurement, project
 from serwatt.profiler.report.receipt import receipt
+from serwatt.profiler.report.stack_diff import stacks_section
 
 REPORT_SCHEMA = "serwatt.report/1"
 SIDES = ("baseline", "candidate")
@@ -511,6 +512,7 @@ def build_report(
         "restore": restore_section(sides, checkpoint),
         "timeline": {s.name: _timeline(s, c[0]) for s, c in zip(sides, choices, strict=True)},
         "checkpoint_files": _plain(checkpoints) if checkpoints is not None else None,
+        "stacks": stacks_section(baseline, candidate),
         "projection": None,
     }
     if cluster is not None:

@@ -128,6 +128,8 @@ def run_input(detail: RunDetail) -> RunInput:
             cp: {d: DirectionFigures(t.samples, t.cpu_s) for d, t in parts.items()}
             for cp, parts in detail.directions.items()
         },
+        stacks=None if detail.stacks is None else detail.stacks.stacks,
+        stacks_merged=0 if detail.stacks is None else detail.stacks.merged,
         config={
             **detail.config,
             "target_pythons": ", ".join(sorted({w.python for w in detail.windows if w.python})),

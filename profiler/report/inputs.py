@@ -361,6 +361,15 @@ class RunInput:
     # codepath -> direction -> the run's figures (profiler/report/direction.py); None:
     # recorded without directions
     directions: Mapping[str, Mapping[str, DirectionFigures]] | None = None
+    # the run's folded stacks, each (frames leaf first as (function, file, line),
+    # codepath, direction, samples, cpu_s) (profiler/records/stack_rows.py), and how many
+    # new stacks past the record's cap were counted under its overflow stack; None:
+    # recorded without stacks. Left out of the receipt while None (receipt.py), so the
+    # receipts of runs recorded before stacks still verify.
+    stacks: tuple[tuple[tuple[tuple[str, str, int], ...], str, str, int, float], ...] | None = (
+        field(default=None, metadata={"receipt": "omit-default"})
+    )
+    stacks_merged: int = field(default=0, metadata={"receipt": "omit-default"})
 
     def __post_init__(self) -> None:
         if not isinstance(self.run_id, str) or not self.run_id:
@@ -411,6 +420,19 @@ class RunInput:
                             f"{where}: directions.{cp}: {d!r} must be one of "
                             f"{', '.join(DIRECTIONS)} with DirectionFigures"
                         )
+        if self.stacks is not None:
+            stacks = []
+            for frames, cp, d, samples, cpu_s in self.stacks:
+                if cp not in CODEPATHS or d not in DIRECTIONS:
+                    raise InputError(f"{where}: stacks: unknown codepath/direction {cp!r}/{d!r}")
+                if not all(
+                    isinstance(f, tuple) and len(f) == 3 and type(f[2]) is int for f in frames
+                ):
+                    raise InputError(f"{where}: stacks: frames must be (function, file, line)")
+                stacks.append(
+                    (tuple(frames), cp, d, int(samples), _number(where, "stacks[].cpu_s", cpu_s))
+                )
+            _set(self, "stacks", tuple(stacks))
 
     @property
     def wall_s(self) -> float:

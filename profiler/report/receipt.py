@@ -9,7 +9,9 @@ every input the report used:
 where RUN is the run's every field (run_id, host, serwatt_version, rate_hz, sources,
 started_at, ended_at, restore_s, energy_reason), its windows in time order with every
 field and every codepath's figures, and its episodes in time order (null for a record
-without episodes). Canonical JSON: keys sorted, no whitespace (separators "," and ":"),
+without episodes), and its stacks where it has them (a field marked `omit-default`
+is left out while it holds its default, so a run recorded before the field existed
+keeps its receipt). Canonical JSON: keys sorted, no whitespace (separators "," and ":"),
 non-ASCII kept as UTF-8, NaN and infinities refused; floats are written by Python's
 float repr (the shortest text that reads back to the same double), integers as
 integers, so one value always gives one text. The input dataclasses store float fields
@@ -35,7 +37,13 @@ PREFIX = "rcpt_"
 
 def _plain(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {
+            f.name: _plain(getattr(value, f.name))
+            for f in dataclasses.fields(value)
+            if not (
+                f.metadata.get("receipt") == "omit-default" and getattr(value, f.name) == f.default
+            )
+        }
     if isinstance(value, Mapping):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

@@ -1,4 +1,7 @@
-"""The report as one self-contained HTML file: no network, no JavaScript, numbers as text.
+"""The report as one self-contained HTML file: no network, numbers as text, and no
+JavaScript except the differential flame graph's renderer (d3-flame-graph, inlined, under
+a Content-Security-Policy that allows no network), present only when the runs recorded
+stacks.
 
 Charts are inline SVG with stable hooks for tests and users' own tooling:
 - `<svg class="chart" data-chart="codepath-bars" data-metric="cpu_s">`: per codepath one
@@ -8,7 +11,9 @@ Charts are inline SVG with stable hooks for tests and users' own tooling:
   data-side=...>` per checkpoint episode of each side, `<line class="median">` per side;
 - `<svg class="chart" data-chart="window-timeline">`: per run a `<polyline class="series"
   data-run=...>` and one `<circle class="point">` per window (serialization CPU-seconds
-  per window-second over time since the run started).
+  per window-second over time since the run started);
+- `<div id="serwatt-flame-diff" data-chart="flame-diff">`: the differential flame graph
+  (baseline -> candidate), `data-rendered="1"` once drawn, one `<g class="frame">` per frame.
 Every string from the inputs (run ids, hostnames, sources, caveats) is escaped.
 """
 
@@ -18,6 +23,7 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from serwatt.profiler.flame import CSP, diff_tree, renderer_scripts, script_json
 from serwatt.profiler.report.render_text import (
     DIRECTION_HEAD,
     METRIC_LABELS,
@@ -720,6 +726,102 @@ def _verdict(report: Mapping[str, Any]) -> str:
     )
 
 
+# d3-flame-graph's differentialColorMapper: red where the candidate takes more, blue
+# where it takes less, the strongest where one side has none
+DIFF_LEGEND = (
+    ("rgb(235,0,0)", "more CPU in the candidate"),
+    ("rgb(0,0,220)", "less in the candidate (or only in the baseline)"),
+    ("rgb(255,190,90)", "only in the candidate"),
+    ("rgb(220,220,220)", "unchanged"),
+)
+_FLAME_DIFF_SCRIPT = """<script>
+(function () {
+  var tree = JSON.parse(document.getElementById("serwatt-flame-diff-data").textContent);
+  var lib = window.flamegraph;
+  var make = typeof lib === "function" ? lib : (lib.flamegraph || lib.default);
+  var el = document.getElementById("serwatt-flame-diff");
+  var f3 = function (v) { return v.toFixed(3); };
+  var chart = make()
+    .width(Math.max(300, el.clientWidth))
+    .cellHeight(18)
+    .minFrameSize(1)
+    .transitionDuration(0)
+    .setColorMapper(lib.colorMapper.differentialColorMapper)
+    .setLabelHandler(function (d) {
+      var x = d.data, sign = x.candidate >= x.baseline ? "+" : "";
+      return x.name + "\\nbaseline " + f3(x.baseline) + " → candidate " + f3(x.candidate) +
+        " CPU-s per run (" + sign + f3(x.candidate - x.baseline) + "), codepath " + x.codepath;
+    });
+  d3.select(el).datum(tree).call(chart);
+  el.setAttribute("data-rendered", "1");
+})();
+</script>"""
+
+
+def _no_stacks_reason(report: Mapping[str, Any], why: str) -> str:
+    src = report.get("source")
+    if isinstance(src, Mapping) and src.get("kind") == "promql":
+        return "Prometheus holds no stacks"
+    return why
+
+
+def _flame_diff(report: Mapping[str, Any]) -> tuple[str, bool]:
+    """The differential flame graph of the report's `stacks` (profiler/report/
+    stack_diff.py), and whether the page needs the renderer; the frames go in as JSON
+    (script_json), never as markup."""
+    st = report.get("stacks")
+    if not st:
+        return "<p>No stacks in this report (made by a serwatt that kept none).</p>", False
+    notes = []
+    for side in ("baseline", "candidate"):
+        for run_id in st[side]["without"]:
+            notes.append(
+                f'<li data-side="{side}">{side} run <code>{e(run_id)}</code>: no stacks '
+                f"recorded for this run ({e(_no_stacks_reason(report, st['without_why']))})</li>"
+            )
+        if st[side]["merged"]:
+            notes.append(
+                f"<li>{side}: {st[side]['merged']} distinct stacks past the record's cap are "
+                "drawn as one overflow frame</li>"
+            )
+    if st["not_drawn_one_by_one"]:
+        notes.append(
+            f"<li>{st['not_drawn_one_by_one']} smallest stacks are drawn summed per codepath</li>"
+        )
+    listed = f'<ul class="src">{"".join(notes)}</ul>' if notes else ""
+    if not st["baseline"]["runs"] or not st["candidate"]["runs"] or not st["stacks"]:
+        missing = [s for s in ("baseline", "candidate") if not st[s]["runs"]]
+        why = (
+            f"no run of the {' and the '.join(missing)} recorded stacks"
+            if missing
+            else "no stack took CPU on either side"
+        )
+        return (
+            f'<p class="flame-diff-none">No differential flame graph: {e(why)}.</p>{listed}',
+            False,
+        )
+    legend = "".join(
+        f'<span style="background:{colour}"></span>{e(text)}' for colour, text in DIFF_LEGEND
+    )
+    head = (
+        f"<p>Baseline → candidate: <b>{e(_side_label(report, 'baseline'))}</b> "
+        f"({st['baseline']['runs']} runs, {fmt(st['baseline']['cpu_s_per_run'])} CPU-s per run) "
+        f"→ <b>{e(_side_label(report, 'candidate'))}</b> ({st['candidate']['runs']} runs, "
+        f"{fmt(st['candidate']['cpu_s_per_run'])} CPU-s per run). A frame is a function at a "
+        "line; its width is both sides' CPU-s per run added, its colour the change from "
+        "baseline to candidate (each side's stacks summed over its runs and divided by them, "
+        "so sides with different run counts compare). Hover a frame for its figures.</p>"
+    )
+    body = (
+        f'{head}<div class="legend flame-diff-legend">{legend}</div>'
+        '<div id="serwatt-flame-diff" class="flame-diff" data-chart="flame-diff"></div>'
+        f"{listed}"
+        '<script type="application/json" id="serwatt-flame-diff-data">'
+        f"{script_json(diff_tree(st['stacks']))}</script>"
+    )
+    return body, True
+
+
 def _fold(title: str, body: str, *, key: str) -> str:
     return f'<details data-fold="{e(key)}"><summary>{e(title)}</summary>{body}</details>'
 
@@ -833,6 +935,8 @@ def render_html(report: Mapping[str, Any]) -> str:
         "(measured: py-spy); solid line p50, dashed p95</p>"
         f"{_stall_histogram(report)}"
     )
+    flame, scripted = _flame_diff(report)
+    body.append(f"<h2>Where the CPU went: differential flame graph</h2>{flame}")
     body.append("<h2>Checkpoint cost</h2>")
     body.append(_checkpoint(report))
     body.append(f"<h2>Serialization CPU per window, over time</h2>{_legend()}{_timeline(report)}")
@@ -855,10 +959,15 @@ def render_html(report: Mapping[str, Any]) -> str:
         + _method(report["statistics"])
     )
     body.append(_fold("Method", method, key="method"))
+    # the page is script-free unless it draws the flame graph; then the renderer is
+    # inlined and the CSP allows it and nothing from the network
+    csp = f'<meta http-equiv="Content-Security-Policy" content="{CSP}">' if scripted else ""
+    scripts = renderer_scripts() + _FLAME_DIFF_SCRIPT if scripted else ""
     return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">{csp}'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{e(title)}</title><style>{_CSS}</style></head><body>"
         + "\n".join(body)
+        + scripts
         + "</body></html>\n"
     )

@@ -1,9 +1,13 @@
-"""`serwatt profile --flamegraph FILE` on a real json job, opened in headless Chromium
-(Debian's `chromium`, as tests/report/test_report_html.py): the vendored d3-flame-graph
-renders, the job's own json.dumps call site is a frame, coloured as the json codepath."""
+"""`serwatt profile --html FILE` (alias --flamegraph) on a real json job, opened in
+headless Chromium (Debian's `chromium`, as tests/report/test_report_html.py): the run's
+page holds the table, the flame graph and the episodes over time, in that order; the
+vendored d3-flame-graph renders, the job's own json.dumps call site is a frame, coloured
+as the json codepath; nothing overflows at 1400 and 800 px."""
 
 from __future__ import annotations
 
+import html
+import json
 import os
 import re
 import shutil
@@ -48,16 +52,26 @@ def _chromium() -> str:
     pytest.skip("chromium is not installed (apt-get install chromium)")
 
 
-def test_flame_graph_renders_in_chromium_with_the_call_site_coloured(tmp_path: Path) -> None:
-    job = tmp_path / "job.py"
+@pytest.fixture(scope="module")
+def run_page(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(the page, the job) of one real profile of JOB."""
+    tmp = tmp_path_factory.mktemp("flame")
+    job = tmp / "job.py"
     job.write_text(JOB)
-    page = tmp_path / "flame.html"
+    page = tmp / "flame.html"
     r = subprocess.run(
         [sys.executable, "-m", "serwatt", "profile", "--rate", "100",
-         "--flamegraph", str(page), "--", PY312, str(job)],
+         "--html", str(page), "--", PY312, str(job)],
         cwd=REPO, capture_output=True, text=True, timeout=180,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
+    return page, job
+
+
+def test_flame_graph_renders_in_chromium_with_the_call_site_coloured(
+    run_page: tuple[Path, Path], tmp_path: Path
+) -> None:
+    page, job = run_page
     text = page.read_text()
     assert "http://" not in text.split("<script>")[0] and "<script src" not in text
     dom = subprocess.run(
@@ -83,6 +97,45 @@ def test_flame_graph_renders_in_chromium_with_the_call_site_coloured(tmp_path: P
     # the episodes over time: json's calls, in json's colour
     episodes = re.findall(r'<rect class="episode" data-codepath="(\w+)"[^>]*fill="([^"]+)"', dom)
     assert ("json", COLOURS["json"]) in episodes, episodes[:10]
+    # the single-run page: the table, the flame graph, the episodes, in that order, the
+    # table shown (not folded) with the job's json row
+    assert re.findall(r"<h2[^>]*>(.*?)</h2>", dom) == [
+        "By codepath", "Flame graph", "Episodes over time"
+    ]  # fmt: skip
+    table = re.search(r'<pre class="table">(.*?)</pre>', dom, flags=re.S)
+    assert table and re.search(r"^\s*json\b.*\d", table.group(1), flags=re.M), dom[:3000]
+    assert "<details" not in dom
+
+
+MEASURE = """<script>
+(function () {
+  var vw = document.documentElement.clientWidth, out = {vw: vw, past: []};
+  out.scrollWidth = document.documentElement.scrollWidth;
+  document.querySelectorAll("svg, pre, #chart").forEach(function (el) {
+    var box = el.getBoundingClientRect();
+    if (box.right > vw + 1) out.past.push(el.tagName + " " + (el.id || el.className));
+  });
+  document.body.setAttribute("data-measured", JSON.stringify(out));
+})();
+</script>"""
+
+
+@pytest.mark.parametrize("width", [1400, 800])
+def test_the_page_fits_the_window(run_page: tuple[Path, Path], tmp_path: Path, width: int) -> None:
+    page, _job = run_page
+    copy = tmp_path / "measured.html"
+    copy.write_text(page.read_text().replace("</body>", MEASURE + "</body>"))
+    dom = subprocess.run(
+        [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+         "--hide-scrollbars", f"--user-data-dir={tmp_path / 'profile'}",
+         f"--window-size={width},900", "--virtual-time-budget=5000", "--dump-dom",
+         copy.as_uri()],
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout  # fmt: skip
+    got = re.search(r'data-measured="([^"]*)"', dom)
+    assert got, dom[-1500:]
+    m = json.loads(html.unescape(got.group(1)))
+    assert m["scrollWidth"] <= m["vw"] and m["past"] == [], m
 
 
 def test_target_strings_in_the_page_are_never_markup() -> None:

@@ -43,7 +43,7 @@ def test_each_window_says_its_cpu_source_and_a_version_6_file_is_upgraded(
         listed = rec.run("new").to_json()["window_list"]
         assert [w["cpu_source"] for w in listed] == ["kernel", "estimate"]
     meta = dict(sqlite3.connect(path).execute("SELECT key, value FROM meta"))
-    assert meta["schema_version"] == str(SCHEMA_VERSION) == "7"
+    assert meta["schema_version"] == str(SCHEMA_VERSION) == "8"
 
 
 def test_a_cpu_source_no_serwatt_writes_is_refused(tmp_path: Path) -> None:

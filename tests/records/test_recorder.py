@@ -450,7 +450,7 @@ def test_episodes_round_trip_and_a_version_1_file_says_it_has_none(tmp_path: Pat
         )
     assert eps[0]["direction"] == "encode" and eps[0]["prepared_s"] == 0.03
     meta = dict(sqlite3.connect(path).execute("SELECT key, value FROM meta"))
-    assert meta["schema_version"] == str(SCHEMA_VERSION) == "7"
+    assert meta["schema_version"] == str(SCHEMA_VERSION) == "8"
 
 
 def test_a_version_4_files_episodes_read_no_prepared_s_and_new_ones_keep_it(
