@@ -5,15 +5,23 @@ and once its server has read a request the kernel waits for the answer uninterru
 a thread stuck there cannot be ended, SIGKILL included, and a process with such a thread
 does not finish exiting. A `stat` or `statfs` of the path would itself be such a request,
 so the question is answered from /proc/<pid>/mountinfo (procfs: never blocks) by the
-longest mount point that is a prefix of the path, lexically. A path that reaches a FUSE
-mount through a symbolic link is not seen here: that is left to the deadline of the
-caller's worker (profiler/owned_io.py).
+longest mount point that is a prefix of the path, lexically (`on_fuse`).
+
+A path that reaches a FUSE mount through a symbolic link, as a whole or as one of its
+directories, is not seen lexically: a resolution that walks components checks the mount
+of each one it holds (an O_PATH fd, which asks the filesystem nothing) before it stats
+or opens it (`MountGuard`, used by profiler/classify/target_files.py): the fd's mount id
+from /proc/self/fdinfo, its type from the mountinfo of the namespace it was reached in.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import select
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 MAX_MOUNTINFO_BYTES = 16 * 1024 * 1024
@@ -24,6 +32,7 @@ _ESCAPE = re.compile(r"\\([0-7]{3})")
 class Mount:
     point: str  # the mount point, as the process sees it
     fstype: str  # "ext4", "fuse.sshfs", "nfs4"
+    mount_id: int = -1  # the kernel's id of the mount (fdinfo's mnt_id)
 
 
 def _unescape(field: str) -> str:
@@ -37,7 +46,7 @@ def parse_mountinfo(text: str) -> list[Mount]:
         fields = line.split(" ")
         try:
             sep = fields.index("-", 6)
-            mounts.append(Mount(_unescape(fields[4]), fields[sep + 1]))
+            mounts.append(Mount(_unescape(fields[4]), fields[sep + 1], int(fields[0])))
         except (ValueError, IndexError):
             continue
     return mounts
@@ -74,3 +83,112 @@ def on_fuse(path: str, mountinfo: str = "/proc/self/mountinfo") -> bool:
     """Whether `path` (absolute as the mountinfo's process sees it) is on FUSE, lexically."""
     m = mount_of(read_mounts(mountinfo), path)
     return m is not None and is_fuse(m.fstype)
+
+
+ON_FUSE = "on a FUSE filesystem (docs/classification.md)"
+
+
+class OnFuse(OSError):
+    """A resolution reached a FUSE mount (or a mount the table does not list) and stopped
+    there, before asking it anything."""
+
+    def __init__(self, path: str, why: str = ON_FUSE) -> None:
+        super().__init__(errno.EXDEV, why, path)
+
+
+def fd_mount_id(fd: int) -> int:
+    """The mount id of an fd (O_PATH ones too), from procfs: asks the fd's filesystem
+    nothing."""
+    info = os.open(f"/proc/self/fdinfo/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        data = os.read(info, 4096)
+    finally:
+        os.close(info)
+    for line in data.split(b"\n"):
+        if line.startswith(b"mnt_id:"):
+            return int(line[7:])
+    raise OSError(errno.EIO, "no mnt_id in fdinfo", f"/proc/self/fdinfo/{fd}")
+
+
+class _Table:
+    """mount id -> fstype of one mount namespace, read again when the kernel says its
+    mounts changed (poll on an open mountinfo: POLLPRI) or an id is not in it."""
+
+    def __init__(self, mountinfo: str) -> None:
+        self._fd = os.open(mountinfo, os.O_RDONLY | os.O_CLOEXEC)
+        self._poll = select.poll()
+        self._poll.register(self._fd, select.POLLPRI | select.POLLERR)
+        self._lock = threading.Lock()
+        self._types: dict[int, str] = {}
+        self._read()
+
+    def _read(self) -> None:
+        self._poll.poll(0)  # takes the change event, if any: this read sees it
+        os.lseek(self._fd, 0, os.SEEK_SET)
+        chunks, size = [], 0
+        while size < MAX_MOUNTINFO_BYTES:
+            chunk = os.read(self._fd, 1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        text = b"".join(chunks).decode("utf-8", "surrogateescape")
+        self._types = {m.mount_id: m.fstype for m in parse_mountinfo(text)}
+
+    def fstype(self, mount_id: int) -> str | None:
+        """The type of a mount whose fd is held now (a mount id is reused once its mount
+        is gone, and that unmount and the new mount are events the poll sees, so a table
+        polled after the fd was opened is not stale for it)."""
+        with self._lock:
+            if self._poll.poll(0) or mount_id not in self._types:
+                self._read()
+            return self._types.get(mount_id)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+_MAX_TABLES = 64  # mount namespaces whose tables are kept (an open fd each)
+_TABLES: OrderedDict[tuple[int, int], _Table] = OrderedDict()
+_TABLES_LOCK = threading.Lock()
+
+
+def _table(proc_dir: str) -> _Table:
+    """The table of the mount namespace of the process at `proc_dir` (/proc/<pid>,
+    /proc/self), one per namespace."""
+    ns = os.stat(os.path.join(proc_dir, "ns", "mnt"))
+    key = (ns.st_dev, ns.st_ino)
+    with _TABLES_LOCK:
+        table = _TABLES.get(key)
+        if table is not None:
+            _TABLES.move_to_end(key)
+            return table
+    table = _Table(os.path.join(proc_dir, "mountinfo"))
+    with _TABLES_LOCK:
+        if key in _TABLES:
+            table.close()
+            return _TABLES[key]
+        _TABLES[key] = table
+        while len(_TABLES) > _MAX_TABLES:
+            _TABLES.popitem(last=False)[1].close()
+    return table
+
+
+class MountGuard:
+    """Checks each fd a resolution holds before it is stat'ed or opened: `check` raises
+    OnFuse when the fd is on FUSE, or on a mount that neither the namespace of
+    `proc_dir` (where the path was reached: a target's /proc/<pid>) nor serwatt's own
+    lists."""
+
+    def __init__(self, proc_dir: str = "/proc/self") -> None:
+        self._proc_dir = proc_dir
+
+    def check(self, fd: int, path: str) -> None:
+        mount_id = fd_mount_id(fd)
+        fstype = _table(self._proc_dir).fstype(mount_id)
+        if fstype is None and self._proc_dir != "/proc/self":
+            fstype = _table("/proc/self").fstype(mount_id)  # a root above a chroot's
+        if fstype is None:
+            raise OnFuse(path, "on a mount not in the mount table: not asked")
+        if is_fuse(fstype):
+            raise OnFuse(path)

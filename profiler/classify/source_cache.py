@@ -32,7 +32,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
 
-from serwatt.collectors.mounts import on_fuse
+from serwatt.collectors import mounts
+from serwatt.collectors.mounts import OnFuse
 from serwatt.profiler.classify.callsite import LineIndex
 from serwatt.profiler.classify.prefilter import CallsitePrefilter
 from serwatt.profiler.classify.source_index import SourceIndex, SourceTooCostly
@@ -40,7 +41,6 @@ from serwatt.profiler.classify.source_store import SourceStore
 from serwatt.profiler.classify.target_files import (
     MAX_SOURCE_BYTES,
     decode_source,
-    is_exited_root,
     open_source,
     package_of,
     read_fd,
@@ -192,20 +192,14 @@ def _shared(ident: _Ident, index: LineIndex) -> LineIndex:
         return _SHARED.setdefault(ident, index)
 
 
-ON_FUSE = "source not read: on a FUSE filesystem (docs/classification.md)"
+# A source whose resolution reaches a FUSE mount, directly or through links: never
+# stat'ed or opened (target_files.py). A FUSE request the server has read and never
+# answers leaves the thread that made it unkillable, and the daemon with it.
+ON_FUSE = f"source not read: {mounts.ON_FUSE}"
 
 
-def _on_fuse(path: str, root: str | None) -> bool:
-    """Whether `path` (inside `root`, a target's <procfs>/<pid>/root) is on a FUSE
-    filesystem as its process sees it, lexically; asks procfs only (collectors/mounts.py).
-    A FUSE request the server has read and never answers leaves the thread that made it
-    unkillable, and the daemon with it: such files are never opened."""
-    if root is None:
-        return on_fuse(path)
-    inner = path[len(root.rstrip("/")) :] or "/"
-    if is_exited_root(root):
-        return on_fuse(inner)  # read at host paths: the host's mounts say
-    return on_fuse(inner, os.path.join(os.path.dirname(root.rstrip("/")), "mountinfo"))
+def _not_read(exc: OnFuse) -> str:
+    return f"source not read: {exc.strerror}"
 
 
 def _load(
@@ -213,10 +207,10 @@ def _load(
 ) -> _Loaded:
     """Open, read, prefilter and index one file (runs on a loader thread)."""
     started = time.thread_time()
-    if _on_fuse(path, root):
-        return _Loaded(None, error=ON_FUSE)
     try:
         fd = open_source(path, root)
+    except OnFuse as exc:
+        return _Loaded(None, error=_not_read(exc))
     except (OSError, ValueError) as exc:
         return _Loaded(None, error=f"source not readable: {_reason(exc)}")
     try:
@@ -356,8 +350,6 @@ class SourceCache:
 
     @staticmethod
     def _stat_key(path: str, root: str | None) -> tuple[int, int] | None:
-        if _on_fuse(path, root):
-            return None
         try:
             st = stat_source(path, root)
         except (OSError, ValueError):
