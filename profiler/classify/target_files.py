@@ -370,11 +370,19 @@ def _open_path(path: str, root: str | None) -> tuple[int, TargetCreds | None]:
     return fd, creds
 
 
+def resolve_off_fuse(path: str) -> int:
+    """An O_PATH fd of the host path `path`, resolved through links with the mount of
+    each component checked first; raises OnFuse where it reaches a FUSE mount, asking it
+    nothing. Read the file through `/proc/self/fd/<fd>`: the very inode resolved, with no
+    second resolution that a link changed meanwhile could lead into a mount."""
+    return _open_path(path, None)[0]
+
+
 def reaches_fuse(path: str) -> bool:
     """Whether resolving the host path `path` reaches a FUSE mount (through links too),
     asking no FUSE filesystem anything; False where it does not resolve."""
     try:
-        os.close(_open_path(path, None)[0])
+        os.close(resolve_off_fuse(path))
     except OnFuse:
         return True
     except (OSError, ValueError):
