@@ -274,14 +274,19 @@ def _open_component(dirfd: int, name: str, guard: MountGuard, path: str) -> int:
 
 
 def _walk_in_root(
-    rootfd: int, path: str, guard: MountGuard, creds: TargetCreds | None = None
+    rootfd: int,
+    path: str,
+    guard: MountGuard,
+    creds: TargetCreds | None = None,
+    *,
+    follow_last: bool = True,
 ) -> int:
     """An O_PATH fd for `path` resolved with `rootfd` (checked by `guard` already) as "/":
     each component opened with O_NOFOLLOW and its mount checked before it is stat'ed
     (`_open_component`), symlinks spliced in by hand (absolute ones restart at the root),
-    ".." never above the root. The resolution where a mount is crossed, where openat2 is
-    missing, and where `creds` (the target's) must be able to search each directory on
-    the way."""
+    ".." never above the root (`follow_last=False`: a link as the last component is
+    returned itself). The resolution where a mount is crossed, where openat2 is missing,
+    and where `creds` (the target's) must be able to search each directory on the way."""
     parts = [p for p in path.split("/") if p not in ("", ".")]
     stack = [os.dup(rootfd)]  # the directories from the root down to the current one
     links = 0
@@ -295,7 +300,7 @@ def _walk_in_root(
             _check_search(creds, stack[-1], path)
             fd = _open_component(stack[-1], name, guard, path)
             mode = os.fstat(fd).st_mode
-            if stat.S_ISLNK(mode):
+            if stat.S_ISLNK(mode) and (parts or follow_last):
                 try:
                     target = os.readlink("", dir_fd=fd)
                 finally:
@@ -327,7 +332,9 @@ def _proc_dir_of(root: str) -> str:
     return "/proc/self"
 
 
-def _open_path(path: str, root: str | None) -> tuple[int, TargetCreds | None]:
+def _open_path(
+    path: str, root: str | None, *, follow_last: bool = True
+) -> tuple[int, TargetCreds | None]:
     """An O_PATH fd (opening nothing: no FIFO, device or FUSE open is triggered), and the
     credentials of the target whose root `root` is, every directory on the way checked
     searchable under them (TargetCannotRead); None where there is no target to ask.
@@ -358,13 +365,14 @@ def _open_path(path: str, root: str | None) -> tuple[int, TargetCreds | None]:
         fd = -1
         if creds is None and openat2_available():
             resolve = _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS | _RESOLVE_NO_XDEV
+            flags = os.O_PATH | os.O_CLOEXEC | (0 if follow_last else os.O_NOFOLLOW)
             try:  # the whole path on the root's own mount: one call
-                fd = _openat2(rootfd, rel.lstrip("/") or ".", os.O_PATH | os.O_CLOEXEC, resolve)
+                fd = _openat2(rootfd, rel.lstrip("/") or ".", flags, resolve)
             except OSError as exc:
                 if exc.errno != errno.EXDEV:
                     raise
         if fd < 0:
-            fd = _walk_in_root(rootfd, rel, guard, creds)
+            fd = _walk_in_root(rootfd, rel, guard, creds, follow_last=follow_last)
     finally:
         os.close(rootfd)
     return fd, creds
@@ -400,14 +408,15 @@ def stat_source(path: str, root: str | None = None) -> os.stat_result:
         os.close(fd)
 
 
-def open_source(path: str, root: str | None = None) -> int:
-    """A read-only, non-blocking fd of the regular file `path` names inside `root`.
+def open_source(path: str, root: str | None = None, *, follow_last: bool = True) -> int:
+    """A read-only, non-blocking fd of the regular file `path` names inside `root`
+    (`follow_last=False`: a link as its last component is refused, not followed).
 
     Raises NotRegularFile for anything else (checked on the O_PATH fd before any
     open that could block or have a device's side effects), TargetCannotRead when the
     target whose root it is could not read it itself, OSError when it cannot be
     resolved inside the root."""
-    pfd, creds = _open_path(path, root)
+    pfd, creds = _open_path(path, root, follow_last=follow_last)
     try:
         st = os.fstat(pfd)
         if not stat.S_ISREG(st.st_mode):

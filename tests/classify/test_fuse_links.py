@@ -169,3 +169,24 @@ def test_the_daemon_stops_on_sigterm_beside_a_job_linked_into_a_stalled_mount(
     assert asked == [], asked
     assert code == 0, d.log()[-3000:]
     assert took < UNIT_STOP_TIMEOUT_S, (took, d.log()[-3000:])
+
+
+def test_a_checkpoint_head_through_a_directory_link_into_a_stalled_mount_is_not_read(
+    tmp_path: Path,
+) -> None:
+    """The checkpoint watch reports paths under the directory it was given; a link among
+    that directory's components into a FUSE mount is refused the same way (its format
+    is then told from its name), and a link as the file itself is not followed."""
+    from serwatt.profiler.attribution.checkpoint_watch import file_head
+
+    local = tmp_path / "local.pt"
+    local.write_bytes(b"PK\x03\x04rest")
+    (tmp_path / "link.pt").symlink_to(local)
+    with stalling_fuse(tmp_path / "mnt", {"ckpt.pt": b"PK\x03\x04rest"}) as fs:
+        (tmp_path / "ckpts").symlink_to(fs.mountpoint)
+        fs.stall()
+        done, got = _within(lambda: file_head(str(tmp_path / "ckpts" / "ckpt.pt")), REFUSE_BOUND_S)
+        assert done and got is None
+        assert fs.stalled_requests() == []
+    assert file_head(str(local)) == b"PK\x03\x04rest"  # the control
+    assert file_head(str(tmp_path / "link.pt")) is None

@@ -241,7 +241,7 @@ def _watchers(pid: int) -> list[int]:
             argv = (d / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"collectors.fsevents" in argv:
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"serwatt.collectors.fsevents" in argv:
             out.append(int(d.name))
     return out
 
