@@ -1,17 +1,15 @@
-"""Which filesystem a path is on, from a process's mountinfo, without touching the path.
+"""Which filesystem an fd is on, from procfs, without asking the filesystem.
 
 A FUSE filesystem is served by a process, any user's (through the setuid fusermount),
 and once its server has read a request the kernel waits for the answer uninterruptibly:
 a thread stuck there cannot be ended, SIGKILL included, and a process with such a thread
-does not finish exiting. A `stat` or `statfs` of the path would itself be such a request,
-so the question is answered from /proc/<pid>/mountinfo (procfs: never blocks) by the
-longest mount point that is a prefix of the path, lexically (`on_fuse`).
-
-A path that reaches a FUSE mount through a symbolic link, as a whole or as one of its
-directories, is not seen lexically: a resolution that walks components checks the mount
-of each one it holds (an O_PATH fd, which asks the filesystem nothing) before it stats
-or opens it (`MountGuard`, used by profiler/classify/target_files.py): the fd's mount id
-from /proc/self/fdinfo, its type from the mountinfo of the namespace it was reached in.
+does not finish exiting. A `stat` or `statfs` would itself be such a request, and a path
+can reach a FUSE mount through a link, as a whole or as one of its directories, so no
+path is judged by its text: a resolution that walks components checks the mount of each
+one it holds (an O_PATH fd, which asks the filesystem nothing) before it stats or opens
+it (`MountGuard`, used by profiler/classify/target_files.py): the fd's mount id from
+/proc/self/fdinfo, its type from the mountinfo of the namespace it was reached in
+(procfs: never blocks).
 """
 
 from __future__ import annotations
@@ -62,27 +60,9 @@ def read_mounts(mountinfo: str = "/proc/self/mountinfo") -> list[Mount]:
     return parse_mountinfo(text)
 
 
-def mount_of(mounts: list[Mount], path: str) -> Mount | None:
-    """The mount `path` (absolute, as the mounts' process sees it) is on, lexically."""
-    path = os.path.normpath(path)
-    best: Mount | None = None
-    for m in mounts:
-        p = m.point.rstrip("/") or "/"
-        inside = path == p or path.startswith(p + "/") or p == "/"
-        if inside and (best is None or len(p) >= len(best.point.rstrip("/") or "/")):
-            best = m
-    return best
-
-
 def is_fuse(fstype: str) -> bool:
     """FUSE, whatever its server names it (`fuse`, `fuse.sshfs`, `fuseblk`)."""
     return fstype == "fuse" or fstype.startswith("fuse.") or fstype == "fuseblk"
-
-
-def on_fuse(path: str, mountinfo: str = "/proc/self/mountinfo") -> bool:
-    """Whether `path` (absolute as the mountinfo's process sees it) is on FUSE, lexically."""
-    m = mount_of(read_mounts(mountinfo), path)
-    return m is not None and is_fuse(m.fstype)
 
 
 ON_FUSE = "on a FUSE filesystem (docs/classification.md)"

@@ -7,10 +7,11 @@ deadline (SOURCE_WAIT_S), so no file can stall a sampling thread; loader threads
 capped (MAX_LOADS, MAX_LOADS_PER_ROOT). An index is shared by every cache in the
 process that reads the same file version. docs/classification.md "Hostile sources".
 
-A file is the target's, and may be on a FUSE filesystem the target serves and stops
-answering: a load past its wait is *stuck*; it keeps its root's slot (so a root has at
-most MAX_LOADS_PER_ROOT threads, stuck or not) but not a node-wide one (so stuck loads
-of one target never starve another's). The re-stat of cached files (`revalidate`) runs
+A file is the target's. One on FUSE, or reached through a link into FUSE, is never
+stat'ed or opened (target_files.py: ON_FUSE); one on a network filesystem that stops
+answering is, and a load past its wait is *stuck*; it keeps its root's slot (so a root
+has at most MAX_LOADS_PER_ROOT threads, stuck or not) but not a node-wide one (so stuck
+loads of one target never starve another's). The re-stat of cached files (`revalidate`) runs
 on a worker per user the target processes run as (profiler/owned_io.py) and is waited
 on at most STAT_WAIT_S: a user whose stat did not answer has its files dropped, and loads
 them again under the same caps, so only that user's call sites go `other` (NOT_READY,
