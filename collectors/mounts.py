@@ -19,6 +19,7 @@ import os
 import re
 import select
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -100,6 +101,7 @@ class _Table:
         self._poll.register(self._fd, select.POLLPRI | select.POLLERR)
         self._lock = threading.Lock()
         self._types: dict[int, str] = {}
+        self.used = time.monotonic()
         self._read()
 
     def _read(self) -> None:
@@ -120,15 +122,24 @@ class _Table:
         is gone, and that unmount and the new mount are events the poll sees, so a table
         polled after the fd was opened is not stale for it)."""
         with self._lock:
+            if self._fd < 0:  # closed idle under a caller that held it that long
+                raise OSError(errno.EBADF, "mount table closed; look again")
             if self._poll.poll(0) or mount_id not in self._types:
                 self._read()
             return self._types.get(mount_id)
 
     def close(self) -> None:
-        os.close(self._fd)
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
 
 
 _MAX_TABLES = 64  # mount namespaces whose tables are kept (an open fd each)
+# An open mountinfo holds its namespace, and with it every mount in it, after its last
+# process exits: a table unused this long is closed (a live target's files are re-stat'ed
+# every 2 s, so its table stays).
+TABLE_IDLE_S = 10.0
 _TABLES: OrderedDict[tuple[int, int], _Table] = OrderedDict()
 _TABLES_LOCK = threading.Lock()
 
@@ -138,9 +149,13 @@ def _table(proc_dir: str) -> _Table:
     /proc/self), one per namespace."""
     ns = os.stat(os.path.join(proc_dir, "ns", "mnt"))
     key = (ns.st_dev, ns.st_ino)
+    now = time.monotonic()
     with _TABLES_LOCK:
+        for old in [k for k, t in _TABLES.items() if now - t.used > TABLE_IDLE_S]:
+            _TABLES.pop(old).close()
         table = _TABLES.get(key)
         if table is not None:
+            table.used = now
             _TABLES.move_to_end(key)
             return table
     table = _Table(os.path.join(proc_dir, "mountinfo"))
@@ -158,16 +173,22 @@ class MountGuard:
     """Checks each fd a resolution holds before it is stat'ed or opened: `check` raises
     OnFuse when the fd is on FUSE, or on a mount that neither the namespace of
     `proc_dir` (where the path was reached: a target's /proc/<pid>) nor serwatt's own
-    lists."""
+    lists. Mount ids are unique node-wide while the mount lives (and the fd held keeps
+    it alive), so an id either table lists is that mount."""
 
     def __init__(self, proc_dir: str = "/proc/self") -> None:
         self._proc_dir = proc_dir
 
     def check(self, fd: int, path: str) -> None:
         mount_id = fd_mount_id(fd)
-        fstype = _table(self._proc_dir).fstype(mount_id)
-        if fstype is None and self._proc_dir != "/proc/self":
-            fstype = _table("/proc/self").fstype(mount_id)  # a root above a chroot's
+        fstype = None
+        if self._proc_dir != "/proc/self":
+            try:
+                fstype = _table(self._proc_dir).fstype(mount_id)
+            except OSError:
+                pass  # the process is gone (or `proc_dir` is no procfs): ours may list it
+        if fstype is None:
+            fstype = _table("/proc/self").fstype(mount_id)
         if fstype is None:
             raise OnFuse(path, "on a mount not in the mount table: not asked")
         if is_fuse(fstype):
