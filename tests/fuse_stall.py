@@ -6,6 +6,7 @@ theirs through the setuid fusermount).
         ...                 # every file answers
         fs.stall()          # from now on every request blocks, never answered
         ...
+        assert fs.stalled_requests() == []  # nothing asked it anything since
     # the server is killed (its blocked requests fail with ENOTCONN) and the mount
     # lazily unmounted, whatever happened inside
 
@@ -54,6 +55,14 @@ class StallingFuse:
     def stall(self) -> None:
         """Every request from now on blocks."""
         self.flag.touch()
+
+    def stalled_requests(self) -> list[str]:
+        """The requests ("op path") that reached the server since it stalled: each holds
+        the thread that made it in the kernel until the server dies."""
+        try:
+            return self.flag.read_text().splitlines()
+        except FileNotFoundError:
+            return []
 
     def close(self) -> None:
         # Killing the server aborts the connection: every request blocked on it fails
@@ -111,13 +120,16 @@ def _serve(mountpoint: str, flag: str, spec_path: str) -> None:
     dirs = {"/"} | {"/" + d for d in spec["dirs"]}
     now = time.time()
 
-    def gate() -> None:
-        while os.path.exists(flag):
-            time.sleep(3600)  # stalled for good: only killing the server ends it
+    def gate(op: str, path: str) -> None:
+        if os.path.exists(flag):
+            with open(flag, "a") as log:  # the flag file is also the log of what stalled
+                log.write(f"{op} {path}\n")
+            while True:
+                time.sleep(3600)  # stalled for good: only killing the server ends it
 
     class Ops(mfusepy.Operations):
         def getattr(self, path: str, fh: int | None = None) -> dict[str, float]:
-            gate()
+            gate("getattr", path)
             common = {"st_atime": now, "st_mtime": now, "st_ctime": now, "st_uid": 0}
             if path in dirs:
                 return {"st_mode": stat.S_IFDIR | 0o755, "st_nlink": 2, **common}
@@ -128,22 +140,22 @@ def _serve(mountpoint: str, flag: str, spec_path: str) -> None:
             raise mfusepy.FuseOSError(errno.ENOENT)
 
         def readdir(self, path: str, fh: int) -> list[str]:
-            gate()
+            gate("readdir", path)
             names = [p[len(path.rstrip("/")) + 1 :] for p in (files.keys() | dirs) if p != "/"]
             return [".", ".."] + [n for n in names if n and "/" not in n]
 
         def open(self, path: str, flags: int) -> int:
-            gate()
+            gate("open", path)
             if path not in files:
                 raise mfusepy.FuseOSError(errno.ENOENT)
             return 0
 
         def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
-            gate()
+            gate("read", path)
             return files[path][offset : offset + size]
 
         def statfs(self, path: str) -> dict[str, int]:
-            gate()
+            gate("statfs", path)
             return {"f_bsize": 4096, "f_blocks": 1, "f_namemax": 255}
 
     mfusepy.FUSE(

@@ -16,23 +16,31 @@ from pathlib import Path
 from typing import Any
 
 from serwatt.collectors.fsevents import WatchProcess
-from serwatt.collectors.mounts import on_fuse
 from serwatt.collectors.proccounters import CPU_SOURCE, ProcessCounters
 from serwatt.profiler.attribution.checkpoints import LAZY_HEAD_BYTES, Matched, file_is_lazy, match
 from serwatt.profiler.attribution.episodes import Episode
-from serwatt.profiler.safeio import read_head
+from serwatt.profiler.classify.target_files import open_source
 
 IDENTIFIED_BY_EVENTS = "file events"
 MAX_EPISODES = 200_000  # episodes kept for matching; the rest are counted
 
 
 def file_head(path: str) -> bytes | None:
-    """A checkpoint file's first LAZY_HEAD_BYTES, through the bounded open; None when it
-    is gone or cannot be read."""
+    """A checkpoint file's first LAZY_HEAD_BYTES, through the open of files a job controls
+    (profiler/classify/target_files.py: regular files only, no link followed as the last
+    component, none of its directories' links into a FUSE mount, which is never asked:
+    a FUSE request never answered leaves the thread unkillable); None when it is gone,
+    on FUSE or cannot be read (then its format is told from its name)."""
     try:
-        return read_head(path, LAZY_HEAD_BYTES)
+        fd = open_source(path, follow_last=False)
     except OSError:
         return None
+    try:
+        return os.pread(fd, LAZY_HEAD_BYTES, 0)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def is_lazy_file(path: str) -> bool:
@@ -91,8 +99,6 @@ class CheckpointWatch:
         return self.result
 
     def _own_head(self, path: str) -> bytes | None:
-        if on_fuse(os.path.abspath(path)):
-            return None  # never asked (collectors/mounts.py): its format from its name
         # serwatt's read of the file, not a restore: the watch (shared with the target's
         # other runs, still watching) is told
         with self.watch.own_open(path):

@@ -7,10 +7,11 @@ deadline (SOURCE_WAIT_S), so no file can stall a sampling thread; loader threads
 capped (MAX_LOADS, MAX_LOADS_PER_ROOT). An index is shared by every cache in the
 process that reads the same file version. docs/classification.md "Hostile sources".
 
-A file is the target's, and may be on a FUSE filesystem the target serves and stops
-answering: a load past its wait is *stuck*; it keeps its root's slot (so a root has at
-most MAX_LOADS_PER_ROOT threads, stuck or not) but not a node-wide one (so stuck loads
-of one target never starve another's). The re-stat of cached files (`revalidate`) runs
+A file is the target's. One on FUSE, or reached through a link into FUSE, is never
+stat'ed or opened (target_files.py: ON_FUSE); one on a network filesystem that stops
+answering is, and a load past its wait is *stuck*; it keeps its root's slot (so a root
+has at most MAX_LOADS_PER_ROOT threads, stuck or not) but not a node-wide one (so stuck
+loads of one target never starve another's). The re-stat of cached files (`revalidate`) runs
 on a worker per user the target processes run as (profiler/owned_io.py) and is waited
 on at most STAT_WAIT_S: a user whose stat did not answer has its files dropped, and loads
 them again under the same caps, so only that user's call sites go `other` (NOT_READY,
@@ -32,7 +33,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
 
-from serwatt.collectors.mounts import on_fuse
+from serwatt.collectors import mounts
+from serwatt.collectors.mounts import OnFuse
 from serwatt.profiler.classify.callsite import LineIndex
 from serwatt.profiler.classify.prefilter import CallsitePrefilter
 from serwatt.profiler.classify.source_index import SourceIndex, SourceTooCostly
@@ -40,7 +42,6 @@ from serwatt.profiler.classify.source_store import SourceStore
 from serwatt.profiler.classify.target_files import (
     MAX_SOURCE_BYTES,
     decode_source,
-    is_exited_root,
     open_source,
     package_of,
     read_fd,
@@ -192,20 +193,14 @@ def _shared(ident: _Ident, index: LineIndex) -> LineIndex:
         return _SHARED.setdefault(ident, index)
 
 
-ON_FUSE = "source not read: on a FUSE filesystem (docs/classification.md)"
+# A source whose resolution reaches a FUSE mount, directly or through links: never
+# stat'ed or opened (target_files.py). A FUSE request the server has read and never
+# answers leaves the thread that made it unkillable, and the daemon with it.
+ON_FUSE = f"source not read: {mounts.ON_FUSE}"
 
 
-def _on_fuse(path: str, root: str | None) -> bool:
-    """Whether `path` (inside `root`, a target's <procfs>/<pid>/root) is on a FUSE
-    filesystem as its process sees it, lexically; asks procfs only (collectors/mounts.py).
-    A FUSE request the server has read and never answers leaves the thread that made it
-    unkillable, and the daemon with it: such files are never opened."""
-    if root is None:
-        return on_fuse(path)
-    inner = path[len(root.rstrip("/")) :] or "/"
-    if is_exited_root(root):
-        return on_fuse(inner)  # read at host paths: the host's mounts say
-    return on_fuse(inner, os.path.join(os.path.dirname(root.rstrip("/")), "mountinfo"))
+def _not_read(exc: OnFuse) -> str:
+    return f"source not read: {exc.strerror}"
 
 
 def _load(
@@ -213,10 +208,10 @@ def _load(
 ) -> _Loaded:
     """Open, read, prefilter and index one file (runs on a loader thread)."""
     started = time.thread_time()
-    if _on_fuse(path, root):
-        return _Loaded(None, error=ON_FUSE)
     try:
         fd = open_source(path, root)
+    except OnFuse as exc:
+        return _Loaded(None, error=_not_read(exc))
     except (OSError, ValueError) as exc:
         return _Loaded(None, error=f"source not readable: {_reason(exc)}")
     try:
@@ -356,8 +351,6 @@ class SourceCache:
 
     @staticmethod
     def _stat_key(path: str, root: str | None) -> tuple[int, int] | None:
-        if _on_fuse(path, root):
-            return None
         try:
             st = stat_source(path, root)
         except (OSError, ValueError):

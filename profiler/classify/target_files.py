@@ -3,8 +3,11 @@
 Every file a target names is hostile (serwatt runs as root, the target does not):
 paths resolve inside the target's root (`/proc/<pid>/root`, so container targets work)
 and never leave it (openat2 RESOLVE_IN_ROOT, or a component walk where the kernel
-lacks it); only regular files are opened, never FIFOs or device nodes; and reads are
-bounded (MAX_SOURCE_BYTES). docs/classification.md "Hostile sources".
+lacks it); no filesystem on the way is asked anything before the mount it is on is
+known not to be FUSE (collectors/mounts.py `MountGuard`: a link into a FUSE mount that
+stalls would leave the thread unkillable); only regular files are opened, never FIFOs or
+device nodes; and reads are bounded (MAX_SOURCE_BYTES). docs/classification.md
+"Hostile sources".
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import tokenize
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
+
+from serwatt.collectors.mounts import MountGuard, OnFuse
 
 # The largest file read. The largest .py file in the stdlib or torch 2.x is 1.4 MB
 # (torch/testing/_internal/common_methods_invocations.py). Parsing peaks at up to
@@ -45,7 +50,9 @@ class NotRegularFile(OSError):
 
 
 # openat2(2) (Linux 5.6+): resolve a path with a directory fd as its root, so "..",
-# absolute symlinks and absolute paths all stay below it.
+# absolute symlinks and absolute paths all stay below it; RESOLVE_NO_XDEV fails (EXDEV)
+# at a mount crossing before anything on the other mount is asked.
+_RESOLVE_NO_XDEV = 0x01
 _RESOLVE_NO_MAGICLINKS = 0x02
 _RESOLVE_IN_ROOT = 0x10
 # 437 on every architecture with the unified syscall table (all 64-bit Linux ports).
@@ -67,12 +74,14 @@ _libc: ctypes.CDLL | None = None
 _OPENAT2_OK: bool | None = None
 
 
-def _openat2(dirfd: int, path: str, flags: int) -> int:
+def _openat2(
+    dirfd: int, path: str, flags: int, resolve: int = _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS
+) -> int:
     global _libc
     if _libc is None:
         _libc = ctypes.CDLL(None, use_errno=True)
         _libc.syscall.restype = ctypes.c_long
-    how = _OpenHow(flags, 0, _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS)
+    how = _OpenHow(flags, 0, resolve)
     for _ in range(8):  # EAGAIN: a rename or mount raced the resolution; retry
         fd = _libc.syscall(
             ctypes.c_long(_SYS_OPENAT2),
@@ -242,11 +251,42 @@ def _check_search(creds: TargetCreds | None, fd: int, path: str) -> None:
         raise TargetCannotRead(errno.EACCES, "the target cannot search a directory of", path)
 
 
-def _walk_in_root(rootfd: int, path: str, creds: TargetCreds | None = None) -> int:
-    """An O_PATH fd for `path` resolved with `rootfd` as "/": each component opened
-    with O_NOFOLLOW, symlinks spliced in by hand (absolute ones restart at the root),
-    ".." never above the root. The fallback where openat2 is missing, and the resolution
-    used when `creds` (the target's) must be able to search each directory on the way."""
+def _open_component(dirfd: int, name: str, guard: MountGuard, path: str) -> int:
+    """An O_PATH fd of the one component `name` in `dirfd` (a link itself, not followed),
+    checked off FUSE. With openat2, RESOLVE_NO_XDEV opens it without a check where it is
+    on the directory's own mount (checked already); a mount point fails EXDEV, and only
+    then is it opened across (an O_PATH open of a mount's root asks its filesystem
+    nothing) and its mount checked."""
+    flags = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+    if openat2_available():
+        try:
+            return _openat2(dirfd, name, flags, _RESOLVE_NO_XDEV | _RESOLVE_NO_MAGICLINKS)
+        except OSError as exc:
+            if exc.errno != errno.EXDEV:
+                raise
+    fd = os.open(name, flags, dir_fd=dirfd)
+    try:
+        guard.check(fd, path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _walk_in_root(
+    rootfd: int,
+    path: str,
+    guard: MountGuard,
+    creds: TargetCreds | None = None,
+    *,
+    follow_last: bool = True,
+) -> int:
+    """An O_PATH fd for `path` resolved with `rootfd` (checked by `guard` already) as "/":
+    each component opened with O_NOFOLLOW and its mount checked before it is stat'ed
+    (`_open_component`), symlinks spliced in by hand (absolute ones restart at the root),
+    ".." never above the root (`follow_last=False`: a link as the last component is
+    returned itself). The resolution where a mount is crossed, where openat2 is missing,
+    and where `creds` (the target's) must be able to search each directory on the way."""
     parts = [p for p in path.split("/") if p not in ("", ".")]
     stack = [os.dup(rootfd)]  # the directories from the root down to the current one
     links = 0
@@ -258,9 +298,9 @@ def _walk_in_root(rootfd: int, path: str, creds: TargetCreds | None = None) -> i
                     os.close(stack.pop())
                 continue
             _check_search(creds, stack[-1], path)
-            fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=stack[-1])
+            fd = _open_component(stack[-1], name, guard, path)
             mode = os.fstat(fd).st_mode
-            if stat.S_ISLNK(mode):
+            if stat.S_ISLNK(mode) and (parts or follow_last):
                 try:
                     target = os.readlink("", dir_fd=fd)
                 finally:
@@ -283,36 +323,79 @@ def _walk_in_root(rootfd: int, path: str, creds: TargetCreds | None = None) -> i
             os.close(fd)
 
 
-def _open_path(path: str, root: str | None) -> tuple[int, TargetCreds | None]:
+def _proc_dir_of(root: str) -> str:
+    """Whose mount namespace a path under `root` is reached in: the target's
+    (`<procfs>/<pid>/root`), else serwatt's own."""
+    proc_dir, name = os.path.split(root.rstrip("/"))
+    if name == "root" and os.path.basename(proc_dir).isdigit():
+        return proc_dir
+    return "/proc/self"
+
+
+def _open_path(
+    path: str, root: str | None, *, follow_last: bool = True
+) -> tuple[int, TargetCreds | None]:
     """An O_PATH fd (opening nothing: no FIFO, device or FUSE open is triggered), and the
     credentials of the target whose root `root` is, every directory on the way checked
-    searchable under them (TargetCannotRead); None where there is no target to ask."""
+    searchable under them (TargetCannotRead); None where there is no target to ask.
+    Raises OnFuse where the resolution reaches a FUSE mount, before asking it anything
+    (a host path, `root` None, is resolved the same way, from "/")."""
     if root is None:
-        return os.open(path, os.O_PATH | os.O_CLOEXEC), None
-    if not path.startswith(root):
-        raise ValueError(f"{path!r} is not under the root {root!r}")
-    rel = path[len(root) :]
-    if is_exited_root(root):
-        with _REMEMBERED_LOCK:
-            creds = _REMEMBERED.get(root[: -len(_EXITED_SUFFIX)])
-        if creds is None:
-            raise TargetCannotRead(
-                errno.EACCES, "the target exited before its credentials were read", path
-            )
-        root = "/"
+        rel, root, creds = os.path.abspath(path), "/", None
     else:
-        creds = target_creds(root)
+        if not path.startswith(root):
+            raise ValueError(f"{path!r} is not under the root {root!r}")
+        rel = path[len(root) :]
+        if is_exited_root(root):
+            with _REMEMBERED_LOCK:
+                creds = _REMEMBERED.get(root[: -len(_EXITED_SUFFIX)])
+            if creds is None:
+                raise TargetCannotRead(
+                    errno.EACCES, "the target exited before its credentials were read", path
+                )
+            root = "/"
+        else:
+            creds = target_creds(root)
     if creds is not None and creds.bypass:
         creds = None  # the target may read whatever serwatt may: nothing more to check
+    guard = MountGuard(_proc_dir_of(root))
     rootfd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
+        guard.check(rootfd, path)
+        fd = -1
         if creds is None and openat2_available():
-            fd = _openat2(rootfd, rel.lstrip("/") or ".", os.O_PATH | os.O_CLOEXEC)
-        else:
-            fd = _walk_in_root(rootfd, rel, creds)
+            resolve = _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS | _RESOLVE_NO_XDEV
+            flags = os.O_PATH | os.O_CLOEXEC | (0 if follow_last else os.O_NOFOLLOW)
+            try:  # the whole path on the root's own mount: one call
+                fd = _openat2(rootfd, rel.lstrip("/") or ".", flags, resolve)
+            except OSError as exc:
+                if exc.errno != errno.EXDEV:
+                    raise
+        if fd < 0:
+            fd = _walk_in_root(rootfd, rel, guard, creds, follow_last=follow_last)
     finally:
         os.close(rootfd)
     return fd, creds
+
+
+def resolve_off_fuse(path: str) -> int:
+    """An O_PATH fd of the host path `path`, resolved through links with the mount of
+    each component checked first; raises OnFuse where it reaches a FUSE mount, asking it
+    nothing. Read the file through `/proc/self/fd/<fd>`: the very inode resolved, with no
+    second resolution that a link changed meanwhile could lead into a mount."""
+    return _open_path(path, None)[0]
+
+
+def reaches_fuse(path: str) -> bool:
+    """Whether resolving the host path `path` reaches a FUSE mount (through links too),
+    asking no FUSE filesystem anything; False where it does not resolve."""
+    try:
+        os.close(resolve_off_fuse(path))
+    except OnFuse:
+        return True
+    except (OSError, ValueError):
+        return False
+    return False
 
 
 def stat_source(path: str, root: str | None = None) -> os.stat_result:
@@ -325,14 +408,15 @@ def stat_source(path: str, root: str | None = None) -> os.stat_result:
         os.close(fd)
 
 
-def open_source(path: str, root: str | None = None) -> int:
-    """A read-only, non-blocking fd of the regular file `path` names inside `root`.
+def open_source(path: str, root: str | None = None, *, follow_last: bool = True) -> int:
+    """A read-only, non-blocking fd of the regular file `path` names inside `root`
+    (`follow_last=False`: a link as its last component is refused, not followed).
 
     Raises NotRegularFile for anything else (checked on the O_PATH fd before any
     open that could block or have a device's side effects), TargetCannotRead when the
     target whose root it is could not read it itself, OSError when it cannot be
     resolved inside the root."""
-    pfd, creds = _open_path(path, root)
+    pfd, creds = _open_path(path, root, follow_last=follow_last)
     try:
         st = os.fstat(pfd)
         if not stat.S_ISREG(st.st_mode):

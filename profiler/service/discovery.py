@@ -12,13 +12,15 @@ Never targets: this process, and what profiler/sampling/eligible.py refuses (ker
 threads, serwatt itself, py-spy, processes that are not CPython): the rule a profile
 applies to the children it follows.
 
-A pid file is the job's. One on a FUSE mount is not read at all (collectors/mounts.py:
-a FUSE request never answered leaves the thread that made it unkillable); any other is
-read through the one bounded open (a FIFO, device or anything but a regular file is
-refused before it is read, at most PID_FILE_MAX_BYTES) on a worker owned by its target
-with a deadline (profiler/owned_io.py: a link may still lead into such a mount), and
-its content counts only when it is ASCII digits. One that cannot be read costs its own
-target that scan, counted in `target_errors` (the daemon's
+A pid file is the job's. One on a FUSE mount, or reached through a link into one, is
+not read at all: its path is resolved with the mount of each component checked before
+it is asked anything (profiler/classify/target_files.py `resolve_off_fuse`: a FUSE
+request never answered leaves the thread that made it unkillable); any other is read
+from the inode resolved, through the one bounded open (a FIFO, device or anything but a
+regular file is refused before it is opened, at most PID_FILE_MAX_BYTES) on a worker
+owned by its target with a deadline (profiler/owned_io.py: a network filesystem can
+stall too), and its content counts only when it is ASCII digits. One that cannot be
+read costs its own target that scan, counted in `target_errors` (the daemon's
 `serwatt_sampler_errors_total{kind="pid_file_..."}`), never the scan or another target.
 
 A process's procfs files are the job's too: its cmdline and environ wait for its
@@ -40,14 +42,16 @@ from __future__ import annotations
 import os
 import re
 import socket
+import stat
 from collections.abc import Callable, Iterable, MutableMapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 from serwatt.collectors import procstat
-from serwatt.collectors.mounts import on_fuse
+from serwatt.collectors.mounts import OnFuse
 from serwatt.collectors.procstat import ProcessFiles
+from serwatt.profiler.classify.target_files import resolve_off_fuse
 from serwatt.profiler.owned_io import OwnedWorkers, Stuck
 from serwatt.profiler.records.run_ids import render_run_id
 from serwatt.profiler.safeio import NO_SUCH_FILE, InputFileError, read_bounded
@@ -102,21 +106,37 @@ def _units(proc: ProcessFiles) -> list[str]:
     return found
 
 
+def _read_off_fuse(path: Path) -> bytes:
+    """The pid file's bytes, read through the one bounded open from the very inode its
+    path resolved to, each component's mount checked off FUSE first (target_files.py:
+    a FUSE request its server never answers leaves the thread that made it unkillable,
+    and the daemon with it). Raises OnFuse or InputFileError."""
+    try:
+        pfd = resolve_off_fuse(str(path))
+    except FileNotFoundError:
+        raise InputFileError(path, NO_SUCH_FILE) from None
+    except OnFuse:
+        raise
+    except OSError as exc:
+        raise InputFileError(path, f"cannot read the file: {exc.strerror or exc}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(pfd).st_mode):  # no FIFO or device is opened
+            raise InputFileError(path, "not a regular file; give the file itself")
+        return read_bounded(f"/proc/self/fd/{pfd}", max_bytes=PID_FILE_MAX_BYTES)
+    finally:
+        os.close(pfd)
+
+
 def _read_pid_file(target: str, path: Path, error: Callable[[str, str], None]) -> int | None:
     """The pid in a target's pid file; None (and `error(target, kind)` unless the file is
     missing) when there is none to read."""
-    if on_fuse(os.path.abspath(path)):
-        # never asked: a FUSE request its server never answers leaves the thread that
-        # made it unkillable, and the daemon with it (collectors/mounts.py)
-        error(target, PID_FILE_REFUSED)
-        return None
     try:
         data = _PID_FILES.call(
-            target,
-            lambda: read_bounded(path, max_bytes=PID_FILE_MAX_BYTES),
-            PID_FILE_WAIT_S,
-            what=f"pid file {path}",
+            target, lambda: _read_off_fuse(path), PID_FILE_WAIT_S, what=f"pid file {path}"
         )
+    except OnFuse:
+        error(target, PID_FILE_REFUSED)  # never asked
+        return None
     except Stuck:
         error(target, PID_FILE_STUCK)
         return None

@@ -2,9 +2,11 @@
 stops answering cost that target its own call-site figures, never another target's and
 never the sampling thread's time past its deadline.
 
-A source on a FUSE mount is not read at all (a thread stuck in a FUSE request cannot be
-ended, and the daemon could not exit); one reached through a link into such a mount is
-not seen as one before it is opened, so the tests that stall reach it that way."""
+A source on a FUSE mount, or reached through a link into one, is not read at all (a
+thread stuck in a FUSE request cannot be ended, and the daemon could not exit;
+tests/classify/test_fuse_links.py). A network filesystem (NFS, CIFS) is read, and can
+stall too: the tests of the caps on stuck loads stand one in by a FUSE mount the mount
+table is made not to call FUSE (`network_standin`), reached through a link."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from serwatt.collectors import mounts
 from serwatt.collectors.samples import Frame
 from serwatt.profiler.classify import source_cache
 from serwatt.profiler.classify.classifier import Classifier
@@ -65,6 +68,13 @@ def sleepers() -> Iterator[Callable[..., int]]:
         p.wait(timeout=30)
 
 
+@pytest.fixture
+def network_standin(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stalling FUSE mount taken for a network filesystem (read, and able to stall):
+    no FUSE type is refused, so its files are loaded and their loads get stuck."""
+    monkeypatch.setattr(mounts, "is_fuse", lambda fstype: False)
+
+
 def _within(fn: Callable[[], Any], bound_s: float) -> tuple[bool, Any]:
     out: list[Any] = []
     t = threading.Thread(target=lambda: out.append(fn()), daemon=True)
@@ -100,7 +110,7 @@ def test_a_source_on_fuse_is_never_opened(tmp_path: Path, sleepers: Callable[...
 
 
 def test_a_source_that_stalls_after_answering_costs_only_its_own_target(
-    tmp_path: Path, sleepers: Callable[..., int]
+    tmp_path: Path, sleepers: Callable[..., int], network_standin: None
 ) -> None:
     """Item 2: the cached source's re-stat (revalidate) blocked the shared classifier."""
     hostile = Path(f"/proc/{sleepers(NOBODY)}/root")
@@ -109,7 +119,7 @@ def test_a_source_that_stalls_after_answering_costs_only_its_own_target(
     honest_src.write_bytes(SRC)
     c = Classifier.default(stat_ttl_s=0.0)
     with stalling_fuse(tmp_path / "mnt", {"job.py": SRC}) as fs:
-        job = tmp_path / "job.py"  # a link into the mount: not seen as FUSE before it is read
+        job = tmp_path / "job.py"  # a link: the stand-in is not found lexically either
         job.symlink_to(fs.mountpoint / "job.py")
         assert c.classify_frames(_frame(job), proc_root=hostile).codepath == "pickle"
         assert c.classify_frames(_frame(honest_src), proc_root=honest).codepath == "pickle"
@@ -137,7 +147,7 @@ def test_a_source_that_stalls_after_answering_costs_only_its_own_target(
 
 
 def test_stalled_loads_of_one_target_do_not_take_every_loader(
-    tmp_path: Path, sleepers: Callable[..., int]
+    tmp_path: Path, sleepers: Callable[..., int], network_standin: None
 ) -> None:
     """Item 3: 4 processes x 4 never-answering files took all MAX_LOADS loader threads,
     and from then on no target's source loaded. Now a stuck load gives up its node-wide
@@ -173,7 +183,9 @@ def test_stalled_loads_of_one_target_do_not_take_every_loader(
     source_cache.wait_for_loads(10.0)  # the server is gone: the stuck loads failed
 
 
-def test_exit_does_not_wait_for_stuck_loads(tmp_path: Path, sleepers: Callable[..., int]) -> None:
+def test_exit_does_not_wait_for_stuck_loads(
+    tmp_path: Path, sleepers: Callable[..., int], network_standin: None
+) -> None:
     """The interpreter's exit waits for loads still working (re2 would abort it), not for
     loads stuck in the kernel past their wait."""
     root = Path(f"/proc/{sleepers(NOBODY)}/root")

@@ -672,7 +672,9 @@ def test_chrooted_target_symlink_to_a_host_path_is_not_followed_on_the_host(
     (root / "srv/target.py").write_text(CHROOT_TARGET)
     real_python = Path(os.path.realpath(PYTHON))
     binds = ["/usr", str(Path(*real_python.parts[:4]))]  # /usr and e.g. /root/.pyenv
-    script = "set -e\n"
+    # the root a mount of its own, as a container runtime makes it: a mount its process
+    # cannot see (a bare chroot's, in a namespace of its own) has no source read at all
+    script = f"set -e\nmount --bind {root} {root}\n"
     for b in binds:
         (root / b.lstrip("/")).mkdir(parents=True, exist_ok=True)
         script += f"mount --bind {b} {root}{b}\n"

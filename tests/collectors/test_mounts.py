@@ -1,8 +1,13 @@
-"""collectors/mounts.py: which filesystem a path is on, from mountinfo alone."""
+"""collectors/mounts.py: which filesystem an fd is on, from procfs alone."""
 
 from __future__ import annotations
 
-from serwatt.collectors.mounts import is_fuse, mount_of, parse_mountinfo, read_mounts
+import os
+from pathlib import Path
+
+import pytest
+
+from serwatt.collectors.mounts import MountGuard, OnFuse, fd_mount_id, is_fuse, parse_mountinfo
 
 INFO = (
     "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n"
@@ -13,19 +18,33 @@ INFO = (
 )
 
 
-def test_the_longest_mount_point_prefix_wins_lexically() -> None:
+def test_mountinfo_is_parsed_with_ids_and_escapes() -> None:
     mounts = parse_mountinfo(INFO)
-    assert [m.fstype for m in mounts] == ["ext4", "fuse.sshfs", "nfs4", "fuse"]
-    assert mount_of(mounts, "/home/u/my mnt/x.py").fstype == "fuse.sshfs"  # \040 is a space
-    assert mount_of(mounts, "/home/u/my mntx/x.py").fstype == "ext4"
-    assert mount_of(mounts, "/scratch/job/ckpt").fstype == "fuse"
-    assert mount_of(mounts, "/scratch/job/ckpt/../x").fstype == "nfs4"
-    assert mount_of(mounts, "/etc/passwd").fstype == "ext4"
+    assert [(m.mount_id, m.point, m.fstype) for m in mounts] == [
+        (22, "/", "ext4"),
+        (30, "/home/u/my mnt", "fuse.sshfs"),  # \040 is a space
+        (31, "/scratch", "nfs4"),
+        (32, "/scratch/job/ckpt", "fuse"),
+    ]
     assert [is_fuse(t) for t in ("fuse", "fuse.sshfs", "fuseblk", "nfs4", "fusectl")] == [
         True, True, True, False, False,
     ]  # fmt: skip
 
 
-def test_this_process_mounts_are_read() -> None:
-    mounts = read_mounts()
-    assert mount_of(mounts, "/proc/self").fstype == "proc"
+def test_an_fd_mount_is_found_in_this_process_mounts() -> None:
+    fd = os.open("/proc/self", os.O_PATH | os.O_CLOEXEC)
+    try:
+        proc_id = fd_mount_id(fd)
+        info = Path("/proc/self/mountinfo").read_text()
+        assert (proc_id, "proc") in {(m.mount_id, m.fstype) for m in parse_mountinfo(info)}
+        MountGuard().check(fd, "/proc/self")  # not FUSE: no error
+    finally:
+        os.close(fd)
+
+
+def test_a_mount_the_table_does_not_list_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from serwatt.collectors import mounts
+
+    monkeypatch.setattr(mounts, "fd_mount_id", lambda fd: 1 << 40)
+    with pytest.raises(OnFuse, match="not in the mount table"):
+        MountGuard().check(0, "/x")

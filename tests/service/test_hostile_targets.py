@@ -129,28 +129,40 @@ def test_a_pid_file_naming_the_honest_pid_still_matches(tmp_path: Path, honest) 
 
 
 @needs_fuse
-def test_a_stalled_fuse_pid_file_costs_only_its_own_target(tmp_path: Path, honest) -> None:  # type: ignore[no-untyped-def]
+def test_a_stalled_fuse_pid_file_costs_only_its_own_target(
+    tmp_path: Path,
+    honest,  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from serwatt.collectors import mounts
+
     with stalling_fuse(tmp_path / "mnt", {"job.pid": f"{honest.pid}\n".encode()}) as fs:
-        # on the mount itself: never read, answering or not
-        errors: dict[tuple[str, str], int] = {}
-        found = discover(
-            [spec("hostile", pid_file=fs.mountpoint / "job.pid")], target_errors=errors
-        )
-        assert found == [] and errors == {("hostile", "pid_file_refused"): 1}
-        # through a link: read as any file while it answers, then the stall costs its
-        # target alone, and each scan waits for it at most once
         pid_file = tmp_path / "job.pid"
         pid_file.symlink_to(fs.mountpoint / "job.pid")
-        found = discover([spec("hostile", pid_file=pid_file)])
-        assert [d.pid for d in found] == [honest.pid]
+        linked_dir = tmp_path / "run"
+        linked_dir.symlink_to(fs.mountpoint)
         fs.stall()
+        # on the mount itself, or through a link to it or to its directory: never asked,
+        # answering or not
+        for path in (fs.mountpoint / "job.pid", pid_file, linked_dir / "job.pid"):
+            errors: dict[tuple[str, str], int] = {}
+            done, found = _within(
+                lambda p=path, e=errors: discover([spec("hostile", pid_file=p)], target_errors=e),
+                SCAN_BOUND_S,
+            )
+            assert done and found == [] and errors == {("hostile", "pid_file_refused"): 1}
+        assert fs.stalled_requests() == []
+        # a network filesystem is read (the mount table made not to call this one FUSE
+        # stands one in): the stall costs its target alone, and each scan waits for it
+        # at most once
+        monkeypatch.setattr(mounts, "is_fuse", lambda fstype: False)
         errors = {}
         for _ in range(3):
             t0 = time.monotonic()
             done, result = _within(
                 lambda: discover(_targets(honest, pid_file), target_errors=errors), SCAN_BOUND_S
             )
-            assert done, "discovery blocked on the job's stalled FUSE pid file"
+            assert done, "discovery blocked on the job's stalled pid file"
             _honest_found(result, honest)
             assert time.monotonic() - t0 < SCAN_BOUND_S
         assert errors == {("hostile", "pid_file_stuck"): 3}
