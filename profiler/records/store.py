@@ -341,8 +341,8 @@ class Recorder:
     ) -> None:
         """Open (or re-open, after a daemon restart) a run. Idempotent for the same target.
 
-        stacks: the driver folds each window's stacks (`serwatt profile` does; the daemon
-        does not yet), so the run keeps them (stack_rows.py); a run not started with them
+        stacks: the driver folds each window's stacks (`serwatt profile` and the daemon
+        do), so the run keeps them (stack_rows.py); a run not started with them
         reads as recorded without stacks, never as one whose stacks were empty."""
         if not run_id:
             raise ValueError("run_id must not be empty")

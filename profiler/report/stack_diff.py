@@ -66,7 +66,7 @@ def stacks_section(baseline: Sequence[RunInput], candidate: Sequence[RunInput]) 
     return {
         "unit": "CPU-s per run",
         # why a run named in `without` has none (the record does not say which)
-        "without_why": f"recorded before schema {VERSION}, or by the daemon, which keeps none",
+        "without_why": f"recorded before schema {VERSION}, or by a sampler that folds none",
         "baseline": b_summary,
         "candidate": c_summary,
         "not_drawn_one_by_one": max(0, len(keys) - MAX_REPORT_STACKS),

@@ -247,9 +247,9 @@ class Daemon:
                     "gather after the targets' system calls (docs/sampling.md)",
                     pyspy.nice_problem,
                 )
-            self._sampler = PySpyWindows(
-                pyspy, cfg.path_procfs, keep_stacks=cfg.pyroscope is not None
-            )
+            # every window folds its classified stacks: the run record keeps them for the
+            # A/B page's differential flame graph, and the Pyroscope push sends them
+            self._sampler = PySpyWindows(pyspy, cfg.path_procfs, keep_stacks=True)
         try:
             self._energy = EnergySide(
                 cfg, self._clock, nvml_backend=self._nvml_backend, tracker=self._energy_tracker
@@ -687,6 +687,9 @@ class Daemon:
             config=dict(self.config.raw),
             sources=sources,
             started_at=self._clock.time(),
+            # a sampler that folds no stacks (an injected one) records runs as without
+            # stacks, never as runs whose stacks were empty
+            stacks=bool(getattr(self._sampler, "keep_stacks", False)),
         )
         self._open_runs[proc.run_id] = proc.target
         spec = next((t for t in self.config.targets if t.name == proc.target), None)

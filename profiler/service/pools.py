@@ -114,7 +114,7 @@ class PySpyWindows:
 
     pyspy: PySpy
     procfs: Path
-    keep_stacks: bool = False  # fold each window's stacks (for the Pyroscope push)
+    keep_stacks: bool = False  # fold each window's stacks (the record's and the push's)
 
     def __call__(self, job: SamplingJob, classifier: Classifier) -> WindowReport:
         return sample_window(

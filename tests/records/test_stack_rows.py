@@ -46,7 +46,7 @@ def test_stacks_sum_over_windows_and_an_older_run_has_none(tmp_path: Path) -> No
     with Recorder(path) as rec:  # upgraded in place
         rec.append_window("old", replace(window(), stacks=_stacks()))  # began before 8
         rec.start_run("new", "t", host={}, config={}, sources={}, stacks=True)
-        rec.start_run("daemon", "t", host={}, config={}, sources={})  # keeps no stacks
+        rec.start_run("daemon", "t", host={}, config={}, sources={})  # started without stacks
         for run_id in ("new", "daemon"):
             sink = RunSink(rec, run_id)  # the drivers' way: daemon and profile
             for i in range(2):

@@ -146,7 +146,9 @@ class DriverRun:
 class _ReplaySampler:
     """The daemon's sampler: the n-th window of the target is the n-th recorded one, at
     the job's start on the daemon's clock, over as long as it was recorded; the last says
-    the target exited."""
+    the target exited. It folds each window's stacks, as the daemon's own sampler does."""
+
+    keep_stacks = True
 
     def __init__(self, clock: FakeClock, recs: list[dict[str, Any]], pid: int, procfs: Path):
         self.clock, self.recs, self.pid, self.procfs = clock, recs, pid, procfs
@@ -163,7 +165,7 @@ class _ReplaySampler:
         self.clock.park(lambda: self.clock.now >= end, end)
         last = k == len(self.recs) - 1
         got = raw.raw_window(rec, pid=self.pid, t0=t0, procfs=self.procfs, exited=last)
-        return finish_window(got, classifier)
+        return finish_window(got, classifier, keep_stacks=self.keep_stacks)
 
 
 def run_daemon(tmp: Path, recs: list[dict[str, Any]], pid: int) -> tuple[Daemon, DriverRun]:

@@ -102,7 +102,7 @@ def test_the_diff_renders_with_the_call_site_coloured_by_its_change(
     assert html.escape(f"{HOSTILE[0]} (/x.py:1)", quote=False) in fill  # drawn as text
     flat = re.sub(r"<[^>]+>", "", dom)
     assert "baseline run b-before-stacks: no stacks recorded for this run " in flat
-    assert "(recorded before schema 8, or by the daemon, which keeps none)" in flat
+    assert "(recorded before schema 8, or by a sampler that folds none)" in flat
     assert "more CPU in the candidate" in flat and "Baseline → candidate" in flat
 
 
@@ -118,7 +118,7 @@ def test_a_page_without_stacks_says_so_and_has_no_script(tmp_path: Path) -> None
     page = render_html(report)
     assert "<script" not in page and "Content-Security-Policy" not in page
     assert "No differential flame graph: no run of the baseline and the candidate recorded" in page
-    why = "no stacks recorded for this run (recorded before schema 8, or by the daemon"
+    why = "no stacks recorded for this run (recorded before schema 8, or by a sampler"
     assert f"b0</code>: {why}" in page and f"c0</code>: {why}" in page
 
 
