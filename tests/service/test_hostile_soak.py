@@ -29,9 +29,11 @@ SER = ("pickle", "json")
 PHASE_S = 12.0  # each phase: six 2 s windows per target at most
 UNIT_STOP_TIMEOUT_S = 30.0
 # How far an honest target's serializer share after the stall may sit from its share
-# before it, in the same daemon (12 s phases of the same loop; shares 0.85-0.90, the
-# phases 0.001-0.05 apart in a run on the loaded 2-CPU VM). Item 3's starvation put
-# every call-site sample in `other` (pickle.dumps is found by its call site).
+# before it, in the same daemon: the sampling error of the difference of two 12 s phases.
+# A phase holds ~60 samples of a target at 10 Hz (3-4 windows of 2 s); at a share near
+# 0.87, sd sqrt(2 * 0.87 * 0.13 / 60) = 0.061 for the difference, so 0.15 is ~2.5 sd (a
+# false failure ~1% per target). Measured: 0.001-0.065 apart. Item 3's starvation put every
+# call-site sample in `other` (pickle.dumps is found by its call site): a drift near 0.87.
 SHARE_DRIFT = 0.15
 
 
@@ -98,8 +100,8 @@ def test_one_hostile_job_beside_three_honest_ones(tmp_path: Path) -> None:
         figures[t] = (before, after, round(share_before, 3), round(share_after, 3))
     print("honest (windows before, after; serializer share before, after):", figures)
     for before, after, share_before, share_after in figures.values():
-        # every slot starts a window of every target (8 samplers, 5 processes): the
-        # stall takes none of an honest target's slots; +-1 for where a phase cuts
+        # the stall takes none of an honest target's slots: as many windows after as
+        # before (3-4 a phase measured), +-1 for where a phase cuts a window
         assert before >= 2 and abs(after - before) <= 1, figures
         assert share_before > 0.3, figures  # the control: the sources were read
         assert abs(share_after - share_before) <= SHARE_DRIFT, figures
