@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+from serwatt.collectors.role import NODE_ENERGY, SourceContext
 from serwatt.collectors.status import CollectorStatus
 
 UJ_PER_J = 1_000_000
@@ -151,9 +152,27 @@ class RaplCollector:
     Thread-safe: `read()` may be called from a poller thread and a window boundary.
     """
 
-    # a Source (collectors/source.py): its status key, and the reasons that mean absent
+    # a Source (collectors/source.py): its status key, the reasons that mean absent, what
+    # the tracker drives it as, the config mode that can turn it off or require it
     name: ClassVar[str] = "rapl"
     absent_reasons: ClassVar[frozenset[str]] = frozenset({REASON_NO_POWERCAP})
+    role: ClassVar[str] = NODE_ENERGY
+    mode_option: ClassVar[str | None] = "rapl"
+    label: ClassVar[str] = "RAPL"
+    without: ClassVar[str] = "fall back to the labelled CPU model"
+    read_every_s: float | None = None  # read on every tick of the tracker; it paces them
+
+    @classmethod
+    def make(cls, ctx: SourceContext) -> RaplCollector:
+        return cls(ctx.sysfs_root, clock=ctx.clock, **ctx.of(cls.name))
+
+    def status(self) -> CollectorStatus:
+        rs = self.probe()
+        return CollectorStatus(rs.up, rs.reason, rs.detail)
+
+    def tick_s(self, cap_s: float) -> float | None:
+        """The longest the tracker may go between reads: the wrap-safe period, capped."""
+        return min(self.probe().poll_period_s or cap_s, cap_s)
 
     def __init__(
         self,
