@@ -30,7 +30,6 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +39,7 @@ from serwatt.collectors import source as sources_mod
 from serwatt.collectors.cpu_model import CpuPowerModel
 from serwatt.collectors.cpustat import CpuStat
 from serwatt.collectors.nvml import DEFAULT_POLL_S, GpuInfo, GpuWindow, NvmlBackend, NvmlCollector
-from serwatt.collectors.rapl import DEFAULT_MAX_POWER_W, RaplCollector, RaplStatus
+from serwatt.collectors.rapl import DEFAULT_MAX_POWER_W, RaplCollector, RaplHistory, RaplStatus
 from serwatt.collectors.role import CPU_TIME, GPU, NODE_ENERGY, SourceContext
 from serwatt.collectors.series import CumulativeSeries
 from serwatt.collectors.source import MODES, Source, required_but_down, status_in_mode
@@ -196,14 +195,9 @@ class EnergyTracker:
         self._last_read: dict[str, float] = {}
         self._model: CpuPowerModel | None = None
         self._status: dict[str, CollectorStatus] | None = None
-        self._rapl_series = CumulativeSeries(("package", "dram", "psys"))
-        self._per_package: dict[int, CumulativeSeries] = {}
+        self._rapl_history = RaplHistory()
+        self._rapl_series = self._rapl_history.series
         self._cpu_series = CumulativeSeries(("busy", "total"))
-        self._rapl_errors = 0
-        self.rapl_wraps = 0  # counter wraps corrected so far, all zones
-        self.max_rapl_gap_s = 0.0  # longest time between two RAPL reads
-        self._last_rapl_errors: tuple[str, ...] = ()
-        self._rapl_error_log: deque[tuple[float, tuple[str, ...]]] = deque(maxlen=256)
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -307,37 +301,31 @@ class EnergyTracker:
     @property
     def rapl_read_errors(self) -> int:
         """RAPL reads that failed for at least one zone, since start (for self-metrics)."""
-        return self._rapl_errors
+        return self._rapl_history.read_errors
 
     @property
     def last_rapl_errors(self) -> tuple[str, ...]:
         """The zone errors of the most recent failed read ("intel-rapl:0: ENOENT", ...)."""
-        return self._last_rapl_errors
+        return self._rapl_history.last_errors
+
+    @property
+    def rapl_wraps(self) -> int:
+        """Counter wraps corrected so far, all zones."""
+        return self._rapl_history.wraps
+
+    @property
+    def max_rapl_gap_s(self) -> float:
+        """The longest time between two RAPL reads."""
+        return self._rapl_history.max_gap_s
 
     def fastest_wrap_s(self) -> float | None:
         """Shortest time any counted zone takes to wrap at the average power seen so
         far (None before two reads or at zero power). Reads further apart than half of
         this risk a missed wrap; the safe period assumes `max_power_w` instead."""
         with self._lock:
-            t = self._rapl_series.t
-            if len(t) < 2 or not self.up(self.rapl):
+            if not self.up(self.rapl):
                 return None
-            elapsed = t[-1] - t[0]
-            zones = self.rapl.probe().zones
-            out: list[float] = []
-            for pkg, series in self._per_package.items():
-                ranges = [
-                    z.max_energy_range_j for z in zones if z.kind == "package" and z.package == pkg
-                ]
-                d = series.delta("j", series.t[0], series.t[-1]) if len(series.t) > 1 else None
-                if ranges and d and d > 0:
-                    out.append(min(ranges) / (d / elapsed))
-            for kind in ("dram", "psys"):
-                ranges = [z.max_energy_range_j for z in zones if z.kind == kind]
-                d = self._rapl_series.delta(kind, t[0], t[-1])
-                if ranges and d and d > 0:
-                    out.append(min(ranges) / (d / len(ranges) / elapsed))
-            return min(out) if out else None
+            return self._rapl_history.fastest_wrap_s(self.rapl.probe().zones)
 
     # ------------------------------------------------------------------ polling
 
@@ -353,10 +341,8 @@ class EnergyTracker:
                     self._read(src)
                     self._last_read[src.name] = now
             horizon = now - HISTORY_S
-            self._rapl_series.prune(horizon)
+            self._rapl_history.prune(horizon)
             self._cpu_series.prune(horizon)
-            for s in self._per_package.values():
-                s.prune(horizon)
 
     def _read(self, src: Source) -> None:
         """One read of `src`, kept as its role needs (under the lock)."""
@@ -367,19 +353,7 @@ class EnergyTracker:
             except (OSError, ValueError):
                 pass  # the gap is interpolated over; windows without data say so
         elif src is self.rapl:
-            r = self.rapl.read()
-            if self._rapl_series.last_t is not None:
-                self.max_rapl_gap_s = max(self.max_rapl_gap_s, r.t - self._rapl_series.last_t)
-            self._rapl_series.add(
-                r.t, package=r.package_j, dram=r.dram_j or 0.0, psys=r.psys_j or 0.0
-            )
-            for pkg, j in r.per_package_j.items():
-                self._per_package.setdefault(pkg, CumulativeSeries(("j",))).add(r.t, j=j)
-            self.rapl_wraps = r.wraps
-            if r.errors:
-                self._rapl_errors += 1
-                self._last_rapl_errors = r.errors
-                self._rapl_error_log.append((r.t, r.errors))
+            self._rapl_history.add(self.rapl.read())
         elif src is self.nvml:
             self.nvml.poll()
         else:
@@ -510,17 +484,13 @@ class EnergyTracker:
             notes.append(
                 "zones left out: " + "; ".join(f"{s.zone_id}: {s.reason}" for s in rs.skipped)
             )
-        errs = sorted({e for t, es in self._rapl_error_log if start <= t <= end for e in es})
+        errs = self._rapl_history.errors_between(start, end)
         if errs:
             # energy of a failed read is carried, then caught up by the next good one
             notes.append("RAPL read errors in this window: " + ", ".join(errs))
         has_dram = any(z.kind == "dram" for z in rs.zones)
         has_psys = any(z.kind == "psys" for z in rs.zones)
-        per_pkg = {}
-        for p, s in sorted(self._per_package.items()):
-            d = s.delta("j", start, end)
-            if d is not None:
-                per_pkg[p] = d
+        per_pkg = self._rapl_history.per_package_j(start, end)
         return WindowEnergy(
             start=start,
             end=end,
