@@ -40,7 +40,7 @@ from serwatt.collectors.cpu_model import CpuPowerModel
 from serwatt.collectors.cpustat import CpuStat
 from serwatt.collectors.nvml import DEFAULT_POLL_S, GpuInfo, GpuWindow, NvmlBackend, NvmlCollector
 from serwatt.collectors.rapl import DEFAULT_MAX_POWER_W, RaplCollector, RaplHistory, RaplStatus
-from serwatt.collectors.role import CPU_TIME, GPU, NODE_ENERGY, SourceContext
+from serwatt.collectors.role import CPU_TIME, GPU, NODE_ENERGY, OTHER, SourceContext
 from serwatt.collectors.series import CumulativeSeries
 from serwatt.collectors.source import MODES, Source, required_but_down, status_in_mode
 from serwatt.collectors.status import CollectorStatus
@@ -192,6 +192,7 @@ class EnergyTracker:
         self.cpustat = self._one(CPU_TIME, CpuStat)
         self.nvml = self._one(GPU, NvmlCollector)
         self.readings: dict[str, Any] = {}  # other sources' last reading, by name
+        self.read_failures: dict[str, str] = {}  # other sources' last read error, by name
         self._last_read: dict[str, float] = {}
         self._model: CpuPowerModel | None = None
         self._status: dict[str, CollectorStatus] | None = None
@@ -357,7 +358,22 @@ class EnergyTracker:
         elif src is self.nvml:
             self.nvml.poll()
         else:
-            self.readings[src.name] = src.read()
+            try:
+                self.readings[src.name] = src.read()
+                self.read_failures.pop(src.name, None)
+            except Exception as exc:  # one source's failed read must not stop the others'
+                self.read_failures[src.name] = f"read failed: {exc}"
+
+    def read_health(self) -> dict[str, tuple[bool, str]]:
+        """(up, detail) of each up source the tracker only reads (role other): down
+        while its latest read failed, with the error."""
+        status = self.probe()
+        with self._lock:
+            return {
+                s.name: (s.name not in self.read_failures, self.read_failures.get(s.name, ""))
+                for s in self.sources
+                if s.role == OTHER and status[s.name].up
+            }
 
     def start(self) -> None:
         """First reading now (so windows starting from here are covered), then a thread."""

@@ -176,6 +176,7 @@ class EnergySide:
                 bool(we.gpus) and not down,
                 "; ".join(down) or f"{len(we.gpus)} GPU(s)",
             )
+        health.update(self._tracker.read_health())
         return health
 
     def close(self) -> None:

@@ -6,6 +6,7 @@ and none of those modules branch on a collector's name."""
 from __future__ import annotations
 
 import ast
+import time
 from pathlib import Path
 from typing import ClassVar
 
@@ -113,6 +114,45 @@ def test_a_new_source_is_probed_read_exported_and_recorded(
             "reason": None,
             "detail": str(sysfs / "class" / "thermal" / "thermal_zone0" / "temp"),
         }
+    finally:
+        side.close()
+
+
+def test_a_new_sources_failed_reads_are_its_collector_health(
+    tmp_path: Path, one_more_source: None
+) -> None:
+    """A read that fails sets its `serwatt_collector_up` to 0 with the error at the next
+    slot, and the other sources are still read; a good read sets it back to 1."""
+    sysfs, procfs = _node(tmp_path, 41_500)
+    side = _side(tmp_path, sysfs, procfs)
+    try:
+        (thermal,) = (s for s in side.tracker.sources if s.name == "thermal")
+        thermal.read_every_s = None  # every tick: the test need not wait for its period
+        ledger = Ledger()
+        side.declare(ledger)
+        temp = sysfs / "class" / "thermal" / "thermal_zone0" / "temp"
+        edges = [time.time()]  # after the tracker's first reading: slots are bracketed
+
+        def slot_health() -> tuple[float, str]:
+            time.sleep(0.05)
+            n = 100 * len(edges)  # the node's CPU time moves, so the model has a reading
+            (procfs / "stat").write_text(f"cpu  {n} 0 0 {n} 0 0 0 0 0 0\ncpu0 {n} 0 0 {n}\n")
+            edges.append(time.time())
+            assert side.slot(edges[-2], edges[-1], [], ledger) is not None
+            ledger.publish()
+            m = parse_metrics(generate_latest(make_registry(ledger.snapshot)).decode())
+            state = ledger.snapshot().collectors["thermal"]
+            assert total(m, "serwatt_collector_up", collector="thermal") == float(state.up)
+            return total(m, "serwatt_collector_up", collector="cpu_model"), state.detail
+
+        temp.write_text("not a number\n")
+        model_up, detail = slot_health()
+        assert ledger.snapshot().collectors["thermal"].up is False
+        assert detail.startswith("read failed: invalid literal for int()") and model_up == 1
+        temp.write_text("42000\n")
+        slot_health()
+        assert ledger.snapshot().collectors["thermal"].up is True
+        assert side.tracker.readings["thermal"] == 42.0
     finally:
         side.close()
 
