@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+from serwatt.collectors.role import CPU_TIME, SourceContext
 from serwatt.collectors.status import CollectorStatus
 
 REASON_UNREADABLE = "unreadable"
@@ -85,9 +86,25 @@ def parse_proc_stat(text: str, user_hz: int) -> tuple[float, float, int]:
 class CpuStat:
     """Reads node-wide busy/total CPU seconds under `procfs_root` (default /proc)."""
 
-    # a Source (collectors/source.py): its status key, and the reasons that mean absent
+    # a Source (collectors/source.py): its status key, the reasons that mean absent, what
+    # the tracker drives it as; no config mode (always auto)
     name: ClassVar[str] = "cpustat"
     absent_reasons: ClassVar[frozenset[str]] = frozenset()
+    role: ClassVar[str] = CPU_TIME
+    mode_option: ClassVar[str | None] = None
+    label: ClassVar[str] = "/proc/stat"
+    without: ClassVar[str] = "run without the node's CPU time"
+    read_every_s: float | None = None  # every tick of the tracker
+
+    @classmethod
+    def make(cls, ctx: SourceContext) -> CpuStat:
+        return cls(ctx.procfs_root, clock=ctx.clock, **ctx.of(cls.name))
+
+    def status(self) -> CollectorStatus:
+        return self.probe()
+
+    def tick_s(self, cap_s: float) -> float | None:
+        return None
 
     def __init__(
         self,

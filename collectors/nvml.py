@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
+from serwatt.collectors.role import GPU, SourceContext
 from serwatt.collectors.series import interpolate
 from serwatt.collectors.status import CollectorStatus
 
@@ -57,12 +58,12 @@ REASON_MIG = "mig"
 REASON_GPU_LOST = "gpu_lost"
 REASON_NOT_SUPPORTED = "not_supported"
 REASON_ERROR = "error"
-REASON_OFF = "off"
 REASON_NO_DATA = "no_data"
 
 DEFAULT_SAMPLE_PERIOD_S = 1 / 6  # until the buffer shows the product's real period
 # Keep this much history (utilisation intervals, energy points) for window queries.
 HISTORY_S = 900.0
+DEFAULT_POLL_S = 0.5
 
 
 class NvmlError(Exception):
@@ -360,16 +361,25 @@ class NvmlCollector:
     questions. Call `probe()` once, `poll()` every ~0.5 s (the ring buffer holds some
     tens of seconds), and `window(start, end)` for each sampling window."""
 
-    # a Source (collectors/source.py): its status key, and the reasons that mean absent
+    # a Source (collectors/source.py): its status key, the reasons that mean absent, what
+    # the tracker drives it as, the config mode that can turn it off or require it
     name: ClassVar[str] = "nvml"
     absent_reasons: ClassVar[frozenset[str]] = frozenset({REASON_NO_DRIVER, REASON_NO_GPU})
+    role: ClassVar[str] = GPU
+    mode_option: ClassVar[str | None] = "nvml"
+    label: ClassVar[str] = "NVML"
+    without: ClassVar[str] = "run without GPU-wait"
 
     def __init__(
         self,
         backend: NvmlBackend | type | None = None,
         clock: Callable[[], float] = time.time,
         boottime: Callable[[], float] = _boottime_s,
+        read_every_s: float = DEFAULT_POLL_S,
     ) -> None:
+        """read_every_s: how often the tracker polls (the ring buffer holds some tens of
+        seconds, so any period well under that loses no sample)."""
+        self.read_every_s: float | None = read_every_s
         self._backend_arg = backend
         self._backend: NvmlBackend | None = None
         self._clock = clock
@@ -442,6 +452,23 @@ class NvmlCollector:
         up = any(g.up for g in infos)
         reason = None if up else (infos[0].reason if infos else REASON_NO_GPU)
         return NvmlStatus(up, reason, None if up else "no usable GPU", tuple(infos))
+
+    @classmethod
+    def make(cls, ctx: SourceContext) -> NvmlCollector:
+        return cls(clock=ctx.clock, **ctx.of(cls.name))
+
+    def status(self) -> CollectorStatus:
+        """The probe, its detail one line per GPU when up (`gpu 0 NVIDIA H200: up`)."""
+        ns = self.probe()
+        detail = ns.detail
+        if ns.up:
+            detail = "; ".join(
+                f"gpu {g.index} {g.name}: " + ("up" if g.up else f"{g.reason}") for g in ns.gpus
+            )
+        return CollectorStatus(ns.up, ns.reason, detail)
+
+    def tick_s(self, cap_s: float) -> float | None:
+        return None
 
     def shutdown(self) -> None:
         if self._backend is not None:

@@ -28,11 +28,14 @@ import errno
 import re
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+from serwatt.collectors.role import NODE_ENERGY, SourceContext
+from serwatt.collectors.series import CumulativeSeries
 from serwatt.collectors.status import CollectorStatus
 
 UJ_PER_J = 1_000_000
@@ -151,9 +154,27 @@ class RaplCollector:
     Thread-safe: `read()` may be called from a poller thread and a window boundary.
     """
 
-    # a Source (collectors/source.py): its status key, and the reasons that mean absent
+    # a Source (collectors/source.py): its status key, the reasons that mean absent, what
+    # the tracker drives it as, the config mode that can turn it off or require it
     name: ClassVar[str] = "rapl"
     absent_reasons: ClassVar[frozenset[str]] = frozenset({REASON_NO_POWERCAP})
+    role: ClassVar[str] = NODE_ENERGY
+    mode_option: ClassVar[str | None] = "rapl"
+    label: ClassVar[str] = "RAPL"
+    without: ClassVar[str] = "fall back to the labelled CPU model"
+    read_every_s: float | None = None  # read on every tick of the tracker; it paces them
+
+    @classmethod
+    def make(cls, ctx: SourceContext) -> RaplCollector:
+        return cls(ctx.sysfs_root, clock=ctx.clock, **ctx.of(cls.name))
+
+    def status(self) -> CollectorStatus:
+        rs = self.probe()
+        return CollectorStatus(rs.up, rs.reason, rs.detail)
+
+    def tick_s(self, cap_s: float) -> float | None:
+        """The longest the tracker may go between reads: the wrap-safe period, capped."""
+        return min(self.probe().poll_period_s or cap_s, cap_s)
 
     def __init__(
         self,
@@ -341,3 +362,70 @@ class RaplCollector:
                 wraps=self._wraps,
                 errors=tuple(errors),
             )
+
+
+class RaplHistory:
+    """RAPL readings over time, for per-window questions (the energy tracker's, used under
+    its lock): cumulative joules by kind and by package, the wraps corrected, the longest
+    gap between two reads and the reads that failed."""
+
+    def __init__(self) -> None:
+        self.series = CumulativeSeries(("package", "dram", "psys"))
+        self.per_package: dict[int, CumulativeSeries] = {}
+        self.read_errors = 0  # reads that failed for at least one zone
+        self.wraps = 0  # counter wraps corrected so far, all zones
+        self.max_gap_s = 0.0  # longest time between two reads
+        self.last_errors: tuple[str, ...] = ()  # the zone errors of the latest failed read
+        self._error_log: deque[tuple[float, tuple[str, ...]]] = deque(maxlen=256)
+
+    def add(self, r: RaplReading) -> None:
+        if self.series.last_t is not None:
+            self.max_gap_s = max(self.max_gap_s, r.t - self.series.last_t)
+        self.series.add(r.t, package=r.package_j, dram=r.dram_j or 0.0, psys=r.psys_j or 0.0)
+        for pkg, j in r.per_package_j.items():
+            self.per_package.setdefault(pkg, CumulativeSeries(("j",))).add(r.t, j=j)
+        self.wraps = r.wraps
+        if r.errors:
+            self.read_errors += 1
+            self.last_errors = r.errors
+            self._error_log.append((r.t, r.errors))
+
+    def prune(self, horizon: float) -> None:
+        self.series.prune(horizon)
+        for s in self.per_package.values():
+            s.prune(horizon)
+
+    def errors_between(self, start: float, end: float) -> list[str]:
+        """The zone errors of the reads in [start, end], each once, sorted."""
+        return sorted({e for t, es in self._error_log if start <= t <= end for e in es})
+
+    def per_package_j(self, start: float, end: float) -> dict[int, float]:
+        """Each package's joules over [start, end], where readings bracket it."""
+        out = {}
+        for p, s in sorted(self.per_package.items()):
+            d = s.delta("j", start, end)
+            if d is not None:
+                out[p] = d
+        return out
+
+    def fastest_wrap_s(self, zones: tuple[RaplZone, ...]) -> float | None:
+        """Shortest time any counted zone takes to wrap at the average power seen so
+        far (None before two reads or at zero power)."""
+        t = self.series.t
+        if len(t) < 2:
+            return None
+        elapsed = t[-1] - t[0]
+        out: list[float] = []
+        for pkg, series in self.per_package.items():
+            ranges = [
+                z.max_energy_range_j for z in zones if z.kind == "package" and z.package == pkg
+            ]
+            d = series.delta("j", series.t[0], series.t[-1]) if len(series.t) > 1 else None
+            if ranges and d and d > 0:
+                out.append(min(ranges) / (d / elapsed))
+        for kind in ("dram", "psys"):
+            ranges = [z.max_energy_range_j for z in zones if z.kind == kind]
+            d = self.series.delta(kind, t[0], t[-1])
+            if ranges and d and d > 0:
+                out.append(min(ranges) / (d / len(ranges) / elapsed))
+        return min(out) if out else None

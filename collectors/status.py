@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+REASON_OFF = "off"  # the operator set the source off (its config mode)
+
 
 @dataclass(frozen=True)
 class CollectorStatus:

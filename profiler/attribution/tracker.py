@@ -1,12 +1,16 @@
 """The energy tracker: node energy and GPU readings per sampling window, and their
 attribution to a target's codepaths.
 
-`EnergyTracker` polls RAPL (and /proc/stat) on its own thread at the period RAPL's
-counter range allows (so wraps are always corrected) and NVML every `nvml_poll_s`,
-keeps a few minutes of history, and answers `window(start, end)` for any past
-window by interpolating between polls. When RAPL is unavailable it falls back to
-the labelled CPU model (collectors/cpu_model), so every figure carries its source:
-`rapl`, `model` or `unavailable` (with the reason).
+`EnergyTracker` drives a list of node sources (collectors/source.py `SOURCES`): it
+probes each under its config mode, and on its own thread reads each that is up on the
+source's own period, ticking at the period RAPL's counter range allows (so wraps are
+always corrected), NVML every `nvml_poll_s`. It keeps a few minutes of history and
+answers `window(start, end)` for any past window by interpolating between polls. It
+knows a source by its role (collectors/role.py), never by its name: the node energy
+source (RAPL), CPU time (/proc/stat) and GPUs (NVML); any other source is probed and
+read only. When the energy source is unavailable it falls back to the labelled CPU
+model (collectors/cpu_model), so every figure carries its source: `rapl`, `model` or
+`unavailable` (with the reason).
 
     tracker = EnergyTracker(sysfs_root=Path("/sys"), procfs_root=Path("/proc"),
                             tdp_w=None, rapl_mode="auto", nvml_mode="auto")
@@ -26,22 +30,29 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
+from serwatt.collectors import source as sources_mod
 from serwatt.collectors.cpu_model import CpuPowerModel
 from serwatt.collectors.cpustat import CpuStat
-from serwatt.collectors.nvml import REASON_OFF, GpuInfo, GpuWindow, NvmlBackend, NvmlCollector
-from serwatt.collectors.rapl import DEFAULT_MAX_POWER_W, RaplCollector, RaplStatus
+from serwatt.collectors.nvml import DEFAULT_POLL_S, GpuInfo, GpuWindow, NvmlBackend, NvmlCollector
+from serwatt.collectors.rapl import DEFAULT_MAX_POWER_W, RaplCollector, RaplHistory, RaplStatus
+from serwatt.collectors.role import CPU_TIME, GPU, NODE_ENERGY, OTHER, SourceContext
 from serwatt.collectors.series import CumulativeSeries
+from serwatt.collectors.source import MODES, Source, required_but_down, status_in_mode
 from serwatt.collectors.status import CollectorStatus
 
-MODES = ("auto", "required", "off")
 POLL_CAP_S = 0.25  # RAPL is read at least this often, for window edges, whatever the range
-NVML_POLL_S = 0.5
+NVML_POLL_S = DEFAULT_POLL_S
 HISTORY_S = 900.0
+# The status key of the CPU model, which stands in for the node energy source when it is
+# down (the tracker's own, not a source: it reads nothing of its own)
+CPU_MODEL = "cpu_model"
+
+_S = TypeVar("_S")
 
 ENERGY_METHOD = (
     "package energy per window; dynamic part = energy x node CPU utilisation (/proc/stat), "
@@ -99,6 +110,8 @@ class TrackerReport:
 
     status: Mapping[str, CollectorStatus]
     energy_source: str
+    energy_collector: str = RaplCollector.name  # the node energy source's status key
+    gpu_collector: str = NvmlCollector.name  # the GPU source's status key
     rapl: RaplStatus | None = None  # RAPL's zones, when it measures
     rapl_poll_period_s: float | None = None
     rapl_wraps: int = 0
@@ -106,9 +119,22 @@ class TrackerReport:
     fastest_wrap_s: float | None = None
     nvml_gpus: tuple[GpuInfo, ...] = ()
 
+    @property
+    def energy_status(self) -> CollectorStatus:
+        return self.status[self.energy_collector]
+
+    @property
+    def model_status(self) -> CollectorStatus:
+        return self.status[CPU_MODEL]
+
+    @property
+    def gpu_status(self) -> CollectorStatus:
+        return self.status[self.gpu_collector]
+
 
 class EnergyTracker:
-    """Polls RAPL/CPU/NVML and answers per-window energy questions. Thread-safe."""
+    """Drives the node's sources (RAPL/CPU/NVML and any other) and answers per-window
+    energy questions. Thread-safe."""
 
     def __init__(
         self,
@@ -124,12 +150,20 @@ class EnergyTracker:
         nvml_poll_s: float = NVML_POLL_S,
         clock: Callable[[], float] = time.time,
         nvml_boottime: Callable[[], float] | None = None,
+        sources: Sequence[type[Source]] | None = None,
+        modes: Mapping[str, str] | None = None,
+        options: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
         """nvml_boottime: the host's boot clock for calibrating NVML timestamps (None: the
-        real one); a replayed GPU passes its fake host's, as `clock` is its fake time."""
-        for name, mode in (("rapl_mode", rapl_mode), ("nvml_mode", nvml_mode)):
+        real one); a replayed GPU passes its fake host's, as `clock` is its fake time.
+        sources: the source classes to drive (None: collectors/source.py SOURCES); one each
+        of the node energy, CPU time and GPU roles, any number of others. modes: the mode
+        of each source's `mode_option` beyond rapl_mode/nvml_mode; options: each source's
+        own settings by name (collectors/role.py SourceContext)."""
+        self.modes = {"rapl": rapl_mode, "nvml": nvml_mode, **(modes or {})}
+        for option, mode in self.modes.items():
             if mode not in MODES:
-                raise ValueError(f"{name} must be one of {', '.join(MODES)}, got {mode!r}")
+                raise ValueError(f"{option}_mode must be one of {', '.join(MODES)}, got {mode!r}")
         self.sysfs_root = Path(sysfs_root)
         self.procfs_root = Path(procfs_root)
         self.tdp_w = tdp_w
@@ -138,182 +172,208 @@ class EnergyTracker:
         self.poll_cap_s = poll_cap_s
         self.nvml_poll_s = nvml_poll_s
         self._clock = clock
-        self.rapl = RaplCollector(self.sysfs_root, max_power_w=rapl_max_power_w, clock=clock)
-        self.cpustat = CpuStat(self.procfs_root, clock=clock)
-        self.nvml = (
-            NvmlCollector(nvml_backend, clock=clock)
-            if nvml_boottime is None
-            else NvmlCollector(nvml_backend, clock=clock, boottime=nvml_boottime)
+        gpu_options: dict[str, Any] = {"backend": nvml_backend, "read_every_s": nvml_poll_s}
+        if nvml_boottime is not None:
+            gpu_options["boottime"] = nvml_boottime
+        ctx = SourceContext(
+            self.sysfs_root,
+            self.procfs_root,
+            clock,
+            {
+                RaplCollector.name: {"max_power_w": rapl_max_power_w},
+                NvmlCollector.name: gpu_options,
+                **(options or {}),
+            },
         )
+        classes = sources_mod.SOURCES if sources is None else tuple(sources)
+        self.sources: tuple[Source, ...] = tuple(cls.make(ctx) for cls in classes)
+        # the role sources, typed: the tracker drives each through its role's interface
+        self.rapl = self._one(NODE_ENERGY, RaplCollector)
+        self.cpustat = self._one(CPU_TIME, CpuStat)
+        self.nvml = self._one(GPU, NvmlCollector)
+        self.readings: dict[str, Any] = {}  # other sources' last reading, by name
+        self.read_failures: dict[str, str] = {}  # other sources' last read error, by name
+        self._last_read: dict[str, float] = {}
         self._model: CpuPowerModel | None = None
         self._status: dict[str, CollectorStatus] | None = None
-        self._rapl_series = CumulativeSeries(("package", "dram", "psys"))
-        self._per_package: dict[int, CumulativeSeries] = {}
+        self._rapl_history = RaplHistory()
+        self._rapl_series = self._rapl_history.series
         self._cpu_series = CumulativeSeries(("busy", "total"))
-        self._rapl_errors = 0
-        self.rapl_wraps = 0  # counter wraps corrected so far, all zones
-        self.max_rapl_gap_s = 0.0  # longest time between two RAPL reads
-        self._last_rapl_errors: tuple[str, ...] = ()
-        self._rapl_error_log: deque[tuple[float, tuple[str, ...]]] = deque(maxlen=256)
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._last_nvml_poll = -math.inf
+
+    def _one(self, role: str, kind: type[_S]) -> _S:
+        got = [s for s in self.sources if s.role == role]
+        if len(got) != 1 or not isinstance(got[0], kind):
+            raise ValueError(
+                f"the tracker needs one {role} source, a {kind.__name__}; got "
+                f"{[type(s).__name__ for s in got] or 'none'}: fix the source list"
+            )
+        return got[0]
+
+    def _mode(self, src: Source) -> str:
+        return "auto" if src.mode_option is None else self.modes.get(src.mode_option, "auto")
+
+    @property
+    def _last_nvml_poll(self) -> float:
+        return self._last_read.get(self.nvml.name, -math.inf)
 
     # ------------------------------------------------------------------ status
 
     def probe(self) -> dict[str, CollectorStatus]:
-        """Status per collector: rapl, cpustat, cpu_model, nvml. Raises
-        EnergyUnavailableError when a `required` collector is down."""
+        """Status per source (by its name) and of the CPU model (`cpu_model`). Raises
+        EnergyUnavailableError when a `required` source is down."""
         with self._lock:
             if self._status is None:
                 self._status = self._probe()
             status = self._status
-        if self.rapl_mode == "required" and not status["rapl"].up:
-            r = status["rapl"]
-            raise EnergyUnavailableError(
-                f"RAPL is required but unavailable ({r.reason}): {r.detail}. Fix it, or set "
-                "rapl to auto to fall back to the labelled CPU model"
-            )
-        if self.nvml_mode == "required" and not status["nvml"].up:
-            n = status["nvml"]
-            raise EnergyUnavailableError(
-                f"NVML is required but unavailable ({n.reason}): {n.detail}. Fix it, or set "
-                "nvml to auto to run without GPU-wait"
-            )
+        for src in self.sources:
+            if self._mode(src) == "required" and not status[src.name].up:
+                raise EnergyUnavailableError(required_but_down(src, status[src.name]))
         return status
 
     def _probe(self) -> dict[str, CollectorStatus]:
-        out: dict[str, CollectorStatus] = {}
-        if self.rapl_mode == "off":
-            out["rapl"] = CollectorStatus(False, REASON_OFF, "RAPL disabled by configuration")
-        else:
-            rs = self.rapl.probe()
-            out["rapl"] = CollectorStatus(rs.up, rs.reason, rs.detail)
-        out["cpustat"] = self.cpustat.probe()
-        ok = out["cpustat"].up
-        if out["rapl"].up:
-            out["cpu_model"] = CollectorStatus(False, "not_needed", "RAPL measures energy")
+        out = {src.name: status_in_mode(src, self._mode(src)) for src in self.sources}
+        ok = out[self.cpustat.name].up
+        if out[self.rapl.name].up:
+            out[CPU_MODEL] = CollectorStatus(
+                False, "not_needed", f"{self.rapl.label} measures energy"
+            )
         else:
             try:
                 self._model = CpuPowerModel.for_node(self.procfs_root, self.tdp_w)
-                out["cpu_model"] = CollectorStatus(ok, None if ok else "no_cpustat",
-                                                   self._model.describe())  # fmt: skip
+                out[CPU_MODEL] = CollectorStatus(ok, None if ok else "no_cpustat",
+                                                 self._model.describe())  # fmt: skip
             except (OSError, ValueError) as exc:
-                out["cpu_model"] = CollectorStatus(False, "unreadable", str(exc))
-        if self.nvml_mode == "off":
-            out["nvml"] = CollectorStatus(False, REASON_OFF, "NVML disabled by configuration")
-        else:
-            ns = self.nvml.probe()
-            detail = ns.detail
-            if ns.up:
-                detail = "; ".join(
-                    f"gpu {g.index} {g.name}: " + ("up" if g.up else f"{g.reason}") for g in ns.gpus
-                )
-            out["nvml"] = CollectorStatus(ns.up, ns.reason, detail)
+                out[CPU_MODEL] = CollectorStatus(False, "unreadable", str(exc))
         return out
+
+    def up(self, src: Source) -> bool:
+        """Whether `src` is up (probed; `off` is down)."""
+        return self.probe()[src.name].up
 
     def report(self) -> TrackerReport:
         """The tracker's status and self-metrics now (TrackerReport)."""
         status = self.probe()
-        rapl_up = status["rapl"].up
+        rapl_up = self.up(self.rapl)
         return TrackerReport(
             status=dict(status),
             energy_source=self.energy_source,
+            energy_collector=self.rapl.name,
+            gpu_collector=self.nvml.name,
             rapl=self.rapl.probe() if rapl_up else None,
             rapl_poll_period_s=self.rapl_poll_period_s,
             rapl_wraps=self.rapl_wraps,
             max_rapl_gap_s=self.max_rapl_gap_s,
             fastest_wrap_s=self.fastest_wrap_s() if rapl_up else None,
-            nvml_gpus=self.nvml.probe().gpus if status["nvml"].up else (),
+            nvml_gpus=self.nvml.probe().gpus if status[self.nvml.name].up else (),
         )
 
     @property
     def energy_source(self) -> str:
         s = self.probe()
-        if s["rapl"].up:
+        if s[self.rapl.name].up:
             return "rapl"
-        if s["cpu_model"].up:
+        if s[CPU_MODEL].up:
             return "model"
         return "unavailable"
 
     @property
     def rapl_poll_period_s(self) -> float | None:
         """The period the tracker reads RAPL at: the wrap-safe period, capped."""
-        if not self.probe()["rapl"].up:
+        if not self.up(self.rapl):
             return None
-        safe = self.rapl.probe().poll_period_s or self.poll_cap_s
-        return min(safe, self.poll_cap_s)
+        return self.rapl.tick_s(self.poll_cap_s)
+
+    def tick_s(self) -> float:
+        """The polling thread's period: the shortest bound an up source sets (RAPL's
+        wrap-safe period), else the shortest read period of any source, capped."""
+        status = self.probe()
+        bounds = [
+            t
+            for s in self.sources
+            if status[s.name].up and (t := s.tick_s(self.poll_cap_s)) is not None
+        ]
+        if bounds:
+            return min(bounds)
+        return min([self.poll_cap_s] + [s.read_every_s for s in self.sources if s.read_every_s])
 
     @property
     def rapl_read_errors(self) -> int:
         """RAPL reads that failed for at least one zone, since start (for self-metrics)."""
-        return self._rapl_errors
+        return self._rapl_history.read_errors
 
     @property
     def last_rapl_errors(self) -> tuple[str, ...]:
         """The zone errors of the most recent failed read ("intel-rapl:0: ENOENT", ...)."""
-        return self._last_rapl_errors
+        return self._rapl_history.last_errors
+
+    @property
+    def rapl_wraps(self) -> int:
+        """Counter wraps corrected so far, all zones."""
+        return self._rapl_history.wraps
+
+    @property
+    def max_rapl_gap_s(self) -> float:
+        """The longest time between two RAPL reads."""
+        return self._rapl_history.max_gap_s
 
     def fastest_wrap_s(self) -> float | None:
         """Shortest time any counted zone takes to wrap at the average power seen so
         far (None before two reads or at zero power). Reads further apart than half of
         this risk a missed wrap; the safe period assumes `max_power_w` instead."""
         with self._lock:
-            t = self._rapl_series.t
-            if len(t) < 2 or not self.probe()["rapl"].up:
+            if not self.up(self.rapl):
                 return None
-            elapsed = t[-1] - t[0]
-            zones = self.rapl.probe().zones
-            out: list[float] = []
-            for pkg, series in self._per_package.items():
-                ranges = [
-                    z.max_energy_range_j for z in zones if z.kind == "package" and z.package == pkg
-                ]
-                d = series.delta("j", series.t[0], series.t[-1]) if len(series.t) > 1 else None
-                if ranges and d and d > 0:
-                    out.append(min(ranges) / (d / elapsed))
-            for kind in ("dram", "psys"):
-                ranges = [z.max_energy_range_j for z in zones if z.kind == kind]
-                d = self._rapl_series.delta(kind, t[0], t[-1])
-                if ranges and d and d > 0:
-                    out.append(min(ranges) / (d / len(ranges) / elapsed))
-            return min(out) if out else None
+            return self._rapl_history.fastest_wrap_s(self.rapl.probe().zones)
 
     # ------------------------------------------------------------------ polling
 
     def poll_once(self) -> None:
+        """Read every up source that is due (each on its own `read_every_s`)."""
         status = self.probe()
         with self._lock:
             now = self._clock()
-            if status["cpustat"].up:
-                try:
-                    ct = self.cpustat.read()
-                    self._cpu_series.add(ct.t, busy=ct.busy_s, total=ct.total_s)
-                except (OSError, ValueError):
-                    pass  # the gap is interpolated over; windows without data say so
-            if status["rapl"].up:
-                r = self.rapl.read()
-                if self._rapl_series.last_t is not None:
-                    self.max_rapl_gap_s = max(self.max_rapl_gap_s, r.t - self._rapl_series.last_t)
-                self._rapl_series.add(
-                    r.t, package=r.package_j, dram=r.dram_j or 0.0, psys=r.psys_j or 0.0
-                )
-                for pkg, j in r.per_package_j.items():
-                    self._per_package.setdefault(pkg, CumulativeSeries(("j",))).add(r.t, j=j)
-                self.rapl_wraps = r.wraps
-                if r.errors:
-                    self._rapl_errors += 1
-                    self._last_rapl_errors = r.errors
-                    self._rapl_error_log.append((r.t, r.errors))
-            if status["nvml"].up and now - self._last_nvml_poll >= self.nvml_poll_s * 0.9:
-                self.nvml.poll()
-                self._last_nvml_poll = now
+            for src in self.sources:
+                every = src.read_every_s
+                last = self._last_read.get(src.name, -math.inf)
+                if status[src.name].up and (every is None or now - last >= every * 0.9):
+                    self._read(src)
+                    self._last_read[src.name] = now
             horizon = now - HISTORY_S
-            self._rapl_series.prune(horizon)
+            self._rapl_history.prune(horizon)
             self._cpu_series.prune(horizon)
-            for s in self._per_package.values():
-                s.prune(horizon)
+
+    def _read(self, src: Source) -> None:
+        """One read of `src`, kept as its role needs (under the lock)."""
+        if src is self.cpustat:
+            try:
+                ct = self.cpustat.read()
+                self._cpu_series.add(ct.t, busy=ct.busy_s, total=ct.total_s)
+            except (OSError, ValueError):
+                pass  # the gap is interpolated over; windows without data say so
+        elif src is self.rapl:
+            self._rapl_history.add(self.rapl.read())
+        elif src is self.nvml:
+            self.nvml.poll()
+        else:
+            try:
+                self.readings[src.name] = src.read()
+                self.read_failures.pop(src.name, None)
+            except Exception as exc:  # one source's failed read must not stop the others'
+                self.read_failures[src.name] = f"read failed: {exc}"
+
+    def read_health(self) -> dict[str, tuple[bool, str]]:
+        """(up, detail) of each up source the tracker only reads (role other): down
+        while its latest read failed, with the error."""
+        status = self.probe()
+        with self._lock:
+            return {
+                s.name: (s.name not in self.read_failures, self.read_failures.get(s.name, ""))
+                for s in self.sources
+                if s.role == OTHER and status[s.name].up
+            }
 
     def start(self) -> None:
         """First reading now (so windows starting from here are covered), then a thread."""
@@ -326,7 +386,7 @@ class EnergyTracker:
         self._thread.start()
 
     def _run(self) -> None:
-        period = self.rapl_poll_period_s or min(self.nvml_poll_s, self.poll_cap_s)
+        period = self.tick_s()
         while not self._stop.wait(period):
             try:
                 self.poll_once()
@@ -350,7 +410,7 @@ class EnergyTracker:
     # ------------------------------------------------------------------ windows
 
     def _poll_if_before(self, end: float, status: Mapping[str, CollectorStatus]) -> None:
-        last = self._rapl_series.last_t if status["rapl"].up else self._cpu_series.last_t
+        last = self._rapl_series.last_t if status[self.rapl.name].up else self._cpu_series.last_t
         nvml_before = self._last_nvml_poll
         if last is None or end > last:
             self.poll_once()
@@ -358,15 +418,15 @@ class EnergyTracker:
         # `end` says nothing of NVML's, whose samples could stop a whole poll interval
         # before `end` (the span's GPU-wait then unknown for want of its last edge). Read
         # it here unless poll_once just did (a span ending after now: the read is now).
-        if status["nvml"].up and self._last_nvml_poll == nvml_before and nvml_before < end:
+        if status[self.nvml.name].up and self._last_nvml_poll == nvml_before and nvml_before < end:
             self.nvml.poll()
-            self._last_nvml_poll = self._clock()
+            self._last_read[self.nvml.name] = self._clock()
 
     def gpu_window(self, start: float, end: float) -> tuple[GpuWindow, ...]:
         """NVML readings over [start, end] (none when NVML is down); reads now if `end` is
         newer than the last poll, as `window` does, so a span that just ended is covered."""
         status = self.probe()
-        if not status["nvml"].up:
+        if not status[self.nvml.name].up:
             return ()
         with self._lock:
             self._poll_if_before(end, status)
@@ -382,13 +442,14 @@ class EnergyTracker:
             self._poll_if_before(end, status)
             busy = self._cpu_series.delta("busy", start, end)
             total = self._cpu_series.delta("total", start, end)
-            gpus = self.nvml.window(start, end) if status["nvml"].up else ()
+            gpus = self.nvml.window(start, end) if status[self.nvml.name].up else ()
             util = None
             if busy is not None and total is not None and total > 0:
                 util = min(1.0, max(0.0, busy / total))
-            if status["rapl"].up:
+            energy = status[self.rapl.name]
+            if energy.up:
                 return self._rapl_window(start, end, util, busy, total, gpus)
-            rapl_why = f"rapl {status['rapl'].reason}: {status['rapl'].detail}"
+            rapl_why = f"{self.rapl.name} {energy.reason}: {energy.detail}"
             if self._model is not None and util is not None:
                 m = self._model.energy(end - start, util)
                 return WindowEnergy(
@@ -406,7 +467,7 @@ class EnergyTracker:
                 )
             why = rapl_why
             if self._model is None:
-                why += f"; cpu model: {status['cpu_model'].detail}"
+                why += f"; cpu model: {status[CPU_MODEL].detail}"
             else:
                 why += "; no /proc/stat reading brackets this window"
             return WindowEnergy(start, end, "unavailable", why, gpus=gpus)
@@ -439,17 +500,13 @@ class EnergyTracker:
             notes.append(
                 "zones left out: " + "; ".join(f"{s.zone_id}: {s.reason}" for s in rs.skipped)
             )
-        errs = sorted({e for t, es in self._rapl_error_log if start <= t <= end for e in es})
+        errs = self._rapl_history.errors_between(start, end)
         if errs:
             # energy of a failed read is carried, then caught up by the next good one
             notes.append("RAPL read errors in this window: " + ", ".join(errs))
         has_dram = any(z.kind == "dram" for z in rs.zones)
         has_psys = any(z.kind == "psys" for z in rs.zones)
-        per_pkg = {}
-        for p, s in sorted(self._per_package.items()):
-            d = s.delta("j", start, end)
-            if d is not None:
-                per_pkg[p] = d
+        per_pkg = self._rapl_history.per_package_j(start, end)
         return WindowEnergy(
             start=start,
             end=end,

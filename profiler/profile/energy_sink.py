@@ -208,16 +208,16 @@ class EnergySink:
             reason = self._reasons[0] if self._reasons else "no window was profiled"
             tr = self._report
             if tr is not None and tr.energy_source == "unavailable":
-                st = tr.status
+                es = tr.energy_status
                 reason = (
-                    f"rapl {st['rapl'].reason}: {st['rapl'].detail}; "
-                    f"cpu model: {st['cpu_model'].detail}"
+                    f"{tr.energy_collector} {es.reason}: {es.detail}; "
+                    f"cpu model: {tr.model_status.detail}"
                 )
             return {"source": "unavailable", "reason": reason, "package_j": None}
         (source,) = self._sources
         tr = self._report
         assert tr is not None, "every attributed window carries the tracker's report"
-        st = tr.status
+        es = tr.energy_status
         total = self._node["package_j"]
         # the windows arrive fitted to the node's joules (attribution.window.RunFit): the
         # record keeps the same figures
@@ -234,7 +234,7 @@ class EnergySink:
             )
         part: dict[str, Any] = {
             "source": source,
-            "reason": st["rapl"].detail if source == "model" else None,
+            "reason": es.detail if source == "model" else None,
             "package_j": _r(total),
             "attributed_j": _r(attributed),
             "unattributed_j": _r(max(0.0, total - attributed)),
@@ -250,7 +250,7 @@ class EnergySink:
             "notes": notes,
         }
         if source == "model":
-            part["reason"] = f"rapl {st['rapl'].reason}: {st['rapl'].detail}"
+            part["reason"] = f"{tr.energy_collector} {es.reason}: {es.detail}"
             part["model"] = getattr(self, "_model", None)
         if source == "rapl" and tr.rapl is not None:
             rs = tr.rapl
@@ -283,7 +283,7 @@ class EnergySink:
     def _finish(self) -> ProfileEnergy:
         energy = self._energy_part()
         measured = energy["source"] in ("rapl", "model")
-        nv = self._report.status["nvml"] if self._report is not None else None
+        nv = self._report.gpu_status if self._report is not None else None
         gpus: list[dict[str, Any]] = []
         wait_s: dict[str, float] | None = None
         idle_j: dict[str, float] | None = None

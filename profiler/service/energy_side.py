@@ -7,7 +7,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from serwatt.collectors.source import absent
-from serwatt.profiler.attribution.tracker import EnergyTracker, EnergyUnavailableError, WindowEnergy
+from serwatt.collectors.status import REASON_OFF
+from serwatt.profiler.attribution.tracker import (
+    CPU_MODEL,
+    EnergyTracker,
+    EnergyUnavailableError,
+    WindowEnergy,
+)
 from serwatt.profiler.attribution.window import AttributedWindow, attribute_span
 from serwatt.profiler.records.sources import run_sources
 from serwatt.profiler.sampling.window import WindowReport
@@ -29,15 +35,17 @@ class SlotEnergy:
 
 
 # Collector states that mean "not in use here", not "failed": not exported.
-_UNUSED_REASONS = frozenset({"not_needed", "off"})
+_UNUSED_REASONS = frozenset({"not_needed", REASON_OFF})
 
 
-def not_present(name: str, reason: str | None) -> bool:
+def not_present(name: str, reason: str | None, tracker: EnergyTracker | None = None) -> bool:
     """What `auto` finds on a node without the hardware (most cloud VMs): the collector is
     not present there, not down, so it is not exported and SerwattCollectorDown cannot
     fire for it. A permission or driver error on hardware that is there stays "down".
-    Each source names its own (collectors/source.py `absent_reasons`)."""
-    return absent(name, reason)
+    Each source names its own (collectors/source.py `absent_reasons`), the sources of
+    `tracker`'s list included."""
+    extra = tuple(type(s) for s in tracker.sources) if tracker is not None else ()
+    return absent(name, reason, extra)
 
 
 class EnergySide:
@@ -81,7 +89,7 @@ class EnergySide:
         self._rapl_errors_seen = 0
         self.source = self._tracker.energy_source
         for name, st in self.status.items():
-            if not_present(name, st.reason):
+            if not_present(name, st.reason, self._tracker):
                 log.info("collector %s not present (%s): %s", name, st.reason, st.detail)
             elif not st.up and st.reason not in _UNUSED_REASONS:
                 log.info("collector %s unavailable: %s: %s", name, st.reason, st.detail)
@@ -89,12 +97,13 @@ class EnergySide:
 
     @property
     def nvml_status(self) -> Any:
-        return self._tracker.nvml.probe() if self.status["nvml"].reason != "off" else None
+        gpu = self._tracker.nvml
+        return gpu.probe() if self.status[gpu.name].reason != REASON_OFF else None
 
     def declare(self, ledger: Ledger) -> None:
         if self.source in ("rapl", "model"):
             ledger.declare_energy_source(self.source)
-        if self.status["nvml"].up:
+        if self._tracker.up(self._tracker.nvml):
             for gpu in self._tracker.nvml.probe().gpus:
                 ledger.declare_gpu(gpu.index)
         health = {
@@ -103,7 +112,7 @@ class EnergySide:
                 (st.detail or "") if st.up else f"unavailable: {st.reason}: {st.detail or ''}",
             )
             for name, st in self.status.items()
-            if st.reason not in _UNUSED_REASONS and not not_present(name, st.reason)
+            if st.reason not in _UNUSED_REASONS and not not_present(name, st.reason, self._tracker)
         }
         publish(ledger, health, self._probe_s)
 
@@ -138,9 +147,12 @@ class EnergySide:
         return self._tracker
 
     def _slot_health(self, we: WindowEnergy) -> dict[str, Health]:
-        """What one slot reading says of the collectors behind it."""
+        """What one slot reading says of the collectors behind it: the node energy source
+        (or the CPU model in its place) and the GPU source, by their roles."""
         health: dict[str, Health] = {}
-        if self.status["rapl"].up:
+        energy, gpu = self._tracker.rapl, self._tracker.nvml
+        model = self.status.get(CPU_MODEL)
+        if self.status[energy.name].up:
             # RAPL read errors carry the last good value forward (caught up on the next
             # good read), so the slot still says "rapl": count failed reads instead.
             errors = self._tracker.rapl_read_errors
@@ -153,17 +165,18 @@ class EnergySide:
                 )
             else:
                 detail = "; ".join(we.notes) if ok else f"{we.source}: {we.reason}"
-            health["rapl"] = (ok, detail)
-        elif self.status.get("cpu_model") is not None and self.status["cpu_model"].up:
+            health[energy.name] = (ok, detail)
+        elif model is not None and model.up:
             ok = we.source == "model"
             detail = we.model or "" if ok else f"{we.source}: {we.reason}"
-            health["cpu_model"] = (ok, detail)
-        if self.status["nvml"].up:
+            health[CPU_MODEL] = (ok, detail)
+        if self.status[gpu.name].up:
             down = [f"gpu {g.index}: {g.reason}" for g in we.gpus if not g.up]
-            health["nvml"] = (
+            health[gpu.name] = (
                 bool(we.gpus) and not down,
                 "; ".join(down) or f"{len(we.gpus)} GPU(s)",
             )
+        health.update(self._tracker.read_health())
         return health
 
     def close(self) -> None:
