@@ -57,6 +57,14 @@ class Source(Protocol):
 SOURCES: tuple[type[Source], ...] = (RaplCollector, CpuStat, NvmlCollector)
 
 
+def with_mode() -> tuple[type[Source], ...]:
+    """The sources an operator sets auto/required/off (a `mode_option`), in list order:
+    the daemon config's `collectors:` keys, the keys a reload leaves to the restart and
+    `serwatt profile`'s flags. SOURCES is read at each call, so a source added to it has
+    its key and flag."""
+    return tuple(s for s in SOURCES if s.mode_option is not None)
+
+
 def absent(name: str, reason: str | None, sources: tuple[type[Source], ...] = ()) -> bool:
     """Whether source `name`'s probe `reason` means its hardware is not on this node
     (`sources`: where to look besides SOURCES, e.g. a tracker's own list)."""

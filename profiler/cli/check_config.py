@@ -63,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"{config.source_path}: ok: {len(config.targets)} target(s) ({names}), "
             f"listen {config.listen}, {config.sample_rate_hz:g} Hz, {config.window_s:g} s windows, "
-            f"rapl {config.rapl}, nvml {config.nvml}, records in {config.record_dir}"
+            + "".join(f"{name} {mode}, " for name, mode in config.collector_modes.items())
+            + f"records in {config.record_dir}"
             + (
                 f", profiles pushed to {escape_text(config.pyroscope.ingest_url())} every "
                 f"{config.pyroscope.period_s:g} s"

@@ -28,6 +28,7 @@ from serwatt.collectors.pyspy import (
     TargetGone,
     UnsupportedPython,
 )
+from serwatt.collectors.source import with_mode
 from serwatt.profiler import safeio
 from serwatt.profiler.classify import source_store
 from serwatt.profiler.cli.argtypes import (
@@ -136,15 +137,14 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
         "--tdp", type=Number(float), metavar="W",  # > 0: checked in profile/setup.py
         help="node CPU TDP in watts for the energy model used when RAPL is unavailable",
     )  # fmt: skip
-    parser.add_argument(
-        "--rapl", type=switch, choices=SWITCH_CHOICES, default="auto",
-        help="RAPL energy: auto (fall back to the labelled model), required, off (the "
-        "config's true/false also work)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--nvml", type=switch, choices=SWITCH_CHOICES, default="auto",
-        help="NVML GPU busy/idle and energy: auto, required, off",
-    )  # fmt: skip
+    # one flag per source that has a config mode (collectors/source.py SOURCES): --rapl...
+    for src in with_mode():
+        parser.add_argument(
+            f"--{src.mode_option}", dest=src.mode_option, type=switch, choices=SWITCH_CHOICES,
+            default="auto",
+            help=f"{src.label}: auto (when it is unavailable, {src.without}), required, off "
+            "(the config's true/false also work)",
+        )  # fmt: skip
     parser.add_argument(
         "--source-store", type=_store_dir, default=source_store.default_dir(), metavar="DIR|off",
         help="where what indexing the target's Python files found is kept, so the next run "
@@ -263,8 +263,7 @@ def profile_options(args: argparse.Namespace) -> ProfileOptions:
         procfs=args.procfs,
         sysfs=args.sysfs,
         tdp_w=args.tdp,
-        rapl=args.rapl,
-        nvml=args.nvml,
+        modes={str(s.mode_option): getattr(args, str(s.mode_option)) for s in with_mode()},
         record=getattr(args, "record", None),
         run_id=getattr(args, "run_id", None),
         checkpoints=getattr(args, "checkpoints", None),

@@ -13,11 +13,13 @@ fix.
 from __future__ import annotations
 
 import subprocess
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from serwatt.collectors.pyspy import DEFAULT_RATE_HZ, PySpy, SamplingError, SamplingPlan
+from serwatt.collectors.source import MODES, with_mode
 from serwatt.profiler.attribution.tracker import EnergyTracker, EnergyUnavailableError
 from serwatt.profiler.classify.classifier import Classifier
 from serwatt.profiler.classify.source_store import SourceStore
@@ -30,8 +32,6 @@ from serwatt.profiler.records.run_ids import check_run_id
 from serwatt.profiler.records.store import RecordError
 from serwatt.profiler.sampling.budget import PROFILE_FIX, RateGovernor
 from serwatt.profiler.sampling.collect import timing_rate_hz
-
-MODES = ("auto", "required", "off")
 
 
 class SetupError(ValueError):
@@ -62,8 +62,9 @@ class ProfileOptions:
     procfs: Path = Path("/proc")
     sysfs: Path = Path("/sys")
     tdp_w: float | None = None
-    rapl: str = "auto"
-    nvml: str = "auto"
+    # each source's `mode_option` (collectors/source.py SOURCES, the command line's
+    # --rapl, --nvml...) -> auto | required | off; one not given is auto
+    modes: Mapping[str, str] = field(default_factory=dict)
     record: Path | None = None
     run_id: str | None = None
     checkpoints: Path | None = None
@@ -178,12 +179,15 @@ def _energy(o: ProfileOptions) -> tuple[EnergyTracker, EnergySink]:
         )
     if o.tdp_w is not None and not o.tdp_w > 0:
         raise SetupError(f"--tdp must be > 0 watts, got {o.tdp_w:g}")
-    for name, mode in (("--rapl", o.rapl), ("--nvml", o.nvml)):
+    options = [str(s.mode_option) for s in with_mode()]
+    for name, mode in o.modes.items():
+        if name not in options:
+            raise SetupError(
+                f"--{name}: no source has that option; give one of {', '.join(options)}"
+            )
         if mode not in MODES:
-            raise SetupError(f"{name} {mode}: give one of {', '.join(MODES)}")
-    tracker = EnergyTracker(
-        sysfs_root=o.sysfs, procfs_root=o.procfs, tdp_w=o.tdp_w, rapl_mode=o.rapl, nvml_mode=o.nvml
-    )
+            raise SetupError(f"--{name} {mode}: give one of {', '.join(MODES)}")
+    tracker = EnergyTracker(sysfs_root=o.sysfs, procfs_root=o.procfs, tdp_w=o.tdp_w, modes=o.modes)
     try:
         tracker.probe()  # a required collector that is down fails here, before any process
         return tracker, EnergySink()

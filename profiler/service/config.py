@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from serwatt.collectors.source import with_mode
 from serwatt.profiler.deadline_http import WEB_SCHEMES
 from serwatt.profiler.safeio import InputFileError, read_bounded
 from serwatt.profiler.yamlcheck import (
@@ -139,8 +140,8 @@ class Config:
     timing_rate_hz: float = 0.0
     sampler_priority: str = "auto"  # 'auto' | 'required' | 'off' (collectors/sched.py)
     targets: tuple[TargetSpec, ...] = ()
-    rapl: str = "auto"  # 'auto' | 'required' | 'off'
-    nvml: str = "auto"  # 'auto' | 'required' | 'off'
+    # each source's `mode_option` (collectors/source.py SOURCES) -> 'auto' | 'required' | 'off'
+    collector_modes: Mapping[str, str] = field(default_factory=lambda: default_modes())
     cpu_tdp_w: float | None = None
     record_dir: Path = Path("/var/lib/serwatt/runs")
     retention_days: float = 30.0
@@ -159,6 +160,16 @@ class Config:
     @property
     def listen_port(self) -> int:
         return parse_listen(self.listen, any_port=True)[1]
+
+
+def mode_options() -> tuple[str, ...]:
+    """The `collectors:` keys that set a source auto/required/off: every source's
+    `mode_option` (collectors/source.py `with_mode`)."""
+    return tuple(str(s.mode_option) for s in with_mode())
+
+
+def default_modes() -> Mapping[str, str]:
+    return MappingProxyType(dict.fromkeys(mode_options(), "auto"))
 
 
 def parse_listen(listen: str, *, any_port: bool = False) -> tuple[str, int]:
@@ -443,8 +454,8 @@ _TOP_KEYS = (
     "paths",
     "pyroscope",
 )
-# The same words as the CLI's --rapl/--nvml/--sampler-priority; YAML's true/false (and
-# on/off, yes/no, which YAML reads as booleans) mean required/off.
+# The same words as the CLI's source flags (--rapl, --nvml...) and --sampler-priority;
+# YAML's true/false (and on/off, yes/no, which YAML reads as booleans) mean required/off.
 _ENABLED = {"auto": "auto", "required": "required", "off": "off", True: "required", False: "off"}
 
 
@@ -483,12 +494,15 @@ def _check_targets(c: YamlChecker, node: yaml.Node) -> dict[str, Any]:
 
 def _check_collectors(c: YamlChecker, node: yaml.Node) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    ckeys = c.mapping("collectors", node, ("rapl", "nvml", "cpu_model"))
-    for name in ("rapl", "nvml"):
+    options = mode_options()
+    ckeys = c.mapping("collectors", node, (*options, "cpu_model"))
+    modes = dict(default_modes())
+    for name in options:
         if ckeys and name in ckeys:
             sub = c.mapping(f"collectors.{name}", ckeys[name], ("enabled",))
             if sub and "enabled" in sub:
-                out[name] = c.choice(f"collectors.{name}.enabled", sub["enabled"], _ENABLED)
+                modes[name] = c.choice(f"collectors.{name}.enabled", sub["enabled"], _ENABLED)
+    out["collector_modes"] = MappingProxyType(modes)
     if ckeys and "cpu_model" in ckeys:
         sub = c.mapping("collectors.cpu_model", ckeys["cpu_model"], ("tdp_w",))
         if sub and "tdp_w" in sub:

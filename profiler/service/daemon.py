@@ -32,6 +32,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from serwatt.collectors.nvml import NvmlCollector
 from serwatt.collectors.pyspy import PySpy, SamplingError
 from serwatt.profiler import __version__
 from serwatt.profiler.attribution.pipeline import WindowPipeline, WindowRejected
@@ -737,26 +738,16 @@ class Daemon:
             log.error("reload rejected, keeping the running config: rules: %s", exc)
             return
         old = self.config
-        # These are bound at startup (socket, record file, hardware collectors).
-        fixed = (
-            "listen",
-            "record_dir",
-            "path_sysfs",
-            "rapl",
-            "nvml",
-            "cpu_tdp_w",
-            "sampler_priority",
-            "pyroscope",
-        )
-        for name in fixed:
-            if getattr(new, name) != getattr(old, name):
+        was, now = _bound_at_start(old), _bound_at_start(new)
+        for name in was:
+            if now[name] != was[name]:
                 log.warning(
                     "reload: %s changed (%r -> %r); it takes effect on restart",
                     name,
-                    getattr(old, name),
-                    getattr(new, name),
+                    was[name],
+                    now[name],
                 )
-        new = dataclasses.replace(new, **{n: getattr(old, n) for n in fixed})
+        new = dataclasses.replace(new, **{n: getattr(old, n) for n in _FIXED_FIELDS})
         self.config = new
         if classifiers is not None:
             self._classifiers = classifiers
@@ -833,10 +824,36 @@ class _OwnCpu:
         return _OwnCpu(t.user + t.system, t.children_user + t.children_system, clock.monotonic())
 
 
+# The config fields bound at startup (socket, record file, hardware collectors): a reload
+# logs their change and keeps the running value.
+_FIXED_FIELDS = (
+    "listen",
+    "record_dir",
+    "path_sysfs",
+    "collector_modes",
+    "cpu_tdp_w",
+    "sampler_priority",
+    "pyroscope",
+)
+
+
+def _bound_at_start(config: Config) -> dict[str, Any]:
+    """The values a reload leaves to the restart, by the name the log gives them: each
+    source's mode by its `mode_option` (collectors/source.py), the rest by field."""
+    out: dict[str, Any] = {}
+    for name in _FIXED_FIELDS:
+        if name == "collector_modes":
+            out |= config.collector_modes
+        else:
+            out[name] = getattr(config, name)
+    return out
+
+
 def _host_fingerprint(config: Config, nvml_status: Any = None) -> dict[str, Any]:
     return fingerprint(
         procfs=config.path_procfs,
         sysfs=config.path_sysfs,
         nvml_status=nvml_status,
-        probe_gpus=nvml_status is None and config.nvml != "off",
+        probe_gpus=nvml_status is None
+        and config.collector_modes.get(str(NvmlCollector.mode_option)) != "off",
     )

@@ -76,8 +76,7 @@ class EnergySide:
             sysfs_root=config.path_sysfs,
             procfs_root=config.path_procfs,
             tdp_w=config.cpu_tdp_w,
-            rapl_mode=config.rapl,
-            nvml_mode=config.nvml,
+            modes=config.collector_modes,
             nvml_backend=nvml_backend,
         )
         t0 = clock.monotonic()

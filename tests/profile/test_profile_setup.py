@@ -27,9 +27,9 @@ def test_the_plan_is_the_options_runs() -> None:
         (dict(checkpoint_glob="*.pt"), "--checkpoint-glob names files under --checkpoints DIR"),
         (dict(run_id="a"), "--run-id names the run --record writes: give --record FILE too"),
         (dict(tdp_w=0.0), "--tdp must be > 0 watts, got 0"),
-        (dict(rapl="sometimes"), "--rapl sometimes: give one of auto, required, off"),
+        (dict(modes={"rapl": "sometimes"}), "--rapl sometimes: give one of auto, required, off"),
         (dict(sysfs=Path("/nonexistent")), "--path.sysfs /nonexistent: not a directory"),
-        (dict(rapl="required"), "RAPL"),  # this VM has no powercap zones
+        (dict(modes={"rapl": "required"}), "RAPL"),  # this VM has no powercap zones
     ],
 )  # fmt: skip
 def test_a_bad_option_is_a_setup_error_that_names_it(options: dict, message: str) -> None:

@@ -56,8 +56,7 @@ def test_example_config_is_valid_and_documents_every_default() -> None:
         "max_concurrent_samplers",
         "cpu_budget_cores",
         "timing_rate_hz",
-        "rapl",
-        "nvml",
+        "collector_modes",
         "cpu_tdp_w",
         "record_dir",
         "retention_days",
@@ -164,7 +163,8 @@ def test_minimal_config_gets_defaults(tmp_path: Path) -> None:
     assert config.listen == "127.0.0.1:9977"
     assert (config.listen_host, config.listen_port) == ("127.0.0.1", 9977)
     assert config.sample_rate_hz == 50.0 and config.window_s == 10.0
-    assert config.rapl == "auto" and config.nvml == "auto" and config.cpu_tdp_w is None
+    assert config.collector_modes == {"rapl": "auto", "nvml": "auto"}
+    assert config.cpu_tdp_w is None
     assert config.cpu_budget_cores is None  # no budget: every window at sample_rate_hz
     assert config.record_dir == Path("/var/lib/serwatt/runs")
     assert config.path_procfs == Path("/proc") and config.path_sysfs == Path("/sys")
@@ -217,7 +217,8 @@ def test_full_config_values(tmp_path: Path) -> None:
     assert config.sample_rate_hz == 97.5 and config.window_s == 5.0 and config.rescan_s == 1.0
     assert config.max_concurrent_samplers == 3 and config.log_level == "debug"
     assert config.cpu_budget_cores == 0.25 and config.timing_rate_hz == 25.0
-    assert config.rapl == "required" and config.nvml == "off" and config.cpu_tdp_w == 280.0
+    assert config.collector_modes == {"rapl": "required", "nvml": "off"}
+    assert config.cpu_tdp_w == 280.0
     assert config.record_dir == tmp_path / "records"  # relative to the config file
     assert config.retention_days == 0.5
     assert config.rules_files == (tmp_path / "extra.yaml",)
