@@ -1,7 +1,9 @@
 """A new signal is one class and one line in collectors/source.py SOURCES: the tracker
 probes and reads it, the daemon's `/metrics` carries its collector health and the run
 record's `sources` names it, with no change to the tracker, the energy side or the sinks;
-and none of those modules branch on a collector's name."""
+and none of those modules branch on a collector's name. A source with a `mode_option` is
+also a key of the daemon config's `collectors:` (auto/required/off, left to the restart by
+a reload) and a `serwatt profile --OPTION` flag, with no change to either."""
 
 from __future__ import annotations
 
@@ -11,19 +13,24 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
+import yaml
 from prometheus_client import generate_latest
 
 from serwatt.collectors import source as source_mod
 from serwatt.collectors.role import OTHER, SourceContext
 from serwatt.collectors.status import CollectorStatus
 from serwatt.profiler.attribution.tracker import EnergyTracker, EnergyUnavailableError
+from serwatt.profiler.cli.main import build_parser
+from serwatt.profiler.cli.profile import profile_options
 from serwatt.profiler.records.store import Recorder
 from serwatt.profiler.service.clock import SystemClock
-from serwatt.profiler.service.config import load_config
-from serwatt.profiler.service.energy_side import EnergySide
+from serwatt.profiler.service.config import ConfigError, load_config
+from serwatt.profiler.service.daemon import _bound_at_start
+from serwatt.profiler.service.energy_side import EnergySide, RequiredCollectorMissing
 from serwatt.profiler.service.exporter import make_registry
 from serwatt.profiler.service.ledger import Ledger
 from tests.daemon_support import daemon_config, parse_metrics, total
+from tests.serwatt_cli import serwatt
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -80,12 +87,22 @@ def one_more_source(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(source_mod, "SOURCES", (*source_mod.SOURCES, ThermalZone))
 
 
-def _side(tmp_path: Path, sysfs: Path, procfs: Path) -> EnergySide:
-    cfg_path = tmp_path / "serwatt.yaml"
-    cfg_path.write_text(
-        daemon_config(tmp_path / "runs", {"t": "nothing"}, nvml="off", sysfs=sysfs, procfs=procfs)
+def _config(tmp_path: Path, sysfs: Path, procfs: Path, thermal: str | None = None) -> Path:
+    """A daemon config; thermal: its `collectors.thermal.enabled` (None: not set)."""
+    text = daemon_config(
+        tmp_path / "runs", {"t": "nothing"}, nvml="off", sysfs=sysfs, procfs=procfs
     )
-    return EnergySide(load_config(cfg_path), SystemClock())
+    if thermal is not None:
+        doc = yaml.safe_load(text)
+        doc["collectors"]["thermal"] = {"enabled": thermal}
+        text = yaml.safe_dump(doc, sort_keys=False)
+    path = tmp_path / "serwatt.yaml"
+    path.write_text(text)
+    return path
+
+
+def _side(tmp_path: Path, sysfs: Path, procfs: Path) -> EnergySide:
+    return EnergySide(load_config(_config(tmp_path, sysfs, procfs)), SystemClock())
 
 
 def test_a_new_source_is_probed_read_exported_and_recorded(
@@ -191,6 +208,68 @@ def test_a_new_sources_config_mode(tmp_path: Path, one_more_source: None) -> Non
         "to run without temperatures",
     ):
         EnergyTracker(sysfs, procfs, nvml_mode="off", modes={"thermal": "required"}).probe()
+
+
+def test_a_new_sources_mode_is_a_daemon_config_key(tmp_path: Path, one_more_source: None) -> None:
+    """Its `mode_option` is a `collectors:` key of the daemon config with rapl's and nvml's
+    words, the config's off and required are the tracker's, check-config names it and a
+    reload leaves it to the restart."""
+    sysfs, procfs = _node(tmp_path, None)  # no thermal zone here
+    config = load_config(_config(tmp_path, sysfs, procfs, thermal="off"))
+    assert config.collector_modes == {"rapl": "auto", "nvml": "off", "thermal": "off"}
+    side = EnergySide(config, SystemClock())
+    try:
+        assert side.status["thermal"] == CollectorStatus(
+            False, "off", "thermal zone disabled by configuration"
+        )
+    finally:
+        side.close()
+    assert _bound_at_start(config)["thermal"] == "off"
+    required = load_config(_config(tmp_path, sysfs, procfs, thermal=True))  # YAML's true
+    assert required.collector_modes["thermal"] == "required"
+    with pytest.raises(
+        RequiredCollectorMissing,
+        match=r"^collectors: thermal zone is required but unavailable \(no_thermal\).*set "
+        "thermal to auto to run without temperatures$",
+    ):
+        EnergySide(required, SystemClock())
+    assert load_config(_config(tmp_path, sysfs, procfs)).collector_modes["thermal"] == "auto"
+
+
+def test_a_new_sources_mode_is_checked_like_the_others(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the SOURCES line its key is unknown (the check above can fail); with it, a
+    wrong word is the config error rapl's is and check-config's summary names its mode."""
+    sysfs, procfs = _node(tmp_path, None)
+    path = _config(tmp_path, sysfs, procfs, thermal="auto")
+    with pytest.raises(ConfigError, match=r"collectors\.thermal.*unknown key 'thermal'.*"
+                       "allowed here: rapl, nvml, cpu_model"):  # fmt: skip
+        load_config(path)
+    monkeypatch.setattr(source_mod, "SOURCES", (*source_mod.SOURCES, ThermalZone))
+    ran = serwatt(capsys, "check-config", str(path))
+    assert ran.returncode == 0 and "rapl auto, nvml off, thermal auto, records in" in ran.stdout
+    path.write_text(path.read_text().replace("enabled: auto", "enabled: sometimes"))
+    with pytest.raises(ConfigError, match=r"collectors\.thermal\.enabled"):
+        load_config(path)
+
+
+def test_a_new_sources_mode_is_a_profile_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], one_more_source: None
+) -> None:
+    """`serwatt profile --thermal`: the config's words, its label and fallback in the help,
+    and required on a node without it fails before any process starts."""
+    sysfs, procfs = _node(tmp_path, None)
+    help_text = " ".join(serwatt(capsys, "profile", "--help").stdout.split())
+    assert "--thermal {auto,required,off} thermal zone: auto (when it is unavailable, run " \
+        "without temperatures), required, off" in help_text  # fmt: skip
+    args = build_parser(configure_all=True).parse_args(["profile", "--thermal", "false", "--", "x"])
+    assert profile_options(args).modes == {"rapl": "auto", "nvml": "auto", "thermal": "off"}
+    ran = serwatt(capsys, "profile", "--nvml", "off", "--thermal", "required",
+                  "--path.sysfs", str(sysfs), "--", "true")  # fmt: skip
+    assert ran.returncode == 2
+    assert "thermal zone is required but unavailable (no_thermal)" in ran.stderr, ran.stderr
+    assert "set thermal to auto to run without temperatures" in ran.stderr
 
 
 # The modules that drive sources: they may use a collector's name only through the
