@@ -221,11 +221,13 @@ def test_seccomp_filter_kills_on_mmap(tmp_path: Path) -> None:
     head, *frames = r.trapped_call.splitlines()
     assert f"syscall={mmap_nr:#x} " in head and f"arg1={1 << 20:#x} " in head, head
     assert any("libc" in f for f in frames), frames
-    # A 1 MiB buffer is above glibc's mmap threshold: malloc maps it, and dies for it.
-    # (No warm-up: once glibc has freed a mapped chunk it raises its threshold and serves
-    # the next ones from the heap, which is why the proofs warm up first.)
-    r = run_child(ALLOCATING, "seccomp", workdir=tmp_path, n=10, warmup=0)
-    assert r.signal == "SIGSYS"
+    # A fresh 64 MiB buffer: more than the heap's free top after the child's imports (a
+    # request the top can serve never calls mmap or brk, so a 1 MiB one survived once), and
+    # above the mmap threshold, which the harness's MALLOC_TRIM_THRESHOLD_ fixes at glibc's
+    # 128 KiB: malloc must map it, and dies for it.
+    r = run_child(ALLOCATING, "seccomp", workdir=tmp_path, n=10, warmup=0,
+                  kwargs={"nbytes": 64 << 20})  # fmt: skip
+    assert r.signal == "SIGSYS", (r.returncode, r.stdout)
 
 
 def test_seccomp_filter_checks_the_architecture() -> None:
