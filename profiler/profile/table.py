@@ -36,7 +36,8 @@ def render_table(
 ) -> str:
     """The human table: one row per codepath (with `by_process`, a row per process under
     each; with `hide_zero`, none for a codepath whose every figure is zero), then the
-    sampler's own failures. A run that sampled nothing says so in its first line."""
+    sampler's own failures. A run that sampled nothing, or too little for its share
+    intervals, says so in its first line."""
     cps = doc["codepaths"]
     no_cpu = not doc["cpu_s"]  # a share of 0 CPU-s is n/a, not other's 100%
     show_energy = any(cps[cp].get("energy_j") is not None for cp in cps)
@@ -61,6 +62,10 @@ def render_table(
             f"serwatt profile: NOTHING WAS SAMPLED: 0 samples in {doc['duration_s']:.1f} s"
             + (f" ({why[0]})" if why else "")
             + "; the figures below are empty"
+        )
+    elif doc.get("share_ci95_too_short"):
+        lines.append(
+            f"serwatt profile: TOO SHORT FOR ITS SHARE INTERVALS: {doc['share_ci95_too_short']}"
         )
     lines += [
         f"serwatt profile: pid {doc['target']['pid']} ({doc['target']['command'][:60]}), "
@@ -107,7 +112,8 @@ def render_table(
     lines.append(
         f"CPU-s: measured per-thread CPU (procfs) spread over each thread's samples; "
         f"thread-s: wall time summed over threads; main s: the main process's main thread; "
-        f"share 95% CI: batch means over time; encode / decode CPU-s: the codepath's CPU "
+        f"share 95% CI: exact on the samples' effective count (batch means over time); "
+        f"encode / decode CPU-s: the codepath's CPU "
         f"whose stack names the direction (the rest is unknown); low-confidence CPU: "
         f"{_pct(doc['low_confidence_cpu_share']).strip()} of total"
     )
