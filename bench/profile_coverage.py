@@ -102,6 +102,7 @@ def profile_once(tree: Path, workload: Path, args: argparse.Namespace) -> dict[s
             stamper = threading.Thread(target=stamp, daemon=True)
             stamper.start()
             launched = time.time()
+            sched0 = schedstat(proc.pid)
             cli = subprocess.Popen(
                 [sys.executable, "-m", "serwatt", "profile", "--pid", str(proc.pid),
                  "--duration", f"{args.duration:g}", "--json", str(doc_path), *args.profile_args],
@@ -119,6 +120,7 @@ def profile_once(tree: Path, workload: Path, args: argparse.Namespace) -> dict[s
             table = cli.stdout.read()
             code = cli.wait()
             ended = time.time()
+            sched1 = schedstat(proc.pid)
             time.sleep(2 * STAMP_S)
         finally:
             stop.set()
@@ -134,7 +136,15 @@ def profile_once(tree: Path, workload: Path, args: argparse.Namespace) -> dict[s
         "first_line": table.splitlines()[0] if table else "",
         "truth": true_shares(stamps, started, started + doc["duration_s"]),
         "truth_whole": true_shares(stamps, launched, ended),
+        # the workload's run-queue wait per CPU-second while attached: how contended it was
+        "wait_per_cpu": (sched1[1] - sched0[1]) / max(1e-9, sched1[0] - sched0[0]),
     }
+
+
+def schedstat(pid: int) -> tuple[float, float]:
+    """(on-CPU s, run-queue wait s) of a process's main thread."""
+    fields = Path(f"/proc/{pid}/schedstat").read_text().split()
+    return int(fields[0]) / 1e9, int(fields[1]) / 1e9
 
 
 def clopper_pearson(k: int, n: int) -> tuple[float, float]:
@@ -172,6 +182,17 @@ def summarize(label: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
     print(f"{'codepath':<10}{'truth':>8}{'share':>8}{'mean width':>12}{'no CI':>7}"
           f"{'covered':>10}{'coverage [95% MC CI]':>26}  verdict (goal >= {GOAL:g})")  # fmt: skip
     fig: dict[str, Any] = {"runs": len(runs), "too_short": len(short), "codepaths": {}}
+    fig["per_run"] = [
+        {
+            "samples": r["doc"]["samples"],
+            "wait_per_cpu": round(r["wait_per_cpu"], 3),
+            "too_short": r["doc"].get("share_ci95_too_short"),
+            "truth": {cp: round(r["truth"][cp], 5) for cp in CODEPATHS},
+            "share": {cp: r["doc"]["codepaths"][cp]["share"] for cp in CODEPATHS},
+            "share_ci95": {cp: r["doc"]["codepaths"][cp]["share_ci95"] for cp in CODEPATHS},
+        }
+        for r in runs
+    ]
     for cp in CODEPATHS:
         got = [covers(r, cp) for r in kept]
         k, n = sum(1 for g in got if g), len(got)
@@ -217,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None, help="write the figures here")
     ap.add_argument("profile_args", nargs="*", help="after --: more serwatt profile options")
     args = ap.parse_args(argv)
+    # a stopped bench stops its workload too (the `finally` of profile_once)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.runs < 2:
         ap.error("--runs must be >= 2: the coverage needs an interval")
     if args.baseline_tree is not None and not (args.baseline_tree / "profiler").is_dir():
@@ -238,9 +261,14 @@ def main(argv: list[str] | None = None) -> int:
             for name in names if i % 2 == 0 else names[::-1]:
                 run = profile_once(trees[name], workload, args)
                 by_tree[name].append(run)
-                missed = [cp for cp in CODEPATHS if covers(run, cp) is False]
-                print(f"run {i + 1} {name}: {run['doc']['samples']} samples, "
-                      f"{run['doc']['duration_s']:.1f} s; missed: {', '.join(missed) or 'none'}"
+                doc = run["doc"]
+                missed = [
+                    f"{cp} {100 * (doc['codepaths'][cp]['share'] - run['truth'][cp]):+.1f} pp"
+                    for cp in CODEPATHS if covers(run, cp) is False
+                ]  # fmt: skip
+                print(f"run {i + 1} {name}: {doc['samples']} samples, "
+                      f"{doc['duration_s']:.1f} s, run-queue wait {run['wait_per_cpu']:.2f} s "
+                      f"per CPU-s; missed: {', '.join(missed) or 'none'}"
                       f"{'; too short' if run['doc'].get('share_ci95_too_short') else ''}",
                       flush=True)  # fmt: skip
     figures = {name: summarize(name, runs) for name, runs in by_tree.items()}
