@@ -44,12 +44,12 @@ def test_profile_coverage_bench_smoke(tmp_path: Path) -> None:
     for cp, *_, covered, runs, cov, lo, hi, word in rows:
         f = fig["codepaths"][cp]
         k, n = int(covered), int(runs)
-        assert n == 2 - fig["too_short"]
+        assert n == 2 - fig["said"]
         # covered: the runs whose printed interval held the truth
         held = sum(
             1
             for p in fig["per_run"]
-            if not p["too_short"]
+            if not (p["too_short"] or p["contended"])
             and p["share_ci95"][cp] is not None
             and p["share_ci95"][cp][0] <= p["truth"][cp] <= p["share_ci95"][cp][1]
         )
@@ -68,6 +68,9 @@ def test_profile_coverage_bench_smoke(tmp_path: Path) -> None:
     if plo == plo:  # an interval (not nan: every run too short)
         want = "confirmed" if plo >= 0.93 else "not met" if phi < 0.93 else "undecided"
         assert m.group(4) == want == fig["pooled_verdict"]
+    every = re.search(r"^every run, those that said so included: (.*)$", r.stdout, re.M)
+    assert every, r.stdout
+    assert every.group(1) == ", ".join(f"{cp} {k}/2" for cp, k in fig["covered_every_run"].items())
     assert re.search(r"^truth's own edge error: .* is [0-9.]+ pp$", r.stdout, re.M), r.stdout
     assert r.returncode == (1 if "not met" in r.stdout.split("\n== this tree", 1)[1] else 0)
 

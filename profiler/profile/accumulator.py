@@ -34,6 +34,8 @@ class Accumulator:
     # effective sample count, (sum w)^2 / sum w^2 (Kish), so idle samples do not count
     sample_cpu_s: float = 0.0
     sample_cpu_s2: float = 0.0
+    # the targets' threads' run-queue wait (schedstat): the node's contention for them
+    runqueue_wait_s: float = 0.0
     pyspy_samples: int = 0
     pyspy_errors: int = 0
     partial_stacks: int = 0
@@ -70,6 +72,7 @@ class Accumulator:
         report = window.report
         self.windows += 1
         self.total_cpu_s += report.cpu_s
+        self.runqueue_wait_s += report.runqueue_wait_s
         self.directed.add(window.by_direction())
         for cp, w in report.codepaths.items():
             key = cp if cp in self.samples else "other"

@@ -1,6 +1,7 @@
 """The profile's share interval (profile/document.py, issue 46 ask 7): exact at no sample,
 its coverage on simulated samples with a known share, and the run that is too short for
-it, said in the table's first line. Pure maths and a synthetic document: no timing."""
+it or too contended, said in the table's first lines. Pure maths and a synthetic
+document: no timing."""
 
 from __future__ import annotations
 
@@ -12,7 +13,13 @@ from scipy import stats
 
 from serwatt.profiler.classify.codepaths import CODEPATHS
 from serwatt.profiler.intervals import clopper_pearson
-from serwatt.profiler.profile.document import MIN_INTERVAL_SAMPLES, share_ci95, too_short
+from serwatt.profiler.profile.document import (
+    CONTENDED_WAIT_PER_CPU,
+    MIN_INTERVAL_SAMPLES,
+    contended,
+    share_ci95,
+    too_short,
+)
 from serwatt.profiler.profile.table import render_table
 
 
@@ -148,3 +155,25 @@ def test_the_table_says_too_short_in_its_first_line() -> None:
     empty = _doc(why, samples=0)
     empty["cpu_s"] = 0.0
     assert "NOTHING WAS SAMPLED" in render_table(empty).splitlines()[0]
+
+
+def test_contended_says_when_the_wait_reaches_the_cpu() -> None:
+    assert contended(0.0, 6.0) is None
+    assert contended(0.99 * 6.0, 6.0) is None
+    assert contended(1.0, 0.0) is None  # no CPU: no share to be biased
+    why = contended(CONTENDED_WAIT_PER_CPU * 6.0, 6.0)
+    assert why is not None and f"waited {CONTENDED_WAIT_PER_CPU:.1f} s" in why
+    assert "--kernel-timeline" in why
+    assert "8.5 s in the run queue per CPU-second" in (contended(51.0, 6.0) or "")
+
+
+def test_the_table_says_contended_in_its_first_lines() -> None:
+    why = "the target waited 8.5 s in the run queue per CPU-second it ran: ..."
+    doc = _doc(None)
+    doc["share_ci95_contended"] = why
+    first = render_table(doc).splitlines()[0]
+    assert first == f"serwatt profile: CONTENDED, SHARES MAY BE OFF BEYOND THEIR INTERVALS: {why}"
+    doc["share_ci95_too_short"] = "9 effective samples"
+    lines = render_table(doc).splitlines()
+    assert lines[0].startswith("serwatt profile: TOO SHORT FOR ITS SHARE INTERVALS: 9 eff")
+    assert lines[1].startswith("serwatt profile: CONTENDED, SHARES MAY BE OFF")
