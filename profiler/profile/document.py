@@ -124,7 +124,9 @@ def share_ci95(
     se2 = var / (xbar * xbar)
     n_eff = min(samples, r * (1 - r) / se2) if se2 > 0 else samples
     n_df = n_eff * _t_ratio(samples, k)
-    return clopper_pearson(n_df * r, n_df)
+    if not n_df > 0:  # a share rounded to 0 or 1 beside a spread: no information
+        return (0.0, 1.0)
+    return clopper_pearson(min(n_df, n_df * r), n_df)
 
 
 def _t_ratio(samples: float, k: int) -> float:
