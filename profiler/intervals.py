@@ -8,6 +8,9 @@ where t_{0.975, 5} = 2.571 is 31% wider than 1.96.
 - `mean_interval`: the mean of independent repeats, mean +- t_{0.975, n-1} s / sqrt(n).
 - `geometric_mean_interval`: per-round ratios, through the mean of their logarithms (a
   ratio of 2 and one of 1/2 average to 1, as they should).
+- `clopper_pearson`: a proportion of x successes in n trials, the exact (beta quantile)
+  interval; x and n may be fractional (an effective count: Korn & Graubard 1998, Survey
+  Methodology 24, 193), and 0 of n gives [0, 1 - (alpha/2)^(1/n)], never a zero width.
 - `slope_interval`: the least-squares slope of a series sampled in time (RSS every 2 s).
   Consecutive samples are not independent, so the slope's standard error is widened by the
   lag-1 autocorrelation r of the residuals to an effective count n (1 - r) / (1 + r)
@@ -81,6 +84,17 @@ def t_quantile(df: float, level: float = LEVEL) -> float:
     # scipy.special's inverse of Student's t CDF, the function stats.t.ppf calls: importing
     # scipy.stats costs every `serwatt profile` 0.6 s of CPU at start-up, special 0.05 s
     return float(special.stdtrit(df, (1 + level) / 2))
+
+
+def clopper_pearson(x: float, n: float, level: float = LEVEL) -> tuple[float, float]:
+    """The exact two-sided `level` interval of a proportion x / n (module doc): lower
+    B^-1(alpha/2; x, n - x + 1), upper B^-1(1 - alpha/2; x + 1, n - x), 0 and 1 at the ends."""
+    if not n > 0 or not 0 <= x <= n:
+        raise ValueError(f"a proportion needs 0 <= x <= n and n > 0, not x {x}, n {n}")
+    alpha = 1 - level
+    lo = 0.0 if x <= 0 else float(special.betaincinv(x, n - x + 1, alpha / 2))
+    hi = 1.0 if x >= n else float(special.betaincinv(x + 1, n - x, 1 - alpha / 2))
+    return lo, hi
 
 
 def mean_interval(xs: Sequence[float], level: float = LEVEL) -> Interval:

@@ -30,6 +30,12 @@ class Accumulator:
     total_cpu_s: float = 0.0
     # bin index (BIN_S slices since session start) -> codepath -> cpu_s
     bins: dict[int, dict[str, float]] = field(default_factory=dict)
+    # the sum of the samples' CPU weights and of their squares: the share interval's
+    # effective sample count, (sum w)^2 / sum w^2 (Kish), so idle samples do not count
+    sample_cpu_s: float = 0.0
+    sample_cpu_s2: float = 0.0
+    # the targets' threads' run-queue wait (schedstat): the node's contention for them
+    runqueue_wait_s: float = 0.0
     pyspy_samples: int = 0
     pyspy_errors: int = 0
     partial_stacks: int = 0
@@ -47,6 +53,11 @@ class Accumulator:
     processes: ProcessTally = field(default_factory=ProcessTally)
 
     @property
+    def effective_samples(self) -> float:
+        """Kish's effective count of the samples' CPU weights (0 when none carried CPU)."""
+        return self.sample_cpu_s**2 / self.sample_cpu_s2 if self.sample_cpu_s2 > 0 else 0.0
+
+    @property
     def dir_samples(self) -> dict[str, dict[str, int]]:
         """codepath -> direction -> samples (profiler/classify/direction.py)."""
         by_cp = self.directed.by_codepath(self.directed.samples)
@@ -61,6 +72,7 @@ class Accumulator:
         report = window.report
         self.windows += 1
         self.total_cpu_s += report.cpu_s
+        self.runqueue_wait_s += report.runqueue_wait_s
         self.directed.add(window.by_direction())
         for cp, w in report.codepaths.items():
             key = cp if cp in self.samples else "other"
@@ -76,6 +88,8 @@ class Accumulator:
             row = self.bins.setdefault(b, {})
             row[cp] = row.get(cp, 0.0) + lab.cpu_s
             per_bin_samples[b] = per_bin_samples.get(b, 0) + 1
+            self.sample_cpu_s += lab.cpu_s
+            self.sample_cpu_s2 += lab.cpu_s * lab.cpu_s
             if cp == "other":
                 sampled_other += lab.cpu_s
             if lab.low_confidence:

@@ -36,7 +36,9 @@ def render_table(
 ) -> str:
     """The human table: one row per codepath (with `by_process`, a row per process under
     each; with `hide_zero`, none for a codepath whose every figure is zero), then the
-    sampler's own failures. A run that sampled nothing says so in its first line."""
+    sampler's own failures. A run that sampled nothing, too little for its share
+    intervals, or on a node so contended that its shares may be biased beyond them, says
+    so in its first lines."""
     cps = doc["codepaths"]
     no_cpu = not doc["cpu_s"]  # a share of 0 CPU-s is n/a, not other's 100%
     show_energy = any(cps[cp].get("energy_j") is not None for cp in cps)
@@ -62,6 +64,16 @@ def render_table(
             + (f" ({why[0]})" if why else "")
             + "; the figures below are empty"
         )
+    else:
+        if doc.get("share_ci95_too_short"):
+            lines.append(
+                f"serwatt profile: TOO SHORT FOR ITS SHARE INTERVALS: {doc['share_ci95_too_short']}"
+            )
+        if doc.get("share_ci95_contended"):
+            lines.append(
+                f"serwatt profile: CONTENDED, SHARES MAY BE OFF BEYOND THEIR INTERVALS: "
+                f"{doc['share_ci95_contended']}"
+            )
     lines += [
         f"serwatt profile: pid {doc['target']['pid']} ({doc['target']['command'][:60]}), "
         f"python {doc['target']['python'] or '?'}, {doc['duration_s']:.1f} s at "
@@ -107,7 +119,8 @@ def render_table(
     lines.append(
         f"CPU-s: measured per-thread CPU (procfs) spread over each thread's samples; "
         f"thread-s: wall time summed over threads; main s: the main process's main thread; "
-        f"share 95% CI: batch means over time; encode / decode CPU-s: the codepath's CPU "
+        f"share 95% CI: exact on the samples' effective count (batch means over time); "
+        f"encode / decode CPU-s: the codepath's CPU "
         f"whose stack names the direction (the rest is unknown); low-confidence CPU: "
         f"{_pct(doc['low_confidence_cpu_share']).strip()} of total"
     )

@@ -374,6 +374,7 @@ class _Weighed:
     weighting: Weighting  # one CPU share per carrier
     total_cpu_s: float
     wall_s: float
+    runqueue_wait_s: float = 0.0  # the window's threads' run-queue wait (schedstat)
 
 
 def finish_window(
@@ -434,6 +435,7 @@ def finish_window(
         exited_unsampled_cpu_s=weighed.weighting.exited_unsampled_s,
         stacks=stacks,
         cpu_source=CPU_SOURCE_KERNEL if got.kernel_prior is not None else CPU_SOURCE_ESTIMATE,
+        runqueue_wait_s=weighed.runqueue_wait_s,
     )
 
 
@@ -619,6 +621,7 @@ def _weigh(raw: RawWindow, got: _Classified) -> _Weighed:
             weighting=weighting,
             total_cpu_s=sum(per_tid_s.values()) + pool_s,
             wall_s=max(0.0, window.ended_at - window.started_at),
+            runqueue_wait_s=sum({**exited.wait_per_tid_s, **cpu.wait_per_tid_s}.values()),
         )
     if got.held_s:
         prior = [*(prior or [1.0] * n_counted), *got.held_s]
@@ -637,6 +640,7 @@ def _weigh(raw: RawWindow, got: _Classified) -> _Weighed:
         weighting=weighting,
         total_cpu_s=sum(per_tid_s.values()) + exited.pool_s,
         wall_s=max(0.0, window.ended_at - window.started_at),
+        runqueue_wait_s=sum({**exited.wait_per_tid_s, **cpu.wait_per_tid_s}.values()),
     )
 
 

@@ -119,6 +119,9 @@ class WindowReport:
     # timeline inside its stack spans: profiler/sampling/kernel_cpu.py) or "estimate"
     # (py-spy's R state and /proc polls: profiler/sampling/weighting.py)
     cpu_source: str = "estimate"
+    # seconds the target's threads waited in a run queue in the window (schedstat
+    # run_delay; 0.0 without schedstat): how contended the node was for it
+    runqueue_wait_s: float = 0.0
 
     @property
     def wall_s(self) -> float:
