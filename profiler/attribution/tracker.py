@@ -167,8 +167,6 @@ class EnergyTracker:
         self.sysfs_root = Path(sysfs_root)
         self.procfs_root = Path(procfs_root)
         self.tdp_w = tdp_w
-        self.rapl_mode = rapl_mode
-        self.nvml_mode = nvml_mode
         self.poll_cap_s = poll_cap_s
         self.nvml_poll_s = nvml_poll_s
         self._clock = clock
@@ -212,7 +210,8 @@ class EnergyTracker:
             )
         return got[0]
 
-    def _mode(self, src: Source) -> str:
+    def mode_of(self, src: Source) -> str:
+        """The mode (auto, required, off) `src` runs in: its mode_option's in `modes`."""
         return "auto" if src.mode_option is None else self.modes.get(src.mode_option, "auto")
 
     @property
@@ -229,12 +228,12 @@ class EnergyTracker:
                 self._status = self._probe()
             status = self._status
         for src in self.sources:
-            if self._mode(src) == "required" and not status[src.name].up:
+            if self.mode_of(src) == "required" and not status[src.name].up:
                 raise EnergyUnavailableError(required_but_down(src, status[src.name]))
         return status
 
     def _probe(self) -> dict[str, CollectorStatus]:
-        out = {src.name: status_in_mode(src, self._mode(src)) for src in self.sources}
+        out = {src.name: status_in_mode(src, self.mode_of(src)) for src in self.sources}
         ok = out[self.cpustat.name].up
         if out[self.rapl.name].up:
             out[CPU_MODEL] = CollectorStatus(

@@ -105,7 +105,7 @@ class RecordSink:
         tracker = self.tracker
         if tracker is None:
             return fingerprint()
-        if tracker.nvml_mode == "off":
+        if tracker.mode_of(tracker.nvml) == "off":
             host = fingerprint()
             host["gpu_source"] = "unavailable: off (NVML disabled for this session)"
             return host
