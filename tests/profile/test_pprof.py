@@ -62,8 +62,10 @@ def test_the_profile_holds_the_jobs_json_stacks_with_the_tables_cpu(profiled) ->
         by_codepath[labels["codepath"]] = by_codepath.get(labels["codepath"], 0) + s.value[cpu_i]
     # the stacks' CPU of the json codepath is the table's json CPU (the same carriers):
     # equal up to the nanosecond rounding of each stack
+    # (over many stacks: how much CPU the table gives json is the weighing's business, and
+    # a contended node reads it low, 0.79 of the job's 3 s beside two busy loops)
     json_cpu_s = doc["codepaths"]["json"]["cpu_s"]
-    assert json_cpu_s > 1.0, doc["codepaths"]["json"]
+    assert doc["codepaths"]["json"]["samples"] >= 50 and json_cpu_s > 0, doc["codepaths"]["json"]
     assert by_codepath["json"] / 1e9 == pytest.approx(
         json_cpu_s, abs=1e-6 * len(prof.sample) + 1e-5
     )
