@@ -10,64 +10,31 @@ once it stalls (tests/fuse_stall.py): none may."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from serwatt.profiler.classify import source_cache
 from serwatt.profiler.classify.source_cache import SourceCache
 from serwatt.profiler.classify.target_files import reaches_fuse, stat_source
+from tests.classify import fuse_targets
+from tests.classify.fuse_targets import NOBODY, SRC, within
 from tests.fuse_stall import StallingFuse, fuse_available, stalling_fuse
 
 pytestmark = pytest.mark.skipif(fuse_available() is not None, reason=str(fuse_available()))
+# the shared fixtures: a directory `nobody` can search, and real target processes
+tmp_path = fuse_targets.tmp_path
+sleepers = fuse_targets.sleepers
 
-SRC = b"import pickle\n\ndef save(x):\n    return pickle.dumps(x)\n"
 # Refusing by the mount table takes a few syscalls per component; a request to the
 # stalled server would never return.
 REFUSE_BOUND_S = 4.0
-NOBODY = 65534
 # configs/systemd/serwatt.service TimeoutStopSec
 UNIT_STOP_TIMEOUT_S = 30.0
-
-
-@pytest.fixture
-def tmp_path() -> Iterator[Path]:
-    """A directory the `nobody` target can search (pytest's tmp_path is root's, 0700)."""
-    path = Path(tempfile.mkdtemp(prefix="serwatt-fuse-link-", dir="/tmp"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def sleepers() -> Iterator[Callable[..., int]]:
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def start(uid: int = 0) -> int:
-        p = subprocess.Popen(["sleep", "300"], preexec_fn=(lambda: os.setuid(uid)) if uid else None)
-        procs.append(p)
-        return p.pid
-
-    yield start
-    for p in procs:
-        p.kill()
-        p.wait(timeout=30)
-
-
-def _within(fn: Callable[[], Any], bound_s: float) -> tuple[bool, Any]:
-    out: list[Any] = []
-    t = threading.Thread(target=lambda: out.append(fn()), daemon=True)
-    t.start()
-    t.join(bound_s)
-    return (not t.is_alive(), out[0] if out else None)
 
 
 def _linked(tmp_path: Path, fs: StallingFuse, kind: str) -> Path:
@@ -91,16 +58,16 @@ def test_a_link_into_a_stalled_fuse_mount_is_refused_untouched(
     with stalling_fuse(tmp_path / "mnt", {"job.py": SRC}) as fs:
         path = _linked(tmp_path, fs, kind)
         fs.stall()  # from the first request: any stat, lookup or open would hang
-        done, got = _within(
+        done, got = within(
             lambda: SourceCache().get(f"{root}{path}", root=root, deadline=time.monotonic() + 2),
             REFUSE_BOUND_S,
         )
         assert done, f"the load waited on the stalled mount: {fs.stalled_requests()}"
         assert got[0] is None and got[1] == source_cache.ON_FUSE, got
         # the re-stat of cached files and the host-path check refuse it the same way
-        done, got = _within(lambda: SourceCache._stat_key(f"{root}{path}", root), REFUSE_BOUND_S)
+        done, got = within(lambda: SourceCache._stat_key(f"{root}{path}", root), REFUSE_BOUND_S)
         assert done and got is None
-        done, got = _within(lambda: reaches_fuse(str(path)), REFUSE_BOUND_S)
+        done, got = within(lambda: reaches_fuse(str(path)), REFUSE_BOUND_S)
         assert done and got is True
         assert fs.stalled_requests() == []
         assert source_cache.loads_running() == 0
@@ -185,7 +152,7 @@ def test_a_checkpoint_head_through_a_directory_link_into_a_stalled_mount_is_not_
     with stalling_fuse(tmp_path / "mnt", {"ckpt.pt": b"PK\x03\x04rest"}) as fs:
         (tmp_path / "ckpts").symlink_to(fs.mountpoint)
         fs.stall()
-        done, got = _within(lambda: file_head(str(tmp_path / "ckpts" / "ckpt.pt")), REFUSE_BOUND_S)
+        done, got = within(lambda: file_head(str(tmp_path / "ckpts" / "ckpt.pt")), REFUSE_BOUND_S)
         assert done and got is None
         assert fs.stalled_requests() == []
     assert file_head(str(local)) == b"PK\x03\x04rest"  # the control

@@ -11,14 +11,9 @@ table is made not to call FUSE (`network_standin`), reached through a link."""
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
-import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -27,45 +22,18 @@ from serwatt.collectors.samples import Frame
 from serwatt.profiler.classify import source_cache
 from serwatt.profiler.classify.classifier import Classifier
 from serwatt.profiler.classify.source_cache import NOT_READY, SourceCache
+from tests.classify import fuse_targets
+from tests.classify.fuse_targets import NOBODY, SRC, within
 from tests.fuse_stall import fuse_available, stalling_fuse
 
 pytestmark = pytest.mark.skipif(fuse_available() is not None, reason=str(fuse_available()))
+# the shared fixtures: a directory `nobody` can search, and real target processes
+tmp_path = fuse_targets.tmp_path
+sleepers = fuse_targets.sleepers
 
-SRC = b"import pickle\n\ndef save(x):\n    return pickle.dumps(x)\n"
 # A classification of one frame whose source answers takes milliseconds; a stalled
 # stat or open would take forever.
 CLASSIFY_BOUND_S = 4.0
-
-
-NOBODY = 65534
-
-
-@pytest.fixture
-def tmp_path() -> Iterator[Path]:
-    """A directory the `nobody` target can search: serwatt reads a source only where the
-    target itself could (issue 45 item 15), and pytest's own tmp_path is under a 0700
-    directory of root's."""
-    path = Path(tempfile.mkdtemp(prefix="serwatt-fuse-", dir="/tmp"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def sleepers() -> Iterator[Callable[..., int]]:
-    """Real processes whose /proc/PID/root is a target's root (same mount namespace),
-    running as `uid`."""
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def start(uid: int = 0) -> int:
-        p = subprocess.Popen(["sleep", "300"], preexec_fn=(lambda: os.setuid(uid)) if uid else None)
-        procs.append(p)
-        return p.pid
-
-    yield start
-    for p in procs:
-        p.kill()
-        p.wait(timeout=30)
 
 
 @pytest.fixture
@@ -73,14 +41,6 @@ def network_standin(monkeypatch: pytest.MonkeyPatch) -> None:
     """The stalling FUSE mount taken for a network filesystem (read, and able to stall):
     no FUSE type is refused, so its files are loaded and their loads get stuck."""
     monkeypatch.setattr(mounts, "is_fuse", lambda fstype: False)
-
-
-def _within(fn: Callable[[], Any], bound_s: float) -> tuple[bool, Any]:
-    out: list[Any] = []
-    t = threading.Thread(target=lambda: out.append(fn()), daemon=True)
-    t.start()
-    t.join(bound_s)
-    return (not t.is_alive(), out[0] if out else None)
 
 
 def _frame(path: Path) -> tuple[Frame, ...]:
@@ -93,7 +53,7 @@ def test_a_source_on_fuse_is_never_opened(tmp_path: Path, sleepers: Callable[...
     with stalling_fuse(tmp_path / "mnt", {"job.py": SRC}) as fs:
         fs.stall()  # stalled from the first request: any open would hang
         job = fs.mountpoint / "job.py"
-        done, got = _within(
+        done, got = within(
             lambda: (
                 c.classify_frames(
                     _frame(job), proc_root=root, deadline=time.monotonic() + 2
@@ -126,13 +86,13 @@ def test_a_source_that_stalls_after_answering_costs_only_its_own_target(
         fs.stall()
         for _ in range(3):
             t0 = time.monotonic()
-            done, got = _within(
+            done, got = within(
                 lambda: c.classify_frames(_frame(honest_src), proc_root=honest).codepath,
                 CLASSIFY_BOUND_S,
             )
             assert done, "the honest target's classification waited on the stalled source"
             assert got == "pickle"
-            done, got = _within(
+            done, got = within(
                 lambda: (
                     c.classify_frames(
                         _frame(job), proc_root=hostile, deadline=time.monotonic() + 1.0
