@@ -144,15 +144,24 @@ _TABLES: OrderedDict[tuple[int, int], _Table] = OrderedDict()
 _TABLES_LOCK = threading.Lock()
 
 
+def close_idle() -> float:
+    """Close the tables unused for TABLE_IDLE_S; returns the time it judged by. The daemon
+    calls it at each rescan too, so a namespace is let go when its last target has gone
+    quiet, not at the next resolution (which may never come)."""
+    now = time.monotonic()
+    with _TABLES_LOCK:
+        for old in [k for k, t in _TABLES.items() if now - t.used > TABLE_IDLE_S]:
+            _TABLES.pop(old).close()
+    return now
+
+
 def _table(proc_dir: str) -> _Table:
     """The table of the mount namespace of the process at `proc_dir` (/proc/<pid>,
     /proc/self), one per namespace."""
     ns = os.stat(os.path.join(proc_dir, "ns", "mnt"))
     key = (ns.st_dev, ns.st_ino)
-    now = time.monotonic()
+    now = close_idle()
     with _TABLES_LOCK:
-        for old in [k for k, t in _TABLES.items() if now - t.used > TABLE_IDLE_S]:
-            _TABLES.pop(old).close()
         table = _TABLES.get(key)
         if table is not None:
             table.used = now

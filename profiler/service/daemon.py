@@ -32,6 +32,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from serwatt.collectors import mounts
 from serwatt.collectors.nvml import NvmlCollector
 from serwatt.collectors.pyspy import PySpy, SamplingError
 from serwatt.profiler import __version__
@@ -387,6 +388,7 @@ class Daemon:
             self._reload()
         if self._clock.monotonic() >= self._next_rescan:
             self._rescan()
+            mounts.close_idle()  # the mount tables of namespaces no target uses any more
             self.ledger.publish()
         if self._clock.monotonic() >= self._next_retention:
             try:

@@ -48,3 +48,31 @@ def test_a_mount_the_table_does_not_list_is_refused(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(mounts, "fd_mount_id", lambda fd: 1 << 40)
     with pytest.raises(OnFuse, match="not in the mount table"):
         MountGuard().check(0, "/x")
+
+
+def _open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def test_an_idle_table_is_closed_without_another_resolution(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The soak's fd check: a namespace's table (an open mountinfo) must be let go once
+    nothing resolves in it, even when no resolution ever comes again to sweep it."""
+    from serwatt.collectors import mounts
+
+    for table in mounts._TABLES.values():  # this worker's earlier tests' tables
+        table.close()
+    mounts._TABLES.clear()
+    before = _open_fds()
+    fd = os.open(tmp_path, os.O_PATH)
+    try:
+        MountGuard().check(fd, str(tmp_path))
+    finally:
+        os.close(fd)
+    assert len(_open_fds() - before) == 1  # serwatt's own table, kept while in use
+    mounts.close_idle()
+    assert len(_open_fds() - before) == 1  # used just now: kept
+    monkeypatch.setattr(mounts, "TABLE_IDLE_S", 0.0)
+    mounts.close_idle()
+    assert _open_fds() - before == set()
