@@ -180,8 +180,14 @@ def test_python_objects_per_update_are_its_named_calls(shim: Path, tmp_path: Pat
     # Each named call allocates something (so each term can be told apart from nothing)...
     for call in UPDATE_CALLS:
         assert parts[call]["malloc"] >= n, (call, parts[call])
-    # ... and an update allocates what its calls do, once each, and nothing of its own.
-    assert update == _sum([parts[c] for c in UPDATE_CALLS]), (update, parts)
+    # ... and an update allocates what its calls do, once each, and nothing of its own:
+    # an allocation of its own would add n (one per update). Each count is compared to
+    # within 1 per call measured: a cache that grows once (a free list, a dict's resize)
+    # lands in one child's 1000 calls or another's (handle read 1001 mallocs, and an
+    # update 5001 frees against its calls' 5000 once).
+    calls = _sum([parts[c] for c in UPDATE_CALLS])
+    slack = len(UPDATE_CALLS)
+    assert all(abs(update[k] - calls[k]) <= slack for k in calls), (update, parts)
     assert update["free"] >= update["malloc"] - 1, update  # the first call's frame stays
 
 
