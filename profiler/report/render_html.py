@@ -19,11 +19,13 @@ Every string from the inputs (run ids, hostnames, sources, caveats) is escaped.
 
 from __future__ import annotations
 
-import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from serwatt.profiler.flame import CSP, diff_tree, renderer_scripts, script_json
+from serwatt.profiler.flame import CSP, renderer_scripts
+from serwatt.profiler.report.html_parts import e, html_table, svg_size
+from serwatt.profiler.report.render_flame_diff import FLAME_DIFF_SCRIPT, flame_diff
+from serwatt.profiler.report.render_projection_html import projection_html
 from serwatt.profiler.report.render_text import (
     DIRECTION_HEAD,
     METRIC_LABELS,
@@ -62,22 +64,9 @@ height:12px;margin:0 4px 0 12px;vertical-align:middle}
 """
 
 
-def e(value: Any) -> str:
-    """Escape any value for HTML text or a quoted attribute."""
-    return html.escape(str(value), quote=True)
-
-
 def _side_label(report: Mapping[str, Any], side: str) -> str:
     cp = report["checkpoint"][side].get("codepath")
     return f"{side} ({cp})" if cp else side
-
-
-def _size(width: int, height: float) -> str:
-    """An SVG's size: its drawn width at most, narrower with the column (no overflow)."""
-    return (
-        f'width="100%" style="max-width:{width}px;height:auto" height="{height}" '
-        f'viewBox="0 0 {width} {height}"'
-    )
 
 
 def _legend() -> str:
@@ -125,7 +114,7 @@ def _codepath_bars(report: Mapping[str, Any], metric: str) -> str:
     unit = rows[0][1]["unit"]
     parts = [
         f'<svg class="chart" data-chart="codepath-bars" data-metric="{e(metric)}" '
-        f'{_size(width, height)} role="img" '
+        f'{svg_size(width, height)} role="img" '
         f'aria-label="{e(METRIC_LABELS[metric])} per wall-hour by codepath">',
         f'<text x="{label_w}" y="16">{e(METRIC_LABELS[metric])} per measured wall-hour '
         f"({e(unit)}); whiskers: each side's 95% interval</text>",
@@ -185,7 +174,7 @@ def _episode_durations(report: Mapping[str, Any]) -> str:
     hi = max(v for vs in values.values() for v in vs) * 1.05 or 1.0
     height = top + row_h * 2 + 40
     parts = [
-        f'<svg class="chart" data-chart="episode-durations" {_size(width, height)} '
+        f'<svg class="chart" data-chart="episode-durations" {svg_size(width, height)} '
         'role="img" aria-label="checkpoint stall durations">'
     ]
     for r, side in enumerate(("baseline", "candidate")):
@@ -243,7 +232,7 @@ def _stall_histogram(report: Mapping[str, Any]) -> str:
     height = top + 2 * half + 40
     bin_w = (x1 - x0) / STALL_BINS
     parts = [
-        f'<svg class="chart" data-chart="stall-histogram" {_size(width, height)} role="img" '
+        f'<svg class="chart" data-chart="stall-histogram" {svg_size(width, height)} role="img" '
         'aria-label="checkpoint stall distributions, baseline above, candidate below">',
         f'<line x1="{x0}" x2="{x1}" y1="{mid}" y2="{mid}" stroke="#999"/>',
     ]
@@ -284,7 +273,7 @@ def _timeline(report: Mapping[str, Any]) -> str:
     ]
     y_hi = (max(ys) if ys else 0.0) * 1.1 or 1.0
     parts = [
-        f'<svg class="chart" data-chart="window-timeline" {_size(width, height)} '
+        f'<svg class="chart" data-chart="window-timeline" {svg_size(width, height)} '
         'role="img" aria-label="serialization CPU per window">'
     ]
 
@@ -324,18 +313,6 @@ def _timeline(report: Mapping[str, Any]) -> str:
 
 
 # --------------------------------------------------------------------------- tables
-
-
-def _table(head: Sequence[str], rows: Sequence[Sequence[Any]], numeric_from: int = 1) -> str:
-    out = ["<table><tr>", *(f"<th>{e(h)}</th>" for h in head), "</tr>"]
-    for row in rows:
-        out.append("<tr>")
-        for i, cell in enumerate(row):
-            cls = ' class="num"' if i >= numeric_from else ""
-            out.append(f"<td{cls}>{e(cell)}</td>")
-        out.append("</tr>")
-    out.append("</table>")
-    return "".join(out)
 
 
 def _change_cell(m: Mapping[str, Any]) -> str:
@@ -414,7 +391,7 @@ def _sides(report: Mapping[str, Any]) -> str:
                     ", ".join(fmt(r) for r in report[side]["rate_hz"]),
                 ]
             )
-    return _table(head, rows, numeric_from=2) + _table(
+    return html_table(head, rows, numeric_from=2) + html_table(
         ["side", "run", "hostname", "CPU", "sockets", "GPUs", "kernel", "serwatt", "rate Hz"],
         hosts,
         numeric_from=99,
@@ -465,7 +442,7 @@ def _checkpoint(report: Mapping[str, Any]) -> str:
         ["timed to ±", fmt(b["resolution_s"]), fmt(c["resolution_s"])],
         ["source", b["source"], c["source"]],
     ]
-    out.append(_table(["", "baseline", "candidate"], rows, numeric_from=99))
+    out.append(html_table(["", "baseline", "candidate"], rows, numeric_from=99))
     metrics = [
         (f"{b['codepath']} → {c['codepath']}", label, ck[key])
         for key, label in (("stall_s", "stall s"), ("cpu_s", "CPU s"), ("gpu_wait_s", "GPU-wait s"))
@@ -473,175 +450,6 @@ def _checkpoint(report: Mapping[str, Any]) -> str:
     ]
     if metrics:
         out.append(_metric_table(metrics, "per checkpoint episode (mean); n = episodes"))
-    return "".join(out)
-
-
-def _tornado(sens: Sequence[Mapping[str, Any]]) -> str:
-    """Bars of each input's swing, relative to the central saved figure, largest on top."""
-    if not sens:
-        return ""
-    width, label_w, row_h = 640, 140, 20
-    half = (width - label_w - 20) / 2
-    scale = (
-        max(
-            (
-                abs(x[k] / x["saved_at_central"] - 1)
-                for x in sens
-                for k in ("saved_at_low", "saved_at_high")
-                if x["saved_at_central"]
-            ),
-            default=1.0,
-        )
-        or 1.0
-    )
-    mid = label_w + half
-    height = row_h * len(sens) + 24
-    parts = [
-        f'<svg class="chart" data-chart="tornado" {_size(width, height)} role="img" '
-        f'aria-label="sensitivity of the saved figure">',
-        f'<line x1="{mid:.1f}" y1="0" x2="{mid:.1f}" y2="{height - 20}" stroke="#888"/>',
-    ]
-    for i, x in enumerate(sens):
-        y = i * row_h + 4
-        parts.append(f'<text x="4" y="{y + 12}">{e(x["input"])}</text>')
-        for key, fill in (("saved_at_low", "#4c78a8"), ("saved_at_high", "#f58518")):
-            rel = x[key] / x["saved_at_central"] - 1 if x["saved_at_central"] else 0.0
-            w = abs(rel) / scale * half
-            left = mid if rel >= 0 else mid - w
-            parts.append(
-                f'<rect class="bar" data-input="{e(x["input"])}" data-end="{key[9:]}" '
-                f'x="{left:.1f}" y="{y}" width="{w:.1f}" height="{row_h - 6}" fill="{fill}">'
-                f"<title>{e(x['input'])} at {key[9:]}: {e(x['figure'])} {e(fmt(x[key]))}</title>"
-                "</rect>"
-            )
-    parts.append(
-        f'<text x="{mid:.1f}" y="{height - 6}" text-anchor="middle">central saved figure '
-        "(blue: input at low, orange: at high)</text></svg>"
-    )
-    return "".join(parts)
-
-
-def _projection_table(b: Mapping[str, Any], c: Mapping[str, Any], s: Mapping[str, Any]) -> str:
-    """Both sides' projected figures and what the candidate saves, with their intervals."""
-
-    def saved(name: str) -> str:
-        f = s.get(name) or {}
-        ci = f.get("ci95")
-        shown = fmt(f.get("value")) + (f" [{fmt(ci[0])}, {fmt(ci[1])}]" if ci else " [no CI]")
-        env = f.get("envelope")
-        shown += f"; assumptions' envelope {fmt(env[0])} to {fmt(env[1])}" if env else ""
-        return ("~ " if f.get("display") == "~" else "") + shown
-
-    def parts(side: Mapping[str, Any]) -> str:
-        lp = side["lost_parts"]
-        return " / ".join(fmt(lp[k]) for k in ("stall", "rework", "restart"))
-
-    keys = [
-        ("stall δ s (cluster)", "delta_s", None),
-        ("stall δ s measured on the node", "delta_node_s", None),
-        ("interval τ s", "interval_s", None),
-        ("lost fraction", "lost_fraction", "lost_fraction"),
-        ("GPU-hours / year (mostly assumption)", "gpu_hours_per_year", "gpu_h"),
-        ("IT MWh / year", "it_mwh_per_year", "it_mwh"),
-        ("facility MWh / year", "facility_mwh_per_year", "facility_mwh"),
-        ("water L / year", "water_l_per_year", "water_l"),
-    ]
-    rows = [
-        [
-            label,
-            fmt(b[k]),
-            fmt(c[k]),
-            (fmt(s[sk]) if sk == "lost_fraction" else saved(sk)) if sk else "",
-        ]
-        for label, k, sk in keys
-    ]
-    rows.insert(2, ["δ set by", b["bound"], c["bound"], ""])
-    rows.insert(5, ["lost: stall / rework / restart", parts(b), parts(c), ""])
-    return _table(["", "baseline", "candidate", "saved [sampling-only 95% CI]"], rows)
-
-
-def _sensitivity(sensitivity: list[Mapping[str, Any]]) -> str:
-    """The tornado and its table: the saved figure at each ranged input's low and high."""
-    sens = [
-        [
-            x["input"],
-            f"{fmt(x['low'])}–{fmt(x['high'])} {x['unit']}",
-            x["figure"],
-            fmt(x["saved_at_low"]),
-            fmt(x["saved_at_central"]),
-            fmt(x["saved_at_high"]),
-        ]
-        for x in sensitivity
-    ]
-    return (
-        "<h3>Sensitivity: the saved figure at each input's low and high</h3>"
-        + _tornado(sensitivity)
-        + _table(["input", "range", "figure", "saved at low", "central", "saved at high"], sens)
-    )
-
-
-def _projection_lines(b: Mapping[str, Any], c: Mapping[str, Any]) -> str:
-    """Every line of each side: its formula, inputs, and what was measured and assumed."""
-    lines = [
-        [
-            side_name,
-            line["name"],
-            fmt(line["value"]),
-            line["formula"],
-            "; ".join(f"{k}={fmt(v)}" for k, v in line["inputs"].items()),
-            "; ".join(line["measured"]) or "-",
-            "; ".join(line["assumed"]) or "-",
-        ]
-        for side_name, side in (("baseline", b), ("candidate", c))
-        for line in side["lines"]
-    ]
-    return "<h3>Each line: formula, inputs, measured and assumed</h3>" + _table(
-        ["side", "line", "value", "formula", "inputs", "measured", "assumed"],
-        lines,
-        numeric_from=99,
-    )
-
-
-def _projection_inputs(p: Mapping[str, Any]) -> str:
-    inputs = [
-        [
-            name,
-            i.get("kind", "assumed"),
-            fmt(i["value"], 6) if i["value"] is not None else fmt(i["range"], 6),
-            i["unit"],
-            fmt(i["range"], 6) if i.get("range") is not None else "-",
-            i["source"],
-        ]
-        for name, i in p["inputs"].items()
-    ]
-    inputs.append(["policy", "assumed", p["policy"]["text"], "", "", p["policy"]["source"]])
-    return "<h3>Inputs: measured, estimated, assumed</h3>" + _table(
-        ["input", "kind", "value", "unit", "range", "source"], inputs, numeric_from=99
-    )
-
-
-def _projection(p: Mapping[str, Any] | None) -> str:
-    if p is None:
-        return "<p>No cluster projection: an estimate, made on --cluster FILE or --project.</p>"
-    out = [f'<p class="warning">Scaling assumption: {e(p["scaling"])}</p>']
-    out += [f'<p class="caveat">{e(c)}</p>' for c in p.get("caveats") or []]
-    b, c, s = p["baseline"], p["candidate"], p.get("saved")
-    if s is None:
-        for name, side in (("baseline", b), ("candidate", c)):
-            if "unavailable" in side:
-                out.append(f"<p>{e(name)}: not projected: {e(side['unavailable'])}</p>")
-    else:
-        out.append(_projection_table(b, c, s))
-        out.append(f'<p class="src">{e(s.get("interval_basis", ""))}</p>')
-        for name, side in (("baseline", b), ("candidate", c)):
-            sc = side["scaling"]
-            out.append(
-                f'<p class="src">{e(name)} δ: {e(sc["note"])}; {e(sc["mode"])} '
-                f"({e(sc['mode_source'])}); bandwidth bound {fmt(sc['bandwidth_bound_s'])} s</p>"
-            )
-        out.append(_sensitivity(p["sensitivity"]))
-        out.append(_projection_lines(b, c))
-    out.append(_projection_inputs(p))
     return "".join(out)
 
 
@@ -679,7 +487,7 @@ def _verdict(report: Mapping[str, Any]) -> str:
 
     height = top + row_h * len(rows) + 28
     parts = [
-        f'<svg class="chart" data-chart="verdict" {_size(width, height)} role="img" '
+        f'<svg class="chart" data-chart="verdict" {svg_size(width, height)} role="img" '
         'aria-label="verdict: change with its 95% interval">',
         f'<line x1="{mid:.1f}" x2="{mid:.1f}" y1="0" y2="{height - 24}" stroke="#888"/>',
     ]
@@ -726,102 +534,6 @@ def _verdict(report: Mapping[str, Any]) -> str:
     )
 
 
-# d3-flame-graph's differentialColorMapper: red where the candidate takes more, blue
-# where it takes less, the strongest where one side has none
-DIFF_LEGEND = (
-    ("rgb(235,0,0)", "more CPU in the candidate"),
-    ("rgb(0,0,220)", "less in the candidate (or only in the baseline)"),
-    ("rgb(255,190,90)", "only in the candidate"),
-    ("rgb(220,220,220)", "unchanged"),
-)
-_FLAME_DIFF_SCRIPT = """<script>
-(function () {
-  var tree = JSON.parse(document.getElementById("serwatt-flame-diff-data").textContent);
-  var lib = window.flamegraph;
-  var make = typeof lib === "function" ? lib : (lib.flamegraph || lib.default);
-  var el = document.getElementById("serwatt-flame-diff");
-  var f3 = function (v) { return v.toFixed(3); };
-  var chart = make()
-    .width(Math.max(300, el.clientWidth))
-    .cellHeight(18)
-    .minFrameSize(1)
-    .transitionDuration(0)
-    .setColorMapper(lib.colorMapper.differentialColorMapper)
-    .setLabelHandler(function (d) {
-      var x = d.data, sign = x.candidate >= x.baseline ? "+" : "";
-      return x.name + "\\nbaseline " + f3(x.baseline) + " → candidate " + f3(x.candidate) +
-        " CPU-s per run (" + sign + f3(x.candidate - x.baseline) + "), codepath " + x.codepath;
-    });
-  d3.select(el).datum(tree).call(chart);
-  el.setAttribute("data-rendered", "1");
-})();
-</script>"""
-
-
-def _no_stacks_reason(report: Mapping[str, Any], why: str) -> str:
-    src = report.get("source")
-    if isinstance(src, Mapping) and src.get("kind") == "promql":
-        return "Prometheus holds no stacks"
-    return why
-
-
-def _flame_diff(report: Mapping[str, Any]) -> tuple[str, bool]:
-    """The differential flame graph of the report's `stacks` (profiler/report/
-    stack_diff.py), and whether the page needs the renderer; the frames go in as JSON
-    (script_json), never as markup."""
-    st = report.get("stacks")
-    if not st:
-        return "<p>No stacks in this report (made by a serwatt that kept none).</p>", False
-    notes = []
-    for side in ("baseline", "candidate"):
-        for run_id in st[side]["without"]:
-            notes.append(
-                f'<li data-side="{side}">{side} run <code>{e(run_id)}</code>: no stacks '
-                f"recorded for this run ({e(_no_stacks_reason(report, st['without_why']))})</li>"
-            )
-        if st[side]["merged"]:
-            notes.append(
-                f"<li>{side}: {st[side]['merged']} distinct stacks past the record's cap are "
-                "drawn as one overflow frame</li>"
-            )
-    if st["not_drawn_one_by_one"]:
-        notes.append(
-            f"<li>{st['not_drawn_one_by_one']} smallest stacks are drawn summed per codepath</li>"
-        )
-    listed = f'<ul class="src">{"".join(notes)}</ul>' if notes else ""
-    if not st["baseline"]["runs"] or not st["candidate"]["runs"] or not st["stacks"]:
-        missing = [s for s in ("baseline", "candidate") if not st[s]["runs"]]
-        why = (
-            f"no run of the {' and the '.join(missing)} recorded stacks"
-            if missing
-            else "no stack took CPU on either side"
-        )
-        return (
-            f'<p class="flame-diff-none">No differential flame graph: {e(why)}.</p>{listed}',
-            False,
-        )
-    legend = "".join(
-        f'<span style="background:{colour}"></span>{e(text)}' for colour, text in DIFF_LEGEND
-    )
-    head = (
-        f"<p>Baseline → candidate: <b>{e(_side_label(report, 'baseline'))}</b> "
-        f"({st['baseline']['runs']} runs, {fmt(st['baseline']['cpu_s_per_run'])} CPU-s per run) "
-        f"→ <b>{e(_side_label(report, 'candidate'))}</b> ({st['candidate']['runs']} runs, "
-        f"{fmt(st['candidate']['cpu_s_per_run'])} CPU-s per run). A frame is a function at a "
-        "line; its width is both sides' CPU-s per run added, its colour the change from "
-        "baseline to candidate (each side's stacks summed over its runs and divided by them, "
-        "so sides with different run counts compare). Hover a frame for its figures.</p>"
-    )
-    body = (
-        f'{head}<div class="legend flame-diff-legend">{legend}</div>'
-        '<div id="serwatt-flame-diff" class="flame-diff" data-chart="flame-diff"></div>'
-        f"{listed}"
-        '<script type="application/json" id="serwatt-flame-diff-data">'
-        f"{script_json(diff_tree(st['stacks']))}</script>"
-    )
-    return body, True
-
-
 def _fold(title: str, body: str, *, key: str) -> str:
     return f'<details data-fold="{e(key)}"><summary>{e(title)}</summary>{body}</details>'
 
@@ -853,7 +565,7 @@ def _per_codepath(report: Mapping[str, Any]) -> str:
 def _directions(ways: Mapping[str, Any]) -> str:
     way_rows = direction_rows(ways)
     table = (
-        _table(DIRECTION_HEAD, way_rows, numeric_from=2)
+        html_table(DIRECTION_HEAD, way_rows, numeric_from=2)
         if way_rows
         else "<p>no serialization CPU on either side</p>"
     )
@@ -870,7 +582,7 @@ def _receipts(report: Mapping[str, Any]) -> str:
     files = report.get("checkpoint_files")
     if files is not None:
         out.append(
-            _table(
+            html_table(
                 ["checkpoint files", "value"],
                 [
                     [k, fmt(v) if not isinstance(v, (dict, list)) else str(v)]
@@ -935,7 +647,8 @@ def render_html(report: Mapping[str, Any]) -> str:
         "(measured: py-spy); solid line p50, dashed p95</p>"
         f"{_stall_histogram(report)}"
     )
-    flame, scripted = _flame_diff(report)
+    labels = {side: _side_label(report, side) for side in ("baseline", "candidate")}
+    flame, scripted = flame_diff(report, labels)
     body.append(f"<h2>Where the CPU went: differential flame graph</h2>{flame}")
     body.append("<h2>Checkpoint cost</h2>")
     body.append(_checkpoint(report))
@@ -949,7 +662,7 @@ def render_html(report: Mapping[str, Any]) -> str:
     body.append(
         _fold(
             "Estimated cluster projection",
-            _projection(report.get("projection")),
+            projection_html(report.get("projection")),
             key="projection",
         )
     )
@@ -962,7 +675,7 @@ def render_html(report: Mapping[str, Any]) -> str:
     # the page is script-free unless it draws the flame graph; then the renderer is
     # inlined and the CSP allows it and nothing from the network
     csp = f'<meta http-equiv="Content-Security-Policy" content="{CSP}">' if scripted else ""
-    scripts = renderer_scripts() + _FLAME_DIFF_SCRIPT if scripted else ""
+    scripts = renderer_scripts() + FLAME_DIFF_SCRIPT if scripted else ""
     return (
         f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">{csp}'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
