@@ -47,14 +47,14 @@ from typing import Any, Protocol
 from serwatt.profiler.attribution.episodes import Episode
 from serwatt.profiler.attribution.window import AttributedWindow
 from serwatt.profiler.deadline_http import RedirectRefused, deadline_opener
-from serwatt.profiler.many.format import escape_text
 from serwatt.profiler.safeio import InputFileError, read_bounded
-from serwatt.profiler.service.config import (
+from serwatt.profiler.service.config_pyroscope import (
     MAX_CREDENTIAL_BYTES,
     PYROSCOPE_LABEL_VALUE_RE,
     PyroscopeConfig,
 )
 from serwatt.profiler.service.ledger import Ledger
+from serwatt.profiler.terminal_escape import escape_text
 
 log = logging.getLogger("serwatt.pyroscope")
 

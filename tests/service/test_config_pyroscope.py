@@ -11,12 +11,8 @@ from pathlib import Path
 import pytest
 
 from serwatt.profiler.exitcodes import EXIT_CONFIG
-from serwatt.profiler.service.config import (
-    ConfigError,
-    PyroscopeConfig,
-    load_config,
-    parse_config,
-)
+from serwatt.profiler.service.config import ConfigError, load_config, parse_config
+from serwatt.profiler.service.config_pyroscope import PyroscopeConfig
 from tests.serwatt_cli import serwatt
 
 REPO = Path(__file__).resolve().parents[2]

@@ -24,7 +24,7 @@ import pytest
 from serwatt.profiler.cli.daemon import PPROF_ENCODER
 from serwatt.profiler.profile.pprof import Profile
 from serwatt.profiler.profile.stack_profile import StackFigures, StackProfile
-from serwatt.profiler.service.config import PyroscopeConfig
+from serwatt.profiler.service.config_pyroscope import PyroscopeConfig
 from serwatt.profiler.service.ledger import Ledger
 from serwatt.profiler.service.pyroscope_push import MAX_QUEUED, PushJob, PyroscopePusher
 from tests.daemon_support import (
