@@ -97,6 +97,10 @@ class ThreadTimeline:
     on_cpu_s: float = 0.0  # every interval's length, kept also past max_intervals
     switch_ins: int = 0
     wakes: list[float] = field(default_factory=list)  # switch-ins after a block
+    # spans in which the thread was on a CPU for an unknown part: each one holds unpaired
+    # switches of this thread (TimelineCounters.unpaired_switches), from the last switch
+    # known before them to the one that found a pair missing. No interval is made of it.
+    unknown: list[tuple[float, float]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -373,8 +377,7 @@ class SchedTimeline:
         if tid in self._open:
             # its switch-out is missing: when it left the CPU is unknown, so the interval
             # is left out rather than stretched over time it may have waited (counted)
-            self._lost += 1
-            del self._open[tid]
+            self._unpaired(th, self._open.pop(tid), ts)
         blocked_before = th.intervals[-1].off == BLOCKED if th.intervals else False
         if blocked_before and len(th.wakes) < self._max_intervals:
             th.wakes.append(ts)
@@ -387,11 +390,23 @@ class SchedTimeline:
         if start is None:
             assert self.started_s is not None
             if th.switch_ins or th.born_s is not None:
-                # its switch-in is missing (see TimelineCounters.unpaired_switches)
-                self._lost += 1
+                # its switch-in is missing (see TimelineCounters.unpaired_switches): it
+                # came after the thread's last known switch
+                known = [th.intervals[-1].end_s] if th.intervals else []
+                known += [th.unknown[-1][1]] if th.unknown else []
+                since = max(known, default=th.born_s or self.started_s)
+                self._unpaired(th, since, ts)
                 return
             start = self.started_s  # on a CPU since before the trace began
         self._close(th, start, ts, off)
+
+    def _unpaired(self, th: ThreadTimeline, since: float, ts: float) -> None:
+        self._lost += 1
+        if th.unknown and th.unknown[-1][1] >= since:
+            # back to back with the last one: one span (which also bounds their number)
+            th.unknown[-1] = (th.unknown[-1][0], ts)
+        elif len(th.unknown) < self._max_intervals:
+            th.unknown.append((since, ts))
 
     def _close(self, th: ThreadTimeline, start: float, end: float, off: str) -> None:
         th.on_cpu_s += max(0.0, end - start)
@@ -419,6 +434,7 @@ class SchedTimeline:
                     th.on_cpu_s,
                     th.switch_ins,
                     list(th.wakes),
+                    list(th.unknown),
                 )
                 start = self._open.get(tid)
                 if start is not None and room > 0:

@@ -59,16 +59,17 @@ def _steal_s() -> float:
     return int(fields[8]) / os.sysconf("SC_CLK_TCK")
 
 
-def _check_cpu(th: st.ThreadTimeline, truth: dict, steal: float, th_unpaired: int) -> None:
+def _check_cpu(th: st.ThreadTimeline, truth: dict, steal: float) -> None:
     """The intervals up to the thread's last clock read against its CPU clock: never
     less (by 2 ms: the reads), and more by at most what the hypervisor stole meanwhile,
     which /proc/stat counts in whole 10 ms ticks (so up to one tick more). An unpaired
-    switch (TimelineCounters) leaves an interval out: then only the upper bound holds."""
+    switch of the thread (its `unknown` spans) leaves an interval out: then the sum may
+    be less by at most the spans' length."""
     until_read = _overlap(th.intervals, 0.0, truth["mono_end"])
     excess = until_read - truth["cpu"]
     tick = 1 / os.sysconf("SC_CLK_TCK")
-    lower = -0.002 if not th_unpaired else -truth["cpu"]
-    assert lower < excess < 0.002 + steal + tick, (until_read, truth, steal)
+    unknown = sum(b - a for a, b in th.unknown)
+    assert -0.002 - unknown < excess < 0.002 + steal + tick, (until_read, truth, steal, th.unknown)
 
 
 def _run_phases(tl_kwargs: dict[str, object], *, cpu: int | None = None) -> tuple:
@@ -96,6 +97,10 @@ def _inside(intervals: list[st.OnCpu], t: float) -> bool:
     return any(iv.start_s <= t <= iv.end_s for iv in intervals)
 
 
+def _unknown_at(th: st.ThreadTimeline, t: float) -> bool:
+    return any(a <= t <= b for a, b in th.unknown)
+
+
 def _overlap(intervals: list[st.OnCpu], a: float, b: float) -> float:
     return sum(max(0.0, min(iv.end_s, b) - max(iv.start_s, a)) for iv in intervals)
 
@@ -108,20 +113,24 @@ def test_known_phases_of_a_thread_born_mid_window() -> None:
     in_loop = sum(
         _overlap(th.intervals, a, b) + _overlap(th.intervals, b, w) for a, b, w in truth["edges"]
     )
-    _check_cpu(th, truth, steal, tl.counters().unpaired_switches)
+    _check_cpu(th, truth, steal)
     assert in_loop <= th.on_cpu_s
     for a, b, w in truth["edges"]:
         # one clock: each CLOCK_MONOTONIC read the thread made lies inside one of its
-        # own on-CPU intervals
+        # own on-CPU intervals, or inside a span the collector says it does not know (the
+        # kernel omits a switch now and then: TimelineCounters.unpaired_switches)
         for t in (a, b, w):
-            assert _inside(th.intervals, t), (t, a, b, w)
+            assert _inside(th.intervals, t) or _unknown_at(th, t), (t, a, b, w, th.unknown)
         # the sleep: off the CPU but for the microseconds around the sleep call
         assert _overlap(th.intervals, b + 0.002, w - 0.002) < 0.001
-        # the sleep began with a switch-out as blocked
-        ends = [iv for iv in th.intervals if b <= iv.end_s <= w]
-        assert ends and ends[0].off == st.BLOCKED
+        if not _unknown_at(th, b):
+            # the sleep began with a switch-out as blocked
+            ends = [iv for iv in th.intervals if b <= iv.end_s <= w]
+            assert ends and ends[0].off == st.BLOCKED
     c = tl.counters()
     assert c.complete, c
+    # each unknown span holds unpaired switches that the counter counts
+    assert len(th.unknown) <= c.unpaired_switches
     assert th.wakes  # a switch-in after each sleep
     assert not list(st.TRACEFS.joinpath("instances").glob(f"serwatt-{os.getpid()}-*"))
 
@@ -138,7 +147,7 @@ def test_preempted_when_sharing_a_cpu() -> None:
         busy.kill()
         busy.wait()
     th = tl.threads()[truth["tid"]]
-    _check_cpu(th, truth, steal, tl.counters().unpaired_switches)
+    _check_cpu(th, truth, steal)
     preempted = [iv for iv in th.intervals if iv.off == st.PREEMPTED]
     assert len(preempted) >= 3
     # sharing the CPU, it ran roughly half of each busy phase, not all of it
