@@ -26,7 +26,18 @@ def test_a_stock_trainer_job_ab_swaps_end_to_end(tmp_path: Path) -> None:
     ck = tmp_path / "ck"
     ck.mkdir()
     record, report = tmp_path / "r.sqlite", tmp_path / "r.json"
-    job = [PY, "-m", "tests.workloads.trainer_job", "{dir}", "--steps", "20", "--save-steps", "10"]
+    # 200 steps of 25 ms: each first run lasts past serwatt's first slot of its own CPU
+    # (1.5 windows, 7.5 s), which a 20-step run on a quiet machine ends before
+    job = [
+        PY,
+        "-m",
+        "tests.workloads.trainer_job",
+        "{dir}",
+        "--steps",
+        "200",
+        "--save-steps",
+        "100",
+    ]
     job += ["--timing", "{dir}/.timing.jsonl"]  # a hidden name: not a checkpoint file
     out = subprocess.run(
         [PY, "-m", "serwatt", "ab", "--swap", "torch", "--checkpoints", str(ck),
@@ -70,7 +81,7 @@ def test_a_stock_trainer_job_ab_swaps_end_to_end(tmp_path: Path) -> None:
             (r["run_id"],),
         ).fetchall()
         dirs = {Path(p).name: (s, res, how) for p, s, res, how in rows}
-        written_now = {f"checkpoint-{k}" for k in ((30,) if r["resumed"] else (10, 20))}
+        written_now = {f"checkpoint-{k}" for k in ((300,) if r["resumed"] else (100, 200))}
         # one checkpoint per directory, each file of it part of that save
         assert set(dirs) == written_now, (r["run_id"], dirs)
         for name in written_now:
