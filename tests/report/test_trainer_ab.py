@@ -94,7 +94,7 @@ def test_a_stock_trainer_job_ab_swaps_end_to_end(tmp_path: Path) -> None:
             assert abs(stall - saves[name]) <= res, (r["run_id"], name, stall, res, saves[name])
             timed[r["side"]] += 1
     # each side has a timed save, which the stall comparison needs. That every save is
-    # timed (issue 47: "a stall per checkpoint directory") does not hold: saves of 10-90 ms
-    # beside a 0.1 s resolution went untimed, 1 to 5 of a side's 6 in four runs, on a quiet
-    # machine too (docs/benchmarks.md); each untimed one is said to be, above
+    # timed (issue 47: "a stall per checkpoint directory") does not hold: with saves of
+    # 10-90 ms against a 0.1 s resolution, 1 to 6 of a side's 6 were timed in three runs,
+    # on a quiet machine too (docs/benchmarks.md); each untimed one says so, above
     assert min(timed.values()) >= 1, timed
