@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,8 +24,6 @@ import numpy as np
 from serwatt.profiler.classify.codepaths import CODEPATHS, SERIALIZATION_CODEPATHS
 from serwatt.profiler.report import comparability, power, stats
 from serwatt.profiler.report.checkpoints import (
-    FILE_EVENTS,
-    HEURISTIC,
     checkpoint_choice,
     checkpoint_count,
     checkpoint_runs,
@@ -45,138 +42,33 @@ from serwatt.profiler.report.inputs import (
     EpisodeInput,
     InputError,
     RunInput,
-    WindowInput,
 )
 from serwatt.profiler.report.projection import CheckpointSize, SideMeasurement, project
 from serwatt.profiler.report.receipt import receipt
+from serwatt.profiler.report.sides import (
+    SCHEMA1_NOTE,
+    TOTAL,
+    Side,
+    energy_source,
+    gpu_source,
+    metric_source,
+    observations,
+    side_totals,
+)
 from serwatt.profiler.report.stack_diff import stacks_section
 
 REPORT_SCHEMA = "serwatt.report/1"
 SIDES = ("baseline", "candidate")
 METRICS: tuple[tuple[str, str], ...] = (("cpu_s", "s"), ("energy_j", "J"), ("gpu_wait_s", "s"))
-TOTAL = "total"
 CHECKPOINT_METRICS = ("stall_s", "cpu_s", "gpu_wait_s", "restore_s")
 PRIMARY_METRICS = ("stall_s",)
 SECONDARY_METRICS = ("cpu_s", "gpu_wait_s", "restore_s")
-CPU_SOURCE = "measured: py-spy samples weighted by procfs thread CPU"
-SCHEMA1_NOTE = "no episodes recorded (schema 1)"
 NOT_TESTED = "not tested"
 FOLLOWS_CPU = "follows CPU (model)"
 SIDE_CI_NOTE = (
     "no per-side interval: no method we simulated reaches 95% coverage of one side's mean "
     "on skewed data at these counts (docs/report.md); the ratio's interval is the claim"
 )
-
-
-# --------------------------------------------------------------------------- windows
-
-
-def _window_has(w: WindowInput, metric: str) -> bool:
-    if metric == "cpu_s":
-        return True
-    if metric == "energy_j":
-        return w.energy_source in ("rapl", "model") or any(
-            f.energy_j is not None for f in w.codepaths.values()
-        )
-    return any(f.gpu_wait_s is not None for f in w.codepaths.values())
-
-
-def _window_value(w: WindowInput, codepath: str, metric: str) -> float | None:
-    """The window's figure, 0 for a codepath it did not see, None when unavailable."""
-    if not _window_has(w, metric):
-        return None
-    if codepath == TOTAL:
-        if metric == "cpu_s":
-            return w.cpu_s
-        values = [getattr(f, metric) for f in w.codepaths.values()]
-        return None if any(v is None for v in values) else float(sum(values))
-    figures = w.codepaths.get(codepath)
-    return 0.0 if figures is None else getattr(figures, metric)
-
-
-@dataclass(frozen=True)
-class _Side:
-    name: str
-    runs: tuple[RunInput, ...]
-    blocks: tuple[tuple[WindowInput, ...], ...]  # one per run with windows: the test's unit
-    no_episodes: str = SCHEMA1_NOTE  # what a run without episodes says (the input's kind)
-
-    @property
-    def windows(self) -> list[WindowInput]:
-        return [w for r in self.runs for w in r.windows]
-
-    @property
-    def has_episodes(self) -> bool:
-        return any(r.episodes is not None for r in self.runs)
-
-    @property
-    def episodes(self) -> list[EpisodeInput]:
-        return [e for r in self.runs for e in (r.episodes or ())]
-
-    @property
-    def file_events(self) -> bool:
-        """Every run watched its checkpoint directory: checkpoints are the files written."""
-        return all(r.checkpoints is not None for r in self.runs)
-
-    @property
-    def identified_by(self) -> str:
-        return FILE_EVENTS if self.file_events else HEURISTIC
-
-
-def _observations(side: _Side, codepath: str, metric: str) -> tuple[list[float], list[float]]:
-    """Per run: (Σ value, Σ window-seconds) over the run's windows that have the value."""
-    values, weights = [], []
-    for block in side.blocks:
-        values_in = [(_window_value(w, codepath, metric), w.wall_s) for w in block]
-        got = [(v, secs) for v, secs in values_in if v is not None]
-        if not got:
-            continue
-        values.append(float(sum(v for v, _s in got)))
-        weights.append(float(sum(s for _v, s in got)))
-    return values, weights
-
-
-def _totals(side: _Side, codepath: str, metric: str) -> tuple[float | None, float]:
-    """(Σ value over windows that have it, Σ those windows' seconds)."""
-    total, wall, seen = 0.0, 0.0, False
-    for w in side.windows:
-        v = _window_value(w, codepath, metric)
-        if v is not None:
-            total += v
-            wall += w.wall_s
-            seen = True
-    return (total if seen else None), wall
-
-
-def _energy_source(side: _Side) -> str:
-    used = sorted(
-        {
-            w.energy_source
-            for w in side.windows
-            if w.energy_source is not None and _window_has(w, "energy_j")
-        }
-    )
-    if not used:
-        reasons = sorted({r.energy_reason or r.energy_source for r in side.runs})
-        return "unavailable: " + "; ".join(reasons)
-    return used[0] if len(used) == 1 else "mixed: " + ", ".join(used)
-
-
-def _gpu_source(side: _Side) -> str:
-    if any(_window_has(w, "gpu_wait_s") for w in side.windows):
-        return "measured: nvml"
-    return "unavailable: " + "; ".join(
-        sorted({r.gpu_source.removeprefix("unavailable: ") for r in side.runs})
-    )
-
-
-def _source(side: _Side, metric: str) -> str:
-    if metric == "cpu_s":
-        return CPU_SOURCE
-    if metric == "energy_j":
-        src = _energy_source(side)
-        return src if src.startswith("unavailable") else f"{src} (windows' energy source)"
-    return _gpu_source(side)
 
 
 # --------------------------------------------------------------------------- episodes
@@ -218,11 +110,11 @@ def _comparison_fields(
 
 
 def _window_metric(
-    sides: tuple[_Side, _Side], codepath: str, metric: str, unit: str, checkpoints: list[int]
+    sides: tuple[Side, Side], codepath: str, metric: str, unit: str, checkpoints: list[int]
 ) -> dict[str, Any]:
-    (xb, wb), (xc, wc) = (_observations(s, codepath, metric) for s in sides)
+    (xb, wb), (xc, wc) = (observations(s, codepath, metric) for s in sides)
     c = stats.compare(xb, xc, wb, wc)
-    totals = [_totals(s, codepath, metric) for s in sides]
+    totals = [side_totals(s, codepath, metric) for s in sides]
     out: dict[str, Any] = {
         "unit": f"{unit}/h",
         "basis": "per measured wall-hour (Σ value / Σ window seconds × 3600)",
@@ -237,12 +129,12 @@ def _window_metric(
             side.name: (t / k if t is not None and k > 0 else None)
             for side, (t, _wall), k in zip(sides, totals, checkpoints, strict=True)
         },
-        "source": {s.name: _source(s, metric) for s in sides},
+        "source": {s.name: metric_source(s, metric) for s in sides},
         **_side_medians((xb, wb), (xc, wc), 3600.0),
     }
     windows = [sum(len(b) for b in s.blocks) for s in sides]
     out.update(_comparison_fields(c, windows, "windows"))
-    if metric == "energy_j" and all(_energy_source(s) == "model" for s in sides):
+    if metric == "energy_j" and all(energy_source(s) == "model" for s in sides):
         # the model's energy is a function of CPU: testing it again would test CPU twice
         out.update(p=None, test=None, display=FOLLOWS_CPU, verdict=FOLLOWS_CPU, note=FOLLOWS_CPU)
     if out["baseline"] is None or out["candidate"] is None:
@@ -339,15 +231,15 @@ def _apply_holm(metrics: list[dict[str, Any]], family: str) -> int:
 # --------------------------------------------------------------------------- the report
 
 
-def _side(name: str, runs: Sequence[RunInput], no_episodes: str) -> _Side:
+def _side(name: str, runs: Sequence[RunInput], no_episodes: str) -> Side:
     if not runs:
         raise InputError(f"the {name} side has no runs")
     blocks = tuple(tuple(r.windows) for r in runs if r.windows)
-    return _Side(name, tuple(runs), blocks, no_episodes)
+    return Side(name, tuple(runs), blocks, no_episodes)
 
 
 def _side_section(
-    side: _Side, choice: tuple[str | None, str, bool], ckpt: list[EpisodeInput], skip: int
+    side: Side, choice: tuple[str | None, str, bool], ckpt: list[EpisodeInput], skip: int
 ) -> dict[str, Any]:
     return {
         "runs": [r.run_id for r in side.runs],
@@ -358,8 +250,8 @@ def _side_section(
         "blocks": len(side.blocks),
         "wall_s": float(sum(w.wall_s for w in side.windows)),
         "run_wall_s": float(sum(r.wall_s for r in side.runs)),
-        "energy_source": _energy_source(side),
-        "gpu_source": _gpu_source(side),
+        "energy_source": energy_source(side),
+        "gpu_source": gpu_source(side),
         "episodes": len(side.episodes) if side.has_episodes else None,
         "episodes_note": None if side.has_episodes else side.no_episodes,
         "runs_without_episodes": [r.run_id for r in side.runs if r.episodes is None],
@@ -379,7 +271,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _episode_summary(sides: tuple[_Side, _Side]) -> dict[str, Any]:
+def _episode_summary(sides: tuple[Side, Side]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for cp in SERIALIZATION_CODEPATHS:
         entry: dict[str, Any] = {}
@@ -400,7 +292,7 @@ def _episode_summary(sides: tuple[_Side, _Side]) -> dict[str, Any]:
     return out
 
 
-def _timeline(side: _Side, checkpoint_codepath: str | None) -> list[dict[str, Any]]:
+def _timeline(side: Side, checkpoint_codepath: str | None) -> list[dict[str, Any]]:
     out = []
     for r in side.runs:
         points = []
@@ -522,10 +414,10 @@ def build_report(
     return report
 
 
-def _per_run_metric(sides: tuple[_Side, _Side], metric: str, unit: str) -> dict[str, Any]:
+def _per_run_metric(sides: tuple[Side, Side], metric: str, unit: str) -> dict[str, Any]:
     """A whole-job figure per run (Σ over the run's windows), each run one observation with
     weight 1: per work where every run does the same work, as `serwatt ab`'s do."""
-    (xb, _wb), (xc, _wc) = (_observations(s, TOTAL, metric) for s in sides)
+    (xb, _wb), (xc, _wc) = (observations(s, TOTAL, metric) for s in sides)
     ones = [1.0] * len(xb), [1.0] * len(xc)
     c = stats.compare(xb, xc, *ones)
     out: dict[str, Any] = {
@@ -534,7 +426,7 @@ def _per_run_metric(sides: tuple[_Side, _Side], metric: str, unit: str) -> dict[
         "work, as serwatt ab's runs do",
         "baseline": c.baseline if c.n[0] else None,
         "candidate": c.candidate if c.n[1] else None,
-        "source": {s.name: _source(s, metric) for s in sides},
+        "source": {s.name: metric_source(s, metric) for s in sides},
         **_side_medians((xb, ones[0]), (xc, ones[1])),
     }
     windows = [sum(len(b) for b in s.blocks) for s in sides]
@@ -588,7 +480,7 @@ def _checked_input(
     checkpoint_codepaths: Mapping[str, str] | None,
     no_episodes_note: str,
     skip_warmup: int,
-) -> tuple[tuple[_Side, _Side], dict[str, str]]:
+) -> tuple[tuple[Side, Side], dict[str, str]]:
     """The two sides, and the codepaths named for their checkpoints; InputError for a
     bad --skip-warmup, a run on both sides or twice, or a codepath that is not a
     serializer."""
@@ -615,7 +507,7 @@ def _checked_input(
 _RunEpisodes = list[tuple[str, list[EpisodeInput], int]]  # (run, its episodes, skipped)
 
 
-def _warmup(side: _Side, runs: _RunEpisodes, warnings: list[dict[str, Any]]) -> dict[str, Any]:
+def _warmup(side: Side, runs: _RunEpisodes, warnings: list[dict[str, Any]]) -> dict[str, Any]:
     """A side's stalls in time order, described: a trend or lag-1 autocorrelation is
     warned of (the test takes whole runs, so it holds either way), with the warm-up
     episodes skipped."""
@@ -647,7 +539,7 @@ def _warmup(side: _Side, runs: _RunEpisodes, warnings: list[dict[str, Any]]) -> 
 
 
 def _side_checkpoints(
-    side: _Side,
+    side: Side,
     choice: tuple[str | None, str, bool],
     eps: list[EpisodeInput],
     skip: int,
@@ -691,7 +583,7 @@ def _side_checkpoints(
 
 
 def _compared_episodes(
-    sides: tuple[_Side, _Side],
+    sides: tuple[Side, Side],
     per_run: list[_RunEpisodes],
     ckpt_eps: list[list[EpisodeInput]],
     sources: dict[str, str],
@@ -774,7 +666,7 @@ def _durability_part(
 
 
 def _checkpoint_section(
-    sides: tuple[_Side, _Side],
+    sides: tuple[Side, Side],
     choices: list[tuple[str | None, str, bool]],
     per_run: list[_RunEpisodes],
     caveats: list[str],
@@ -824,7 +716,7 @@ def _mean_or_none(values: Sequence[float | None]) -> float | None:
 
 def _projection(
     cluster: ClusterConfig,
-    sides: tuple[_Side, _Side],
+    sides: tuple[Side, Side],
     choices: list[tuple[str | None, str, bool]],
     ckpt_eps: list[list[EpisodeInput]],
     checkpoint: Mapping[str, Any],
@@ -841,7 +733,7 @@ def _projection(
             basis = f"mean wall time of the {thread}'s checkpoint episodes (no GPU data)"
         else:
             delta, basis = None, ""
-        energy_total, _wall = _totals(side, cp, "energy_j") if cp else (None, 0.0)
+        energy_total, _wall = side_totals(side, cp, "energy_j") if cp else (None, 0.0)
         restores = [v for r in side.runs for v in r.restore_s]
         measured.append(
             SideMeasurement(
@@ -854,7 +746,7 @@ def _projection(
                 host_energy_j_per_checkpoint=(
                     energy_total / len(eps) if energy_total is not None and eps else None
                 ),
-                energy_source=_energy_source(side),
+                energy_source=energy_source(side),
                 restore_s=float(np.mean(restores)) if restores else None,
                 checkpoints=tuple(
                     CheckpointSize(

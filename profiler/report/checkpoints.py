@@ -16,7 +16,7 @@ from serwatt.profiler.classify.codepaths import KNOWN_DURABLE
 from serwatt.profiler.report.inputs import CheckpointInput, EpisodeInput, RunInput
 
 if TYPE_CHECKING:
-    from serwatt.profiler.report.build import _Side
+    from serwatt.profiler.report.sides import Side
 
 # How a side's checkpoints were found: the files its `--checkpoints DIR` watch saw
 # completed, or (no watch) the serialization codepath with the most main-thread episode
@@ -108,7 +108,7 @@ def waits_after_call(run: RunInput, skip: int) -> list[tuple[float, float]]:
     return waits
 
 
-def wait_fields(side: _Side, skip: int) -> dict[str, Any]:
+def wait_fields(side: Side, skip: int) -> dict[str, Any]:
     """The training thread's wait for a checkpoint after its call (waits_after_call: an
     overlapped copy's wait in the next `optimizer.step()`, or a wait for the write), beside
     the stall and summed with it, means over the checkpoints whose call was seen and whose
@@ -129,7 +129,7 @@ def wait_fields(side: _Side, skip: int) -> dict[str, Any]:
 
 
 def untimed_stall_floor(
-    side: _Side, untimed: int, eps: Sequence[EpisodeInput], warnings: list[Any]
+    side: Side, untimed: int, eps: Sequence[EpisodeInput], warnings: list[Any]
 ) -> float | None:
     """The stall mean with the side's `untimed` files (no stall sampled) taken as 0 s, a
     floor under the mean of its timed stalls `eps`, and a warning saying why the two
@@ -159,7 +159,7 @@ def untimed_stall_floor(
     return floor
 
 
-def checkpoint_choice(side: _Side, given: str | None) -> tuple[str | None, str, bool]:
+def checkpoint_choice(side: Side, given: str | None) -> tuple[str | None, str, bool]:
     """(codepath, how it was chosen, main-thread episodes only)."""
     if side.file_events:
         if given is not None:
@@ -213,7 +213,7 @@ def known_durable(
 
 
 def checkpoint_runs(
-    side: _Side, cp: str | None, main_only: bool, skip: int
+    side: Side, cp: str | None, main_only: bool, skip: int
 ) -> list[tuple[str, list[EpisodeInput], int]]:
     """Per run: (run id, its checkpoint episodes in time order after the skipped warm-up,
     how many were skipped)."""
@@ -233,7 +233,7 @@ def checkpoint_runs(
     return out
 
 
-def watched_checkpoints(side: _Side, skip: int) -> list[CheckpointInput]:
+def watched_checkpoints(side: Side, skip: int) -> list[CheckpointInput]:
     """The file-event checkpoints of the side's watched runs, each run's first `skip` left
     out as warm-up."""
     return [
@@ -244,7 +244,7 @@ def watched_checkpoints(side: _Side, skip: int) -> list[CheckpointInput]:
     ]
 
 
-def checkpoint_count(side: _Side, eps: Sequence[EpisodeInput], skip: int) -> int:
+def checkpoint_count(side: Side, eps: Sequence[EpisodeInput], skip: int) -> int:
     """Checkpoints after warm-up: every file written (file-event-only ones included) on a
     watched run, every checkpoint episode on a heuristic one."""
     if side.file_events:
@@ -252,7 +252,7 @@ def checkpoint_count(side: _Side, eps: Sequence[EpisodeInput], skip: int) -> int
     return len(eps)
 
 
-def file_event_fields(side: _Side, skip: int) -> dict[str, Any]:
+def file_event_fields(side: Side, skip: int) -> dict[str, Any]:
     """What file events add to a side's checkpoint figures: how they were identified, how
     many have no stall episode, the CPU on every thread and the background tail."""
     if not side.file_events:
@@ -287,7 +287,7 @@ LAZY_RESTORE_NOTE = (
 )
 
 
-def restore_side(side: _Side) -> dict[str, Any]:
+def restore_side(side: Side) -> dict[str, Any]:
     """One side's restores: how many, their wall time (file-event-only ones counted, not
     timed), storage bytes read by the process over its runs, and whether the page cache
     served them (no storage reads) or storage did."""
@@ -327,7 +327,7 @@ def restore_side(side: _Side) -> dict[str, Any]:
     }
 
 
-def restore_section(sides: tuple[_Side, _Side], checkpoint: Mapping[str, Any]) -> dict[str, Any]:
+def restore_section(sides: tuple[Side, Side], checkpoint: Mapping[str, Any]) -> dict[str, Any]:
     """`restore.<side>` and `restore.wall_s`: the comparison the checkpoint section's
     secondary family tested (checkpoint.restore_s, one computation), or None and why."""
     out: dict[str, Any] = {s.name: restore_side(s) for s in sides}

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from serwatt.profiler.report import stats
 
 if TYPE_CHECKING:
-    from serwatt.profiler.report.build import _Side
+    from serwatt.profiler.report.sides import Side
 
 
 def min_attainable(rows: Sequence[Mapping[str, Any]], family: int) -> float | None:
@@ -35,7 +35,7 @@ def _row(scope: str, w: stats.PowerWarning, message: str) -> dict[str, Any]:
 
 
 def power_warnings(
-    sides: tuple[_Side, _Side],
+    sides: tuple[Side, Side],
     n_ckpt: list[int],
     families: Mapping[str, int],
     checkpoint: Mapping[str, Any],
