@@ -24,6 +24,7 @@ import numpy as np
 
 from serwatt.profiler.classify.codepaths import CODEPATHS, SERIALIZATION_CODEPATHS
 from serwatt.profiler.report import comparability, power, stats
+from serwatt.profiler.report.checkpoint_model import CheckpointSize, SideMeasurement
 from serwatt.profiler.report.checkpoints import (
     FILE_EVENTS,
     HEURISTIC,
@@ -47,7 +48,7 @@ from serwatt.profiler.report.inputs import (
     RunInput,
     WindowInput,
 )
-from serwatt.profiler.report.projection import CheckpointSize, SideMeasurement, project
+from serwatt.profiler.report.projection import project
 from serwatt.profiler.report.receipt import receipt
 from serwatt.profiler.report.stack_diff import stacks_section
 
