@@ -6,7 +6,8 @@ from_prometheus.py from PromQL range queries (prom_client.py over deadline_http.
 answers parsed by prom_matrix.py, the arguments checked by prom_args.py). From the inputs on,
 statistics (stats.py), power warnings (power.py), comparability (comparability.py),
 checkpoints and restores (checkpoints.py), the encode / decode breakdown (direction.py),
-the cluster file (cluster.py) and projection (projection.py), the document (build.py),
+the cluster file (cluster.py) and projection (projection.py, its checkpoint model
+checkpoint_model.py), the document (build.py),
 receipts (receipt.py) and rendering (render_text.py, render_html.py) are pure functions.
 Beyond those two adapters the package imports only profiler.classify.codepaths (the
 closed codepath set), profiler.yamlcheck (the cluster file's checker),

@@ -23,6 +23,7 @@ import numpy as np
 
 from serwatt.profiler.classify.codepaths import CODEPATHS, SERIALIZATION_CODEPATHS
 from serwatt.profiler.report import comparability, power, stats
+from serwatt.profiler.report.checkpoint_model import CheckpointSize, SideMeasurement
 from serwatt.profiler.report.checkpoints import (
     checkpoint_choice,
     checkpoint_count,
@@ -43,7 +44,7 @@ from serwatt.profiler.report.inputs import (
     InputError,
     RunInput,
 )
-from serwatt.profiler.report.projection import CheckpointSize, SideMeasurement, project
+from serwatt.profiler.report.projection import project
 from serwatt.profiler.report.receipt import receipt
 from serwatt.profiler.report.sides import (
     SCHEMA1_NOTE,

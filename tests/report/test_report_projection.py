@@ -9,6 +9,12 @@ from pathlib import Path
 import pytest
 from scipy.optimize import minimize_scalar
 
+from serwatt.profiler.report.checkpoint_model import (
+    CheckpointSize,
+    SideMeasurement,
+    daly_interval,
+    lost_fraction,
+)
 from serwatt.profiler.report.cluster import (
     DEFAULTS,
     default_cluster,
@@ -16,13 +22,7 @@ from serwatt.profiler.report.cluster import (
     parse_cluster,
     projection_cluster,
 )
-from serwatt.profiler.report.projection import (
-    CheckpointSize,
-    SideMeasurement,
-    daly_interval,
-    lost_fraction,
-    project,
-)
+from serwatt.profiler.report.projection import project
 from serwatt.profiler.yamlcheck import ConfigError
 
 MIN = 60.0
