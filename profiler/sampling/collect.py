@@ -35,12 +35,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
-from serwatt.collectors import procstat, sched_timeline
+from serwatt.collectors import procstat
 from serwatt.collectors.pyspy import PySpy, SamplingError, SamplingPlan, TargetGone, WindowSamples
 from serwatt.collectors.pyspy.chrometrace import KernelClock, resolve_changes
 from serwatt.collectors.samples import Sample, SamplerErrors
-from serwatt.collectors.sched_timeline import FIX as TIMELINE_FIX
-from serwatt.collectors.sched_timeline import SchedTimeline, TimelineCounters
+from serwatt.collectors.sched_timeline import TimelineCounters
 from serwatt.profiler.classify.codepaths import Classification
 from serwatt.profiler.classify.durability import DurabilityReader, reader_for
 from serwatt.profiler.classify.saver import saver_call
@@ -52,6 +51,7 @@ from serwatt.profiler.sampling.kernel_cpu import (
     on_cpu_weights,
     reused_tids,
 )
+from serwatt.profiler.sampling.kernel_window import start_timeline, timeline_notes
 from serwatt.profiler.sampling.stacks import fold_stacks
 from serwatt.profiler.sampling.weighting import (
     CpuSeries,
@@ -189,7 +189,7 @@ def collect_window(
     # while it lives: its frames may be classified after it exits (target_files)
     remember_creds(str(procfs / str(pid) / "root"))
     python = procstat.python_version(pid, procfs)
-    tracer, kernel_problem = _start_timeline(pid, plan, procfs)
+    tracer, kernel_problem = start_timeline(pid, plan, procfs)
     epoch_minus_mono = time.time() - time.monotonic()
     poller = _CpuPoller(pid, procfs, poll_s)
     poller.start()
@@ -240,21 +240,6 @@ def collect_window(
         kernel_counters=tracer.counters() if tracer is not None else None,
         kernel_problem=kernel_problem,
     )
-
-
-def _start_timeline(
-    pid: int, plan: SamplingPlan, procfs: Path
-) -> tuple[SchedTimeline | None, str | None]:
-    """The window's scheduler timeline, started, or None and why not (None, None when the
-    plan does not ask for one)."""
-    if not plan.kernel_timeline:
-        return None, None
-    tracer = SchedTimeline([pid], root=sched_timeline.TRACEFS, procfs=procfs)
-    try:
-        tracer.start()
-    except OSError as exc:
-        return None, f"no scheduler timeline ({exc.strerror or exc}): {TIMELINE_FIX}"
-    return tracer, None
 
 
 def _process_cpu_s(pid: int, procfs: Path) -> float | None:
@@ -692,25 +677,8 @@ def _notes(
     errors = window.errors
     notes = list(errors.notes)
     notes.append(f"cpu source {cpu.source}")
-    if got.kernel_prior is not None:
-        notes.append("cpu_source kernel: on-CPU intervals from the scheduler timeline")
-    else:
-        why = raw.kernel_problem
-        if why is None and raw.kernel is not None:
-            if window.changes is None:
-                why = "no stack-change run to weigh by the scheduler timeline"
-            elif window.changes_timed_by != "kernel":
-                why = "py-spy's clock not aligned to the scheduler timeline"
-            else:
-                why = "no stack change named by its kernel thread id (Python < 3.11)"
-        notes.append(f"cpu_source estimate{f' ({why})' if why else ''}")
-    kc = raw.kernel_counters
-    if kc is not None and (not kc.complete or kc.unpaired_switches):
-        notes.append(
-            f"scheduler timeline lost data: {kc.kernel_dropped} event(s) dropped, "
-            f"{kc.intervals_dropped} interval(s) and {kc.threads_dropped} thread(s) past its "
-            f"bounds, {kc.unpaired_switches} unpaired switch(es)"
-        )
+    kernel = (got.kernel_prior is not None, raw.kernel, raw.kernel_problem, raw.kernel_counters)
+    notes.extend(timeline_notes(window, *kernel))
     if window.on_cpu is not None and got.kernel_prior is None:
         notes.append(
             f"cpu carried by on-CPU samples for {len(got.on_cpu_tids)} thread(s)"
