@@ -25,22 +25,18 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import os
 import signal
 import sys
 import threading
-from dataclasses import dataclass
 from typing import Any
 
 from serwatt.collectors import mounts
-from serwatt.collectors.nvml import NvmlCollector
 from serwatt.collectors.pyspy import PySpy, SamplingError
 from serwatt.profiler import __version__
 from serwatt.profiler.attribution.pipeline import WindowPipeline, WindowRejected
 from serwatt.profiler.attribution.tracker import EnergyTracker
 from serwatt.profiler.attribution.window import AttributedWindow
 from serwatt.profiler.exitcodes import EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME
-from serwatt.profiler.records.host import fingerprint
 from serwatt.profiler.records.run_sink import RunSink
 from serwatt.profiler.records.store import Recorder, RecordError
 from serwatt.profiler.sampling.budget import RateGovernor
@@ -49,6 +45,13 @@ from serwatt.profiler.sampling.window import WindowReport
 from serwatt.profiler.service.clock import Clock, SystemClock
 from serwatt.profiler.service.collector_health import run_collector
 from serwatt.profiler.service.config import Config, ConfigError, load_config
+from serwatt.profiler.service.daemon_parts import (
+    _FIXED_FIELDS,
+    _bound_at_start,
+    _host_fingerprint,
+    _OwnCpu,
+    _Tracked,
+)
 from serwatt.profiler.service.discovery import discover
 from serwatt.profiler.service.energy_side import EnergySide, RequiredCollectorMissing
 from serwatt.profiler.service.exporter import MetricsServer, make_registry
@@ -95,29 +98,6 @@ def setup_logging(level: str) -> None:
         stream=sys.stderr,
         force=True,
     )
-
-
-# --------------------------------------------------------------------------- state
-
-
-@dataclass
-class _Tracked:
-    """A discovered process the daemon samples (keyed by pid and start time)."""
-
-    proc: Any  # profiler.service.discovery.DiscoveredProcess
-    python: str = "unknown"
-    cpu_source: str = "unknown"  # what weighed its last window's CPU: kernel | estimate
-    last_sampled_at: float = 0.0
-    retry_at: float = 0.0  # do not sample before this (monotonic s) after a refusal
-    refused: str | None = None  # the kind of the last refusal, None when sampling works
-    faults: int = 0  # sampler failures in a row (not the target's doing)
-    # the last re-scan did not find it (exited, or its target was removed); forgotten
-    # once no window of it is in flight
-    unmatched: bool = False
-
-    @property
-    def key(self) -> tuple[int, float]:
-        return (self.proc.pid, self.proc.start_time)
 
 
 # --------------------------------------------------------------------------- daemon
@@ -806,56 +786,3 @@ class Daemon:
     def _status_line(self) -> str:
         up = sum(1 for t in self._tracked.values() if t.refused is None)
         return f"{up} process(es) sampled for {len(self.config.targets)} target(s)"
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-@dataclass(frozen=True)
-class _OwnCpu:
-    """This process's CPU and its reaped children's (the py-spy windows: the daemon
-    starts no other children), and the wall clock, at one instant."""
-
-    daemon_s: float
-    samplers_s: float
-    wall_s: float
-
-    @staticmethod
-    def now(clock: Clock) -> _OwnCpu:
-        t = os.times()
-        return _OwnCpu(t.user + t.system, t.children_user + t.children_system, clock.monotonic())
-
-
-# The config fields bound at startup (socket, record file, hardware collectors): a reload
-# logs their change and keeps the running value.
-_FIXED_FIELDS = (
-    "listen",
-    "record_dir",
-    "path_sysfs",
-    "collector_modes",
-    "cpu_tdp_w",
-    "sampler_priority",
-    "pyroscope",
-)
-
-
-def _bound_at_start(config: Config) -> dict[str, Any]:
-    """The values a reload leaves to the restart, by the name the log gives them: each
-    source's mode by its `mode_option` (collectors/source.py), the rest by field."""
-    out: dict[str, Any] = {}
-    for name in _FIXED_FIELDS:
-        if name == "collector_modes":
-            out |= config.collector_modes
-        else:
-            out[name] = getattr(config, name)
-    return out
-
-
-def _host_fingerprint(config: Config, nvml_status: Any = None) -> dict[str, Any]:
-    return fingerprint(
-        procfs=config.path_procfs,
-        sysfs=config.path_sysfs,
-        nvml_status=nvml_status,
-        probe_gpus=nvml_status is None
-        and config.collector_modes.get(str(NvmlCollector.mode_option)) != "off",
-    )

@@ -25,7 +25,7 @@ from serwatt.profiler.cli.profile import profile_options
 from serwatt.profiler.records.store import Recorder
 from serwatt.profiler.service.clock import SystemClock
 from serwatt.profiler.service.config import ConfigError, load_config
-from serwatt.profiler.service.daemon import _bound_at_start
+from serwatt.profiler.service.daemon_parts import _bound_at_start
 from serwatt.profiler.service.energy_side import EnergySide, RequiredCollectorMissing
 from serwatt.profiler.service.exporter import make_registry
 from serwatt.profiler.service.ledger import Ledger
