@@ -228,7 +228,9 @@ def _print_inspect(path: str, doc: Mapping[str, Any], slots: Sequence[Any]) -> N
 
 def _inspect(path: str, as_json: bool) -> int:
     try:
-        ckpt = load(path)
+        # inspect reads no slot: mapped, a file on a network filesystem costs its header
+        # and table, where a copy (load's auto there) would read all of it
+        ckpt = load(path, read="mmap")
         slots = ckpt.slots()
         sig_doc = _signature_doc(ckpt)
     except ManyFormatError as exc:

@@ -2,7 +2,9 @@
 
 - `save(path, state, *, prev=None, metadata=None) -> Receipt`: atomic write from the
   tensors' own buffers.
-- `load(path, *, verify=False) -> Checkpoint`: mmap + O(slots) rebind to zero-copy views.
+- `load(path, *, verify=False, read="auto") -> Checkpoint`: mmap + O(slots) rebind to
+  zero-copy views; a file on a network or FUSE filesystem is copied whole instead
+  (restore.py; `read="mmap"` or `"copy"` decides, `Checkpoint.read_mode` says which).
 - `Arena`: a live file mapped shared; `update` a slot in place, `commit` a new receipt.
 - `verify(path)`, `verify_chain(paths)`: lists of problems (empty when sound).
 - `save_state(path, tree)` / `load_state(path)`: whole nested checkpoints (dicts, lists,

@@ -585,7 +585,7 @@ class Checkpointer:
         """The chain continues from the newest readable checkpoint already in the directory."""
         for _, path in reversed(existing):
             try:
-                ckpt = load(path)
+                ckpt = load(path, read="mmap")  # the receipt only: no slot is read
             except (ManyFormatError, OSError) as exc:
                 log.warning(
                     "many checkpointer: skipping unreadable %s for the chain: %s", path, exc

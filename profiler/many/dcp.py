@@ -144,7 +144,7 @@ def _receipt_of(path: Path) -> Receipt | None:
     """The receipt of an existing `.many` file (structure checked, data not read), or None."""
     if not path.exists():
         return None
-    with load(path) as ckpt:
+    with load(path, read="mmap") as ckpt:  # the header only: no slot is read
         return ckpt.receipt
 
 
@@ -362,7 +362,7 @@ class ManyStorageReader(StorageReader):
                 f"{path} does not exist: {self.path} is not a complete .many DCP checkpoint "
                 "(ManyStorageWriter writes this file last, after every rank file)"
             )
-        with load(path) as manifest:
+        with load(path, read="mmap") as manifest:  # its metadata only: no slot is read
             doc = manifest.metadata.get(_METADATA_KEY)
         try:
             metadata = decode_metadata(doc)

@@ -41,6 +41,7 @@ from serwatt.profiler.many.format import (
 )
 from serwatt.profiler.many.names import show_name
 from serwatt.profiler.many.receipt import Receipt
+from serwatt.profiler.many.restore import check_read, plan, read_copy
 from serwatt.profiler.many.signing import SignatureInfo, signature_valid
 
 
@@ -311,10 +312,17 @@ class Checkpoint(Mapping[str, np.ndarray]):
     The file stays open for the checkpoint's life. Binding a view first checks that the file
     has not shrunk; a view bound before someone truncates the file in place faults (SIGBUS)
     when touched (FORMAT.md, "Readers and truncation").
+
+    `read_mode` says how the file was read and why: "mapped: ext4 (0xef53)", or "copied:
+    fuse (0x65735546): mapping faults are round trips" when the views are of a private
+    copy (`load`'s `read`); a copy's views never fault.
     """
 
-    def __init__(self, path: str, mm: mmap.mmap, parsed: Parsed, fd: int) -> None:
+    def __init__(
+        self, path: str, mm: mmap.mmap, parsed: Parsed, fd: int, *, read_mode: str = "mapped"
+    ) -> None:
         self.path = path
+        self.read_mode = read_mode
         self._mm: mmap.mmap | None = mm
         self._cow: mmap.mmap | None = None
         self._fd = fd
@@ -474,39 +482,60 @@ class Checkpoint(Mapping[str, np.ndarray]):
         return f"<Checkpoint {self.path} slots={len(self)} {self.receipt}>"
 
 
-def load(path: str | os.PathLike[str], *, verify: bool = False) -> Checkpoint:
-    """Map `path` and return a `Checkpoint` (O(slots); tensor pages are read when touched).
+def load(path: str | os.PathLike[str], *, verify: bool = False, read: str = "auto") -> Checkpoint:
+    """Map `path` (or copy it, below) and return a `Checkpoint` (O(slots) when mapped;
+    tensor pages are read when touched).
+
+    `read` says how the slots' bytes are read (restore.py says why): "auto" (the default)
+    maps a file on a local filesystem and, on a network or FUSE one (NFS, SMB, Lustre,
+    GPFS, Ceph, 9p, FUSE object-store mounts, ...), where each page fault waits for a round
+    trip, reads the whole file now with large sequential reads into private memory the size
+    of the file (a sealed memfd) and gives views of that copy; "mmap" always maps; "copy"
+    always copies. The environment variable SERWATT_MANY_READ (auto, mmap or copy) stands
+    in for "auto", for code that cannot pass `read`. `Checkpoint.read_mode` says which
+    happened and why. A copy is checked whole: a file that shrinks or grows while it is
+    copied raises ManyFormatError.
 
     With `verify=True` every slot is rehashed and the receipt recomputed first, reading the
     same open file with pread (so a truncation meanwhile is reported, not a crash); any
     problem raises `ManyFormatError` listing them. What is returned is what was verified:
     when another user could write the file (it is not ours, or group or others may write
-    it), the bytes are verified as they are copied into private memory the size of the
-    file (`verify.verified_copy`), and the views are of that copy, so the owner's later
-    writes cannot change them; otherwise the views map the file itself, which only this
-    user (or root) can change.
+    it), or `read` copies, the bytes are verified as they are copied into private memory
+    the size of the file (`verify.verified_copy`), and the views are of that copy, so the
+    owner's later writes cannot change them; otherwise the views map the file itself,
+    which only this user (or root) can change.
     """
     path = os.fspath(path)
-    opened = open_checked(path)
-    if not verify:
-        return Checkpoint(path, opened.mm, opened.parsed, opened.fd)
-    from serwatt.profiler.many.verify import check_open_file, verified_copy, writable_by_others
-
-    fd, mm = opened.fd, opened.mm
+    read_as = check_read(read)
+    fd, size = open_regular(path)
     try:
-        if writable_by_others(os.fstat(fd)):
-            copy, problems = verified_copy(fd, opened.parsed)
-            mm.close()
-            os.close(fd)
-            fd = copy
-            mm = mmap.mmap(fd, opened.parsed.header.file_length, access=mmap.ACCESS_READ)
+        parsed = read_parsed(fd, size, path)
+        problems: list[str] = []
+        if verify:
+            from serwatt.profiler.many.verify import (
+                check_open_file,
+                verified_copy,
+                writable_by_others,
+            )
+
+            how = plan(fd, read_as, others_can_write=writable_by_others(os.fstat(fd)))
+            if how.copy:
+                copy, problems = verified_copy(fd, parsed)
+                os.close(fd)
+                fd = copy
+            else:
+                problems = check_open_file(fd, parsed)
         else:
-            problems = check_open_file(fd, opened.parsed)
+            how = plan(fd, read_as)
+            if how.copy:
+                copy = read_copy(fd, parsed, path)
+                os.close(fd)
+                fd = copy
+        mm = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
     except BaseException:
-        mm.close()
         os.close(fd)
         raise
-    ckpt = Checkpoint(path, mm, opened.parsed, fd)
+    ckpt = Checkpoint(path, mm, parsed, fd, read_mode=how.why)
     if problems:
         ckpt.close()
         raise ManyFormatError(problems, path)

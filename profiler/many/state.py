@@ -29,6 +29,7 @@ from serwatt.profiler.many.format import BFLOAT16, DTYPES, GRAD_DTYPE_CODES, Man
 from serwatt.profiler.many.names import show_name
 from serwatt.profiler.many.reader import Parsed, open_regular, read_parsed
 from serwatt.profiler.many.receipt import Receipt
+from serwatt.profiler.many.restore import ReadPlan, check_read, plan, read_copy
 from serwatt.profiler.many.verify import check_open_file, verified_copy, writable_by_others
 from serwatt.profiler.many.writer import _NUMPY_CODES, _torch_code, slot_source, write_file
 
@@ -437,6 +438,8 @@ class LoadedState:
     receipt: Receipt
     prev_receipt: Receipt | None
     path: str | None
+    # how the file was read and why (reader.Checkpoint.read_mode)
+    read_mode: str = "mapped"
 
 
 class _Builder:
@@ -675,23 +678,32 @@ def open_state(
     tensor_hook: Callable[[Any], Any] | None = None,
     max_depth: int = MAX_DEPTH,
     max_nodes: int = MAX_NODES,
+    read: str = "auto",
 ) -> LoadedState:
     """Load a state file (a path, or a writable in-memory image of one) with its receipts.
 
     `verify=True` rehashes every slot and the receipt before anything is bound, and binds
     what it verified: a file another user could write is verified into a private copy
-    (`reader.load` says when and what it costs). `as_numpy=True`
+    (`reader.load` says when and what it costs). `read` ("auto", "mmap" or "copy") is
+    `reader.load`'s: a file on a network or FUSE filesystem is copied whole into private
+    memory rather than mapped; `LoadedState.read_mode` says which. `as_numpy=True`
     returns torch leaves as numpy arrays (bfloat16 as raw uint16), so no torch is needed.
     `tensor_hook(tensor) -> tensor` is applied once per torch slot before its leaves are made
     (torch_compat uses it for `map_location`).
     """
+    read_as = check_read(read)
     fd, where = _open_image(source)
     try:
         size = os.fstat(fd).st_size
         parsed = read_parsed(fd, size, where)
+        if where is None:
+            how = ReadPlan(False, "mapped: an in-memory image")
+        else:
+            # what is verified is what is bound (reader.load's docstring says why)
+            others = verify and writable_by_others(os.fstat(fd))
+            how = plan(fd, read_as, others_can_write=others)
         if verify:
-            if where is not None and writable_by_others(os.fstat(fd)):
-                # what is verified is what is bound (reader.load's docstring says why)
+            if how.copy:
                 copy, problems = verified_copy(fd, parsed)
                 os.close(fd)
                 fd = copy
@@ -699,6 +711,10 @@ def open_state(
                 problems = check_open_file(fd, parsed)
             if problems:
                 raise ManyFormatError(problems, where)
+        elif how.copy:
+            copy = read_copy(fd, parsed, where or "<memory>")
+            os.close(fd)
+            fd = copy
         # One private mapping for binding: writes to loaded tensors go to private pages and
         # never reach the file.
         buf: Any = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
@@ -721,6 +737,7 @@ def open_state(
         receipt=Receipt(parsed.header.receipt),
         prev_receipt=None if prev == bytes(32) else Receipt(prev),
         path=where,
+        read_mode=how.why,
     )
 
 
@@ -731,14 +748,21 @@ def load_state(
     as_numpy: bool = False,
     max_depth: int = MAX_DEPTH,
     max_nodes: int = MAX_NODES,
+    read: str = "auto",
 ) -> Any:
     """The state tree saved by `save_state`, its tensors mapped from the file (copy-on-write).
 
     O(slots + tree nodes): tensor bytes are read when touched. Writing to a loaded tensor
     changes private memory, never the file. `verify=True` rehashes everything first, and
     the tensors hold what it verified even if the file's owner writes it later (`open_state`).
-    Int keys come back int, tuples tuple, OrderedDict OrderedDict (with `_metadata`).
+    Int keys come back int, tuples tuple, OrderedDict OrderedDict (with `_metadata`). `read`:
+    "auto", "mmap" or "copy" (`reader.load`; a file on a network or FUSE filesystem is copied).
     """
     return open_state(
-        path, verify=verify, as_numpy=as_numpy, max_depth=max_depth, max_nodes=max_nodes
+        path,
+        verify=verify,
+        as_numpy=as_numpy,
+        max_depth=max_depth,
+        max_nodes=max_nodes,
+        read=read,
     ).tree

@@ -79,7 +79,7 @@ def newest_receipt(directory: str | os.PathLike[str], *, besides: str) -> Receip
         if os.path.realpath(path) == target:
             continue
         try:
-            ckpt = load_many(path)
+            ckpt = load_many(path, read="mmap")  # the receipt only: no slot is read
         except (ManyFormatError, OSError) as exc:
             log.warning("many torch_compat: skipping unreadable %s for the chain: %s", path, exc)
             continue
@@ -144,7 +144,9 @@ def load(
     with `.to`), a dict mapping saved locations to new ones (every tensor was saved from
     "cpu", so only its "cpu" entry matters), or a callable `(storage, location) -> storage
     or None` as in torch.load. `weights_only` and `mmap` are accepted and change nothing
-    (paths are always mapped, file objects always read); `pickle_module` must be None or
+    (a path is read as `many.load`'s read="auto" reads it: mapped, or copied whole when it
+    is on a network or FUSE filesystem; the environment variable SERWATT_MANY_READ=mmap
+    or copy overrides that; file objects are always read); `pickle_module` must be None or
     `pickle`; `pickle_load_args` may only be `encoding`, which is ignored (there is no
     pickle). `verify=True` (not in torch.load) rehashes every byte first.
     """

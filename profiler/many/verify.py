@@ -14,11 +14,8 @@ proves nothing about who wrote the file. A signature verified against a key you 
 
 from __future__ import annotations
 
-import errno
-import fcntl
-import mmap
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import blake3
@@ -35,71 +32,13 @@ from serwatt.profiler.many.format import (
 from serwatt.profiler.many.names import show_name
 from serwatt.profiler.many.reader import Parsed, open_regular, read_parsed
 from serwatt.profiler.many.receipt import Receipt
+from serwatt.profiler.many.restore import Reads, Shrank, sealed_copy
 from serwatt.profiler.many.signing import key_id, public_key_bytes
 
 # Large slots are hashed with BLAKE3's own threads; small ones are not worth the hand-off.
 _THREADED_MIN_BYTES = 4 << 20
-# One read buffer of at most this size serves every slot and gap.
-_READ_CHUNK = 4 << 20
 # At most this many zero-region problems are listed one by one.
 _MAX_LISTED = 10
-
-
-class _Shrank(Exception):
-    def __init__(self, at: int) -> None:
-        self.at = at
-
-
-def _data_extents(fd: int, start: int, end: int) -> Iterator[tuple[int, int]]:
-    """The stored (not hole) ranges of [start, end): a hole reads as zeros without being
-    read, so checking that a region is zero costs what the file stores there, not what its
-    header claims. Where the filesystem reports no holes, the whole range is data."""
-    pos = start
-    while pos < end:
-        try:
-            data = os.lseek(fd, pos, os.SEEK_DATA)
-            hole = os.lseek(fd, data, os.SEEK_HOLE)
-        except OSError as exc:
-            if exc.errno == errno.ENXIO:
-                return  # holes to the end (or the file shrank: the size check says so)
-            yield pos, end
-            return
-        if data >= end:
-            return
-        yield data, min(hole, end)
-        pos = hole
-
-
-class _Reads:
-    """Positional reads of one file, through one reusable buffer or, with `into`, into the
-    caller's image of the file at the same offsets (what is checked is what it holds)."""
-
-    def __init__(self, fd: int, size: int, into: memoryview | None = None) -> None:
-        self.fd = fd
-        self.into = into
-        self.buf = memoryview(bytearray(max(1, min(_READ_CHUNK, size)))) if into is None else None
-
-    def chunks(self, start: int, length: int) -> Iterator[memoryview]:
-        pos, end = start, start + length
-        while pos < end:
-            n = min(_READ_CHUNK, end - pos)
-            if self.buf is not None:
-                target = self.buf[:n]
-            else:
-                assert self.into is not None
-                target = self.into[pos : pos + n]
-            got = os.preadv(self.fd, [target], pos)
-            if got <= 0:
-                raise _Shrank(pos)
-            yield target[:got]
-            pos += got
-
-    def zero(self, start: int, length: int) -> bool:
-        for at, stop in _data_extents(self.fd, start, start + length):
-            for c in self.chunks(at, stop - at):
-                if np.count_nonzero(np.frombuffer(c, np.uint8)):
-                    return False
-        return True
 
 
 class _ZeroRegions:
@@ -150,7 +89,7 @@ def check_open_file(
             "(call Arena.commit(), or the writer crashed)"
         )
     lengths = desc["length"]
-    reads = _Reads(fd, header.file_length, into)
+    reads = Reads(fd, header.file_length, into)
     zeros = _ZeroRegions()
     slot_problems: dict[int, str] = {}
     base = header.state_offset
@@ -208,7 +147,7 @@ def check_open_file(
                 else "in the state region, which no slot uses,"
             )
             zeros.add(base + pos, header.file_length, where)
-    except _Shrank as exc:
+    except Shrank as exc:
         problems.append(
             f"truncated while being verified: the file ended at byte {exc.at}, before the "
             f"{header.file_length} bytes its header says; the bytes past it were not checked"
@@ -252,37 +191,11 @@ def verified_copy(fd: int, parsed: Parsed) -> tuple[int, list[str]]:
     the verified bytes whatever the file's owner writes afterwards. A private (copy-on-write)
     mapping of the file would not: on Linux, a page not yet copied shows the file's later
     writes. Costs memory the size of the file (shared memory, swappable like tmpfs).
+    (`restore.sealed_copy` is the copier `load`'s plain copy uses too.)
     """
-    size = parsed.header.file_length
-    mfd = os.memfd_create("many-verified", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-    try:
-        os.ftruncate(mfd, size)
-        image = mmap.mmap(mfd, size)
-        view = memoryview(image)
-        try:
-            head = parsed.header_bytes + parsed.rest_bytes
-            view[: len(head)] = head
-            sig_at = parsed.header.signature_offset
-            if sig_at is not None and parsed.signature_block is not None:
-                view[sig_at : sig_at + len(parsed.signature_block)] = parsed.signature_block
-            problems = check_open_file(fd, parsed, into=view)
-        finally:
-            view.release()
-            try:
-                image.close()
-            except BufferError:
-                # only when the check raised and its traceback still holds a slice; the
-                # mapping goes with it (and sealing below would refuse a live one)
-                pass
-        fcntl.fcntl(
-            mfd,
-            fcntl.F_ADD_SEALS,
-            fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL,
-        )
-    except BaseException:
-        os.close(mfd)
-        raise
-    return mfd, problems
+    return sealed_copy(
+        fd, parsed, "many-verified", lambda image: check_open_file(fd, parsed, into=image)
+    )
 
 
 def _signature_problems(parsed: Parsed, key: Any) -> list[str]:
