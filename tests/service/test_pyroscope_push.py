@@ -56,6 +56,7 @@ class Server:
 
     def __init__(self, hold_s: float = 0.0, answer: tuple[int, dict[str, str]] = (200, {})):
         self.seen: list[Seen] = []
+        self.released = threading.Event()  # close() ends a hold early
         outer = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -72,7 +73,7 @@ class Server:
                     Seen(self.command, url.path, urllib.parse.parse_qs(url.query),
                          {k.lower(): v for k, v in self.headers.items()}, body)
                 )  # fmt: skip
-                time.sleep(hold_s)
+                outer.released.wait(hold_s)
                 self.send_response(status)
                 for k, v in headers.items():
                     self.send_header(k, v)
@@ -90,6 +91,7 @@ class Server:
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
     def close(self) -> None:
+        self.released.set()
         self.httpd.shutdown()
         self.httpd.server_close()
 
@@ -343,15 +345,25 @@ def test_tick_never_waits_on_a_hanging_server_and_the_queue_is_bounded(server_fa
     pusher, ledger = _pusher(server.url, period_s=1.0, timeout_s=timeout_s)
     pusher.start()
     slowest = 0.0
-    for i in range(MAX_QUEUED + 4):
-        pusher._stacks["t"] = _job().stacks
-        t0 = time.monotonic()
-        pusher.tick(10.0 * (i + 1), 50.0)  # a period has passed at every tick
-        slowest = max(slowest, time.monotonic() - t0)
-        if i == 0:  # the thread has taken the first job and hangs on it
-            wait_for(lambda: server.seen, 60, "the first push")
+    try:
+        for i in range(MAX_QUEUED + 4):
+            pusher._stacks["t"] = _job().stacks
+            t0 = time.monotonic()
+            pusher.tick(10.0 * (i + 1), 50.0)  # a period has passed at every tick
+            slowest = max(slowest, time.monotonic() - t0)
+            if i == 0:  # the thread has taken the first job and hangs on it
+                wait_for(lambda: server.seen, 60, "the first push")
+        drops = ledger.publish().push_errors.get("queue_full", 0)
+    finally:
+        # the thread must end inside the test: one that logs after it, into pytest's
+        # closed capture, prints a "Logging error" into the run's output
+        while not pusher._queue.empty():
+            pusher._queue.get_nowait()
+        pusher._queue.put(None)
+        server.close()
+        pusher._thread.join(timeout_s)
+    assert not pusher._thread.is_alive()
     assert slowest < timeout_s / 4, slowest
-    drops = ledger.publish().push_errors.get("queue_full", 0)
     # the thread took one job (or two, if the first timed out meanwhile): the rest queue
     assert MAX_QUEUED + 4 - 2 - MAX_QUEUED <= drops <= MAX_QUEUED + 4 - 1 - MAX_QUEUED, drops
 
