@@ -104,18 +104,25 @@ def test_alignment_error_on_known_phase_edges(rate_hz: int, tmp_path: Path) -> N
         if leaf in ("phase_a", "phase_b"):
             prev = leaf
     assert len(placed) >= 15  # 19 edges; a sample may be lost to a nonblocking read
-    right = strays = 0
+    first = strays = 0
     gap = max(b - a for a, b in itertools.pairwise(ck.ticks))  # py-spy's worst lag
     for leaf, t in placed:
         _, exit_, enter = min((e for e in edges if e[0] == leaf), key=lambda e: abs(e[2] - t))
-        k = bisect.bisect_right(ck.ticks, t) - 1
-        before = ck.ticks[k - 1] if k > 0 and ck.ticks[k] == t else t - 1.0
         # never before the switch (a read spans ~1 ms), never later than py-spy's worst
         # gap between ticks after it (the spawn anchor was off by up to 0.35 s); one
         # stray per run: a nonblocking read of a stack changing under it can show a
         # stale frame (145 ms early, once in 6 runs at load 37)
-        strays += not exit_ - 0.002 <= t <= enter + gap + 0.002
-        # on the tick that read it: the tick before it came before the new function ran
-        right += before < enter and t >= exit_ - 0.002
+        if not exit_ - 0.002 <= t <= enter + gap + 0.002:
+            strays += 1
+            continue
+        # on the first tick after the switch, or the second: py-spy's first wake-up
+        # after it shows the old stack for 0-37% of a run's edges, quiet or loaded (a
+        # read dropped or stale; docs/benchmarks.md "py-spy's clock"), the second is
+        # then 0.2-0.6 ms later. A placement a tick later than that is serwatt's error
+        # (a tick just before the switch whose read came after it is the first)
+        late = max(0, bisect.bisect_left(ck.ticks, t) - bisect.bisect_right(ck.ticks, enter))
+        assert late <= 1, (leaf, t - enter, late)
+        first += late == 0
     assert strays <= 1, strays
-    assert right >= 0.8 * len(placed), (right, len(placed))
+    # 12 of 19 in the worst of 40 runs: a bound a run of a right clock meets
+    assert first >= 0.6 * len(placed), (first, len(placed))
