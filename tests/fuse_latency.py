@@ -24,7 +24,6 @@ import contextlib
 import errno
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -41,16 +40,9 @@ class LatencyFuse:
         self.proc = proc
 
     def close(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            self.proc.send_signal(signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=10)
-        subprocess.run(
-            ["fusermount3", "-u", "-z", str(self.mountpoint)],
-            capture_output=True,
-            timeout=10,
-            check=False,
-        )
+        from tests import fuse_server  # not at the top: this file also runs as the server
+
+        fuse_server.stop(self.proc, self.mountpoint)
 
 
 @contextlib.contextmanager
@@ -75,19 +67,14 @@ def latency_fuse(
             }
         )
     )
-    proc = subprocess.Popen(
-        [sys.executable, str(HERE), str(spec)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    fs = LatencyFuse(mountpoint, backing, proc)
+    from tests import fuse_server
+
     try:
-        deadline = time.monotonic() + 20
-        while not os.path.ismount(mountpoint):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-                raise RuntimeError(f"the FUSE server did not mount {mountpoint}: {err}")
-            time.sleep(0.05)
+        fs = LatencyFuse(mountpoint, backing, fuse_server.start(HERE, [str(spec)], mountpoint))
+    except BaseException:
+        spec.unlink(missing_ok=True)
+        raise
+    try:
         yield fs
     finally:
         fs.close()

@@ -22,7 +22,6 @@ import contextlib
 import errno
 import json
 import os
-import signal
 import stat
 import subprocess
 import sys
@@ -65,18 +64,9 @@ class StallingFuse:
             return []
 
     def close(self) -> None:
-        # Killing the server aborts the connection: every request blocked on it fails
-        # with ENOTCONN, so no test thread stays stuck in the kernel.
-        with contextlib.suppress(ProcessLookupError):
-            self.proc.send_signal(signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=10)
-        subprocess.run(
-            ["fusermount3", "-u", "-z", str(self.mountpoint)],
-            capture_output=True,
-            timeout=10,
-            check=False,
-        )
+        from tests import fuse_server  # not at the top: this file also runs as the server
+
+        fuse_server.stop(self.proc, self.mountpoint)
         self.flag.unlink(missing_ok=True)
 
 
@@ -93,19 +83,15 @@ def stalling_fuse(
     spec.write_text(
         json.dumps({"files": {k: v.decode("latin-1") for k, v in files.items()}, "dirs": dirs})
     )
-    proc = subprocess.Popen(
-        [sys.executable, str(HERE), str(mountpoint), str(flag), str(spec)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    from tests import fuse_server
+
+    try:
+        proc = fuse_server.start(HERE, [str(mountpoint), str(flag), str(spec)], mountpoint)
+    except BaseException:
+        spec.unlink(missing_ok=True)
+        raise
     fs = StallingFuse(mountpoint, flag, proc)
     try:
-        deadline = time.monotonic() + 20
-        while not os.path.ismount(mountpoint):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-                raise RuntimeError(f"the FUSE server did not mount {mountpoint}: {err}")
-            time.sleep(0.05)
         yield fs
     finally:
         fs.close()
