@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import html
 import json
-import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from serwatt.profiler.profile.flamegraph import COLOURS
+from tests import headless_chromium
 from tests.workloads.targets import find_interpreter
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,16 +41,6 @@ while time.process_time() < until:
 """
 
 
-def _chromium() -> str:
-    for name in ("chromium", "chromium-browser"):
-        path = shutil.which(name)
-        if path:
-            return path
-    if os.environ.get("CI") == "true":
-        pytest.fail("chromium is not installed: CI needs the Debian package `chromium`")
-    pytest.skip("chromium is not installed (apt-get install chromium)")
-
-
 @pytest.fixture(scope="module")
 def run_page(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(the page, the job) of one real profile of JOB."""
@@ -74,12 +63,10 @@ def test_flame_graph_renders_in_chromium_with_the_call_site_coloured(
     page, job = run_page
     text = page.read_text()
     assert "http://" not in text.split("<script>")[0] and "<script src" not in text
-    dom = subprocess.run(
-        [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-         f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1400,900",
-         "--virtual-time-budget=5000", "--dump-dom", page.as_uri()],
-        capture_output=True, text=True, timeout=120, check=True,
-    ).stdout  # fmt: skip
+    dom = headless_chromium.run(
+        tmp_path, "--window-size=1400,900", "--virtual-time-budget=5000", "--dump-dom",
+        page.as_uri(),
+    )  # fmt: skip
     assert 'data-rendered="1"' in dom, dom[-2000:]
     # every frame is a <g> with a rect and a <title> (d3-flame-graph's label handler)
     frames = re.findall(r'<g [^>]*class="frame"[^>]*>(.*?)</g>', dom, flags=re.S)
@@ -125,13 +112,10 @@ def test_the_page_fits_the_window(run_page: tuple[Path, Path], tmp_path: Path, w
     page, _job = run_page
     copy = tmp_path / "measured.html"
     copy.write_text(page.read_text().replace("</body>", MEASURE + "</body>"))
-    dom = subprocess.run(
-        [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-         "--hide-scrollbars", f"--user-data-dir={tmp_path / 'profile'}",
-         f"--window-size={width},900", "--virtual-time-budget=5000", "--dump-dom",
-         copy.as_uri()],
-        capture_output=True, text=True, timeout=120, check=True,
-    ).stdout  # fmt: skip
+    dom = headless_chromium.run(
+        tmp_path, "--hide-scrollbars", f"--window-size={width},900",
+        "--virtual-time-budget=5000", "--dump-dom", copy.as_uri(),
+    )  # fmt: skip
     got = re.search(r'data-measured="([^"]*)"', dom)
     assert got, dom[-1500:]
     m = json.loads(html.unescape(got.group(1)))

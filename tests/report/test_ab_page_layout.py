@@ -12,13 +12,13 @@ import json
 import os
 import re
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from serwatt.profiler.report import build_report, default_cluster, render_html
+from tests import headless_chromium
 from tests.report_synth import make_run
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -49,22 +49,8 @@ MEASURE = """<script>
 </script>"""
 
 
-def _chromium() -> str:
-    for name in ("chromium", "chromium-browser"):
-        path = shutil.which(name)
-        if path:
-            return path
-    if os.environ.get("CI") == "true":
-        pytest.fail("chromium is not installed: CI needs the Debian package `chromium`")
-    pytest.skip("chromium is not installed (apt-get install chromium)")
-
-
 def _chrome(tmp: Path, *args: str) -> str:
-    return subprocess.run(
-        [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-         "--hide-scrollbars", f"--user-data-dir={tmp / 'profile'}", *args],
-        capture_output=True, text=True, timeout=120, check=True,
-    ).stdout  # fmt: skip
+    return headless_chromium.run(tmp, "--hide-scrollbars", *args)
 
 
 @pytest.fixture(scope="module")

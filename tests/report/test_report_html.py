@@ -8,10 +8,8 @@ browser fails the test; elsewhere it skips with the reason.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -20,34 +18,12 @@ import pytest
 
 from serwatt.profiler.report import build_report, default_cluster, render_html
 from serwatt.profiler.report.render_text import fmt
+from tests import headless_chromium
 from tests.report_synth import HOST, make_run
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / ".artifacts"
 HOSTILE_RUN = "<script>alert(1)</script>"
 HOSTILE_HOST = '"><img src="http://evil.example/x.png">'
-
-
-def _chromium() -> str:
-    for name in ("chromium", "chromium-browser"):
-        path = shutil.which(name)
-        if path:
-            return path
-    if os.environ.get("CI") == "true":
-        pytest.fail("chromium is not installed: CI needs the Debian package `chromium`")
-    pytest.skip("chromium is not installed (apt-get install chromium)")
-
-
-def _run_chromium(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    cmd = [
-        _chromium(),
-        "--headless",
-        "--no-sandbox",  # tests run as root in containers
-        "--disable-gpu",
-        "--no-first-run",
-        f"--user-data-dir={tmp_path / 'profile'}",
-        *args,
-    ]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True)
 
 
 class _Dom(HTMLParser):
@@ -114,7 +90,7 @@ def test_the_browser_renders_every_chart_with_the_expected_marks(
 ) -> None:
     page = tmp_path / "report.html"
     page.write_text(render_html(report), encoding="utf-8")
-    dom_text = _run_chromium(["--dump-dom", page.as_uri()], tmp_path).stdout
+    dom_text = headless_chromium.run(tmp_path, "--dump-dom", page.as_uri())
     dom = _Dom()
     dom.feed(dom_text)
 
@@ -215,7 +191,7 @@ def test_nothing_in_the_page_reaches_the_network_and_hostile_strings_stay_text(
     page = tmp_path / "report.html"
     page.write_text(render_html(report), encoding="utf-8")
     dom = _Dom()
-    dom.feed(_run_chromium(["--dump-dom", page.as_uri()], tmp_path).stdout)
+    dom.feed(headless_chromium.run(tmp_path, "--dump-dom", page.as_uri()))
     tags = {t for t, _a, _c in dom.elements}
     assert not tags & {"script", "link", "img", "iframe", "object", "embed", "base", "image"}
     for tag, attrs, _c in dom.elements:
@@ -233,10 +209,10 @@ def test_screenshot_is_saved_as_an_artifact(report: dict[str, Any], tmp_path: Pa
     page = tmp_path / "report.html"
     page.write_text(render_html(report), encoding="utf-8")
     shot = tmp_path / "report.png"
-    _run_chromium(
-        ["--hide-scrollbars", f"--screenshot={shot}", "--window-size=1200,3200", page.as_uri()],
-        tmp_path,
-    )
+    headless_chromium.run(
+        tmp_path, "--hide-scrollbars", f"--screenshot={shot}", "--window-size=1200,3200",
+        page.as_uri(),
+    )  # fmt: skip
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 50_000  # a drawn page, not blank
     ARTIFACTS.mkdir(exist_ok=True)
