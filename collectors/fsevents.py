@@ -70,9 +70,17 @@ _DIR_MASK = (
 NOT_CHECKPOINTS = ("events.out.tfevents.",)
 
 
+# Hidden names that are checkpoint files: torch.distributed.checkpoint's FileSystemWriter
+# renames its metadata into place as `.metadata` after the data files, and its save
+# returns right after (without it, a DCP save's stall ended at its last data file).
+HIDDEN_CHECKPOINTS = frozenset({".metadata"})
+
+
 def default_name_filter(name: str) -> bool:
-    """A checkpoint name: not hidden (`.ckpt.tmp-…`), not a temp file (`*.tmp`), not a
-    logger's (NOT_CHECKPOINTS)."""
+    """A checkpoint name: not hidden (`.ckpt.tmp-…`) but for HIDDEN_CHECKPOINTS, not a temp
+    file (`*.tmp`), not a logger's (NOT_CHECKPOINTS)."""
+    if name in HIDDEN_CHECKPOINTS:
+        return True
     hidden_or_temp = name.startswith(".") or name.endswith(".tmp")
     return not hidden_or_temp and not name.startswith(NOT_CHECKPOINTS)
 

@@ -498,15 +498,19 @@ def _one_save(
         if used is not None:
             used.add(id(e))
     last = members[-1]
-    n = len(members)
-    sizes = [c.bytes for c in members]
+    # a file is its last event in the save: the watch lists a new directory's files as it
+    # is added (collectors/fsevents.py), so a file still being written then (DCP's
+    # `__0_0.distcp`, the directory made just before it) is seen again at its close
+    files = sorted({c.path: c for c in members}.values(), key=lambda c: c.event_t)
+    n = len(files)
+    sizes = [c.bytes for c in files]
     total = None if None in sizes else sum(s for s in sizes if s is not None)
     parts = [
         replace(
             c, stall=None, stall_s=None, resolution_s=None, cpu_s_all_threads=None,
             async_tail_s=None, timed_by=f"{PART_OF} {os.path.basename(directory)} ({n} files)",
         )
-        for c in members
+        for c in files
     ]  # fmt: skip
     if not stalls:
         row = Checkpoint(

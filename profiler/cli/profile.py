@@ -202,7 +202,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--checkpoint-glob", metavar="GLOB",
         help="with --checkpoints: the file names that are checkpoints (fnmatch; default: names "
-        "that do not start with '.' and do not end in '.tmp', so temp files do not count)",
+        "that do not start with '.' and do not end in '.tmp', so temp files do not count; "
+        "DCP's .metadata does)",
     )  # fmt: skip
     parser.add_argument(
         "--run-id", metavar="ID",

@@ -10,8 +10,9 @@ Checkpoint directories: with `--checkpoints DIR`, a command holding `{dir}` gets
 of its own per run pair (DIR/ab-<start>/<side>-<k>, made here), so no run reads another's
 files; a command without `{dir}` has every run use DIR itself. A file counts as written by
 a run when its (inode, size, mtime) under the directory is new after the run (names that
-start with '.' or end in '.tmp' are temp files, TensorBoard's event files are a logger's;
-`checkpoint_glob` names the files that count instead, as `serwatt profile --checkpoint-glob`).
+start with '.' (DCP's `.metadata` aside) or end in '.tmp' are temp files, TensorBoard's
+event files are a logger's; `checkpoint_glob` names the files that count instead, as
+`serwatt profile --checkpoint-glob`).
 
 Restore: with `resume_args`, every run is followed by the same command with those arguments
 appended, recorded on the same side as `...-<k>-resumed`. With `cold_restore` the run's
