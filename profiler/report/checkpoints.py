@@ -239,13 +239,23 @@ def checkpoint_runs(
 
 def watched_checkpoints(side: Side, skip: int) -> list[CheckpointInput]:
     """The file-event checkpoints of the side's watched runs, each run's first `skip` left
-    out as warm-up."""
+    out as warm-up: a directory written in one save is one, its files not counted again."""
     return [
-        c
+        c for r in side.runs if r.checkpoints is not None for c, _files in _save_members(r, skip)
+    ]
+
+
+def files_written(side: Side, skip: int) -> int | None:
+    """The files the side's watched checkpoints after warm-up are made of (a directory's
+    save counts its files); None without file events."""
+    if not side.file_events:
+        return None
+    return sum(
+        len(files) or 1
         for r in side.runs
         if r.checkpoints is not None
-        for c in sorted(r.checkpoints, key=lambda c: c.event_t)[skip:]
-    ]
+        for _c, files in _save_members(r, skip)
+    )
 
 
 def checkpoint_count(side: Side, eps: Sequence[EpisodeInput], skip: int) -> int:

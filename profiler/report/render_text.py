@@ -351,7 +351,12 @@ def _checkpoint_rows(ck: Mapping[str, Any]) -> list[list[str]]:
     rows = [head, _untested_row("episodes", str(b["episodes"]), str(c["episodes"]))]
     if b.get("identified_by") == "file events" or c.get("identified_by") == "file events":
         rows.append(
-            _untested_row("files written", str(b.get("checkpoints")), str(c.get("checkpoints")))
+            _untested_row("checkpoints", str(b.get("checkpoints")), str(c.get("checkpoints")))
+        )
+        rows.append(
+            _untested_row(
+                "  files written", str(b.get("files_written")), str(c.get("files_written"))
+            )
         )
         rows.append(
             _untested_row(
