@@ -5,15 +5,19 @@ known, and its restores. profiler.report.build assembles the sections from these
 
 from __future__ import annotations
 
+import os
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from serwatt.profiler.attribution.checkpoints import FILE_EVENT_ONLY as FILE_ONLY
 from serwatt.profiler.attribution.checkpoints import PART_OF, STAMP_SLACK_S
 from serwatt.profiler.classify.codepaths import KNOWN_DURABLE
 from serwatt.profiler.report.inputs import CheckpointInput, EpisodeInput, RunInput
+from serwatt.profiler.terminal_escape import escape_text
 
 if TYPE_CHECKING:
     from serwatt.profiler.report.sides import Side
@@ -235,13 +239,23 @@ def checkpoint_runs(
 
 def watched_checkpoints(side: Side, skip: int) -> list[CheckpointInput]:
     """The file-event checkpoints of the side's watched runs, each run's first `skip` left
-    out as warm-up."""
+    out as warm-up: a directory written in one save is one, its files not counted again."""
     return [
-        c
+        c for r in side.runs if r.checkpoints is not None for c, _files in _save_members(r, skip)
+    ]
+
+
+def files_written(side: Side, skip: int) -> int | None:
+    """The files the side's watched checkpoints after warm-up are made of (a directory's
+    save counts its files); None without file events."""
+    if not side.file_events:
+        return None
+    return sum(
+        len(files) or 1
         for r in side.runs
         if r.checkpoints is not None
-        for c in sorted(r.checkpoints, key=lambda c: c.event_t)[skip:]
-    ]
+        for _c, files in _save_members(r, skip)
+    )
 
 
 def checkpoint_count(side: Side, eps: Sequence[EpisodeInput], skip: int) -> int:
@@ -336,3 +350,106 @@ def restore_section(sides: tuple[Side, Side], checkpoint: Mapping[str, Any]) -> 
         missing = [s.name for s in sides if not out[s.name].get("wall_s")]
         out["note"] = "restore not compared: no timed restore on " + " and ".join(missing)
     return out
+
+
+SAVE_FILES_SOURCE = (
+    "measured: each file's bytes at its file event, its codepath and time from the py-spy "
+    "episode that wrote it (± resolution_s); a file whose episode also wrote others of its "
+    "save has no time of its own (shared), one no episode spans none (file event only)"
+)
+
+
+def _save_members(run: RunInput, skip: int) -> list[tuple[CheckpointInput, list[CheckpointInput]]]:
+    """A file-event run's checkpoints after the first `skip` (as `_stalls` counts them),
+    each with the files of its directory's save (profiler/attribution/checkpoints.py keeps
+    them, timed_by PART_OF): those under its directory completed after the same
+    directory's save before it and by its own last file."""
+    ordered = sorted(run.checkpoints or (), key=lambda c: c.event_t)
+    parts = [c for c in ordered if (c.timed_by or "").startswith(PART_OF)]
+    rows = [c for c in ordered if not (c.timed_by or "").startswith(PART_OF)]
+    out = []
+    previous: dict[str, float] = {}  # a directory -> its save before's last file
+    for i, row in enumerate(rows):
+        after = previous.get(row.path, float("-inf"))
+        previous[row.path] = row.event_t
+        under = row.path.rstrip(os.sep) + os.sep
+        members = [
+            p for p in parts if p.path.startswith(under) and after < p.event_t <= row.event_t
+        ]
+        if i >= skip:
+            out.append((row, members))
+    return out
+
+
+def save_files(side: Side, skip: int) -> dict[str, Any] | None:
+    """The files of the side's checkpoints made of several (a directory written in one save),
+    per file name and codepath over its saves after warm-up, and per save: bytes, and the
+    time of the episode that wrote each file where that episode wrote no other file of its
+    save. Names are relative to the checkpoint's directory, escaped (the job names them).
+    None without file events or without such a checkpoint."""
+    if not side.file_events:
+        return None
+    saves: list[dict[str, Any]] = []
+    for r in side.runs:
+        by_key: _EpisodesByKey = {(e.pid, e.thread, e.start): e for e in r.episodes or ()}
+        for row, members in _save_members(r, skip):
+            if len(members) < 2:
+                continue
+            writers = [by_key.get((m.pid, m.thread_id, m.episode_start)) for m in members]
+            shared = Counter(id(w) for w in writers if w is not None)
+            files = []
+            for m, w in zip(members, writers, strict=True):
+                alone = w is not None and shared[id(w)] == 1
+                files.append(
+                    {
+                        "name": escape_text(os.path.relpath(m.path, row.path)),
+                        "codepath": w.codepath if w is not None else None,
+                        "bytes": m.bytes,
+                        "writer_s": w.wall_s if alone and w is not None else None,
+                        "resolution_s": w.resolution_s if w is not None else None,
+                        "thread": None if w is None else "training" if w.main_thread else "other",
+                        "timed": "measured" if alone else "shared" if w is not None else FILE_ONLY,
+                    }
+                )
+            saves.append(
+                {
+                    "run_id": r.run_id,
+                    "checkpoint": escape_text(os.path.basename(row.path.rstrip(os.sep))),
+                    "stall_s": row.stall_s,
+                    "resolution_s": row.resolution_s,
+                    "files": files,
+                }
+            )
+    if not saves:
+        return None
+    groups: dict[tuple[str, str | None], list[dict[str, Any]]] = {}
+    for s in saves:
+        for f in s["files"]:
+            groups.setdefault((f["name"], f["codepath"]), []).append(f)
+    per_file = []
+    for (name, codepath), fs in groups.items():
+        sizes = [f["bytes"] for f in fs if f["bytes"] is not None]
+        timed = [f["writer_s"] for f in fs if f["writer_s"] is not None]
+        per_file.append(
+            {
+                "name": name,
+                "codepath": codepath,
+                "saves": len(fs),
+                "bytes_mean": float(np.mean(sizes)) if sizes else None,
+                "writer_s_mean": float(np.mean(timed)) if timed else None,
+                "timed": len(timed),
+                "shared": sum(f["timed"] == "shared" for f in fs),
+                "file_event_only": sum(f["timed"] == FILE_ONLY for f in fs),
+                "resolution_s": max(
+                    (f["resolution_s"] for f in fs if f["resolution_s"] is not None), default=None
+                ),
+                "threads": sorted({f["thread"] for f in fs if f["thread"] is not None}),
+            }
+        )
+    per_file.sort(key=lambda f: (-(f["bytes_mean"] or 0.0), f["name"], f["codepath"] or ""))
+    return {
+        "saves": len(saves),
+        "per_file": per_file,
+        "per_save": saves,
+        "source": SAVE_FILES_SOURCE,
+    }

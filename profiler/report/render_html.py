@@ -450,7 +450,32 @@ def _checkpoint(report: Mapping[str, Any]) -> str:
     ]
     if metrics:
         out.append(_metric_table(metrics, "per checkpoint episode (mean); n = episodes"))
+    out += [_save_files(name, ck[name].get("save_files")) for name in ("baseline", "candidate")]
     return "".join(out)
+
+
+def _save_files(name: str, files: Mapping[str, Any] | None) -> str:
+    """A side's checkpoints made of several files, per file (render_text.save_file_lines)."""
+    if not files:
+        return ""
+    rows = [
+        [
+            f["name"],
+            f["codepath"] or "unknown",
+            fmt(f["bytes_mean"]),
+            fmt(f["writer_s_mean"]),
+            fmt(f["resolution_s"]),
+            f"{f['timed']} of {f['saves']}",
+            f"{f['shared']} shared, {f['file_event_only']} file event only",
+        ]
+        for f in files["per_file"]
+    ]
+    head = ["file", "codepath", "bytes (mean)", "written in s (mean)", "± s", "timed", "untimed"]
+    return (
+        f"<p>{e(name)}: {e(files['saves'])} checkpoint(s) of several files, per file over its "
+        f"saves</p>{html_table(head, rows, numeric_from=2)}"
+        f'<p class="src">{e(files["source"])}</p>'
+    )
 
 
 VERDICT_METRICS = (("stall_s", "stall per checkpoint"), ("restore_s", "restore"))

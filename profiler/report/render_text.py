@@ -351,7 +351,12 @@ def _checkpoint_rows(ck: Mapping[str, Any]) -> list[list[str]]:
     rows = [head, _untested_row("episodes", str(b["episodes"]), str(c["episodes"]))]
     if b.get("identified_by") == "file events" or c.get("identified_by") == "file events":
         rows.append(
-            _untested_row("files written", str(b.get("checkpoints")), str(c.get("checkpoints")))
+            _untested_row("checkpoints", str(b.get("checkpoints")), str(c.get("checkpoints")))
+        )
+        rows.append(
+            _untested_row(
+                "  files written", str(b.get("files_written")), str(c.get("files_written"))
+            )
         )
         rows.append(
             _untested_row(
@@ -398,6 +403,8 @@ def _checkpoint_notes(report: Mapping[str, Any]) -> list[str]:
     b, c = ck["baseline"], ck["candidate"]
     out: list[str] = []
     for name, side in (("baseline", b), ("candidate", c)):
+        out += save_file_lines(name, side.get("save_files"))
+    for name, side in (("baseline", b), ("candidate", c)):
         w = side.get("warmup")
         if w:
             out += _wrap(
@@ -429,6 +436,42 @@ def _checkpoint_notes(report: Mapping[str, Any]) -> list[str]:
     res = b.get("resolution_s") or c.get("resolution_s")
     if res:
         out.append(f"  durations timed to ± {fmt(res, 3)} s (95%; resolution_s, docs/report.md)")
+    return out
+
+
+def _file_time(f: Mapping[str, Any]) -> str:
+    """A file's writer time over its saves, and why the rest are not timed."""
+    n = f["saves"]
+    parts = []
+    if f["timed"]:
+        parts.append(
+            f"written in {fmt(f['writer_s_mean'])} s ± {fmt(f['resolution_s'], 3)} "
+            f"({f['timed']} of {n} saves timed)"
+        )
+    if f["shared"]:
+        parts.append(f"untimed in {f['shared']} of {n}: its episode wrote other files too")
+    if f["file_event_only"]:
+        parts.append(f"untimed in {f['file_event_only']} of {n}: no episode (file event only)")
+    if "other" in f["threads"]:
+        parts.append("by another thread than the training thread")
+    return "; ".join(parts)
+
+
+def save_file_lines(name: str, files: Mapping[str, Any] | None) -> list[str]:
+    """A side's checkpoints made of several files: each file (relative to its checkpoint
+    directory, escaped), its codepath, mean bytes and writer time, largest first."""
+    if not files:
+        return []
+    out = _wrap(
+        "  files per save: ",
+        f"{name}: {files['saves']} checkpoint(s) of several files, per file over its saves "
+        f"({files['source']})",
+    )
+    for f in files["per_file"]:
+        size = "-" if f["bytes_mean"] is None else f"{fmt(f['bytes_mean'])} B"
+        out += _wrap(
+            "    ", f"{f['name']}: {f['codepath'] or 'codepath unknown'}, {size}, {_file_time(f)}"
+        )
     return out
 
 

@@ -227,9 +227,14 @@ def test_the_table_shows_files_written_and_the_restores() -> None:
     text = render_text(report, full=True)
     files = next(ln for ln in text.splitlines() if ln.strip().startswith("files written"))
     assert files.split()[2:4] == [
-        str(report["checkpoint"]["baseline"]["checkpoints"]),
-        str(report["checkpoint"]["candidate"]["checkpoints"]),
+        str(report["checkpoint"]["baseline"]["files_written"]),
+        str(report["checkpoint"]["candidate"]["files_written"]),
     ]
+    # one file per save: as many files as checkpoints
+    assert (
+        report["checkpoint"]["baseline"]["files_written"]
+        == (report["checkpoint"]["baseline"]["checkpoints"])
+    )
     untimed = next(ln for ln in text.splitlines() if "untimed (files)" in ln)
     assert untimed.split()[2:4] == ["1", "2"]
     assert (
