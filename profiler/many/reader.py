@@ -512,19 +512,10 @@ def load(path: str | os.PathLike[str], *, verify: bool = False, read: str = "aut
         parsed = read_parsed(fd, size, path)
         problems: list[str] = []
         if verify:
-            from serwatt.profiler.many.verify import (
-                check_open_file,
-                verified_copy,
-                writable_by_others,
-            )
+            from serwatt.profiler.many.verify import verified_fd, writable_by_others
 
             how = plan(fd, read_as, others_can_write=writable_by_others(os.fstat(fd)))
-            if how.copy:
-                copy, problems = verified_copy(fd, parsed)
-                os.close(fd)
-                fd = copy
-            else:
-                problems = check_open_file(fd, parsed)
+            fd, problems = verified_fd(fd, parsed, copy=how.copy)
         else:
             how = plan(fd, read_as)
             if how.copy:

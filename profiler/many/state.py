@@ -30,7 +30,7 @@ from serwatt.profiler.many.names import show_name
 from serwatt.profiler.many.reader import Parsed, open_regular, read_parsed
 from serwatt.profiler.many.receipt import Receipt
 from serwatt.profiler.many.restore import ReadPlan, check_read, plan, read_copy
-from serwatt.profiler.many.verify import check_open_file, verified_copy, writable_by_others
+from serwatt.profiler.many.verify import verified_fd, writable_by_others
 from serwatt.profiler.many.writer import _NUMPY_CODES, _torch_code, slot_source, write_file
 
 STATE_KEY = "many.state"
@@ -703,12 +703,7 @@ def open_state(
             others = verify and writable_by_others(os.fstat(fd))
             how = plan(fd, read_as, others_can_write=others)
         if verify:
-            if how.copy:
-                copy, problems = verified_copy(fd, parsed)
-                os.close(fd)
-                fd = copy
-            else:
-                problems = check_open_file(fd, parsed)
+            fd, problems = verified_fd(fd, parsed, copy=how.copy)
             if problems:
                 raise ManyFormatError(problems, where)
         elif how.copy:

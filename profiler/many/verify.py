@@ -198,6 +198,16 @@ def verified_copy(fd: int, parsed: Parsed) -> tuple[int, list[str]]:
     )
 
 
+def verified_fd(fd: int, parsed: Parsed, *, copy: bool) -> tuple[int, list[str]]:
+    """(descriptor to bind, problems): with `copy`, `verified_copy`'s memfd (`fd` is then
+    closed); otherwise `fd` itself, checked where it is (`check_open_file`)."""
+    if not copy:
+        return fd, check_open_file(fd, parsed)
+    memfd, problems = verified_copy(fd, parsed)
+    os.close(fd)
+    return memfd, problems
+
+
 def _signature_problems(parsed: Parsed, key: Any) -> list[str]:
     try:
         sig = parsed.signature()
