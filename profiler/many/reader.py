@@ -519,9 +519,7 @@ def load(path: str | os.PathLike[str], *, verify: bool = False, read: str = "aut
         else:
             how = plan(fd, read_as)
             if how.copy:
-                copy = read_copy(fd, parsed, path)
-                os.close(fd)
-                fd = copy
+                fd = read_copy(fd, parsed, path)
         mm = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
     except BaseException:
         os.close(fd)

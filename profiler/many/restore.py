@@ -281,7 +281,8 @@ def sealed_copy(
 
 def read_copy(fd: int, parsed: Parsed, path: str) -> int:
     """A sealed memfd holding the file at `fd`, read in `COPY_CHUNK`-byte pieces, up to
-    `COPY_THREADS` of them at once (holes skipped). ManyFormatError when the file is shorter
+    `COPY_THREADS` of them at once (holes skipped); `fd` is closed once the copy holds the
+    file, and left to the caller when it raises. ManyFormatError when the file is shorter
     or longer than its header says by the end of the copy (someone wrote it in place
     meanwhile)."""
     length = parsed.header.file_length
@@ -329,4 +330,5 @@ def read_copy(fd: int, parsed: Parsed, path: str) -> int:
             f"{length}; load it again once its writer is done",
             path,
         )
+    os.close(fd)
     return mfd

@@ -707,9 +707,7 @@ def open_state(
             if problems:
                 raise ManyFormatError(problems, where)
         elif how.copy:
-            copy = read_copy(fd, parsed, where or "<memory>")
-            os.close(fd)
-            fd = copy
+            fd = read_copy(fd, parsed, where or "<memory>")
         # One private mapping for binding: writes to loaded tensors go to private pages and
         # never reach the file.
         buf: Any = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
